@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/cmd/meshctl
+
+go 1.26.0

@@ -1,0 +1,4 @@
+// Command meshctl is a placeholder.
+package main
+
+func main() {}

@@ -1,0 +1,64 @@
+// Package embedded runs a nats-server with JetStream inside the calling process: the
+// default bus for local runs (meshctl up) and for tests.
+package embedded
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Config says where the embedded server listens and keeps its state.
+type Config struct {
+	Host     string // default 127.0.0.1
+	Port     int    // -1 picks a free port
+	StoreDir string // JetStream state; empty disables JetStream
+	// DontListen skips TCP entirely: only in-process connections (nats.InProcessServer).
+	DontListen bool
+	Logger     hclog.Logger // nil: silent
+}
+
+// Start starts the server and waits until it accepts connections.
+func Start(c Config) (*server.Server, error) {
+	if c.Host == "" {
+		c.Host = "127.0.0.1"
+	}
+	opts := &server.Options{
+		ServerName: "meshagent-embedded",
+		Host:       c.Host,
+		Port:       c.Port,
+		DontListen: c.DontListen,
+		NoSigs:     true,
+		NoLog:      c.Logger == nil,
+		MaxPayload: 8 << 20,
+	}
+	if c.StoreDir != "" {
+		opts.JetStream = true
+		opts.StoreDir = c.StoreDir
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	if c.Logger != nil {
+		s.SetLoggerV2(&logAdapter{l: c.Logger}, false, false, false)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats: not ready after 10s")
+	}
+	return s, nil
+}
+
+// logAdapter sends nats-server's log lines to hclog.
+type logAdapter struct{ l hclog.Logger }
+
+func (a *logAdapter) Noticef(format string, v ...any) { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a *logAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
+func (a *logAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a *logAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a *logAdapter) Debugf(format string, v ...any)  { a.l.Trace(fmt.Sprintf(format, v...)) }
+func (a *logAdapter) Tracef(format string, v ...any)  { a.l.Trace(fmt.Sprintf(format, v...)) }

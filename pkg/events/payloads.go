@@ -1,0 +1,430 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Type names. The version is part of the name; see the package comment.
+const (
+	TypeCertIssued      = "io.meshagent.cert.issued.v1"
+	TypeTrustChanged    = "io.meshagent.trust.changed.v1"
+	TypeSignRequest     = "io.meshagent.sign.request.v1"
+	TypeSignReply       = "io.meshagent.sign.reply.v1"
+	TypeBundleRequest   = "io.meshagent.trust.bundle_request.v1"
+	TypeBundleReply     = "io.meshagent.trust.bundle_reply.v1"
+	TypeRotateRequest   = "io.meshagent.root.rotate_request.v1"
+	TypeRotateReply     = "io.meshagent.root.rotate_reply.v1"
+	TypeRenewDue        = "io.meshagent.rotation.renew_due.v1"
+	TypeSecretPushed    = "io.meshagent.sds.pushed.v1"
+	TypeSDSNack         = "io.meshagent.sds.nack.v1"
+	TypePodUp           = "io.meshagent.pod.up.v1"
+	TypePodDown         = "io.meshagent.pod.down.v1"
+	TypeXDSConnected    = "io.meshagent.xds.connected.v1"
+	TypeXDSDisconnected = "io.meshagent.xds.disconnected.v1"
+	TypeXDSNack         = "io.meshagent.xds.nack.v1"
+	TypeTrustAnchors    = "io.meshagent.trust.anchors.v1"
+)
+
+func init() {
+	register[CertIssued]()
+	register[TrustChanged]()
+	register[SignRequest]()
+	register[SignReply]()
+	register[BundleRequest]()
+	register[BundleReply]()
+	register[RotateRequest]()
+	register[RotateReply]()
+	register[RenewDue]()
+	register[SecretPushed]()
+	register[SDSNack]()
+	register[PodUp]()
+	register[PodDown]()
+	register[XDSConnected]()
+	register[XDSDisconnected]()
+	register[XDSNack]()
+	register[TrustAnchors]()
+}
+
+// fields collects validation problems so that every one is reported at once.
+type fields []error
+
+func (f *fields) need(ok bool, name, what string) {
+	if !ok {
+		*f = append(*f, fmt.Errorf("%s: %s", name, what))
+	}
+}
+func (f *fields) nonEmpty(v, name string) { f.need(v != "", name, "required") }
+func (f *fields) err() error              { return errors.Join(*f...) }
+func (f *fields) pems(v []string, name string, min int) {
+	f.need(len(v) >= min, name, fmt.Sprintf("need at least %d PEM block(s)", min))
+	for i, p := range v {
+		f.need(strings.Contains(p, "-----BEGIN CERTIFICATE-----"), fmt.Sprintf("%s[%d]", name, i), "not a PEM certificate")
+	}
+}
+func (f *fields) pod(v, name string, required bool) {
+	if v == "" {
+		f.need(!required, name, "required")
+		return
+	}
+	if err := ValidatePodID(v); err != nil {
+		*f = append(*f, fmt.Errorf("%s: %w", name, err))
+	}
+}
+
+// CertIssued is published by a signer for every certificate it issues. It carries
+// public data only: never a key, never a token.
+type CertIssued struct {
+	Serial       string    `json:"serial"` // hex, as in the certificate
+	SPIFFEID     string    `json:"spiffe_id"`
+	NotBefore    time.Time `json:"not_before"`
+	NotAfter     time.Time `json:"not_after"`
+	Pod          string    `json:"pod,omitempty"`      // empty for callers that do not name a pod (Istio agents over gRPC)
+	Resource     string    `json:"resource,omitempty"` // SDS resource the cert is for, "default" unless said
+	KeyAlgorithm string    `json:"key_algorithm"`      // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
+	AuthSource   string    `json:"auth_source"`        // "jwt" or "x509"
+	Signer       string    `json:"signer"`             // signer instance id
+	Transport    string    `json:"transport,omitempty"`
+	// RootFingerprint is the SHA-256 (hex) of the root the chain ends at, so that
+	// leaves under an old root can be found after a root rotation.
+	RootFingerprint string `json:"root_fingerprint"`
+}
+
+func (CertIssued) EventType() string { return TypeCertIssued }
+func (e CertIssued) Validate() error {
+	var f fields
+	f.nonEmpty(e.Serial, "serial")
+	f.need(strings.HasPrefix(e.SPIFFEID, "spiffe://"), "spiffe_id", "must be a spiffe:// URI")
+	f.need(!e.NotBefore.IsZero(), "not_before", "required")
+	f.need(e.NotAfter.After(e.NotBefore), "not_after", "must be after not_before")
+	f.pod(e.Pod, "pod", false)
+	f.nonEmpty(e.KeyAlgorithm, "key_algorithm")
+	f.nonEmpty(e.AuthSource, "auth_source")
+	f.nonEmpty(e.Signer, "signer")
+	f.nonEmpty(e.RootFingerprint, "root_fingerprint")
+	return f.err()
+}
+
+// Reasons a trust bundle changes.
+const (
+	TrustReasonRotation = "root-rotation"
+	TrustReasonReload   = "ca-reload"
+	TrustReasonExpired  = "root-expired"
+	TrustReasonRetired  = "root-retired"
+)
+
+// TrustChanged is published by a signer whenever the set of trusted roots changes.
+// Roots is the whole bundle, newest first; Added and Removed name the change by
+// SHA-256 fingerprint.
+type TrustChanged struct {
+	TrustDomain string   `json:"trust_domain"`
+	Roots       []string `json:"roots"`
+	Added       []string `json:"added,omitempty"`
+	Removed     []string `json:"removed,omitempty"`
+	Reason      string   `json:"reason"`
+	// Generation increases with every change, so a consumer can drop stale news.
+	Generation uint64 `json:"generation"`
+}
+
+func (TrustChanged) EventType() string { return TypeTrustChanged }
+func (e TrustChanged) Validate() error {
+	var f fields
+	f.nonEmpty(e.TrustDomain, "trust_domain")
+	f.pems(e.Roots, "roots", 1)
+	f.nonEmpty(e.Reason, "reason")
+	return f.err()
+}
+
+// SignRequest asks a signer for a certificate. The identity is taken from the
+// credential, never from the CSR: either Token (a JWT) or CertChain plus Proof, a
+// still-valid meshagent certificate and a signature with its key over the SHA-256 of
+// the CSR's DER bytes (base64, ASN.1 for ECDSA, PKCS#1 v1.5 for RSA).
+type SignRequest struct {
+	CSR        string   `json:"csr"`
+	Token      string   `json:"token,omitempty"`
+	CertChain  []string `json:"cert_chain,omitempty"`
+	Proof      string   `json:"proof,omitempty"`
+	TTLSeconds int64    `json:"ttl_seconds,omitempty"` // <= 0: the signer's default
+	Pod        string   `json:"pod,omitempty"`
+	Resource   string   `json:"resource,omitempty"`
+	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
+	// checks it against the CSR.
+	KeyAlgorithm string `json:"key_algorithm,omitempty"`
+}
+
+func (SignRequest) EventType() string { return TypeSignRequest }
+func (e SignRequest) Validate() error {
+	var f fields
+	f.need(strings.Contains(e.CSR, "-----BEGIN CERTIFICATE REQUEST-----"), "csr", "not a PEM certificate request")
+	f.need(e.Token != "" || len(e.CertChain) > 0, "token", "a token or a cert_chain is required")
+	f.need(len(e.CertChain) == 0 || e.Proof != "", "proof", "required with cert_chain")
+	f.pod(e.Pod, "pod", false)
+	return f.err()
+}
+
+// Reply error codes, named after the gRPC codes they map to.
+const (
+	CodeInvalidArgument   = "invalid_argument"
+	CodeUnauthenticated   = "unauthenticated"
+	CodePermissionDenied  = "permission_denied"
+	CodeResourceExhausted = "resource_exhausted"
+	CodeUnavailable       = "unavailable"
+	CodeInternal          = "internal"
+)
+
+// ReplyError is the error half of every reply.
+type ReplyError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *ReplyError) Error() string { return e.Code + ": " + e.Message }
+
+// SignReply answers a SignRequest: the chain leaf first, root last (at least two
+// PEMs, as Istio returns it) and the whole trust bundle; or an error.
+type SignReply struct {
+	CertChain []string    `json:"cert_chain,omitempty"`
+	Roots     []string    `json:"roots,omitempty"`
+	Error     *ReplyError `json:"error,omitempty"`
+}
+
+func (SignReply) EventType() string { return TypeSignReply }
+func (e SignReply) Validate() error {
+	var f fields
+	if e.Error != nil {
+		f.nonEmpty(e.Error.Code, "error.code")
+		return f.err()
+	}
+	f.pems(e.CertChain, "cert_chain", 2)
+	f.pems(e.Roots, "roots", 1)
+	return f.err()
+}
+
+// BundleRequest asks for the current trust bundle.
+type BundleRequest struct{}
+
+func (BundleRequest) EventType() string { return TypeBundleRequest }
+func (BundleRequest) Validate() error   { return nil }
+
+// BundleReply answers a BundleRequest.
+type BundleReply struct {
+	TrustDomain string      `json:"trust_domain,omitempty"`
+	Roots       []string    `json:"roots,omitempty"`
+	Generation  uint64      `json:"generation,omitempty"`
+	Error       *ReplyError `json:"error,omitempty"`
+}
+
+func (BundleReply) EventType() string { return TypeBundleReply }
+func (e BundleReply) Validate() error {
+	var f fields
+	if e.Error != nil {
+		f.nonEmpty(e.Error.Code, "error.code")
+		return f.err()
+	}
+	f.pems(e.Roots, "roots", 1)
+	return f.err()
+}
+
+// RotateRequest forces a root rotation (meshctl rotate root).
+type RotateRequest struct {
+	NewKey bool   `json:"new_key,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (RotateRequest) EventType() string { return TypeRotateRequest }
+func (RotateRequest) Validate() error   { return nil }
+
+// RotateReply answers a RotateRequest with the new root's fingerprint and bundle.
+type RotateReply struct {
+	Fingerprint string      `json:"fingerprint,omitempty"`
+	Roots       []string    `json:"roots,omitempty"`
+	Error       *ReplyError `json:"error,omitempty"`
+}
+
+func (RotateReply) EventType() string { return TypeRotateReply }
+func (e RotateReply) Validate() error {
+	var f fields
+	if e.Error != nil {
+		f.nonEmpty(e.Error.Code, "error.code")
+		return f.err()
+	}
+	f.nonEmpty(e.Fingerprint, "fingerprint")
+	f.pems(e.Roots, "roots", 1)
+	return f.err()
+}
+
+// Reasons for a renewal.
+const (
+	RenewScheduled    = "scheduled"
+	RenewRootRotation = "root-rotation"
+	RenewForced       = "forced"
+	RenewRetry        = "retry"
+)
+
+// RenewDue tells one pod to renew one resource now. It goes to PodRenewSubject(pod)
+// and, for audit, to SubjectRenewSent.
+type RenewDue struct {
+	Pod      string    `json:"pod"`
+	Resource string    `json:"resource,omitempty"` // "default" when empty
+	Serial   string    `json:"serial,omitempty"`   // the certificate being replaced
+	NotAfter time.Time `json:"not_after,omitempty"`
+	Reason   string    `json:"reason"`
+	Attempt  int       `json:"attempt,omitempty"`
+}
+
+func (RenewDue) EventType() string { return TypeRenewDue }
+func (e RenewDue) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Reason, "reason")
+	f.need(e.Attempt >= 0, "attempt", "must not be negative")
+	return f.err()
+}
+
+// SecretPushed is published by sds-edge when it serves or pushes a secret.
+type SecretPushed struct {
+	Pod      string `json:"pod"`
+	Resource string `json:"resource"`
+	Serial   string `json:"serial,omitempty"` // leaf serial for a certificate resource
+	Version  string `json:"version"`
+	Streams  int    `json:"streams"`
+	Kind     string `json:"kind"` // "served" (answer to a request) or "pushed" (change)
+}
+
+func (SecretPushed) EventType() string { return TypeSecretPushed }
+func (e SecretPushed) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Resource, "resource")
+	f.nonEmpty(e.Version, "version")
+	f.need(e.Streams >= 0, "streams", "must not be negative")
+	f.need(e.Kind == "served" || e.Kind == "pushed", "kind", `must be "served" or "pushed"`)
+	return f.err()
+}
+
+// SDSNack is published by sds-edge when Envoy rejects a secret.
+type SDSNack struct {
+	Pod      string `json:"pod"`
+	Node     string `json:"node"`
+	Resource string `json:"resource,omitempty"`
+	Version  string `json:"version"`
+	Nonce    string `json:"nonce"`
+	Error    string `json:"error"`
+}
+
+func (SDSNack) EventType() string { return TypeSDSNack }
+func (e SDSNack) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Nonce, "nonce")
+	return f.err()
+}
+
+// PodUp is published when a pod's sds-edge starts serving; Mode says how it got its
+// identity: "ca", "file" or "external" (another SDS provider owns the socket).
+type PodUp struct {
+	Pod      string `json:"pod"`
+	SPIFFEID string `json:"spiffe_id,omitempty"`
+	Mode     string `json:"mode"`
+	Socket   string `json:"socket,omitempty"`
+}
+
+func (PodUp) EventType() string { return TypePodUp }
+func (e PodUp) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Mode, "mode")
+	return f.err()
+}
+
+// PodDown is published when a pod's sds-edge stops; the rotator retires its entries.
+type PodDown struct {
+	Pod    string `json:"pod"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (PodDown) EventType() string { return TypePodDown }
+func (e PodDown) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	return f.err()
+}
+
+// XDSConnected is published by xds-relay when a downstream stream is relayed upstream.
+type XDSConnected struct {
+	Pod      string `json:"pod"`
+	Stream   string `json:"stream"`
+	Mode     string `json:"mode"` // "sotw" or "delta"
+	Node     string `json:"node,omitempty"`
+	Upstream string `json:"upstream"`
+}
+
+func (XDSConnected) EventType() string { return TypeXDSConnected }
+func (e XDSConnected) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Stream, "stream")
+	f.need(e.Mode == "sotw" || e.Mode == "delta", "mode", `must be "sotw" or "delta"`)
+	f.nonEmpty(e.Upstream, "upstream")
+	return f.err()
+}
+
+// XDSDisconnected is published when a relayed stream ends, with the reason.
+type XDSDisconnected struct {
+	Pod    string `json:"pod"`
+	Stream string `json:"stream"`
+	Reason string `json:"reason"`
+}
+
+func (XDSDisconnected) EventType() string { return TypeXDSDisconnected }
+func (e XDSDisconnected) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Stream, "stream")
+	f.nonEmpty(e.Reason, "reason")
+	return f.err()
+}
+
+// XDSNack is published when Envoy NACKs a relayed response.
+type XDSNack struct {
+	Pod         string `json:"pod"`
+	Stream      string `json:"stream,omitempty"`
+	TypeURL     string `json:"type_url"`
+	Nonce       string `json:"nonce"`
+	Version     string `json:"version,omitempty"`
+	ErrorDetail string `json:"error_detail"`
+}
+
+func (XDSNack) EventType() string { return TypeXDSNack }
+func (e XDSNack) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.TypeURL, "type_url")
+	return f.err()
+}
+
+// TrustAnchors carries extra trust anchors for one pod (from Istio's ProxyConfig,
+// received by xds-relay) to that pod's sds-edge, which merges them into ROOTCA.
+// Roots replaces the previous set; an empty Roots removes them.
+type TrustAnchors struct {
+	Pod   string   `json:"pod"`
+	Roots []string `json:"roots"`
+}
+
+func (TrustAnchors) EventType() string { return TypeTrustAnchors }
+func (e TrustAnchors) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.pems(e.Roots, "roots", 0)
+	return f.err()
+}
+
+// PodAnchorsSubject is where a pod's xds-relay publishes its extra trust anchors.
+func PodAnchorsSubject(podID string) (string, error) {
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return Prefix + ".pod." + podToken(podID) + ".anchors", nil
+}

@@ -1,0 +1,61 @@
+package events
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Subject prefixes and names. Every subject meshagent uses is built here.
+const (
+	// Prefix is the root of every meshagent subject.
+	Prefix = "meshagent"
+	// EventsWildcard matches every event (not requests, not commands).
+	EventsWildcard = Prefix + ".evt.>"
+
+	SubjectCertIssued    = Prefix + ".evt.cert.issued"
+	SubjectTrustChanged  = Prefix + ".evt.trust.changed"
+	SubjectRenewSent     = Prefix + ".evt.rotation.renew_sent"
+	SubjectSecretPushed  = Prefix + ".evt.sds.pushed"
+	SubjectSDSNack       = Prefix + ".evt.sds.nack"
+	SubjectPodUp         = Prefix + ".evt.pod.up"
+	SubjectPodDown       = Prefix + ".evt.pod.down"
+	SubjectXDSConnected  = Prefix + ".evt.xds.connected"
+	SubjectXDSDisconnect = Prefix + ".evt.xds.disconnected"
+	SubjectXDSNack       = Prefix + ".evt.xds.nack"
+
+	SubjectSign        = Prefix + ".rpc.sign"
+	SubjectTrustBundle = Prefix + ".rpc.trust.bundle"
+	SubjectRootRotate  = Prefix + ".rpc.root.rotate"
+
+	// SignerQueue is the queue group signers answer SubjectSign in.
+	SignerQueue = "signer"
+
+	// StreamEvents is the JetStream stream that keeps the event history.
+	StreamEvents = "MESHAGENT_EVENTS"
+)
+
+// podIDPattern: Kubernetes pod names (DNS-1123 subdomains) plus upper case and '_',
+// at most 253 characters. '.' is mapped to '~' in subjects, which pod IDs may not contain.
+var podIDPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$`)
+
+// ValidatePodID reports whether id can name a pod on the bus.
+func ValidatePodID(id string) error {
+	if !podIDPattern.MatchString(id) {
+		return fmt.Errorf("invalid pod id %q: want 1-253 of [A-Za-z0-9._-], starting and ending alphanumeric", id)
+	}
+	return nil
+}
+
+func podToken(id string) string { return strings.ReplaceAll(id, ".", "~") }
+
+// PodRenewSubject is the subject a pod's sds-edge listens on for renew-due commands.
+func PodRenewSubject(podID string) (string, error) {
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return Prefix + ".pod." + podToken(podID) + ".renew", nil
+}
+
+// PodRenewWildcard matches the renew subject of every pod.
+const PodRenewWildcard = Prefix + ".pod.*.renew"

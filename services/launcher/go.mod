@@ -1,0 +1,37 @@
+module github.com/meshagent/meshagent/services/launcher
+
+go 1.26.0
+
+require (
+	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/hashicorp/go-hclog v1.6.3
+	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
+	github.com/meshagent/meshagent/pkg/obs v0.0.0
+	golang.org/x/sync v0.24.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	cel.dev/expr v0.25.3 // indirect
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
+	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
+	github.com/fatih/color v1.13.0 // indirect
+	github.com/mattn/go-colorable v0.1.12 // indirect
+	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+)
+
+replace (
+	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
+	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
+)

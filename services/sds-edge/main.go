@@ -1,0 +1,4 @@
+// Command sds-edge is a placeholder until its issue lands.
+package main
+
+func main() {}

@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/services/signer
+
+go 1.26.0

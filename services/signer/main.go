@@ -1,0 +1,4 @@
+// Command signer is a placeholder until its issue lands.
+package main
+
+func main() {}

@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/services/xds-relay
+
+go 1.26.0

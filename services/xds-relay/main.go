@@ -1,0 +1,4 @@
+// Command xds-relay is a placeholder until its issue lands.
+package main
+
+func main() {}
