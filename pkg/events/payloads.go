@@ -152,6 +152,9 @@ type SignRequest struct {
 	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
 	// checks it against the CSR.
 	KeyAlgorithm string `json:"key_algorithm,omitempty"`
+	// CertSigner names the signer the caller wants (Istio's CertSigner metadata);
+	// empty means the signer's default. A signer rejects names it does not serve.
+	CertSigner string `json:"cert_signer,omitempty"`
 }
 
 func (SignRequest) EventType() string { return TypeSignRequest }
