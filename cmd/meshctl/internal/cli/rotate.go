@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/nats-io/nats.go"
+)
+
+func runRotate(ctx context.Context, env Env, args []string) error {
+	if len(args) == 0 || (args[0] != "root" && args[0] != "pod") {
+		return fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
+	}
+	what, args := args[0], args[1:]
+	var dir string
+	var newKey bool
+	fs := flagenv.New("rotate", env.Getenv)
+	dirFlag(fs, &dir)
+	if what == "root" {
+		fs.Bool(&newKey, "new-key", "", false, "generate a new root key instead of re-signing the current one")
+	}
+	var pod string
+	if what == "pod" {
+		if len(args) == 0 {
+			return fmt.Errorf("%w: meshctl rotate pod ID", errUsage)
+		}
+		pod, args = args[0], args[1:]
+	}
+	if err := parse(fs, env, args); err != nil {
+		return err
+	}
+	st, err := stack.Read(dir)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(st.NATSURL, nats.Name("meshctl rotate"))
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", st.NATSURL, err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if what == "pod" {
+		return rotatePod(nc, env, pod)
+	}
+	msg, err := events.NewMsg(events.SubjectRootRotate, "meshctl", events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
+	if err != nil {
+		return err
+	}
+	resp, err := nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return fmt.Errorf("rotate root: %w", err)
+	}
+	reply, _, err := events.Decode[events.RotateReply](resp)
+	if err != nil {
+		return fmt.Errorf("rotate reply: %w", err)
+	}
+	if reply.Error != nil {
+		return fmt.Errorf("signer refused: %w", reply.Error)
+	}
+	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
+	return nil
+}
+
+func rotatePod(nc *nats.Conn, env Env, pod string) error {
+	subj, err := events.PodRenewSubject(pod)
+	if err != nil {
+		return err
+	}
+	due := events.RenewDue{Pod: pod, Resource: "default", Reason: events.RenewForced}
+	for _, s := range []string{subj, events.SubjectRenewSent} {
+		msg, err := events.NewMsg(s, "meshctl", due)
+		if err != nil {
+			return err
+		}
+		if err := nc.PublishMsg(msg); err != nil {
+			return fmt.Errorf("publish %s: %w", s, err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "renew-due sent to pod %s on %s\n", pod, subj)
+	return nil
+}

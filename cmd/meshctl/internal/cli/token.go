@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+)
+
+func runToken(_ context.Context, env Env, args []string) error {
+	var dir, ns, sa, aud string
+	var ttl time.Duration
+	fs := flagenv.New("token", env.Getenv)
+	dirFlag(fs, &dir)
+	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace")
+	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account")
+	fs.String(&aud, "aud", "", devtoken.DefaultAudience, "audience")
+	fs.Duration(&ttl, "ttl", "", time.Hour, "token lifetime")
+	if err := parse(fs, env, args); err != nil {
+		return err
+	}
+	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
+	if err != nil {
+		return err
+	}
+	tok, err := iss.Mint(ns, sa, aud, ttl, time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, tok)
+	return nil
+}

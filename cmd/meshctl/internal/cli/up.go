@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/nats-io/nats.go"
+)
+
+func dirFlag(fs *flagenv.Set, p *string) {
+	fs.String(p, "dir", "MESHAGENT_DIR", ".meshagent", "state directory of the local stack")
+}
+
+func runUp(ctx context.Context, env Env, args []string) error {
+	var cfg stack.Config
+	var logc obs.LogConfig
+	fs := flagenv.New("up", env.Getenv)
+	dirFlag(fs, &cfg.Dir)
+	logc.Bind(fs)
+	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the service binaries (default: beside meshctl, then bin/, then PATH)")
+	fs.String(&cfg.TrustDomain, "trust-domain", "TRUST_DOMAIN", "cluster.local", "SPIFFE trust domain")
+	fs.Int(&cfg.Pods, "pods", "MESHAGENT_PODS", 1, "number of demo pods")
+	fs.Duration(&cfg.LeafTTL, "ttl", "SECRET_TTL", 2*time.Minute, "workload certificate TTL of the demo pods (short, to watch rotation)")
+	fs.Duration(&cfg.RootTTL, "root-ttl", "CITADEL_SELF_SIGNED_CA_CERT_TTL", 10*365*24*time.Hour, "self-signed root TTL")
+	fs.Int(&cfg.NATSPort, "nats-port", "MESHAGENT_NATS_PORT", -1, "embedded NATS port (-1: any free port)")
+	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
+	if err := parse(fs, env, args); err != nil {
+		return err
+	}
+	if err := logc.Validate(); err != nil {
+		return err
+	}
+	log := obs.NewLogger("meshctl", logc, env.Stderr)
+	r, err := stack.New(cfg, env.Stdout, log)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "meshctl: starting the local stack ...")
+	start := time.Now()
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(env.Stdout, "meshctl: stopping ...")
+		r.Stop()
+		fmt.Fprintln(env.Stdout, "meshctl: stopped")
+	}()
+	printSummary(env.Stdout, &r.Stack, time.Since(start))
+	sub, err := r.Conn().Subscribe(events.EventsWildcard, printer(env.Stdout))
+	if err != nil {
+		return fmt.Errorf("subscribe events: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	go r.RefreshTokens(ctx)
+	select {
+	case <-ctx.Done():
+		return nil
+	case msg := <-r.Exited():
+		return fmt.Errorf("%s", msg)
+	}
+}
+
+func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
+	fmt.Fprintf(w, "\nmeshagent is up (%s). State in %s\n\n", took.Round(time.Millisecond), s.Dir)
+	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s\n", s.NATSURL)
+	fmt.Fprintf(w, "  signer                      NATS %s, gRPC %s (Istio CreateCertificate, TLS name %s), http %s\n",
+		s.Signer.NATSSubject, s.Signer.GRPCAddr, s.Signer.GRPCServerName, s.Signer.HTTP)
+	fmt.Fprintf(w, "  rotator                     http %s\n", s.Rotator.HTTP)
+	if s.ControlPlane != nil {
+		fmt.Fprintf(w, "  demo control plane          xDS %s\n", s.ControlPlane.XDSAddr)
+	}
+	fmt.Fprintf(w, "  trust bundle                %s\n", s.TrustBundle)
+	for _, p := range s.Pods {
+		fmt.Fprintf(w, "  pod %-23s %s\n", p.ID, p.SPIFFEID)
+		fmt.Fprintf(w, "      SDS socket              %s\n", p.SDSSocket)
+		fmt.Fprintf(w, "      xDS socket              %s\n", p.XDSSocket)
+		fmt.Fprintf(w, "      certs (OUTPUT_CERTS)    %s\n", p.OutputCerts)
+	}
+	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stack.FileName)
+	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")
+	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
+}
+
+func printer(w io.Writer) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		p, meta, err := events.DecodeAny(m)
+		if err != nil {
+			fmt.Fprintf(w, "%s  (undecodable event on %s: %v)\n", time.Now().Format("15:04:05"), m.Subject, err)
+			return
+		}
+		fmt.Fprintln(w, describe(p, meta, time.Now()))
+	}
+}
+
+func parse(fs *flagenv.Set, env Env, args []string) error {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.Usage(env.Stdout)
+			return errHelp
+		}
+	}
+	return fs.Parse(args)
+}
+
+// errHelp ends a command after it printed its flags.
+var errHelp = fmt.Errorf("help requested")
+
+// IsHelp reports whether err means help was printed.
+func IsHelp(err error) bool { return err == errHelp }

@@ -1,0 +1,173 @@
+// Package devtoken is meshctl's local token issuer: an ES256 key whose JWKS the
+// embedded signer trusts, minting Kubernetes-style service-account tokens for
+// development (meshctl token) and for the demo pods of meshctl up — the role the
+// Kubernetes API server plays in a cluster.
+package devtoken
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+)
+
+// Defaults shared with the signer's dev configuration.
+const (
+	DefaultIssuer   = "meshagent-dev"
+	DefaultAudience = "istio-ca"
+	keyFile         = "issuer-key.pem"
+	jwksFile        = "jwks.json"
+)
+
+// Issuer signs tokens with one ES256 key.
+type Issuer struct {
+	Name string
+	key  *ecdsa.PrivateKey
+	kid  string
+}
+
+// KeyPath and JWKSPath name the files LoadOrCreate uses in dir.
+func KeyPath(dir string) string  { return filepath.Join(dir, keyFile) }
+func JWKSPath(dir string) string { return filepath.Join(dir, jwksFile) }
+
+// LoadOrCreate loads the issuer key from dir, or makes one (0600) and writes the
+// public JWKS beside it.
+func LoadOrCreate(dir string) (*Issuer, error) {
+	data, err := os.ReadFile(KeyPath(dir))
+	switch {
+	case err == nil:
+		return fromPEM(data)
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("read issuer key: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("issuer key: %w", err)
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("issuer key: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("issuer dir: %w", err)
+	}
+	if err := os.WriteFile(KeyPath(dir), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, fmt.Errorf("write issuer key: %w", err)
+	}
+	iss, err := newIssuer(key)
+	if err != nil {
+		return nil, err
+	}
+	jwks, err := iss.JWKS()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(JWKSPath(dir), jwks, 0o644); err != nil {
+		return nil, fmt.Errorf("write jwks: %w", err)
+	}
+	return iss, nil
+}
+
+// Load loads an existing issuer from dir.
+func Load(dir string) (*Issuer, error) {
+	data, err := os.ReadFile(KeyPath(dir))
+	if err != nil {
+		return nil, fmt.Errorf("read issuer key (is meshctl up running, or -dir right?): %w", err)
+	}
+	return fromPEM(data)
+}
+
+func fromPEM(data []byte) (*Issuer, error) {
+	b, _ := pem.Decode(data)
+	if b == nil || b.Type != "EC PRIVATE KEY" {
+		return nil, errors.New("issuer key: no EC PRIVATE KEY block")
+	}
+	key, err := x509.ParseECPrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("issuer key: %w", err)
+	}
+	return newIssuer(key)
+}
+
+func newIssuer(key *ecdsa.PrivateKey) (*Issuer, error) {
+	tp, err := (&jose.JSONWebKey{Key: &key.PublicKey}).Thumbprint(crypto.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("issuer key thumbprint: %w", err)
+	}
+	return &Issuer{Name: DefaultIssuer, key: key, kid: base64.RawURLEncoding.EncodeToString(tp)}, nil
+}
+
+// JWKS returns the public key set a signer verifies tokens with.
+func (i *Issuer) JWKS() ([]byte, error) {
+	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &i.key.PublicKey, KeyID: i.kid, Algorithm: string(jose.ES256), Use: "sig"}}}
+	return json.MarshalIndent(set, "", "  ")
+}
+
+// Claims are the Kubernetes service-account token claims meshctl mints.
+type Claims struct {
+	jwt.Claims
+	Kubernetes K8s `json:"kubernetes.io"`
+}
+
+// K8s is the "kubernetes.io" claim of a projected service-account token.
+type K8s struct {
+	Namespace      string `json:"namespace"`
+	ServiceAccount struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"serviceaccount"`
+}
+
+// Mint returns a signed token for ns/sa, valid for ttl from now.
+func (i *Issuer) Mint(ns, sa, audience string, ttl time.Duration, now time.Time) (string, error) {
+	if ns == "" || sa == "" {
+		return "", errors.New("mint token: namespace and service account are required")
+	}
+	if ttl <= 0 {
+		return "", errors.New("mint token: ttl must be positive")
+	}
+	if audience == "" {
+		audience = DefaultAudience
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: i.key, KeyID: i.kid}},
+		(&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		return "", fmt.Errorf("mint token: %w", err)
+	}
+	c := Claims{Claims: jwt.Claims{
+		Issuer:    i.Name,
+		Subject:   "system:serviceaccount:" + ns + ":" + sa,
+		Audience:  jwt.Audience{audience},
+		IssuedAt:  jwt.NewNumericDate(now),
+		NotBefore: jwt.NewNumericDate(now),
+		Expiry:    jwt.NewNumericDate(now.Add(ttl)),
+	}}
+	c.Kubernetes.Namespace = ns
+	c.Kubernetes.ServiceAccount.Name = sa
+	c.Kubernetes.ServiceAccount.UID = uid()
+	tok, err := jwt.Signed(signer).Claims(c).Serialize()
+	if err != nil {
+		return "", fmt.Errorf("mint token: %w", err)
+	}
+	return tok, nil
+}
+
+func uid() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}

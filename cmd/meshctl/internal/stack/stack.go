@@ -1,0 +1,106 @@
+// Package stack describes and runs the local meshagent stack of meshctl up: an
+// embedded NATS server, a signer, a rotator, a demo control plane and demo pods
+// (sds-edge, xds-relay, launcher each), and the stack.json that tells a user, or a
+// script, what runs where.
+package stack
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// FileName is the name of the stack description inside the state directory.
+const FileName = "stack.json"
+
+// Stack is what stack.json holds. Field names are part of meshctl's interface.
+type Stack struct {
+	Version      int           `json:"version"`
+	Dir          string        `json:"dir"`
+	TrustDomain  string        `json:"trust_domain"`
+	NATSURL      string        `json:"nats_url"`
+	TrustBundle  string        `json:"trust_bundle"`
+	TokenIssuer  TokenIssuer   `json:"token_issuer"`
+	Signer       Signer        `json:"signer"`
+	Rotator      Service       `json:"rotator"`
+	ControlPlane *ControlPlane `json:"control_plane,omitempty"`
+	Pods         []Pod         `json:"pods"`
+	Processes    []Process     `json:"processes"`
+}
+
+// TokenIssuer is the local issuer whose tokens the signer accepts.
+type TokenIssuer struct {
+	Issuer   string `json:"issuer"`
+	Audience string `json:"audience"`
+	JWKS     string `json:"jwks"`
+}
+
+// Signer says where the CA answers.
+type Signer struct {
+	Service
+	NATSSubject    string `json:"nats_subject"`
+	GRPCAddr       string `json:"grpc_addr"`
+	GRPCServerName string `json:"grpc_server_name"`
+}
+
+// Service is one HTTP (health and metrics) endpoint.
+type Service struct {
+	HTTP string `json:"http"`
+}
+
+// ControlPlane is the demo xDS server the pods' relays connect to.
+type ControlPlane struct {
+	XDSAddr string `json:"xds_addr"`
+}
+
+// Pod is one demo workload.
+type Pod struct {
+	ID             string            `json:"id"`
+	Namespace      string            `json:"namespace"`
+	ServiceAccount string            `json:"service_account"`
+	SPIFFEID       string            `json:"spiffe_id"`
+	Root           string            `json:"root"`
+	SDSSocket      string            `json:"sds_socket"`
+	XDSSocket      string            `json:"xds_socket"`
+	TokenFile      string            `json:"token_file"`
+	OutputCerts    string            `json:"output_certs"`
+	HTTP           map[string]string `json:"http"`
+}
+
+// Process is one child process.
+type Process struct {
+	Name string `json:"name"`
+	PID  int    `json:"pid"`
+	HTTP string `json:"http"`
+	Log  string `json:"log"`
+}
+
+// Write stores s as dir/stack.json atomically.
+func Write(dir string, s *Stack) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode stack: %w", err)
+	}
+	tmp := filepath.Join(dir, FileName+".tmp")
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write stack: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, FileName)); err != nil {
+		return fmt.Errorf("write stack: %w", err)
+	}
+	return nil
+}
+
+// Read loads dir/stack.json.
+func Read(dir string) (*Stack, error) {
+	data, err := os.ReadFile(filepath.Join(dir, FileName))
+	if err != nil {
+		return nil, fmt.Errorf("read %s (is meshctl up running?): %w", FileName, err)
+	}
+	var s Stack
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", FileName, err)
+	}
+	return &s, nil
+}

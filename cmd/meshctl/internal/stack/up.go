@@ -1,0 +1,344 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config says what meshctl up starts.
+type Config struct {
+	Dir         string // state directory (.meshagent)
+	BinDir      string // where the service binaries are; empty: beside meshctl, bin/, PATH
+	TrustDomain string
+	Pods        int
+	LeafTTL     time.Duration // demo pods' SECRET_TTL: short, so rotation is visible
+	RootTTL     time.Duration
+	NATSPort    int // -1: any free port
+	ReadyWait   time.Duration
+}
+
+// Runner is a started stack.
+type Runner struct {
+	cfg   Config
+	out   io.Writer
+	log   hclog.Logger
+	ns    *server.Server
+	nc    *nats.Conn
+	procs []*proc
+	iss   *devtoken.Issuer
+	Stack Stack
+}
+
+// New checks cfg; nothing starts until Start.
+func New(cfg Config, out io.Writer, log hclog.Logger) (*Runner, error) {
+	var errs []error
+	if cfg.Dir == "" {
+		errs = append(errs, errors.New("-dir: required"))
+	}
+	if cfg.Pods < 0 || cfg.Pods > 50 {
+		errs = append(errs, errors.New("-pods: want 0 to 50"))
+	}
+	if cfg.LeafTTL < 30*time.Second {
+		errs = append(errs, errors.New("-ttl: at least 30s"))
+	}
+	if _, err := pki.WorkloadID(cfg.TrustDomain, "default", "x"); err != nil {
+		errs = append(errs, fmt.Errorf("-trust-domain: %w", err))
+	}
+	if cfg.ReadyWait <= 0 {
+		cfg.ReadyWait = time.Minute
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("-dir: %w", err)
+	}
+	cfg.Dir = abs
+	return &Runner{cfg: cfg, out: out, log: log}, nil
+}
+
+// Start brings the stack up and writes stack.json. On error, what started is stopped.
+func (r *Runner) Start(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil {
+			r.Stop()
+		}
+	}()
+	for _, d := range []string{r.cfg.Dir, filepath.Join(r.cfg.Dir, "logs"), filepath.Join(r.cfg.Dir, "pods")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("state dir: %w", err)
+		}
+	}
+	r.iss, err = devtoken.LoadOrCreate(filepath.Join(r.cfg.Dir, "issuer"))
+	if err != nil {
+		return err
+	}
+	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats")})
+	if err != nil {
+		return err
+	}
+	r.nc, err = nats.Connect(r.ns.ClientURL(), nats.Name("meshctl"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect embedded nats: %w", err)
+	}
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if _, err := bus.EnsureEventStream(ctx, js, 1, 24*time.Hour); err != nil {
+		return err
+	}
+	r.Stack = Stack{
+		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.ns.ClientURL(),
+		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
+		TokenIssuer: TokenIssuer{Issuer: r.iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
+	}
+	if err := r.startSigner(ctx); err != nil {
+		return err
+	}
+	if err := r.startRotator(ctx); err != nil {
+		return err
+	}
+	if err := r.writeBundle(ctx); err != nil {
+		return err
+	}
+	for i := range r.cfg.Pods {
+		if err := r.startPod(ctx, fmt.Sprintf("demo-%d", i)); err != nil {
+			return err
+		}
+	}
+	for _, p := range r.procs {
+		r.Stack.Processes = append(r.Stack.Processes, Process{Name: p.name, PID: p.cmd.Process.Pid, HTTP: p.http, Log: p.logPath})
+	}
+	return Write(r.cfg.Dir, &r.Stack)
+}
+
+// spawn starts a service binary and waits for its /readyz.
+func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*proc, error) {
+	path, err := findBinary(r.cfg.BinDir, bin)
+	if err != nil {
+		return nil, err
+	}
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p := &proc{
+		name: name, bin: path, http: httpAddr,
+		args:    append([]string{"-nats-url", r.ns.ClientURL(), "-http-addr", httpAddr}, args...),
+		logPath: filepath.Join(r.cfg.Dir, "logs", name+".log"),
+	}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, p)
+	if err := p.waitReady(ctx, r.cfg.ReadyWait); err != nil {
+		return nil, err
+	}
+	r.log.Debug("service ready", "name", name, "http", httpAddr)
+	return p, nil
+}
+
+func (r *Runner) startSigner(ctx context.Context) error {
+	grpcAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	p, err := r.spawn(ctx, "signer", "signer",
+		"-instance", "signer-0",
+		"-trust-domain", r.cfg.TrustDomain,
+		"-root-ttl", r.cfg.RootTTL.String(),
+		"-grpc-addr", grpcAddr,
+		"-jwks-file", r.Stack.TokenIssuer.JWKS,
+		"-token-issuer", r.Stack.TokenIssuer.Issuer,
+		"-token-audience", r.Stack.TokenIssuer.Audience,
+	)
+	if err != nil {
+		return err
+	}
+	r.Stack.Signer = Signer{Service: Service{HTTP: p.http}, NATSSubject: events.SubjectSign, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
+	return nil
+}
+
+func (r *Runner) startRotator(ctx context.Context) error {
+	p, err := r.spawn(ctx, "rotator", "rotator", "-instance", "rotator-0")
+	if err != nil {
+		return err
+	}
+	r.Stack.Rotator = Service{HTTP: p.http}
+	return nil
+}
+
+func (r *Runner) startPod(ctx context.Context, id string) error {
+	const ns, sa = "default", "demo"
+	root := filepath.Join(r.cfg.Dir, "pods", id)
+	pod := Pod{
+		ID: id, Namespace: ns, ServiceAccount: sa, Root: root,
+		SDSSocket:   filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"),
+		XDSSocket:   filepath.Join(root, "etc/istio/proxy/XDS"),
+		TokenFile:   filepath.Join(root, "var/run/secrets/tokens/istio-token"),
+		OutputCerts: filepath.Join(root, "etc/certs"),
+		HTTP:        map[string]string{},
+	}
+	spiffe, err := pki.WorkloadID(r.cfg.TrustDomain, ns, sa)
+	if err != nil {
+		return err
+	}
+	pod.SPIFFEID = spiffe.String()
+	if err := r.writeToken(pod); err != nil {
+		return err
+	}
+	common := []string{"-pod", id, "-pod-root", root}
+	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", append(common,
+		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
+		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)...)
+	if err != nil {
+		return err
+	}
+	pod.HTTP["sds-edge"] = sds.http
+	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", append(common, "-sds-socket", pod.SDSSocket)...)
+	if err != nil {
+		return err
+	}
+	pod.HTTP["xds-relay"] = relay.http
+	l, err := r.spawn(ctx, id+"/launcher", "launcher", append(common, "-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket)...)
+	if err != nil {
+		return err
+	}
+	pod.HTTP["launcher"] = l.http
+	r.Stack.Pods = append(r.Stack.Pods, pod)
+	return nil
+}
+
+// writeToken mints a fresh service-account token into the pod's token file, as the
+// kubelet refreshes a projected token.
+func (r *Runner) writeToken(p Pod) error {
+	tok, err := r.iss.Mint(p.Namespace, p.ServiceAccount, devtoken.DefaultAudience, time.Hour, time.Now())
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p.TokenFile), 0o755); err != nil {
+		return fmt.Errorf("token dir: %w", err)
+	}
+	tmp := p.TokenFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(tok), 0o600); err != nil {
+		return fmt.Errorf("write token: %w", err)
+	}
+	return os.Rename(tmp, p.TokenFile)
+}
+
+// RefreshTokens re-mints every pod's token every half hour until ctx ends.
+func (r *Runner) RefreshTokens(ctx context.Context) {
+	t := time.NewTicker(30 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for _, p := range r.Stack.Pods {
+				if err := r.writeToken(p); err != nil {
+					r.log.Error("token refresh failed", "pod", p.ID, "error", err)
+				}
+			}
+		}
+	}
+}
+
+// writeBundle asks the signer for the trust bundle, writes it, and rewrites it on
+// every trust.changed.
+func (r *Runner) writeBundle(ctx context.Context) error {
+	req, err := events.NewMsg(events.SubjectTrustBundle, "meshctl", events.BundleRequest{})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := r.nc.RequestMsgWithContext(rctx, req)
+	if err != nil {
+		return fmt.Errorf("trust bundle: %w", err)
+	}
+	reply, _, err := events.Decode[events.BundleReply](resp)
+	if err != nil {
+		return fmt.Errorf("trust bundle: %w", err)
+	}
+	if reply.Error != nil {
+		return fmt.Errorf("trust bundle: %w", reply.Error)
+	}
+	if err := writePEMs(r.Stack.TrustBundle, reply.Roots); err != nil {
+		return err
+	}
+	_, err = r.nc.Subscribe(events.SubjectTrustChanged, func(m *nats.Msg) {
+		tc, _, err := events.Decode[events.TrustChanged](m)
+		if err != nil {
+			r.log.Warn("bad trust.changed", "error", err)
+			return
+		}
+		if err := writePEMs(r.Stack.TrustBundle, tc.Roots); err != nil {
+			r.log.Error("write trust bundle", "error", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe trust.changed: %w", err)
+	}
+	return nil
+}
+
+func writePEMs(path string, pems []string) error {
+	var data []byte
+	for _, p := range pems {
+		data = append(data, p...)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return os.Rename(tmp, path)
+}
+
+// Conn is meshctl's own bus connection.
+func (r *Runner) Conn() *nats.Conn { return r.nc }
+
+// Stop stops the children in reverse order, then the bus.
+func (r *Runner) Stop() {
+	for i := len(r.procs) - 1; i >= 0; i-- {
+		r.procs[i].stop(10 * time.Second)
+	}
+	if r.nc != nil {
+		_ = r.nc.Drain()
+	}
+	if r.ns != nil {
+		r.ns.Shutdown()
+		r.ns.WaitForShutdown()
+	}
+	_ = os.Remove(filepath.Join(r.cfg.Dir, FileName))
+}
+
+// Exited returns a channel that yields the first child to exit, for a supervisor.
+func (r *Runner) Exited() <-chan string {
+	ch := make(chan string, len(r.procs))
+	for _, p := range r.procs {
+		go func() {
+			<-p.exited
+			ch <- p.name + " exited: " + strconv.Quote(fmt.Sprint(p.err)) + "\n" + p.tail(10)
+		}()
+	}
+	return ch
+}
