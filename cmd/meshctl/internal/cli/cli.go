@@ -28,6 +28,7 @@ var commands = map[string]command{
 	"rotate": {"rotate root [-new-key] | rotate pod ID", runRotate},
 	"events": {"print every event on the bus as it happens", runEvents},
 	"status": {"show each service's readiness and each pod's certificates", runStatus},
+	"sds":    {"fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", runSDS},
 }
 
 // Run dispatches args[0] to its command.

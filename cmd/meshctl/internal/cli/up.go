@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -58,6 +59,11 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	go r.RefreshTokens(ctx)
+	for _, p := range r.Stack.Pods {
+		e := &standin.Envoy{Pod: p.ID, NodeID: "sidecar~" + p.ID, SDSSocket: p.SDSSocket, XDSSocket: p.XDSSocket,
+			Report: func(line string) { fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line) }}
+		go e.Run(ctx)
+	}
 	select {
 	case <-ctx.Done():
 		return nil
