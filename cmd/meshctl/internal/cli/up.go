@@ -29,6 +29,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.Int(&cfg.Pods, "pods", "MESHAGENT_PODS", 1, "number of demo pods")
 	fs.Duration(&cfg.LeafTTL, "ttl", "SECRET_TTL", 2*time.Minute, "workload certificate TTL of the demo pods (short, to watch rotation)")
 	fs.Duration(&cfg.RootTTL, "root-ttl", "CITADEL_SELF_SIGNED_CA_CERT_TTL", 10*365*24*time.Hour, "self-signed root TTL")
+	fs.Duration(&cfg.RootCheck, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", time.Hour, "how often the signer checks the root's remaining life")
 	fs.Int(&cfg.NATSPort, "nats-port", "MESHAGENT_NATS_PORT", -1, "embedded NATS port (-1: any free port)")
 	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
 	if err := parse(fs, env, args); err != nil {

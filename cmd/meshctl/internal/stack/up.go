@@ -29,7 +29,8 @@ type Config struct {
 	Pods        int
 	LeafTTL     time.Duration // demo pods' SECRET_TTL: short, so rotation is visible
 	RootTTL     time.Duration
-	NATSPort    int // -1: any free port
+	RootCheck   time.Duration // how often the signer checks the root's remaining life
+	NATSPort    int           // -1: any free port
 	ReadyWait   time.Duration
 }
 
@@ -59,6 +60,9 @@ func New(cfg Config, out io.Writer, log hclog.Logger) (*Runner, error) {
 	}
 	if _, err := pki.WorkloadID(cfg.TrustDomain, "default", "x"); err != nil {
 		errs = append(errs, fmt.Errorf("-trust-domain: %w", err))
+	}
+	if cfg.RootCheck <= 0 {
+		cfg.RootCheck = time.Hour
 	}
 	if cfg.ReadyWait <= 0 {
 		cfg.ReadyWait = time.Minute
@@ -165,6 +169,7 @@ func (r *Runner) startSigner(ctx context.Context) error {
 		"-instance", "signer-0",
 		"-trust-domain", r.cfg.TrustDomain,
 		"-root-ttl", r.cfg.RootTTL.String(),
+		"-root-check-interval", r.cfg.RootCheck.String(),
 		"-grpc-addr", grpcAddr,
 		"-jwks-file", r.Stack.TokenIssuer.JWKS,
 		"-token-issuer", r.Stack.TokenIssuer.Issuer,
