@@ -1,0 +1,228 @@
+// Package ca holds the signer's CA material — plugged in from an Istio cacerts
+// directory or a self-signed root kept in JetStream KV — keeps it current (reloads,
+// root rotation, changes made by other replicas) and signs workload certificates.
+package ca
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+// Material is one immutable set of CA material.
+type Material struct {
+	Key        crypto.Signer
+	Cert       *x509.Certificate   // signs leaves
+	Chain      []*x509.Certificate // Cert, intermediates..., root: what follows a leaf in a reply
+	Roots      []*x509.Certificate // the trust bundle, newest first
+	Generation uint64              // increases with every change of the bundle or chain
+
+	chainPEMs []string
+	rootPEMs  []string
+	rootFP    string
+	notAfter  time.Time
+}
+
+// ErrInvalidMaterial wraps every reason CA material is refused.
+var ErrInvalidMaterial = errors.New("invalid CA material")
+
+// NewMaterial checks that key belongs to cert, that cert may sign certificates and that
+// it chains through intermediates to one of roots at now, and returns the material.
+func NewMaterial(key crypto.Signer, cert *x509.Certificate, intermediates, roots []*x509.Certificate, gen uint64, now time.Time) (*Material, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidMaterial, fmt.Sprintf(format, a...))
+	}
+	if key == nil || cert == nil || len(roots) == 0 {
+		return nil, bad("key, certificate and at least one root are required")
+	}
+	type equaler interface{ Equal(crypto.PublicKey) bool }
+	if pub, ok := key.Public().(equaler); !ok || !pub.Equal(cert.PublicKey) {
+		return nil, bad("private key does not match the CA certificate %q", cert.Subject)
+	}
+	if !cert.IsCA || !cert.BasicConstraintsValid {
+		return nil, bad("certificate %q is not a CA", cert.Subject)
+	}
+	if cert.KeyUsage != 0 && cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, bad("certificate %q may not sign certificates", cert.Subject)
+	}
+	rootPool, interPool := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range roots {
+		rootPool.AddCert(r)
+	}
+	for _, c := range intermediates {
+		interPool.AddCert(c)
+	}
+	chains, err := cert.Verify(x509.VerifyOptions{
+		Roots: rootPool, Intermediates: interPool, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	})
+	if err != nil {
+		return nil, bad("CA certificate %q does not chain to a root: %v", cert.Subject, err)
+	}
+	m := &Material{Key: key, Cert: cert, Chain: chains[0], Roots: roots, Generation: gen}
+	m.chainPEMs = pki.CertPEMs(m.Chain)
+	m.rootPEMs = pki.CertPEMs(m.Roots)
+	m.rootFP = pki.Fingerprint(m.Chain[len(m.Chain)-1])
+	m.notAfter = m.Chain[0].NotAfter
+	for _, c := range m.Chain {
+		if c.NotAfter.Before(m.notAfter) {
+			m.notAfter = c.NotAfter
+		}
+	}
+	return m, nil
+}
+
+// ChainPEMs is the chain above a leaf, signing cert first, root last.
+func (m *Material) ChainPEMs() []string { return m.chainPEMs }
+
+// RootPEMs is the trust bundle, newest first.
+func (m *Material) RootPEMs() []string { return m.rootPEMs }
+
+// RootFingerprint is the SHA-256 of the root the chain ends at.
+func (m *Material) RootFingerprint() string { return m.rootFP }
+
+// NotAfter is the earliest expiry along the chain: no leaf may outlive it.
+func (m *Material) NotAfter() time.Time { return m.notAfter }
+
+// RootNotAfter is the expiry of the root the chain ends at.
+func (m *Material) RootNotAfter() time.Time { return m.Chain[len(m.Chain)-1].NotAfter }
+
+// RootFingerprints lists the bundle's fingerprints.
+func (m *Material) RootFingerprints() []string {
+	out := make([]string, len(m.Roots))
+	for i, r := range m.Roots {
+		out[i] = pki.Fingerprint(r)
+	}
+	return out
+}
+
+// ErrCAExpired is returned when the CA cannot sign anything any more.
+var ErrCAExpired = errors.New("CA certificate expired")
+
+// SignLeaf issues a workload certificate for pub with id as its only SAN, valid from
+// now for ttl but never past the CA's own expiry. The subject is empty, as Istio's
+// workload certificates, so the SAN extension is critical.
+func (m *Material) SignLeaf(pub crypto.PublicKey, id *url.URL, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
+	return m.sign(&x509.Certificate{
+		URIs:        []*url.URL{id},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}, pub, now, ttl)
+}
+
+// SignServing issues a TLS server certificate for the signer's own gRPC endpoint.
+func (m *Material) SignServing(pub crypto.PublicKey, dnsNames []string, ips []net.IP, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
+	return m.sign(&x509.Certificate{
+		DNSNames:    dnsNames,
+		IPAddresses: ips,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, pub, now, ttl)
+}
+
+func (m *Material) sign(tmpl *x509.Certificate, pub crypto.PublicKey, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
+	notAfter := now.Add(ttl)
+	if ca := m.NotAfter(); notAfter.After(ca) {
+		notAfter = ca
+	}
+	if !notAfter.After(now) {
+		return nil, fmt.Errorf("%w at %s", ErrCAExpired, m.NotAfter().Format(time.RFC3339))
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore = now
+	tmpl.NotAfter = notAfter
+	tmpl.BasicConstraintsValid = true
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, pub, m.Key)
+	if err != nil {
+		return nil, fmt.Errorf("create certificate: %w", err)
+	}
+	return x509.ParseCertificate(der)
+}
+
+func randomSerial() (*big.Int, error) {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("serial: %w", err)
+	}
+	return n.Add(n, big.NewInt(1)), nil // never zero
+}
+
+// Authority holds the current material and tells subscribers when it changes.
+type Authority struct {
+	cur  atomic.Pointer[Material]
+	mu   sync.Mutex
+	subs []func(old, cur *Material)
+}
+
+// Current is the material to sign with now, or nil before the first load.
+func (a *Authority) Current() *Material { return a.cur.Load() }
+
+// Ready reports whether material is loaded.
+func (a *Authority) Ready() error {
+	if a.cur.Load() == nil {
+		return errors.New("no CA material loaded")
+	}
+	return nil
+}
+
+// OnChange registers f to run (synchronously) after every change.
+func (a *Authority) OnChange(f func(old, cur *Material)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.subs = append(a.subs, f)
+}
+
+// install makes m current when it is newer than the current material (or when force
+// is set) and reports whether it did.
+func (a *Authority) install(m *Material, force bool) bool {
+	a.mu.Lock()
+	old := a.cur.Load()
+	if old != nil && !force && m.Generation <= old.Generation {
+		a.mu.Unlock()
+		return false
+	}
+	a.cur.Store(m)
+	subs := append([]func(old, cur *Material){}, a.subs...)
+	a.mu.Unlock()
+	for _, f := range subs {
+		f(old, m)
+	}
+	return true
+}
+
+// diff names the roots added and removed between two bundles, by fingerprint.
+func diff(old, cur *Material) (added, removed []string) {
+	had := map[string]bool{}
+	if old != nil {
+		for _, fp := range old.RootFingerprints() {
+			had[fp] = true
+		}
+	}
+	has := map[string]bool{}
+	for _, fp := range cur.RootFingerprints() {
+		has[fp] = true
+		if !had[fp] {
+			added = append(added, fp)
+		}
+	}
+	for fp := range had {
+		if !has[fp] {
+			removed = append(removed, fp)
+		}
+	}
+	return added, removed
+}

@@ -1,0 +1,190 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+// Istio's cacerts file names.
+const (
+	CACertFile    = "ca-cert.pem"
+	CAKeyFile     = "ca-key.pem"
+	CertChainFile = "cert-chain.pem"
+	RootCertFile  = "root-cert.pem"
+)
+
+// ErrNotSupported is returned for a forced rotation in plugged-in mode.
+var ErrNotSupported = errors.New("plugged-in CA: rotate by replacing the cacerts directory")
+
+// LoadDir reads an Istio cacerts directory and validates it: the key matches
+// ca-cert.pem, which chains (through cert-chain.pem) to a root in root-cert.pem. The
+// generation is the newest file's modification time, so replicas reading the same
+// directory agree on it.
+func LoadDir(dir string, now time.Time) (*Material, error) {
+	read := func(name string, required bool) ([]byte, time.Time, error) {
+		p := filepath.Join(dir, name)
+		st, err := os.Stat(p)
+		if err != nil {
+			if !required && errors.Is(err, os.ErrNotExist) {
+				return nil, time.Time{}, nil
+			}
+			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrInvalidMaterial, err)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("%w: %v", ErrInvalidMaterial, err)
+		}
+		return b, st.ModTime(), nil
+	}
+	var newest time.Time
+	files := map[string][]byte{}
+	for _, f := range []struct {
+		name     string
+		required bool
+	}{{CACertFile, true}, {CAKeyFile, true}, {CertChainFile, false}, {RootCertFile, true}} {
+		b, mt, err := read(f.name, f.required)
+		if err != nil {
+			return nil, err
+		}
+		if mt.After(newest) {
+			newest = mt
+		}
+		files[f.name] = b
+	}
+	key, err := pki.ParseKeyPEM(files[CAKeyFile])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidMaterial, CAKeyFile, err)
+	}
+	certs, err := pki.ParseCertsPEM(files[CACertFile])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidMaterial, CACertFile, err)
+	}
+	roots, err := pki.ParseCertsPEM(files[RootCertFile])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidMaterial, RootCertFile, err)
+	}
+	inter := certs[1:]
+	if len(files[CertChainFile]) > 0 {
+		chain, err := pki.ParseCertsPEM(files[CertChainFile])
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrInvalidMaterial, CertChainFile, err)
+		}
+		inter = append(inter, chain...)
+	}
+	return NewMaterial(key, certs[0], inter, roots, uint64(newest.UnixNano()), now)
+}
+
+// Plugged serves CA material from an Istio cacerts directory and reloads it when the
+// directory changes, keeping the old material when the new is invalid.
+type Plugged struct {
+	dir         string
+	delay       time.Duration
+	trustDomain string
+	auth        *Authority
+	notify      Notifier
+	log         hclog.Logger
+	now         func() time.Time
+}
+
+// NewPlugged returns the plugged-in source for dir.
+func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Authority, notify Notifier, log hclog.Logger, now func() time.Time) *Plugged {
+	if now == nil {
+		now = time.Now
+	}
+	return &Plugged{dir: dir, delay: delay, trustDomain: trustDomain, auth: auth, notify: notify, log: log, now: now}
+}
+
+// Start loads the directory; invalid material is an error.
+func (p *Plugged) Start(context.Context) error {
+	m, err := LoadDir(p.dir, p.now())
+	if err != nil {
+		return fmt.Errorf("load %s: %w", p.dir, err)
+	}
+	p.auth.install(m, true)
+	p.log.Info("ca material loaded", "dir", p.dir, "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "not_after", m.NotAfter())
+	return nil
+}
+
+// Rotate is not supported: the operator owns plugged-in material.
+func (p *Plugged) Rotate(context.Context, bool) (*Material, error) { return nil, ErrNotSupported }
+
+// Run watches the directory (fsnotify, debounced) and reloads on change until ctx is done.
+func (p *Plugged) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", p.dir, err)
+	}
+	defer w.Close()
+	if err := w.Add(p.dir); err != nil {
+		return fmt.Errorf("watch %s: %w", p.dir, err)
+	}
+	var fire <-chan time.Time
+	var timer *time.Timer
+	for {
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			p.log.Debug("cacerts dir changed", "file", ev.Name, "op", ev.Op.String())
+			if timer != nil {
+				timer.Stop()
+			}
+			timer = time.NewTimer(p.delay)
+			fire = timer.C
+		case err, ok := <-w.Errors:
+			if ok {
+				p.log.Warn("cacerts watch error", "error", err)
+			}
+		case <-fire:
+			fire = nil
+			p.Reload(ctx)
+		}
+	}
+}
+
+// Reload reads the directory again. Invalid material is logged and ignored; a change
+// is installed and announced with trust.changed. It reports whether it installed.
+func (p *Plugged) Reload(ctx context.Context) bool {
+	m, err := LoadDir(p.dir, p.now())
+	if err != nil {
+		p.log.Error("cacerts reload rejected, keeping the current material", "dir", p.dir, "error", err)
+		return false
+	}
+	old := p.auth.Current()
+	if old != nil && sameMaterial(old, m) {
+		return false
+	}
+	if old != nil && m.Generation <= old.Generation {
+		m.Generation = old.Generation + 1
+	}
+	p.auth.install(m, true)
+	added, removed := diff(old, m)
+	p.log.Info("ca material reloaded", "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "added", len(added), "removed", len(removed))
+	if p.notify != nil {
+		tc := events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: events.TrustReasonReload, Generation: m.Generation}
+		if err := p.notify(ctx, tc); err != nil {
+			p.log.Error("publish trust.changed failed", "error", err)
+		}
+	}
+	return true
+}
+
+func sameMaterial(a, b *Material) bool {
+	return slices.Equal(a.ChainPEMs(), b.ChainPEMs()) && slices.Equal(a.RootPEMs(), b.RootPEMs())
+}

@@ -1,0 +1,203 @@
+// Package config reads the signer's configuration: flags, then env vars, then defaults.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Config is the signer's whole configuration.
+type Config struct {
+	Log      obs.LogConfig
+	Bus      bus.Config
+	Instance string // signer instance id, in events and metrics
+	Listen   struct {
+		HTTP     string // /healthz, /readyz, /metrics
+		GRPC     string // Istio CA API; host:port or unix:///path
+		DNSNames []string
+		IPs      []net.IP
+	}
+	TrustDomain string
+	CA          struct {
+		Dir           string // plugged-in mode when set (Istio cacerts layout)
+		ReloadDelay   time.Duration
+		KeyAlg        pki.KeyAlg // self-signed root key
+		KVBucket      string
+		KVReplicas    int
+		RootTTL       time.Duration
+		CheckInterval time.Duration
+		GracePercent  int
+		NewKeyOnRotate bool
+	}
+	Certs struct {
+		DefaultTTL time.Duration
+		MaxTTL     time.Duration
+		Signers    []string // accepted CertSigner names besides the empty default
+	}
+	Auth struct {
+		JWKSFile    string
+		JWKSURL     string
+		JWKSRefresh time.Duration
+		Issuer      string
+		Audience    string
+	}
+	Stream struct {
+		Replicas int
+		MaxAge   time.Duration
+	}
+	Workers int // concurrent NATS sign requests per replica
+}
+
+// Default returns the defaults, named after Istio's where Istio has the knob.
+func Default() Config {
+	var c Config
+	c.Log = obs.LogConfig{Level: "info"}
+	c.Bus.URL = bus.DefaultURL
+	c.Instance, _ = os.Hostname()
+	c.Listen.HTTP = "127.0.0.1:15014"
+	c.Listen.GRPC = ":15012"
+	c.Listen.DNSNames = []string{"istiod.istio-system.svc", "localhost"}
+	c.Listen.IPs = []net.IP{net.ParseIP("127.0.0.1")}
+	c.TrustDomain = "cluster.local"
+	c.CA.ReloadDelay = 500 * time.Millisecond
+	c.CA.KeyAlg = pki.ECP256
+	c.CA.KVBucket = "meshagent-ca"
+	c.CA.KVReplicas = 1
+	c.CA.RootTTL = 10 * 365 * 24 * time.Hour
+	c.CA.CheckInterval = time.Hour
+	c.CA.GracePercent = 20
+	c.Certs.DefaultTTL = 24 * time.Hour
+	c.Certs.MaxTTL = 90 * 24 * time.Hour
+	c.Auth.JWKSRefresh = 5 * time.Minute
+	c.Auth.Issuer = "meshagent-dev"
+	c.Auth.Audience = "istio-ca"
+	c.Stream.Replicas = 1
+	c.Stream.MaxAge = 7 * 24 * time.Hour
+	c.Workers = 64
+	return c
+}
+
+// Load reads flags and env vars over the defaults and validates the result.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := Default()
+	fs := flagenv.New("signer", getenv)
+	c.Log.Bind(fs)
+	c.Bus.Bind(fs)
+	var keyAlg, dnsNames, ips, signers string
+	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
+	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.String(&c.Listen.GRPC, "grpc-addr", "GRPC_ADDR", c.Listen.GRPC, "Istio CA gRPC listen address (host:port or unix:///path)")
+	fs.String(&dnsNames, "grpc-dns-names", "GRPC_DNS_NAMES", strings.Join(c.Listen.DNSNames, ","), "DNS SANs of the gRPC serving certificate, comma-separated")
+	fs.String(&ips, "grpc-ips", "GRPC_IPS", "127.0.0.1", "IP SANs of the gRPC serving certificate, comma-separated")
+	fs.String(&c.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.TrustDomain, "SPIFFE trust domain")
+	fs.String(&c.CA.Dir, "cacerts-dir", "CACERTS_DIR", "", "plugged-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); empty: self-signed root in KV")
+	fs.Duration(&c.CA.ReloadDelay, "cacerts-reload-delay", "CACERTS_RELOAD_DELAY", c.CA.ReloadDelay, "debounce for cacerts directory changes")
+	fs.String(&keyAlg, "key-alg", "CA_KEY_ALG", string(c.CA.KeyAlg), "self-signed root key algorithm: EC-P256, EC-P384, RSA-2048, RSA-4096")
+	fs.String(&c.CA.KVBucket, "kv-bucket", "CA_KV_BUCKET", c.CA.KVBucket, "JetStream KV bucket for the self-signed root")
+	fs.Int(&c.CA.KVReplicas, "kv-replicas", "CA_KV_REPLICAS", c.CA.KVReplicas, "replicas of the KV bucket (3 on a cluster)")
+	fs.Duration(&c.CA.RootTTL, "root-ttl", "CITADEL_SELF_SIGNED_CA_CERT_TTL", c.CA.RootTTL, "lifetime of a self-signed root")
+	fs.Duration(&c.CA.CheckInterval, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", c.CA.CheckInterval, "how often to check whether the root needs rotating")
+	fs.Int(&c.CA.GracePercent, "root-grace-percent", "CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", c.CA.GracePercent, "rotate the root when less than this percent of its life is left")
+	fs.Bool(&c.CA.NewKeyOnRotate, "root-rotate-new-key", "CA_ROOT_ROTATE_NEW_KEY", false, "give a rotated root a new key (default: keep the key, as Istio)")
+	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
+	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
+	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
+	fs.String(&c.Auth.JWKSFile, "jwks-file", "JWKS_FILE", "", "JWKS file to verify bearer tokens")
+	fs.String(&c.Auth.JWKSURL, "jwks-url", "JWKS_URL", "", "JWKS URL to verify bearer tokens, re-fetched every -jwks-refresh")
+	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS")
+	fs.String(&c.Auth.Issuer, "token-issuer", "TOKEN_ISSUER", c.Auth.Issuer, "required iss of bearer tokens")
+	fs.String(&c.Auth.Audience, "token-audience", "TOKEN_AUDIENCE", c.Auth.Audience, "required aud of bearer tokens")
+	fs.Int(&c.Stream.Replicas, "stream-replicas", "STREAM_REPLICAS", c.Stream.Replicas, "replicas of the event stream")
+	fs.Duration(&c.Stream.MaxAge, "stream-max-age", "STREAM_MAX_AGE", c.Stream.MaxAge, "how long the event stream keeps events")
+	fs.Int(&c.Workers, "workers", "SIGNER_WORKERS", c.Workers, "concurrent NATS sign requests")
+	perr := fs.Parse(args)
+	c.Listen.DNSNames = splitList(dnsNames)
+	c.Certs.Signers = splitList(signers)
+	var errs []error
+	if perr != nil {
+		errs = append(errs, perr)
+	}
+	c.Listen.IPs = nil
+	for _, s := range splitList(ips) {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			errs = append(errs, fmt.Errorf("-grpc-ips: %q is not an IP address", s))
+			continue
+		}
+		c.Listen.IPs = append(c.Listen.IPs, ip)
+	}
+	alg, err := pki.ParseKeyAlg(keyAlg)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
+	}
+	c.CA.KeyAlg = alg
+	c.Bus.Name = "signer-" + c.Instance
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return c, errors.Join(errs...)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Validate reports every problem at once, naming the flag.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(ok bool, format string, a ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, a...))
+		}
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	add(c.Instance != "", "-instance: required")
+	add(c.Listen.HTTP != "", "-http-addr: required")
+	add(c.Listen.GRPC != "", "-grpc-addr: required")
+	add(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
+	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
+		errs = append(errs, fmt.Errorf("-trust-domain: %w", err))
+	}
+	if c.CA.Dir == "" {
+		add(c.CA.KVBucket != "", "-kv-bucket: required in self-signed mode")
+		add(c.CA.KVReplicas >= 1, "-kv-replicas: must be at least 1")
+		add(c.CA.RootTTL >= time.Minute, "-root-ttl: must be at least 1m")
+		add(c.CA.CheckInterval > 0, "-root-check-interval: must be positive")
+		add(c.CA.GracePercent > 0 && c.CA.GracePercent < 100, "-root-grace-percent: must be between 1 and 99")
+	} else {
+		add(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
+	}
+	add(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
+	add(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
+	add(c.Auth.JWKSFile == "" || c.Auth.JWKSURL == "", "-jwks-file, -jwks-url: set one, not both")
+	add(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
+	if c.Auth.JWKSFile != "" || c.Auth.JWKSURL != "" {
+		add(c.Auth.Issuer != "", "-token-issuer: required with a JWKS")
+		add(c.Auth.Audience != "", "-token-audience: required with a JWKS")
+	}
+	add(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
+	add(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
+	add(c.Workers >= 1, "-workers: must be at least 1")
+	return errors.Join(errs...)
+}

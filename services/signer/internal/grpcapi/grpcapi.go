@@ -1,0 +1,165 @@
+// Package grpcapi serves Istio's istio.v1.auth.IstioCertificateService/CreateCertificate
+// over TLS, so that an Istio agent pointed at the signer with CA_ADDR gets
+// certificates. The serving certificate is issued by the signer's own CA.
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+)
+
+// CertSignerKey is the request metadata field naming the signer (Istio's security.CertSigner).
+const CertSignerKey = "CertSigner"
+
+// Server is the Istio CA gRPC server.
+type Server struct {
+	pb.UnimplementedIstioCertificateServiceServer
+
+	addr  string
+	iss   *issuer.Issuer
+	certs *ServingCerts
+	log   hclog.Logger
+
+	mu    sync.Mutex
+	ln    net.Addr
+	bound chan struct{}
+}
+
+var _ pb.IstioCertificateServiceServer = (*Server)(nil)
+
+// New returns the server for addr: host:port, or unix:///path for a unix socket.
+func New(addr string, iss *issuer.Issuer, certs *ServingCerts, log hclog.Logger) *Server {
+	return &Server{addr: addr, iss: iss, certs: certs, log: log, bound: make(chan struct{})}
+}
+
+// Bound is closed once the listener is bound.
+func (s *Server) Bound() <-chan struct{} { return s.bound }
+
+// Addr is the bound address, or nil before Run binds.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ln
+}
+
+// Ready reports whether the listener is bound.
+func (s *Server) Ready() error {
+	if s.Addr() == nil {
+		return errors.New("grpc not bound")
+	}
+	return nil
+}
+
+func listen(addr string) (net.Listener, error) {
+	if p, ok := strings.CutPrefix(addr, "unix://"); ok {
+		_ = os.Remove(p)
+		return net.Listen("unix", p)
+	}
+	return net.Listen("tcp", addr)
+}
+
+// Run listens and serves until ctx is done, then stops gracefully within five seconds.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := listen(s.addr)
+	if err != nil {
+		return fmt.Errorf("listen grpc %s: %w", s.addr, err)
+	}
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(s.certs.TLSConfig())),
+		grpc.MaxRecvMsgSize(events.MaxEventSize),
+	)
+	pb.RegisterIstioCertificateServiceServer(srv, s)
+	s.mu.Lock()
+	s.ln = ln.Addr()
+	s.mu.Unlock()
+	close(s.bound)
+	s.log.Info("grpc listening", "addr", ln.Addr().String(), "service", "istio.v1.auth.IstioCertificateService")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve grpc: %w", err)
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		srv.Stop()
+		<-done
+	}
+	<-errc
+	return nil
+}
+
+// CreateCertificate signs the CSR for the caller authenticated by its bearer token
+// (authorization metadata) or, without one, by its mTLS client certificate.
+func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	r := issuer.Request{
+		CSR:        []byte(req.GetCsr()),
+		TTL:        time.Duration(req.GetValidityDuration()) * time.Second,
+		CertSigner: req.GetMetadata().GetFields()[CertSignerKey].GetStringValue(),
+		Transport:  issuer.TransportGRPC,
+	}
+	if auth := md.Get("authorization"); len(auth) > 0 {
+		scheme, tok, ok := strings.Cut(auth[0], " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+			s.iss.Malformed(issuer.TransportGRPC, false)
+			return nil, status.Error(codes.Unauthenticated, "authorization metadata must be \"Bearer <token>\"")
+		}
+		r.Token = strings.TrimSpace(tok)
+	} else if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			r.PeerChain = ti.State.PeerCertificates
+		}
+	}
+	res, err := s.iss.Issue(ctx, r)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if cid := md.Get("ClusterID"); len(cid) > 0 {
+		s.log.Trace("certificate issued", "cluster_id", cid[0], "serial", res.Leaf.SerialNumber.Text(16))
+	}
+	return &pb.IstioCertificateResponse{CertChain: res.Chain}, nil
+}
+
+func toStatus(err error) error {
+	var ie *issuer.Error
+	if !errors.As(err, &ie) {
+		return status.Error(codes.Internal, err.Error())
+	}
+	c := codes.Internal
+	switch ie.Code {
+	case events.CodeInvalidArgument:
+		c = codes.InvalidArgument
+	case events.CodeUnauthenticated:
+		c = codes.Unauthenticated
+	case events.CodePermissionDenied:
+		c = codes.PermissionDenied
+	case events.CodeResourceExhausted:
+		c = codes.ResourceExhausted
+	case events.CodeUnavailable:
+		c = codes.Unavailable
+	}
+	return status.Error(c, ie.Msg)
+}
+

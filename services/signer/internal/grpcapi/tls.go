@@ -1,0 +1,81 @@
+package grpcapi
+
+import (
+	"crypto"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+)
+
+// ServingCerts issues the gRPC server's own certificate from the current CA material,
+// on first use and again when the CA changes or half its life has passed. Its key never
+// leaves the process.
+type ServingCerts struct {
+	auth     *ca.Authority
+	dnsNames []string
+	ips      []net.IP
+	ttl      time.Duration
+	now      func() time.Time
+
+	mu      sync.Mutex
+	key     crypto.Signer
+	cert    *tls.Certificate
+	mat     *ca.Material
+	renewAt time.Time
+}
+
+// NewServingCerts returns the issuer of serving certificates for these SANs.
+func NewServingCerts(auth *ca.Authority, dnsNames []string, ips []net.IP, now func() time.Time) *ServingCerts {
+	if now == nil {
+		now = time.Now
+	}
+	return &ServingCerts{auth: auth, dnsNames: dnsNames, ips: ips, ttl: 24 * time.Hour, now: now}
+}
+
+// TLSConfig is the server's TLS configuration. Client certificates are requested, not
+// required: the handler verifies them against the current roots, so root rotation
+// needs no new listener.
+func (s *ServingCerts) TLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		ClientAuth:     tls.RequestClientCert,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.Get() },
+	}
+}
+
+// Get returns a current serving certificate.
+func (s *ServingCerts) Get() (*tls.Certificate, error) {
+	mat := s.auth.Current()
+	if mat == nil {
+		return nil, fmt.Errorf("serving certificate: CA not loaded")
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cert != nil && s.mat == mat && now.Before(s.renewAt) {
+		return s.cert, nil
+	}
+	if s.key == nil {
+		k, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			return nil, fmt.Errorf("serving key: %w", err)
+		}
+		s.key = k
+	}
+	leaf, err := mat.SignServing(s.key.Public(), s.dnsNames, s.ips, now, s.ttl)
+	if err != nil {
+		return nil, fmt.Errorf("serving certificate: %w", err)
+	}
+	c := &tls.Certificate{PrivateKey: s.key, Leaf: leaf, Certificate: [][]byte{leaf.Raw}}
+	for _, x := range mat.Chain[:len(mat.Chain)-1] { // intermediates; the client has the root
+		c.Certificate = append(c.Certificate, x.Raw)
+	}
+	s.cert, s.mat = c, mat
+	s.renewAt = leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2)
+	return c, nil
+}

@@ -1,0 +1,217 @@
+// Package issuer is the transport-independent core of the signer: it checks a
+// request, authenticates the caller, signs the CSR's key for the caller's SPIFFE ID
+// and records the certificate with a cert.issued event. The NATS and gRPC front ends
+// only translate to and from it.
+package issuer
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/nats-io/nats.go"
+)
+
+// Transports, as cert.issued and the metrics name them.
+const (
+	TransportNATS = "nats"
+	TransportGRPC = "grpc"
+)
+
+// Request is one signing request, whichever way it came.
+type Request struct {
+	CSR []byte // PEM
+	// Exactly one credential is used: Token if set, else PeerChain (the mTLS client
+	// chain; the handshake proved its key), else CertChain with Proof.
+	Token     string
+	PeerChain []*x509.Certificate
+	CertChain []string
+	Proof     string // base64 signature over the SHA-256 of the CSR's DER
+	TTL       time.Duration
+	Pod       string
+	Resource  string
+	// CertSigner is Istio's CertSigner: empty for the default signer.
+	CertSigner   string
+	KeyAlgorithm string
+	Transport    string
+}
+
+// Result is an issued certificate.
+type Result struct {
+	Leaf  *x509.Certificate
+	Chain []string // leaf first, root last
+	Roots []string // the whole trust bundle
+}
+
+// Error is a request error with a code from events (CodeInvalidArgument, ...).
+type Error struct {
+	Code string
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Msg }
+
+func errf(code, format string, a ...any) *Error { return &Error{Code: code, Msg: fmt.Sprintf(format, a...)} }
+
+// Config holds the issuing policy.
+type Config struct {
+	TrustDomain string
+	Instance    string
+	DefaultTTL  time.Duration
+	MaxTTL      time.Duration
+	Signers     []string // accepted CertSigner names besides ""
+}
+
+// Publisher records an event durably (bus.Publish in production).
+type Publisher func(ctx context.Context, msg *nats.Msg) error
+
+// Issuer signs requests.
+type Issuer struct {
+	cfg     Config
+	auth    *ca.Authority
+	jwt     *authn.JWTVerifier
+	publish Publisher
+	metrics *Metrics
+	log     hclog.Logger
+	now     func() time.Time
+}
+
+// New returns an issuer. jwt may be nil (tokens then fail to authenticate).
+func New(cfg Config, auth *ca.Authority, jwt *authn.JWTVerifier, publish Publisher, metrics *Metrics, log hclog.Logger, now func() time.Time) *Issuer {
+	if now == nil {
+		now = time.Now
+	}
+	return &Issuer{cfg: cfg, auth: auth, jwt: jwt, publish: publish, metrics: metrics, log: log, now: now}
+}
+
+// Source is the CloudEvents source of this signer's events.
+func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
+
+// Issue checks, authenticates and signs req. Any error leaves no trace but metrics
+// and a log line: no certificate is returned and no event is published.
+func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
+	t := req.Transport
+	i.metrics.Received.WithLabelValues(t).Inc()
+	reject := func(reason string, err *Error) (Result, error) {
+		i.metrics.Rejected.WithLabelValues(t, reason).Inc()
+		i.log.Debug("request rejected", "transport", t, "reason", reason, "error", err.Msg)
+		return Result{}, err
+	}
+	if len(req.CSR) > events.MaxEventSize {
+		return reject("too_large", errf(events.CodeResourceExhausted, "csr is %d bytes, limit %d", len(req.CSR), events.MaxEventSize))
+	}
+	if req.CertSigner != "" && !slices.Contains(i.cfg.Signers, req.CertSigner) {
+		return reject("unknown_signer", errf(events.CodeInvalidArgument, "unknown cert signer %q", req.CertSigner))
+	}
+	ttl := req.TTL
+	if ttl <= 0 {
+		ttl = i.cfg.DefaultTTL
+	}
+	if ttl > i.cfg.MaxTTL {
+		return reject("ttl", errf(events.CodeInvalidArgument, "requested TTL %s is greater than the max allowed TTL %s", ttl, i.cfg.MaxTTL))
+	}
+	if req.Pod != "" {
+		if err := events.ValidatePodID(req.Pod); err != nil {
+			return reject("pod", errf(events.CodeInvalidArgument, "%v", err))
+		}
+	}
+	mat := i.auth.Current()
+	if mat == nil {
+		return reject("not_ready", errf(events.CodeUnavailable, "CA not loaded yet"))
+	}
+	csr, err := pki.ParseCSR(req.CSR)
+	if err != nil {
+		i.metrics.ParseFail.WithLabelValues(t).Inc()
+		return reject("csr", errf(events.CodeInvalidArgument, "%v", err))
+	}
+	alg, err := pki.AlgOf(csr.PublicKey)
+	if err != nil {
+		i.metrics.ParseFail.WithLabelValues(t).Inc()
+		return reject("csr", errf(events.CodeInvalidArgument, "csr key: %v", err))
+	}
+	if req.KeyAlgorithm != "" && req.KeyAlgorithm != string(alg) {
+		return reject("key_algorithm", errf(events.CodeInvalidArgument, "key_algorithm %q does not match the CSR's %s key", req.KeyAlgorithm, alg))
+	}
+	caller, err := i.authenticate(req, csr, mat)
+	if err != nil {
+		i.metrics.AuthFailures.WithLabelValues(t).Inc()
+		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
+	}
+	now := i.now()
+	leaf, err := mat.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
+	if err != nil {
+		i.metrics.SignFail.WithLabelValues(t).Inc()
+		i.log.Error("sign failed", "spiffe_id", caller.ID.String(), "error", err)
+		if errors.Is(err, ca.ErrCAExpired) {
+			return Result{}, errf(events.CodeUnavailable, "%v", err)
+		}
+		return Result{}, errf(events.CodeInternal, "sign: %v", err)
+	}
+	ev := events.CertIssued{
+		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
+		Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
+		Signer: i.cfg.Instance, Transport: t, RootFingerprint: mat.RootFingerprint(),
+	}
+	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = i.publish(pctx, msg)
+		cancel()
+	}
+	if err != nil {
+		// The caller gets nothing: a certificate that was never recorded would never be renewed.
+		i.metrics.SignFail.WithLabelValues(t).Inc()
+		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
+		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
+	}
+	i.metrics.Issued.WithLabelValues(t).Inc()
+	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
+	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
+	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs()}, nil
+}
+
+func (i *Issuer) authenticate(req Request, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
+	switch {
+	case req.Token != "":
+		return i.jwt.Verify(req.Token)
+	case len(req.PeerChain) > 0:
+		return authn.VerifyCert(req.PeerChain, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})
+	case len(req.CertChain) > 0:
+		chain, err := pki.ParseCertPEMs(req.CertChain)
+		if err != nil {
+			return authn.Caller{}, fmt.Errorf("%w: cert_chain: %v", authn.ErrUnauthenticated, err)
+		}
+		caller, err := authn.VerifyCert(chain, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})
+		if err != nil {
+			return caller, err
+		}
+		sig, err := base64.StdEncoding.DecodeString(req.Proof)
+		if err != nil {
+			return authn.Caller{}, fmt.Errorf("%w: proof is not base64: %v", authn.ErrUnauthenticated, err)
+		}
+		if err := pki.VerifyProof(chain[0].PublicKey, csr.Raw, sig); err != nil {
+			return authn.Caller{}, fmt.Errorf("%w: %v", authn.ErrUnauthenticated, err)
+		}
+		return caller, nil
+	}
+	return authn.Caller{}, fmt.Errorf("%w: no credential: send a bearer token or a client certificate", authn.ErrUnauthenticated)
+}
+
+// Malformed counts a request that could not even be decoded.
+func (i *Issuer) Malformed(transport string, tooLarge bool) {
+	i.metrics.Received.WithLabelValues(transport).Inc()
+	reason := "malformed"
+	if tooLarge {
+		reason = "too_large"
+	}
+	i.metrics.Rejected.WithLabelValues(transport, reason).Inc()
+}

@@ -1,0 +1,195 @@
+// Package natsapi serves the signer over NATS request-reply: signing in the signer
+// queue group, the trust bundle, and forced root rotation. Every request and reply is
+// a CloudEvent (pkg/events).
+package natsapi
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"github.com/nats-io/nats.go"
+)
+
+// Rotator forces a root rotation.
+type Rotator interface {
+	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+}
+
+// requestTimeout bounds the work on one request, also during shutdown.
+const requestTimeout = 15 * time.Second
+
+// API answers events.SubjectSign, SubjectTrustBundle and SubjectRootRotate.
+type API struct {
+	nc          *nats.Conn
+	iss         *issuer.Issuer
+	auth        *ca.Authority
+	rot         Rotator
+	trustDomain string
+	workers     int
+	log         hclog.Logger
+
+	ready  atomic.Bool
+	sem    chan struct{}
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New returns the API; Run subscribes.
+func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, log hclog.Logger) *API {
+	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), log: log}
+}
+
+// Ready reports whether the subscriptions are in place.
+func (a *API) Ready() error {
+	if !a.ready.Load() {
+		return errors.New("not subscribed")
+	}
+	return nil
+}
+
+// Run subscribes (queue group events.SignerQueue) and serves until ctx is done, then
+// unsubscribes and waits for requests in flight.
+func (a *API) Run(ctx context.Context) error {
+	a.sem = make(chan struct{}, a.workers)
+	base := context.WithoutCancel(ctx)
+	async := func(h func(context.Context, *nats.Msg)) nats.MsgHandler {
+		return func(m *nats.Msg) {
+			a.mu.Lock()
+			if a.closed {
+				a.mu.Unlock()
+				return
+			}
+			a.wg.Add(1)
+			a.mu.Unlock()
+			a.sem <- struct{}{}
+			go func() {
+				defer func() { <-a.sem; a.wg.Done() }()
+				rctx, cancel := context.WithTimeout(base, requestTimeout)
+				defer cancel()
+				h(rctx, m)
+			}()
+		}
+	}
+	var subs []*nats.Subscription
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+		a.ready.Store(false)
+		a.mu.Lock()
+		a.closed = true
+		a.mu.Unlock()
+		a.wg.Wait()
+	}()
+	for _, s := range []struct {
+		subject string
+		h       func(context.Context, *nats.Msg)
+	}{
+		{events.SubjectSign, a.sign},
+		{events.SubjectTrustBundle, a.bundle},
+		{events.SubjectRootRotate, a.rotate},
+	} {
+		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, async(s.h))
+		if err != nil {
+			return err
+		}
+		_ = sub.SetPendingLimits(-1, 64<<20)
+		subs = append(subs, sub)
+	}
+	if err := a.nc.FlushWithContext(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	a.ready.Store(true)
+	a.log.Info("nats api subscribed", "subjects", []string{events.SubjectSign, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)
+	<-ctx.Done()
+	return nil
+}
+
+func (a *API) respond(req *nats.Msg, p events.Payload) {
+	if req.Reply == "" {
+		return
+	}
+	m, err := events.NewMsg(req.Reply, a.iss.Source(), p)
+	if err != nil {
+		a.log.Error("encode reply failed", "type", p.EventType(), "error", err)
+		return
+	}
+	if err := a.nc.PublishMsg(m); err != nil {
+		a.log.Warn("send reply failed", "error", err)
+	}
+}
+
+func decodeCode(err error) string {
+	if errors.Is(err, events.ErrTooLarge) {
+		return events.CodeResourceExhausted
+	}
+	return events.CodeInvalidArgument
+}
+
+func (a *API) sign(ctx context.Context, m *nats.Msg) {
+	req, _, err := events.Decode[events.SignRequest](m)
+	if err != nil {
+		a.iss.Malformed(issuer.TransportNATS, errors.Is(err, events.ErrTooLarge))
+		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		return
+	}
+	res, err := a.iss.Issue(ctx, issuer.Request{
+		CSR: []byte(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
+		TTL: time.Duration(req.TTLSeconds) * time.Second, Pod: req.Pod, Resource: req.Resource,
+		CertSigner: req.CertSigner, KeyAlgorithm: req.KeyAlgorithm, Transport: issuer.TransportNATS,
+	})
+	if err != nil {
+		a.respond(m, events.SignReply{Error: replyError(err)})
+		return
+	}
+	a.respond(m, events.SignReply{CertChain: res.Chain, Roots: res.Roots})
+}
+
+func replyError(err error) *events.ReplyError {
+	var ie *issuer.Error
+	if errors.As(err, &ie) {
+		return &events.ReplyError{Code: ie.Code, Message: ie.Msg}
+	}
+	return &events.ReplyError{Code: events.CodeInternal, Message: err.Error()}
+}
+
+func (a *API) bundle(_ context.Context, m *nats.Msg) {
+	if _, _, err := events.Decode[events.BundleRequest](m); err != nil {
+		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		return
+	}
+	mat := a.auth.Current()
+	if mat == nil {
+		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: events.CodeUnavailable, Message: "CA not loaded yet"}})
+		return
+	}
+	a.respond(m, events.BundleReply{TrustDomain: a.trustDomain, Roots: mat.RootPEMs(), Generation: mat.Generation})
+}
+
+func (a *API) rotate(ctx context.Context, m *nats.Msg) {
+	req, _, err := events.Decode[events.RotateRequest](m)
+	if err != nil {
+		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		return
+	}
+	a.log.Info("root rotation requested", "new_key", req.NewKey, "reason", req.Reason)
+	mat, err := a.rot.Rotate(ctx, req.NewKey)
+	if err != nil {
+		code := events.CodeInternal
+		if errors.Is(err, ca.ErrNotSupported) {
+			code = events.CodeInvalidArgument
+		}
+		a.log.Error("root rotation failed", "error", err)
+		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: code, Message: err.Error()}})
+		return
+	}
+	a.respond(m, events.RotateReply{Fingerprint: mat.RootFingerprint(), Roots: mat.RootPEMs()})
+}

@@ -1,0 +1,165 @@
+// Package service wires the signer together: CA material (plugged-in or self-signed),
+// authentication, the issuer, the NATS and gRPC front ends and the health/metrics
+// server, and runs them until the context ends.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/config"
+	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+)
+
+// Source is where CA material comes from.
+type Source interface {
+	// Start loads the material; the signer is not ready before it returns nil.
+	Start(ctx context.Context) error
+	// Run keeps the material current until ctx is done.
+	Run(ctx context.Context) error
+	// Rotate forces a root rotation.
+	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+}
+
+var (
+	_ Source = (*ca.SelfSigned)(nil)
+	_ Source = (*ca.Plugged)(nil)
+)
+
+// Service is one signer replica.
+type Service struct {
+	cfg    config.Config
+	log    hclog.Logger
+	js     jetstream.JetStream
+	auth   *ca.Authority
+	source Source
+	keys   *authn.KeySet
+	iss    *issuer.Issuer
+	nats   *natsapi.API
+	grpc   *grpcapi.Server
+	http   *obs.Server
+}
+
+// New builds a signer on nc. now is the clock (time.Now when nil). Nothing listens
+// or runs until Run.
+func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Time) (*Service, error) {
+	if now == nil {
+		now = time.Now
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	s := &Service{cfg: cfg, log: log, js: js, auth: &ca.Authority{}}
+	s.http = obs.NewServer(cfg.Listen.HTTP, log.Named("http"))
+	source := "meshagent/signer/" + cfg.Instance
+	notify := func(ctx context.Context, tc events.TrustChanged) error {
+		msg, err := events.Encode(events.SubjectTrustChanged, events.Meta{Source: source, ID: fmt.Sprintf("trust-%s-%d", cfg.TrustDomain, tc.Generation)}, tc)
+		if err != nil {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return bus.Publish(pctx, js, msg)
+	}
+	if cfg.CA.Dir != "" {
+		s.source = ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, log.Named("ca"), now)
+	} else {
+		s.source = ca.NewSelfSigned(ca.SelfSignedConfig{
+			TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
+			RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
+			NewKeyOnRotate: cfg.CA.NewKeyOnRotate,
+		}, js, s.auth, notify, log.Named("ca"), now)
+	}
+	var verifier *authn.JWTVerifier
+	if cfg.Auth.JWKSFile != "" || cfg.Auth.JWKSURL != "" {
+		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Refresh: cfg.Auth.JWKSRefresh, Log: log.Named("jwks")}
+		verifier = &authn.JWTVerifier{Keys: s.keys, Issuer: cfg.Auth.Issuer, Audience: cfg.Auth.Audience, TrustDomain: cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}
+	}
+	metrics := issuer.NewMetrics(s.http.Registry(), s.auth, now)
+	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
+	s.iss = issuer.New(issuer.Config{
+		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
+		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers,
+	}, s.auth, verifier, publish, metrics, log.Named("issuer"), now)
+	s.nats = natsapi.New(nc, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, log.Named("nats"))
+	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), log.Named("grpc"))
+	s.http.AddReadyCheck("ca", s.auth.Ready)
+	s.http.AddReadyCheck("nats", s.nats.Ready)
+	s.http.AddReadyCheck("grpc", s.grpc.Ready)
+	return s, nil
+}
+
+// Authority is the replica's CA state.
+func (s *Service) Authority() *ca.Authority { return s.auth }
+
+// Source is the replica's CA source (for forced rotation and checks).
+func (s *Service) Source() Source { return s.source }
+
+// GRPCAddr is the bound gRPC address, nil before it is bound.
+func (s *Service) GRPCAddr() net.Addr { return s.grpc.Addr() }
+
+// HTTPAddr is the bound health/metrics address, nil before it is bound.
+func (s *Service) HTTPAddr() net.Addr { return s.http.Addr() }
+
+// Ready reports nil once the CA is loaded, NATS is subscribed and gRPC is bound.
+func (s *Service) Ready() error { return s.http.Ready() }
+
+// Run loads the CA, then serves until ctx is done. It returns nil on cancellation.
+func (s *Service) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.http.Run(ctx) })
+	if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
+		return errors.Join(err, stop(g))
+	}
+	if err := s.source.Start(ctx); err != nil {
+		return errors.Join(fmt.Errorf("ca: %w", err), stop(g))
+	}
+	if s.keys != nil {
+		if err := s.keys.Load(ctx); err != nil {
+			return errors.Join(err, stop(g))
+		}
+		g.Go(func() error { return s.keys.Run(ctx) })
+	} else {
+		s.log.Warn("no -jwks-file or -jwks-url: bearer tokens are refused, only certificate renewals are served")
+	}
+	g.Go(func() error { return s.source.Run(ctx) })
+	g.Go(func() error { return s.nats.Run(ctx) })
+	g.Go(func() error { return s.grpc.Run(ctx) })
+	mat := s.auth.Current()
+	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
+		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
+	return g.Wait()
+}
+
+func (s *Service) mode() string {
+	if s.cfg.CA.Dir != "" {
+		return "plugged-in"
+	}
+	return "self-signed"
+}
+
+// errStartup cancels the group when startup fails.
+var errStartup = errors.New("startup failed")
+
+func stop(g *errgroup.Group) error {
+	g.Go(func() error { return errStartup })
+	if err := g.Wait(); err != nil && !errors.Is(err, errStartup) {
+		return err
+	}
+	return nil
+}
