@@ -1,0 +1,47 @@
+package schedule
+
+import (
+	"errors"
+	"time"
+)
+
+// Record is the durable form of one entry: the certificate and the state of its
+// renewal. The due time is not stored: it is recomputed, jitter included, from the
+// certificate (RenewAt) or, once a renew-due went out, from SentAt and Attempt.
+type Record struct {
+	Pod       string `json:"p"`
+	Resource  string `json:"r"`
+	Serial    string `json:"s"`
+	Root      string `json:"rt"`
+	NotBefore int64  `json:"nb"` // unix nanoseconds
+	NotAfter  int64  `json:"na"`
+	Attempt   int    `json:"at,omitempty"` // renew-due sent so far for this certificate
+	SentAt    int64  `json:"sa,omitempty"` // unix nanoseconds of the last one
+}
+
+// Record returns the durable form of the entry for pod and resource.
+func (s *Schedule) Record(pod, resource string) (Record, bool) {
+	i, ok := s.index[key(pod, resource)]
+	if !ok {
+		return Record{}, false
+	}
+	e := &s.entries[i]
+	p, r := splitKey(e.key)
+	return Record{Pod: p, Resource: r, Serial: e.serial, Root: s.roots[e.root],
+		NotBefore: e.notBefore, NotAfter: e.notAfter, Attempt: int(e.attempt), SentAt: e.sentAt}, true
+}
+
+// Restore loads a record read back from durable state. A renew-due already sent
+// is not sent again before its retry deadline.
+func (s *Schedule) Restore(r Record, now time.Time) (Result, error) {
+	if r.Attempt < 0 || r.Attempt > 1<<15 {
+		return Duplicate, errors.New("schedule: record attempt out of range")
+	}
+	c := Cert{Pod: r.Pod, Resource: r.Resource, Serial: r.Serial, Root: r.Root,
+		NotBefore: time.Unix(0, r.NotBefore), NotAfter: time.Unix(0, r.NotAfter)}
+	sentAt := r.SentAt
+	if r.Attempt == 0 {
+		sentAt = 0
+	}
+	return s.upsert(c, uint16(r.Attempt), sentAt, now)
+}

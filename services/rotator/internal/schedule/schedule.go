@@ -1,0 +1,436 @@
+// Package schedule is the rotator's renewal schedule: one entry per (pod, resource),
+// the newest certificate each holds, and when it must be renewed. It is a plain data
+// structure driven by explicit times — no goroutines, no clock, no locks — so the
+// rotator, its tests and its benchmarks all run the same code.
+//
+// Entries live in one slice of compact values (no per-entry pointers but two
+// strings), found by an index map keyed by pod and resource. Two heaps of int32
+// indices order them: pending (by due time) and ready (due, waiting for the
+// fleet-wide rate limit, by expiry so the most urgent renewal goes first).
+package schedule
+
+import (
+	"errors"
+	"hash/fnv"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+// DefaultResource is the SDS resource a certificate is for when none is named.
+const DefaultResource = "default"
+
+// Config sets the renewal policy.
+type Config struct {
+	GraceRatio float64       // renew when this fraction of the lifetime is left (Istio's SECRET_GRACE_PERIOD_RATIO)
+	Jitter     float64       // ± added to GraceRatio per certificate (SECRET_GRACE_PERIOD_RATIO_JITTER)
+	RetryAfter time.Duration // resend when no new certificate came this long after a renew-due
+	RetryMax   time.Duration // cap of the doubling retry backoff
+	Rate       float64       // renew-due per second, fleet-wide; <= 0: unlimited
+	Burst      int           // renew-due that may go at once
+}
+
+// Cert is what the schedule needs of a cert.issued event.
+type Cert struct {
+	Pod, Resource, Serial string
+	Root                  string // fingerprint of the root the chain ends at
+	NotBefore, NotAfter   time.Time
+}
+
+// Result says what Upsert did.
+type Result uint8
+
+const (
+	Added     Result = iota // a new (pod, resource)
+	Replaced                // a newer certificate replaced the entry
+	Duplicate               // the same certificate again: nothing changed
+	Stale                   // an older certificate than the entry's: nothing changed
+)
+
+// Renewal is one renew-due to send.
+type Renewal struct {
+	Pod, Resource, Serial string
+	NotAfter, Due         time.Time
+	Reason                string
+	Attempt               int  // 1 for the first send, then 2, 3, ... for retries
+	RateLimited           bool // it waited for the rate limit
+	// Retired: the certificate expires before a retry could help, so the entry
+	// left the schedule after this send.
+	Retired bool
+}
+
+// Trust is the rotator's view of the trust bundle: the newest root and the roots it
+// replaced. A leaf under an Old root is renewed at once (rate-limited).
+type Trust struct {
+	Current    string   `json:"current,omitempty"`
+	Old        []string `json:"old,omitempty"`
+	Generation uint64   `json:"generation,omitempty"`
+}
+
+// Stats is a snapshot for metrics.
+type Stats struct {
+	Scheduled   int       // entries
+	Due         int       // due, waiting for the rate limit
+	Overdue     int       // renew-due sent, no new certificate by the retry deadline
+	MinNotAfter time.Time // earliest expiry in the fleet; zero when empty
+	Expired     uint64    // entries retired because they expired without a successor
+}
+
+// entry is one (pod, resource). Times are unix nanoseconds.
+type entry struct {
+	key        string // pod + "\x00" + resource
+	serial     string
+	notBefore  int64
+	notAfter   int64
+	due        int64
+	sentAt     int64
+	root       uint32 // index into Schedule.roots
+	readyEpoch uint32 // Schedule.denials when the entry became ready
+	hidx       int32
+	attempt    uint16
+	which      uint8
+	flags      uint8
+}
+
+const (
+	fRootRotation uint8 = 1 << iota // renew because its root was replaced
+	fOverdue                        // counted in Schedule.overdue
+)
+
+// Schedule is not safe for concurrent use; the rotator holds a mutex around it.
+type Schedule struct {
+	cfg     Config
+	entries []entry
+	index   map[string]int32
+	extra   map[string][]string // pod -> its resources other than "default"
+	pending queue
+	ready   queue
+
+	roots   []string
+	rootID  map[string]uint32
+	oldRoot []bool
+	trust   Trust
+
+	tokens  float64
+	last    int64
+	denials uint32
+	overdue int
+	expired uint64
+}
+
+// New returns an empty schedule.
+func New(cfg Config) *Schedule {
+	s := &Schedule{cfg: cfg, index: map[string]int32{}, extra: map[string][]string{}, rootID: map[string]uint32{}}
+	s.pending = queue{s: s, which: inPending}
+	s.ready = queue{s: s, which: inReady}
+	s.tokens = float64(max(cfg.Burst, 1))
+	return s
+}
+
+// Len is the number of entries.
+func (s *Schedule) Len() int { return len(s.entries) }
+
+func key(pod, resource string) string {
+	if resource == "" {
+		resource = DefaultResource
+	}
+	return pod + "\x00" + resource
+}
+
+func splitKey(k string) (pod, resource string) {
+	pod, resource, _ = strings.Cut(k, "\x00")
+	return pod, resource
+}
+
+func (s *Schedule) intern(root string) uint32 {
+	if id, ok := s.rootID[root]; ok {
+		return id
+	}
+	id := uint32(len(s.roots))
+	s.roots = append(s.roots, root)
+	s.rootID[root] = id
+	s.oldRoot = append(s.oldRoot, slices.Contains(s.trust.Old, root))
+	return id
+}
+
+// RenewAt is when cert c is due: notBefore + (1 - ratio) * lifetime, where ratio is
+// cfg.GraceRatio plus a jitter in [-cfg.Jitter, +cfg.Jitter) drawn from a hash of
+// the certificate, so every replica and every restart computes the same time.
+func RenewAt(cfg Config, c Cert) time.Time {
+	nb, na := c.NotBefore.UnixNano(), c.NotAfter.UnixNano()
+	return time.Unix(0, dueOf(cfg, c.Serial, key(c.Pod, c.Resource), nb, na))
+}
+
+func dueOf(cfg Config, serial, k string, nb, na int64) int64 {
+	r := cfg.GraceRatio
+	if cfg.Jitter > 0 {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(serial))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(k))
+		u := float64(h.Sum64()>>11) / (1 << 53) // [0, 1)
+		r += (2*u - 1) * cfg.Jitter
+	}
+	r = math.Min(1, math.Max(0, r))
+	return nb + int64((1-r)*float64(na-nb))
+}
+
+func (s *Schedule) backoff(attempt uint16) int64 {
+	d := s.cfg.RetryAfter
+	for i := uint16(1); i < attempt && d < s.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	if s.cfg.RetryMax > 0 && d > s.cfg.RetryMax {
+		d = s.cfg.RetryMax
+	}
+	return int64(d)
+}
+
+// newer compares certificate (nb, na, serial) with entry e: >0 newer, 0 same, <0 older.
+func newer(nb, na int64, serial string, e *entry) int {
+	switch {
+	case nb != e.notBefore:
+		return cmp(nb, e.notBefore)
+	case na != e.notAfter:
+		return cmp(na, e.notAfter)
+	case len(serial) != len(e.serial):
+		return cmp(len(serial), len(e.serial))
+	default:
+		return strings.Compare(serial, e.serial)
+	}
+}
+
+func cmp[T int | int64](a, b T) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+var errBadCert = errors.New("schedule: certificate needs a pod, a serial and notAfter after notBefore")
+
+// Upsert schedules c, replacing the entry of the same pod and resource when c is
+// newer (later notBefore, then later notAfter, then the larger serial).
+func (s *Schedule) Upsert(c Cert, now time.Time) (Result, error) {
+	return s.upsert(c, 0, 0, now)
+}
+
+func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, now time.Time) (Result, error) {
+	nb, na := c.NotBefore.UnixNano(), c.NotAfter.UnixNano()
+	if c.Pod == "" || c.Serial == "" || na <= nb {
+		return Duplicate, errBadCert
+	}
+	k := key(c.Pod, c.Resource)
+	res := Added
+	i, ok := s.index[k]
+	if ok {
+		e := &s.entries[i]
+		switch n := newer(nb, na, c.Serial, e); {
+		case n == 0:
+			return Duplicate, nil
+		case n < 0:
+			return Stale, nil
+		}
+		s.dequeue(i)
+		res = Replaced
+	} else {
+		i = int32(len(s.entries))
+		s.entries = append(s.entries, entry{key: k, hidx: -1})
+		s.index[k] = i
+		if _, r := splitKey(k); r != DefaultResource {
+			s.extra[c.Pod] = append(s.extra[c.Pod], r)
+		}
+	}
+	e := &s.entries[i]
+	*e = entry{key: k, serial: c.Serial, notBefore: nb, notAfter: na, sentAt: sentAt,
+		root: s.intern(c.Root), attempt: attempt, hidx: -1}
+	s.enqueue(i, now.UnixNano())
+	return res, nil
+}
+
+// enqueue puts entry i in the pending queue at its due time.
+func (s *Schedule) enqueue(i int32, now int64) {
+	e := &s.entries[i]
+	switch {
+	case e.attempt > 0:
+		e.due = e.sentAt + s.backoff(e.attempt)
+	case s.oldRoot[e.root]:
+		e.flags |= fRootRotation
+		e.due = min(now, dueOf(s.cfg, e.serial, e.key, e.notBefore, e.notAfter))
+	default:
+		e.due = dueOf(s.cfg, e.serial, e.key, e.notBefore, e.notAfter)
+	}
+	s.pending.push(i)
+}
+
+// dequeue takes entry i out of whichever queue holds it and clears its overdue mark.
+func (s *Schedule) dequeue(i int32) {
+	e := &s.entries[i]
+	switch e.which {
+	case inPending:
+		s.pending.remove(i)
+	case inReady:
+		s.ready.remove(i)
+	}
+	if e.flags&fOverdue != 0 {
+		s.overdue--
+		e.flags &^= fOverdue
+	}
+}
+
+// removeAt deletes entry i, moving the last entry into its slot.
+func (s *Schedule) removeAt(i int32) {
+	s.dequeue(i)
+	k := s.entries[i].key
+	delete(s.index, k)
+	if pod, r := splitKey(k); r != DefaultResource {
+		rs := slices.DeleteFunc(s.extra[pod], func(x string) bool { return x == r })
+		if len(rs) == 0 {
+			delete(s.extra, pod)
+		} else {
+			s.extra[pod] = rs
+		}
+	}
+	last := int32(len(s.entries) - 1)
+	if i != last {
+		s.entries[i] = s.entries[last]
+		moved := &s.entries[i]
+		s.index[moved.key] = i
+		switch moved.which {
+		case inPending:
+			s.pending.idx[moved.hidx] = i
+		case inReady:
+			s.ready.idx[moved.hidx] = i
+		}
+	}
+	s.entries[last] = entry{}
+	s.entries = s.entries[:last]
+}
+
+// RetirePod removes every entry of pod and returns the resources it had.
+func (s *Schedule) RetirePod(pod string) []string {
+	var out []string
+	for _, r := range append([]string{DefaultResource}, s.extra[pod]...) {
+		if i, ok := s.index[key(pod, r)]; ok {
+			s.removeAt(i)
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (s *Schedule) refill(now int64) {
+	if s.cfg.Rate <= 0 {
+		return
+	}
+	if s.last != 0 && now > s.last {
+		s.tokens = math.Min(float64(max(s.cfg.Burst, 1)), s.tokens+float64(now-s.last)/1e9*s.cfg.Rate)
+	}
+	if now > s.last {
+		s.last = now
+	}
+}
+
+// promote moves every pending entry whose time has come to the ready queue.
+func (s *Schedule) promote(now int64) {
+	for {
+		i, ok := s.pending.top()
+		if !ok || s.entries[i].due > now {
+			return
+		}
+		s.pending.remove(i)
+		e := &s.entries[i]
+		if e.attempt > 0 && e.flags&fOverdue == 0 {
+			e.flags |= fOverdue
+			s.overdue++
+		}
+		e.readyEpoch = s.denials
+		s.ready.push(i)
+	}
+}
+
+// Take returns up to max renewals due at now, most urgent (earliest expiry) first,
+// as far as the rate limit allows, and records them as sent: each comes back as a
+// retry after the backoff unless a newer certificate replaces it first.
+func (s *Schedule) Take(now time.Time, max int) []Renewal {
+	n := now.UnixNano()
+	s.promote(n)
+	s.refill(n)
+	var out []Renewal
+	for len(out) < max {
+		i, ok := s.ready.top()
+		if !ok {
+			break
+		}
+		if s.cfg.Rate > 0 {
+			if s.tokens < 1 {
+				s.denials++
+				break
+			}
+			s.tokens--
+		}
+		s.ready.remove(i)
+		e := &s.entries[i]
+		e.attempt++
+		e.sentAt = n
+		pod, res := splitKey(e.key)
+		r := Renewal{Pod: pod, Resource: res, Serial: e.serial, NotAfter: time.Unix(0, e.notAfter),
+			Due: time.Unix(0, e.due), Reason: events.RenewScheduled, Attempt: int(e.attempt),
+			RateLimited: e.readyEpoch != s.denials}
+		switch {
+		case e.attempt > 1:
+			r.Reason = events.RenewRetry
+		case e.flags&fRootRotation != 0:
+			r.Reason = events.RenewRootRotation
+		}
+		if n >= e.notAfter {
+			r.Retired = true
+			s.expired++
+			s.removeAt(i)
+		} else {
+			e.due = n + s.backoff(e.attempt)
+			s.pending.push(i)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// NextWake is when Take next has something to return, if ever.
+func (s *Schedule) NextWake(now time.Time) (time.Time, bool) {
+	n := now.UnixNano()
+	if len(s.ready.idx) > 0 {
+		if s.cfg.Rate <= 0 {
+			return now, true
+		}
+		s.refill(n)
+		need := 1 - s.tokens
+		if need <= 0 {
+			return now, true
+		}
+		return now.Add(time.Duration(math.Ceil(need / s.cfg.Rate * 1e9))), true
+	}
+	if i, ok := s.pending.top(); ok {
+		return time.Unix(0, s.entries[i].due), true
+	}
+	return time.Time{}, false
+}
+
+// Stats counts the schedule; MinNotAfter scans every entry.
+func (s *Schedule) Stats() Stats {
+	st := Stats{Scheduled: len(s.entries), Due: len(s.ready.idx), Overdue: s.overdue, Expired: s.expired}
+	if len(s.entries) > 0 {
+		m := s.entries[0].notAfter
+		for i := range s.entries {
+			m = min(m, s.entries[i].notAfter)
+		}
+		st.MinNotAfter = time.Unix(0, m)
+	}
+	return st
+}
