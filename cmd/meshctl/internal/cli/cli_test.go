@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := Run(context.Background(), Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}, args)
+	return out.String(), err
+}
+
+func TestBadInvocationsGiveClearErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"rotate without target", []string{"rotate"}, "meshctl rotate root"},
+		{"rotate pod without id", []string{"rotate", "pod"}, "meshctl rotate pod ID"},
+		{"sign without a stack", []string{"sign", "-dir", dir, "-ns", "a", "-sa", "b"}, "is meshctl up running?"},
+		{"status without a stack", []string{"status", "-dir", dir}, "is meshctl up running?"},
+		{"token without sa", []string{"token", "-dir", dir, "-ns", "a"}, "namespace and service account are required"},
+		{"bad flag", []string{"token", "-bogus"}, "flag provided but not defined"},
+		{"up with bad ttl", []string{"up", "-dir", dir, "-ttl", "1s"}, "-ttl: at least 30s"},
+		{"up with bad trust domain", []string{"up", "-dir", dir, "-trust-domain", "Not Valid"}, "-trust-domain"},
+		{"sds without target", []string{"sds", "-dir", dir}, "-socket or -pod is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := run(t, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to mention %q (output %q)", err, tt.want, out)
+			}
+		})
+	}
+}
+
+func TestTokenPrintsAJWT(t *testing.T) {
+	out, err := run(t, "token", "-dir", t.TempDir(), "-ns", "default", "-sa", "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parts := strings.Split(strings.TrimSpace(out), "."); len(parts) != 3 {
+		t.Fatalf("not a compact JWS: %q", out)
+	}
+}
+
+func TestUsageListsEveryCommand(t *testing.T) {
+	out, err := run(t, "help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range commands {
+		if !strings.Contains(out, "  "+name+" ") {
+			t.Errorf("usage does not list %s", name)
+		}
+	}
+}
+
+func TestDescribeNamesWhatHappened(t *testing.T) {
+	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	tests := []struct {
+		p    events.Payload
+		want []string
+	}{
+		{events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: "demo-0", Signer: "s1", AuthSource: "jwt"},
+			[]string{"cert.issued", "demo-0", "spiffe://td/ns/a/sa/b", "serial=abcdef01", "expires in 1m0s"}},
+		{events.RenewDue{Pod: "demo-0", Reason: events.RenewForced, NotAfter: now.Add(time.Hour)}, []string{"rotation.renew_due", "renew default", "forced"}},
+		{events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.p.EventType(), func(t *testing.T) {
+			line := describe(tt.p, events.Meta{Type: tt.p.EventType(), Time: now}, now)
+			for _, w := range tt.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("%q does not contain %q", line, w)
+				}
+			}
+		})
+	}
+}
