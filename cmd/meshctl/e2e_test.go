@@ -55,21 +55,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func eventually(t *testing.T, limit time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s: %v", what, limit, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // shortDir keeps unix socket paths under the 108-byte limit.
 func shortDir(t *testing.T) string {
 	t.Helper()
