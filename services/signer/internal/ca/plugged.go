@@ -128,6 +128,7 @@ func (p *Plugged) Run(ctx context.Context) error {
 	if err := w.Add(p.dir); err != nil {
 		return fmt.Errorf("watch %s: %w", p.dir, err)
 	}
+	p.Reload(ctx) // catch a change made between Start and the watch
 	var fire <-chan time.Time
 	var timer *time.Timer
 	for {

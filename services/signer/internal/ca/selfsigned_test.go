@@ -1,0 +1,169 @@
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func selfSignedCfg() SelfSignedConfig {
+	return SelfSignedConfig{TrustDomain: "cluster.local", KeyAlg: pki.ECP256, Bucket: "meshagent-ca", Replicas: 1,
+		RootTTL: 10 * time.Minute, CheckInterval: time.Hour, GracePercent: 20}
+}
+
+type replica struct {
+	auth *Authority
+	src  *SelfSigned
+	rec  *recorder
+}
+
+func newReplica(t *testing.T, js jetstream.JetStream, clock *testkit.Clock) *replica {
+	r := &replica{auth: &Authority{}, rec: &recorder{}}
+	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), clock.Now)
+	return r
+}
+
+func (r *replica) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.src.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	const n = 4
+	reps := make([]*replica, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range reps {
+		// Each replica has its own connection, as separate processes would.
+		reps[i] = newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	}
+	for i := range reps {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = reps[i].src.Start(context.Background()) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("replica %d: %v", i, err)
+		}
+	}
+	want := reps[0].auth.Current().RootFingerprint()
+	for i, r := range reps {
+		if got := r.auth.Current().RootFingerprint(); got != want {
+			t.Fatalf("replica %d root %s, replica 0 root %s", i, got, want)
+		}
+	}
+	kv, err := bustest.JetStream(t, bustest.Conn(t, s)).KeyValue(context.Background(), "meshagent-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), RootKey)
+	if err != nil || e.Revision() != 1 {
+		t.Fatalf("root entry revision %v, err %v: want exactly one write", e, err)
+	}
+}
+
+func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	ctx := context.Background()
+	for _, r := range []*replica{a, b} {
+		if err := r.src.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.run(t)
+	old := a.auth.Current()
+
+	// Not due yet: nothing happens.
+	clock.Add(7 * time.Minute) // 30% left
+	if err := a.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.auth.Current() != old || len(a.rec.all()) != 0 {
+		t.Fatal("rotated before the grace period")
+	}
+	// Due: 10% of the root's life left.
+	clock.Add(2 * time.Minute)
+	if err := a.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cur := a.auth.Current()
+	if cur == old || cur.Generation != old.Generation+1 || len(cur.Roots) != 2 || !cur.Roots[1].Equal(old.Roots[0]) {
+		t.Fatalf("after rotation: gen %d, %d roots", cur.Generation, len(cur.Roots))
+	}
+	if !cur.Roots[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(old.Roots[0].PublicKey) {
+		t.Fatal("rotation changed the key; the default keeps it, as Istio")
+	}
+	tcs := a.rec.all()
+	if len(tcs) != 1 || tcs[0].Reason != events.TrustReasonRotation || len(tcs[0].Roots) != 2 || tcs[0].Generation != cur.Generation ||
+		len(tcs[0].Added) != 1 || tcs[0].Added[0] != cur.RootFingerprint() {
+		t.Fatalf("trust.changed %+v", tcs)
+	}
+	// The other replica follows through the KV watch and signs with the new root.
+	testkit.Eventually(t, 5*time.Second, "replica b on the new root", func() bool {
+		return b.auth.Current().RootFingerprint() == cur.RootFingerprint()
+	})
+	k, _ := pki.GenerateKey(pki.ECP256)
+	id, _ := url.Parse("spiffe://cluster.local/ns/a/sa/b")
+	leaf, err := b.auth.Current().SignLeaf(k.Public(), id, clock.Now(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newPool, oldPool := x509.NewCertPool(), x509.NewCertPool()
+	newPool.AddCert(cur.Roots[0])
+	oldPool.AddCert(old.Roots[0])
+	for name, pool := range map[string]*x509.CertPool{"new": newPool, "old (same key)": oldPool} {
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: clock.Now(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			t.Errorf("leaf does not verify under the %s root: %v", name, err)
+		}
+	}
+	// b's own check finds nothing to do: one rotation, not two.
+	if err := b.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.rec.all()) != 0 || b.auth.Current().Generation != cur.Generation {
+		t.Fatal("second replica rotated again")
+	}
+	// The old root leaves the bundle when it expires.
+	clock.Add(2 * time.Minute)
+	if err := b.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.auth.Current(); len(got.Roots) != 1 || got.RootFingerprint() != cur.RootFingerprint() {
+		t.Fatalf("expired root not dropped: %d roots", len(got.Roots))
+	}
+	if tcs := b.rec.all(); len(tcs) != 1 || tcs[0].Reason != events.TrustReasonExpired || len(tcs[0].Removed) != 1 {
+		t.Fatalf("trust.changed on expiry %+v", tcs)
+	}
+	// A forced rotation with a new key.
+	m, err := a.src.Rotate(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Roots[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(cur.Roots[0].PublicKey) || len(m.Roots) != 2 {
+		t.Fatal("forced rotation with new_key kept the key")
+	}
+}

@@ -1,0 +1,222 @@
+// Package testkit builds what the signer's tests need: a dev token issuer with its
+// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, and a
+// settable clock.
+package testkit
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+// Clock is a settable clock.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock starts at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Add moves the clock.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// Issuer mints ES256 tokens the way meshctl token does: kid is the key's JWK thumbprint.
+type Issuer struct {
+	Key crypto.Signer
+	KID string
+	Iss string
+}
+
+// NewIssuer makes an issuer with a fresh P-256 key.
+func NewIssuer(t testing.TB, iss string) *Issuer {
+	t.Helper()
+	k, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwk := jose.JSONWebKey{Key: k.Public(), Algorithm: string(jose.ES256), Use: "sig"}
+	tp, err := jwk.Thumbprint(crypto.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Issuer{Key: k, KID: base64.RawURLEncoding.EncodeToString(tp), Iss: iss}
+}
+
+// JWKS is the issuer's public key set.
+func (i *Issuer) JWKS() jose.JSONWebKeySet {
+	return jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: i.Key.Public(), KeyID: i.KID, Algorithm: string(jose.ES256), Use: "sig"}}}
+}
+
+// WriteJWKS writes the key set to dir/jwks.json and returns the path.
+func (i *Issuer) WriteJWKS(t testing.TB, dir string) string {
+	t.Helper()
+	b, err := json.Marshal(i.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "jwks.json")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Claims are a token's claims; zero fields are left out.
+type Claims struct {
+	Iss, Sub string
+	Aud      []string
+	IAT, NBF time.Time
+	Exp      time.Time
+	NS, SA   string // kubernetes.io claims when set
+}
+
+// ServiceAccount returns the claims meshctl token mints for ns/sa, valid for ttl from now.
+func (i *Issuer) ServiceAccount(ns, sa string, now time.Time, ttl time.Duration) Claims {
+	return Claims{Iss: i.Iss, Sub: "system:serviceaccount:" + ns + ":" + sa, Aud: []string{"istio-ca"},
+		IAT: now, NBF: now, Exp: now.Add(ttl), NS: ns, SA: sa}
+}
+
+// Mint signs c with the issuer's key and kid.
+func (i *Issuer) Mint(t testing.TB, c Claims) string {
+	t.Helper()
+	return MintWith(t, i.Key, i.KID, c)
+}
+
+// MintWith signs c with key under kid.
+func MintWith(t testing.TB, key crypto.Signer, kid string, c Claims) string {
+	t.Helper()
+	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]any{}
+	if c.Iss != "" {
+		m["iss"] = c.Iss
+	}
+	if c.Sub != "" {
+		m["sub"] = c.Sub
+	}
+	if len(c.Aud) > 0 {
+		m["aud"] = c.Aud
+	}
+	for k, v := range map[string]time.Time{"iat": c.IAT, "nbf": c.NBF, "exp": c.Exp} {
+		if !v.IsZero() {
+			m[k] = v.Unix()
+		}
+	}
+	if c.NS != "" {
+		m["kubernetes.io"] = map[string]any{"namespace": c.NS, "serviceaccount": map[string]any{"name": c.SA, "uid": "0b3c1b0e-1111-4f7e-9a6b-3c2a8d0f5e77"}}
+	}
+	tok, err := jwt.Signed(sig).Claims(m).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// CSR makes a key of alg and a CSR asking for id.
+func CSR(t testing.TB, alg pki.KeyAlg, id string) (crypto.Signer, []byte) {
+	t.Helper()
+	k, err := pki.GenerateKey(alg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pki.NewCSR(k, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, p
+}
+
+// CA is a test CA certificate and key.
+type CA struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+}
+
+// NewCA makes a CA signed by parent (self-signed when parent is nil), valid from now for ttl.
+func NewCA(t testing.TB, name string, parent *CA, now time.Time, ttl time.Duration) *CA {
+	t.Helper()
+	k, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name, Organization: []string{"cluster.local"}},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+	}
+	pc, pk := tmpl, k
+	if parent != nil {
+		pc, pk = parent.Cert, parent.Key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, pc, k.Public(), pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return &CA{Cert: c, Key: k}
+}
+
+// WriteCACerts writes an Istio cacerts directory: ca-cert.pem and ca-key.pem from
+// signing, cert-chain.pem = signing + chain..., root-cert.pem = roots.
+func WriteCACerts(t testing.TB, dir string, signing *CA, chain []*x509.Certificate, roots ...*x509.Certificate) {
+	t.Helper()
+	key, err := pki.EncodeKeyPEM(signing.Key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"ca-cert.pem":    pki.EncodeCertPEM(signing.Cert),
+		"ca-key.pem":     key,
+		"cert-chain.pem": pki.EncodeCertsPEM(append([]*x509.Certificate{signing.Cert}, chain...)),
+		"root-cert.pem":  pki.EncodeCertsPEM(roots),
+	}
+	for name, b := range files {
+		tmp := filepath.Join(dir, "."+name+".tmp")
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Eventually polls cond every 10ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
