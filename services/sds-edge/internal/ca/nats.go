@@ -1,0 +1,60 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+// NATS asks the signer over NATS request-reply on events.SubjectSign.
+type NATS struct {
+	nc     *nats.Conn
+	source string
+}
+
+var _ Signer = (*NATS)(nil)
+
+// NewNATS returns a signer client on nc; source names this pod in event envelopes.
+func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: source} }
+
+// Sign sends req and waits for the reply until ctx ends.
+func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
+	msg, err := events.NewMsg(events.SubjectSign, n.source, events.SignRequest{
+		CSR: string(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
+		TTLSeconds: int64(req.TTL.Seconds()), Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: req.KeyAlgorithm,
+	})
+	if err != nil {
+		return Response{}, fmt.Errorf("build sign request: %w", err)
+	}
+	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return Response{}, fmt.Errorf("sign request: %w", err)
+	}
+	r, _, err := events.Decode[events.SignReply](reply)
+	if err != nil {
+		return Response{}, fmt.Errorf("sign reply: %w", err)
+	}
+	if r.Error != nil {
+		if r.Error.Code == events.CodeUnavailable || r.Error.Code == events.CodeResourceExhausted || r.Error.Code == events.CodeInternal {
+			return Response{}, fmt.Errorf("signer: %w", r.Error)
+		}
+		return Response{}, fmt.Errorf("%w: %w", ErrRejected, r.Error)
+	}
+	chain, err := checkChain(r.CertChain)
+	if err != nil {
+		return Response{}, err
+	}
+	roots, err := pki.ParseCertPEMs(r.Roots)
+	if err != nil {
+		return Response{}, fmt.Errorf("parse roots: %w", err)
+	}
+	if len(roots) == 0 {
+		return Response{}, errors.New("sign reply without roots")
+	}
+	return Response{Chain: chain, ChainPEM: r.CertChain, Roots: roots}, nil
+}

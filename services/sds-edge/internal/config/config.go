@@ -1,0 +1,203 @@
+// Package config reads sds-edge's configuration: flags, then env vars, then defaults.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+// Config is sds-edge's whole configuration.
+type Config struct {
+	Log    obs.LogConfig
+	Bus    bus.Config
+	Listen struct {
+		HTTP string // /healthz, /readyz, /metrics
+	}
+	Pod struct {
+		ID             string
+		RootDir        string // the pod's filesystem root; relative paths below are under it
+		TrustDomain    string
+		Namespace      string
+		ServiceAccount string
+	}
+	CA struct {
+		Addr      string // Istio gRPC CA (host:port); empty: the signer over NATS
+		RootCert  string // PEM roots to verify Addr's TLS; empty: the current bundle
+		ClusterID string
+		TokenFile string
+		// Plaintext: no TLS to Addr, as Istio does for port 15010.
+		Plaintext bool
+	}
+	Cert struct {
+		TTL             time.Duration
+		KeyAlg          pki.KeyAlg
+		PKCS8           bool
+		SafetyRatio     float64       // renew by ourselves at this fraction of the lifetime
+		RetryMin        time.Duration // first retry delay after a failed CSR
+		RetryMax        time.Duration
+		RequestTimeout  time.Duration
+		OutputDir       string // OUTPUT_CERTS
+		FileMounted     bool   // FILE_MOUNTED_CERTS: read etc/certs
+		CredentialsDir  string // workload-spiffe-credentials
+		FileMountedDir  string // etc/certs
+		FileDebounce    time.Duration
+	}
+	SDS struct {
+		Socket       string
+		SocketMode   os.FileMode
+		ExternalWait time.Duration // wait this long for another provider's socket
+	}
+}
+
+// Default returns the defaults, laid out as Istio lays out a pod.
+func Default() Config {
+	var c Config
+	c.Log = obs.LogConfig{Level: "info"}
+	c.Listen.HTTP = "127.0.0.1:15020"
+	c.Pod.RootDir = "."
+	c.Pod.TrustDomain = "cluster.local"
+	c.Pod.Namespace = "default"
+	c.Pod.ServiceAccount = "default"
+	c.CA.TokenFile = "var/run/secrets/tokens/istio-token"
+	c.CA.ClusterID = "Kubernetes"
+	c.Cert.TTL = 24 * time.Hour
+	c.Cert.KeyAlg = pki.ECP256
+	c.Cert.SafetyRatio = 0.8
+	c.Cert.RetryMin = 100 * time.Millisecond
+	c.Cert.RetryMax = 30 * time.Second
+	c.Cert.RequestTimeout = 10 * time.Second
+	c.Cert.CredentialsDir = "var/run/secrets/workload-spiffe-credentials"
+	c.Cert.FileMountedDir = "etc/certs"
+	c.Cert.FileDebounce = 100 * time.Millisecond
+	c.SDS.Socket = "var/run/secrets/workload-spiffe-uds/socket"
+	c.SDS.SocketMode = 0o600
+	return c
+}
+
+// Load reads flags and env vars over the defaults, resolves paths under the pod root
+// and validates the result.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := Default()
+	fs := flagenv.New("sds-edge", getenv)
+	c.Log.Bind(fs)
+	c.Bus.Bind(fs)
+	var keyAlg, socketMode string
+	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id (required)")
+	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory; relative paths are under it")
+	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
+	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "workload namespace")
+	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
+	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
+	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
+	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
+	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
+	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
+	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
+	fs.Bool(&c.Cert.PKCS8, "pkcs8", "PKCS8_KEY", c.Cert.PKCS8, "encode private keys as PKCS#8")
+	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
+	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
+	fs.Duration(&c.Cert.RetryMax, "retry-max", "CSR_RETRY_MAX", c.Cert.RetryMax, "largest retry delay")
+	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing request")
+	fs.String(&c.Cert.OutputDir, "output-certs", "OUTPUT_CERTS", c.Cert.OutputDir, "also write key.pem, cert-chain.pem, root-cert.pem here")
+	fs.Bool(&c.Cert.FileMounted, "file-mounted-certs", "FILE_MOUNTED_CERTS", c.Cert.FileMounted, "serve the certificates mounted in etc/certs")
+	fs.Duration(&c.Cert.FileDebounce, "file-debounce", "FILE_DEBOUNCE", c.Cert.FileDebounce, "quiet time before reloading changed certificate files")
+	fs.String(&c.SDS.Socket, "socket", "SDS_SOCKET", c.SDS.Socket, "SDS unix socket")
+	fs.String(&socketMode, "socket-mode", "SDS_SOCKET_MODE", "0600", "socket file mode (0600 or 0660)")
+	fs.Duration(&c.SDS.ExternalWait, "external-wait", "EXTERNAL_SDS_WAIT", c.SDS.ExternalWait, "wait this long for another SDS provider's socket before serving")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	var errs []error
+	if a, err := pki.ParseKeyAlg(keyAlg); err != nil {
+		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
+	} else {
+		c.Cert.KeyAlg = a
+	}
+	if m, err := strconv.ParseUint(socketMode, 8, 32); err != nil {
+		errs = append(errs, fmt.Errorf("-socket-mode: %q is not an octal mode", socketMode))
+	} else {
+		c.SDS.SocketMode = os.FileMode(m)
+	}
+	c.Bus.Name = "sds-edge/" + c.Pod.ID
+	c.CA.TokenFile = c.Under(c.CA.TokenFile)
+	if c.CA.RootCert != "" {
+		c.CA.RootCert = c.Under(c.CA.RootCert)
+	}
+	if c.Cert.OutputDir != "" {
+		c.Cert.OutputDir = c.Under(c.Cert.OutputDir)
+	}
+	c.Cert.CredentialsDir = c.Under(c.Cert.CredentialsDir)
+	c.Cert.FileMountedDir = c.Under(c.Cert.FileMountedDir)
+	c.SDS.Socket = c.Under(c.SDS.Socket)
+	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
+	if err := errors.Join(append(errs, c.Validate())...); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// Under resolves p under the pod root unless it is absolute.
+func (c Config) Under(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(c.Pod.RootDir, p)
+}
+
+// SPIFFEID is the identity this pod asks for.
+func (c Config) SPIFFEID() (string, error) {
+	id, err := pki.WorkloadID(c.Pod.TrustDomain, c.Pod.Namespace, c.Pod.ServiceAccount)
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
+}
+
+// Validate reports every problem at once, naming the flag.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(ok bool, format string, a ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, a...))
+		}
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Pod.ID == "" {
+		errs = append(errs, errors.New("-pod: required"))
+	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
+		errs = append(errs, fmt.Errorf("-pod: %w", err))
+	}
+	if _, err := c.SPIFFEID(); err != nil {
+		errs = append(errs, fmt.Errorf("-trust-domain/-namespace/-service-account: %w", err))
+	}
+	add(c.Listen.HTTP != "", "-http-addr: required")
+	add(c.Cert.TTL > 0, "-secret-ttl: must be positive")
+	add(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
+	add(c.Cert.RetryMin > 0, "-retry-min: must be positive")
+	add(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
+	add(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")
+	add(c.Cert.FileDebounce >= 0, "-file-debounce: must not be negative")
+	add(c.SDS.Socket != "", "-socket: required")
+	add(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
+	add(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
+	add(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
+	add(c.CA.TokenFile != "", "-token-file: required")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,224 @@
+// Package edge wires sds-edge together: the start-up decision, the CA flow or the
+// file loader, the SDS listener, the bus and the health checks.
+package edge
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/metrics"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/output"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/sds"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/startup"
+)
+
+// Deps are the runtime dependencies.
+type Deps struct {
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	Clock   clock.Clock
+	Log     hclog.Logger
+	// Registry gets the metrics; nil: a private registry.
+	Registry prometheus.Registerer
+	// Signer overrides the CA client (tests); nil picks NATS or gRPC from the config.
+	Signer ca.Signer
+}
+
+// Edge is one pod's sds-edge.
+type Edge struct {
+	cfg      config.Config
+	spiffeID string
+	d        Deps
+	log      hclog.Logger
+	store    *secrets.Store
+	pub      *busio.Publisher
+	files    *filecerts.Files
+	out      *output.Writer
+
+	m        *metrics.Metrics
+
+	mode    atomic.Value // string
+	bound   chan struct{}
+	mgrMu   sync.Mutex
+	mgr     *identity.Manager
+}
+
+// New builds an Edge. It does not listen or start anything until Run.
+func New(cfg config.Config, d Deps) (*Edge, error) {
+	id, err := cfg.SPIFFEID()
+	if err != nil {
+		return nil, err
+	}
+	if d.Clock == nil {
+		d.Clock = clock.Real{}
+	}
+	if d.Log == nil {
+		d.Log = hclog.NewNullLogger()
+	}
+	store := secrets.New(nil)
+	if d.Registry == nil {
+		d.Registry = prometheus.NewRegistry()
+	}
+	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
+		m: metrics.New(d.Registry, store, d.Clock.Now)}
+	e.pub = busio.NewPublisher(d.JS, "sds-edge/"+cfg.Pod.ID, 4096, e.m.EventsLost.Inc, d.Log.Named("events"))
+	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	store.SetResolver(e.files)
+	if cfg.Cert.OutputDir != "" {
+		e.out = output.New(cfg.Cert.OutputDir)
+	}
+	return e, nil
+}
+
+// Store is the secret store (for metrics).
+func (e *Edge) Store() *secrets.Store { return e.store }
+
+// Mode is the start-up decision, "" before it is made.
+func (e *Edge) Mode() string { m, _ := e.mode.Load().(string); return m }
+
+// Bound is closed when the SDS socket accepts connections (or external mode is chosen).
+func (e *Edge) Bound() <-chan struct{} { return e.bound }
+
+// Ready is the readiness check: `default` and `ROOTCA` in hand, or external mode.
+func (e *Edge) Ready() error {
+	switch e.Mode() {
+	case "":
+		return errors.New("starting")
+	case startup.External:
+		return nil
+	}
+	var missing []error
+	for _, n := range []string{secrets.Default, secrets.RootCA} {
+		if _, ok := e.store.Get(n); !ok {
+			missing = append(missing, fmt.Errorf("%s not available yet", n))
+		}
+	}
+	return errors.Join(missing...)
+}
+
+// Run decides the mode and serves until ctx ends. It returns nil on cancellation.
+func (e *Edge) Run(ctx context.Context) error {
+	pubCtx, stopPub := context.WithCancel(context.Background())
+	pubDone := make(chan struct{})
+	go func() { e.pub.Run(pubCtx, 3*time.Second); close(pubDone) }()
+	defer func() { stopPub(); <-pubDone }()
+
+	dec, err := startup.Decide(ctx, startup.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,
+		CredentialsDir: e.cfg.Cert.CredentialsDir, FileMounted: e.cfg.Cert.FileMounted, FileMountedDir: e.cfg.Cert.FileMountedDir},
+		e.log.Named("startup"))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	e.mode.Store(dec.Mode)
+	e.log.Info("identity mode chosen", "mode", dec.Mode, "spiffe_id", e.spiffeID, "socket", e.cfg.SDS.Socket)
+	e.pub.Publish(events.SubjectPodUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
+	defer e.pub.Publish(events.SubjectPodDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
+
+	if dec.Mode == startup.External {
+		close(e.bound)
+		<-ctx.Done()
+		return nil
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	switch dec.Mode {
+	case startup.File:
+		if err := e.files.Mount(dec.Dir); err != nil {
+			return fmt.Errorf("mounted certificates in %s: %w", dec.Dir, err)
+		}
+	case startup.CA:
+		mgr, err := e.manager()
+		if err != nil {
+			return err
+		}
+		unsub, err := busio.Subscribe(e.d.NC, e.cfg.Pod.ID, busio.Handlers{
+			Renew: mgr.Renew, Trust: mgr.TrustChanged, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
+		if err != nil {
+			return err
+		}
+		defer unsub()
+		g.Go(func() error { return mgr.Run(gctx) })
+	}
+	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, hooks{e}, e.log.Named("sds")), e.log.Named("sds"))
+	g.Go(func() error { return ln.Run(gctx) })
+	g.Go(func() error { return e.files.Run(gctx) })
+	g.Go(func() error {
+		select {
+		case <-ln.Bound():
+			close(e.bound)
+		case <-gctx.Done():
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// manager builds the CA flow with the NATS or the gRPC client.
+func (e *Edge) manager() (*identity.Manager, error) {
+	c := e.cfg
+	var seed []*x509.Certificate
+	if c.CA.RootCert != "" {
+		data, err := os.ReadFile(c.CA.RootCert)
+		if err != nil {
+			return nil, fmt.Errorf("-ca-root-cert: %w", err)
+		}
+		if seed, err = pki.ParseCertsPEM(data); err != nil || len(seed) == 0 {
+			return nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
+		}
+	}
+	var mgr *identity.Manager
+	signer := e.d.Signer
+	if signer == nil {
+		if c.CA.Addr != "" {
+			signer = ca.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
+				if len(seed) > 0 {
+					p := x509.NewCertPool()
+					for _, r := range seed {
+						p.AddCert(r)
+					}
+					return p
+				}
+				return mgr.Roots()
+			})
+		} else {
+			signer = ca.NewNATS(e.d.NC, "sds-edge/"+c.Pod.ID)
+		}
+	}
+	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
+		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
+	e.mgrMu.Lock()
+	e.mgr = mgr
+	e.mgrMu.Unlock()
+	return mgr, nil
+}
+
+// Changed publishes a change of a resource and counts the push.
+func (e *Edge) Changed(en *secrets.Entry, streams int) {
+	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
+	e.pub.Publish(events.SubjectSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+		Version: en.Version, Streams: streams, Kind: "pushed"})
+}

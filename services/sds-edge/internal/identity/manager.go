@@ -1,0 +1,318 @@
+// Package identity is sds-edge's CA flow: it owns the pod's private key, gets it
+// certified (one CSR in flight, retried with backoff and jitter), renews it on the
+// rotator's word or at its own safety deadline, and keeps `default` and `ROOTCA` in
+// the secret store current.
+package identity
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+)
+
+// Config is what the manager needs to know about the pod.
+type Config struct {
+	Pod            string
+	SPIFFEID       string
+	TokenFile      string
+	TTL            time.Duration
+	KeyAlg         pki.KeyAlg
+	PKCS8          bool
+	SafetyRatio    float64
+	RetryMin       time.Duration
+	RetryMax       time.Duration
+	RequestTimeout time.Duration
+}
+
+// Sink hears about every change the manager makes.
+type Sink interface {
+	// Changed: resource e now has a new value, woken streams watch it.
+	Changed(e *secrets.Entry, streams int)
+	// Files: the key, chain and roots to write out (OUTPUT_CERTS).
+	Files(keyPEM, chainPEM, rootsPEM []byte)
+	// CSR: one signing attempt; err nil on success, retry true for a retry.
+	CSR(err error, retry bool)
+}
+
+// Manager runs the CA flow.
+type Manager struct {
+	cfg    Config
+	signer ca.Signer
+	store  *secrets.Store
+	sink   Sink
+	clock  clock.Clock
+	log    hclog.Logger
+
+	renew chan events.RenewDue
+
+	mu       sync.Mutex
+	key      crypto.Signer
+	keyPEM   []byte
+	chain    []*x509.Certificate
+	chainPEM []string
+	trust    *trust
+}
+
+// New returns a manager. It does nothing until Run.
+func New(cfg Config, signer ca.Signer, store *secrets.Store, sink Sink, clk clock.Clock, log hclog.Logger) *Manager {
+	return &Manager{cfg: cfg, signer: signer, store: store, sink: sink, clock: clk, log: log,
+		renew: make(chan events.RenewDue, 1), trust: newTrust()}
+}
+
+// Renew asks for a renewal (a renew-due event). Requests coalesce: one waiting is enough.
+func (m *Manager) Renew(r events.RenewDue) {
+	select {
+	case m.renew <- r:
+	default:
+	}
+}
+
+// Run issues the first certificate (retrying until it succeeds), then renews on
+// request or at the safety deadline, until ctx ends. It returns nil on cancellation.
+func (m *Manager) Run(ctx context.Context) error {
+	if err := m.issue(ctx, "start"); err != nil {
+		return nil // only ctx ends issue's retries
+	}
+	for {
+		at := m.deadline()
+		t := m.clock.NewTimer(at.Sub(m.clock.Now()))
+		reason := "safety-deadline"
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case r := <-m.renew:
+			t.Stop()
+			if cur := m.Serial(); r.Serial != "" && r.Serial != cur {
+				m.log.Debug("ignoring stale renew", "serial", r.Serial, "current", cur)
+				continue
+			}
+			reason = r.Reason
+		case <-t.C():
+			m.log.Warn("renewing at safety deadline: no renew event came in time", "deadline", at)
+		}
+		if err := m.issue(ctx, reason); err != nil {
+			return nil
+		}
+	}
+}
+
+// deadline is when the manager renews by itself: SafetyRatio into the lifetime.
+func (m *Manager) deadline() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	leaf := m.chain[0]
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotBefore.Add(time.Duration(float64(life) * m.cfg.SafetyRatio))
+}
+
+// Serial is the current leaf's serial (hex), or "".
+func (m *Manager) Serial() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.chain) == 0 {
+		return ""
+	}
+	return pki.SerialHex(m.chain[0])
+}
+
+// Roots returns the CA roots, to verify a gRPC CA's TLS; nil before the first.
+func (m *Manager) Roots() *x509.CertPool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.trust.pool()
+}
+
+// SeedRoots adds roots known before the first signing (-ca-root-cert).
+func (m *Manager) SeedRoots(roots []*x509.Certificate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.trust.addCA(roots, nil)
+}
+
+// issue gets a new certificate, retrying with exponential backoff and full jitter
+// until it succeeds or ctx ends. Only Run calls it: one CSR is in flight at a time.
+func (m *Manager) issue(ctx context.Context, reason string) error {
+	backoff := m.cfg.RetryMin
+	for attempt := 0; ; attempt++ {
+		err := m.issueOnce(ctx)
+		m.sink.CSR(err, attempt > 0)
+		if err == nil {
+			m.log.Info("certificate issued", "reason", reason, "serial", m.Serial(), "attempt", attempt+1)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := backoff/2 + rand.N(backoff/2+1)
+		m.log.Warn("signing failed, will retry", "reason", reason, "attempt", attempt+1, "retry_in", d, "error", err)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, m.cfg.RetryMax)
+	}
+}
+
+func (m *Manager) issueOnce(ctx context.Context) error {
+	key, err := pki.GenerateKey(m.cfg.KeyAlg)
+	if err != nil {
+		return err
+	}
+	csrPEM, err := pki.NewCSR(key, m.cfg.SPIFFEID)
+	if err != nil {
+		return err
+	}
+	req := ca.Request{CSR: csrPEM, TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
+	if err := m.credential(&req); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
+	resp, err := m.signer.Sign(rctx, req)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if !publicKeysEqual(resp.Chain[0].PublicKey, key.Public()) {
+		return errors.New("signed certificate is not for our key")
+	}
+	keyPEM, err := pki.EncodeKeyPEM(key, m.cfg.PKCS8)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, resp.Chain, resp.ChainPEM
+	// A new root in the reply is a trust change, like trust.changed.
+	rootsChanged := m.trust.addCA(resp.Roots, nil)
+	m.mu.Unlock()
+	m.publish(true, rootsChanged || !m.has(secrets.RootCA))
+	return nil
+}
+
+// credential fills a fresh token from the token file; when it cannot be read, a
+// still-valid certificate proves who we are instead (CertChain + Proof).
+func (m *Manager) credential(req *ca.Request) error {
+	tok, terr := os.ReadFile(m.cfg.TokenFile)
+	if terr == nil && len(strings.TrimSpace(string(tok))) > 0 {
+		req.Token = strings.TrimSpace(string(tok))
+		return nil
+	}
+	if terr == nil {
+		terr = errors.New("token file is empty")
+	}
+	m.mu.Lock()
+	key, chain, chainPEM := m.key, m.chain, m.chainPEM
+	m.mu.Unlock()
+	if key == nil || m.clock.Now().After(chain[0].NotAfter) {
+		return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
+	}
+	b, _ := pem.Decode(req.CSR)
+	proof, err := pki.SignProof(key, b.Bytes)
+	if err != nil {
+		return err
+	}
+	m.log.Warn("token unreadable, renewing with the current certificate", "error", terr)
+	req.CertChain, req.Proof = chainPEM, base64.StdEncoding.EncodeToString(proof)
+	return nil
+}
+
+func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }
+
+// TrustChanged applies a trust.changed event: merge the bundle, push ROOTCA.
+func (m *Manager) TrustChanged(ev events.TrustChanged) error {
+	roots, err := pki.ParseCertPEMs(ev.Roots)
+	if err != nil {
+		return fmt.Errorf("trust.changed roots: %w", err)
+	}
+	m.mu.Lock()
+	if ev.Generation != 0 && ev.Generation <= m.trust.gen {
+		m.mu.Unlock()
+		return nil // stale news
+	}
+	m.trust.gen = ev.Generation
+	changed := m.trust.addCA(roots, ev.Removed)
+	m.mu.Unlock()
+	if changed {
+		m.publish(false, true)
+	}
+	return nil
+}
+
+// SetAnchors applies this pod's extra trust anchors.
+func (m *Manager) SetAnchors(ev events.TrustAnchors) error {
+	roots, err := pki.ParseCertPEMs(ev.Roots)
+	if err != nil {
+		return fmt.Errorf("trust anchors: %w", err)
+	}
+	m.mu.Lock()
+	changed := m.trust.setAnchors(roots)
+	m.mu.Unlock()
+	if changed {
+		m.publish(false, true)
+	}
+	return nil
+}
+
+// publish stores `default` and/or `ROOTCA` and writes the files.
+func (m *Manager) publish(cert, roots bool) {
+	now := m.clock.Now()
+	m.mu.Lock()
+	m.trust.prune(now)
+	rootsPEM := m.trust.pem(now)
+	keyPEM := m.keyPEM
+	chainPEM := []byte(strings.Join(trimAll(m.chainPEM), "\n") + "\n")
+	haveCert := m.key != nil
+	m.mu.Unlock()
+	if roots && len(rootsPEM) > 0 {
+		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: rootsPEM})
+	}
+	if cert && haveCert {
+		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
+	}
+	if haveCert {
+		m.sink.Files(keyPEM, chainPEM, rootsPEM)
+	}
+}
+
+func (m *Manager) set(s sdsclient.Secret) {
+	e, n, err := m.store.Set(s)
+	if err != nil {
+		m.log.Error("cannot store secret", "resource", s.Name, "error", err)
+		return
+	}
+	m.sink.Changed(e, n)
+}
+
+func trimAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strings.TrimSpace(s)
+	}
+	return out
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && ea.Equal(b)
+}

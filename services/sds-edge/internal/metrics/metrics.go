@@ -1,0 +1,58 @@
+// Package metrics holds sds-edge's Prometheus metrics.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+)
+
+// Metrics are sds-edge's counters and gauges.
+type Metrics struct {
+	CSRSent     prometheus.Counter
+	CSRFailed   prometheus.Counter
+	CSRRetried  prometheus.Counter
+	Connections *prometheus.GaugeVec   // by rpc: stream, delta, fetch
+	Pushes      *prometheus.CounterVec // by resource
+	Served      *prometheus.CounterVec // by resource
+	Nacks       *prometheus.CounterVec // by resource
+	EventsLost  prometheus.Counter
+}
+
+// New registers the metrics on reg; expiry is read from store at scrape time.
+func New(reg prometheus.Registerer, store *secrets.Store, now func() time.Time) *Metrics {
+	m := &Metrics{
+		CSRSent:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_sent_total", Help: "CSRs sent to the CA."}),
+		CSRFailed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_failed_total", Help: "CSRs that failed."}),
+		CSRRetried:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_retried_total", Help: "CSRs sent as retries."}),
+		Connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sds_edge_sds_connections", Help: "Open SDS streams and calls."}, []string{"rpc"}),
+		Pushes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_pushes_total", Help: "Secret changes pushed to streams."}, []string{"resource"}),
+		Served:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_served_total", Help: "Secrets served in answer to requests."}, []string{"resource"}),
+		Nacks:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_nacks_total", Help: "Secrets rejected by clients."}, []string{"resource"}),
+		EventsLost:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_events_dropped_total", Help: "Events dropped because the publish queue was full."}),
+	}
+	reg.MustRegister(m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.EventsLost,
+		&expiry{store: store, now: now, desc: prometheus.NewDesc("sds_edge_cert_expiry_seconds",
+			"Seconds until the earliest certificate of a resource expires.", []string{"resource"}, nil)})
+	return m
+}
+
+type expiry struct {
+	store *secrets.Store
+	now   func() time.Time
+	desc  *prometheus.Desc
+}
+
+func (e *expiry) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e *expiry) Collect(ch chan<- prometheus.Metric) {
+	now := e.now()
+	for _, en := range e.store.All() {
+		if en.NotAfter.IsZero() {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, en.NotAfter.Sub(now).Seconds(), en.Name)
+	}
+}

@@ -1,0 +1,107 @@
+package sds
+
+import (
+	"slices"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+)
+
+// StreamSecrets is the state-of-the-world stream Envoy opens per SDS secret.
+//
+// A response carries every watched resource that has a value. A request whose nonce
+// is not the last one sent is stale and ignored; one with error_detail is a NACK: it
+// is reported and nothing is resent until the resource changes again.
+func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
+	s.hooks.Stream("stream", 1)
+	defer s.hooks.Stream("stream", -1)
+	ctx := stream.Context()
+	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	errc := make(chan error, 1)
+	go recvLoop(ctx, stream.Recv, reqs, errc)
+
+	w := s.store.NewWatch()
+	defer w.Close()
+	var (
+		node      string
+		names     []string
+		sent      = map[string]string{} // name -> version last sent
+		lastNonce string
+		lastVer   string
+	)
+	send := func(served bool) error {
+		entries := s.store.Snapshot(names)
+		changed := false
+		for _, e := range entries {
+			if sent[e.Name] != e.Version {
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		resp := &discoveryv3.DiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, VersionInfo: versionOf(entries),
+			Resources: anys(entries), Nonce: s.nextNonce()}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if sent[e.Name] != e.Version && served {
+				s.hooks.Served(node, e)
+			}
+			sent[e.Name] = e.Version
+		}
+		lastNonce, lastVer = resp.Nonce, resp.VersionInfo
+		return nil
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return streamEnd(err)
+		case <-w.C():
+			if err := send(false); err != nil {
+				return err
+			}
+		case req := <-reqs:
+			if node == "" {
+				if node = req.GetNode().GetId(); node == "" {
+					return status.Error(codes.InvalidArgument, "node id required on the first request")
+				}
+			}
+			if err := checkType(req.GetTypeUrl()); err != nil {
+				return err
+			}
+			if nonce := req.GetResponseNonce(); nonce != "" {
+				if nonce != lastNonce {
+					continue // stale: an answer to a response we have since replaced
+				}
+				if d := req.GetErrorDetail(); d != nil {
+					s.log.Warn("secret nacked", "node", node, "names", names, "version", lastVer, "nonce", nonce, "error", d.GetMessage())
+					s.hooks.Nacked(node, names, lastVer, nonce, d.GetMessage())
+					continue
+				}
+			}
+			if !slices.Equal(req.GetResourceNames(), names) {
+				if err := s.checkNames(req.GetResourceNames()); err != nil {
+					return err
+				}
+				names = slices.Clone(req.GetResourceNames())
+				for n := range sent {
+					if !slices.Contains(names, n) {
+						delete(sent, n)
+					}
+				}
+				w.Set(names)
+			}
+			if err := send(true); err != nil {
+				return err
+			}
+		}
+	}
+}
