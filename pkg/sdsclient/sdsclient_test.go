@@ -318,3 +318,26 @@ func TestWatcherNacksBadCertificate(t *testing.T) {
 		t.Fatalf("bad certificate installed: %v", err)
 	}
 }
+
+func TestDeltaStream(t *testing.T) {
+	path := sockPath(t)
+	up := startUpstream(t, path)
+	d1, r1 := secrets(t, "one")
+	up.set(t, "node-d", "v1", d1, r1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cc, _ := sdsclient.DialUnix(ctx, path)
+	defer cc.Close()
+	ds, err := sdsclient.OpenDelta(ctx, cc, "node-d", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	u, err := ds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(u.Secrets["default"].CertChain) != string(d1.CertChain) || u.Versions["default"] == "" {
+		t.Fatalf("delta update = %+v", u)
+	}
+}
