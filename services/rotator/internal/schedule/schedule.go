@@ -60,6 +60,9 @@ type Renewal struct {
 	// Retired: the certificate expires before a retry could help, so the entry
 	// left the schedule after this send.
 	Retired bool
+	// Rev is the durable revision of the entry before this send, for
+	// compare-and-set of its new state.
+	Rev uint64
 }
 
 // Trust is the rotator's view of the trust bundle: the newest root and the roots it
@@ -87,6 +90,7 @@ type entry struct {
 	notAfter   int64
 	due        int64
 	sentAt     int64
+	rev        uint64 // durable (KV) revision of the entry; 0 when not stored yet
 	root       uint32 // index into Schedule.roots
 	readyEpoch uint32 // Schedule.denials when the entry became ready
 	hidx       int32
@@ -218,10 +222,10 @@ var errBadCert = errors.New("schedule: certificate needs a pod, a serial and not
 // Upsert schedules c, replacing the entry of the same pod and resource when c is
 // newer (later notBefore, then later notAfter, then the larger serial).
 func (s *Schedule) Upsert(c Cert, now time.Time) (Result, error) {
-	return s.upsert(c, 0, 0, now)
+	return s.upsert(c, 0, 0, 0, now)
 }
 
-func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, now time.Time) (Result, error) {
+func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, rev uint64, now time.Time) (Result, error) {
 	nb, na := c.NotBefore.UnixNano(), c.NotAfter.UnixNano()
 	if c.Pod == "" || c.Serial == "" || na <= nb {
 		return Duplicate, errBadCert
@@ -238,6 +242,9 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, now time.Time) (
 			return Stale, nil
 		}
 		s.dequeue(i)
+		if rev == 0 {
+			rev = e.rev // still what the durable store holds
+		}
 		res = Replaced
 	} else {
 		i = int32(len(s.entries))
@@ -249,7 +256,7 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, now time.Time) (
 	}
 	e := &s.entries[i]
 	*e = entry{key: k, serial: c.Serial, notBefore: nb, notAfter: na, sentAt: sentAt,
-		root: s.intern(c.Root), attempt: attempt, hidx: -1}
+		rev: rev, root: s.intern(c.Root), attempt: attempt, hidx: -1}
 	s.enqueue(i, now.UnixNano())
 	return res, nil
 }
@@ -382,7 +389,7 @@ func (s *Schedule) Take(now time.Time, max int) []Renewal {
 		pod, res := splitKey(e.key)
 		r := Renewal{Pod: pod, Resource: res, Serial: e.serial, NotAfter: time.Unix(0, e.notAfter),
 			Due: time.Unix(0, e.due), Reason: events.RenewScheduled, Attempt: int(e.attempt),
-			RateLimited: e.readyEpoch != s.denials}
+			RateLimited: e.readyEpoch != s.denials, Rev: e.rev}
 		switch {
 		case e.attempt > 1:
 			r.Reason = events.RenewRetry

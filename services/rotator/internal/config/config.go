@@ -1,0 +1,132 @@
+// Package config reads the rotator's configuration: flags, then env vars, then defaults.
+package config
+
+import (
+	"errors"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+)
+
+// Config is the rotator's whole configuration.
+type Config struct {
+	Log    obs.LogConfig
+	Bus    bus.Config
+	Listen struct {
+		HTTP string // /healthz, /readyz, /metrics
+	}
+	ConnectWait time.Duration
+
+	Renew struct {
+		GraceRatio  float64       // SECRET_GRACE_PERIOD_RATIO
+		GraceJitter float64       // SECRET_GRACE_PERIOD_RATIO_JITTER
+		Rate        float64       // renew-due per second, fleet-wide
+		Burst       int           // renew-due at once
+		RetryAfter  time.Duration // re-send when no cert.issued came by then
+		RetryMax    time.Duration // cap of the doubling backoff
+	}
+	HA struct {
+		Instance    string        // unique per replica
+		LeaseTTL    time.Duration // crash failover <= LeaseTTL * 7/5
+		LeaseBucket string
+	}
+	Store struct {
+		Bucket       string
+		Consumer     string
+		Replicas     int
+		StreamMaxAge time.Duration
+	}
+}
+
+// Default returns the defaults.
+func Default() Config {
+	var c Config
+	c.Log = obs.LogConfig{Level: "info"}
+	c.Bus.URL = bus.DefaultURL
+	c.Listen.HTTP = "127.0.0.1:15093"
+	c.ConnectWait = 30 * time.Second
+	c.Renew.GraceRatio = 0.5
+	c.Renew.GraceJitter = 0.01
+	// A P-256 signer core signs ~3,800 CSRs/s (PITFALLS.md); 500/s leaves most of one
+	// core to new pods while a 100,000-pod root rotation finishes in under 4 minutes.
+	c.Renew.Rate = 500
+	c.Renew.Burst = 50
+	c.Renew.RetryAfter = 30 * time.Second
+	c.Renew.RetryMax = 5 * time.Minute
+	c.HA.Instance, _ = os.Hostname()
+	c.HA.LeaseTTL = 5 * time.Second
+	c.HA.LeaseBucket = "meshagent_rotator_lease"
+	c.Store.Bucket = "meshagent_rotator"
+	c.Store.Consumer = "rotator"
+	c.Store.Replicas = 1
+	c.Store.StreamMaxAge = 7 * 24 * time.Hour
+	return c
+}
+
+// Load reads flags and env vars over the defaults and validates the result.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := Default()
+	fs := flagenv.New("rotator", getenv)
+	c.Log.Bind(fs)
+	c.Bus.Bind(fs)
+	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.Duration(&c.ConnectWait, "nats-connect-wait", "NATS_CONNECT_WAIT", c.ConnectWait, "how long to wait for NATS at start")
+	fs.Float64(&c.Renew.GraceRatio, "grace-ratio", "SECRET_GRACE_PERIOD_RATIO", c.Renew.GraceRatio, "renew when this fraction of a certificate's lifetime is left")
+	fs.Float64(&c.Renew.GraceJitter, "grace-jitter", "SECRET_GRACE_PERIOD_RATIO_JITTER", c.Renew.GraceJitter, "± jitter added to the grace ratio per certificate")
+	fs.Float64(&c.Renew.Rate, "rate", "RENEW_RATE_LIMIT", c.Renew.Rate, "fleet-wide renew-due per second")
+	fs.Int(&c.Renew.Burst, "burst", "RENEW_RATE_BURST", c.Renew.Burst, "renew-due that may go at once")
+	fs.Duration(&c.Renew.RetryAfter, "retry-after", "RENEW_RETRY_AFTER", c.Renew.RetryAfter, "re-send renew-due when no new certificate came this long after it")
+	fs.Duration(&c.Renew.RetryMax, "retry-max", "RENEW_RETRY_MAX", c.Renew.RetryMax, "cap of the doubling retry backoff")
+	fs.String(&c.HA.Instance, "instance", "ROTATOR_INSTANCE", c.HA.Instance, "this replica's unique name (default: hostname)")
+	fs.Duration(&c.HA.LeaseTTL, "lease-ttl", "ROTATOR_LEASE_TTL", c.HA.LeaseTTL, "leader lease TTL; crash failover takes at most 1.4x this")
+	fs.String(&c.HA.LeaseBucket, "lease-bucket", "ROTATOR_LEASE_BUCKET", c.HA.LeaseBucket, "KV bucket of the leader lease")
+	fs.String(&c.Store.Bucket, "bucket", "ROTATOR_BUCKET", c.Store.Bucket, "KV bucket of the schedule")
+	fs.String(&c.Store.Consumer, "consumer", "ROTATOR_CONSUMER", c.Store.Consumer, "durable consumer name on the event stream")
+	fs.Int(&c.Store.Replicas, "js-replicas", "ROTATOR_JS_REPLICAS", c.Store.Replicas, "JetStream replicas of the buckets, consumer and (if created here) the event stream")
+	fs.Duration(&c.Store.StreamMaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Store.StreamMaxAge, "history of the event stream, if the rotator creates it")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	c.Bus.Name = "rotator/" + c.HA.Instance
+	return c, c.Validate()
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// Validate reports every problem at once, naming the flag.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(cond bool, msg string) {
+		if cond {
+			errs = append(errs, errors.New(msg))
+		}
+	}
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	bad(c.Listen.HTTP == "", "-http-addr: required")
+	bad(c.ConnectWait <= 0, "-nats-connect-wait: must be positive")
+	bad(!(c.Renew.GraceRatio > 0 && c.Renew.GraceRatio < 1), "-grace-ratio: must be between 0 and 1 (exclusive)")
+	bad(!(c.Renew.GraceJitter >= 0 && c.Renew.GraceJitter < 1), "-grace-jitter: must be in [0, 1)")
+	bad(!(c.Renew.Rate > 0), "-rate: must be positive")
+	bad(c.Renew.Burst < 1, "-burst: must be at least 1")
+	bad(c.Renew.RetryAfter <= 0, "-retry-after: must be positive")
+	bad(c.Renew.RetryMax < c.Renew.RetryAfter, "-retry-max: must be at least -retry-after")
+	bad(c.HA.Instance == "", "-instance: required (no hostname to default to)")
+	bad(len(c.HA.Instance) > 128, "-instance: at most 128 characters")
+	bad(c.HA.LeaseTTL < 500*time.Millisecond, "-lease-ttl: must be at least 500ms")
+	bad(!namePattern.MatchString(c.HA.LeaseBucket), "-lease-bucket: want [A-Za-z0-9_-]+")
+	bad(!namePattern.MatchString(c.Store.Bucket), "-bucket: want [A-Za-z0-9_-]+")
+	bad(c.Store.Bucket == c.HA.LeaseBucket, "-bucket and -lease-bucket: must differ")
+	bad(!namePattern.MatchString(c.Store.Consumer), "-consumer: want [A-Za-z0-9_-]+")
+	bad(c.Store.Replicas < 1 || c.Store.Replicas > 5, "-js-replicas: must be 1 to 5")
+	bad(c.Store.StreamMaxAge < 0, "-stream-max-age: must not be negative")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,165 @@
+// Package rotator runs the fleet's renewal schedule on the bus: it consumes
+// cert.issued, pod.down and trust.changed from the event stream with a durable
+// consumer, keeps the schedule (package schedule) durable in a key-value bucket
+// (package store), and, while it holds the leader lease (package lease), sends
+// renew-due to each pod when its certificate is due, rate-limited fleet-wide and
+// most urgent first.
+package rotator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/rotator/internal/clock"
+	"github.com/meshagent/meshagent/services/rotator/internal/lease"
+	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configures a Rotator.
+type Options struct {
+	Schedule     schedule.Config
+	Instance     string        // unique per replica
+	LeaseTTL     time.Duration // failover after a crash takes at most LeaseTTL*7/5
+	Consumer     string        // durable consumer name, shared by all replicas
+	Bucket       string        // schedule bucket
+	LeaseBucket  string
+	Replicas     int           // JetStream replicas of the buckets (and of the stream if this creates it)
+	StreamMaxAge time.Duration // history kept by the event stream if this creates it
+	Batch        int           // renewals taken per pass
+}
+
+// Rotator is one replica.
+type Rotator struct {
+	opts Options
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	clk  clock.Clock
+	log  hclog.Logger
+	m    *metrics
+
+	lease *lease.Lease
+	store *store.Store
+
+	mu    sync.Mutex // guards sched and everything in it
+	sched *schedule.Schedule
+
+	writeMu  sync.Mutex // serialises change-then-persist sequences
+	kick     chan struct{}
+	caughtUp atomic.Bool
+	started  atomic.Bool
+}
+
+// New returns a rotator; it touches nothing until Run.
+func New(opts Options, nc *nats.Conn, js jetstream.JetStream, clk clock.Clock, reg prometheus.Registerer, log hclog.Logger) (*Rotator, error) {
+	if opts.Batch <= 0 {
+		opts.Batch = 256
+	}
+	if opts.Instance == "" || opts.Consumer == "" || opts.Bucket == "" || opts.LeaseBucket == "" || opts.LeaseTTL <= 0 {
+		return nil, errors.New("rotator: instance, consumer, buckets and lease ttl are required")
+	}
+	r := &Rotator{opts: opts, nc: nc, js: js, clk: clk, log: log, kick: make(chan struct{}, 1)}
+	m, err := newMetrics(r, reg)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	return r, nil
+}
+
+// Run sets up the stream and buckets, then takes part in the leader election until
+// ctx is done. It returns nil on cancellation.
+func (r *Rotator) Run(ctx context.Context) error {
+	if err := r.setup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.started.Store(true)
+	r.log.Info("rotator started", "instance", r.opts.Instance, "lease_ttl", r.opts.LeaseTTL,
+		"max_failover", r.lease.MaxFailover(), "rate", r.opts.Schedule.Rate)
+	return r.lease.Run(ctx, r.lead)
+}
+
+func (r *Rotator) setup(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := r.js.Stream(sctx, events.StreamEvents); errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := bus.EnsureEventStream(sctx, r.js, r.opts.Replicas, r.opts.StreamMaxAge); err != nil {
+			return err
+		}
+		r.log.Info("event stream created", "stream", events.StreamEvents)
+	} else if err != nil {
+		return fmt.Errorf("look up stream %s: %w", events.StreamEvents, err)
+	}
+	st, err := store.Open(sctx, r.js, r.opts.Bucket, r.opts.Replicas, r.log.Named("store"))
+	if err != nil {
+		return err
+	}
+	r.store = st
+	kv, err := lease.OpenBucket(sctx, r.js, r.opts.LeaseBucket, r.opts.Replicas)
+	if err != nil {
+		return fmt.Errorf("open lease bucket %s: %w", r.opts.LeaseBucket, err)
+	}
+	r.lease = lease.New(kv, r.clk, r.opts.Instance, r.opts.LeaseTTL, r.log.Named("lease"))
+	return nil
+}
+
+// Ready is nil once the lease state is known and, on the leader, the schedule is
+// loaded and the consumer has caught up with the stream.
+func (r *Rotator) Ready() error {
+	if !r.started.Load() {
+		return errors.New("not connected to the stream and buckets yet")
+	}
+	if err := r.lease.Known(); err != nil {
+		return err
+	}
+	if r.lease.Leader() && !r.caughtUp.Load() {
+		return errors.New("leader still loading the schedule or catching up with the stream")
+	}
+	return nil
+}
+
+// Leader reports whether this replica currently leads.
+func (r *Rotator) Leader() bool { return r.started.Load() && r.lease.Leader() }
+
+// Lease exposes the election (for tests and the failover benchmark).
+func (r *Rotator) Lease() *lease.Lease { return r.lease }
+
+// Stats returns the schedule's counts; ok is false when this replica does not lead.
+func (r *Rotator) Stats() (schedule.Stats, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sched == nil {
+		return schedule.Stats{}, false
+	}
+	return r.sched.Stats(), true
+}
+
+// Record returns the schedule entry of (pod, resource) while this replica leads.
+func (r *Rotator) Record(pod, resource string) (schedule.Record, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sched == nil {
+		return schedule.Record{}, false
+	}
+	return r.sched.Record(pod, resource)
+}
+
+func (r *Rotator) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,139 @@
+package rotator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+)
+
+// lead is one term as leader: rebuild the schedule from the bucket, then consume
+// events and send renewals until ctx is cancelled (leadership lost or shutdown) or
+// the bus fails, in which case the lease starts a fresh term on its next round.
+func (r *Rotator) lead(ctx context.Context) {
+	defer func() {
+		r.caughtUp.Store(false)
+		r.mu.Lock()
+		r.sched = nil
+		r.mu.Unlock()
+	}()
+	if err := r.term(ctx); err != nil && ctx.Err() == nil {
+		r.log.Error("leader term ended", "error", err)
+	}
+}
+
+func (r *Rotator) term(ctx context.Context) error {
+	start := time.Now()
+	sched := schedule.New(r.opts.Schedule)
+	now := r.clk.Now()
+	bad := 0
+	n, err := r.store.Load(ctx, func(t schedule.Trust) { sched.RestoreTrust(t, now) }, func(rec schedule.Record) {
+		if _, err := sched.Restore(rec, now); err != nil {
+			bad++
+		}
+	})
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+	r.m.rebuildSeconds.Set(took.Seconds())
+	r.log.Info("schedule rebuilt", "entries", n, "skipped", bad, "took", took)
+	r.mu.Lock()
+	r.sched = sched
+	r.mu.Unlock()
+
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
+		Durable:        r.opts.Consumer,
+		Description:    "meshagent rotator: renewal schedule",
+		FilterSubjects: []string{events.SubjectCertIssued, events.SubjectPodDown, events.SubjectTrustChanged},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        30 * time.Second,
+		MaxAckPending:  1024,
+		Replicas:       r.opts.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("create consumer %s: %w", r.opts.Consumer, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer info: %w", err)
+	}
+	if info.NumPending == 0 && info.NumAckPending == 0 {
+		r.caughtUp.Store(true)
+	}
+	r.wake()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.consume(gctx, cons) })
+	g.Go(func() error { return r.dispatch(gctx) })
+	return g.Wait()
+}
+
+func (r *Rotator) consume(ctx context.Context, cons jetstream.Consumer) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("consume: %w", err)
+		}
+		if err := r.handle(ctx, msg); err != nil {
+			_ = msg.NakWithDelay(time.Second)
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		_ = msg.Ack()
+		if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+			r.caughtUp.Store(true)
+		}
+	}
+}
+
+// adopt replaces the in-memory entry of (pod, resource) with what the bucket
+// holds: after a conflict (another replica wrote it) or a failed write.
+func (r *Rotator) adopt(ctx context.Context, pod, resource string) error {
+	rec, ok, err := r.store.Get(ctx, pod, resource)
+	if err != nil {
+		return err
+	}
+	r.m.conflicts.Inc()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !ok {
+		r.sched.Remove(pod, resource)
+		return nil
+	}
+	return r.sched.Replace(rec, r.clk.Now())
+}
+
+// persist writes rec with compare-and-set and records the new revision. It
+// reports false, having adopted the bucket's state, when another writer won.
+func (r *Rotator) persist(ctx context.Context, rec schedule.Record) (bool, error) {
+	rev, err := r.store.Write(ctx, rec)
+	if errors.Is(err, store.ErrConflict) {
+		return false, r.adopt(ctx, rec.Pod, rec.Resource)
+	}
+	if err != nil {
+		return false, err
+	}
+	r.mu.Lock()
+	r.sched.SetRev(rec.Pod, rec.Resource, rec.Serial, rev)
+	r.mu.Unlock()
+	return true, nil
+}

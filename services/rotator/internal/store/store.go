@@ -1,0 +1,200 @@
+// Package store keeps the renewal schedule durable in a JetStream key-value bucket:
+// one key per (pod, resource) holding its schedule.Record, plus the trust view.
+// Every write of an entry is a compare-and-set on the revision the writer last
+// saw, so two rotators that both believe they lead cannot both send the same
+// renewal: the second write fails and the loser adopts what the winner wrote.
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrConflict means another writer changed the entry since its revision was read.
+var ErrConflict = errors.New("store: entry changed by another writer")
+
+const (
+	entryPrefix = "e."
+	trustKey    = "trust"
+)
+
+// Store is the schedule's bucket.
+type Store struct {
+	kv  jetstream.KeyValue
+	log hclog.Logger
+}
+
+// Open creates the bucket if it does not exist yet and returns the store.
+func Open(ctx context.Context, js jetstream.JetStream, bucket string, replicas int, log hclog.Logger) (*Store, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      bucket,
+			Description: "meshagent rotator: renewal schedule",
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open kv bucket %s: %w", bucket, err)
+	}
+	return &Store{kv: kv, log: log}, nil
+}
+
+// Key is the bucket key of (pod, resource). Both are base64url so that any SDS
+// resource name and any pod id make a valid key.
+func Key(pod, resource string) string {
+	if resource == "" {
+		resource = schedule.DefaultResource
+	}
+	return entryPrefix + base64.RawURLEncoding.EncodeToString([]byte(pod)) + "." +
+		base64.RawURLEncoding.EncodeToString([]byte(resource))
+}
+
+// Write stores r. r.Rev 0 means the key must not exist yet; otherwise the key's
+// revision must still be r.Rev. It returns the new revision or ErrConflict.
+func (s *Store) Write(ctx context.Context, r schedule.Record) (uint64, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return 0, fmt.Errorf("encode record: %w", err)
+	}
+	k := Key(r.Pod, r.Resource)
+	var rev uint64
+	if r.Rev == 0 {
+		rev, err = s.kv.Create(ctx, k, b)
+	} else {
+		rev, err = s.kv.Update(ctx, k, b, r.Rev)
+	}
+	if conflict(err) {
+		return 0, fmt.Errorf("%w: %s/%s", ErrConflict, r.Pod, r.Resource)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write %s/%s: %w", r.Pod, r.Resource, err)
+	}
+	return rev, nil
+}
+
+func conflict(err error) bool {
+	if err == nil {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) ||
+		errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
+		(errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence)
+}
+
+// Delete removes the entry of (pod, resource); rev 0 deletes whatever is there.
+func (s *Store) Delete(ctx context.Context, pod, resource string, rev uint64) error {
+	var opts []jetstream.KVDeleteOpt
+	if rev != 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	err := s.kv.Delete(ctx, Key(pod, resource), opts...)
+	if conflict(err) {
+		return fmt.Errorf("%w: %s/%s", ErrConflict, pod, resource)
+	}
+	if err != nil {
+		return fmt.Errorf("delete %s/%s: %w", pod, resource, err)
+	}
+	return nil
+}
+
+// Get reads the entry of (pod, resource); ok is false when there is none.
+func (s *Store) Get(ctx context.Context, pod, resource string) (schedule.Record, bool, error) {
+	e, err := s.kv.Get(ctx, Key(pod, resource))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return schedule.Record{}, false, nil
+	}
+	if err != nil {
+		return schedule.Record{}, false, fmt.Errorf("get %s/%s: %w", pod, resource, err)
+	}
+	r, err := decode(e)
+	if err != nil {
+		return schedule.Record{}, false, err
+	}
+	return r, true, nil
+}
+
+func decode(e jetstream.KeyValueEntry) (schedule.Record, error) {
+	var r schedule.Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return r, fmt.Errorf("decode %s: %w", e.Key(), err)
+	}
+	if r.Pod == "" || r.Serial == "" || r.NotAfter <= r.NotBefore || Key(r.Pod, r.Resource) != e.Key() {
+		return r, fmt.Errorf("decode %s: inconsistent record", e.Key())
+	}
+	r.Rev = e.Revision()
+	return r, nil
+}
+
+// PutTrust stores the trust view.
+func (s *Store) PutTrust(ctx context.Context, t schedule.Trust) error {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("encode trust: %w", err)
+	}
+	if _, err := s.kv.Put(ctx, trustKey, b); err != nil {
+		return fmt.Errorf("write trust: %w", err)
+	}
+	return nil
+}
+
+// Load reads the trust view and then every entry, calling each for every record.
+// A record that does not decode is logged and skipped.
+func (s *Store) Load(ctx context.Context, trust func(schedule.Trust), each func(schedule.Record)) (int, error) {
+	e, err := s.kv.Get(ctx, trustKey)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+	case err != nil:
+		return 0, fmt.Errorf("load trust: %w", err)
+	default:
+		var t schedule.Trust
+		if err := json.Unmarshal(e.Value(), &t); err != nil {
+			s.log.Warn("skipping undecodable trust view", "error", err)
+		} else {
+			trust(t)
+		}
+	}
+	w, err := s.kv.Watch(ctx, entryPrefix+">", jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, fmt.Errorf("load entries: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n, fmt.Errorf("load entries: %w", ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return n, errors.New("load entries: watcher closed")
+			}
+			if e == nil {
+				return n, nil
+			}
+			if !strings.HasPrefix(e.Key(), entryPrefix) {
+				continue
+			}
+			r, err := decode(e)
+			if err != nil {
+				s.log.Warn("skipping undecodable schedule record", "key", e.Key(), "error", err)
+				continue
+			}
+			each(r)
+			n++
+		}
+	}
+}
