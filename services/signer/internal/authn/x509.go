@@ -40,4 +40,3 @@ func VerifyCert(chain, roots []*x509.Certificate, trustDomain string, opts x509.
 	}
 	return Caller{ID: id, Source: SourceX509}, nil
 }
-

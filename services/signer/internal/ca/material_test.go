@@ -192,4 +192,3 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
-

@@ -29,14 +29,14 @@ type Config struct {
 	}
 	TrustDomain string
 	CA          struct {
-		Dir           string // plugged-in mode when set (Istio cacerts layout)
-		ReloadDelay   time.Duration
-		KeyAlg        pki.KeyAlg // self-signed root key
-		KVBucket      string
-		KVReplicas    int
-		RootTTL       time.Duration
-		CheckInterval time.Duration
-		GracePercent  int
+		Dir            string // plugged-in mode when set (Istio cacerts layout)
+		ReloadDelay    time.Duration
+		KeyAlg         pki.KeyAlg // self-signed root key
+		KVBucket       string
+		KVReplicas     int
+		RootTTL        time.Duration
+		CheckInterval  time.Duration
+		GracePercent   int
 		NewKeyOnRotate bool
 	}
 	Certs struct {

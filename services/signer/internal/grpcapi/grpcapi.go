@@ -162,4 +162,3 @@ func toStatus(err error) error {
 	}
 	return status.Error(c, ie.Msg)
 }
-

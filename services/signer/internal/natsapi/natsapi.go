@@ -6,6 +6,7 @@ package natsapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,8 +105,8 @@ func (a *API) Run(ctx context.Context) error {
 		_ = sub.SetPendingLimits(-1, 64<<20)
 		subs = append(subs, sub)
 	}
-	if err := a.nc.FlushWithContext(ctx); err != nil && ctx.Err() == nil {
-		return err
+	if err := a.nc.FlushTimeout(10 * time.Second); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("subscribe: %w", err)
 	}
 	a.ready.Store(true)
 	a.log.Info("nats api subscribed", "subjects", []string{events.SubjectSign, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)

@@ -1,0 +1,264 @@
+package service
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const askedID = "spiffe://cluster.local/ns/kube-system/sa/admin" // what a greedy CSR asks for
+
+// badInput is one bad request, sent over both transports.
+type badInput struct {
+	name     string
+	csr      []byte
+	token    string
+	ttl      int64
+	signer   string
+	natsCode string
+	grpcCode codes.Code
+	wantMsg  string
+	natsMsg  string // when the NATS reply words it differently
+}
+
+func badInputs(t *testing.T, e *env) []badInput {
+	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	good := e.token(t, "shop", "web")
+	sa := e.iss.ServiceAccount("shop", "web", e.clock().Add(-time.Second), time.Hour)
+	with := func(f func(*testkit.Claims)) string { c := sa; f(&c); return e.iss.Mint(t, c) }
+	stranger := testkit.NewIssuer(t, "meshagent-dev")
+
+	b, _ := pem.Decode(csr)
+	b.Bytes[len(b.Bytes)-5] ^= 0xff
+	tampered := pem.EncodeToMemory(b)
+	malformed := []byte("-----BEGIN CERTIFICATE REQUEST-----\nbm90IGEgY3Ny\n-----END CERTIFICATE REQUEST-----\n")
+	huge := append(append([]byte{}, csr...), []byte(strings.Repeat("A", events.MaxEventSize+1))...)
+
+	inv, unauth := events.CodeInvalidArgument, events.CodeUnauthenticated
+	return []badInput{
+		{"malformed PEM", malformed, good, 0, "", inv, codes.InvalidArgument, "csr", ""},
+		{"CSR signature does not verify", tampered, good, 0, "", inv, codes.InvalidArgument, "signature", ""},
+		{"expired token", csr, e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", e.clock().Add(-3*time.Hour), time.Hour)), 0, "", unauth, codes.Unauthenticated, "expired", ""},
+		{"token for another audience", csr, with(func(c *testkit.Claims) { c.Aud = []string{"vault"} }), 0, "", unauth, codes.Unauthenticated, "audience", ""},
+		{"token from another issuer", csr, with(func(c *testkit.Claims) { c.Iss = "https://evil.example" }), 0, "", unauth, codes.Unauthenticated, "issuer", ""},
+		{"badly signed token", csr, testkit.MintWith(t, stranger.Key, e.iss.KID, sa), 0, "", unauth, codes.Unauthenticated, "signature", ""},
+		{"token signed by unknown key", csr, stranger.Mint(t, sa), 0, "", unauth, codes.Unauthenticated, "unknown key id", ""},
+		{"token missing claims", csr, with(func(c *testkit.Claims) { c.Exp = time.Time{} }), 0, "", unauth, codes.Unauthenticated, "exp", ""},
+		{"token without service account", csr, with(func(c *testkit.Claims) { c.NS, c.SA, c.Sub = "", "", "bob" }), 0, "", unauth, codes.Unauthenticated, "service account", ""},
+		// Over NATS the event contract itself refuses a request without a credential.
+		{"no credential", csr, "", 0, "", inv, codes.Unauthenticated, "credential", "a token or a cert_chain is required"},
+		{"TTL above max", csr, good, int64((91 * 24 * time.Hour).Seconds()), "", inv, codes.InvalidArgument, "max allowed TTL", ""},
+		{"request over 64 KiB", huge, good, 0, "", events.CodeResourceExhausted, codes.ResourceExhausted, "", ""},
+		{"unknown cert signer", csr, good, 0, "kubernetes.io/legacy-unknown", inv, codes.InvalidArgument, "unknown cert signer", ""},
+	}
+}
+
+func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
+	e := newEnv(t)
+	s := e.start(t, e.config("signer-a"))
+	roots := bundle(t, e.nc).Roots
+	client := istioClient(t, s, roots, nil)
+	rev := rootRevision(t, e.js)
+	cases := badInputs(t, e)
+
+	t.Run("nats", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				req := events.SignRequest{CSR: string(tc.csr), Token: tc.token, TTLSeconds: tc.ttl, CertSigner: tc.signer, Pod: "web-0"}
+				var rep events.SignReply
+				if tc.token == "" {
+					// SignRequest.Validate refuses a request without a credential before it
+					// is sent; send it anyway, raw, as a hostile client would.
+					rep = natsRaw(t, e.nc, rawSign(t, `{"csr":"`+strings.ReplaceAll(string(tc.csr), "\n", `\n`)+`"}`))
+				} else if len(tc.csr) > events.MaxEventSize {
+					rep = natsRaw(t, e.nc, rawSign(t, `{"csr":"`+strings.ReplaceAll(string(tc.csr), "\n", `\n`)+`","token":"`+tc.token+`"}`))
+				} else {
+					rep = natsSign(t, e.nc, req)
+				}
+				msg := tc.wantMsg
+				if tc.natsMsg != "" {
+					msg = tc.natsMsg
+				}
+				if rep.Error == nil || rep.Error.Code != tc.natsCode || !strings.Contains(rep.Error.Message, msg) || len(rep.CertChain) != 0 {
+					t.Fatalf("reply %+v, want %s %q", rep.Error, tc.natsCode, msg)
+				}
+			})
+		}
+	})
+	t.Run("grpc", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				resp, err := istioCreate(client, tc.token, tc.signer, tc.csr, tc.ttl)
+				st, _ := status.FromError(err)
+				if err == nil || st.Code() != tc.grpcCode || !strings.Contains(st.Message(), tc.wantMsg) || resp != nil {
+					t.Fatalf("err %v, want %s %q", err, tc.grpcCode, tc.wantMsg)
+				}
+			})
+		}
+	})
+	t.Run("garbled events", func(t *testing.T) {
+		for name, msg := range map[string]*nats.Msg{
+			"not a cloudevent": {Subject: events.SubjectSign, Data: []byte(`{"csr":"x"}`)},
+			"wrong type":       mustMsg(t, events.SubjectSign, events.BundleRequest{}),
+			"not json":         rawSign(t, `csr=1`),
+		} {
+			t.Run(name, func(t *testing.T) {
+				if rep := natsRaw(t, e.nc, msg); rep.Error == nil || rep.Error.Code != events.CodeInvalidArgument {
+					t.Fatalf("reply %+v", rep.Error)
+				}
+			})
+		}
+	})
+	if n := count(t, e.js, events.SubjectCertIssued); n != 0 {
+		t.Fatalf("%d cert.issued events after bad input only", n)
+	}
+	if got := rootRevision(t, e.js); got != rev {
+		t.Fatalf("kv root revision %d -> %d after bad input", rev, got)
+	}
+	_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
+	for _, want := range []string{
+		`meshagent_signer_auth_failures_total{transport="nats"} 7`,
+		`meshagent_signer_auth_failures_total{transport="grpc"} 8`,
+		`meshagent_signer_csr_parse_failures_total{transport="grpc"} 2`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(body, "meshagent_signer_certs_issued_total") {
+		t.Error("a certificate was counted as issued")
+	}
+}
+
+func rawSign(t *testing.T, body string) *nats.Msg {
+	m := mustMsg(t, events.SubjectSign, events.BundleRequest{})
+	m.Header.Set(events.HeaderType, events.TypeSignRequest)
+	m.Data = []byte(body)
+	return m
+}
+
+func mustMsg(t *testing.T, subject string, p events.Payload) *nats.Msg {
+	m, err := events.NewMsg(subject, "test", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestSignAndRenewOverBothTransports(t *testing.T) {
+	e := newEnv(t)
+	s := e.start(t, e.config("signer-a"))
+	b := bundle(t, e.nc)
+	if b.TrustDomain != "cluster.local" || len(b.Roots) != 1 || b.Generation != 1 {
+		t.Fatalf("bundle %+v", b)
+	}
+	want := "spiffe://cluster.local/ns/shop/sa/web"
+
+	// JWT over NATS: the identity comes from the token, not from the CSR.
+	key, csr := testkit.CSR(t, pki.ECP256, askedID)
+	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
+	if rep.Error != nil {
+		t.Fatal(rep.Error)
+	}
+	leaf := verifyChain(t, rep.CertChain, rep.Roots, time.Now())
+	if len(rep.CertChain) != 2 || len(leaf.URIs) != 1 || leaf.URIs[0].String() != want || len(leaf.DNSNames) != 0 {
+		t.Fatalf("leaf SANs %v, chain %d", leaf.URIs, len(rep.CertChain))
+	}
+	if leaf.NotAfter.Sub(leaf.NotBefore) != time.Hour {
+		t.Fatalf("ttl %s", leaf.NotAfter.Sub(leaf.NotBefore))
+	}
+	ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
+	rootFP := pki.Fingerprint(mustCerts(t, b.Roots)[0])
+	if ev.Serial != pki.SerialHex(leaf) || ev.SPIFFEID != want || ev.Pod != "web-0" || ev.Resource != "default" || ev.KeyAlgorithm != "EC-P256" ||
+		ev.AuthSource != "jwt" || ev.Signer != "signer-a" || ev.Transport != "nats" || ev.RootFingerprint != rootFP || !ev.NotAfter.Equal(leaf.NotAfter) {
+		t.Fatalf("cert.issued %+v", ev)
+	}
+
+	// Renewal over NATS with the still-valid cert and a proof over the new CSR.
+	_, csr2 := testkit.CSR(t, pki.RSA2048, askedID)
+	rep2 := natsSign(t, e.nc, events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: "web-0"})
+	if rep2.Error != nil {
+		t.Fatal(rep2.Error)
+	}
+	leaf2 := verifyChain(t, rep2.CertChain, rep2.Roots, time.Now())
+	if leaf2.URIs[0].String() != want || leaf2.NotAfter.Sub(leaf2.NotBefore) != 24*time.Hour {
+		t.Fatalf("renewed leaf %v ttl %s", leaf2.URIs, leaf2.NotAfter.Sub(leaf2.NotBefore))
+	}
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.AuthSource != "x509" || ev.KeyAlgorithm != "RSA-2048" {
+		t.Fatalf("renewal event %+v", ev)
+	}
+	// A proof made with another key does not renew.
+	other, _ := pki.GenerateKey(pki.ECP256)
+	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, other, csr2)}); rep.Error == nil || rep.Error.Code != events.CodeUnauthenticated {
+		t.Fatalf("foreign proof: %+v", rep.Error)
+	}
+
+	// JWT over gRPC, as an Istio agent calls it.
+	client := istioClient(t, s, b.Roots, nil)
+	_, csr3 := testkit.CSR(t, pki.ECP256, askedID)
+	resp, err := istioCreate(client, e.token(t, "shop", "web"), "", csr3, 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf3 := verifyChain(t, resp.CertChain, b.Roots, time.Now())
+	if leaf3.URIs[0].String() != want || leaf3.NotAfter.Sub(leaf3.NotBefore) != 10*time.Minute {
+		t.Fatalf("grpc leaf %v", leaf3.URIs)
+	}
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Transport != "grpc" || ev.Pod != "" || ev.AuthSource != "jwt" {
+		t.Fatalf("grpc event %+v", ev)
+	}
+
+	// Renewal over gRPC: mTLS with the still-valid cert, no token.
+	tlsCert := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
+	mtls := istioClient(t, s, b.Roots, &tlsCert)
+	_, csr4 := testkit.CSR(t, pki.ECP256, askedID)
+	resp, err = istioCreate(mtls, "", "", csr4, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := verifyChain(t, resp.CertChain, b.Roots, time.Now()); l.URIs[0].String() != want {
+		t.Fatalf("mtls renewal leaf %v", l.URIs)
+	}
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.AuthSource != "x509" || ev.Transport != "grpc" {
+		t.Fatalf("mtls event %+v", ev)
+	}
+	if n := count(t, e.js, events.SubjectCertIssued); n != 4 {
+		t.Fatalf("%d cert.issued events, want 4", n)
+	}
+
+	// Health and metrics.
+	base := "http://" + s.HTTPAddr().String()
+	if code, _ := httpGet(t, base+"/readyz"); code != 200 {
+		t.Fatalf("readyz %d", code)
+	}
+	_, body := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`meshagent_signer_certs_issued_total{transport="nats"} 2`,
+		`meshagent_signer_certs_issued_total{transport="grpc"} 2`,
+		`meshagent_signer_csr_received_total{transport="nats"} 3`,
+		"meshagent_signer_root_expiry_seconds 3.15",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+func mustCerts(t *testing.T, pems []string) []*x509.Certificate {
+	t.Helper()
+	cs, err := pki.ParseCertPEMs(pems)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
