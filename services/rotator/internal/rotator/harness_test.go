@@ -1,0 +1,236 @@
+package rotator
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
+	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// harness is one embedded NATS server, a fake clock shared by every replica, a
+// publisher standing in for the signer and sds-edge, and a recorder of every
+// renew-due sent to any pod.
+type harness struct {
+	t   *testing.T
+	srv *server.Server
+	clk *fakeclock.Clock
+	nc  *nats.Conn
+	js  jetstream.JetStream
+
+	mu       sync.Mutex
+	renewals []events.RenewDue
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, srv: bustest.Server(t), clk: fakeclock.New(time.Now().UTC().Truncate(time.Second))}
+	h.nc = bustest.Conn(t, h.srv)
+	h.js = bustest.JetStream(t, h.nc)
+	sub, err := h.nc.Subscribe(events.PodRenewWildcard, func(m *nats.Msg) {
+		rd, _, err := events.Decode[events.RenewDue](m)
+		if err != nil {
+			t.Errorf("renew-due does not decode: %v", err)
+			return
+		}
+		h.mu.Lock()
+		h.renewals = append(h.renewals, rd)
+		h.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := h.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func testOptions(instance string) Options {
+	return Options{
+		Schedule: schedule.Config{GraceRatio: 0.5, Jitter: 0, RetryAfter: time.Hour, RetryMax: 4 * time.Hour, Rate: 1000, Burst: 100},
+		Instance: instance, LeaseTTL: 5 * time.Second, Consumer: "rotator",
+		Bucket: "rotator_test", LeaseBucket: "rotator_test_lease", Replicas: 1,
+	}
+}
+
+type replica struct {
+	*Rotator
+	nc     *nats.Conn
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (h *harness) start(opts Options) *replica {
+	h.t.Helper()
+	nc := bustest.Conn(h.t, h.srv)
+	reg := prometheus.NewRegistry()
+	log := hclog.New(&hclog.LoggerOptions{Name: opts.Instance, Level: hclog.Warn, Output: testWriter{h.t}})
+	r, err := New(opts, nc, bustest.JetStream(h.t, nc), h.clk, reg, log)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rep := &replica{Rotator: r, nc: nc, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { rep.done <- r.Run(ctx) }()
+	h.t.Cleanup(rep.stop)
+	return rep
+}
+
+// stop shuts the replica down cleanly (it releases its lease).
+func (r *replica) stop() {
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			panic(fmt.Sprintf("Run returned %v", err))
+		}
+		r.done <- nil
+	case <-time.After(20 * time.Second):
+		panic("replica did not stop")
+	}
+}
+
+// crash cuts the replica off the bus first, so it cannot clean up.
+func (r *replica) crash() {
+	r.nc.Close()
+	r.stop()
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *harness) publish(subject string, p events.Payload) {
+	h.t.Helper()
+	m, err := events.NewMsg(subject, "test", p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := bus.Publish(context.Background(), h.js, m); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) issue(pod, serial string, nb time.Time, life time.Duration, root string) events.CertIssued {
+	h.t.Helper()
+	ev := events.CertIssued{Serial: serial, SPIFFEID: "spiffe://cluster.local/ns/default/sa/" + pod,
+		NotBefore: nb, NotAfter: nb.Add(life), Pod: pod, Resource: "default", KeyAlgorithm: "EC-P256",
+		AuthSource: "jwt", Signer: "signer-0", RootFingerprint: root}
+	h.publish(events.SubjectCertIssued, ev)
+	return ev
+}
+
+func (h *harness) sent() []events.RenewDue {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]events.RenewDue(nil), h.renewals...)
+}
+
+// perPod counts renew-due by pod and attempt.
+func (h *harness) perPod() map[string]int {
+	out := map[string]int{}
+	for _, r := range h.sent() {
+		out[fmt.Sprintf("%s#%d", r.Pod, r.Attempt)]++
+	}
+	return out
+}
+
+func (h *harness) waitSent(n int) []events.RenewDue {
+	h.t.Helper()
+	eventually(h.t, fmt.Sprintf("%d renew-due", n), func() bool { return len(h.sent()) >= n })
+	return h.sent()
+}
+
+// settle flushes the server round trip so that anything already sent has arrived.
+func (h *harness) settle(reps ...*replica) {
+	h.t.Helper()
+	for _, r := range reps {
+		if !r.nc.IsClosed() {
+			_ = r.nc.Flush()
+		}
+	}
+	_ = h.nc.Flush()
+}
+
+func waitLeader(t *testing.T, r *replica) {
+	t.Helper()
+	eventually(t, r.opts.Instance+" leading and caught up", func() bool { return r.Leader() && r.Ready() == nil })
+}
+
+func waitScheduled(t *testing.T, r *replica, n int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d scheduled", n), func() bool {
+		st, ok := r.Stats()
+		return ok && st.Scheduled == n && r.caughtUp.Load()
+	})
+}
+
+func counter(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
+}
+
+func sortedPods(rs []events.RenewDue) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Pod)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// newRoot makes a self-signed CA certificate and returns its PEM and fingerprint.
+func newRoot(t *testing.T, name string) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})), pki.Fingerprint(c)
+}
