@@ -52,7 +52,8 @@ func (p *Publisher) Run(ctx context.Context, flush time.Duration) error {
 	for {
 		select {
 		case msg := <-p.q:
-			p.send(ctx, msg)
+			// Not under ctx: an event taken from the queue is finished, within 5s.
+			p.send(context.Background(), msg)
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), flush)
 			defer cancel()

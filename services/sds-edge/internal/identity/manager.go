@@ -77,8 +77,13 @@ func New(cfg Config, signer ca.Signer, store *secrets.Store, sink Sink, clk cloc
 		renew: make(chan events.RenewDue, 1), trust: newTrust()}
 }
 
-// Renew asks for a renewal (a renew-due event). Requests coalesce: one waiting is enough.
+// Renew asks for a renewal (a renew-due event). A request naming a serial that has
+// already been replaced is dropped; requests coalesce: one waiting is enough.
 func (m *Manager) Renew(r events.RenewDue) {
+	if cur := m.Serial(); r.Serial != "" && cur != "" && r.Serial != cur {
+		m.log.Debug("ignoring stale renew", "serial", r.Serial, "current", cur)
+		return
+	}
 	select {
 	case m.renew <- r:
 	default:
