@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -94,7 +95,11 @@ type Plugged struct {
 	notify      Notifier
 	log         hclog.Logger
 	now         func() time.Time
+	rejected    atomic.Uint64
 }
+
+// Rejected counts reloads refused because the new material was invalid.
+func (p *Plugged) Rejected() uint64 { return p.rejected.Load() }
 
 // NewPlugged returns the plugged-in source for dir.
 func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Authority, notify Notifier, log hclog.Logger, now func() time.Time) *Plugged {
@@ -164,6 +169,7 @@ func (p *Plugged) Run(ctx context.Context) error {
 func (p *Plugged) Reload(ctx context.Context) bool {
 	m, err := LoadDir(p.dir, p.now())
 	if err != nil {
+		p.rejected.Add(1)
 		p.log.Error("cacerts reload rejected, keeping the current material", "dir", p.dir, "error", err)
 		return false
 	}

@@ -222,9 +222,8 @@ func (s *SelfSigned) update(ctx context.Context, reason string, change func(stor
 			}
 			return nil, fmt.Errorf("store root: %w", err)
 		}
-		old := s.auth.Current()
 		s.auth.install(m, false)
-		added, removed := diff(old, m)
+		added, removed := diffStored(st, next)
 		s.log.Info("trust bundle changed", "reason", reason, "generation", m.Generation, "fingerprint", m.RootFingerprint(), "roots", len(m.Roots))
 		if s.notify != nil {
 			tc := events.TrustChanged{TrustDomain: s.cfg.TrustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: reason, Generation: m.Generation}
@@ -342,4 +341,28 @@ func (s *SelfSigned) material(data []byte) (*Material, error) {
 		}
 	}
 	return NewMaterial(key, roots[0], nil, bundle, st.Generation, roots[0].NotBefore)
+}
+
+// diffStored names the roots added and removed between two stored values.
+func diffStored(prev, next stored) (added, removed []string) {
+	fps := func(st stored) map[string]bool {
+		out := map[string]bool{}
+		certs, _ := pki.ParseCertPEMs(st.Roots)
+		for _, c := range certs {
+			out[pki.Fingerprint(c)] = true
+		}
+		return out
+	}
+	had, has := fps(prev), fps(next)
+	for fp := range has {
+		if !had[fp] {
+			added = append(added, fp)
+		}
+	}
+	for fp := range had {
+		if !has[fp] {
+			removed = append(removed, fp)
+		}
+	}
+	return added, removed
 }

@@ -146,7 +146,7 @@ func bundle(t *testing.T, nc *nats.Conn) events.BundleReply {
 
 // istioClient dials the signer the way an Istio agent does: TLS, trusting the
 // signer's roots, server name istiod.istio-system.svc; optionally with a client cert.
-func istioClient(t *testing.T, s *Service, roots []string, clientCert *tls.Certificate) pb.IstioCertificateServiceClient {
+func istioClient(t *testing.T, s *Service, roots []string, clientCert *tls.Certificate, now func() time.Time) pb.IstioCertificateServiceClient {
 	t.Helper()
 	certs, err := pki.ParseCertPEMs(roots)
 	if err != nil {
@@ -156,7 +156,7 @@ func istioClient(t *testing.T, s *Service, roots []string, clientCert *tls.Certi
 	for _, c := range certs {
 		pool.AddCert(c)
 	}
-	tc := &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12, Time: now}
 	if clientCert != nil {
 		tc.Certificates = []tls.Certificate{*clientCert}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -77,7 +78,12 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		return bus.Publish(pctx, js, msg)
 	}
 	if cfg.CA.Dir != "" {
-		s.source = ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, log.Named("ca"), now)
+		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, log.Named("ca"), now)
+		s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "ca_reload_rejected_total",
+			Help: "Reloads of the cacerts directory refused because the new material was invalid.",
+		}, func() float64 { return float64(p.Rejected()) }))
+		s.source = p
 	} else {
 		s.source = ca.NewSelfSigned(ca.SelfSignedConfig{
 			TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,

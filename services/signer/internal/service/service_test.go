@@ -67,7 +67,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	e := newEnv(t)
 	s := e.start(t, e.config("signer-a"))
 	roots := bundle(t, e.nc).Roots
-	client := istioClient(t, s, roots, nil)
+	client := istioClient(t, s, roots, nil, nil)
 	rev := rootRevision(t, e.js)
 	cases := badInputs(t, e)
 
@@ -204,7 +204,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	}
 
 	// JWT over gRPC, as an Istio agent calls it.
-	client := istioClient(t, s, b.Roots, nil)
+	client := istioClient(t, s, b.Roots, nil, nil)
 	_, csr3 := testkit.CSR(t, pki.ECP256, askedID)
 	resp, err := istioCreate(client, e.token(t, "shop", "web"), "", csr3, 600)
 	if err != nil {
@@ -220,7 +220,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// Renewal over gRPC: mTLS with the still-valid cert, no token.
 	tlsCert := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
-	mtls := istioClient(t, s, b.Roots, &tlsCert)
+	mtls := istioClient(t, s, b.Roots, &tlsCert, nil)
 	_, csr4 := testkit.CSR(t, pki.ECP256, askedID)
 	resp, err = istioCreate(mtls, "", "", csr4, 0)
 	if err != nil {

@@ -1,0 +1,61 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestDefaults(t *testing.T) {
+	c, err := Load([]string{"-instance", "s1"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TrustDomain != "cluster.local" || c.Listen.GRPC != ":15012" || c.CA.KeyAlg != pki.ECP256 ||
+		c.CA.RootTTL != 10*365*24*time.Hour || c.CA.CheckInterval != time.Hour || c.CA.GracePercent != 20 ||
+		c.Certs.DefaultTTL != 24*time.Hour || c.Certs.MaxTTL != 90*24*time.Hour || c.Auth.Audience != "istio-ca" ||
+		c.CA.KVBucket != "meshagent-ca" || strings.Join(c.Listen.DNSNames, ",") != "istiod.istio-system.svc,localhost" ||
+		len(c.Listen.IPs) != 1 || c.Listen.IPs[0].String() != "127.0.0.1" {
+		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestIstioEnvNamesAndFlagsWin(t *testing.T) {
+	c, err := Load([]string{"-root-ttl", "5m", "-key-alg", "rsa-4096"}, env(map[string]string{
+		"TRUST_DOMAIN":                                          "example.org",
+		"CITADEL_SELF_SIGNED_CA_CERT_TTL":                       "1h",
+		"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL":          "30s",
+		"CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE": "50",
+		"DEFAULT_WORKLOAD_CERT_TTL":                             "1h",
+		"MAX_WORKLOAD_CERT_TTL":                                 "48h",
+		"SIGNER_INSTANCE":                                       "s2",
+		"CERT_SIGNERS":                                          "a, b",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TrustDomain != "example.org" || c.CA.RootTTL != 5*time.Minute || c.CA.CheckInterval != 30*time.Second ||
+		c.CA.GracePercent != 50 || c.Certs.DefaultTTL != time.Hour || c.Certs.MaxTTL != 48*time.Hour ||
+		c.CA.KeyAlg != pki.RSA4096 || c.Instance != "s2" || strings.Join(c.Certs.Signers, "|") != "a|b" {
+		t.Fatalf("config %+v", c)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	_, err := Load([]string{
+		"-instance", "s", "-trust-domain", "Not A Domain", "-key-alg", "dsa", "-root-ttl", "1s", "-root-grace-percent", "100",
+		"-default-ttl", "48h", "-max-ttl", "24h", "-jwks-file", "a", "-jwks-url", "http://b", "-grpc-ips", "nope", "-workers", "0",
+	}, env(map[string]string{"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL": "3600"}))
+	if err == nil {
+		t.Fatal("want error")
+	}
+	for _, f := range []string{"-trust-domain", "-key-alg", "-root-ttl", "-root-grace-percent", "-max-ttl", "-jwks-file", "-grpc-ips", "-workers", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL"} {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}
