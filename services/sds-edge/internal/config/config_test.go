@@ -1,0 +1,85 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestDefaultsResolveUnderPodRoot(t *testing.T) {
+	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for got, want := range map[string]string{
+		c.SDS.Socket:          "/pods/web-0/var/run/secrets/workload-spiffe-uds/socket",
+		c.CA.TokenFile:        "/pods/web-0/var/run/secrets/tokens/istio-token",
+		c.Cert.CredentialsDir: "/pods/web-0/var/run/secrets/workload-spiffe-credentials",
+		c.Cert.FileMountedDir: "/pods/web-0/etc/certs",
+	} {
+		if got != want {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+	if c.Cert.KeyAlg != pki.ECP256 || c.Cert.TTL != 24*time.Hour || c.SDS.SocketMode != 0o600 || c.Pod.TrustDomain != "cluster.local" {
+		t.Errorf("defaults: %+v", c.Cert)
+	}
+	if id, _ := c.SPIFFEID(); id != "spiffe://cluster.local/ns/default/sa/default" {
+		t.Errorf("spiffe id %s", id)
+	}
+}
+
+func TestIstioEnvNames(t *testing.T) {
+	c, err := Load(nil, env(map[string]string{
+		"POD_NAME": "p", "TRUST_DOMAIN": "example.org", "POD_NAMESPACE": "shop", "SERVICE_ACCOUNT": "cart",
+		"CA_ADDR": "istiod:15010", "SECRET_TTL": "1h", "OUTPUT_CERTS": "/out", "FILE_MOUNTED_CERTS": "true", "CLUSTER_ID": "east",
+		"SDS_SOCKET_MODE": "0660",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := c.SPIFFEID(); id != "spiffe://example.org/ns/shop/sa/cart" {
+		t.Errorf("spiffe id %s", id)
+	}
+	if !c.CA.Plaintext || c.Cert.TTL != time.Hour || c.Cert.OutputDir != "/out" || !c.Cert.FileMounted || c.CA.ClusterID != "east" || c.SDS.SocketMode != 0o660 {
+		t.Errorf("config %+v", c)
+	}
+	// A flag beats the env var.
+	c, err = Load([]string{"-secret-ttl", "2h"}, env(map[string]string{"POD_NAME": "p", "SECRET_TTL": "1h"}))
+	if err != nil || c.Cert.TTL != 2*time.Hour {
+		t.Errorf("flag over env: %v %v", c.Cert.TTL, err)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	long := "/" + strings.Repeat("x", 120)
+	_, err := Load([]string{"-pod", "Bad Pod!", "-key-alg", "dsa", "-socket-mode", "0777", "-secret-ttl", "0s",
+		"-safety-ratio", "1.5", "-socket", long, "-log-level", "loud", "-retry-min", "0s", "-namespace", ""}, env(nil))
+	if err == nil {
+		t.Fatal("want error")
+	}
+	for _, f := range []string{"-pod", "-key-alg", "-socket-mode", "-secret-ttl", "-safety-ratio", "-socket:", "-log-level", "-retry-min", "-namespace"} {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+	if _, err := Load(nil, env(nil)); err == nil || !strings.Contains(err.Error(), "-pod: required") {
+		t.Errorf("missing pod: %v", err)
+	}
+}
+
+func TestRelativePathsAndAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Load([]string{"-pod", "p", "-pod-root", dir, "-token-file", "/abs/tok", "-output-certs", "out"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.CA.TokenFile != "/abs/tok" || c.Cert.OutputDir != filepath.Join(dir, "out") {
+		t.Errorf("paths %s %s", c.CA.TokenFile, c.Cert.OutputDir)
+	}
+}
