@@ -56,13 +56,13 @@ func Decode(resp *discoveryv3.DiscoveryResponse) (Update, error) {
 // Stream is one state-of-the-world StreamSecrets stream. Recv and RecvRaw must not be
 // called concurrently; Ack, Nack and Close may be called from any goroutine.
 type Stream struct {
-	stream  secretv3.SecretDiscoveryService_StreamSecretsClient
-	cancel  context.CancelFunc
-	node    *corev3.Node
-	names   []string
-	mu      sync.Mutex // serialises Send and guards acked
-	acked   string     // version last accepted
-	closed  bool
+	stream secretv3.SecretDiscoveryService_StreamSecretsClient
+	cancel context.CancelFunc
+	node   *corev3.Node
+	names  []string
+	mu     sync.Mutex // serialises Send and guards acked
+	acked  string     // version last accepted
+	closed bool
 }
 
 // Open starts a StreamSecrets stream for names as node nodeID and sends the first

@@ -193,7 +193,9 @@ func (w *Watcher) Changed() <-chan struct{} {
 func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 
 // GetCertificate suits tls.Config.GetCertificate.
-func (w *Watcher) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) { return w.Certificate() }
+func (w *Watcher) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return w.Certificate()
+}
 
 // GetClientCertificate suits tls.Config.GetClientCertificate.
 func (w *Watcher) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {

@@ -40,18 +40,18 @@ type Config struct {
 		Plaintext bool
 	}
 	Cert struct {
-		TTL             time.Duration
-		KeyAlg          pki.KeyAlg
-		PKCS8           bool
-		SafetyRatio     float64       // renew by ourselves at this fraction of the lifetime
-		RetryMin        time.Duration // first retry delay after a failed CSR
-		RetryMax        time.Duration
-		RequestTimeout  time.Duration
-		OutputDir       string // OUTPUT_CERTS
-		FileMounted     bool   // FILE_MOUNTED_CERTS: read etc/certs
-		CredentialsDir  string // workload-spiffe-credentials
-		FileMountedDir  string // etc/certs
-		FileDebounce    time.Duration
+		TTL            time.Duration
+		KeyAlg         pki.KeyAlg
+		PKCS8          bool
+		SafetyRatio    float64       // renew by ourselves at this fraction of the lifetime
+		RetryMin       time.Duration // first retry delay after a failed CSR
+		RetryMax       time.Duration
+		RequestTimeout time.Duration
+		OutputDir      string // OUTPUT_CERTS
+		FileMounted    bool   // FILE_MOUNTED_CERTS: read etc/certs
+		CredentialsDir string // workload-spiffe-credentials
+		FileMountedDir string // etc/certs
+		FileDebounce   time.Duration
 	}
 	SDS struct {
 		Socket       string

@@ -35,10 +35,10 @@ import (
 
 // Deps are the runtime dependencies.
 type Deps struct {
-	NC      *nats.Conn
-	JS      jetstream.JetStream
-	Clock   clock.Clock
-	Log     hclog.Logger
+	NC    *nats.Conn
+	JS    jetstream.JetStream
+	Clock clock.Clock
+	Log   hclog.Logger
 	// Registry gets the metrics; nil: a private registry.
 	Registry prometheus.Registerer
 	// Signer overrides the CA client (tests); nil picks NATS or gRPC from the config.
@@ -56,12 +56,12 @@ type Edge struct {
 	files    *filecerts.Files
 	out      *output.Writer
 
-	m        *metrics.Metrics
+	m *metrics.Metrics
 
-	mode    atomic.Value // string
-	bound   chan struct{}
-	mgrMu   sync.Mutex
-	mgr     *identity.Manager
+	mode  atomic.Value // string
+	bound chan struct{}
+	mgrMu sync.Mutex
+	mgr   *identity.Manager
 }
 
 // New builds an Edge. It does not listen or start anything until Run.

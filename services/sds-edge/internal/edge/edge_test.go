@@ -1,8 +1,8 @@
 package edge_test
 
 import (
-	"crypto"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"

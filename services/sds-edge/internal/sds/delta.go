@@ -25,10 +25,10 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 	w := s.store.NewWatch()
 	defer w.Close()
 	var (
-		node    string
-		subs    = map[string]bool{}
-		sent    = map[string]string{} // name -> version the client holds
-		nonces  = map[string][]string{} // nonce -> names it carried
+		node   string
+		subs   = map[string]bool{}
+		sent   = map[string]string{}   // name -> version the client holds
+		nonces = map[string][]string{} // nonce -> names it carried
 	)
 	send := func(served bool) error {
 		names := make([]string, 0, len(subs))
