@@ -1,0 +1,205 @@
+// Package config reads xds-relay's configuration: flags, then env vars, then defaults.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+)
+
+// HeaderEnvPrefix marks env vars sent upstream as metadata: XDS_HEADER_FOO=bar sends foo: bar.
+const HeaderEnvPrefix = "XDS_HEADER_"
+
+// Upstream security modes; Auto is plaintext for a :15010 address, else mtls (as Istio).
+const (
+	ModeAuto      = "auto"
+	ModePlaintext = "plaintext"
+	ModeTLS       = "tls"
+	ModeMTLS      = "mtls"
+)
+
+// Config is xds-relay's whole configuration.
+type Config struct {
+	Log    obs.LogConfig
+	Bus    bus.Config
+	Listen struct {
+		HTTP string
+	}
+	Pod struct {
+		ID      string
+		RootDir string // relative paths below are under it
+	}
+	Socket   string // the ADS socket Envoy connects to
+	Upstream struct {
+		Address        string
+		Mode           string
+		RootCA         string // file, "SYSTEM", or empty: ROOTCA from sds-edge
+		ServerName     string
+		TokenFile      string
+		ClusterID      string
+		Headers        map[string]string
+		ConnectTimeout time.Duration
+	}
+	SDSSocket  string // the pod's sds-edge, for the workload certificate and ROOTCA
+	MaxMsgSize int
+	BusWait    time.Duration
+}
+
+// Default returns the defaults, as Istio lays out a pod.
+func Default() Config {
+	var c Config
+	c.Log = obs.LogConfig{Level: "info"}
+	c.Bus.URL = bus.DefaultURL
+	c.Listen.HTTP = "127.0.0.1:15022"
+	c.Pod.RootDir = "."
+	c.Socket = "etc/istio/proxy/XDS"
+	c.Upstream.Address = "istiod.istio-system.svc:15012"
+	c.Upstream.Mode = ModeAuto
+	c.Upstream.ClusterID = "Kubernetes"
+	c.Upstream.ConnectTimeout = 10 * time.Second
+	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
+	c.MaxMsgSize = 64 << 20
+	c.BusWait = 30 * time.Second
+	return c
+}
+
+// Load reads flags and env vars (environ supplies the XDS_HEADER_* variables) over
+// the defaults, resolves paths under the pod root and validates the result.
+func Load(args []string, getenv func(string) string, environ []string) (Config, error) {
+	c := Default()
+	fs := flagenv.New("xds-relay", getenv)
+	c.Log.Bind(fs)
+	c.Bus.Bind(fs)
+	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id")
+	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory")
+	fs.String(&c.Socket, "socket", "XDS_SOCKET", c.Socket, "ADS socket Envoy connects to (under -pod-root if relative)")
+	fs.String(&c.Upstream.Address, "discovery-address", "DISCOVERY_ADDRESS", c.Upstream.Address, "upstream discovery server host:port")
+	fs.String(&c.Upstream.Mode, "xds-tls", "XDS_TLS", c.Upstream.Mode, "upstream security: auto, plaintext, tls or mtls (auto: plaintext on :15010, else mtls)")
+	fs.String(&c.Upstream.RootCA, "xds-root-ca", "XDS_ROOT_CA", c.Upstream.RootCA, "PEM file of the upstream's CA, SYSTEM, or empty for the mesh ROOTCA from sds-edge")
+	fs.String(&c.Upstream.ServerName, "xds-server-name", "XDS_SERVER_NAME", c.Upstream.ServerName, "name to verify in the upstream's certificate (default: host of -discovery-address)")
+	fs.String(&c.Upstream.TokenFile, "token-file", "XDS_TOKEN_FILE", c.Upstream.TokenFile, "bearer token file sent upstream, re-read per connection (under -pod-root if relative)")
+	fs.String(&c.Upstream.ClusterID, "cluster-id", "CLUSTER_ID", c.Upstream.ClusterID, "ClusterID metadata sent upstream; empty: none")
+	fs.Duration(&c.Upstream.ConnectTimeout, "connect-timeout", "XDS_CONNECT_TIMEOUT", c.Upstream.ConnectTimeout, "bound on one upstream connection attempt")
+	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "the pod's sds-edge socket (under -pod-root if relative)")
+	fs.Int(&c.MaxMsgSize, "max-msg-size", "XDS_MAX_MSG_SIZE", c.MaxMsgSize, "largest ADS message in bytes, both directions")
+	fs.Duration(&c.BusWait, "bus-wait", "BUS_WAIT", c.BusWait, "how long to wait for the bus at startup")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	c.Upstream.Headers = headers(environ)
+	c.Socket = c.under(c.Socket)
+	c.SDSSocket = c.under(c.SDSSocket)
+	if c.Upstream.TokenFile != "" {
+		c.Upstream.TokenFile = c.under(c.Upstream.TokenFile)
+	}
+	if c.Upstream.RootCA != "" && c.Upstream.RootCA != "SYSTEM" {
+		c.Upstream.RootCA = c.under(c.Upstream.RootCA)
+	}
+	c.Bus.Name = "xds-relay/" + c.Pod.ID
+	if c.Upstream.Mode == ModeAuto {
+		c.Upstream.Mode = ModeMTLS
+		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {
+			c.Upstream.Mode = ModePlaintext
+		}
+	}
+	return c, c.Validate()
+}
+
+func headers(environ []string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, HeaderEnvPrefix) || len(k) == len(HeaderEnvPrefix) {
+			continue
+		}
+		out[strings.ToLower(strings.TrimPrefix(k, HeaderEnvPrefix))] = v
+	}
+	return out
+}
+
+func (c Config) under(p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(c.Pod.RootDir, p)
+}
+
+// Validate reports every problem at once, naming the flag.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if err := c.Log.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := events.ValidatePodID(c.Pod.ID); err != nil {
+		add("-pod: %w", err)
+	}
+	if c.Listen.HTTP == "" {
+		add("-http-addr: required")
+	}
+	if len(c.Socket) > 104 {
+		add("-socket: %q is longer than a unix socket path may be", c.Socket)
+	}
+	if _, _, err := net.SplitHostPort(c.Upstream.Address); err != nil {
+		add("-discovery-address: %q: want host:port", c.Upstream.Address)
+	}
+	switch c.Upstream.Mode {
+	case ModePlaintext, ModeTLS, ModeMTLS:
+	default:
+		add("-xds-tls: %q: want auto, plaintext, tls or mtls", c.Upstream.Mode)
+	}
+	if c.Upstream.Mode == ModePlaintext && c.Upstream.RootCA != "" {
+		add("-xds-root-ca: set but -xds-tls is plaintext")
+	}
+	if c.MaxMsgSize < 1<<20 {
+		add("-max-msg-size: %d is below 1 MiB", c.MaxMsgSize)
+	}
+	if c.Upstream.ConnectTimeout <= 0 {
+		add("-connect-timeout: must be positive")
+	}
+	if c.BusWait < 0 {
+		add("-bus-wait: must not be negative")
+	}
+	keys := make([]string, 0, len(c.Upstream.Headers))
+	for k := range c.Upstream.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !validKey(k) {
+			add("%s%s: %q is not a valid gRPC metadata key", HeaderEnvPrefix, strings.ToUpper(k), k)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validKey(k string) bool {
+	if strings.HasPrefix(k, "grpc-") || strings.HasSuffix(k, "-bin") {
+		return false
+	}
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// NeedsSDS reports whether the relay needs sds-edge's material: the workload
+// certificate for mtls, or the mesh roots when no root CA file is given.
+func (c Config) NeedsSDS() bool {
+	return c.Upstream.Mode == ModeMTLS || (c.Upstream.Mode == ModeTLS && c.Upstream.RootCA == "")
+}

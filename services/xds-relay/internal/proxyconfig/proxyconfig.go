@@ -1,0 +1,115 @@
+// Package proxyconfig consumes Istio's ProxyConfig resource on the relay's
+// upstream stream (the relay asks for it itself; Envoy never sees it) and hands
+// its extra trust anchors (ProxyConfig.ca_certificates_pem) to the pod's sds-edge,
+// by publishing events.TrustAnchors on events.PodAnchorsSubject(pod), and to the
+// relay's own upstream TLS verification.
+package proxyconfig
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/nats-io/nats.go"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// TypeURL is Istio's ProxyConfig type, as istiod's PCDS serves it.
+const TypeURL = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
+
+// Sender publishes a message on core NATS (*nats.Conn implements it).
+type Sender interface {
+	PublishMsg(*nats.Msg) error
+}
+
+// AnchorSink takes the anchors for the relay's own upstream verification.
+type AnchorSink interface {
+	SetAnchors([]*x509.Certificate) error
+}
+
+// Handler is the relay.Handler for ProxyConfig.
+type Handler struct {
+	pod     string
+	subject string
+	bus     Sender
+	sink    AnchorSink
+	log     hclog.Logger
+
+	mu   sync.Mutex
+	last []string // the anchors last handed on, nil before the first
+}
+
+// New returns the handler for pod. sink may be nil.
+func New(pod string, bus Sender, sink AnchorSink, log hclog.Logger) (*Handler, error) {
+	subj, err := events.PodAnchorsSubject(pod)
+	if err != nil {
+		return nil, err
+	}
+	return &Handler{pod: pod, subject: subj, bus: bus, sink: sink, log: log}, nil
+}
+
+// TypeURL implements relay.Handler.
+func (h *Handler) TypeURL() string { return TypeURL }
+
+// Handle validates every anchor of the response; a bad one rejects the whole
+// response (and changes nothing). A changed set is published and applied.
+func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
+	var certs []*x509.Certificate
+	seen := map[string]bool{}
+	for i, a := range resources {
+		if a.GetTypeUrl() != TypeURL {
+			return fmt.Errorf("resource %d: type %q, want %s", i, a.GetTypeUrl(), TypeURL)
+		}
+		var pc meshv1alpha1.ProxyConfig
+		if err := proto.Unmarshal(a.GetValue(), &pc); err != nil {
+			return fmt.Errorf("resource %d: decode ProxyConfig: %w", i, err)
+		}
+		for j, p := range pc.GetCaCertificatesPem() {
+			cs, err := pki.ParseCertsPEM([]byte(p))
+			if err != nil {
+				return fmt.Errorf("resource %d: ca_certificates_pem[%d]: %w", i, j, err)
+			}
+			for _, c := range cs {
+				if !c.IsCA {
+					return fmt.Errorf("resource %d: ca_certificates_pem[%d]: %q is not a CA certificate", i, j, c.Subject)
+				}
+				if fp := pki.Fingerprint(c); !seen[fp] {
+					seen[fp] = true
+					certs = append(certs, c)
+				}
+			}
+		}
+	}
+	roots := pki.CertPEMs(certs)
+	if roots == nil {
+		roots = []string{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last != nil && slices.Equal(h.last, roots) {
+		return nil
+	}
+	msg, err := events.NewMsg(h.subject, "xds-relay/"+h.pod, events.TrustAnchors{Pod: h.pod, Roots: roots})
+	if err != nil {
+		return fmt.Errorf("trust anchors: %w", err)
+	}
+	if err := h.bus.PublishMsg(msg); err != nil {
+		return fmt.Errorf("publish trust anchors: %w", err)
+	}
+	if h.sink != nil {
+		if err := h.sink.SetAnchors(certs); err != nil {
+			// The anchors reached sds-edge; the relay's own TLS keeps its old pool.
+			h.log.Warn("cannot apply trust anchors to upstream tls", "error", err)
+		}
+	}
+	h.last = roots
+	h.log.Info("trust anchors updated", "count", len(roots), "subject", h.subject)
+	return nil
+}

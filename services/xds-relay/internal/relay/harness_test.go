@@ -1,0 +1,333 @@
+package relay_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/report"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+const testPod = "web-0"
+
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func shortDir(t testing.TB) string {
+	dir, err := os.MkdirTemp("", "xr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func testLog(t testing.TB) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: os.Stderr})
+}
+
+// upstreamServer is a real go-control-plane ADS server: a snapshot cache for
+// Envoy's types and a linear cache for Istio's ProxyConfig.
+type upstreamServer struct {
+	t    testing.TB
+	addr string
+	snap cache.SnapshotCache
+	pcs  *cache.LinearCache
+	opts []grpc.ServerOption
+
+	mu       sync.Mutex
+	gs       *grpc.Server
+	requests []*discoveryv3.DiscoveryRequest
+	deltas   []*discoveryv3.DeltaDiscoveryRequest
+	md       []metadata.MD
+}
+
+func startUpstream(t testing.TB, opts ...grpc.ServerOption) *upstreamServer {
+	u := &upstreamServer{t: t, addr: "127.0.0.1:0", opts: opts,
+		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
+		pcs:  cache.NewLinearCache(proxyconfig.TypeURL)}
+	u.start()
+	t.Cleanup(u.stop)
+	return u
+}
+
+func (u *upstreamServer) start() {
+	u.t.Helper()
+	ln, err := net.Listen("tcp", u.addr)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.addr = ln.Addr().String()
+	mux := &cache.MuxCache{
+		Classify: func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
+		Caches: map[string]cache.Cache{"snap": u.snap, "pc": u.pcs},
+	}
+	cb := xdsserver.CallbackFuncs{
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
+		DeltaStreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
+		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
+			u.mu.Lock()
+			u.requests = append(u.requests, r)
+			u.mu.Unlock()
+			return nil
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
+			u.mu.Lock()
+			u.deltas = append(u.deltas, r)
+			u.mu.Unlock()
+			return nil
+		},
+	}
+	srv := xdsserver.NewServer(context.Background(), mux, cb)
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxSendMsgSize(64 << 20)}, u.opts...)...)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, srv)
+	u.mu.Lock()
+	u.gs = gs
+	u.mu.Unlock()
+	go func() { _ = gs.Serve(ln) }()
+}
+
+func classify(typeURL string) string {
+	if typeURL == proxyconfig.TypeURL {
+		return "pc"
+	}
+	return "snap"
+}
+
+func (u *upstreamServer) recordMD(ctx context.Context) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	u.mu.Lock()
+	u.md = append(u.md, md)
+	u.mu.Unlock()
+}
+
+func (u *upstreamServer) stop() {
+	u.mu.Lock()
+	gs := u.gs
+	u.mu.Unlock()
+	gs.Stop()
+}
+
+func (u *upstreamServer) restart() { u.stop(); u.start() }
+
+func (u *upstreamServer) setClusters(node, version string, names ...string) {
+	u.t.Helper()
+	var rs []types.Resource
+	for _, n := range names {
+		rs = append(rs, cluster(n))
+	}
+	u.setSnapshot(node, version, map[resource.Type][]types.Resource{resource.ClusterType: rs})
+}
+
+func (u *upstreamServer) setSnapshot(node, version string, rs map[resource.Type][]types.Resource) {
+	u.t.Helper()
+	s, err := cache.NewSnapshot(version, rs)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	if err := u.snap.SetSnapshot(context.Background(), node, s); err != nil {
+		u.t.Fatal(err)
+	}
+}
+
+// seen returns the SotW requests the upstream got that match f.
+func (u *upstreamServer) seen(f func(*discoveryv3.DiscoveryRequest) bool) []*discoveryv3.DiscoveryRequest {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []*discoveryv3.DiscoveryRequest
+	for _, r := range u.requests {
+		if f(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (u *upstreamServer) metadata() []metadata.MD {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]metadata.MD(nil), u.md...)
+}
+
+func cluster(name string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{Name: name, ConnectTimeout: durationpb.New(time.Second),
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}}}}
+}
+
+// recorder keeps every event and trust-anchors message seen on the bus.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func (r *recorder) add(m *nats.Msg) { r.mu.Lock(); r.msgs = append(r.msgs, m); r.mu.Unlock() }
+
+func find[T events.Payload](r *recorder, f func(T) bool) []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []T
+	var zero T
+	for _, m := range r.msgs {
+		if m.Header.Get(events.HeaderType) != zero.EventType() {
+			continue
+		}
+		p, _, err := events.Decode[T](m)
+		if err == nil && f(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// relayEnv is a running relay on a real unix socket with a real embedded bus.
+type relayEnv struct {
+	srv    *relay.Server
+	socket string
+	reg    *prometheus.Registry
+	dialer *upstream.Dialer
+	nc     *nats.Conn
+	rec    *recorder
+}
+
+func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *relayEnv {
+	t.Helper()
+	ns := bustest.Server(t)
+	nc := bustest.Conn(t, ns)
+	js := bustest.JetStream(t, nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := bus.EnsureEventStream(ctx, js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	for _, subj := range []string{events.EventsWildcard, events.Prefix + ".pod.*.anchors"} {
+		if _, err := nc.Subscribe(subj, rec.add); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ucfg.Mode == "" {
+		ucfg.Mode = upstream.Plaintext
+	}
+	if ucfg.MaxMsgSize == 0 {
+		ucfg.MaxMsgSize = 64 << 20
+	}
+	if ucfg.ConnectTimeout == 0 {
+		ucfg.ConnectTimeout = 2 * time.Second
+	}
+	log := testLog(t)
+	d, err := upstream.New(ucfg, mat, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	pub := report.New(js, "xds-relay/"+testPod, reg, log)
+	pc, err := proxyconfig.New(testPod, nc, d, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(shortDir(t), "XDS")
+	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, []relay.Handler{pc}, pub, reg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}, 2)
+	go func() { _ = pub.Run(ctx); done <- struct{}{} }()
+	go func() {
+		if err := srv.Run(ctx); err != nil {
+			t.Errorf("relay run: %v", err)
+		}
+		done <- struct{}{}
+	}()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	select {
+	case <-srv.Bound():
+	case <-time.After(5 * time.Second):
+		t.Fatal("relay did not bind")
+	}
+	return &relayEnv{srv: srv, socket: socket, reg: reg, dialer: d, nc: nc, rec: rec}
+}
+
+func dialUnix(t testing.TB, socket string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func ads(t testing.TB, socket string) discoveryv3.AggregatedDiscoveryServiceClient {
+	return discoveryv3.NewAggregatedDiscoveryServiceClient(dialUnix(t, socket))
+}
+
+// metric returns the value of the series name with the given labels.
+func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

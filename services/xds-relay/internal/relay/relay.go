@@ -1,0 +1,177 @@
+// Package relay is the ADS relay: Envoy connects on a unix socket, and every
+// downstream stream (state of the world or delta) is relayed on its own upstream
+// stream, as Istio's XdsProxy does. Messages pass through as raw bytes; the relay
+// reads only their headers, consumes the agent's own types (see Handler) and
+// reports connections and NACKs as events.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Handler consumes the responses of one type URL that are meant for the agent,
+// not for Envoy. The relay ACKs a response upstream when Handle returns nil and
+// NACKs it with the error otherwise; the response is never forwarded.
+type Handler interface {
+	TypeURL() string
+	Handle(ctx context.Context, resources []*anypb.Any) error
+}
+
+// Dialer opens the upstream connection for one downstream stream, with the
+// metadata (token, ClusterID, XDS_HEADER_*) to send on it.
+type Dialer interface {
+	Dial(ctx context.Context) (*grpc.ClientConn, metadata.MD, error)
+	Address() string
+}
+
+// Publisher sends an event without blocking the stream that reports it.
+type Publisher interface {
+	Publish(subject string, p events.Payload)
+}
+
+// Config is the relay's part of the service configuration.
+type Config struct {
+	Pod        string
+	Socket     string // unix socket path Envoy connects to
+	MaxMsgSize int    // bytes, both directions
+}
+
+// Server serves ADS on the socket and relays every stream upstream.
+type Server struct {
+	cfg      Config
+	dial     Dialer
+	handlers map[string]Handler
+	pub      Publisher
+	log      hclog.Logger
+	m        *metrics
+
+	nextID atomic.Uint64
+	bound  chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	addr   net.Addr
+	// stop ends every live stream when Run's context is cancelled.
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// New returns a relay; it does not listen until Run. Metrics go to reg (nil: none).
+func New(cfg Config, d Dialer, handlers []Handler, pub Publisher, reg prometheus.Registerer, log hclog.Logger) (*Server, error) {
+	if cfg.Socket == "" {
+		return nil, errors.New("relay: socket path required")
+	}
+	if cfg.MaxMsgSize <= 0 {
+		return nil, errors.New("relay: max message size must be positive")
+	}
+	hs := map[string]Handler{}
+	for _, h := range handlers {
+		if _, dup := hs[h.TypeURL()]; dup {
+			return nil, fmt.Errorf("relay: two handlers for %s", h.TypeURL())
+		}
+		hs[h.TypeURL()] = h
+	}
+	return &Server{cfg: cfg, dial: d, handlers: hs, pub: pub, log: log, m: newMetrics(reg),
+		bound: make(chan struct{}), stop: make(chan struct{})}, nil
+}
+
+// Bound is closed once the socket is bound.
+func (s *Server) Bound() <-chan struct{} { return s.bound }
+
+// Addr is the bound socket address, nil before Run binds it.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Ready reports whether Envoy can connect: the socket is bound. Like Istio, the
+// upstream being reachable is not part of readiness.
+func (s *Server) Ready() error {
+	select {
+	case <-s.bound:
+		return nil
+	default:
+		return errors.New("xds socket not bound yet")
+	}
+}
+
+func (s *Server) listen() (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket dir: %w", err)
+	}
+	if err := os.Remove(s.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	ln, err := net.Listen("unix", s.cfg.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", s.cfg.Socket, err)
+	}
+	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod socket: %w", err)
+	}
+	return ln, nil
+}
+
+// Run serves until ctx is cancelled, then ends every stream and stops within a
+// few seconds. It returns nil on cancellation.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := s.listen()
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(
+		grpc.ForceServerCodecV2(codec{}),
+		grpc.MaxRecvMsgSize(s.cfg.MaxMsgSize),
+		grpc.MaxSendMsgSize(s.cfg.MaxMsgSize),
+	)
+	gs.RegisterService(&grpc.ServiceDesc{
+		ServiceName: adsService,
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{
+			{StreamName: "StreamAggregatedResources", ServerStreams: true, ClientStreams: true,
+				Handler: func(_ any, ss grpc.ServerStream) error { return s.relay(sotw, ss) }},
+			{StreamName: "DeltaAggregatedResources", ServerStreams: true, ClientStreams: true,
+				Handler: func(_ any, ss grpc.ServerStream) error { return s.relay(delta, ss) }},
+		},
+	}, struct{}{})
+	s.mu.Lock()
+	s.addr = ln.Addr()
+	s.mu.Unlock()
+	s.once.Do(func() { close(s.bound) })
+	s.log.Info("xds relay listening", "socket", s.cfg.Socket, "upstream", s.dial.Address())
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve xds: %w", err)
+	case <-ctx.Done():
+	}
+	s.stopOnce.Do(func() { close(s.stop) })
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		gs.Stop()
+		<-done
+	}
+	<-errc
+	_ = os.Remove(s.cfg.Socket)
+	return nil
+}

@@ -1,0 +1,279 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/meshagent/meshagent/pkg/events"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// errDownstreamClosed ends a stream when Envoy goes away.
+var errDownstreamClosed = errors.New("downstream closed")
+
+// stream is one relayed ADS stream: Envoy's stream on the socket and its own
+// upstream stream.
+type stream struct {
+	s    *Server
+	mode mode
+	id   string
+	ds   grpc.ServerStream
+	us   grpc.ClientStream
+	q    *queue
+}
+
+// relay runs one downstream stream to its end. An upstream failure ends the
+// downstream stream with the upstream's status, so that Envoy restarts its ADS
+// sequence on a fresh upstream stream, as with Istio's agent.
+func (s *Server) relay(m mode, ds grpc.ServerStream) error {
+	id := strconv.FormatUint(s.nextID.Add(1), 10)
+	ctx, cancel := context.WithCancelCause(ds.Context())
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.stop:
+			cancel(errors.New("relay shutting down"))
+		case <-ctx.Done():
+		}
+	}()
+
+	cc, md, err := s.dial.Dial(ctx)
+	if err != nil {
+		s.m.upstreamFailures.Inc()
+		s.disconnected(id, "upstream dial: "+err.Error())
+		return status.Errorf(codes.Unavailable, "xds relay: upstream %s: %v", s.dial.Address(), err)
+	}
+	defer cc.Close()
+	us, err := cc.NewStream(metadata.NewOutgoingContext(ctx, md),
+		&grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, m.method,
+		grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(s.cfg.MaxMsgSize), grpc.MaxCallSendMsgSize(s.cfg.MaxMsgSize))
+	if err != nil {
+		s.m.upstreamFailures.Inc()
+		s.disconnected(id, "upstream stream: "+err.Error())
+		return status.Errorf(codes.Unavailable, "xds relay: upstream %s: %v", s.dial.Address(), err)
+	}
+	st := &stream{s: s, mode: m, id: id, ds: ds, us: us, q: newQueue()}
+	gauge := s.m.streams.WithLabelValues(m.name)
+	gauge.Inc()
+	defer gauge.Dec()
+	s.log.Debug("stream opened", "stream", id, "mode", m.name)
+
+	// Three loops; the first to fail ends the stream. The downstream reader is not
+	// waited for: it returns once the handler has returned and gRPC closes the stream.
+	errc := make(chan error, 3)
+	go func() { errc <- st.fromEnvoy(ctx) }()
+	go func() { errc <- st.toUpstream(ctx) }()
+	respDone := make(chan error, 1)
+	go func() { respDone <- st.fromUpstream(ctx) }()
+
+	var cause error
+	select {
+	case cause = <-errc:
+		cancel(cause)
+		<-respDone
+	case cause = <-respDone:
+		cancel(cause)
+	}
+	if ds.Context().Err() != nil && !isUpstream(cause) {
+		cause = errDownstreamClosed
+	}
+	return st.finish(cause)
+}
+
+// finish maps the cause of the end to the downstream status and reports it.
+func (st *stream) finish(cause error) error {
+	reason := cause.Error()
+	switch {
+	case errors.Is(cause, errDownstreamClosed):
+		st.s.disconnected(st.id, "downstream closed")
+		return nil
+	case isUpstream(cause):
+		st.s.m.upstreamTerminations.Inc()
+		st.s.disconnected(st.id, reason)
+		if s, ok := status.FromError(errors.Unwrap(cause)); ok && s.Code() != codes.OK {
+			return s.Err()
+		}
+		return status.Error(codes.Unavailable, "xds relay: "+reason)
+	default:
+		st.s.disconnected(st.id, reason)
+		return status.Error(codes.Unavailable, "xds relay: "+reason)
+	}
+}
+
+type upstreamErr struct{ err error }
+
+func (e upstreamErr) Error() string { return "upstream: " + e.err.Error() }
+func (e upstreamErr) Unwrap() error { return e.err }
+
+func isUpstream(err error) bool { var u upstreamErr; return errors.As(err, &u) }
+
+// fromEnvoy reads Envoy's requests, reports NACKs and queues them for upstream.
+// After Envoy's first request (which carries the node) it queues the relay's own
+// subscriptions to the agent-consumed types.
+func (st *stream) fromEnvoy(ctx context.Context) error {
+	first := true
+	for {
+		f := &frame{}
+		if err := st.ds.RecvMsg(f); err != nil {
+			if err == io.EOF || status.Code(err) == codes.Canceled {
+				return errDownstreamClosed
+			}
+			return fmt.Errorf("downstream receive: %w", err)
+		}
+		h, err := parse(f.b, st.mode.req)
+		if err != nil {
+			return fmt.Errorf("downstream request: %w", err)
+		}
+		st.countRequest(h.TypeURL, len(f.b))
+		if h.ErrorDetail != nil {
+			st.nack(h)
+		}
+		st.q.push(f)
+		if first {
+			first = false
+			st.connected(h)
+			for t := range st.s.handlers {
+				if err := st.send(st.mode.subscribe(t)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// toUpstream sends queued requests upstream in order.
+func (st *stream) toUpstream(ctx context.Context) error {
+	for {
+		f, err := st.q.pop(ctx)
+		if err != nil {
+			return context.Cause(ctx)
+		}
+		if err := st.us.SendMsg(f); err != nil {
+			if err == io.EOF {
+				// The stream is over; its status surfaces in fromUpstream.
+				<-ctx.Done()
+				return context.Cause(ctx)
+			}
+			return upstreamErr{err}
+		}
+	}
+}
+
+// fromUpstream reads responses and hands each to Envoy (or to the agent's
+// handler) before reading the next: at most one response is pending, so a slow
+// Envoy slows the upstream through gRPC flow control.
+func (st *stream) fromUpstream(ctx context.Context) error {
+	for {
+		f := &frame{}
+		if err := st.us.RecvMsg(f); err != nil {
+			if err == io.EOF {
+				err = errors.New("upstream closed the stream")
+			}
+			if c := context.Cause(ctx); c != nil {
+				return c
+			}
+			return upstreamErr{err}
+		}
+		h, err := parse(f.b, st.mode.resp)
+		if err != nil {
+			return upstreamErr{fmt.Errorf("bad response: %w", err)}
+		}
+		label := st.s.m.label(h.TypeURL)
+		st.s.m.responses.WithLabelValues(label).Inc()
+		st.s.m.responseBytes.WithLabelValues(label).Add(float64(len(f.b)))
+		if hd, ok := st.s.handlers[h.TypeURL]; ok {
+			if err := st.consume(ctx, hd, h, f); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := st.ds.SendMsg(f); err != nil {
+			if c := context.Cause(ctx); c != nil {
+				return c
+			}
+			return fmt.Errorf("downstream send: %w", err)
+		}
+	}
+}
+
+// consume applies an agent-consumed response and ACKs or NACKs it upstream.
+func (st *stream) consume(ctx context.Context, hd Handler, h header, f *frame) error {
+	label := st.s.m.label(h.TypeURL)
+	res, err := st.mode.resources(f.b)
+	if err == nil {
+		err = hd.Handle(ctx, res)
+	}
+	var detail *statuspb.Status
+	if err != nil {
+		st.s.log.Warn("rejecting agent resource", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "error", err)
+		st.s.m.consumed.WithLabelValues(label, "nack").Inc()
+		st.s.m.nacks.WithLabelValues(label).Inc()
+		detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+	} else {
+		st.s.m.consumed.WithLabelValues(label, "ack").Inc()
+	}
+	return st.send(st.mode.reply(h, detail))
+}
+
+// send queues a request of the relay's own.
+func (st *stream) send(m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode own request: %w", err)
+	}
+	h, _ := parse(b, st.mode.req)
+	st.countRequest(h.TypeURL, len(b))
+	st.q.push(&frame{b: b})
+	return nil
+}
+
+func (st *stream) countRequest(typeURL string, n int) {
+	label := st.s.m.label(typeURL)
+	st.s.m.requests.WithLabelValues(label).Inc()
+	st.s.m.requestBytes.WithLabelValues(label).Add(float64(n))
+}
+
+func (st *stream) connected(h header) {
+	node := ""
+	if h.Node != nil {
+		var n corev3.Node
+		if err := proto.Unmarshal(h.Node, &n); err == nil {
+			node = n.GetId()
+		}
+	}
+	st.s.log.Info("stream connected", "stream", st.id, "mode", st.mode.name, "node", node)
+	st.s.publish(events.SubjectXDSConnected, events.XDSConnected{Pod: st.s.cfg.Pod, Stream: st.id, Mode: st.mode.name,
+		Node: node, Upstream: st.s.dial.Address()})
+}
+
+func (st *stream) nack(h header) {
+	var s statuspb.Status
+	detail := ""
+	if err := proto.Unmarshal(h.ErrorDetail, &s); err == nil {
+		detail = s.GetMessage()
+	}
+	st.s.m.nacks.WithLabelValues(st.s.m.label(h.TypeURL)).Inc()
+	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "version", h.Version, "error", detail)
+	st.s.publish(events.SubjectXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: h.TypeURL,
+		Nonce: h.Nonce, Version: h.Version, ErrorDetail: detail})
+}
+
+func (s *Server) disconnected(id, reason string) {
+	s.log.Info("stream disconnected", "stream", id, "reason", reason)
+	s.publish(events.SubjectXDSDisconnect, events.XDSDisconnected{Pod: s.cfg.Pod, Stream: id, Reason: reason})
+}
+
+func (s *Server) publish(subject string, p events.Payload) {
+	if s.pub != nil {
+		s.pub.Publish(subject, p)
+	}
+}
