@@ -1,0 +1,100 @@
+package relay_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+)
+
+func selfSignedCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, key
+}
+
+func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
+	up := startUpstream(t)
+	up.setClusters("n1", "v1", "a")
+	ca, _ := selfSignedCA(t, "extra anchor")
+	anchor := string(pki.EncodeCertPEM(ca))
+	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
+		t.Fatal(err)
+	}
+	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := st.Recv()
+	if err != nil || r1.GetTypeUrl() != resource.ClusterType {
+		t.Fatalf("first response: %v %v", r1.GetTypeUrl(), err)
+	}
+	eventually(t, "trust anchors published", func() bool {
+		return len(find(env.rec, func(e events.TrustAnchors) bool {
+			return e.Pod == testPod && len(e.Roots) == 1 && e.Roots[0] == anchor
+		})) == 1
+	})
+	acked := func(r *discoveryv3.DiscoveryRequest) bool {
+		return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetResponseNonce() != "" && r.GetErrorDetail() == nil
+	}
+	eventually(t, "relay acks proxyconfig upstream", func() bool { return len(up.seen(acked)) == 1 })
+
+	// A bad anchor is NACKed upstream and changes nothing.
+	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "relay nacks bad proxyconfig", func() bool {
+		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
+			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
+		})) == 1
+	})
+	if v := metric(t, env.reg, "xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
+		t.Fatalf("consumed nack metric = %v", v)
+	}
+	if n := len(find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {
+		t.Fatalf("%d trust anchors events, want 1 (the bad config must change nothing)", n)
+	}
+
+	// Envoy never saw ProxyConfig: its next response is the next cluster version.
+	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: r1.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	up.setClusters("n1", "v2", "a", "b")
+	r2, err := st.Recv()
+	if err != nil || r2.GetTypeUrl() != resource.ClusterType || r2.GetVersionInfo() != "v2" {
+		t.Fatalf("next response to envoy: type %q version %q err %v", r2.GetTypeUrl(), r2.GetVersionInfo(), err)
+	}
+}
