@@ -28,8 +28,10 @@ const (
 
 // Store is the schedule's bucket.
 type Store struct {
-	kv  jetstream.KeyValue
-	log hclog.Logger
+	kv     jetstream.KeyValue
+	js     jetstream.JetStream
+	bucket string
+	log    hclog.Logger
 }
 
 // Open creates the bucket if it does not exist yet and returns the store.
@@ -50,7 +52,7 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket string, replicas i
 	if err != nil {
 		return nil, fmt.Errorf("open kv bucket %s: %w", bucket, err)
 	}
-	return &Store{kv: kv, log: log}, nil
+	return &Store{kv: kv, js: js, bucket: bucket, log: log}, nil
 }
 
 // Key is the bucket key of (pod, resource). Both are base64url so that any SDS
@@ -129,14 +131,18 @@ func (s *Store) Get(ctx context.Context, pod, resource string) (schedule.Record,
 }
 
 func decode(e jetstream.KeyValueEntry) (schedule.Record, error) {
+	return decodeRaw(e.Key(), e.Value(), e.Revision())
+}
+
+func decodeRaw(key string, value []byte, rev uint64) (schedule.Record, error) {
 	var r schedule.Record
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return r, fmt.Errorf("decode %s: %w", e.Key(), err)
+	if err := json.Unmarshal(value, &r); err != nil {
+		return r, fmt.Errorf("decode %s: %w", key, err)
 	}
-	if r.Pod == "" || r.Serial == "" || r.NotAfter <= r.NotBefore || Key(r.Pod, r.Resource) != e.Key() {
-		return r, fmt.Errorf("decode %s: inconsistent record", e.Key())
+	if r.Pod == "" || r.Serial == "" || r.NotAfter <= r.NotBefore || Key(r.Pod, r.Resource) != key {
+		return r, fmt.Errorf("decode %s: inconsistent record", key)
 	}
-	r.Rev = e.Revision()
+	r.Rev = rev
 	return r, nil
 }
 
@@ -168,33 +174,47 @@ func (s *Store) Load(ctx context.Context, trust func(schedule.Trust), each func(
 			trust(t)
 		}
 	}
-	w, err := s.kv.Watch(ctx, entryPrefix+">", jetstream.IgnoreDeletes())
+	// A pull-based ordered consumer over the bucket's stream, last value per key:
+	// several times faster than a KV watch (push, flow-controlled) at 10^5-10^6 keys.
+	prefix := "$KV." + s.bucket + "."
+	cons, err := s.js.OrderedConsumer(ctx, "KV_"+s.bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + entryPrefix + ">"},
+		DeliverPolicy:  jetstream.DeliverAllPolicy, // History 1: one message per live key
+	})
 	if err != nil {
 		return 0, fmt.Errorf("load entries: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
+	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
+		return 0, nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
+	if err != nil {
+		return 0, fmt.Errorf("load entries: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
 	n := 0
 	for {
-		select {
-		case <-ctx.Done():
-			return n, fmt.Errorf("load entries: %w", ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return n, errors.New("load entries: watcher closed")
-			}
-			if e == nil {
-				return n, nil
-			}
-			if !strings.HasPrefix(e.Key(), entryPrefix) {
-				continue
-			}
-			r, err := decode(e)
+		msg, err := it.Next()
+		if err != nil {
+			return n, fmt.Errorf("load entries: %w", err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return n, fmt.Errorf("load entries: %w", err)
+		}
+		if op := msg.Headers().Get("KV-Operation"); op == "" {
+			r, err := decodeRaw(strings.TrimPrefix(msg.Subject(), prefix), msg.Data(), md.Sequence.Stream)
 			if err != nil {
-				s.log.Warn("skipping undecodable schedule record", "key", e.Key(), "error", err)
-				continue
+				s.log.Warn("skipping undecodable schedule record", "subject", msg.Subject(), "error", err)
+			} else {
+				each(r)
+				n++
 			}
-			each(r)
-			n++
+		}
+		if md.NumPending == 0 {
+			return n, nil
 		}
 	}
 }
