@@ -66,6 +66,8 @@ type upstreamServer struct {
 	snap cache.SnapshotCache
 	pcs  *cache.LinearCache
 	opts []grpc.ServerOption
+	// onOpen, if set, sees the context of every stream the upstream opens.
+	onOpen func(context.Context)
 
 	mu       sync.Mutex
 	gs       *grpc.Server
@@ -131,7 +133,11 @@ func (u *upstreamServer) recordMD(ctx context.Context) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	u.mu.Lock()
 	u.md = append(u.md, md)
+	onOpen := u.onOpen
 	u.mu.Unlock()
+	if onOpen != nil {
+		onOpen(ctx)
+	}
 }
 
 func (u *upstreamServer) stop() {

@@ -1,0 +1,196 @@
+package relay_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/trust"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+const workloadID = "spiffe://cluster.local/ns/default/sa/web"
+
+func leaf(t testing.TB, ca *x509.Certificate, caKey *ecdsa.PrivateKey, dns string, uri string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: dns + uri},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	if dns != "" {
+		tmpl.DNSNames = []string{dns}
+	}
+	if uri != "" {
+		u, _ := url.Parse(uri)
+		tmpl.URIs = []*url.URL{u}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: c}
+}
+
+// startSDS serves `default` and `ROOTCA` for node with a real go-control-plane SDS
+// server on a unix socket, as sds-edge does.
+func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x509.Certificate) string {
+	t.Helper()
+	keyPEM, err := pki.EncodeKeyPEM(workload.PrivateKey.(*ecdsa.PrivateKey), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
+	snap, err := cache.NewSnapshot("1", map[resource.Type][]types.Resource{resource.SecretType: {
+		sdsclient.EncodeSecret(sdsclient.Secret{Name: "default", CertChain: pki.EncodeCertPEM(workload.Leaf), PrivateKey: keyPEM}),
+		sdsclient.EncodeSecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: pki.EncodeCertsPEM(roots)}),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.SetSnapshot(context.Background(), nodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(shortDir(t), "sds")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	secretv3.RegisterSecretDiscoveryServiceServer(gs, xdsserver.NewServer(context.Background(), sc, nil))
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	return path
+}
+
+func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
+	ca1, ca1Key := selfSignedCA(t, "root 1")
+	ca2, ca2Key := selfSignedCA(t, "root 2")
+	var serverCert atomic.Pointer[tls.Certificate]
+	c1 := leaf(t, ca1, ca1Key, "xds.test", "")
+	serverCert.Store(&c1)
+	clientCAs := x509.NewCertPool()
+	clientCAs.AddCert(ca1)
+	up := startUpstream(t, grpc.Creds(credentials.NewTLS(&tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serverCert.Load(), nil },
+		ClientAuth:     tls.RequireAndVerifyClientCert, ClientCAs: clientCAs,
+	})))
+	var mu sync.Mutex
+	var peers []string
+	up.mu.Lock()
+	up.onOpen = func(ctx context.Context) {
+		p, _ := peer.FromContext(ctx)
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			mu.Lock()
+			peers = append(peers, ti.State.PeerCertificates[0].URIs[0].String())
+			mu.Unlock()
+		}
+	}
+	up.mu.Unlock()
+	up.setClusters("n1", "v1", "a")
+
+	const nodeID = "xds-relay~" + testPod
+	sdsPath := startSDS(t, nodeID, leaf(t, ca1, ca1Key, "", workloadID), ca1)
+	sdsCC, err := sdsclient.DialUnix(t.Context(), sdsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sdsCC.Close() })
+	w := sdsclient.NewWatcher(sdsCC, nodeID, testLog(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("sds watcher not ready")
+	}
+
+	env := startRelay(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = trust.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
+	client := ads(t, env.socket)
+	open := func() (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse, error) {
+		st, err := client.StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.Recv()
+		return st, r, err
+	}
+
+	// mTLS: the upstream sees the workload identity from sds-edge.
+	stA, rA, err := open()
+	if err != nil {
+		t.Fatalf("mtls stream: %v", err)
+	}
+	mu.Lock()
+	gotPeers := append([]string(nil), peers...)
+	mu.Unlock()
+	if len(gotPeers) != 1 || gotPeers[0] != workloadID {
+		t.Fatalf("upstream saw client identities %v, want [%s]", gotPeers, workloadID)
+	}
+
+	// The upstream moves to a certificate from a new root: new streams fail until
+	// trust.changed brings that root.
+	c2 := leaf(t, ca2, ca2Key, "xds.test", "")
+	serverCert.Store(&c2)
+	if _, _, err := open(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("untrusted upstream: err = %v, want Unavailable", err)
+	}
+	msg, err := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "cluster.local",
+		Roots: []string{string(pki.EncodeCertPEM(ca2))}, Reason: events.TrustReasonRotation, Generation: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new stream trusts the new root", func() bool {
+		_, r, err := open()
+		return err == nil && r.GetVersionInfo() == "v1"
+	})
+
+	// The stream opened before the change runs on.
+	if err := stA.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: rA.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	up.setClusters("n1", "v2", "a", "b")
+	if r, err := stA.Recv(); err != nil || r.GetVersionInfo() != "v2" {
+		t.Fatalf("old stream after trust change: %v %v", r.GetVersionInfo(), err)
+	}
+}
