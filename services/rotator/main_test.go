@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestRunServesReadyAndMetrics(t *testing.T) {
+	srv := bustest.Server(t)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if code, _ := get("/readyz"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, body := get("/readyz")
+			t.Fatalf("not ready: %s", body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, metrics := get("/metrics")
+	for _, m := range []string{"rotator_leader 1", "rotator_scheduled 0", "rotator_min_time_to_expiry_seconds +Inf"} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("metrics lack %q", m)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v on cancellation", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	err := run(context.Background(), []string{"-instance", "x", "-rate", "-1"}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "-rate") {
+		t.Fatalf("got %v", err)
+	}
+}
