@@ -40,8 +40,10 @@ var tokenAlgs = []jose.SignatureAlgorithm{
 	jose.ES256, jose.ES384, jose.ES512, jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512, jose.EdDSA,
 }
 
-// k8sClaims are the Kubernetes service-account token claims.
-type k8sClaims struct {
+// claims are the registered claims plus Kubernetes' service-account claims, decoded
+// in one pass.
+type claims struct {
+	jwt.Claims
 	Kubernetes *struct {
 		Namespace      string `json:"namespace"`
 		ServiceAccount struct {
@@ -85,14 +87,13 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	} else {
 		candidates = set.Keys
 	}
-	var std jwt.Claims
-	var k8s k8sClaims
+	var c claims
 	verified := false
 	for _, k := range candidates {
 		if k.Use == "enc" {
 			continue
 		}
-		if err := tok.Claims(k.Public(), &std, &k8s); err == nil {
+		if err := tok.Claims(k.Public(), &c); err == nil {
 			verified = true
 			break
 		}
@@ -100,6 +101,7 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if !verified {
 		return Caller{}, fail("token signature does not verify")
 	}
+	std := c.Claims
 	if std.Expiry == nil {
 		return Caller{}, fail("token has no exp claim")
 	}
@@ -120,7 +122,7 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 		return Caller{}, fail("token claims: %v", err)
 	}
 	ns, sa := "", ""
-	if k := k8s.Kubernetes; k != nil {
+	if k := c.Kubernetes; k != nil {
 		ns, sa = k.Namespace, k.ServiceAccount.Name
 	}
 	if ns == "" || sa == "" {
