@@ -189,3 +189,23 @@ func TestFileResources(t *testing.T) {
 		t.Fatalf("after a broken write: %v", err)
 	}
 }
+
+func TestSocketModeAndPodDown(t *testing.T) {
+	v := newEnv(t)
+	down := collect(t, v.nc, events.SubjectPodDown)
+	root := shortDir(t)
+	p := v.startPod(podOpt{root: root, args: []string{"-socket", "deep/er/sds.sock", "-socket-mode", "0660"}})
+	fi, err := os.Stat(filepath.Join(root, "deep/er/sds.sock"))
+	if err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("socket %v %v, want a 0660 socket with its parent dirs created", fi, err)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod.down published", func() bool {
+		return len(find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
+	})
+	if _, err := os.Stat(filepath.Join(root, "deep/er/sds.sock")); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind after shutdown: %v", err)
+	}
+}
