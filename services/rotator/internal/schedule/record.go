@@ -23,7 +23,7 @@ type Record struct {
 
 // Record returns the durable form of the entry for pod and resource.
 func (s *Schedule) Record(pod, resource string) (Record, bool) {
-	i, ok := s.index[key(pod, resource)]
+	i, ok := s.index.get(key(pod, resource))
 	if !ok {
 		return Record{}, false
 	}
@@ -58,7 +58,7 @@ func (s *Schedule) Replace(r Record, now time.Time) error {
 
 // Remove deletes the entry for pod and resource, if any.
 func (s *Schedule) Remove(pod, resource string) bool {
-	i, ok := s.index[key(pod, resource)]
+	i, ok := s.index.get(key(pod, resource))
 	if ok {
 		s.removeAt(i)
 	}
@@ -67,7 +67,7 @@ func (s *Schedule) Remove(pod, resource string) bool {
 
 // SetRev records the durable revision of the entry, if it still holds serial.
 func (s *Schedule) SetRev(pod, resource, serial string, rev uint64) {
-	if i, ok := s.index[key(pod, resource)]; ok && s.entries[i].serial == serial {
+	if i, ok := s.index.get(key(pod, resource)); ok && s.entries[i].serial == serial {
 		s.entries[i].rev = rev
 	}
 }

@@ -12,6 +12,7 @@ package schedule
 import (
 	"errors"
 	"hash/fnv"
+	"hash/maphash"
 	"math"
 	"slices"
 	"strings"
@@ -108,7 +109,7 @@ const (
 type Schedule struct {
 	cfg     Config
 	entries []entry
-	index   map[string]int32
+	index   index
 	extra   map[string][]string // pod -> its resources other than "default"
 	pending queue
 	ready   queue
@@ -127,7 +128,8 @@ type Schedule struct {
 
 // New returns an empty schedule.
 func New(cfg Config) *Schedule {
-	s := &Schedule{cfg: cfg, index: map[string]int32{}, extra: map[string][]string{}, rootID: map[string]uint32{}}
+	s := &Schedule{cfg: cfg, extra: map[string][]string{}, rootID: map[string]uint32{}}
+	s.index = index{s: s, seed: maphash.MakeSeed()}
 	s.pending = queue{s: s, which: inPending}
 	s.ready = queue{s: s, which: inReady}
 	s.tokens = float64(max(cfg.Burst, 1))
@@ -232,7 +234,7 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, rev uint64, now 
 	}
 	k := key(c.Pod, c.Resource)
 	res := Added
-	i, ok := s.index[k]
+	i, ok := s.index.get(k)
 	if ok {
 		e := &s.entries[i]
 		switch n := newer(nb, na, c.Serial, e); {
@@ -249,7 +251,7 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, rev uint64, now 
 	} else {
 		i = int32(len(s.entries))
 		s.entries = append(s.entries, entry{key: k, hidx: -1})
-		s.index[k] = i
+		s.index.put(k, i)
 		if _, r := splitKey(k); r != DefaultResource {
 			s.extra[c.Pod] = append(s.extra[c.Pod], r)
 		}
@@ -295,7 +297,7 @@ func (s *Schedule) dequeue(i int32) {
 func (s *Schedule) removeAt(i int32) {
 	s.dequeue(i)
 	k := s.entries[i].key
-	delete(s.index, k)
+	s.index.del(k)
 	if pod, r := splitKey(k); r != DefaultResource {
 		rs := slices.DeleteFunc(s.extra[pod], func(x string) bool { return x == r })
 		if len(rs) == 0 {
@@ -308,7 +310,7 @@ func (s *Schedule) removeAt(i int32) {
 	if i != last {
 		s.entries[i] = s.entries[last]
 		moved := &s.entries[i]
-		s.index[moved.key] = i
+		s.index.move(moved.key, i) // finds the slot of position last: same key
 		switch moved.which {
 		case inPending:
 			s.pending.idx[moved.hidx] = i
@@ -324,7 +326,7 @@ func (s *Schedule) removeAt(i int32) {
 func (s *Schedule) RetirePod(pod string) []string {
 	var out []string
 	for _, r := range append([]string{DefaultResource}, s.extra[pod]...) {
-		if i, ok := s.index[key(pod, r)]; ok {
+		if i, ok := s.index.get(key(pod, r)); ok {
 			s.removeAt(i)
 			out = append(out, r)
 		}
