@@ -109,8 +109,12 @@ func (m *Material) RootFingerprints() []string {
 // ErrCAExpired is returned when the CA cannot sign anything any more.
 var ErrCAExpired = errors.New("CA certificate expired")
 
+// Backdate is how far before issue a certificate's notBefore is set, so that a peer
+// whose clock is a little behind does not see it as not yet valid (as SPIRE does).
+const Backdate = 10 * time.Second
+
 // SignLeaf issues a workload certificate for pub with id as its only SAN, valid from
-// now for ttl but never past the CA's own expiry. The subject is empty, as Istio's
+// now (less Backdate) for ttl but never past the CA's own expiry. The subject is empty, as Istio's
 // workload certificates, so the SAN extension is critical.
 func (m *Material) SignLeaf(pub crypto.PublicKey, id *url.URL, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
 	return m.sign(&x509.Certificate{
@@ -143,7 +147,7 @@ func (m *Material) sign(tmpl *x509.Certificate, pub crypto.PublicKey, now time.T
 		return nil, err
 	}
 	tmpl.SerialNumber = serial
-	tmpl.NotBefore = now
+	tmpl.NotBefore = now.Add(-Backdate)
 	tmpl.NotAfter = notAfter
 	tmpl.BasicConstraintsValid = true
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, pub, m.Key)

@@ -160,9 +160,8 @@ func (s *SelfSigned) Check(ctx context.Context) error {
 	}
 	now := s.now()
 	root := m.Roots[0]
-	life := root.NotAfter.Sub(root.NotBefore)
 	left := root.NotAfter.Sub(now)
-	if left < life*time.Duration(s.cfg.GracePercent)/100 {
+	if s.due(root, now) {
 		s.log.Info("root near expiry, rotating", "fingerprint", m.RootFingerprint(), "left", left.Round(time.Second), "not_after", root.NotAfter)
 		_, err := s.update(ctx, events.TrustReasonRotation, func(st stored) (stored, bool, error) {
 			return s.rotated(st, s.cfg.NewKeyOnRotate, true)
@@ -178,6 +177,12 @@ func (s *SelfSigned) Check(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// due reports whether less than GracePercent of root's life is left at now.
+func (s *SelfSigned) due(root *x509.Certificate, now time.Time) bool {
+	life := root.NotAfter.Sub(root.NotBefore)
+	return root.NotAfter.Sub(now) < life/100*time.Duration(s.cfg.GracePercent) // /100 first: no overflow for long roots
 }
 
 // Rotate issues a new root now (meshctl rotate root), with a new key when asked.
@@ -245,7 +250,7 @@ func (s *SelfSigned) rotated(st stored, newKey, onlyIfDue bool) (stored, bool, e
 		return st, false, fmt.Errorf("stored roots: %v", err)
 	}
 	cur := roots[0]
-	if onlyIfDue && cur.NotAfter.Sub(now) >= cur.NotAfter.Sub(cur.NotBefore)*time.Duration(s.cfg.GracePercent)/100 {
+	if onlyIfDue && !s.due(cur, now) {
 		return st, false, nil
 	}
 	var key crypto.Signer
@@ -297,7 +302,7 @@ func (s *SelfSigned) newRoot(key crypto.Signer, older []*x509.Certificate, gen u
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{Organization: []string{s.cfg.TrustDomain}, CommonName: "meshagent root CA"},
-		NotBefore:             now,
+		NotBefore:             now.Add(-Backdate),
 		NotAfter:              now.Add(s.cfg.RootTTL),
 		IsCA:                  true,
 		BasicConstraintsValid: true,

@@ -119,7 +119,7 @@ func TestPluggedInMode(t *testing.T) {
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
-	verifyChain(t, rep.CertChain, rep.Roots, now)
+	verifyChain(t, rep.CertChain, rep.Roots, time.Now())
 	certs := mustCerts(t, rep.CertChain)
 	if len(certs) != 3 || !certs[1].Equal(inter.Cert) || !certs[2].Equal(root.Cert) {
 		t.Fatalf("chain of %d, want leaf, intermediate, root", len(certs))

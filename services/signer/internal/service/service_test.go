@@ -1,6 +1,9 @@
 package service
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/testkit"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
@@ -174,7 +178,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	if len(rep.CertChain) != 2 || len(leaf.URIs) != 1 || leaf.URIs[0].String() != want || len(leaf.DNSNames) != 0 {
 		t.Fatalf("leaf SANs %v, chain %d", leaf.URIs, len(rep.CertChain))
 	}
-	if leaf.NotAfter.Sub(leaf.NotBefore) != time.Hour {
+	if leaf.NotAfter.Sub(leaf.NotBefore) != time.Hour+ca.Backdate {
 		t.Fatalf("ttl %s", leaf.NotAfter.Sub(leaf.NotBefore))
 	}
 	ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
@@ -191,7 +195,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 		t.Fatal(rep2.Error)
 	}
 	leaf2 := verifyChain(t, rep2.CertChain, rep2.Roots, time.Now())
-	if leaf2.URIs[0].String() != want || leaf2.NotAfter.Sub(leaf2.NotBefore) != 24*time.Hour {
+	if leaf2.URIs[0].String() != want || leaf2.NotAfter.Sub(leaf2.NotBefore) != 24*time.Hour+ca.Backdate {
 		t.Fatalf("renewed leaf %v ttl %s", leaf2.URIs, leaf2.NotAfter.Sub(leaf2.NotBefore))
 	}
 	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.AuthSource != "x509" || ev.KeyAlgorithm != "RSA-2048" {
@@ -211,7 +215,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaf3 := verifyChain(t, resp.CertChain, b.Roots, time.Now())
-	if leaf3.URIs[0].String() != want || leaf3.NotAfter.Sub(leaf3.NotBefore) != 10*time.Minute {
+	if leaf3.URIs[0].String() != want || leaf3.NotAfter.Sub(leaf3.NotBefore) != 10*time.Minute+ca.Backdate {
 		t.Fatalf("grpc leaf %v", leaf3.URIs)
 	}
 	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Transport != "grpc" || ev.Pod != "" || ev.AuthSource != "jwt" {
@@ -261,4 +265,37 @@ func mustCerts(t *testing.T, pems []string) []*x509.Certificate {
 		t.Fatal(err)
 	}
 	return cs
+}
+
+func TestNATSOnlyBadInput(t *testing.T) {
+	e := newEnv(t)
+	e.start(t, e.config("signer-a"))
+	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	weak, _ := ecdsa.GenerateKey(elliptic.P224(), rand.Reader)
+	weakCSR, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, weak)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		req  events.SignRequest
+		code string
+		msg  string
+	}{
+		{"key_algorithm does not match the CSR", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), KeyAlgorithm: "RSA-2048"}, events.CodeInvalidArgument, "does not match"},
+		{"weak CSR key", events.SignRequest{CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: weakCSR})), Token: e.token(t, "shop", "web")}, events.CodeInvalidArgument, "not allowed"},
+		{"renewal cert that is not ours", events.SignRequest{CSR: string(csr), CertChain: []string{string(pki.EncodeCertPEM(testkit.NewCA(t, "x", nil, time.Now(), time.Hour).Cert))}, Proof: "AAAA"}, events.CodeUnauthenticated, "client certificate"},
+		{"renewal proof not base64", events.SignRequest{CSR: string(csr), CertChain: []string{"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, Proof: "!"}, events.CodeUnauthenticated, "cert_chain"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := natsSign(t, e.nc, tc.req)
+			if rep.Error == nil || rep.Error.Code != tc.code || !strings.Contains(rep.Error.Message, tc.msg) {
+				t.Fatalf("reply %+v, want %s %q", rep.Error, tc.code, tc.msg)
+			}
+		})
+	}
+	if n := count(t, e.js, events.SubjectCertIssued); n != 0 {
+		t.Fatalf("%d cert.issued events", n)
+	}
 }
