@@ -98,7 +98,10 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	for {
 		at := m.deadline()
-		t := m.clock.NewTimer(at.Sub(m.clock.Now()))
+		// A deadline already past (a short-lived or skewed certificate) must not
+		// spin: renew at most once a second by ourselves.
+		wait := max(at.Sub(m.clock.Now()), minSelfRenew)
+		t := m.clock.NewTimer(wait)
 		reason := "safety-deadline"
 		select {
 		case <-ctx.Done():
@@ -119,6 +122,9 @@ func (m *Manager) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// minSelfRenew is the shortest time between two renewals at the safety deadline.
+const minSelfRenew = time.Second
 
 // deadline is when the manager renews by itself: SafetyRatio into the lifetime.
 func (m *Manager) deadline() time.Time {
@@ -158,9 +164,10 @@ func (m *Manager) SeedRoots(roots []*x509.Certificate) {
 func (m *Manager) issue(ctx context.Context, reason string) error {
 	backoff := m.cfg.RetryMin
 	for attempt := 0; ; attempt++ {
-		err := m.issueOnce(ctx)
+		commit, err := m.issueOnce(ctx)
 		m.sink.CSR(err, attempt > 0)
 		if err == nil {
+			commit()
 			m.log.Info("certificate issued", "reason", reason, "serial", m.Serial(), "attempt", attempt+1)
 			return nil
 		}
@@ -180,39 +187,41 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 	}
 }
 
-func (m *Manager) issueOnce(ctx context.Context) error {
+// issueOnce makes one signing attempt; on success commit installs the result.
+func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	key, err := pki.GenerateKey(m.cfg.KeyAlg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	csrPEM, err := pki.NewCSR(key, m.cfg.SPIFFEID)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req := ca.Request{CSR: csrPEM, TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
 	if err := m.credential(&req); err != nil {
-		return err
+		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
 	resp, err := m.signer.Sign(rctx, req)
 	cancel()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !publicKeysEqual(resp.Chain[0].PublicKey, key.Public()) {
-		return errors.New("signed certificate is not for our key")
+		return nil, errors.New("signed certificate is not for our key")
 	}
 	keyPEM, err := pki.EncodeKeyPEM(key, m.cfg.PKCS8)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	m.mu.Lock()
-	m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, resp.Chain, resp.ChainPEM
-	// A new root in the reply is a trust change, like trust.changed.
-	rootsChanged := m.trust.addCA(resp.Roots, nil)
-	m.mu.Unlock()
-	m.publish(true, rootsChanged || !m.has(secrets.RootCA))
-	return nil
+	return func() {
+		m.mu.Lock()
+		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, resp.Chain, resp.ChainPEM
+		// A new root in the reply is a trust change, like trust.changed.
+		rootsChanged := m.trust.addCA(resp.Roots, nil)
+		m.mu.Unlock()
+		m.publish(true, rootsChanged || !m.has(secrets.RootCA))
+	}, nil
 }
 
 // credential fills a fresh token from the token file; when it cannot be read, a

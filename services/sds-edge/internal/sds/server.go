@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
@@ -96,9 +97,9 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 	if err := s.checkNames(req.GetResourceNames()); err != nil {
 		return nil, err
 	}
-	entries := s.store.Snapshot(req.GetResourceNames())
-	if len(entries) != len(req.GetResourceNames()) {
-		return nil, status.Error(codes.Unavailable, "secret not available yet")
+	entries, err := s.await(ctx, req.GetResourceNames())
+	if err != nil {
+		return nil, err
 	}
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), VersionInfo: versionOf(entries)}
 	for _, e := range entries {
@@ -106,6 +107,34 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 		s.hooks.Served(node, e)
 	}
 	return resp, nil
+}
+
+// FetchWait bounds how long FetchSecrets waits for a secret not issued yet (at pod
+// start) when the caller set no earlier deadline.
+const FetchWait = 5 * time.Second
+
+// await returns the entries of names once every one has a value.
+func (s *Server) await(ctx context.Context, names []string) ([]*secrets.Entry, error) {
+	if e := s.store.Snapshot(names); len(e) == len(names) {
+		return e, nil
+	}
+	w := s.store.NewWatch()
+	defer w.Close()
+	w.Set(names)
+	t := time.NewTimer(FetchWait)
+	defer t.Stop()
+	for {
+		if e := s.store.Snapshot(names); len(e) == len(names) {
+			return e, nil
+		}
+		select {
+		case <-w.C():
+		case <-ctx.Done():
+			return nil, status.Error(codes.Unavailable, "secret not available yet")
+		case <-t.C:
+			return nil, status.Error(codes.Unavailable, "secret not available yet")
+		}
+	}
 }
 
 // versionOf is the response version of a set of entries: the newest store version.
