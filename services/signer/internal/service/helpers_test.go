@@ -160,7 +160,11 @@ func istioClient(t *testing.T, s *Service, roots []string, clientCert *tls.Certi
 	if clientCert != nil {
 		tc.Certificates = []tls.Certificate{*clientCert}
 	}
-	cc, err := grpc.NewClient("passthrough:///"+s.GRPCAddr().String(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	target := "passthrough:///" + s.GRPCAddr().String()
+	if s.GRPCAddr().Network() == "unix" {
+		target = "unix://" + s.GRPCAddr().String()
+	}
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -297,5 +299,28 @@ func TestNATSOnlyBadInput(t *testing.T) {
 	}
 	if n := count(t, e.js, events.SubjectCertIssued); n != 0 {
 		t.Fatalf("%d cert.issued events", n)
+	}
+}
+
+// An Istio agent on the same host can reach the signer over a unix socket; TLS and
+// the server name are the same as over TCP.
+func TestGRPCOverUnixSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e := newEnv(t)
+	c := e.config("signer-u")
+	c.Listen.GRPC = "unix://" + filepath.Join(dir, "ca.sock")
+	s := e.start(t, c)
+	roots := bundle(t, e.nc).Roots
+	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	resp, err := istioCreate(istioClient(t, s, roots, nil, nil), e.token(t, "shop", "web"), "", csr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf := verifyChain(t, resp.CertChain, roots, time.Now()); leaf.URIs[0].String() != "spiffe://cluster.local/ns/shop/sa/web" {
+		t.Fatalf("leaf %v", leaf.URIs)
 	}
 }
