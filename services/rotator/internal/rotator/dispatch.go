@@ -38,7 +38,7 @@ func (r *Rotator) dispatch(ctx context.Context) error {
 		r.mu.Unlock()
 		d := time.Hour
 		if ok {
-			d = max(0, next.Sub(now))
+			d = max(0, next.Sub(r.clk.Now())) // re-read: the clock may have moved meanwhile
 		}
 		t.Stop()
 		t.Reset(d)
