@@ -55,6 +55,11 @@ func (r *Rotator) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 		r.m.events.WithLabelValues("cert.issued", "unscheduled").Inc()
 		return nil
 	}
+	if !ev.NotAfter.After(r.clk.Now()) {
+		// Replayed history: a certificate that expired already needs no renewal.
+		r.m.events.WithLabelValues("cert.issued", "expired").Inc()
+		return nil
+	}
 	c := schedule.Cert{Pod: ev.Pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
 		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter}
 	for range 3 {

@@ -21,7 +21,7 @@ type metrics struct {
 func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rotator_events_total",
-			Help: "Events consumed, by kind and result (scheduled, duplicate, stale, unscheduled, retired, applied, unchanged, rejected)."}, []string{"kind", "result"}),
+			Help: "Events consumed, by kind and result (scheduled, duplicate, stale, expired, unscheduled, retired, applied, unchanged, rejected)."}, []string{"kind", "result"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rotator_renew_sent_total",
 			Help: "renew-due sent, by reason."}, []string{"reason"}),
 		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_renew_rate_limited_total",

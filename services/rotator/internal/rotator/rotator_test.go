@@ -85,8 +85,12 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	h.issue("web-1", "02", now, time.Hour, "root-a")
-	h.issue("", "03", now, time.Hour, "root-a") // an Istio agent over gRPC
+	h.issue("", "03", now, time.Hour, "root-a")                        // an Istio agent over gRPC
+	h.issue("web-2", "04", now.Add(-2*time.Hour), time.Hour, "root-a") // history: expired already
 	waitScheduled(t, r, 2)
+	eventually(t, "expired cert counted", func() bool {
+		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
+	})
 	h.publish(events.SubjectPodDown, events.PodDown{Pod: "web-0", Reason: "deleted"})
 	waitScheduled(t, r, 1)
 	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {

@@ -54,7 +54,7 @@ func (r *Rotator) term(ctx context.Context) error {
 		FilterSubjects: []string{events.SubjectCertIssued, events.SubjectPodDown, events.SubjectTrustChanged},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        30 * time.Second,
+		AckWait:        10 * time.Second,
 		MaxAckPending:  1024,
 		Replicas:       r.opts.Replicas,
 	})

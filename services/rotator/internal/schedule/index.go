@@ -16,8 +16,8 @@ type index struct {
 }
 
 func slot(h uint32, e int32) uint64 { return uint64(h)<<32 | uint64(uint32(e+1)) }
-func slotHash(v uint64) uint32   { return uint32(v >> 32) }
-func slotPos(v uint64) int32     { return int32(uint32(v)) - 1 }
+func slotHash(v uint64) uint32      { return uint32(v >> 32) }
+func slotPos(v uint64) int32        { return int32(uint32(v)) - 1 }
 
 func (x *index) hash(k string) uint32 { return uint32(maphash.String(x.seed, k)) }
 
