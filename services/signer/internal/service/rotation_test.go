@@ -97,6 +97,7 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "expired root dropped", func() bool {
 		return len(a.Authority().Current().Roots) == 2 && len(b.Authority().Current().Roots) == 2
 	})
+	testkit.Eventually(t, 5*time.Second, "trust.changed on expiry", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 3 })
 	if tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged); tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Removed[0] != oldFP {
 		t.Fatalf("trust.changed on expiry %+v", tc)
 	}

@@ -129,7 +129,7 @@ func (s *Service) Ready() error { return s.http.Ready() }
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.http.Run(ctx) })
-	if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
+	if err := s.ensureStream(ctx); err != nil {
 		return errors.Join(err, stop(g))
 	}
 	if err := s.source.Start(ctx); err != nil {
@@ -150,6 +150,25 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
 		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
 	return g.Wait()
+}
+
+// ensureStream creates the event stream when it does not exist yet, and leaves an
+// existing one as its operator (or meshctl, or the rotator) configured it.
+func (s *Service) ensureStream(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := s.js.Stream(sctx, events.StreamEvents)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := bus.EnsureEventStream(sctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
+			return err
+		}
+		s.log.Info("event stream created", "stream", events.StreamEvents)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up stream %s: %w", events.StreamEvents, err)
+	}
+	return nil
 }
 
 func (s *Service) mode() string {
