@@ -58,10 +58,9 @@ type Edge struct {
 
 	m *metrics.Metrics
 
-	mode  atomic.Value // string
-	bound chan struct{}
-	mgrMu sync.Mutex
-	mgr   *identity.Manager
+	mode      atomic.Value // string
+	bound     chan struct{}
+	readyOnce sync.Once
 }
 
 // New builds an Edge. It does not listen or start anything until Run.
@@ -140,6 +139,7 @@ func (e *Edge) Run(ctx context.Context) error {
 
 	if dec.Mode == startup.External {
 		close(e.bound)
+		e.log.Info("ready: another sds server owns the socket", "socket", e.cfg.SDS.Socket)
 		<-ctx.Done()
 		return nil
 	}
@@ -173,7 +173,9 @@ func (e *Edge) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	return g.Wait()
+	err = g.Wait()
+	e.log.Info("stopped", "error", err)
+	return err
 }
 
 // manager builds the CA flow with the NATS or the gRPC client.
@@ -210,14 +212,14 @@ func (e *Edge) manager() (*identity.Manager, error) {
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
-	e.mgrMu.Lock()
-	e.mgr = mgr
-	e.mgrMu.Unlock()
 	return mgr, nil
 }
 
 // Changed publishes a change of a resource and counts the push.
 func (e *Edge) Changed(en *secrets.Entry, streams int) {
+	if e.Ready() == nil {
+		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
+	}
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
 	e.pub.Publish(events.SubjectSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})

@@ -94,7 +94,8 @@ func (v *env) startPod(o podOpt) *pod {
 		t.Fatal(err)
 	}
 	p := &pod{cfg: cfg, reg: prometheus.NewRegistry()}
-	deps := edge.Deps{NC: v.nc, JS: bustest.JetStream(t, v.nc), Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Registry: p.reg}
+	nc := bustest.Conn(t, v.ns) // its own connection, as a separate process has
+	deps := edge.Deps{NC: nc, JS: bustest.JetStream(t, nc), Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Registry: p.reg}
 	if o.clock != nil {
 		p.clk, deps.Clock = o.clock, o.clock
 	}
