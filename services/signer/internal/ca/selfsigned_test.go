@@ -167,3 +167,26 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatal("forced rotation with new_key kept the key")
 	}
 }
+
+func TestSelfSignedRSARoot(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	r.src.cfg.KeyAlg = pki.RSA2048
+	if err := r.src.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := r.auth.Current()
+	if alg, err := pki.AlgOf(m.Cert.PublicKey); err != nil || alg != pki.RSA2048 {
+		t.Fatalf("root key %v %v", alg, err)
+	}
+	k, _ := pki.GenerateKey(pki.ECP256)
+	id, _ := url.Parse("spiffe://cluster.local/ns/a/sa/b")
+	leaf, err := m.SignLeaf(k.Public(), id, clock.Now(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.CheckSignatureFrom(m.Cert); err != nil {
+		t.Fatal(err)
+	}
+}

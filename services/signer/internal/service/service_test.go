@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,7 +20,9 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/testkit"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
 )
 
 const askedID = "spiffe://cluster.local/ns/kube-system/sa/admin" // what a greedy CSR asks for
@@ -322,5 +325,26 @@ func TestGRPCOverUnixSocket(t *testing.T) {
 	}
 	if leaf := verifyChain(t, resp.CertChain, roots, time.Now()); leaf.URIs[0].String() != "spiffe://cluster.local/ns/shop/sa/web" {
 		t.Fatalf("leaf %v", leaf.URIs)
+	}
+}
+
+func TestGRPCRejectsMalformedAuthorization(t *testing.T) {
+	e := newEnv(t)
+	s := e.start(t, e.config("signer-a"))
+	client := istioClient(t, s, bundle(t, e.nc).Roots, nil, nil)
+	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	for _, h := range []string{"Basic dXNlcjpwYXNz", "Bearer", "Bearer    ", e.token(t, "shop", "web")} {
+		t.Run(h[:min(len(h), 12)], func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", h)
+			_, err := client.CreateCertificate(ctx, &pb.IstioCertificateRequest{Csr: string(csr)})
+			if status.Code(err) != codes.Unauthenticated {
+				t.Fatalf("err %v, want Unauthenticated", err)
+			}
+		})
+	}
+	if n := count(t, e.js, events.SubjectCertIssued); n != 0 {
+		t.Fatalf("%d cert.issued events", n)
 	}
 }
