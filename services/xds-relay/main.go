@@ -68,6 +68,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 	if err != nil {
 		return err
 	}
+	defer dialer.Close()
 	pc, err := proxyconfig.New(cfg.Pod.ID, nc, dialer, log.Named("proxyconfig"))
 	if err != nil {
 		return err

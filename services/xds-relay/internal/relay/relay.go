@@ -32,10 +32,11 @@ type Handler interface {
 	Handle(ctx context.Context, resources []*anypb.Any) error
 }
 
-// Dialer opens the upstream connection for one downstream stream, with the
-// metadata (token, ClusterID, XDS_HEADER_*) to send on it.
+// Dialer gives the upstream connection for one downstream stream, with the
+// metadata (token, ClusterID, XDS_HEADER_*) to send on it, and a release func the
+// relay calls when the stream has ended.
 type Dialer interface {
-	Dial(ctx context.Context) (*grpc.ClientConn, metadata.MD, error)
+	Dial(ctx context.Context) (*grpc.ClientConn, metadata.MD, func(), error)
 	Address() string
 }
 

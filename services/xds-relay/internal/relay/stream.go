@@ -46,13 +46,13 @@ func (s *Server) relay(m mode, ds grpc.ServerStream) error {
 		}
 	}()
 
-	cc, md, err := s.dial.Dial(ctx)
+	cc, md, release, err := s.dial.Dial(ctx)
 	if err != nil {
 		s.m.upstreamFailures.Inc()
 		s.disconnected(id, "upstream dial: "+err.Error())
 		return status.Errorf(codes.Unavailable, "xds relay: upstream %s: %v", s.dial.Address(), err)
 	}
-	defer cc.Close()
+	defer release()
 	us, err := cc.NewStream(metadata.NewOutgoingContext(ctx, md),
 		&grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, m.method,
 		grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(s.cfg.MaxMsgSize), grpc.MaxCallSendMsgSize(s.cfg.MaxMsgSize))

@@ -1,8 +1,12 @@
-// Package upstream dials the discovery server for the relay: one gRPC connection
-// per relayed stream (as Istio's XdsProxy does), plaintext or TLS, with the
-// workload certificate from sds-edge for mTLS, a trust bundle that is rebuilt when
-// the mesh's roots change, and the per-connection metadata (bearer token,
-// ClusterID, XDS_HEADER_*).
+// Package upstream dials the discovery server for the relay: plaintext or TLS,
+// with the workload certificate from sds-edge for mTLS, a trust bundle that is
+// rebuilt when the mesh's roots change, and the per-stream metadata (bearer
+// token, ClusterID, XDS_HEADER_*).
+//
+// Relayed streams share one HTTP/2 connection per TLS generation: every rebuild
+// (trust change, new workload certificate, new anchors) retires the current
+// connection, so new streams dial with the new configuration while the streams on
+// the old one run on; the old connection closes when its last stream ends.
 package upstream
 
 import (
@@ -69,6 +73,14 @@ type Dialer struct {
 	meshRoots  []*x509.Certificate // from the newest trust.changed
 	generation uint64
 	rebuilds   int
+	conn       *sharedConn // nil: dial a new one for the next stream
+}
+
+// sharedConn is one upstream connection and the streams on it.
+type sharedConn struct {
+	cc      *grpc.ClientConn
+	refs    int
+	retired bool
 }
 
 // New returns a Dialer. mat may be nil unless the mode needs the workload
@@ -121,6 +133,7 @@ func (d *Dialer) rebuildLocked(reason string) error {
 	}
 	d.tls = c
 	d.rebuilds++
+	d.retireLocked()
 	d.log.Info("upstream tls configuration built", "reason", reason, "rebuilds", d.rebuilds)
 	return nil
 }
@@ -182,9 +195,26 @@ func (d *Dialer) SetAnchors(certs []*x509.Certificate) error {
 	return d.rebuildLocked("trust anchors")
 }
 
-func (d *Dialer) current() (*tls.Config, error) {
+// retireLocked stops handing out the current connection; it closes once unused.
+func (d *Dialer) retireLocked() {
+	if d.conn == nil {
+		return
+	}
+	d.conn.retired = true
+	if d.conn.refs == 0 {
+		_ = d.conn.cc.Close()
+	}
+	d.conn = nil
+}
+
+// Close closes the current connection once its streams have ended.
+func (d *Dialer) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.retireLocked()
+}
+
+func (d *Dialer) currentLocked() (*tls.Config, error) {
 	if d.tls == nil {
 		if err := d.rebuildLocked("first connection"); err != nil {
 			return nil, err
@@ -193,18 +223,45 @@ func (d *Dialer) current() (*tls.Config, error) {
 	return d.tls.Clone(), nil
 }
 
-// Dial returns a new connection for one relayed stream and the metadata to send
-// on it. The connection is lazy: the stream opened on it connects.
-func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, error) {
+// Dial returns the connection for one relayed stream, the metadata to send on it
+// and a release func to call when the stream has ended. The connection is lazy:
+// the first stream opened on it connects.
+func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, func(), error) {
 	md, err := d.metadata()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn == nil {
+		cc, err := d.dialLocked()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		d.conn = &sharedConn{cc: cc}
+	}
+	sc := d.conn
+	sc.refs++
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			sc.refs--
+			if sc.retired && sc.refs == 0 {
+				_ = sc.cc.Close()
+			}
+		})
+	}
+	return sc.cc, md, release, nil
+}
+
+func (d *Dialer) dialLocked() (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if d.cfg.Mode != Plaintext {
-		c, err := d.current()
+		c, err := d.currentLocked()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		creds = credentials.NewTLS(c)
 	}
@@ -216,9 +273,9 @@ func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(d.cfg.MaxMsgSize), grpc.MaxCallSendMsgSize(d.cfg.MaxMsgSize)),
 	)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", d.cfg.Address, err)
+		return nil, fmt.Errorf("dial %s: %w", d.cfg.Address, err)
 	}
-	return cc, md, nil
+	return cc, nil
 }
 
 // metadata builds the per-connection metadata; the token file is read every time,

@@ -1,0 +1,77 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		environ []string
+		check   func(t *testing.T, c Config)
+	}{
+		{"paths under pod root", []string{"-pod", "web-0", "-pod-root", "/pods/web-0", "-token-file", "tok", "-xds-tls", "plaintext"}, nil, nil,
+			func(t *testing.T, c Config) {
+				if c.Socket != filepath.Join("/pods/web-0", "etc/istio/proxy/XDS") || c.Upstream.TokenFile != "/pods/web-0/tok" ||
+					c.SDSSocket != "/pods/web-0/var/run/secrets/workload-spiffe-uds/socket" {
+					t.Fatalf("socket %s token %s sds %s", c.Socket, c.Upstream.TokenFile, c.SDSSocket)
+				}
+			}},
+		{"auto is plaintext on 15010", []string{"-pod", "p"}, map[string]string{"DISCOVERY_ADDRESS": "istiod:15010"}, nil,
+			func(t *testing.T, c Config) {
+				if c.Upstream.Mode != ModePlaintext || c.NeedsSDS() {
+					t.Fatalf("mode %s", c.Upstream.Mode)
+				}
+			}},
+		{"auto is mtls elsewhere", []string{"-pod", "p"}, nil, nil,
+			func(t *testing.T, c Config) {
+				if c.Upstream.Mode != ModeMTLS || !c.NeedsSDS() || c.Upstream.Address != "istiod.istio-system.svc:15012" {
+					t.Fatalf("mode %s address %s", c.Upstream.Mode, c.Upstream.Address)
+				}
+			}},
+		{"tls with root file needs no sds", []string{"-pod", "p", "-xds-tls", "tls", "-xds-root-ca", "/ca.pem"}, nil, nil,
+			func(t *testing.T, c Config) {
+				if c.NeedsSDS() || c.Upstream.RootCA != "/ca.pem" {
+					t.Fatalf("needs sds with a root file; root %s", c.Upstream.RootCA)
+				}
+			}},
+		{"flags beat env; headers from environ", []string{"-pod", "p", "-cluster-id", "flag"},
+			map[string]string{"CLUSTER_ID": "env", "POD_NAME": "q"}, []string{"XDS_HEADER_FOO=bar", "XDS_HEADER_ISTIO_VERSION=1.31", "OTHER=x"},
+			func(t *testing.T, c Config) {
+				if c.Upstream.ClusterID != "flag" || c.Pod.ID != "p" {
+					t.Fatalf("cluster id %s pod %s", c.Upstream.ClusterID, c.Pod.ID)
+				}
+				if len(c.Upstream.Headers) != 2 || c.Upstream.Headers["foo"] != "bar" || c.Upstream.Headers["istio_version"] != "1.31" {
+					t.Fatalf("headers %v", c.Upstream.Headers)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.args, env(tt.env), tt.environ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	_, err := Load([]string{"-discovery-address", "nohost", "-xds-tls", "maybe", "-max-msg-size", "10",
+		"-connect-timeout", "0s", "-log-level", "loud"}, env(nil), []string{"XDS_HEADER_BAD!=x"})
+	if err == nil {
+		t.Fatal("want error")
+	}
+	for _, f := range []string{"-pod", "-discovery-address", "-xds-tls", "-max-msg-size", "-connect-timeout", "-log-level", "XDS_HEADER_BAD!"} {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}
