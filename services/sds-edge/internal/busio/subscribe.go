@@ -44,8 +44,13 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 		return nil
 	}
 	if h.Renew != nil {
+		seen := newRecent(64)
 		if err := add(renewSubj, func(m *nats.Msg) {
-			ev, _, err := events.Decode[events.RenewDue](m)
+			ev, meta, err := events.Decode[events.RenewDue](m)
+			if err == nil && !seen.add(meta.ID) {
+				log.Debug("dropping repeated renew event", "id", meta.ID)
+				return
+			}
 			if err == nil && ev.Pod != pod {
 				err = fmt.Errorf("renew for pod %q, not %q", ev.Pod, pod)
 			}
@@ -95,4 +100,29 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 		}
 	}
 	return unsub, nil
+}
+
+// recent remembers the last n event ids, to drop repeats (several rotator replicas
+// send the same renewal with the same id).
+type recent struct {
+	ids  map[string]bool
+	ring []string
+	next int
+}
+
+func newRecent(n int) *recent { return &recent{ids: map[string]bool{}, ring: make([]string, n)} }
+
+// add reports whether id is new, remembering it.
+func (r *recent) add(id string) bool {
+	if id == "" {
+		return true
+	}
+	if r.ids[id] {
+		return false
+	}
+	delete(r.ids, r.ring[r.next])
+	r.ring[r.next] = id
+	r.ids[id] = true
+	r.next = (r.next + 1) % len(r.ring)
+	return true
 }

@@ -209,7 +209,7 @@ func (e *Edge) manager() (*identity.Manager, error) {
 			signer = ca.NewNATS(e.d.NC, "sds-edge/"+c.Pod.ID)
 		}
 	}
-	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
+	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, nil

@@ -32,6 +32,7 @@ import (
 type Config struct {
 	Pod            string
 	SPIFFEID       string
+	TrustDomain    string
 	TokenFile      string
 	TTL            time.Duration
 	KeyAlg         pki.KeyAlg
@@ -255,6 +256,9 @@ func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok 
 
 // TrustChanged applies a trust.changed event: merge the bundle, push ROOTCA.
 func (m *Manager) TrustChanged(ev events.TrustChanged) error {
+	if m.cfg.TrustDomain != "" && ev.TrustDomain != m.cfg.TrustDomain {
+		return fmt.Errorf("trust.changed for trust domain %q, not ours (%q)", ev.TrustDomain, m.cfg.TrustDomain)
+	}
 	roots, err := pki.ParseCertPEMs(ev.Roots)
 	if err != nil {
 		return fmt.Errorf("trust.changed roots: %w", err)
