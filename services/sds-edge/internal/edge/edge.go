@@ -160,6 +160,8 @@ func (e *Edge) Run(ctx context.Context) error {
 			return err
 		}
 		defer unsub()
+		// trust.changed is not durable for us: after a bus outage, ask for the bundle.
+		busio.OnReconnect(e.d.NC, func() { go e.refreshBundle(gctx, mgr) })
 		g.Go(func() error { return mgr.Run(gctx) })
 	}
 	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, hooks{e}, e.log.Named("sds")), e.log.Named("sds"))
@@ -223,4 +225,22 @@ func (e *Edge) Changed(en *secrets.Entry, streams int) {
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
 	e.pub.Publish(events.SubjectSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
+}
+
+// refreshBundle applies the signer's current bundle, as if trust.changed had come.
+func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
+	defer cancel()
+	r, err := busio.FetchBundle(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
+	if err == nil {
+		if r.TrustDomain == "" {
+			r.TrustDomain = e.cfg.Pod.TrustDomain
+		}
+		err = mgr.TrustChanged(events.TrustChanged{TrustDomain: r.TrustDomain, Roots: r.Roots, Reason: events.TrustReasonReload, Generation: r.Generation})
+	}
+	if err != nil {
+		e.log.Warn("cannot refresh the trust bundle after reconnecting", "error", err)
+		return
+	}
+	e.log.Info("trust bundle refreshed after reconnecting", "roots", len(r.Roots), "generation", r.Generation)
 }

@@ -330,3 +330,18 @@ func (p *pod) serial(t testing.TB, cc grpc.ClientConnInterface) string {
 	}
 	return pki.SerialHex(leafOf(t, got["default"]))
 }
+
+func TestReconnectRefreshesTrustBundle(t *testing.T) {
+	v := newEnv(t)
+	p := v.startPod(podOpt{})
+	st := p.open(t, p.dial(t), "ROOTCA")
+	recv(t, st)
+	v.ca.rotate(t) // trust.changed missed: nobody publishes it
+	if err := p.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	certs, _ := pki.ParseCertsPEM(recv(t, st).Secrets["ROOTCA"].TrustedCA)
+	if len(certs) != 2 || !certs[0].Equal(v.ca.roots[0]) {
+		t.Fatalf("after reconnect ROOTCA has %d roots, want the new and the old", len(certs))
+	}
+}

@@ -65,6 +65,7 @@ type pod struct {
 	e    *edge.Edge
 	cfg  config.Config
 	reg  *prometheus.Registry
+	nc   *nats.Conn
 	clk  *clock.Fake
 	stop func() error
 }
@@ -93,8 +94,8 @@ func (v *env) startPod(o podOpt) *pod {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pod{cfg: cfg, reg: prometheus.NewRegistry()}
 	nc := bustest.Conn(t, v.ns) // its own connection, as a separate process has
+	p := &pod{cfg: cfg, reg: prometheus.NewRegistry(), nc: nc}
 	deps := edge.Deps{NC: nc, JS: bustest.JetStream(t, nc), Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Registry: p.reg}
 	if o.clock != nil {
 		p.clk, deps.Clock = o.clock, o.clock

@@ -193,6 +193,14 @@ func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = sub.Unsubscribe() })
+	bsub, err := nc.QueueSubscribe(events.SubjectTrustBundle, events.SignerQueue, func(m *nats.Msg) {
+		out, _ := events.NewMsg(m.Reply, "test-ca", events.BundleReply{TrustDomain: c.td, Roots: c.bundle()})
+		_ = m.RespondMsg(out)
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = bsub.Unsubscribe() })
 }
 
 func replyErr(code, msg string) events.SignReply {
