@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,6 +69,8 @@ type upstreamServer struct {
 	opts []grpc.ServerOption
 	// onOpen, if set, sees the context of every stream the upstream opens.
 	onOpen func(context.Context)
+	// noRecord stops keeping requests (benchmarks: the history would grow the heap).
+	noRecord atomic.Bool
 
 	mu       sync.Mutex
 	gs       *grpc.Server
@@ -101,12 +104,18 @@ func (u *upstreamServer) start() {
 		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
 		DeltaStreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
 		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
+			if u.noRecord.Load() {
+				return nil
+			}
 			u.mu.Lock()
 			u.requests = append(u.requests, r)
 			u.mu.Unlock()
 			return nil
 		},
 		StreamDeltaRequestFunc: func(_ int64, r *discoveryv3.DeltaDiscoveryRequest) error {
+			if u.noRecord.Load() {
+				return nil
+			}
 			u.mu.Lock()
 			u.deltas = append(u.deltas, r)
 			u.mu.Unlock()
