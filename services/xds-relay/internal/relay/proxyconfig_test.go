@@ -98,3 +98,39 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 		t.Fatalf("next response to envoy: type %q version %q err %v", r2.GetTypeUrl(), r2.GetVersionInfo(), err)
 	}
 }
+
+func TestProxyConfigOnDeltaStream(t *testing.T) {
+	up := startUpstream(t)
+	up.setClusters("n1", "v1", "a")
+	ca, _ := selfSignedCA(t, "delta anchor")
+	anchor := string(pki.EncodeCertPEM(ca))
+	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
+		t.Fatal(err)
+	}
+	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := ads(t, env.socket).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Recv(); err != nil || r.GetTypeUrl() != resource.ClusterType {
+		t.Fatalf("first delta response: %v %v", r.GetTypeUrl(), err)
+	}
+	eventually(t, "trust anchors published", func() bool {
+		return len(find(env.rec, func(e events.TrustAnchors) bool { return len(e.Roots) == 1 && e.Roots[0] == anchor })) == 1
+	})
+	eventually(t, "delta ack of proxyconfig upstream", func() bool {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		for _, r := range up.deltas {
+			if r.GetTypeUrl() == proxyconfig.TypeURL && r.GetResponseNonce() != "" && r.GetErrorDetail() == nil {
+				return true
+			}
+		}
+		return false
+	})
+}

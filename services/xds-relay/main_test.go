@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestRunServesAndStops runs the real binary's run: it is ready once the socket is
+// bound, with no upstream reachable (as Istio), and returns nil on cancellation.
+func TestRunServesAndStops(t *testing.T) {
+	ns := bustest.Server(t)
+	root, err := os.MkdirTemp("", "xrm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	httpAddr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", freePort(t),
+			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
+			func(string) string { return "" }, nil)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := get("http://" + httpAddr + "/readyz")
+		if code == http.StatusOK && strings.Contains(body, "ready") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready: %d %q", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	fi, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want a 0600 socket", fi.Mode())
+	}
+	if _, body := get("http://" + httpAddr + "/metrics"); !strings.Contains(body, "xds_relay_upstream_connect_failures_total") {
+		t.Fatal("relay metrics missing from /metrics")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, func(string) string { return "" }, nil)
+	if err == nil || !strings.Contains(err.Error(), "-xds-tls") || !strings.Contains(err.Error(), "-pod") {
+		t.Fatalf("err = %v", err)
+	}
+}
