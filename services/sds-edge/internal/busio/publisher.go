@@ -45,22 +45,27 @@ func (p *Publisher) Publish(subject string, payload events.Payload) {
 	}
 }
 
-// Run publishes queued events until ctx ends, then flushes what is left for up to
-// flush. It returns nil.
+// Run publishes queued events until ctx ends, then keeps publishing what is queued
+// for up to flush more (pod.down is queued last). It returns nil.
 func (p *Publisher) Run(ctx context.Context, flush time.Duration) error {
 	defer close(p.done)
+	// hard ends every publish, including one in progress, flush after ctx ends.
+	hard, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(flush, cancel) })
+	defer stop()
 	for {
 		select {
 		case msg := <-p.q:
-			// Not under ctx: an event taken from the queue is finished, within 5s.
-			p.send(context.Background(), msg)
+			p.send(hard, msg)
 		case <-ctx.Done():
-			fctx, cancel := context.WithTimeout(context.Background(), flush)
-			defer cancel()
 			for {
 				select {
 				case msg := <-p.q:
-					p.send(fctx, msg)
+					if hard.Err() != nil {
+						return nil
+					}
+					p.send(hard, msg)
 				default:
 					return nil
 				}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+)
+
+// TestRunServesHealthAndSecrets runs the whole binary's run() in file-mounted mode
+// (no CA needed) and checks /healthz, /readyz, /metrics and the socket.
+func TestRunServesHealthAndSecrets(t *testing.T) {
+	ns := bustest.Server(t)
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer scancel()
+	if _, err := bus.EnsureEventStream(sctx, bustest.JetStream(t, bustest.Conn(t, ns)), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	creds := filepath.Join(root, "var/run/secrets/workload-spiffe-credentials")
+	if err := os.MkdirAll(creds, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "self"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	c, _ := x509.ParseCertificate(der)
+	key, _ := pki.EncodeKeyPEM(k, false)
+	for n, b := range map[string][]byte{"cert-chain.pem": pki.EncodeCertPEM(c), "key.pem": key, "root-cert.pem": pki.EncodeCertPEM(c)} {
+		if err := os.WriteFile(filepath.Join(creds, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	env := map[string]string{"POD_NAME": "web-0", "POD_ROOT": root, "NATS_URL": ns.ClientURL(), "HTTP_ADDR": addr, "LOG_LEVEL": "warn"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }) }()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if code, _ := get("/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			code, body := get("/readyz")
+			t.Fatalf("not ready: %d %s", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("healthz %d", code)
+	}
+	if _, body := get("/metrics"); !strings.Contains(body, `sds_edge_cert_expiry_seconds{resource="default"}`) {
+		t.Fatalf("metrics lack the expiry gauge:\n%s", body)
+	}
+	cc, _ := sdsclient.DialUnix(ctx, filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))
+	defer cc.Close()
+	got, err := sdsclient.Fetch(ctx, cc, "n", "default")
+	if err != nil || !got["default"].IsCertificate() {
+		t.Fatalf("fetch: %v", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run returned %v on cancellation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	err := run(context.Background(), []string{"-key-alg", "dsa"}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "-pod") || !strings.Contains(err.Error(), "-key-alg") {
+		t.Fatalf("run with bad config: %v", err)
+	}
+}
