@@ -69,6 +69,8 @@ type upstreamServer struct {
 	opts []grpc.ServerOption
 	// onOpen, if set, sees the context of every stream the upstream opens.
 	onOpen func(context.Context)
+	// plain serves the snapshot cache alone, with no ProxyConfig support.
+	plain bool
 	// noRecord stops keeping requests (benchmarks: the history would grow the heap).
 	noRecord atomic.Bool
 
@@ -122,7 +124,11 @@ func (u *upstreamServer) start() {
 			return nil
 		},
 	}
-	srv := xdsserver.NewServer(context.Background(), mux, cb)
+	var c cache.Cache = mux
+	if u.plain {
+		c = u.snap
+	}
+	srv := xdsserver.NewServer(context.Background(), c, cb)
 	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxSendMsgSize(64 << 20)}, u.opts...)...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, srv)
 	u.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -133,4 +134,35 @@ func TestProxyConfigOnDeltaStream(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// An upstream that knows nothing of ProxyConfig (like the demo control plane, or
+// any plain go-control-plane server) still relays Envoy's types.
+func TestUpstreamWithoutProxyConfig(t *testing.T) {
+	up := &upstreamServer{t: t, addr: "127.0.0.1:0", plain: true,
+		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil), pcs: cache.NewLinearCache(proxyconfig.TypeURL)}
+	up.start()
+	t.Cleanup(up.stop)
+	up.setClusters("n1", "v1", "a")
+	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: r1.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	up.setClusters("n1", "v2", "a", "b")
+	if r2, err := st.Recv(); err != nil || r2.GetVersionInfo() != "v2" {
+		t.Fatalf("second response: %v %v", r2.GetVersionInfo(), err)
+	}
 }
