@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -164,6 +165,28 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 	eventually(t, "burst handled", func() bool { return v.ca.inFlight.Load() == 0 })
 	if m := v.ca.maxFlight.Load(); m != 1 {
 		t.Fatalf("%d CSRs in flight at once", m)
+	}
+}
+
+func TestFreshTokenReadForEveryCSR(t *testing.T) {
+	v := newEnv(t)
+	p := v.startPod(podOpt{})
+	st := p.open(t, p.dial(t), "default")
+	recv(t, st)
+	first := v.ca.lastReq.Load().Token
+	// The kubelet rotates the projected token: the next CSR carries the new one.
+	fresh := v.ca.token("default", "web", 2*time.Hour)
+	writeToken(t, p.cfg.Pod.RootDir, fresh)
+	renew(t, v.nc, "")
+	recv(t, st)
+	if got := v.ca.lastReq.Load().Token; got != fresh || got == first {
+		t.Fatal("the renewal did not use the token now in the file")
+	}
+	// A token for another service account gets that identity: the CA, not the CSR, decides.
+	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
+	renew(t, v.nc, "")
+	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/other" {
+		t.Fatalf("identity %s", id)
 	}
 }
 

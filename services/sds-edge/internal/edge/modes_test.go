@@ -209,3 +209,24 @@ func TestSocketModeAndPodDown(t *testing.T) {
 		t.Fatalf("socket left behind after shutdown: %v", err)
 	}
 }
+
+func TestExternalWaitSeesSlowProvider(t *testing.T) {
+	v := newEnv(t)
+	root := shortDir(t)
+	sock := filepath.Join(root, "sds.sock")
+	other := grpc.NewServer()
+	defer other.Stop()
+	go func() {
+		time.Sleep(300 * time.Millisecond) // a provider that starts slowly
+		lis, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = other.Serve(lis)
+	}()
+	p := v.startPod(podOpt{root: root, args: []string{"-external-wait", "5s"}})
+	if p.e.Mode() != "external" {
+		t.Fatalf("mode %q, want external", p.e.Mode())
+	}
+}
