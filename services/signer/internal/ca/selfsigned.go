@@ -68,7 +68,8 @@ func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority
 func (s *SelfSigned) Start(ctx context.Context) error {
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (holds the root key)",
-		History: 5, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
+		// History 1: a replaced root key does not linger in the bucket's history.
+		History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
 	})
 	if err != nil {
 		return fmt.Errorf("open kv bucket %s: %w", s.cfg.Bucket, err)
@@ -116,6 +117,9 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 func (s *SelfSigned) Run(ctx context.Context) error {
 	w, err := s.kv.Watch(ctx, RootKey)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("watch root: %w", err)
 	}
 	defer func() { _ = w.Stop() }()

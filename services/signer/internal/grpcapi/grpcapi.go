@@ -123,7 +123,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 	if auth := md.Get("authorization"); len(auth) > 0 {
 		scheme, tok, ok := strings.Cut(auth[0], " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
-			s.iss.Malformed(issuer.TransportGRPC, false)
+			s.iss.AuthMalformed(issuer.TransportGRPC)
 			return nil, status.Error(codes.Unauthenticated, "authorization metadata must be \"Bearer <token>\"")
 		}
 		r.Token = strings.TrimSpace(tok)

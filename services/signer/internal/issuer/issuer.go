@@ -208,6 +208,14 @@ func (i *Issuer) authenticate(req Request, csr *x509.CertificateRequest, mat *ca
 	return authn.Caller{}, fmt.Errorf("%w: no credential: send a bearer token or a client certificate", authn.ErrUnauthenticated)
 }
 
+// AuthMalformed counts a request whose credential could not even be read (a
+// malformed authorization header).
+func (i *Issuer) AuthMalformed(transport string) {
+	i.metrics.Received.WithLabelValues(transport).Inc()
+	i.metrics.AuthFailures.WithLabelValues(transport).Inc()
+	i.metrics.Rejected.WithLabelValues(transport, "auth").Inc()
+}
+
 // Malformed counts a request that could not even be decoded.
 func (i *Issuer) Malformed(transport string, tooLarge bool) {
 	i.metrics.Received.WithLabelValues(transport).Inc()
