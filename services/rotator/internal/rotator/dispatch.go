@@ -67,28 +67,39 @@ func (r *Rotator) sendDue(ctx context.Context) error {
 		}
 		for i, d := range due {
 			if ctx.Err() != nil {
-				return nil
+				return nil // the rest was never written: the next leader sends it
 			}
-			var ok bool
-			var err error
-			if d.Retired {
-				err = r.store.Delete(ctx, d.Pod, d.Resource, d.Rev)
-				ok = err == nil
-				if err != nil && isConflict(err) {
-					ok, err = false, r.adopt(ctx, d.Pod, d.Resource)
-				}
-			} else {
-				recs[i].Rev = d.Rev
-				ok, err = r.persist(ctx, recs[i])
-			}
-			if err != nil {
+			if err := r.renew(ctx, d, recs[i]); err != nil {
 				return err
 			}
-			if !ok {
-				continue // another replica sent it
-			}
-			r.send(ctx, d)
 		}
+	}
+	return nil
+}
+
+// renew records one renewal as sent and sends it. Once the record is written the
+// send goes ahead even if leadership is lost meanwhile: cancelling between the
+// two would leave a renewal marked sent that nobody sent.
+func (r *Rotator) renew(ctx context.Context, d schedule.Renewal, rec schedule.Record) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var ok bool
+	var err error
+	if d.Retired {
+		err = r.store.Delete(wctx, d.Pod, d.Resource, d.Rev)
+		ok = err == nil
+		if isConflict(err) {
+			ok, err = false, r.adopt(wctx, d.Pod, d.Resource)
+		}
+	} else {
+		rec.Rev = d.Rev
+		ok, err = r.persist(wctx, rec)
+	}
+	if err != nil {
+		return err
+	}
+	if ok { // else another replica sent it
+		r.send(wctx, d)
 	}
 	return nil
 }

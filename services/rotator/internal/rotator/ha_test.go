@@ -75,6 +75,9 @@ func TestSplitBrainSendsOnce(t *testing.T) {
 	a := h.start(opts)
 	waitLeader(t, a)
 	opts.Instance = "r1"
+	// r1's own lease must not take over on the clock jump below: a replica runs
+	// one term at a time, and the rogue term is the one this test adds.
+	opts.LeaseTTL = 48 * time.Hour
 	b := h.start(opts)
 	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
