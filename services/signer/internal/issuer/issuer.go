@@ -140,8 +140,10 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		i.metrics.ParseFail.WithLabelValues(t).Inc()
 		return reject("csr", errf(events.CodeInvalidArgument, "csr key: %v", err))
 	}
-	if req.KeyAlgorithm != "" && req.KeyAlgorithm != string(alg) {
-		return reject("key_algorithm", errf(events.CodeInvalidArgument, "key_algorithm %q does not match the CSR's %s key", req.KeyAlgorithm, alg))
+	if req.KeyAlgorithm != "" {
+		if said, err := pki.ParseKeyAlg(req.KeyAlgorithm); err != nil || said != alg {
+			return reject("key_algorithm", errf(events.CodeInvalidArgument, "key_algorithm %q does not match the CSR's %s key", req.KeyAlgorithm, alg))
+		}
 	}
 	caller, err := i.authenticate(req, csr, mat)
 	if err != nil {
