@@ -55,7 +55,7 @@ func Snapshot(version string, port uint32, backend string) (*cache.Snapshot, err
 		return nil, err
 	}
 	hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
-		StatPrefix: "demo",
+		StatPrefix:     "demo",
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: RouteName, ConfigSource: ads()}},
 		HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.router",
 			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},

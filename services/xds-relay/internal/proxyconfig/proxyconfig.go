@@ -16,9 +16,9 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
-	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
 // TypeURL is Istio's ProxyConfig type, as istiod's PCDS serves it.

@@ -170,7 +170,9 @@ func latencies(b *testing.B, up *upstreamServer, client discoveryv3.AggregatedDi
 			b.Fatal(err)
 		}
 		// Let the ACK land and the upstream re-arm its watch.
-		for len(up.seen(func(q *discoveryv3.DiscoveryRequest) bool { return q.GetResponseNonce() == r.GetNonce() && q.GetNode().GetId() == id })) == 0 {
+		for len(up.seen(func(q *discoveryv3.DiscoveryRequest) bool {
+			return q.GetResponseNonce() == r.GetNonce() && q.GetNode().GetId() == id
+		})) == 0 {
 			time.Sleep(20 * time.Microsecond)
 		}
 		time.Sleep(200 * time.Microsecond)

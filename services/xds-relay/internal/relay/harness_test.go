@@ -98,12 +98,12 @@ func (u *upstreamServer) start() {
 	}
 	u.addr = ln.Addr().String()
 	mux := &cache.MuxCache{
-		Classify: func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
+		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
-		Caches: map[string]cache.Cache{"snap": u.snap, "pc": u.pcs},
+		Caches:        map[string]cache.Cache{"snap": u.snap, "pc": u.pcs},
 	}
 	cb := xdsserver.CallbackFuncs{
-		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
+		StreamOpenFunc:      func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
 		DeltaStreamOpenFunc: func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
 		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
 			if u.noRecord.Load() {

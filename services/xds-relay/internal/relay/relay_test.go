@@ -395,4 +395,3 @@ func TestTokenAndMetadataReachUpstream(t *testing.T) {
 		t.Fatal("a stream without a token reached the upstream")
 	}
 }
-
