@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 )
 
@@ -72,4 +73,27 @@ func TestWrongTypeURLRejected(t *testing.T) {
 	if _, err := st2.Recv(); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("no node: %v, want InvalidArgument", err)
 	}
+}
+
+func TestDeltaNackPublished(t *testing.T) {
+	v := newEnv(t)
+	nacks := collect(t, v.nc, events.SubjectSDSNack)
+	p := v.startPod(podOpt{})
+	ds, err := sdsclient.OpenDelta(context.Background(), p.dial(t), "delta-node", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	resp, err := ds.RecvRaw()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Nack(resp, "rejected"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "delta nack published", func() bool {
+		return len(find(nacks, func(e events.SDSNack) bool {
+			return e.Node == "delta-node" && e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "rejected"
+		})) == 1
+	})
 }
