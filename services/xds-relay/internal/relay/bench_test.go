@@ -117,7 +117,7 @@ func BenchmarkThroughput(b *testing.B) {
 			env := startRelay(b, upstream.Config{Address: up.addr}, nil)
 			direct := benchClient(b, up.addr)
 			relayed := benchClient(b, "unix://"+env.socket)
-			const rounds, window = 5, time.Second
+			const rounds, window = 4, time.Second
 			var dRate, rRate, dMB, rMB []float64
 			measure := func(client discoveryv3.AggregatedDiscoveryServiceClient, tag string, rate, mb *[]float64) {
 				n, by := pump(b, up, client, tag, tc.streams, tc.resources, window)

@@ -293,7 +293,7 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 		}
 		done <- struct{}{}
 	}()
-	t.Cleanup(func() { cancel(); <-done; <-done })
+	t.Cleanup(func() { cancel(); <-done; <-done; d.Close() })
 	select {
 	case <-srv.Bound():
 	case <-time.After(5 * time.Second):
