@@ -59,7 +59,8 @@ func New(pod string, bus Sender, sink AnchorSink, log hclog.Logger) (*Handler, e
 func (h *Handler) TypeURL() string { return TypeURL }
 
 // Handle validates every anchor of the response; a bad one rejects the whole
-// response (and changes nothing). A changed set is published and applied.
+// response (and changes nothing). A good set is published to sds-edge and, when
+// it changed, applied to the relay's upstream TLS.
 func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 	var certs []*x509.Certificate
 	seen := map[string]bool{}
@@ -93,9 +94,9 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.last != nil && slices.Equal(h.last, roots) {
-		return nil
-	}
+	// Every accepted response is published, changed or not: sds-edge replaces its
+	// set, so a repeat is harmless and heals an sds-edge that restarted and missed
+	// the last one (core NATS keeps nothing for late subscribers).
 	msg, err := events.NewMsg(h.subject, "xds-relay/"+h.pod, events.TrustAnchors{Pod: h.pod, Roots: roots})
 	if err != nil {
 		return fmt.Errorf("trust anchors: %w", err)
@@ -103,6 +104,10 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 	if err := h.bus.PublishMsg(msg); err != nil {
 		return fmt.Errorf("publish trust anchors: %w", err)
 	}
+	if h.last != nil && slices.Equal(h.last, roots) {
+		return nil
+	}
+	// Only a change rebuilds the relay's own upstream TLS (which retires its connection).
 	if h.sink != nil {
 		if err := h.sink.SetAnchors(certs); err != nil {
 			// The anchors reached sds-edge; the relay's own TLS keeps its old pool.

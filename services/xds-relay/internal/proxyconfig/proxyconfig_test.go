@@ -1,0 +1,118 @@
+package proxyconfig
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/nats-io/nats.go"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func cert(t *testing.T, isCA bool) string {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "c"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: isCA, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return string(pki.EncodeCertPEM(c))
+}
+
+type sink struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *sink) SetAnchors([]*x509.Certificate) error { s.mu.Lock(); s.calls++; s.mu.Unlock(); return nil }
+
+func pc(t *testing.T, pems ...string) *anypb.Any {
+	a, err := anypb.New(&meshv1alpha1.ProxyConfig{CaCertificatesPem: pems})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestHandle(t *testing.T) {
+	ns := bustest.Server(t)
+	nc := bustest.Conn(t, ns)
+	subj, _ := events.PodAnchorsSubject("web-0")
+	got := make(chan *nats.Msg, 16)
+	if _, err := nc.ChanSubscribe(subj, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	s := &sink{}
+	h, err := New("web-0", nc, s, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchor := cert(t, true)
+	notAny, _ := anypb.New(wrapperspb.String("x"))
+	tests := []struct {
+		name      string
+		res       []*anypb.Any
+		wantErr   bool
+		wantRoots int // -1: nothing published
+		sinkCalls int // cumulative
+	}{
+		{"anchors published and applied", []*anypb.Any{pc(t, anchor, anchor)}, false, 1, 1},
+		{"repeat published, not re-applied", []*anypb.Any{pc(t, anchor)}, false, 1, 1},
+		{"leaf certificate rejected", []*anypb.Any{pc(t, cert(t, false))}, true, -1, 1},
+		{"garbage rejected", []*anypb.Any{pc(t, "-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n")}, true, -1, 1},
+		{"wrong type rejected", []*anypb.Any{notAny}, true, -1, 1},
+		{"empty set removes anchors", nil, false, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := h.Handle(context.Background(), tt.res)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tt.wantErr)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantRoots < 0 {
+				select {
+				case m := <-got:
+					t.Fatalf("published %s after a rejected config", m.Data)
+				case <-time.After(50 * time.Millisecond):
+				}
+			} else {
+				select {
+				case m := <-got:
+					ev, _, err := events.Decode[events.TrustAnchors](m)
+					if err != nil || ev.Pod != "web-0" || len(ev.Roots) != tt.wantRoots {
+						t.Fatalf("event %+v, %v", ev, err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("nothing published")
+				}
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.calls != tt.sinkCalls {
+				t.Fatalf("sink calls %d, want %d", s.calls, tt.sinkCalls)
+			}
+		})
+	}
+}
