@@ -17,9 +17,9 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
-	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
 func cert(t *testing.T, isCA bool) string {
@@ -40,7 +40,12 @@ type sink struct {
 	calls int
 }
 
-func (s *sink) SetAnchors([]*x509.Certificate) error { s.mu.Lock(); s.calls++; s.mu.Unlock(); return nil }
+func (s *sink) SetAnchors([]*x509.Certificate) error {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	return nil
+}
 
 func pc(t *testing.T, pems ...string) *anypb.Any {
 	a, err := anypb.New(&meshv1alpha1.ProxyConfig{CaCertificatesPem: pems})
