@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"strconv"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -63,23 +64,29 @@ func leaf(t testing.TB, ca *x509.Certificate, caKey *ecdsa.PrivateKey, dns strin
 
 // startSDS serves `default` and `ROOTCA` for node with a real go-control-plane SDS
 // server on a unix socket, as sds-edge does.
-func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x509.Certificate) string {
+// The returned func serves a new workload certificate (a rotation).
+func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x509.Certificate) (string, func(tls.Certificate)) {
 	t.Helper()
-	keyPEM, err := pki.EncodeKeyPEM(workload.PrivateKey.(*ecdsa.PrivateKey), true)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sc := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
-	snap, err := cache.NewSnapshot("1", map[resource.Type][]types.Resource{resource.SecretType: {
-		sdsclient.EncodeSecret(sdsclient.Secret{Name: "default", CertChain: pki.EncodeCertPEM(workload.Leaf), PrivateKey: keyPEM}),
-		sdsclient.EncodeSecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: pki.EncodeCertsPEM(roots)}),
-	}})
-	if err != nil {
-		t.Fatal(err)
+	version := 0
+	set := func(w tls.Certificate) {
+		keyPEM, err := pki.EncodeKeyPEM(w.PrivateKey.(*ecdsa.PrivateKey), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		version++
+		snap, err := cache.NewSnapshot(strconv.Itoa(version), map[resource.Type][]types.Resource{resource.SecretType: {
+			sdsclient.EncodeSecret(sdsclient.Secret{Name: "default", CertChain: pki.EncodeCertPEM(w.Leaf), PrivateKey: keyPEM}),
+			sdsclient.EncodeSecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: pki.EncodeCertsPEM(roots)}),
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.SetSnapshot(context.Background(), nodeID, snap); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := sc.SetSnapshot(context.Background(), nodeID, snap); err != nil {
-		t.Fatal(err)
-	}
+	set(workload)
 	path := filepath.Join(shortDir(t), "sds")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -89,7 +96,7 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 	secretv3.RegisterSecretDiscoveryServiceServer(gs, xdsserver.NewServer(context.Background(), sc, nil))
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
-	return path
+	return path, set
 }
 
 func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
@@ -105,13 +112,14 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 		ClientAuth:     tls.RequireAndVerifyClientCert, ClientCAs: clientCAs,
 	})))
 	var mu sync.Mutex
-	var peers []string
+	var peers, serials []string
 	up.mu.Lock()
 	up.onOpen = func(ctx context.Context) {
 		p, _ := peer.FromContext(ctx)
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
 			mu.Lock()
 			peers = append(peers, ti.State.PeerCertificates[0].URIs[0].String())
+			serials = append(serials, pki.SerialHex(ti.State.PeerCertificates[0]))
 			mu.Unlock()
 		}
 	}
@@ -119,7 +127,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	up.setClusters("n1", "v1", "a")
 
 	const nodeID = "xds-relay~" + testPod
-	sdsPath := startSDS(t, nodeID, leaf(t, ca1, ca1Key, "", workloadID), ca1)
+	sdsPath, rotate := startSDS(t, nodeID, leaf(t, ca1, ca1Key, "", workloadID), ca1)
 	sdsCC, err := sdsclient.DialUnix(t.Context(), sdsPath)
 	if err != nil {
 		t.Fatal(err)
@@ -200,4 +208,17 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	if r, err := stA.Recv(); err != nil || r.GetVersionInfo() != "v2" {
 		t.Fatalf("old stream after trust change: %v %v", r.GetVersionInfo(), err)
 	}
+
+	// sds-edge rotates the workload certificate: new upstream streams present it.
+	rotated := leaf(t, ca1, ca1Key, "", workloadID)
+	rotate(rotated)
+	want := pki.SerialHex(rotated.Leaf)
+	eventually(t, "rotated workload certificate reaches the upstream", func() bool {
+		if _, _, err := open(); err != nil {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return serials[len(serials)-1] == want
+	})
 }
