@@ -227,6 +227,19 @@ func rssKB(b *testing.B, pid int) float64 {
 	return 0
 }
 
+// cpuSeconds is the process's user+system CPU time from /proc/<pid>/stat.
+func cpuSeconds(b *testing.B, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the ")" that closes the command name; utime and stime are 14 and 15.
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
 // BenchmarkRSS builds the real binary, runs it against an in-process upstream and
 // an embedded bus, and reads its resident memory idle and with 100 live streams.
 func BenchmarkRSS(b *testing.B) {
@@ -268,9 +281,16 @@ func BenchmarkRSS(b *testing.B) {
 		time.Sleep(300 * time.Millisecond)
 		busy := rssKB(b, cmd.Process.Pid)
 		cancel()
+		// The relay process's own CPU per relayed response (and its ACK), small configs.
+		up.noRecord.Store(true)
+		cpu0 := cpuSeconds(b, cmd.Process.Pid)
+		n, _ := pump(b, up, client, "cpu", 8, 1, 2*time.Second)
+		perResp := (cpuSeconds(b, cmd.Process.Pid) - cpu0) / float64(n) * 1e6
 		b.ReportMetric(idle/1024, "idle-RSS-MB")
 		b.ReportMetric(busy/1024, "100-streams-RSS-MB")
 		b.ReportMetric((busy-idle)/100, "KB/stream")
-		b.Logf("RSS idle %.1f MB, with 100 streams %.1f MB (%.0f KB per stream)", idle/1024, busy/1024, (busy-idle)/100)
+		b.ReportMetric(perResp, "relay-CPU-µs/resp")
+		b.Logf("RSS idle %.1f MB, with 100 streams %.1f MB (%.0f KB per stream); relay CPU %.1f µs per response+ACK (%d responses)",
+			idle/1024, busy/1024, (busy-idle)/100, perResp, n)
 	}
 }
