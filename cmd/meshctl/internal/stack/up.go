@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -144,10 +145,13 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 	if err != nil {
 		return nil, err
 	}
+	if bin != "launcher" { // the launcher does not use the bus (yet)
+		args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
+	}
 	p := &proc{
 		name: name, bin: path, http: httpAddr,
-		args:    append([]string{"-nats-url", r.ns.ClientURL(), "-http-addr", httpAddr}, args...),
-		logPath: filepath.Join(r.cfg.Dir, "logs", name+".log"),
+		args:    append([]string{"-http-addr", httpAddr}, args...),
+		logPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
 	}
 	if err := p.start(); err != nil {
 		return nil, err

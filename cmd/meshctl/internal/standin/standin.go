@@ -48,13 +48,19 @@ func (e *Envoy) Run(ctx context.Context) {
 	<-ctx.Done()
 }
 
+// loop reruns f after each failure, reporting a failure only when it differs from
+// the previous one, so that an unreachable upstream is one line, not one a second.
 func (e *Envoy) loop(ctx context.Context, what string, f func(context.Context) error) {
+	last := ""
 	for ctx.Err() == nil {
 		err := f(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		e.Report(fmt.Sprintf("envoy %s: %s stream ended (%v); reconnecting", e.Pod, what, err))
+		if msg := fmt.Sprint(err); msg != last {
+			e.Report(fmt.Sprintf("envoy %s: %s stream ended (%v); retrying every second", e.Pod, what, err))
+			last = msg
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
