@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -144,8 +145,17 @@ func BenchmarkFailover(b *testing.B) {
 	if d, err := time.ParseDuration(os.Getenv("ROTATOR_BENCH_LEASE_TTL")); err == nil && d > 0 {
 		ttl = d
 	}
+	entries := envInt("ROTATOR_BENCH_FAILOVER_ENTRIES", 100_000)
 	for range b.N {
 		srv := bustest.Server(b)
+		{
+			nc := bustest.Conn(b, srv)
+			js := bustest.JetStream(b, nc)
+			if _, err := store.Open(context.Background(), js, "bench_sched", 1, hclog.NewNullLogger()); err != nil {
+				b.Fatal(err)
+			}
+			fillBucket(b, js, "bench_sched", entries)
+		}
 		start := func(name string) (*rotator.Rotator, func(), func()) {
 			nc := bustest.Conn(b, srv)
 			opts := rotator.Options{
@@ -174,15 +184,23 @@ func BenchmarkFailover(b *testing.B) {
 			return time.Since(t0)
 		}
 		a, stopA, cutA := start("a")
-		wait("a leads", 10*time.Second, func() bool { return a.Leader() && a.Ready() == nil })
+		wait("a leads", time.Minute, func() bool { return a.Leader() && a.Ready() == nil })
+		cold, _ := a.LastRebuild()
 		f, stopF, _ := start("b")
-		wait("b follows", 10*time.Second, func() bool { return f.Ready() == nil })
+		wait("b follows, standby warm", time.Minute, func() bool { return f.Ready() == nil && f.MirrorWarm() })
 		time.Sleep(ttl / 2) // a few rounds of renewals
 		cutA()
 		crash := wait("b leads after a crash", 3*ttl, func() bool { return f.Leader() })
+		ready := crash + wait("b ready", time.Minute, func() bool { return f.Ready() == nil })
+		warm, changes := f.LastRebuild()
 		stopA()
 		b.ReportMetric(crash.Seconds(), "crash-failover-s")
+		b.ReportMetric(ready.Seconds(), "crash-to-ready-s")
 		b.ReportMetric(f.Lease().MaxFailover().Seconds(), "bound-s")
+		b.ReportMetric(cold.Seconds(), "cold-rebuild-s")
+		b.ReportMetric(warm.Seconds(), "warm-takeover-rebuild-s")
+		b.Logf("%d entries: cold rebuild %v; warm standby takeover read %d changes in %v",
+			entries, cold.Round(time.Millisecond), changes, warm.Round(time.Millisecond))
 
 		// Clean hand-over: b stops and releases; a fresh replica takes over.
 		c, _, _ := start("c")

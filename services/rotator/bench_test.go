@@ -19,6 +19,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var benchT0 = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
@@ -110,34 +111,13 @@ func BenchmarkRebuild(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rng := rand.New(rand.NewPCG(3, 4))
 		start := time.Now()
-		for i := range n {
-			c := benchCert(rng, i, 24*time.Hour, "root-a")
-			rec := schedule.Record{Pod: c.Pod, Resource: "default", Serial: c.Serial, Root: c.Root,
-				NotBefore: c.NotBefore.UnixNano(), NotAfter: c.NotAfter.UnixNano()}
-			data, _ := json.Marshal(rec)
-			if _, err := js.PublishAsync("$KV.bench_rotator."+store.Key(c.Pod, "default"), data); err != nil {
-				b.Fatal(err)
-			}
-			if i%2_000 == 1_999 { // stay under the client's async window
-				<-js.PublishAsyncComplete()
-			}
-		}
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-time.After(5 * time.Minute):
-			b.Fatal("async publish did not complete")
-		}
+		fillBucket(b, js, "bench_rotator", n)
 		write := time.Since(start)
 
 		s := schedule.New(schedule.Config{GraceRatio: 0.5, Jitter: 0.01, RetryAfter: 30 * time.Second, RetryMax: 5 * time.Minute, Rate: 500, Burst: 50})
 		start = time.Now()
-		got, err := st.Load(ctx, func(t schedule.Trust) { s.RestoreTrust(t, benchT0) }, func(r schedule.Record) {
-			if _, err := s.Restore(r, benchT0); err != nil {
-				b.Fatal(err)
-			}
-		})
+		got, _, err := st.Load(ctx, s, func() time.Time { return benchT0 })
 		took := time.Since(start)
 		if err != nil || got != n || s.Len() != n {
 			b.Fatalf("rebuilt %d of %d: %v", got, n, err)
@@ -148,5 +128,27 @@ func BenchmarkRebuild(b *testing.B) {
 		b.ReportMetric((per * 1_000_000).Seconds(), "rebuild-1M-extrapolated-s")
 		b.Logf("wrote %d records in %v; rebuilt in %v (%v/entry, 1M extrapolated %v)", n, write.Round(time.Millisecond),
 			took.Round(time.Millisecond), per, (per * 1_000_000).Round(100*time.Millisecond))
+	}
+}
+
+// fillBucket writes n schedule records straight to the bucket's stream.
+func fillBucket(b *testing.B, js jetstream.JetStream, bucket string, n int) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range n {
+		c := benchCert(rng, i, 24*time.Hour, "root-a")
+		rec := schedule.Record{Pod: c.Pod, Resource: "default", Serial: c.Serial, Root: c.Root,
+			NotBefore: c.NotBefore.UnixNano(), NotAfter: c.NotAfter.UnixNano()}
+		data, _ := json.Marshal(rec)
+		if _, err := js.PublishAsync("$KV."+bucket+"."+store.Key(c.Pod, "default"), data); err != nil {
+			b.Fatal(err)
+		}
+		if i%2_000 == 1_999 { // stay under the client's async window
+			<-js.PublishAsyncComplete()
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("async publish did not complete")
 	}
 }

@@ -148,7 +148,21 @@ func TestReplicaKilledFailover(t *testing.T) {
 	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
-	waitScheduled(t, a, 1)
+	for i := range 49 {
+		h.issue(fmt.Sprintf("p-%d", i), fmt.Sprint(i+100), now, 10*time.Hour, "root-a")
+	}
+	waitScheduled(t, a, 50)
+	eventually(t, "r1's standby schedule warm with all 50", func() bool {
+		b.mirrorMu.Lock()
+		m := b.mirror
+		b.mirrorMu.Unlock()
+		if m == nil {
+			return false
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.warm && m.sched.Len() == 50
+	})
 
 	// Let both replicas run a few rounds, then kill the leader.
 	period := a.Lease().Period()
@@ -173,6 +187,10 @@ func TestReplicaKilledFailover(t *testing.T) {
 		t.Fatalf("follower took over after %v, before the lease could have expired", elapsed)
 	}
 	waitLeader(t, b)
+	if st, _ := b.Stats(); st.Scheduled != 50 || counter(t, b.m.rebuildChanges) != 0 {
+		t.Fatalf("new leader: %d entries, read %v changes; want 50 from the warm standby and none to read",
+			st.Scheduled, counter(t, b.m.rebuildChanges))
+	}
 	h.clk.Advance(31 * time.Minute)
 	got := h.waitSent(1)
 	if got[0].Pod != "web-0" {

@@ -16,6 +16,7 @@ type metrics struct {
 	sendErrors     prometheus.Counter
 	conflicts      prometheus.Counter
 	rebuildSeconds prometheus.Gauge
+	rebuildChanges prometheus.Gauge
 }
 
 func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
@@ -36,9 +37,11 @@ func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Entries adopted from the bucket after another writer changed them."}),
 		rebuildSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rotator_rebuild_seconds",
 			Help: "How long the last schedule rebuild from the bucket took."}),
+		rebuildChanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rotator_rebuild_changes",
+			Help: "Bucket changes read by the last rebuild (few when the standby schedule was warm)."}),
 	}
 	for _, c := range []prometheus.Collector{m.events, m.sent, m.rateLimited, m.retries, m.expired,
-		m.sendErrors, m.conflicts, m.rebuildSeconds, &scheduleCollector{r: r}} {
+		m.sendErrors, m.conflicts, m.rebuildSeconds, m.rebuildChanges, &scheduleCollector{r: r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

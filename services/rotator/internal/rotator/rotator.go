@@ -54,10 +54,22 @@ type Rotator struct {
 	mu    sync.Mutex // guards sched and everything in it
 	sched *schedule.Schedule
 
+	mirrorMu sync.Mutex
+	mirror   *mirror // the standby schedule while following
+
 	writeMu  sync.Mutex // serialises change-then-persist sequences
 	kick     chan struct{}
 	caughtUp atomic.Bool
 	started  atomic.Bool
+
+	lastRebuild atomic.Int64 // nanoseconds
+	lastChanges atomic.Int64
+}
+
+// LastRebuild is how long the last leader term took to get its schedule ready and
+// how many bucket changes it read (0 when the standby schedule was up to date).
+func (r *Rotator) LastRebuild() (time.Duration, int) {
+	return time.Duration(r.lastRebuild.Load()), int(r.lastChanges.Load())
 }
 
 // New returns a rotator; it touches nothing until Run.
@@ -87,9 +99,14 @@ func (r *Rotator) Run(ctx context.Context) error {
 		return err
 	}
 	r.started.Store(true)
+	r.startMirror(ctx)
+	defer func() { _, _, _ = r.takeMirror() }()
 	r.log.Info("rotator started", "instance", r.opts.Instance, "lease_ttl", r.opts.LeaseTTL,
 		"max_failover", r.lease.MaxFailover(), "rate", r.opts.Schedule.Rate)
-	return r.lease.Run(ctx, r.lead)
+	return r.lease.Run(ctx, func(tctx context.Context) {
+		r.lead(tctx)
+		r.startMirror(ctx) // back to following (unless shutting down)
+	})
 }
 
 func (r *Rotator) setup(ctx context.Context) error {

@@ -30,20 +30,20 @@ func (r *Rotator) lead(ctx context.Context) {
 
 func (r *Rotator) term(ctx context.Context) error {
 	start := time.Now()
-	sched := schedule.New(r.opts.Schedule)
-	now := r.clk.Now()
-	bad := 0
-	n, err := r.store.Load(ctx, func(t schedule.Trust) { sched.RestoreTrust(t, now) }, func(rec schedule.Record) {
-		if _, err := sched.Restore(rec, now); err != nil {
-			bad++
-		}
-	})
+	sched, seq, warm := r.takeMirror()
+	if sched == nil {
+		sched = schedule.New(r.opts.Schedule)
+	}
+	n, _, err := r.store.CatchUp(ctx, seq, sched, r.clk.Now)
 	if err != nil {
 		return err
 	}
 	took := time.Since(start)
 	r.m.rebuildSeconds.Set(took.Seconds())
-	r.log.Info("schedule rebuilt", "entries", n, "skipped", bad, "took", took)
+	r.m.rebuildChanges.Set(float64(n))
+	r.lastRebuild.Store(int64(took))
+	r.lastChanges.Store(int64(n))
+	r.log.Info("schedule ready", "entries", sched.Len(), "from_standby", warm, "changes_read", n, "took", took)
 	r.mu.Lock()
 	r.sched = sched
 	r.mu.Unlock()

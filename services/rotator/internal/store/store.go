@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
@@ -156,65 +155,4 @@ func (s *Store) PutTrust(ctx context.Context, t schedule.Trust) error {
 		return fmt.Errorf("write trust: %w", err)
 	}
 	return nil
-}
-
-// Load reads the trust view and then every entry, calling each for every record.
-// A record that does not decode is logged and skipped.
-func (s *Store) Load(ctx context.Context, trust func(schedule.Trust), each func(schedule.Record)) (int, error) {
-	e, err := s.kv.Get(ctx, trustKey)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-	case err != nil:
-		return 0, fmt.Errorf("load trust: %w", err)
-	default:
-		var t schedule.Trust
-		if err := json.Unmarshal(e.Value(), &t); err != nil {
-			s.log.Warn("skipping undecodable trust view", "error", err)
-		} else {
-			trust(t)
-		}
-	}
-	// A pull-based ordered consumer over the bucket's stream, last value per key:
-	// several times faster than a KV watch (push, flow-controlled) at 10^5-10^6 keys.
-	prefix := "$KV." + s.bucket + "."
-	cons, err := s.js.OrderedConsumer(ctx, "KV_"+s.bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + entryPrefix + ">"},
-		DeliverPolicy:  jetstream.DeliverAllPolicy, // History 1: one message per live key
-	})
-	if err != nil {
-		return 0, fmt.Errorf("load entries: %w", err)
-	}
-	if info := cons.CachedInfo(); info == nil || info.NumPending == 0 {
-		return 0, nil
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4096))
-	if err != nil {
-		return 0, fmt.Errorf("load entries: %w", err)
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	n := 0
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			return n, fmt.Errorf("load entries: %w", err)
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return n, fmt.Errorf("load entries: %w", err)
-		}
-		if op := msg.Headers().Get("KV-Operation"); op == "" {
-			r, err := decodeRaw(strings.TrimPrefix(msg.Subject(), prefix), msg.Data(), md.Sequence.Stream)
-			if err != nil {
-				s.log.Warn("skipping undecodable schedule record", "subject", msg.Subject(), "error", err)
-			} else {
-				each(r)
-				n++
-			}
-		}
-		if md.NumPending == 0 {
-			return n, nil
-		}
-	}
 }
