@@ -4,6 +4,15 @@
 // (package store), and, while it holds the leader lease (package lease), sends
 // renew-due to each pod when its certificate is due, rate-limited fleet-wide and
 // most urgent first.
+//
+// High availability: one leader at a time, chosen by a lease in a KV bucket
+// (crash failover at most 1.4 x the lease TTL; a clean stop hands over within one
+// lease period). Followers keep a warm copy of the schedule by following the
+// bucket, so a new leader reads only the changes it missed. Every entry write is a
+// compare-and-set on its revision and a renewal is recorded as sent before it is
+// sent, so even two replicas that both believe they lead send each renewal once;
+// a leader dying between the write and the send delays that renewal to its retry
+// deadline (-retry-after), never loses it.
 package rotator
 
 import (
