@@ -121,4 +121,3 @@ func TestFollower(t *testing.T) {
 	c.fire()
 	eventually(t, "second rebuild", func() bool { rb, _ := r.snapshot(); return len(rb) == 2 })
 }
-
