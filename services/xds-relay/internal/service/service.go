@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-
 // Run runs the relay until ctx ends; it returns nil on cancellation.
 func Run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"), cfg.BusWait)
