@@ -33,18 +33,19 @@ func Run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	http := obs.NewServer(cfg.Listen.HTTP, log.Named("http"))
-	g, ctx := errgroup.WithContext(ctx)
-	var mat upstream.Material
-	var changes trust.Changes
+	var (
+		mat     upstream.Material
+		changes trust.Changes
+		watcher *sdsclient.Watcher
+	)
 	if cfg.NeedsSDS() {
 		cc, err := sdsclient.DialUnix(ctx, cfg.SDSSocket)
 		if err != nil {
 			return fmt.Errorf("sds-edge at %s: %w", cfg.SDSSocket, err)
 		}
 		defer cc.Close()
-		w := sdsclient.NewWatcher(cc, "xds-relay~"+cfg.Pod.ID, log.Named("sds"))
-		mat, changes = w, w
-		g.Go(func() error { return w.Run(ctx) })
+		watcher = sdsclient.NewWatcher(cc, "xds-relay~"+cfg.Pod.ID, log.Named("sds"))
+		mat, changes = watcher, watcher
 	}
 	dialer, err := upstream.New(upstream.Config{Address: cfg.Upstream.Address, Mode: cfg.Upstream.Mode,
 		RootCAFile: cfg.Upstream.RootCA, ServerName: cfg.Upstream.ServerName, TokenFile: cfg.Upstream.TokenFile,
@@ -65,6 +66,10 @@ func Run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 		return err
 	}
 	http.AddReadyCheck("xds-socket", r.Ready)
+	g, ctx := errgroup.WithContext(ctx)
+	if watcher != nil {
+		g.Go(func() error { return watcher.Run(ctx) })
+	}
 	g.Go(func() error { return http.Run(ctx) })
 	g.Go(func() error { return pub.Run(ctx) })
 	g.Go(func() error { return trust.New(nc, dialer, changes, log.Named("trust")).Run(ctx) })
