@@ -18,9 +18,10 @@ import (
 
 // Set is a flag.FlagSet whose defaults may come from the environment.
 type Set struct {
-	FS     *flag.FlagSet
-	getenv func(string) string
-	errs   []error
+	FS        *flag.FlagSet
+	getenv    func(string) string
+	errs      []error
+	allowArgs bool
 }
 
 // New returns a Set named name that reads environment variables through getenv
@@ -121,11 +122,14 @@ func (s *Set) Parse(args []string) error {
 	if err != nil {
 		s.errs = append(s.errs, err)
 	}
-	if s.FS.NArg() > 0 {
+	if s.FS.NArg() > 0 && !s.allowArgs {
 		s.errs = append(s.errs, fmt.Errorf("unexpected arguments: %v", s.FS.Args()))
 	}
 	return errors.Join(s.errs...)
 }
+
+// AllowArgs lets Parse accept positional arguments (read them from FS.Args()).
+func (s *Set) AllowArgs() { s.allowArgs = true }
 
 // Usage writes the flag defaults to w.
 func (s *Set) Usage(w io.Writer) {

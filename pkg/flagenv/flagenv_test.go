@@ -64,3 +64,16 @@ func TestStrayArgumentsRejected(t *testing.T) {
 		t.Fatal("want error for stray argument")
 	}
 }
+
+func TestAllowArgsKeepsPositionals(t *testing.T) {
+	s := New("x", nil)
+	s.AllowArgs()
+	var d string
+	s.String(&d, "dir", "", "", "")
+	if err := s.Parse([]string{"-dir", "a", "pod", "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	if d != "a" || len(s.FS.Args()) != 2 || s.FS.Arg(0) != "pod" {
+		t.Fatalf("dir %q args %v", d, s.FS.Args())
+	}
+}

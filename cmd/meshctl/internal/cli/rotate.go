@@ -12,26 +12,31 @@ import (
 )
 
 func runRotate(ctx context.Context, env Env, args []string) error {
-	if len(args) == 0 || (args[0] != "root" && args[0] != "pod") {
-		return fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
-	}
-	what, args := args[0], args[1:]
 	var dir string
 	var newKey bool
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
-	if what == "root" {
-		fs.Bool(&newKey, "new-key", "", false, "generate a new root key instead of re-signing the current one")
-	}
-	var pod string
-	if what == "pod" {
-		if len(args) == 0 {
-			return fmt.Errorf("%w: meshctl rotate pod ID", errUsage)
+	fs.AllowArgs()
+	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
+	// Flags may stand before, between or after the words (rotate -dir D pod ID).
+	var words []string
+	rest := args
+	for {
+		if err := parse(fs, env, rest); err != nil {
+			return err
 		}
-		pod, args = args[0], args[1:]
+		rest = fs.FS.Args()
+		if len(rest) == 0 {
+			break
+		}
+		words, rest = append(words, rest[0]), rest[1:]
 	}
-	if err := parse(fs, env, args); err != nil {
-		return err
+	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
+	switch {
+	case len(words) == 1 && words[0] == "root":
+	case len(words) == 2 && words[0] == "pod" && !newKey:
+	default:
+		return usage
 	}
 	st, err := stack.Read(dir)
 	if err != nil {
@@ -44,8 +49,8 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if what == "pod" {
-		return rotatePod(nc, env, pod)
+	if words[0] == "pod" {
+		return rotatePod(nc, env, words[1])
 	}
 	msg, err := events.NewMsg(events.SubjectRootRotate, "meshctl", events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
 	if err != nil {

@@ -22,7 +22,8 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 	fs.String(&pod, "pod", "", "", "pod id from stack.json (instead of -socket)")
 	fs.String(&node, "node", "", "meshctl", "node id to present")
 	names := []string{"default", "ROOTCA"}
-	if err := fs.FS.Parse(args); err != nil {
+	fs.AllowArgs()
+	if err := parse(fs, env, args); err != nil {
 		return err
 	}
 	if fs.FS.NArg() > 0 {
