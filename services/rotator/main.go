@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	http := obs.NewServer(cfg.Listen.HTTP, log.Named("http"))
-	r, err := rotator.New(rotator.FromConfig(cfg), nc, js, clock.Real{}, http.Registry(), log.Named("schedule"))
+	r, err := rotator.New(rotator.FromConfig(cfg), nc, js, clock.Real{}, http.Registry(), log)
 	if err != nil {
 		return err
 	}

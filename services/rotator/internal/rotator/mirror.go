@@ -35,8 +35,20 @@ func (r *Rotator) startMirror(ctx context.Context) {
 	r.mirrorMu.Unlock()
 	go func() {
 		defer close(m.done)
-		start := time.Now()
-		err := r.store.Follow(mctx, 0, func(u store.Update) {
+		r.follow(mctx, m)
+	}()
+}
+
+// follow keeps m up to date until ctx is done, resuming after bus errors from the
+// last change it applied.
+func (r *Rotator) follow(ctx context.Context, m *mirror) {
+	start := time.Now()
+	backoff := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		m.mu.Lock()
+		from := m.seq
+		m.mu.Unlock()
+		err := r.store.Follow(ctx, from, func(u store.Update) {
 			m.mu.Lock()
 			u.Apply(m.sched, r.clk.Now())
 			m.seq = u.Seq
@@ -44,15 +56,24 @@ func (r *Rotator) startMirror(ctx context.Context) {
 			m.mu.Unlock()
 		}, func() {
 			m.mu.Lock()
+			first := !m.warm
 			m.warm = true
 			n := m.sched.Len()
 			m.mu.Unlock()
-			r.log.Info("standby schedule warm", "entries", n, "took", time.Since(start))
+			if first {
+				r.log.Debug("standby schedule warm", "entries", n, "took", time.Since(start))
+			}
 		})
-		if err != nil {
-			r.log.Warn("standby schedule stopped following the bucket", "error", err)
+		if err == nil || ctx.Err() != nil {
+			return
 		}
-	}()
+		r.log.Warn("standby schedule lost the bucket, resuming", "error", err, "from", from)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // takeMirror stops the mirror and returns its schedule and the last bucket
