@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -30,6 +32,10 @@ func main() {
 
 func run(ctx context.Context, args []string, getenv func(string) string) error {
 	cfg, err := config.Load(args, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		config.Usage(os.Stdout)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

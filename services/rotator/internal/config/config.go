@@ -3,6 +3,7 @@ package config
 
 import (
 	"errors"
+	"io"
 	"os"
 	"regexp"
 	"time"
@@ -70,6 +71,21 @@ func Default() Config {
 // Load reads flags and env vars over the defaults and validates the result.
 func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Default()
+	fs := c.bind(getenv)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	c.Bus.Name = "rotator/" + c.HA.Instance
+	return c, c.Validate()
+}
+
+// Usage writes every flag, its env var and its default to w.
+func Usage(w io.Writer) {
+	c := Default()
+	c.bind(nil).Usage(w)
+}
+
+func (c *Config) bind(getenv func(string) string) *flagenv.Set {
 	fs := flagenv.New("rotator", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
@@ -88,11 +104,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Store.Consumer, "consumer", "ROTATOR_CONSUMER", c.Store.Consumer, "durable consumer name on the event stream")
 	fs.Int(&c.Store.Replicas, "js-replicas", "ROTATOR_JS_REPLICAS", c.Store.Replicas, "JetStream replicas of the buckets, consumer and (if created here) the event stream")
 	fs.Duration(&c.Store.StreamMaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Store.StreamMaxAge, "history of the event stream, if the rotator creates it")
-	if err := fs.Parse(args); err != nil {
-		return c, err
-	}
-	c.Bus.Name = "rotator/" + c.HA.Instance
-	return c, c.Validate()
+	return fs
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
