@@ -100,10 +100,3 @@ func (q *queue) fix(e int32) {
 		q.up(i)
 	}
 }
-
-// relocate records that the entry at index from now lives at index to.
-func (q *queue) relocate(from, to int32) {
-	i := q.s.entries[to].hidx
-	q.idx[i] = to
-	_ = from
-}
