@@ -20,11 +20,16 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 var binDir string
@@ -108,6 +113,9 @@ func TestUpSignAndServe(t *testing.T) {
 	if st.NATSURL == "" || st.Signer.GRPCAddr == "" || len(st.Pods) != 1 || st.Pods[0].SPIFFEID != "spiffe://cluster.local/ns/default/sa/demo" {
 		t.Fatalf("stack.json incomplete: %+v", st)
 	}
+	if st.ControlPlane == nil || st.ControlPlane.XDSAddr == "" {
+		t.Fatal("stack.json names no control plane")
+	}
 	if len(st.Processes) != 5 {
 		t.Fatalf("want 5 processes in stack.json, got %d", len(st.Processes))
 	}
@@ -149,6 +157,31 @@ func TestUpSignAndServe(t *testing.T) {
 		}
 		if len(secrets["ROOTCA"].TrustedCA) == 0 {
 			t.Fatal("no ROOTCA")
+		}
+	})
+
+	t.Run("configuration flows through the relay", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cc, err := grpc.NewClient("unix://"+st.Pods[0].XDSSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar~" + st.Pods[0].ID}, TypeUrl: standin.ClusterType})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := ads.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetTypeUrl() != standin.ClusterType || len(resp.GetResources()) != 1 || resp.GetVersionInfo() == "" || resp.GetNonce() == "" {
+			t.Fatalf("relayed response: %v", resp)
 		}
 	})
 

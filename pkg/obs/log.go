@@ -15,9 +15,14 @@ type LogConfig struct {
 	JSON  bool
 }
 
-// Bind registers -log-level (LOG_LEVEL) and -log-json (LOG_JSON) on fs.
+// Bind registers -log-level (LOG_LEVEL) and -log-json (LOG_JSON) on fs. The level
+// already in c is the default; empty means info.
 func (c *LogConfig) Bind(fs *flagenv.Set) {
-	fs.String(&c.Level, "log-level", "LOG_LEVEL", "info", "trace, debug, info, warn or error")
+	def := c.Level
+	if def == "" {
+		def = "info"
+	}
+	fs.String(&c.Level, "log-level", "LOG_LEVEL", def, "trace, debug, info, warn or error")
 	fs.Bool(&c.JSON, "log-json", "LOG_JSON", false, "log JSON lines")
 }
 

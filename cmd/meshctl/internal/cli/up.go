@@ -23,6 +23,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	var logc obs.LogConfig
 	fs := flagenv.New("up", env.Getenv)
 	dirFlag(fs, &cfg.Dir)
+	logc.Level = "warn" // the stand-in Envoy and the event lines say what happens
 	logc.Bind(fs)
 	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the service binaries (default: beside meshctl, then bin/, then PATH)")
 	fs.String(&cfg.TrustDomain, "trust-domain", "TRUST_DOMAIN", "cluster.local", "SPIFFE trust domain")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/democp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
@@ -37,14 +38,15 @@ type Config struct {
 
 // Runner is a started stack.
 type Runner struct {
-	cfg   Config
-	out   io.Writer
-	log   hclog.Logger
-	ns    *server.Server
-	nc    *nats.Conn
-	procs []*proc
-	iss   *devtoken.Issuer
-	Stack Stack
+	cfg    Config
+	out    io.Writer
+	log    hclog.Logger
+	ns     *server.Server
+	nc     *nats.Conn
+	procs  []*proc
+	iss    *devtoken.Issuer
+	stopCP func()
+	Stack  Stack
 }
 
 // New checks cfg; nothing starts until Start.
@@ -122,6 +124,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := r.writeBundle(ctx); err != nil {
+		return err
+	}
+	if err := r.startControlPlane(ctx); err != nil {
 		return err
 	}
 	for i := range r.cfg.Pods {
@@ -222,7 +227,8 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.HTTP["sds-edge"] = sds.http
-	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", append(common, "-sds-socket", pod.SDSSocket)...)
+	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", append(common,
+		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext")...)
 	if err != nil {
 		return err
 	}
@@ -233,6 +239,32 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	}
 	pod.HTTP["launcher"] = l.http
 	r.Stack.Pods = append(r.Stack.Pods, pod)
+	return nil
+}
+
+// startControlPlane runs the demo xDS server in meshctl's own process: it stands for
+// istiod, which the pods' relays connect to.
+func (r *Runner) startControlPlane(ctx context.Context) error {
+	nodes := make([]string, r.cfg.Pods)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("sidecar~demo-%d", i)
+	}
+	cp := democp.New(democp.Config{Addr: "127.0.0.1:0", NodeIDs: nodes}, r.log.Named("democp"))
+	cpctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cp.Run(cpctx) }()
+	r.stopCP = func() {
+		cancel()
+		<-done
+	}
+	select {
+	case <-cp.Bound():
+	case err := <-done:
+		return fmt.Errorf("demo control plane: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.Stack.ControlPlane = &ControlPlane{XDSAddr: cp.Addr().String()}
 	return nil
 }
 
@@ -329,6 +361,9 @@ func (r *Runner) Conn() *nats.Conn { return r.nc }
 func (r *Runner) Stop() {
 	for i := len(r.procs) - 1; i >= 0; i-- {
 		r.procs[i].stop(10 * time.Second)
+	}
+	if r.stopCP != nil {
+		r.stopCP()
 	}
 	if r.nc != nil {
 		_ = r.nc.Drain()
