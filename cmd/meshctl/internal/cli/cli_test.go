@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,8 @@ func TestBadInvocationsGiveClearErrors(t *testing.T) {
 		{"bad flag", []string{"token", "-bogus"}, "flag provided but not defined"},
 		{"up with bad ttl", []string{"up", "-dir", dir, "-ttl", "1s"}, "-ttl: at least 30s"},
 		{"up with bad trust domain", []string{"up", "-dir", dir, "-trust-domain", "Not Valid"}, "-trust-domain"},
+		{"kubelet without paths", []string{"kubelet"}, "-issuer-dir: required"},
+		{"kubelet refreshing too late", []string{"kubelet", "-issuer-dir", dir, "-token-file", dir + "/t", "-ttl", "1m", "-refresh", "2m"}, "-refresh"},
 		{"sds without target", []string{"sds", "-dir", dir}, "-socket or -pod is required"},
 	}
 	for _, tt := range tests {
@@ -90,5 +93,25 @@ func TestDescribeNamesWhatHappened(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestKubeletWritesIssuerAndToken(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // write once, then stop
+	var out bytes.Buffer
+	tokenFile := dir + "/pod/var/run/secrets/tokens/istio-token"
+	err := Run(ctx, Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }},
+		[]string{"kubelet", "-issuer-dir", dir + "/issuer", "-token-file", tokenFile, "-ns", "default", "-sa", "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil || strings.Count(string(tok), ".") != 2 {
+		t.Fatalf("token %q: %v", tok, err)
+	}
+	if _, err := os.Stat(dir + "/issuer/jwks.json"); err != nil {
+		t.Fatal(err)
 	}
 }
