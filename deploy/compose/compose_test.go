@@ -43,8 +43,12 @@ func issued(t *testing.T, ch <-chan events.CertIssued, limit time.Duration, what
 	return events.CertIssued{}
 }
 
-func renew(t *testing.T, nc *nats.Conn) {
+// renew drops any cert.issued already queued, then forces demo-0 to renew.
+func renew(t *testing.T, nc *nats.Conn, ch chan events.CertIssued) {
 	t.Helper()
+	for len(ch) > 0 {
+		<-ch
+	}
 	subj, _ := events.PodRenewSubject("demo-0")
 	msg, err := events.NewMsg(subj, "compose-test", events.RenewDue{Pod: "demo-0", Resource: "default", Reason: events.RenewForced})
 	if err != nil {
@@ -94,7 +98,7 @@ func TestComposeStackSurvivesNodeAndSignerLoss(t *testing.T) {
 	defer cancel()
 	var first events.CertIssued
 	for first.Serial == "" && ctx.Err() == nil {
-		renew(t, nc)
+		renew(t, nc, ch)
 		select {
 		case first = <-ch:
 		case <-time.After(5 * time.Second):
@@ -106,12 +110,12 @@ func TestComposeStackSurvivesNodeAndSignerLoss(t *testing.T) {
 	t.Logf("first certificate %s by %s", first.Serial, first.Signer)
 
 	compose(t, "kill", "nats-2")
-	renew(t, nc)
+	renew(t, nc, ch)
 	afterNode := issued(t, ch, 60*time.Second, "after losing nats-2")
 	t.Logf("with nats-2 down: %s by %s", afterNode.Serial, afterNode.Signer)
 
 	compose(t, "stop", "signer-1")
-	renew(t, nc)
+	renew(t, nc, ch)
 	afterSigner := issued(t, ch, 60*time.Second, "after stopping signer-1")
 	if afterSigner.Signer != "signer-2" {
 		t.Fatalf("signer-1 is stopped but %s signed", afterSigner.Signer)
