@@ -71,9 +71,9 @@ func TestReplacementOverTheBus(t *testing.T) {
 		return rec.Serial == "03"
 	})
 	h.clk.Advance(40 * time.Minute)
-	got := h.waitSent(1)
+	h.waitSent(1)
 	h.settle(r)
-	if got = h.sent(); len(got) != 1 || got[0].Serial != "03" {
+	if got := h.sent(); len(got) != 1 || got[0].Serial != "03" {
 		t.Fatalf("renewals %+v, want one for serial 03", got)
 	}
 }
@@ -101,9 +101,9 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 		return err == nil && !ok
 	})
 	h.clk.Advance(45 * time.Minute)
-	got := h.waitSent(1)
+	h.waitSent(1)
 	h.settle(r)
-	if got = h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
+	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
 		t.Fatalf("renewals %+v, want only web-1", got)
 	}
 }
