@@ -182,7 +182,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"missing id", func() *nats.Msg { m := mustMsg(t, good); m.Header.Del(HeaderID); return m }, ErrNotEvent},
 		{"bad time", func() *nats.Msg { m := mustMsg(t, good); m.Header.Set(HeaderTime, "yesterday"); return m }, ErrNotEvent},
 		{"bad content type", func() *nats.Msg { m := mustMsg(t, good); m.Header.Set(HeaderContentType, "text/xml"); return m }, ErrNotEvent},
-		{"unknown type", func() *nats.Msg { m := mustMsg(t, good); m.Header.Set(HeaderType, "io.meshagent.cert.issued.v9"); return m }, ErrUnknownType},
+		{"unknown type", func() *nats.Msg {
+			m := mustMsg(t, good)
+			m.Header.Set(HeaderType, "io.meshagent.cert.issued.v9")
+			return m
+		}, ErrUnknownType},
 		{"wrong type", func() *nats.Msg { return mustMsg(t, PodDown{Pod: "a"}) }, ErrWrongType},
 		{"garbled body", func() *nats.Msg { m := mustMsg(t, good); m.Data = []byte("\x00\x01garbage"); return m }, ErrInvalid},
 		{"array body", func() *nats.Msg { m := mustMsg(t, good); m.Data = []byte(`[1,2]`); return m }, ErrInvalid},
@@ -260,5 +264,28 @@ func TestPodSubjects(t *testing.T) {
 				t.Fatalf("PodRenewSubject(%q) = %q, %v", tt.pod, got, err)
 			}
 		})
+	}
+}
+
+func TestResourceNamesAreBounded(t *testing.T) {
+	long := strings.Repeat("a", 3000)
+	bad := []Payload{
+		CertIssued{Serial: "1", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256",
+			AuthSource: "jwt", Signer: "s", RootFingerprint: "ab", Resource: long},
+		SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----", Token: "t", Resource: long},
+		SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----", Token: "t", Resource: "default\n"},
+		RenewDue{Pod: "p", Reason: RenewForced, Resource: "a b"},
+	}
+	for _, p := range bad {
+		t.Run(p.EventType(), func(t *testing.T) {
+			err := p.Validate()
+			if err == nil || !strings.Contains(err.Error(), "resource") {
+				t.Fatalf("resource not rejected: %v", err)
+			}
+		})
+	}
+	ok := RenewDue{Pod: "p", Reason: RenewForced, Resource: "default"}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

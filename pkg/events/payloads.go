@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -74,6 +75,14 @@ func (f *fields) pod(v, name string, required bool) {
 	}
 }
 
+// resourcePattern bounds the name of a CA-issued SDS resource. The rotator keys its
+// schedule on (pod, resource), so an unbounded name is a way to break it.
+var resourcePattern = regexp.MustCompile(`^[A-Za-z0-9._:~/-]{1,253}$`)
+
+func (f *fields) resource(v, name string) {
+	f.need(v == "" || resourcePattern.MatchString(v), name, "want 1-253 of [A-Za-z0-9._:~/-]")
+}
+
 // CertIssued is published by a signer for every certificate it issues. It carries
 // public data only: never a key, never a token.
 type CertIssued struct {
@@ -81,11 +90,11 @@ type CertIssued struct {
 	SPIFFEID     string    `json:"spiffe_id"`
 	NotBefore    time.Time `json:"not_before"`
 	NotAfter     time.Time `json:"not_after"`
-	Pod          string    `json:"pod,omitempty"`      // empty for callers that do not name a pod (Istio agents over gRPC)
-	Resource     string    `json:"resource,omitempty"` // SDS resource the cert is for, "default" unless said
-	KeyAlgorithm string    `json:"key_algorithm"`      // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
-	AuthSource   string    `json:"auth_source"`        // "jwt" or "x509"
-	Signer       string    `json:"signer"`             // signer instance id
+	Pod          string    `json:"pod,omitempty"`                                                              // empty for callers that do not name a pod (Istio agents over gRPC)
+	Resource     string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // SDS resource the cert is for, "default" unless said
+	KeyAlgorithm string    `json:"key_algorithm"`                                                              // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
+	AuthSource   string    `json:"auth_source"`                                                                // "jwt" or "x509"
+	Signer       string    `json:"signer"`                                                                     // signer instance id
 	Transport    string    `json:"transport,omitempty"`
 	// RootFingerprint is the SHA-256 (hex) of the root the chain ends at, so that
 	// leaves under an old root can be found after a root rotation.
@@ -100,6 +109,7 @@ func (e CertIssued) Validate() error {
 	f.need(!e.NotBefore.IsZero(), "not_before", "required")
 	f.need(e.NotAfter.After(e.NotBefore), "not_after", "must be after not_before")
 	f.pod(e.Pod, "pod", false)
+	f.resource(e.Resource, "resource")
 	f.nonEmpty(e.KeyAlgorithm, "key_algorithm")
 	f.nonEmpty(e.AuthSource, "auth_source")
 	f.nonEmpty(e.Signer, "signer")
@@ -148,7 +158,7 @@ type SignRequest struct {
 	Proof      string   `json:"proof,omitempty"`
 	TTLSeconds int64    `json:"ttl_seconds,omitempty"` // <= 0: the signer's default
 	Pod        string   `json:"pod,omitempty"`
-	Resource   string   `json:"resource,omitempty"`
+	Resource   string   `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
 	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
 	// checks it against the CSR.
 	KeyAlgorithm string `json:"key_algorithm,omitempty"`
@@ -164,6 +174,7 @@ func (e SignRequest) Validate() error {
 	f.need(e.Token != "" || len(e.CertChain) > 0, "token", "a token or a cert_chain is required")
 	f.need(len(e.CertChain) == 0 || e.Proof != "", "proof", "required with cert_chain")
 	f.pod(e.Pod, "pod", false)
+	f.resource(e.Resource, "resource")
 	return f.err()
 }
 
@@ -270,8 +281,8 @@ const (
 // and, for audit, to SubjectRenewSent.
 type RenewDue struct {
 	Pod      string    `json:"pod"`
-	Resource string    `json:"resource,omitempty"` // "default" when empty
-	Serial   string    `json:"serial,omitempty"`   // the certificate being replaced
+	Resource string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // "default" when empty
+	Serial   string    `json:"serial,omitempty"`                                                           // the certificate being replaced
 	NotAfter time.Time `json:"not_after,omitempty"`
 	Reason   string    `json:"reason"`
 	Attempt  int       `json:"attempt,omitempty"`
@@ -281,6 +292,7 @@ func (RenewDue) EventType() string { return TypeRenewDue }
 func (e RenewDue) Validate() error {
 	var f fields
 	f.pod(e.Pod, "pod", true)
+	f.resource(e.Resource, "resource")
 	f.nonEmpty(e.Reason, "reason")
 	f.need(e.Attempt >= 0, "attempt", "must not be negative")
 	return f.err()
