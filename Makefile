@@ -7,6 +7,8 @@ SERVICES := signer rotator sds-edge xds-relay launcher
 # go.work root with no root module).
 PKGS = $(shell $(GO) list -m -f '{{.Path}}/...')
 TEST_TIMEOUT ?= 30m
+# -race needs cgo and a C compiler; without one, test without it and say so.
+RACE ?= $(shell command -v $$($(GO) env CC) >/dev/null 2>&1 && echo -race)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 IMAGES := signer rotator sds-edge xds-relay launcher meshctl nats-server
@@ -29,7 +31,8 @@ vet:
 	$(GO) vet $(PKGS)
 
 test: vet
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	@[ -n "$(RACE)" ] || echo "note: no C compiler ($$($(GO) env CC)) found, so tests run without -race; install gcc for the race detector"
+	$(GO) test $(RACE) -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -115,3 +115,20 @@ func TestKubeletWritesIssuerAndToken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestWriteFileTightensAnExistingKeyFile(t *testing.T) {
+	path := t.TempDir() + "/key.pem"
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFile(path, []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v", fi.Mode(), err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "new" {
+		t.Fatalf("content %q", b)
+	}
+}

@@ -108,7 +108,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 		{"root-cert.pem", pki.EncodeCertPEM(root), 0o644},
 	}
 	for _, f := range files {
-		if err := os.WriteFile(filepath.Join(out, f.name), f.data, f.mode); err != nil {
+		if err := writeFile(filepath.Join(out, f.name), f.data, f.mode); err != nil {
 			return err
 		}
 	}
@@ -162,4 +162,26 @@ func signGRPC(ctx context.Context, st *stack.Stack, csr, tok string, ttl time.Du
 		return nil, fmt.Errorf("CreateCertificate: %w", err)
 	}
 	return resp.GetCertChain(), nil
+}
+
+// writeFile replaces path atomically with data at exactly mode: a key.pem left by an
+// earlier run with a looser mode does not keep it.
+func writeFile(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return os.Rename(tmp.Name(), path)
 }

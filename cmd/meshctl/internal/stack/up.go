@@ -46,7 +46,10 @@ type Runner struct {
 	procs  []*proc
 	iss    *devtoken.Issuer
 	stopCP func()
-	Stack  Stack
+	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
+	// too deep for the pods' unix socket paths.
+	podsDir string
+	Stack   Stack
 }
 
 // New checks cfg; nothing starts until Start.
@@ -88,10 +91,13 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 			r.Stop()
 		}
 	}()
-	for _, d := range []string{r.cfg.Dir, filepath.Join(r.cfg.Dir, "logs"), filepath.Join(r.cfg.Dir, "pods")} {
+	for _, d := range []string{r.cfg.Dir, filepath.Join(r.cfg.Dir, "logs")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("state dir: %w", err)
 		}
+	}
+	if r.podsDir, err = podsDir(r.cfg.Dir, r.cfg.Pods); err != nil {
+		return err
 	}
 	r.iss, err = devtoken.LoadOrCreate(filepath.Join(r.cfg.Dir, "issuer"))
 	if err != nil {
@@ -138,6 +144,31 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		r.Stack.Processes = append(r.Stack.Processes, Process{Name: p.name, PID: p.cmd.Process.Pid, HTTP: p.http, Log: p.logPath})
 	}
 	return Write(r.cfg.Dir, &r.Stack)
+}
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path less its NUL).
+const maxSocketPath = 107
+
+// longestSocket is the deepest socket a pod root holds (sds-edge's).
+const longestSocket = "var/run/secrets/workload-spiffe-uds/socket"
+
+// podsDir returns dir/pods, or a fresh directory under the system temp dir when the
+// sockets under dir/pods would be longer than a unix socket path may be — a checkout
+// deep in a home directory must still run.
+func podsDir(dir string, pods int) (string, error) {
+	want := filepath.Join(dir, "pods")
+	last := filepath.Join(want, fmt.Sprintf("demo-%d", max(pods-1, 0)), longestSocket)
+	if len(last) <= maxSocketPath {
+		return want, os.MkdirAll(want, 0o755)
+	}
+	short, err := os.MkdirTemp("", "meshagent-pods-")
+	if err != nil {
+		return "", fmt.Errorf("pods dir: %w", err)
+	}
+	if len(filepath.Join(short, "demo-00", longestSocket)) > maxSocketPath {
+		return "", fmt.Errorf("pods dir: %s is too deep for unix sockets too; set TMPDIR or -dir to a shorter path", short)
+	}
+	return short, nil
 }
 
 // spawn starts a service binary and waits for its /readyz.
@@ -202,7 +233,7 @@ func (r *Runner) startRotator(ctx context.Context) error {
 
 func (r *Runner) startPod(ctx context.Context, id string) error {
 	const ns, sa = "default", "demo"
-	root := filepath.Join(r.cfg.Dir, "pods", id)
+	root := filepath.Join(r.podsDir, id)
 	pod := Pod{
 		ID: id, Namespace: ns, ServiceAccount: sa, Root: root,
 		SDSSocket:   filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"),
@@ -373,6 +404,9 @@ func (r *Runner) Stop() {
 		r.ns.WaitForShutdown()
 	}
 	_ = os.Remove(filepath.Join(r.cfg.Dir, FileName))
+	if r.podsDir != "" && filepath.Dir(r.podsDir) != r.cfg.Dir {
+		_ = os.RemoveAll(r.podsDir)
+	}
 }
 
 // Exited returns a channel that yields the first child to exit, for a supervisor.
