@@ -139,7 +139,11 @@ func fillBucket(b *testing.B, js jetstream.JetStream, bucket string, n int) {
 		rec := schedule.Record{Pod: c.Pod, Resource: "default", Serial: c.Serial, Root: c.Root,
 			NotBefore: c.NotBefore.UnixNano(), NotAfter: c.NotAfter.UnixNano()}
 		data, _ := json.Marshal(rec)
-		if _, err := js.PublishAsync("$KV."+bucket+"."+store.Key(c.Pod, "default"), data); err != nil {
+		key, err := store.Key(c.Pod, "default")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync("$KV."+bucket+"."+key, data); err != nil {
 			b.Fatal(err)
 		}
 		if i%2_000 == 1_999 { // stay under the client's async window

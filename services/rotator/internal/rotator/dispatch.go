@@ -95,6 +95,10 @@ func (r *Rotator) renew(ctx context.Context, d schedule.Renewal, rec schedule.Re
 		rec.Rev = d.Rev
 		ok, err = r.persist(wctx, rec)
 	}
+	if errors.Is(err, errRejected) {
+		r.log.Warn("renewal dropped", "pod", clip(d.Pod), "resource", clip(d.Resource), "error", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -157,4 +161,12 @@ func (r *Rotator) publishPod(meta events.Meta, rd events.RenewDue) error {
 func renewalID(d schedule.Renewal) string {
 	h := sha256.Sum256([]byte(d.Pod + "\x00" + d.Resource + "\x00" + d.Serial + "\x00" + strconv.Itoa(d.Attempt)))
 	return hex.EncodeToString(h[:16])
+}
+
+// clip shortens a name for the log: an unstorable one may be kilobytes long.
+func clip(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:64], len(s))
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -59,6 +60,10 @@ func (r *Rotator) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 		// Replayed history: a certificate that expired already needs no renewal.
 		r.m.events.WithLabelValues("cert.issued", "expired").Inc()
 		return nil
+	}
+	if _, err := store.Key(ev.Pod, ev.Resource); err != nil {
+		// Could never be stored: refuse it before it reaches the schedule.
+		return fmt.Errorf("%w: %w", errRejected, err)
 	}
 	c := schedule.Cert{Pod: ev.Pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
 		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter}

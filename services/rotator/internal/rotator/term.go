@@ -13,6 +13,9 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
+// maxDeliver bounds the deliveries of one event to the rotator's consumer.
+const maxDeliver = 10
+
 // lead is one term as leader: rebuild the schedule from the bucket, then consume
 // events and send renewals until ctx is cancelled (leadership lost or shutdown) or
 // the bus fails, in which case the lease starts a fresh term on its next round.
@@ -55,8 +58,11 @@ func (r *Rotator) term(ctx context.Context) error {
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        10 * time.Second,
-		MaxAckPending:  1024,
-		Replicas:       r.opts.Replicas,
+		// A message that keeps failing (each failure ends the term) is given up
+		// after this many tries instead of stalling every renewal forever.
+		MaxDeliver:    maxDeliver,
+		MaxAckPending: 1024,
+		Replicas:      r.opts.Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("create consumer %s: %w", r.opts.Consumer, err)
@@ -123,11 +129,19 @@ func (r *Rotator) adopt(ctx context.Context, pod, resource string) error {
 }
 
 // persist writes rec with compare-and-set and records the new revision. It
-// reports false, having adopted the bucket's state, when another writer won.
+// reports false, having adopted the bucket's state, when another writer won. An
+// entry that can never be stored is dropped from the schedule and reported as
+// errRejected, so that it neither ends the term nor comes back.
 func (r *Rotator) persist(ctx context.Context, rec schedule.Record) (bool, error) {
 	rev, err := r.store.Write(ctx, rec)
 	if errors.Is(err, store.ErrConflict) {
 		return false, r.adopt(ctx, rec.Pod, rec.Resource)
+	}
+	if errors.Is(err, store.ErrKeyTooLong) {
+		r.mu.Lock()
+		r.sched.Remove(rec.Pod, rec.Resource)
+		r.mu.Unlock()
+		return false, fmt.Errorf("%w: %w", errRejected, err)
 	}
 	if err != nil {
 		return false, err

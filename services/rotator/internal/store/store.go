@@ -20,6 +20,17 @@ import (
 // ErrConflict means another writer changed the entry since its revision was read.
 var ErrConflict = errors.New("store: entry changed by another writer")
 
+// ErrKeyTooLong means (pod, resource) would make a key over MaxKeyLen: such an
+// entry can never be stored, so the event that asks for it must be refused.
+var ErrKeyTooLong = errors.New("store: key too long")
+
+// MaxKeyLen bounds an entry key. The key travels in the NATS control line of
+// every write ("PUB $KV.<bucket>.<key> <reply> <size>"), which the server caps at
+// 4 KiB by default and answers by closing the connection; 1 KiB leaves ample room
+// for the bucket and reply subject while fitting any valid pod and resource
+// (253 characters each, so at most 2+338+1+338 bytes).
+const MaxKeyLen = 1024
+
 const (
 	entryPrefix = "e."
 	trustKey    = "trust"
@@ -55,13 +66,18 @@ func Open(ctx context.Context, js jetstream.JetStream, bucket string, replicas i
 }
 
 // Key is the bucket key of (pod, resource). Both are base64url so that any SDS
-// resource name and any pod id make a valid key.
-func Key(pod, resource string) string {
+// resource name and any pod id make a valid key. A key over MaxKeyLen is refused
+// with ErrKeyTooLong, before it gets near the bus.
+func Key(pod, resource string) (string, error) {
 	if resource == "" {
 		resource = schedule.DefaultResource
 	}
-	return entryPrefix + base64.RawURLEncoding.EncodeToString([]byte(pod)) + "." +
-		base64.RawURLEncoding.EncodeToString([]byte(resource))
+	enc := base64.RawURLEncoding
+	if n := len(entryPrefix) + enc.EncodedLen(len(pod)) + 1 + enc.EncodedLen(len(resource)); n > MaxKeyLen {
+		return "", fmt.Errorf("%w: %d bytes for pod of %d and resource of %d bytes, max %d",
+			ErrKeyTooLong, n, len(pod), len(resource), MaxKeyLen)
+	}
+	return entryPrefix + enc.EncodeToString([]byte(pod)) + "." + enc.EncodeToString([]byte(resource)), nil
 }
 
 // Write stores r. r.Rev 0 means the key must not exist yet; otherwise the key's
@@ -71,7 +87,10 @@ func (s *Store) Write(ctx context.Context, r schedule.Record) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("encode record: %w", err)
 	}
-	k := Key(r.Pod, r.Resource)
+	k, err := Key(r.Pod, r.Resource)
+	if err != nil {
+		return 0, err
+	}
 	var rev uint64
 	if r.Rev == 0 {
 		rev, err = s.kv.Create(ctx, k, b)
@@ -103,7 +122,11 @@ func (s *Store) Delete(ctx context.Context, pod, resource string, rev uint64) er
 	if rev != 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
-	err := s.kv.Delete(ctx, Key(pod, resource), opts...)
+	k, err := Key(pod, resource)
+	if err != nil {
+		return err
+	}
+	err = s.kv.Delete(ctx, k, opts...)
 	if conflict(err) {
 		return fmt.Errorf("%w: %s/%s", ErrConflict, pod, resource)
 	}
@@ -115,7 +138,11 @@ func (s *Store) Delete(ctx context.Context, pod, resource string, rev uint64) er
 
 // Get reads the entry of (pod, resource); ok is false when there is none.
 func (s *Store) Get(ctx context.Context, pod, resource string) (schedule.Record, bool, error) {
-	e, err := s.kv.Get(ctx, Key(pod, resource))
+	k, err := Key(pod, resource)
+	if err != nil {
+		return schedule.Record{}, false, err
+	}
+	e, err := s.kv.Get(ctx, k)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return schedule.Record{}, false, nil
 	}
@@ -138,7 +165,7 @@ func decodeRaw(key string, value []byte, rev uint64) (schedule.Record, error) {
 	if err := json.Unmarshal(value, &r); err != nil {
 		return r, fmt.Errorf("decode %s: %w", key, err)
 	}
-	if r.Pod == "" || r.Serial == "" || r.NotAfter <= r.NotBefore || Key(r.Pod, r.Resource) != key {
+	if k, err := Key(r.Pod, r.Resource); err != nil || r.Pod == "" || r.Serial == "" || r.NotAfter <= r.NotBefore || k != key {
 		return r, fmt.Errorf("decode %s: inconsistent record", key)
 	}
 	r.Rev = rev

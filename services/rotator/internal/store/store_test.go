@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +103,59 @@ func TestLoadAndCatchUp(t *testing.T) {
 	}
 	if r, ok := s.Record("d", "default"); !ok || r.Rev == 0 {
 		t.Fatalf("new entry: %+v", r)
+	}
+}
+
+// TestLongKeysAreRefused: a key over MaxKeyLen would overflow the NATS control
+// line and close the connection, so it is refused before anything is sent, the
+// connection stays usable, and the longest valid pod and resource still fit.
+func TestLongKeysAreRefused(t *testing.T) {
+	ctx := context.Background()
+	st := open(t)
+	long := strings.Repeat("a", 3000)
+	max253 := strings.Repeat("b", 253)
+	tests := []struct {
+		name     string
+		pod, res string
+		tooLong  bool
+	}{
+		{"long resource", "web-0", long, true},
+		{"long pod", long, "default", true},
+		{"just over the bound", "p", strings.Repeat("c", (MaxKeyLen-len("e.")-2-1)*3/4+1), true},
+		{"longest valid pod and resource", max253, max253, false},
+		{"default resource", "web-0", "", false},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := Key(tc.pod, tc.res)
+			if tc.tooLong {
+				if !errors.Is(err, ErrKeyTooLong) || k != "" {
+					t.Fatalf("Key: %q, %v; want ErrKeyTooLong", k, err)
+				}
+				r := rec(tc.pod, tc.res, "1")
+				if _, err := st.Write(ctx, r); !errors.Is(err, ErrKeyTooLong) {
+					t.Fatalf("Write: %v, want ErrKeyTooLong", err)
+				}
+				if _, _, err := st.Get(ctx, tc.pod, tc.res); !errors.Is(err, ErrKeyTooLong) {
+					t.Fatalf("Get: %v, want ErrKeyTooLong", err)
+				}
+				if err := st.Delete(ctx, tc.pod, tc.res, 0); !errors.Is(err, ErrKeyTooLong) {
+					t.Fatalf("Delete: %v, want ErrKeyTooLong", err)
+				}
+				return
+			}
+			if err != nil || len(k) > MaxKeyLen {
+				t.Fatalf("Key: %d bytes, %v", len(k), err)
+			}
+			// The connection survived the refused writes: a valid key round-trips.
+			r := rec(tc.pod, tc.res, fmt.Sprint(i))
+			if _, err := st.Write(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			got, ok, err := st.Get(ctx, tc.pod, tc.res)
+			if err != nil || !ok || got.Serial != r.Serial {
+				t.Fatalf("get: %+v %v %v", got, ok, err)
+			}
+		})
 	}
 }

@@ -1,0 +1,124 @@
+package rotator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
+)
+
+func (r *replica) schedPtr() *schedule.Schedule {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sched
+}
+
+// TestOverlongResourceIsTerminated: a cert.issued whose (pod, resource) key would
+// overflow the NATS control line is terminated and counted, never redelivered; the
+// same leader term carries on scheduling and renewing every other pod.
+func TestOverlongResourceIsTerminated(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	r := h.start(testOptions("r0"))
+	waitLeader(t, r)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, time.Hour, "root-a")
+	waitScheduled(t, r, 1)
+	term := r.schedPtr()
+
+	// pkg/events refuses to encode such a resource: build the message by hand.
+	ev := events.CertIssued{Serial: "09", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web-9",
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", Resource: "default", KeyAlgorithm: "EC-P256",
+		AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "root-a"}
+	m, err := events.NewMsg(events.SubjectCertIssued, "test", ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Resource = "file-cert:/" + strings.Repeat("a", 3000)
+	if _, err := store.Key(ev.Pod, ev.Resource); !errors.Is(err, store.ErrKeyTooLong) {
+		t.Fatalf("test resource fits a key: %v", err)
+	}
+	if m.Data, err = json.Marshal(ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "rejection counted", func() bool { return counter(t, r.m.events.WithLabelValues("cert.issued", "rejected")) == 1 })
+	cons, err := h.js.Consumer(ctx, events.StreamEvents, r.opts.Consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "poison message terminated", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || info.Config.MaxDeliver != maxDeliver {
+		t.Fatalf("redelivered %d, max deliver %d; want 0 and %d", info.NumRedelivered, info.Config.MaxDeliver, maxDeliver)
+	}
+
+	h.issue("web-1", "02", now, time.Hour, "root-a")
+	waitScheduled(t, r, 2)
+	if r.schedPtr() != term {
+		t.Fatal("the leader term restarted")
+	}
+	if _, ok := r.Record("web-9", ev.Resource); ok {
+		t.Fatal("overlong entry scheduled")
+	}
+	h.clk.Advance(31 * time.Minute)
+	got := h.waitSent(2)
+	h.settle(r)
+	if ps := sortedPods(h.sent()); fmt.Sprint(ps) != "[web-0 web-1]" {
+		t.Fatalf("renewals for %v (%d in all), want web-0 and web-1", ps, len(got))
+	}
+}
+
+// TestUnstorableEntryIsDropped: should an entry whose key is too long reach the
+// schedule anyway, the dispatcher drops it instead of ending the term, and the
+// other renewals due at the same time still go out.
+func TestUnstorableEntryIsDropped(t *testing.T) {
+	h := newHarness(t)
+	r := h.start(testOptions("r0"))
+	waitLeader(t, r)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, time.Hour, "root-a")
+	waitScheduled(t, r, 1)
+	term := r.schedPtr()
+	long := strings.Repeat("r", 3000)
+	r.mu.Lock()
+	_, err := r.sched.Upsert(schedule.Cert{Pod: "web-9", Resource: long, Serial: "09", Root: "root-a",
+		NotBefore: now, NotAfter: now.Add(time.Hour)}, now)
+	r.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Advance(31 * time.Minute)
+	h.waitSent(1)
+	eventually(t, "overlong entry dropped", func() bool {
+		_, ok := r.Record("web-9", long)
+		return !ok
+	})
+	h.settle(r)
+	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-0" {
+		t.Fatalf("renewals %+v, want one for web-0", got)
+	}
+	if r.schedPtr() != term || !r.Leader() {
+		t.Fatal("the leader term ended")
+	}
+	h.issue("web-1", "02", h.clk.Now(), time.Hour, "root-a")
+	eventually(t, "web-1 scheduled", func() bool {
+		rec, ok := r.Record("web-1", "default")
+		return ok && rec.Serial == "02" && rec.Rev != 0
+	})
+}
