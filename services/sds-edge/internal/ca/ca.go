@@ -17,6 +17,7 @@ import (
 // with the still-valid current certificate), authenticates it.
 type Request struct {
 	CSR          []byte // PEM
+	SPIFFEID     string // the identity the leaf must carry, exactly, as its only URI SAN
 	Token        string
 	CertChain    []string
 	Proof        string
@@ -43,8 +44,9 @@ type Signer interface {
 var ErrRejected = errors.New("rejected by ca")
 
 // checkChain parses and checks a reply chain: at least leaf and root, each signed by
-// the next.
-func checkChain(pems []string) ([]*x509.Certificate, error) {
+// the next, and a leaf for exactly id (so that no responder can hand the pod
+// another identity).
+func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
 	if len(pems) < 2 {
 		return nil, fmt.Errorf("chain has %d certificate(s): want leaf and root at least", len(pems))
 	}
@@ -57,5 +59,23 @@ func checkChain(pems []string) ([]*x509.Certificate, error) {
 			return nil, fmt.Errorf("chain[%d] not signed by chain[%d]: %w", i, i+1, err)
 		}
 	}
+	if err := checkLeafID(chain[0], id); err != nil {
+		return nil, err
+	}
 	return chain, nil
+}
+
+// checkLeafID checks that leaf's one URI SAN is exactly id.
+func checkLeafID(leaf *x509.Certificate, id string) error {
+	if id == "" {
+		return errors.New("no spiffe id to check the signed certificate against")
+	}
+	uris := make([]string, len(leaf.URIs))
+	for i, u := range leaf.URIs {
+		uris[i] = u.String()
+	}
+	if len(uris) != 1 || uris[0] != id {
+		return fmt.Errorf("signed certificate is for %v, not %s", uris, id)
+	}
+	return nil
 }

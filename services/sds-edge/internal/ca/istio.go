@@ -91,7 +91,7 @@ func (c *Istio) Sign(ctx context.Context, req Request) (Response, error) {
 		c.reset()
 		return Response{}, fmt.Errorf("create certificate: %w", err)
 	}
-	chain, err := checkChain(resp.GetCertChain())
+	chain, err := checkChain(resp.GetCertChain(), req.SPIFFEID)
 	if err != nil {
 		return Response{}, err
 	}

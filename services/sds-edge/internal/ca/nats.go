@@ -45,7 +45,7 @@ func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
 		}
 		return Response{}, fmt.Errorf("%w: %w", ErrRejected, r.Error)
 	}
-	chain, err := checkChain(r.CertChain)
+	chain, err := checkChain(r.CertChain, req.SPIFFEID)
 	if err != nil {
 		return Response{}, err
 	}

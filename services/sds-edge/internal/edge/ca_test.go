@@ -182,10 +182,15 @@ func TestFreshTokenReadForEveryCSR(t *testing.T) {
 	if got := v.ca.lastReq.Load().Token; got != fresh || got == first {
 		t.Fatal("the renewal did not use the token now in the file")
 	}
-	// A token for another service account gets that identity: the CA, not the CSR, decides.
+	// A token for another service account gets a certificate for that identity
+	// (the CA, not the CSR, decides), which the pod refuses and retries: it serves
+	// only its own identity.
 	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
+	failed := p.metric("sds_edge_csr_failed_total")
 	renew(t, v.nc, "")
-	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/other" {
+	eventually(t, "certificate for another identity refused", func() bool { return p.metric("sds_edge_csr_failed_total") >= failed+2 })
+	writeToken(t, p.cfg.Pod.RootDir, fresh)
+	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
 		t.Fatalf("identity %s", id)
 	}
 }

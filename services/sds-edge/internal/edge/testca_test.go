@@ -56,6 +56,7 @@ type testCA struct {
 	delay     time.Duration
 	lastReq   atomic.Pointer[events.SignRequest]
 	lastMD    atomic.Pointer[metadata.MD]
+	rogueID   atomic.Pointer[string] // when set, sign for this identity instead (a rogue responder)
 }
 
 func newTestCA(tb testing.TB) *testCA {
@@ -147,6 +148,9 @@ func (c *testCA) sign(csrPEM []byte, id string, ttl time.Duration) ([]string, er
 	}
 	if ttl <= 0 {
 		ttl = time.Hour
+	}
+	if rogue := c.rogueID.Load(); rogue != nil {
+		id = *rogue
 	}
 	u, _ := url.Parse(id)
 	c.mu.Lock()

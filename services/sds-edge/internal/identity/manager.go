@@ -78,10 +78,11 @@ func New(cfg Config, signer ca.Signer, store *secrets.Store, sink Sink, clk cloc
 		renew: make(chan events.RenewDue, 1), trust: newTrust()}
 }
 
-// Renew asks for a renewal (a renew-due event). A request naming a serial that has
-// already been replaced is dropped; requests coalesce: one waiting is enough.
+// Renew asks for a renewal (a renew-due event). A request about an older
+// certificate, already replaced, is dropped (see stale); requests coalesce: one
+// waiting is enough.
 func (m *Manager) Renew(r events.RenewDue) {
-	if cur := m.Serial(); r.Serial != "" && cur != "" && r.Serial != cur {
+	if cur, ok := m.stale(r); ok {
 		m.log.Debug("ignoring stale renew", "serial", r.Serial, "current", cur)
 		return
 	}
@@ -110,7 +111,7 @@ func (m *Manager) Run(ctx context.Context) error {
 			return nil
 		case r := <-m.renew:
 			t.Stop()
-			if cur := m.Serial(); r.Serial != "" && r.Serial != cur {
+			if cur, ok := m.stale(r); ok {
 				m.log.Debug("ignoring stale renew", "serial", r.Serial, "current", cur)
 				continue
 			}
@@ -134,6 +135,23 @@ func (m *Manager) deadline() time.Time {
 	leaf := m.chain[0]
 	life := leaf.NotAfter.Sub(leaf.NotBefore)
 	return leaf.NotBefore.Add(time.Duration(float64(life) * m.cfg.SafetyRatio))
+}
+
+// stale reports whether r is about an older certificate than the current leaf
+// (and returns the current serial): it names another serial and its NotAfter is
+// not after the current leaf's. A renew-due naming a newer certificate the pod
+// never got (the signer recorded it, but its reply was lost) is not stale: the
+// rotator tracks that one now, and every renewal it asks for must be obeyed.
+// Repeats of one event are dropped by event id, in busio.
+func (m *Manager) stale(r events.RenewDue) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.Serial == "" || len(m.chain) == 0 {
+		return "", false
+	}
+	leaf := m.chain[0]
+	cur := pki.SerialHex(leaf)
+	return cur, r.Serial != cur && !r.NotAfter.After(leaf.NotAfter)
 }
 
 // Serial is the current leaf's serial (hex), or "".
@@ -198,7 +216,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	req := ca.Request{CSR: csrPEM, TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
+	req := ca.Request{CSR: csrPEM, SPIFFEID: m.cfg.SPIFFEID, TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
 	if err := m.credential(&req); err != nil {
 		return nil, err
 	}
@@ -264,7 +282,9 @@ func (m *Manager) TrustChanged(ev events.TrustChanged) error {
 		return fmt.Errorf("trust.changed roots: %w", err)
 	}
 	m.mu.Lock()
-	if ev.Generation != 0 && ev.Generation <= m.trust.gen {
+	// Generation 0 (unset) is only taken while no generation has been seen: after
+	// one, it could be any old news, and must not reset the counter.
+	if ev.Generation <= m.trust.gen && (ev.Generation != 0 || m.trust.gen != 0) {
 		m.mu.Unlock()
 		return nil // stale news
 	}
