@@ -109,8 +109,8 @@ func (l *Lease) Run(ctx context.Context, lead func(context.Context)) error {
 			cur.stop()
 			cur = nil
 		}
-		l.rounds.Add(1)
 		t.Reset(l.Period())
+		l.rounds.Add(1) // after Reset: a test that saw the round may move the clock at once
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/rotator/internal/lease"
 )
 
 // exactlyOnce checks that every pod in want got exactly one first renew-due and
@@ -125,9 +126,26 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 	waitScheduled(t, a, 40)
 	// Move time in steps shorter and longer than the lease TTL: big jumps look like
 	// a stalled leader to the follower, so leadership may change hands mid-way.
-	for _, step := range []time.Duration{time.Second, 30 * time.Minute, 3 * time.Second, 30 * time.Minute, 20 * time.Second, 30 * time.Minute} {
+	// Before the fifth step the lease is rewritten as r1's takeover would write it,
+	// so leadership changes hands at least once whatever the race does.
+	kv, err := h.js.KeyValue(context.Background(), opts.LeaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, step := range []time.Duration{time.Second, 30 * time.Minute, 3 * time.Second, 30 * time.Minute, 20 * time.Second, 30 * time.Minute} {
+		if i == 4 {
+			if _, err := kv.Put(context.Background(), lease.Key, []byte("r1")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ra, rb := a.Lease().Rounds(), b.Lease().Rounds()
 		h.clk.Advance(step)
-		time.Sleep(20 * time.Millisecond) // let both replicas act on this instant
+		eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
+			return a.Lease().Rounds() > ra && b.Lease().Rounds() > rb
+		})
+	}
+	if a.Lease().Gained() < 1 || b.Lease().Gained() < 1 {
+		t.Fatalf("leadership gained r0 %d, r1 %d times; want both at least once", a.Lease().Gained(), b.Lease().Gained())
 	}
 	h.waitSent(40)
 	h.settle(a, b)
