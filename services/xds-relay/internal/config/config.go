@@ -153,6 +153,11 @@ func (c Config) Validate() error {
 	if len(c.Socket) > 104 {
 		add("-socket: %q is longer than a unix socket path may be", c.Socket)
 	}
+	// The relay binds in a private temporary directory next to the socket
+	// (dir/.xrNNNNNNNNNN/s, up to 16 bytes more than dir) before linking it into place.
+	if d := filepath.Dir(c.Socket); len(d)+16 > 107 {
+		add("-socket: directory %q is too long (max 91 bytes): the socket is first bound in a temporary directory there", d)
+	}
 	if _, _, err := net.SplitHostPort(c.Upstream.Address); err != nil {
 		add("-discovery-address: %q: want host:port", c.Upstream.Address)
 	}

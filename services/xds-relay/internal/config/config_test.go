@@ -65,11 +65,11 @@ func TestLoad(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	_, err := Load([]string{"-discovery-address", "nohost", "-xds-tls", "maybe", "-max-msg-size", "10",
-		"-connect-timeout", "0s", "-log-level", "loud"}, env(nil), []string{"XDS_HEADER_BAD!=x"})
+		"-connect-timeout", "0s", "-log-level", "loud", "-socket", "/" + strings.Repeat("d", 95) + "/XDS"}, env(nil), []string{"XDS_HEADER_BAD!=x"})
 	if err == nil {
 		t.Fatal("want error")
 	}
-	for _, f := range []string{"-pod", "-discovery-address", "-xds-tls", "-max-msg-size", "-connect-timeout", "-log-level", "XDS_HEADER_BAD!"} {
+	for _, f := range []string{"-pod", "-discovery-address", "-xds-tls", "-max-msg-size", "-connect-timeout", "-log-level", "XDS_HEADER_BAD!", "-socket"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}

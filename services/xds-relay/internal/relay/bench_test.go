@@ -245,7 +245,7 @@ func cpuSeconds(b *testing.B, pid int) float64 {
 func BenchmarkRSS(b *testing.B) {
 	dir := shortDir(b)
 	bin := filepath.Join(dir, "xds-relay")
-	build := exec.Command("go", "build", "-o", bin, "../..")
+	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", bin, "../..") // as make build
 	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("build: %v\n%s", err, out)
 	}

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +47,9 @@ type Publisher interface {
 // Config is the relay's part of the service configuration.
 type Config struct {
 	Pod        string
-	Socket     string // unix socket path Envoy connects to
-	MaxMsgSize int    // bytes, both directions
+	Socket     string      // unix socket path Envoy connects to
+	SocketMode os.FileMode // the socket's permissions; zero means DefaultSocketMode
+	MaxMsgSize int         // bytes, both directions
 }
 
 // Server serves ADS on the socket and relays every stream upstream.
@@ -111,30 +111,22 @@ func (s *Server) Ready() error {
 	}
 }
 
-func (s *Server) listen() (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
-		return nil, fmt.Errorf("create socket dir: %w", err)
-	}
-	if err := os.Remove(s.cfg.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket: %w", err)
-	}
-	ln, err := net.Listen("unix", s.cfg.Socket)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", s.cfg.Socket, err)
-	}
-	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("chmod socket: %w", err)
-	}
-	return ln, nil
-}
-
 // Run serves until ctx is cancelled, then ends every stream and stops within a
 // few seconds. It returns nil on cancellation.
 func (s *Server) Run(ctx context.Context) error {
-	ln, err := s.listen()
+	mode := s.cfg.SocketMode
+	if mode == 0 {
+		mode = DefaultSocketMode
+	}
+	ln, err := Listen(s.cfg.Socket, mode)
 	if err != nil {
 		return err
+	}
+	// Remembered so shutdown removes the socket only while it is still ours.
+	mine, err := os.Lstat(s.cfg.Socket)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("stat bound socket: %w", err)
 	}
 	gs := grpc.NewServer(
 		grpc.ForceServerCodecV2(codec{}),
@@ -155,7 +147,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.addr = ln.Addr()
 	s.mu.Unlock()
 	s.once.Do(func() { close(s.bound) })
-	s.log.Info("xds relay listening", "socket", s.cfg.Socket, "upstream", s.dial.Address())
+	s.log.Info("xds relay listening", "socket", s.cfg.Socket, "mode", fmt.Sprintf("%#o", mode), "upstream", s.dial.Address())
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(ln) }()
 	select {
@@ -173,6 +165,8 @@ func (s *Server) Run(ctx context.Context) error {
 		<-done
 	}
 	<-errc
-	_ = os.Remove(s.cfg.Socket)
+	if ownsSocket(s.cfg.Socket, mine) {
+		_ = os.Remove(s.cfg.Socket)
+	}
 	return nil
 }
