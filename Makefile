@@ -9,6 +9,10 @@ PKGS = $(shell $(GO) list -m -f '{{.Path}}/...')
 TEST_TIMEOUT ?= 30m
 # -race needs cgo and a C compiler; without one, test without it and say so.
 RACE ?= $(shell command -v $$($(GO) env CC) >/dev/null 2>&1 && echo -race)
+# grpcnotrace: grpc-go otherwise links x/net/trace and html/template, whose reflection
+# makes the linker keep every exported method of every Envoy proto type (binaries
+# 28 -> 22 MB, sds-edge file-backed RSS 16.6 -> 13.5 MB). Nothing enables gRPC tracing.
+BUILD_FLAGS := -trimpath -tags grpcnotrace
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 IMAGES := signer rotator sds-edge xds-relay launcher meshctl nats-server
@@ -19,8 +23,8 @@ COMPOSE_FILE := deploy/compose/compose.yaml
 
 build:
 	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/$$s ./services/$$s || exit 1; done
-	@CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/meshctl ./cmd/meshctl
+	@for s in $(SERVICES); do CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/$$s ./services/$$s || exit 1; done
+	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/meshctl ./cmd/meshctl
 	@echo "built: $$(ls $(BIN) | tr '\n' ' ')"
 
 # The embedded default: NATS, a signer, a rotator and a demo pod, until Ctrl-C.

@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, svc), "github.com/meshagent/meshagent/services/"+svc)
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, svc), "github.com/meshagent/meshagent/services/"+svc)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "build %s: %v\n%s", svc, err, out)

@@ -255,6 +255,10 @@ func TestPodSubjects(t *testing.T) {
 		{"a.*", "", false},
 		{"a>", "", false},
 		{"-a", "", false},
+		{"a-", "", false},
+		{"a", "meshagent.pod.a.renew", true},
+		{"a~b", "", false},
+		{strings.Repeat("a", 253), "meshagent.pod." + strings.Repeat("a", 253) + ".renew", true},
 		{strings.Repeat("a", 254), "", false},
 	}
 	for _, tt := range tests {

@@ -112,8 +112,8 @@ func BenchmarkPushLatency(b *testing.B) {
 func BenchmarkRSS(b *testing.B) {
 	v := newEnv(b)
 	bin := filepath.Join(b.TempDir(), "sds-edge")
-	// Built as `make build` builds it (static, -trimpath), so make bench hits the build cache.
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/meshagent/meshagent/services/sds-edge")
+	// Built as `make build` builds it (static, -trimpath, grpcnotrace), so make bench hits the build cache.
+	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", bin, "github.com/meshagent/meshagent/services/sds-edge")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
