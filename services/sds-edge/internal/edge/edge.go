@@ -150,10 +150,11 @@ func (e *Edge) Run(ctx context.Context) error {
 			return fmt.Errorf("mounted certificates in %s: %w", dec.Dir, err)
 		}
 	case startup.CA:
-		mgr, err := e.manager()
+		mgr, closeSigner, err := e.manager()
 		if err != nil {
 			return err
 		}
+		defer closeSigner()
 		unsub, err := busio.Subscribe(e.d.NC, e.cfg.Pod.ID, busio.Handlers{
 			Renew: mgr.Renew, Trust: mgr.TrustChanged, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
@@ -180,24 +181,25 @@ func (e *Edge) Run(ctx context.Context) error {
 	return err
 }
 
-// manager builds the CA flow with the NATS or the gRPC client.
-func (e *Edge) manager() (*identity.Manager, error) {
+// manager builds the CA flow with the NATS or the gRPC client; closeSigner
+// releases a client it made (the gRPC connection), once the manager has stopped.
+func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
 	c := e.cfg
 	var seed []*x509.Certificate
 	if c.CA.RootCert != "" {
 		data, err := os.ReadFile(c.CA.RootCert)
 		if err != nil {
-			return nil, fmt.Errorf("-ca-root-cert: %w", err)
+			return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
 		}
 		if seed, err = pki.ParseCertsPEM(data); err != nil || len(seed) == 0 {
-			return nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
+			return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
 		}
 	}
-	var mgr *identity.Manager
+	closeSigner = func() {}
 	signer := e.d.Signer
 	if signer == nil {
 		if c.CA.Addr != "" {
-			signer = ca.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
+			istio := ca.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
 				if len(seed) > 0 {
 					p := x509.NewCertPool()
 					for _, r := range seed {
@@ -207,6 +209,7 @@ func (e *Edge) manager() (*identity.Manager, error) {
 				}
 				return mgr.Roots()
 			})
+			signer, closeSigner = istio, func() { _ = istio.Close() }
 		} else {
 			signer = ca.NewNATS(e.d.NC, "sds-edge/"+c.Pod.ID)
 		}
@@ -214,7 +217,7 @@ func (e *Edge) manager() (*identity.Manager, error) {
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
-	return mgr, nil
+	return mgr, closeSigner, nil
 }
 
 // Changed publishes a change of a resource and counts the push.

@@ -304,6 +304,8 @@ func TestDeltaAndFetch(t *testing.T) {
 	if err := ds.Subscribe(nil, []string{"default"}); err != nil {
 		t.Fatal(err)
 	}
+	// The request is in flight: renew only once the server has applied it.
+	eventually(t, "default unsubscribed", func() bool { return p.e.Store().Watching("default") == 0 })
 	before := p.metric("sds_edge_pushes_total")
 	serialBefore := p.serial(t, cc)
 	renew(t, v.nc, "")
