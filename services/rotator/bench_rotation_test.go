@@ -163,7 +163,7 @@ func BenchmarkFailover(b *testing.B) {
 				Schedule: schedule.Config{GraceRatio: 0.5, RetryAfter: time.Minute, RetryMax: time.Hour, Rate: 500, Burst: 50},
 				Instance: name, LeaseTTL: ttl, Consumer: "rotator", Bucket: "bench_sched", LeaseBucket: "bench_lease", Replicas: 1,
 			}
-			r, err := rotator.New(opts, nc, bustest.JetStream(b, nc), clock.Real{}, prometheus.NewRegistry(), hclog.NewNullLogger())
+			r, err := rotator.New(opts, nc, clock.Real{}, prometheus.NewRegistry(), hclog.NewNullLogger())
 			if err != nil {
 				b.Fatal(err)
 			}

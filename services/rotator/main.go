@@ -17,7 +17,6 @@ import (
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/config"
 	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -45,12 +44,8 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	defer func() { _ = nc.Drain() }()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 	http := obs.NewServer(cfg.Listen.HTTP, log.Named("http"))
-	r, err := rotator.New(rotator.FromConfig(cfg), nc, js, clock.Real{}, http.Registry(), log)
+	r, err := rotator.New(rotator.FromConfig(cfg), nc, clock.Real{}, http.Registry(), log)
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,7 @@ func (h *harness) start(opts Options) *replica {
 	nc := bustest.Conn(h.t, h.srv)
 	reg := prometheus.NewRegistry()
 	log := hclog.New(&hclog.LoggerOptions{Name: opts.Instance, Level: hclog.Warn, Output: testWriter{h.t}})
-	r, err := New(opts, nc, bustest.JetStream(h.t, nc), h.clk, reg, log)
+	r, err := New(opts, nc, h.clk, reg, log)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -81,13 +81,17 @@ func (r *Rotator) LastRebuild() (time.Duration, int) {
 	return time.Duration(r.lastRebuild.Load()), int(r.lastChanges.Load())
 }
 
-// New returns a rotator; it touches nothing until Run.
-func New(opts Options, nc *nats.Conn, js jetstream.JetStream, clk clock.Clock, reg prometheus.Registerer, log hclog.Logger) (*Rotator, error) {
+// New returns a rotator using JetStream on nc; it touches nothing until Run.
+func New(opts Options, nc *nats.Conn, clk clock.Clock, reg prometheus.Registerer, log hclog.Logger) (*Rotator, error) {
 	if opts.Batch <= 0 {
 		opts.Batch = 256
 	}
 	if opts.Instance == "" || opts.Consumer == "" || opts.Bucket == "" || opts.LeaseBucket == "" || opts.LeaseTTL <= 0 {
 		return nil, errors.New("rotator: instance, consumer, buckets and lease ttl are required")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("rotator: jetstream: %w", err)
 	}
 	r := &Rotator{opts: opts, nc: nc, js: js, clk: clk, log: log, kick: make(chan struct{}, 1)}
 	m, err := newMetrics(r, reg)
