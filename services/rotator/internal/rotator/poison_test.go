@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func (r *replica) schedPtr() *schedule.Schedule {
@@ -121,4 +123,33 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 		rec, ok := r.Record("web-1", "default")
 		return ok && rec.Serial == "02" && rec.Rev != 0
 	})
+}
+
+// TestExistingConsumerGetsMaxDeliver: a durable consumer left by an older rotator
+// (unbounded deliveries) is updated in place on the next leader term.
+func TestExistingConsumerGetsMaxDeliver(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	if _, err := bus.EnsureEventStream(ctx, h.js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	opts := testOptions("r0")
+	old, err := h.js.CreateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{Durable: opts.Consumer,
+		FilterSubjects: []string{events.SubjectCertIssued, events.SubjectPodDown, events.SubjectTrustChanged},
+		AckPolicy:      jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := old.CachedInfo().Config.MaxDeliver; md != -1 {
+		t.Fatalf("old consumer max deliver %d, want unbounded", md)
+	}
+	r := h.start(opts)
+	waitLeader(t, r)
+	info, err := old.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxDeliver != maxDeliver {
+		t.Fatalf("max deliver %d, want %d", info.Config.MaxDeliver, maxDeliver)
+	}
 }
