@@ -33,6 +33,9 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	log := obs.NewLogger("signer", cfg.Log, os.Stderr)
 	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"), 30*time.Second)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while waiting for NATS
+		}
 		return err
 	}
 	defer func() { _ = nc.Drain() }()

@@ -58,3 +58,13 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// Ctrl-C while waiting for NATS exits cleanly (status 0), not with an error.
+func TestRunReturnsNilWhenInterruptedWhileConnecting(t *testing.T) {
+	env := map[string]string{"NATS_URL": "nats://" + freeAddr(t)} // nothing listens there
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := run(ctx, []string{"-instance", "main-test", "-log-level", "off"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatalf("run interrupted while connecting: %v", err)
+	}
+}

@@ -92,10 +92,10 @@ type Plugged struct {
 	delay       time.Duration
 	trustDomain string
 	auth        *Authority
-	notify      Notifier
 	log         hclog.Logger
 	now         func() time.Time
 	rejected    atomic.Uint64
+	ann         *announcer
 }
 
 // Rejected counts reloads refused because the new material was invalid.
@@ -106,7 +106,7 @@ func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Autho
 	if now == nil {
 		now = time.Now
 	}
-	return &Plugged{dir: dir, delay: delay, trustDomain: trustDomain, auth: auth, notify: notify, log: log, now: now}
+	return &Plugged{dir: dir, delay: delay, trustDomain: trustDomain, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
 }
 
 // Start loads the directory; invalid material is an error.
@@ -116,6 +116,7 @@ func (p *Plugged) Start(context.Context) error {
 		return fmt.Errorf("load %s: %w", p.dir, err)
 	}
 	p.auth.install(m, true)
+	p.ann.settle(m.Generation)
 	p.log.Info("ca material loaded", "dir", p.dir, "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "not_after", m.NotAfter())
 	return nil
 }
@@ -123,8 +124,20 @@ func (p *Plugged) Start(context.Context) error {
 // Rotate is not supported: the operator owns plugged-in material.
 func (p *Plugged) Rotate(context.Context, bool) (*Material, error) { return nil, ErrNotSupported }
 
-// Run watches the directory (fsnotify, debounced) and reloads on change until ctx is done.
+// Announced is the highest generation known to be announced with trust.changed (or
+// to need no announcement: the one loaded at Start).
+func (p *Plugged) Announced() uint64 { return p.ann.announced() }
+
+// AnnounceFailures counts failed attempts to publish trust.changed (each is retried).
+func (p *Plugged) AnnounceFailures() uint64 { return p.ann.failures.Load() }
+
+// Run watches the directory (fsnotify, debounced) and reloads on change, and
+// announces each change (retrying until the bus takes it), until ctx is done.
 func (p *Plugged) Run(ctx context.Context) error {
+	actx, stopAnnounce := context.WithCancel(ctx)
+	announced := make(chan struct{})
+	go func() { defer close(announced); p.ann.run(actx) }()
+	defer func() { stopAnnounce(); <-announced }()
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", p.dir, err)
@@ -165,8 +178,9 @@ func (p *Plugged) Run(ctx context.Context) error {
 }
 
 // Reload reads the directory again. Invalid material is logged and ignored; a change
-// is installed and announced with trust.changed. It reports whether it installed.
-func (p *Plugged) Reload(ctx context.Context) bool {
+// is installed and queued for announcement with trust.changed (Run publishes it).
+// It reports whether it installed.
+func (p *Plugged) Reload(context.Context) bool {
 	m, err := LoadDir(p.dir, p.now())
 	if err != nil {
 		p.rejected.Add(1)
@@ -183,12 +197,7 @@ func (p *Plugged) Reload(ctx context.Context) bool {
 	p.auth.install(m, true)
 	added, removed := diff(old, m)
 	p.log.Info("ca material reloaded", "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "added", len(added), "removed", len(removed))
-	if p.notify != nil {
-		tc := events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: events.TrustReasonReload, Generation: m.Generation}
-		if err := p.notify(ctx, tc); err != nil {
-			p.log.Error("publish trust.changed failed", "error", err)
-		}
-	}
+	p.ann.observe(events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: events.TrustReasonReload, Generation: m.Generation})
 	return true
 }
 

@@ -20,7 +20,7 @@ import (
 // RootKey is the KV key that holds the self-signed root.
 const RootKey = "root"
 
-// Notifier publishes a change of the trust bundle.
+// Notifier publishes a change of the trust bundle (one attempt; the caller retries).
 type Notifier func(ctx context.Context, tc events.TrustChanged) error
 
 // SelfSignedConfig configures the self-signed mode.
@@ -41,19 +41,23 @@ type stored struct {
 	Generation uint64   `json:"generation"`
 	KeyPEM     string   `json:"key_pem"`
 	Roots      []string `json:"roots"` // newest first; Roots[0] is the current root, made with KeyPEM
+	// The change that made this generation, so that every replica announces it alike.
+	Reason  string   `json:"reason,omitempty"`
+	Added   []string `json:"added,omitempty"`
+	Removed []string `json:"removed,omitempty"`
 }
 
 // SelfSigned keeps a self-signed root in JetStream KV. Replicas starting together
 // converge on one root (create-only), rotate it with compare-and-set, and follow each
 // other's changes through a KV watch.
 type SelfSigned struct {
-	cfg    SelfSignedConfig
-	js     jetstream.JetStream
-	auth   *Authority
-	notify Notifier
-	log    hclog.Logger
-	now    func() time.Time
-	kv     jetstream.KeyValue
+	cfg  SelfSignedConfig
+	js   jetstream.JetStream
+	auth *Authority
+	log  hclog.Logger
+	now  func() time.Time
+	kv   jetstream.KeyValue
+	ann  *announcer
 }
 
 // NewSelfSigned returns the self-signed source; Start loads or creates the root.
@@ -61,7 +65,7 @@ func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority
 	if now == nil {
 		now = time.Now
 	}
-	return &SelfSigned{cfg: cfg, js: js, auth: auth, notify: notify, log: log, now: now}
+	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
 }
 
 // Start opens the bucket and loads the root, creating it when there is none yet.
@@ -84,6 +88,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
 			}
 			s.auth.install(m, false)
+			s.ann.settle(m.Generation)
 			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter())
 			return s.Check(ctx)
 		case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -103,6 +108,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 				return err
 			}
 			s.auth.install(m, false)
+			s.ann.settle(m.Generation)
 			s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
 			return nil
 		default:
@@ -112,9 +118,20 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	return errors.New("root: could not create or load it")
 }
 
-// Run follows root changes made by any replica and checks for rotation every
-// CheckInterval, until ctx is done.
+// Announced is the highest bundle generation this replica knows to be announced
+// with trust.changed (or to need no announcement: the one it started on).
+func (s *SelfSigned) Announced() uint64 { return s.ann.announced() }
+
+// AnnounceFailures counts failed attempts to publish trust.changed (each is retried).
+func (s *SelfSigned) AnnounceFailures() uint64 { return s.ann.failures.Load() }
+
+// Run follows root changes made by any replica, announces each new generation, and
+// checks for rotation every CheckInterval, until ctx is done.
 func (s *SelfSigned) Run(ctx context.Context) error {
+	actx, stopAnnounce := context.WithCancel(ctx)
+	announced := make(chan struct{})
+	go func() { defer close(announced); s.ann.run(actx) }()
+	defer func() { stopAnnounce(); <-announced }()
 	w, err := s.kv.Watch(ctx, RootKey)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -146,6 +163,12 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 			}
 			if s.auth.install(m, false) {
 				s.log.Info("root changed by another replica", "fingerprint", m.RootFingerprint(), "generation", m.Generation)
+			}
+			// Whoever wrote it may have failed to announce it: announce it too (same
+			// event id, so JetStream keeps one).
+			var st stored
+			if json.Unmarshal(e.Value(), &st) == nil && st.Reason != "" {
+				s.ann.observe(s.event(st, m))
 			}
 		case <-t.C:
 			if err := s.Check(ctx); err != nil {
@@ -198,7 +221,7 @@ func (s *SelfSigned) Rotate(ctx context.Context, newKey bool) (*Material, error)
 
 // update applies change to the stored root with compare-and-set. When another replica
 // changed it first, change is re-evaluated on the newer value (and may find nothing to do).
-// The replica whose write wins publishes trust.changed.
+// The replica whose write wins queues trust.changed (Run publishes it, with retries).
 func (s *SelfSigned) update(ctx context.Context, reason string, change func(stored) (stored, bool, error)) (*Material, error) {
 	for attempt := 0; attempt < 5; attempt++ {
 		e, err := s.kv.Get(ctx, RootKey)
@@ -220,6 +243,8 @@ func (s *SelfSigned) update(ctx context.Context, reason string, change func(stor
 			}
 			return m, err
 		}
+		next.Reason = reason
+		next.Added, next.Removed = diffStored(st, next)
 		data, _ := json.Marshal(next)
 		m, err := s.material(data)
 		if err != nil {
@@ -232,17 +257,16 @@ func (s *SelfSigned) update(ctx context.Context, reason string, change func(stor
 			return nil, fmt.Errorf("store root: %w", err)
 		}
 		s.auth.install(m, false)
-		added, removed := diffStored(st, next)
 		s.log.Info("trust bundle changed", "reason", reason, "generation", m.Generation, "fingerprint", m.RootFingerprint(), "roots", len(m.Roots))
-		if s.notify != nil {
-			tc := events.TrustChanged{TrustDomain: s.cfg.TrustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: reason, Generation: m.Generation}
-			if err := s.notify(ctx, tc); err != nil {
-				s.log.Error("publish trust.changed failed", "error", err)
-			}
-		}
+		s.ann.observe(s.event(next, m))
 		return m, nil
 	}
 	return nil, errors.New("root: too many concurrent changes")
+}
+
+// event is the trust.changed announcing the stored generation st (material m).
+func (s *SelfSigned) event(st stored, m *Material) events.TrustChanged {
+	return events.TrustChanged{TrustDomain: s.cfg.TrustDomain, Roots: m.RootPEMs(), Added: st.Added, Removed: st.Removed, Reason: st.Reason, Generation: m.Generation}
 }
 
 // rotated returns st with a new current root. When onlyIfDue is set (the periodic

@@ -116,7 +116,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 	md, _ := metadata.FromIncomingContext(ctx)
 	r := issuer.Request{
 		CSR:        []byte(req.GetCsr()),
-		TTL:        time.Duration(req.GetValidityDuration()) * time.Second,
+		TTLSeconds: req.GetValidityDuration(),
 		CertSigner: req.GetMetadata().GetFields()[CertSignerKey].GetStringValue(),
 		Transport:  issuer.TransportGRPC,
 	}

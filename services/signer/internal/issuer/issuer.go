@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -27,6 +28,17 @@ const (
 	TransportGRPC = "grpc"
 )
 
+// DefaultResource is the only SDS resource name the CA issues certificates for.
+const DefaultResource = "default"
+
+// secondsString formats s seconds like a time.Duration when it fits in one.
+func secondsString(s int64) string {
+	if s <= int64(math.MaxInt64/time.Second) {
+		return (time.Duration(s) * time.Second).String()
+	}
+	return fmt.Sprintf("%ds", s)
+}
+
 // Request is one signing request, whichever way it came.
 type Request struct {
 	CSR []byte // PEM
@@ -36,9 +48,11 @@ type Request struct {
 	PeerChain []*x509.Certificate
 	CertChain []string
 	Proof     string // base64 signature over the SHA-256 of the CSR's DER
-	TTL       time.Duration
-	Pod       string
-	Resource  string
+	// TTLSeconds is the requested lifetime in seconds; <= 0 asks for the default.
+	// Seconds, not a Duration: a huge value must be refused, not wrapped by a multiply.
+	TTLSeconds int64
+	Pod        string
+	Resource   string
 	// CertSigner is Istio's CertSigner: empty for the default signer.
 	CertSigner   string
 	KeyAlgorithm string
@@ -114,12 +128,21 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	if req.CertSigner != "" && !slices.Contains(i.cfg.Signers, req.CertSigner) {
 		return reject("unknown_signer", errf(events.CodeInvalidArgument, "unknown cert signer %q", req.CertSigner))
 	}
-	ttl := req.TTL
-	if ttl <= 0 {
-		ttl = i.cfg.DefaultTTL
+	ttl := i.cfg.DefaultTTL
+	if req.TTLSeconds > 0 {
+		// Compare in seconds before multiplying: time.Duration(s)*time.Second wraps
+		// for s > ~292 years and would turn a huge request into the default TTL.
+		if req.TTLSeconds > int64(i.cfg.MaxTTL/time.Second) {
+			return reject("ttl", errf(events.CodeInvalidArgument, "requested TTL %s is greater than the max allowed TTL %s", secondsString(req.TTLSeconds), i.cfg.MaxTTL))
+		}
+		ttl = time.Duration(req.TTLSeconds) * time.Second
 	}
 	if ttl > i.cfg.MaxTTL {
 		return reject("ttl", errf(events.CodeInvalidArgument, "requested TTL %s is greater than the max allowed TTL %s", ttl, i.cfg.MaxTTL))
+	}
+	// Only the default SDS resource is CA-issued; ROOTCA and others are not certificates.
+	if req.Resource != "" && req.Resource != DefaultResource {
+		return reject("resource", errf(events.CodeInvalidArgument, "resource %q is not signed by the CA: only %q (or empty) is", req.Resource, DefaultResource))
 	}
 	if req.Pod != "" {
 		if err := events.ValidatePodID(req.Pod); err != nil {

@@ -26,6 +26,12 @@ type Rotator interface {
 // requestTimeout bounds the work on one request, also during shutdown.
 const requestTimeout = 15 * time.Second
 
+// PendingPerWorker is how many received requests may wait per worker. Beyond
+// Workers*PendingPerWorker waiting messages NATS drops new ones (slow consumer): the
+// caller times out and retries, rather than the signer working through requests
+// their callers gave up on long ago.
+const PendingPerWorker = 4
+
 // API answers events.SubjectSign, SubjectTrustBundle and SubjectRootRotate.
 type API struct {
 	nc          *nats.Conn
@@ -41,6 +47,9 @@ type API struct {
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
+	subs   []*nats.Subscription
+	// dropped counts messages dropped by subscriptions already closed.
+	dropped uint64
 }
 
 // New returns the API; Run subscribes.
@@ -54,6 +63,20 @@ func (a *API) Ready() error {
 		return errors.New("not subscribed")
 	}
 	return nil
+}
+
+// Dropped counts requests NATS dropped because Workers*PendingPerWorker were
+// already waiting (the slow-consumer condition its async error handler reports).
+func (a *API) Dropped() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.dropped
+	for _, s := range a.subs {
+		if d, err := s.Dropped(); err == nil {
+			n += uint64(d)
+		}
+	}
+	return n
 }
 
 // Run subscribes (queue group events.SignerQueue) and serves until ctx is done, then
@@ -79,15 +102,18 @@ func (a *API) Run(ctx context.Context) error {
 			}()
 		}
 	}
-	var subs []*nats.Subscription
 	defer func() {
-		for _, s := range subs {
+		a.mu.Lock()
+		for _, s := range a.subs {
+			if n, err := s.Dropped(); err == nil {
+				a.dropped += uint64(n)
+			}
 			_ = s.Unsubscribe()
 		}
-		a.ready.Store(false)
-		a.mu.Lock()
+		a.subs = nil
 		a.closed = true
 		a.mu.Unlock()
+		a.ready.Store(false)
 		a.wg.Wait()
 	}()
 	for _, s := range []struct {
@@ -102,8 +128,13 @@ func (a *API) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		_ = sub.SetPendingLimits(-1, 64<<20)
-		subs = append(subs, sub)
+		if err := sub.SetPendingLimits(a.workers*PendingPerWorker, 64<<20); err != nil {
+			_ = sub.Unsubscribe()
+			return fmt.Errorf("pending limits %s: %w", s.subject, err)
+		}
+		a.mu.Lock()
+		a.subs = append(a.subs, sub)
+		a.mu.Unlock()
 	}
 	if err := a.nc.FlushTimeout(10 * time.Second); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("subscribe: %w", err)
@@ -144,7 +175,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	}
 	res, err := a.iss.Issue(ctx, issuer.Request{
 		CSR: []byte(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
-		TTL: time.Duration(req.TTLSeconds) * time.Second, Pod: req.Pod, Resource: req.Resource,
+		TTLSeconds: req.TTLSeconds, Pod: req.Pod, Resource: req.Resource,
 		CertSigner: req.CertSigner, KeyAlgorithm: req.KeyAlgorithm, Transport: issuer.TransportNATS,
 	})
 	if err != nil {

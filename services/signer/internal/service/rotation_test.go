@@ -1,7 +1,9 @@
 package service
 
 import (
+	"context"
 	"crypto/x509"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/testkit"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // rootOf signs a CSR over NATS and returns the fingerprint of the chain's root.
@@ -77,6 +80,11 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	if certs := mustCerts(t, resp.CertChain); pki.Fingerprint(certs[len(certs)-1]) != newFP {
 		t.Fatal("gRPC chain does not end at the new root")
 	}
+	// Both replicas announced generation 2 (the writer, and the other on seeing it in
+	// KV); JetStream kept one.
+	testkit.Eventually(t, 10*time.Second, "both replicas announced gen 2", func() bool {
+		return a.Source().Announced() >= 2 && b.Source().Announced() >= 2
+	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
 		t.Fatalf("%d trust.changed events for one rotation", n)
 	}
@@ -88,6 +96,9 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	}
 	testkit.Eventually(t, 10*time.Second, "both replicas on the forced root", func() bool {
 		return a.Authority().Current().RootFingerprint() == rr.Fingerprint && b.Authority().Current().RootFingerprint() == rr.Fingerprint
+	})
+	testkit.Eventually(t, 10*time.Second, "both replicas announced gen 3", func() bool {
+		return a.Source().Announced() >= 3 && b.Source().Announced() >= 3
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 2 {
 		t.Fatalf("%d trust.changed events, want 2", n)
@@ -159,5 +170,66 @@ func TestPluggedInMode(t *testing.T) {
 	}
 	if fp := rootOf(t, e, e.nc); fp != pki.Fingerprint(root2.Cert) {
 		t.Fatal("not signing under the new root")
+	}
+}
+
+// A trust.changed that JetStream refuses at the moment of rotation is not lost: every
+// replica that saw the new generation keeps retrying it, and once the stream takes
+// messages again it holds the event exactly once.
+func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
+	e := newEnv(t)
+	a := e.start(t, e.config("signer-a"))
+	b := e.start(t, e.config("signer-b"))
+	rootOf(t, e, e.nc) // one cert.issued, so the stream is not empty
+
+	// The stream refuses every new message (full, discard new): the first publish
+	// attempts fail with a non-retryable JetStream error.
+	ctx := context.Background()
+	st, err := e.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	full := cfg
+	full.MaxMsgs, full.Discard = int64(info.State.Msgs), jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+
+	mat, err := a.Source().Rotate(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := mat.Generation
+	testkit.Eventually(t, 10*time.Second, "both replicas failed to announce", func() bool {
+		return a.Source().AnnounceFailures() >= 1 && b.Source().AnnounceFailures() >= 1 && b.Authority().Current().Generation == gen
+	})
+	if n := count(t, e.js, events.SubjectTrustChanged); n != 0 {
+		t.Fatalf("%d trust.changed in a full stream", n)
+	}
+
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 15*time.Second, "trust.changed once the stream takes it", func() bool {
+		return count(t, e.js, events.SubjectTrustChanged) >= 1
+	})
+	testkit.Eventually(t, 15*time.Second, "both replicas announced", func() bool {
+		return a.Source().Announced() >= gen && b.Source().Announced() >= gen
+	})
+	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
+		t.Fatalf("%d trust.changed events for one rotation, want 1", n)
+	}
+	tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged)
+	if tc.Generation != gen || tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || len(tc.Added) != 1 || tc.Added[0] != mat.RootFingerprint() {
+		t.Fatalf("trust.changed %+v", tc)
+	}
+	_, body := httpGet(t, "http://"+a.HTTPAddr().String()+"/metrics")
+	if !strings.Contains(body, "meshagent_signer_trust_changed_publish_failures_total") || strings.Contains(body, "meshagent_signer_trust_changed_publish_failures_total 0\n") {
+		t.Error("metrics do not count the failed announcements")
 	}
 }

@@ -34,6 +34,10 @@ type Source interface {
 	Run(ctx context.Context) error
 	// Rotate forces a root rotation.
 	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+	// Announced is the highest bundle generation known to be announced.
+	Announced() uint64
+	// AnnounceFailures counts failed trust.changed publish attempts (all retried).
+	AnnounceFailures() uint64
 }
 
 var (
@@ -73,9 +77,7 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		if err != nil {
 			return err
 		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return bus.Publish(pctx, js, msg)
+		return bus.Publish(ctx, js, msg) // the caller bounds each attempt and retries
 	}
 	if cfg.CA.Dir != "" {
 		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, log.Named("ca"), now)
@@ -91,6 +93,10 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 			NewKeyOnRotate: cfg.CA.NewKeyOnRotate,
 		}, js, s.auth, notify, log.Named("ca"), now)
 	}
+	s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "meshagent", Subsystem: "signer", Name: "trust_changed_publish_failures_total",
+		Help: "Failed attempts to publish trust.changed; each is retried until JetStream takes it.",
+	}, func() float64 { return float64(s.source.AnnounceFailures()) }))
 	var verifier *authn.JWTVerifier
 	if cfg.Auth.JWKSFile != "" || cfg.Auth.JWKSURL != "" {
 		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Refresh: cfg.Auth.JWKSRefresh, Log: log.Named("jwks")}
@@ -103,6 +109,10 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers,
 	}, s.auth, verifier, publish, metrics, log.Named("issuer"), now)
 	s.nats = natsapi.New(nc, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, log.Named("nats"))
+	s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "meshagent", Subsystem: "signer", Name: "nats_requests_dropped_total",
+		Help: "NATS requests dropped unanswered because -workers x 4 were already waiting (slow consumer); callers retry.",
+	}, func() float64 { return float64(s.nats.Dropped()) }))
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), log.Named("grpc"))
 	s.http.AddReadyCheck("ca", s.auth.Ready)
 	s.http.AddReadyCheck("nats", s.nats.Ready)
@@ -125,19 +135,28 @@ func (s *Service) HTTPAddr() net.Addr { return s.http.Addr() }
 // Ready reports nil once the CA is loaded, NATS is subscribed and gRPC is bound.
 func (s *Service) Ready() error { return s.http.Ready() }
 
-// Run loads the CA, then serves until ctx is done. It returns nil on cancellation.
-func (s *Service) Run(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
+// Run loads the CA, then serves until ctx is done. It returns nil on cancellation,
+// also when ctx ends during startup (Ctrl-C while waiting for JetStream is no failure).
+func (s *Service) Run(parent context.Context) error {
+	g, ctx := errgroup.WithContext(parent)
 	g.Go(func() error { return s.http.Run(ctx) })
+	failed := func(err error) error {
+		err = errors.Join(err, stop(g))
+		if parent.Err() != nil {
+			s.log.Info("startup interrupted", "error", err)
+			return nil
+		}
+		return err
+	}
 	if err := s.ensureStream(ctx); err != nil {
-		return errors.Join(err, stop(g))
+		return failed(err)
 	}
 	if err := s.source.Start(ctx); err != nil {
-		return errors.Join(fmt.Errorf("ca: %w", err), stop(g))
+		return failed(fmt.Errorf("ca: %w", err))
 	}
 	if s.keys != nil {
 		if err := s.keys.Load(ctx); err != nil {
-			return errors.Join(err, stop(g))
+			return failed(err)
 		}
 		g.Go(func() error { return s.keys.Run(ctx) })
 	} else {

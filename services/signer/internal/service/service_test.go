@@ -8,12 +8,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
@@ -67,6 +71,9 @@ func badInputs(t *testing.T, e *env) []badInput {
 		// Over NATS the event contract itself refuses a request without a credential.
 		{"no credential", csr, "", 0, "", inv, codes.Unauthenticated, "credential", "a token or a cert_chain is required"},
 		{"TTL above max", csr, good, int64((91 * 24 * time.Hour).Seconds()), "", inv, codes.InvalidArgument, "max allowed TTL", ""},
+		// Seconds times time.Second would wrap negative and silently become the default TTL.
+		{"TTL that overflows a duration", csr, good, math.MaxInt64/int64(time.Second) + 1, "", inv, codes.InvalidArgument, "max allowed TTL", ""},
+		{"largest TTL", csr, good, math.MaxInt64, "", inv, codes.InvalidArgument, "max allowed TTL", ""},
 		{"request over 64 KiB", huge, good, 0, "", events.CodeResourceExhausted, codes.ResourceExhausted, "", ""},
 		{"unknown cert signer", csr, good, 0, "kubernetes.io/legacy-unknown", inv, codes.InvalidArgument, "unknown cert signer", ""},
 	}
@@ -290,6 +297,7 @@ func TestNATSOnlyBadInput(t *testing.T) {
 		{"key_algorithm does not match the CSR", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), KeyAlgorithm: "RSA-2048"}, events.CodeInvalidArgument, "does not match"},
 		{"weak CSR key", events.SignRequest{CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: weakCSR})), Token: e.token(t, "shop", "web")}, events.CodeInvalidArgument, "not allowed"},
 		{"renewal cert that is not ours", events.SignRequest{CSR: string(csr), CertChain: []string{string(pki.EncodeCertPEM(testkit.NewCA(t, "x", nil, time.Now(), time.Hour).Cert))}, Proof: "AAAA"}, events.CodeUnauthenticated, "client certificate"},
+		{"resource that is not CA-issued", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), Resource: "ROOTCA"}, events.CodeInvalidArgument, "resource"},
 		{"renewal proof not base64", events.SignRequest{CSR: string(csr), CertChain: []string{"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, Proof: "!"}, events.CodeUnauthenticated, "cert_chain"},
 	}
 	for _, tc := range tests {
@@ -346,5 +354,93 @@ func TestGRPCRejectsMalformedAuthorization(t *testing.T) {
 	}
 	if n := count(t, e.js, events.SubjectCertIssued); n != 0 {
 		t.Fatalf("%d cert.issued events", n)
+	}
+}
+
+// Ctrl-C while the signer is still starting (here: before the event stream is even
+// looked up) is an orderly exit, not a failure.
+func TestRunReturnsNilWhenCancelledDuringStartup(t *testing.T) {
+	e := newEnv(t)
+	s, err := New(e.config("signer-a"), e.nc, hclog.NewNullLogger(), e.clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Run(ctx); err != nil {
+		t.Fatalf("Run after cancel during startup: %v", err)
+	}
+	if s.Ready() == nil {
+		t.Fatal("ready after an interrupted startup")
+	}
+}
+
+// A real startup failure is still reported as one.
+func TestRunReportsStartupFailure(t *testing.T) {
+	e := newEnv(t)
+	c := e.config("signer-a")
+	c.Auth.JWKSFile = filepath.Join(t.TempDir(), "missing.json")
+	s, err := New(c, e.nc, hclog.NewNullLogger(), e.clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Run(context.Background()); err == nil {
+		t.Fatal("Run with a missing JWKS file returned nil")
+	}
+}
+
+// Under a storm the signer keeps at most Workers*PendingPerWorker requests waiting
+// and drops the rest (their callers time out and retry) instead of queueing megabytes
+// of requests to sign minutes late; the drops are counted.
+func TestNATSStormIsShedNotQueued(t *testing.T) {
+	e := newEnv(t)
+	c := e.config("signer-a")
+	c.Workers = 1
+	s := e.start(t, c)
+	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	msg, err := events.NewMsg(events.SubjectSign, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storm := bustest.Conn(t, e.srv)
+	metric := func() float64 {
+		_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, "meshagent_signer_nats_requests_dropped_total "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		t.Fatal("no meshagent_signer_nats_requests_dropped_total metric")
+		return 0
+	}
+	if n := metric(); n != 0 {
+		t.Fatalf("%v drops before the storm", n)
+	}
+	// Fire-and-forget requests, as many clients at once would send them.
+	for range 2000 {
+		if err := storm.PublishMsg(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := storm.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "drops counted", func() bool { return metric() > 0 })
+	// Once the storm has passed, a request is answered again.
+	testkit.Eventually(t, 60*time.Second, "storm drained", func() bool {
+		m, err := events.NewMsg(events.SubjectSign, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := e.nc.RequestMsg(m, 2*time.Second)
+		if err != nil {
+			return false
+		}
+		rep, _, err := events.Decode[events.SignReply](resp)
+		return err == nil && rep.Error == nil && len(rep.CertChain) > 0
+	})
+	if n := count(t, e.js, events.SubjectCertIssued); n >= 2000 {
+		t.Fatalf("%d certificates issued: nothing was shed", n)
 	}
 }
