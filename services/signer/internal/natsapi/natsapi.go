@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,18 @@ type API struct {
 	subs   []*nats.Subscription
 	// dropped counts messages dropped by subscriptions already closed.
 	dropped uint64
+	// slow counts slow-consumer errors on our subscriptions (one per episode).
+	slow atomic.Uint64
+}
+
+// SlowConsumerEvents counts the slow-consumer errors NATS reported for the API's
+// subscriptions (one per episode of drops, however many it dropped).
+func (a *API) SlowConsumerEvents() uint64 { return a.slow.Load() }
+
+func (a *API) ours(sub *nats.Subscription) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Contains(a.subs, sub)
 }
 
 // New returns the API; Run subscribes.
@@ -102,6 +115,18 @@ func (a *API) Run(ctx context.Context) error {
 			}()
 		}
 	}
+	// Count slow-consumer errors on our subscriptions, then let the connection's own
+	// handler (bus.Connect logs them) see every error as before.
+	prev := a.nc.ErrorHandler()
+	a.nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrSlowConsumer) && sub != nil && a.ours(sub) {
+			a.slow.Add(1)
+		}
+		if prev != nil {
+			prev(c, sub, err)
+		}
+	})
+	defer a.nc.SetErrorHandler(prev)
 	defer func() {
 		a.mu.Lock()
 		for _, s := range a.subs {

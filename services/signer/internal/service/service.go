@@ -113,6 +113,10 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		Namespace: "meshagent", Subsystem: "signer", Name: "nats_requests_dropped_total",
 		Help: "NATS requests dropped unanswered because -workers x 4 were already waiting (slow consumer); callers retry.",
 	}, func() float64 { return float64(s.nats.Dropped()) }))
+	s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "meshagent", Subsystem: "signer", Name: "nats_slow_consumer_events_total",
+		Help: "Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).",
+	}, func() float64 { return float64(s.nats.SlowConsumerEvents()) }))
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), log.Named("grpc"))
 	s.http.AddReadyCheck("ca", s.auth.Ready)
 	s.http.AddReadyCheck("nats", s.nats.Ready)

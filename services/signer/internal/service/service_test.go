@@ -403,19 +403,20 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	storm := bustest.Conn(t, e.srv)
-	metric := func() float64 {
+	metric := func(name string) float64 {
 		_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
 		for _, line := range strings.Split(body, "\n") {
-			if v, ok := strings.CutPrefix(line, "meshagent_signer_nats_requests_dropped_total "); ok {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				f, _ := strconv.ParseFloat(v, 64)
 				return f
 			}
 		}
-		t.Fatal("no meshagent_signer_nats_requests_dropped_total metric")
+		t.Fatalf("no %s metric", name)
 		return 0
 	}
-	if n := metric(); n != 0 {
-		t.Fatalf("%v drops before the storm", n)
+	const dropped, slow = "meshagent_signer_nats_requests_dropped_total", "meshagent_signer_nats_slow_consumer_events_total"
+	if n, m := metric(dropped), metric(slow); n != 0 || m != 0 {
+		t.Fatalf("%v drops, %v slow-consumer events before the storm", n, m)
 	}
 	// Fire-and-forget requests, as many clients at once would send them.
 	for range 2000 {
@@ -426,7 +427,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	if err := storm.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 20*time.Second, "drops counted", func() bool { return metric() > 0 })
+	testkit.Eventually(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
 	// Once the storm has passed, a request is answered again.
 	testkit.Eventually(t, 60*time.Second, "storm drained", func() bool {
 		m, err := events.NewMsg(events.SubjectSign, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
