@@ -20,13 +20,14 @@ import (
 // docker compose): it keeps the dev issuer's key and JWKS in a directory the signers
 // read, and keeps a pod's projected service-account token fresh.
 func runKubelet(ctx context.Context, env Env, args []string) error {
-	var issuerDir, tokenFile, ns, sa string
+	var issuerDir, tokenFile, ns, sa, pod string
 	var ttl, refresh time.Duration
 	fs := flagenv.New("kubelet", env.Getenv)
 	fs.String(&issuerDir, "issuer-dir", "ISSUER_DIR", "", "directory of the issuer key and jwks.json (created if empty)")
 	fs.String(&tokenFile, "token-file", "TOKEN_FILE", "", "token file to keep fresh")
 	fs.String(&ns, "ns", "POD_NAMESPACE", "default", "namespace of the token")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "default", "service account of the token")
+	fs.String(&pod, "pod", "POD_NAME", "", "pod the token is bound to (empty: none)")
 	fs.Duration(&ttl, "ttl", "TOKEN_TTL", time.Hour, "token lifetime")
 	fs.Duration(&refresh, "refresh", "TOKEN_REFRESH", 30*time.Minute, "how often to mint a new token")
 	if err := parse(fs, env, args); err != nil {
@@ -50,7 +51,7 @@ func runKubelet(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	write := func() error {
-		tok, err := iss.Mint(ns, sa, devtoken.DefaultAudience, ttl, time.Now())
+		tok, err := iss.MintForPod(ns, sa, pod, devtoken.DefaultAudience, ttl, time.Now())
 		if err != nil {
 			return err
 		}

@@ -11,12 +11,13 @@ import (
 )
 
 func runToken(_ context.Context, env Env, args []string) error {
-	var dir, ns, sa, aud string
+	var dir, ns, sa, aud, pod string
 	var ttl time.Duration
 	fs := flagenv.New("token", env.Getenv)
 	dirFlag(fs, &dir)
 	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account")
+	fs.String(&pod, "pod", "POD_NAME", "", "bind the token to this pod (the signer then records certificates for it only)")
 	fs.String(&aud, "aud", "", devtoken.DefaultAudience, "audience")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "token lifetime")
 	if err := parse(fs, env, args); err != nil {
@@ -26,7 +27,7 @@ func runToken(_ context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	tok, err := iss.Mint(ns, sa, aud, ttl, time.Now())
+	tok, err := iss.MintForPod(ns, sa, pod, aud, ttl, time.Now())
 	if err != nil {
 		return err
 	}

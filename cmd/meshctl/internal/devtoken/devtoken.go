@@ -121,17 +121,28 @@ type Claims struct {
 	Kubernetes K8s `json:"kubernetes.io"`
 }
 
-// K8s is the "kubernetes.io" claim of a projected service-account token.
+// K8s is the "kubernetes.io" claim of a projected service-account token. Pod is set
+// when the token is bound to a pod, as the kubelet's projected tokens are.
 type K8s struct {
 	Namespace      string `json:"namespace"`
-	ServiceAccount struct {
-		Name string `json:"name"`
-		UID  string `json:"uid"`
-	} `json:"serviceaccount"`
+	ServiceAccount Ref    `json:"serviceaccount"`
+	Pod            *Ref   `json:"pod,omitempty"`
 }
 
-// Mint returns a signed token for ns/sa, valid for ttl from now.
+// Ref names a Kubernetes object.
+type Ref struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+// Mint returns a signed token for ns/sa, valid for ttl from now, bound to no pod.
 func (i *Issuer) Mint(ns, sa, audience string, ttl time.Duration, now time.Time) (string, error) {
+	return i.MintForPod(ns, sa, "", audience, ttl, now)
+}
+
+// MintForPod returns a token for ns/sa bound to pod (none when pod is empty): the
+// signer then records certificates for that pod only.
+func (i *Issuer) MintForPod(ns, sa, pod, audience string, ttl time.Duration, now time.Time) (string, error) {
 	if ns == "" || sa == "" {
 		return "", errors.New("mint token: namespace and service account are required")
 	}
@@ -157,6 +168,9 @@ func (i *Issuer) Mint(ns, sa, audience string, ttl time.Duration, now time.Time)
 	c.Kubernetes.Namespace = ns
 	c.Kubernetes.ServiceAccount.Name = sa
 	c.Kubernetes.ServiceAccount.UID = uid()
+	if pod != "" {
+		c.Kubernetes.Pod = &Ref{Name: pod, UID: uid()}
+	}
 	tok, err := jwt.Signed(signer).Claims(c).Serialize()
 	if err != nil {
 		return "", fmt.Errorf("mint token: %w", err)

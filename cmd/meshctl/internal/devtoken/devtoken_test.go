@@ -50,6 +50,24 @@ func TestMintVerifiesAgainstWrittenJWKS(t *testing.T) {
 	if c.Kubernetes.Namespace != "default" || c.Kubernetes.ServiceAccount.Name != "web" || c.Subject != "system:serviceaccount:default:web" {
 		t.Fatalf("claims %+v", c)
 	}
+	if c.Kubernetes.Pod != nil {
+		t.Fatalf("unbound token names pod %+v", c.Kubernetes.Pod)
+	}
+	bound, err := iss.MintForPod("default", "web", "web-0", "", time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err = jwt.ParseSigned(bound, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bc Claims
+	if err := parsed.Claims(keys[0].Key, &bc); err != nil {
+		t.Fatal(err)
+	}
+	if bc.Kubernetes.Pod == nil || bc.Kubernetes.Pod.Name != "web-0" || bc.Kubernetes.Pod.UID == "" {
+		t.Fatalf("pod claim %+v", bc.Kubernetes.Pod)
+	}
 	// Loading again gives the same key.
 	again, err := LoadOrCreate(dir)
 	if err != nil || again.kid != iss.kid {

@@ -302,7 +302,7 @@ func (r *Runner) startControlPlane(ctx context.Context) error {
 // writeToken mints a fresh service-account token into the pod's token file, as the
 // kubelet refreshes a projected token.
 func (r *Runner) writeToken(p Pod) error {
-	tok, err := r.iss.Mint(p.Namespace, p.ServiceAccount, devtoken.DefaultAudience, time.Hour, time.Now())
+	tok, err := r.iss.MintForPod(p.Namespace, p.ServiceAccount, p.ID, devtoken.DefaultAudience, time.Hour, time.Now())
 	if err != nil {
 		return err
 	}
