@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -29,6 +30,10 @@ const (
 type Caller struct {
 	ID     *url.URL // spiffe://<td>/ns/<ns>/sa/<sa>
 	Source string   // SourceJWT or SourceX509
+	// Pod is the pod the credential was issued for: the kubernetes.io.pod.name claim
+	// of a pod-bound token. Empty when the credential names no pod (tokens without
+	// the claim, client certificates).
+	Pod string
 }
 
 func fail(format string, a ...any) error {
@@ -50,6 +55,10 @@ type claims struct {
 			Name string `json:"name"`
 			UID  string `json:"uid"`
 		} `json:"serviceaccount"`
+		Pod *struct {
+			Name string `json:"name"`
+			UID  string `json:"uid"`
+		} `json:"pod"`
 	} `json:"kubernetes.io"`
 }
 
@@ -65,7 +74,8 @@ type JWTVerifier struct {
 
 // Verify checks the token's signature (by kid against the JWKS), issuer, audience and
 // times, and returns the workload identity from its "kubernetes.io" claims, falling
-// back to sub = system:serviceaccount:<ns>:<sa>.
+// back to sub = system:serviceaccount:<ns>:<sa>, and the pod of a pod-bound token
+// (kubernetes.io.pod.name).
 func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if v == nil || v.Keys == nil {
 		return Caller{}, fail("bearer tokens are not accepted: no JWKS configured")
@@ -121,9 +131,17 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 		}
 		return Caller{}, fail("token claims: %v", err)
 	}
-	ns, sa := "", ""
+	ns, sa, pod := "", "", ""
 	if k := c.Kubernetes; k != nil {
 		ns, sa = k.Namespace, k.ServiceAccount.Name
+		if k.Pod != nil {
+			pod = k.Pod.Name
+			// A pod claim that is present must name a pod: an empty or odd name is a
+			// broken token, not a token without a pod binding.
+			if err := events.ValidatePodID(pod); err != nil {
+				return Caller{}, fail("token pod claim: %v", err)
+			}
+		}
 	}
 	if ns == "" || sa == "" {
 		rest, ok := strings.CutPrefix(std.Subject, "system:serviceaccount:")
@@ -137,5 +155,5 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if err != nil {
 		return Caller{}, fail("token identity: %v", err)
 	}
-	return Caller{ID: id.URL(), Source: SourceJWT}, nil
+	return Caller{ID: id.URL(), Source: SourceJWT, Pod: pod}, nil
 }

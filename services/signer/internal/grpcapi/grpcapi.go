@@ -111,7 +111,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // CreateCertificate signs the CSR for the caller authenticated by its bearer token
-// (authorization metadata) or, without one, by its mTLS client certificate.
+// (authorization metadata) or, without one, by its mTLS client certificate. Istio's
+// request names no pod: cert.issued names the pod of a pod-bound token, else none.
 func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	r := issuer.Request{

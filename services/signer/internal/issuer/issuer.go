@@ -51,8 +51,10 @@ type Request struct {
 	// TTLSeconds is the requested lifetime in seconds; <= 0 asks for the default.
 	// Seconds, not a Duration: a huge value must be refused, not wrapped by a multiply.
 	TTLSeconds int64
-	Pod        string
-	Resource   string
+	// Pod is the pod the caller says it is. A pod-bound token overrides it (and
+	// must agree with it when both are set); otherwise it is recorded unverified.
+	Pod      string
+	Resource string
 	// CertSigner is Istio's CertSigner: empty for the default signer.
 	CertSigner   string
 	KeyAlgorithm string
@@ -173,6 +175,16 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		i.metrics.AuthFailures.WithLabelValues(t).Inc()
 		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
 	}
+	pod, verified := req.Pod, false
+	if caller.Pod != "" {
+		// A pod-bound token decides the pod: the rotator keys its schedule on (pod,
+		// resource), so a request naming another pod would replace that pod's entry.
+		if req.Pod != "" && req.Pod != caller.Pod {
+			i.log.Warn("pod does not match the token", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "token_pod", caller.Pod)
+			return reject("pod_mismatch", errf(events.CodePermissionDenied, "request names pod %q but the token was issued for pod %q", req.Pod, caller.Pod))
+		}
+		pod, verified = caller.Pod, true
+	}
 	now := i.now()
 	leaf, err := mat.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
 	if err != nil {
@@ -185,7 +197,7 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	}
 	ev := events.CertIssued{
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
-		Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
+		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: mat.RootFingerprint(),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
@@ -201,6 +213,9 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
+	if pod != "" && !verified {
+		i.metrics.UnverifiedPod.WithLabelValues(t, caller.Source).Inc()
+	}
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
 	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs()}, nil

@@ -93,6 +93,16 @@ type Claims struct {
 	IAT, NBF time.Time
 	Exp      time.Time
 	NS, SA   string // kubernetes.io claims when set
+	// Pod is kubernetes.io.pod.name when set (a pod-bound token); PodClaim forces a
+	// pod object even when Pod is empty (a broken token).
+	Pod      string
+	PodClaim bool
+}
+
+// ForPod returns c bound to pod, as a projected token of that pod is.
+func (c Claims) ForPod(pod string) Claims {
+	c.Pod = pod
+	return c
 }
 
 // ServiceAccount returns the claims meshctl token mints for ns/sa, valid for ttl from now.
@@ -129,8 +139,16 @@ func MintWith(t testing.TB, key crypto.Signer, kid string, c Claims) string {
 			m[k] = v.Unix()
 		}
 	}
+	k8s := map[string]any{}
 	if c.NS != "" {
-		m["kubernetes.io"] = map[string]any{"namespace": c.NS, "serviceaccount": map[string]any{"name": c.SA, "uid": "0b3c1b0e-1111-4f7e-9a6b-3c2a8d0f5e77"}}
+		k8s["namespace"] = c.NS
+		k8s["serviceaccount"] = map[string]any{"name": c.SA, "uid": "0b3c1b0e-1111-4f7e-9a6b-3c2a8d0f5e77"}
+	}
+	if c.Pod != "" || c.PodClaim {
+		k8s["pod"] = map[string]any{"name": c.Pod, "uid": "7d1e5a2c-2222-4b8f-8c1d-5e6f7a8b9c0d"}
+	}
+	if len(k8s) > 0 {
+		m["kubernetes.io"] = k8s
 	}
 	tok, err := jwt.Signed(sig).Claims(m).Serialize()
 	if err != nil {
