@@ -87,7 +87,7 @@ type CertIssued struct {
 	SPIFFEID     string    `json:"spiffe_id"`
 	NotBefore    time.Time `json:"not_before"`
 	NotAfter     time.Time `json:"not_after"`
-	Pod          string    `json:"pod,omitempty"`                                                              // empty for callers that do not name a pod (Istio agents over gRPC)
+	Pod          string    `json:"pod,omitempty"`                                                              // from a pod-bound token, else as the request named it; empty when neither does
 	Resource     string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // SDS resource the cert is for, "default" unless said
 	KeyAlgorithm string    `json:"key_algorithm"`                                                              // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
 	AuthSource   string    `json:"auth_source"`                                                                // "jwt" or "x509"
