@@ -30,7 +30,7 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("connect %s: %w", url, err)
 	}
 	defer nc.Close()
-	if _, err := nc.Subscribe(events.EventsWildcard, printer(env.Stdout)); err != nil {
+	if _, err := nc.Subscribe(events.EventsWildcard, printer(func(line string) { fmt.Fprintln(env.Stdout, line) })); err != nil {
 		return err
 	}
 	<-ctx.Done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
@@ -40,6 +41,20 @@ func runUp(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	log := obs.NewLogger("meshctl", logc, env.Stderr)
+	// Events seen while the stack starts are held and printed after the summary.
+	var mu sync.Mutex
+	var early []string
+	started := false
+	onEvent := printer(func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !started {
+			early = append(early, line)
+			return
+		}
+		fmt.Fprintln(env.Stdout, line)
+	})
+	cfg.OnEvent = onEvent
 	r, err := stack.New(cfg, env.Stdout, log)
 	if err != nil {
 		return err
@@ -55,11 +70,12 @@ func runUp(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintln(env.Stdout, "meshctl: stopped")
 	}()
 	printSummary(env.Stdout, &r.Stack, time.Since(start))
-	sub, err := r.Conn().Subscribe(events.EventsWildcard, printer(env.Stdout))
-	if err != nil {
-		return fmt.Errorf("subscribe events: %w", err)
+	mu.Lock()
+	for _, line := range early {
+		fmt.Fprintln(env.Stdout, line)
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	started = true
+	mu.Unlock()
 	go r.RefreshTokens(ctx)
 	for _, p := range r.Stack.Pods {
 		e := &standin.Envoy{Pod: p.ID, NodeID: "sidecar~" + p.ID, SDSSocket: p.SDSSocket, XDSSocket: p.XDSSocket,
@@ -95,14 +111,15 @@ func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
 	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
 }
 
-func printer(w io.Writer) nats.MsgHandler {
+// printer turns every event into one line for out.
+func printer(out func(string)) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		p, meta, err := events.DecodeAny(m)
 		if err != nil {
-			fmt.Fprintf(w, "%s  (undecodable event on %s: %v)\n", time.Now().Format("15:04:05"), m.Subject, err)
+			out(fmt.Sprintf("%s  (undecodable event on %s: %v)", time.Now().Format("15:04:05"), m.Subject, err))
 			return
 		}
-		fmt.Fprintln(w, describe(p, meta, time.Now()))
+		out(describe(p, meta, time.Now()))
 	}
 }
 

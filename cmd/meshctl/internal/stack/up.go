@@ -34,6 +34,9 @@ type Config struct {
 	RootCheck   time.Duration // how often the signer checks the root's remaining life
 	NATSPort    int           // -1: any free port
 	ReadyWait   time.Duration
+	// OnEvent, when set, receives every event from the moment the bus is up, so that
+	// what happens during start-up (the pods' first certificates) is seen too.
+	OnEvent nats.MsgHandler
 }
 
 // Runner is a started stack.
@@ -110,6 +113,11 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	r.nc, err = nats.Connect(r.ns.ClientURL(), nats.Name("meshctl"), nats.MaxReconnects(-1))
 	if err != nil {
 		return fmt.Errorf("connect embedded nats: %w", err)
+	}
+	if r.cfg.OnEvent != nil {
+		if _, err := r.nc.Subscribe(events.EventsWildcard, r.cfg.OnEvent); err != nil {
+			return fmt.Errorf("subscribe events: %w", err)
+		}
 	}
 	js, err := jetstream.New(r.nc)
 	if err != nil {
