@@ -352,3 +352,17 @@ func writeFile(t testing.TB, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// openCDS opens a state-of-the-world ADS stream through the relay at socket and
+// sends the first request, for clusters, as node id.
+func openCDS(t testing.TB, ctx context.Context, socket, id string) discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+	t.Helper()
+	st, err := ads(t, socket).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node(id), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}

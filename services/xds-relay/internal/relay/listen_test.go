@@ -14,8 +14,6 @@ import (
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
 
 // onlyEntry fails unless dir holds exactly name: no temporary file or directory is left.
@@ -234,13 +232,7 @@ func TestSecondRelayDoesNotStealSocket(t *testing.T) {
 	if err != nil || !os.SameFile(before, after) {
 		t.Fatalf("first relay's socket was touched (err %v)", err)
 	}
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r, err := st.Recv()
 	if err != nil || r.GetVersionInfo() != "v1" {
 		t.Fatalf("first relay after the refused start: %v %v", r, err)

@@ -52,13 +52,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r1, err := st.Recv()
 	if err != nil || r1.GetTypeUrl() != resource.ClusterType {
 		t.Fatalf("first response: %v %v", r1.GetTypeUrl(), err)
@@ -147,13 +141,7 @@ func TestUpstreamWithoutProxyConfig(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r1, err := st.Recv()
 	if err != nil {
 		t.Fatal(err)

@@ -41,13 +41,7 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r1, err := st.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -139,13 +133,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r1, err := st.Recv()
 	if err != nil {
 		t.Fatal(err)
@@ -246,13 +234,7 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		up := startUpstream(t)
 		env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
-		st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("nobody"), TypeUrl: resource.ClusterType}); err != nil {
-			t.Fatal(err)
-		}
+		openCDS(t, ctx, env.socket, "nobody")
 		eventually(t, "request upstream", func() bool {
 			return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 				return r.GetNode().GetId() == "nobody" && r.GetTypeUrl() == resource.ClusterType
@@ -322,13 +304,7 @@ func TestLargeResponse(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openCDS(t, ctx, env.socket, "n1")
 	r, err := st.Recv()
 	if err != nil {
 		t.Fatal(err)
