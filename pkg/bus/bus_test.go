@@ -45,7 +45,7 @@ func TestConnectAndPublishToStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := events.NewMsg(events.SubjectPodDown, "test", events.PodDown{Pod: "p1"})
+	msg, err := events.NewMsg("meshagent.evt.pod.p1.down", "test", events.PodDown{Pod: "p1"})
 	if err != nil {
 		t.Fatal(err)
 	}

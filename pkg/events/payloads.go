@@ -96,6 +96,9 @@ type CertIssued struct {
 	// RootFingerprint is the SHA-256 (hex) of the root the chain ends at, so that
 	// leaves under an old root can be found after a root rotation.
 	RootFingerprint string `json:"root_fingerprint"`
+	// CertChain is the issued chain, leaf first, without the root (public data), so a
+	// consumer can check the record against the trust bundle instead of believing it.
+	CertChain []string `json:"cert_chain,omitempty"`
 }
 
 func (CertIssued) EventType() string { return TypeCertIssued }
@@ -133,6 +136,8 @@ type TrustChanged struct {
 	Reason      string   `json:"reason"`
 	// Generation increases with every change, so a consumer can drop stale news.
 	Generation uint64 `json:"generation"`
+	// Endorsements vouch for the bundle: see Endorsement.
+	Endorsements []Endorsement `json:"endorsements,omitempty"`
 }
 
 func (TrustChanged) EventType() string { return TypeTrustChanged }
@@ -194,11 +199,15 @@ type ReplyError struct {
 func (e *ReplyError) Error() string { return e.Code + ": " + e.Message }
 
 // SignReply answers a SignRequest: the chain leaf first, root last (at least two
-// PEMs, as Istio returns it) and the whole trust bundle; or an error.
+// PEMs, as Istio returns it) and the whole trust bundle, endorsed as in TrustChanged
+// so that a pod can follow a root rotation it has not heard of yet; or an error.
 type SignReply struct {
-	CertChain []string    `json:"cert_chain,omitempty"`
-	Roots     []string    `json:"roots,omitempty"`
-	Error     *ReplyError `json:"error,omitempty"`
+	CertChain    []string      `json:"cert_chain,omitempty"`
+	Roots        []string      `json:"roots,omitempty"`
+	TrustDomain  string        `json:"trust_domain,omitempty"`
+	Generation   uint64        `json:"generation,omitempty"`
+	Endorsements []Endorsement `json:"endorsements,omitempty"`
+	Error        *ReplyError   `json:"error,omitempty"`
 }
 
 func (SignReply) EventType() string { return TypeSignReply }
@@ -221,10 +230,11 @@ func (BundleRequest) Validate() error   { return nil }
 
 // BundleReply answers a BundleRequest.
 type BundleReply struct {
-	TrustDomain string      `json:"trust_domain,omitempty"`
-	Roots       []string    `json:"roots,omitempty"`
-	Generation  uint64      `json:"generation,omitempty"`
-	Error       *ReplyError `json:"error,omitempty"`
+	TrustDomain  string        `json:"trust_domain,omitempty"`
+	Roots        []string      `json:"roots,omitempty"`
+	Generation   uint64        `json:"generation,omitempty"`
+	Endorsements []Endorsement `json:"endorsements,omitempty"`
+	Error        *ReplyError   `json:"error,omitempty"`
 }
 
 func (BundleReply) EventType() string { return TypeBundleReply }

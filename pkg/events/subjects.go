@@ -12,22 +12,18 @@ const (
 	// EventsWildcard matches every event (not requests, not commands).
 	EventsWildcard = Prefix + ".evt.>"
 
-	SubjectCertIssued    = Prefix + ".evt.cert.issued"
-	SubjectTrustChanged  = Prefix + ".evt.trust.changed"
-	SubjectRenewSent     = Prefix + ".evt.rotation.renew_sent"
-	SubjectSecretPushed  = Prefix + ".evt.sds.pushed"
-	SubjectSDSNack       = Prefix + ".evt.sds.nack"
-	SubjectPodUp         = Prefix + ".evt.pod.up"
-	SubjectPodDown       = Prefix + ".evt.pod.down"
-	SubjectXDSConnected  = Prefix + ".evt.xds.connected"
-	SubjectXDSDisconnect = Prefix + ".evt.xds.disconnected"
-	SubjectXDSNack       = Prefix + ".evt.xds.nack"
+	SubjectCertIssued   = Prefix + ".evt.cert.issued"
+	SubjectTrustChanged = Prefix + ".evt.trust.changed"
+	SubjectRenewSent    = Prefix + ".evt.rotation.renew_sent"
 
-	SubjectSign        = Prefix + ".rpc.sign"
+	// Requests. Signing is pod-scoped (PodSignSubject); SubjectSignAny is for callers
+	// that are no pod (an operator's meshctl). Signers answer SignWildcard.
+	SubjectSignAny     = Prefix + ".rpc.sign.any"
+	SignWildcard       = Prefix + ".rpc.sign.>"
 	SubjectTrustBundle = Prefix + ".rpc.trust.bundle"
 	SubjectRootRotate  = Prefix + ".rpc.root.rotate"
 
-	// SignerQueue is the queue group signers answer SubjectSign in.
+	// SignerQueue is the queue group signers answer SignWildcard in.
 	SignerQueue = "signer"
 
 	// StreamEvents is the JetStream stream that keeps the event history.
@@ -74,3 +70,88 @@ func PodRenewSubject(podID string) (string, error) {
 
 // PodRenewWildcard matches the renew subject of every pod.
 const PodRenewWildcard = Prefix + ".pod.*.renew"
+
+// Everything a pod publishes or is told carries its id in the subject, so that the bus
+// itself (NATS permissions) can allow each pod its own subjects and no other's:
+//
+//	meshagent.rpc.sign.pod.<pod>        sign requests from the pod
+//	meshagent.evt.pod.<pod>.<kind>      the pod's events (kinds below)
+//	meshagent.pod.<pod>.renew|anchors   commands and anchors to the pod
+//
+// Receivers still check that a payload's pod matches its subject (PodFromSubject).
+
+// Kinds of pod events (the last tokens of PodEventSubject).
+const (
+	PodEventUp              = "up"
+	PodEventDown            = "down"
+	PodEventSecretPushed    = "sds.pushed"
+	PodEventSDSNack         = "sds.nack"
+	PodEventXDSConnected    = "xds.connected"
+	PodEventXDSDisconnected = "xds.disconnected"
+	PodEventXDSNack         = "xds.nack"
+)
+
+// podEventPrefix starts every pod event subject.
+const podEventPrefix = Prefix + ".evt.pod."
+
+// PodSignSubject is where a pod's sds-edge sends its sign requests.
+func PodSignSubject(podID string) (string, error) {
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return Prefix + ".rpc.sign.pod." + podToken(podID), nil
+}
+
+// PodEventSubject is where a pod publishes events of one kind (PodEvent*).
+func PodEventSubject(podID, kind string) (string, error) {
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return podEventPrefix + podToken(podID) + "." + kind, nil
+}
+
+// PodEventWildcard matches one kind of event from every pod.
+func PodEventWildcard(kind string) string { return podEventPrefix + "*." + kind }
+
+// PodEventsOf matches every event of one pod.
+func PodEventsOf(podID string) (string, error) {
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return podEventPrefix + podToken(podID) + ".>", nil
+}
+
+// PodFromSubject returns the pod a pod-scoped subject names (a sign request, a pod
+// event or a command to a pod), and false for any other subject.
+func PodFromSubject(subject string) (string, bool) {
+	var rest string
+	switch {
+	case strings.HasPrefix(subject, Prefix+".rpc.sign.pod."):
+		rest = strings.TrimPrefix(subject, Prefix+".rpc.sign.pod.")
+		if strings.Contains(rest, ".") {
+			return "", false
+		}
+	case strings.HasPrefix(subject, podEventPrefix):
+		rest = strings.TrimPrefix(subject, podEventPrefix)
+	case strings.HasPrefix(subject, Prefix+".pod."):
+		rest = strings.TrimPrefix(subject, Prefix+".pod.")
+	default:
+		return "", false
+	}
+	tok, _, _ := strings.Cut(rest, ".")
+	id := strings.ReplaceAll(tok, "~", ".")
+	if ValidatePodID(id) != nil {
+		return "", false
+	}
+	return id, true
+}
+
+// PodEventKind returns the kind of a pod event subject ("up", "sds.pushed", ...).
+func PodEventKind(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, podEventPrefix)
+	if _, valid := PodFromSubject(subject); !ok || !valid {
+		return "", false
+	}
+	_, kind, ok := strings.Cut(rest, ".")
+	return kind, ok && kind != ""
+}

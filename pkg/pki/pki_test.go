@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math/big"
 	"testing"
+	"time"
 )
 
 func TestKeysRoundTripEveryAlgAndEncoding(t *testing.T) {
@@ -140,4 +141,57 @@ func TestParseCertsPEM(t *testing.T) {
 	if _, err := ParseCertPEMs(append(CertPEMs(got), "junk")); err == nil {
 		t.Fatal("junk entry accepted")
 	}
+}
+
+func TestEndorsement(t *testing.T) {
+	root, rootKey := testRoot(t)
+	other, otherKey := testRoot(t)
+	msg := []byte("bundle bytes")
+	id, sig, err := Endorse(rootKey, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyEndorsement([]*x509.Certificate{other, root}, msg, id, sig, nil); err != nil {
+		t.Fatalf("verify under the signing root: %v", err)
+	}
+	for _, tc := range []struct {
+		name    string
+		trusted []*x509.Certificate
+		msg     []byte
+		sig     string
+	}{
+		{"untrusted key", []*x509.Certificate{other}, msg, sig},
+		{"changed bytes", []*x509.Certificate{root}, []byte("bundle bytez"), sig},
+		{"garbage signature", []*x509.Certificate{root}, msg, "!!"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := VerifyEndorsement(tc.trusted, tc.msg, id, tc.sig, nil); err == nil {
+				t.Fatal("verified")
+			}
+		})
+	}
+	oid, osig, _ := Endorse(otherKey, msg)
+	if err := VerifyEndorsement([]*x509.Certificate{root}, msg, oid, osig, nil); !errors.Is(err, ErrNotEndorsed) {
+		t.Fatalf("foreign key: %v", err)
+	}
+}
+
+// testRoot makes a self-signed P-256 CA certificate.
+func testRoot(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign, NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, k
 }

@@ -122,7 +122,7 @@ func signNATS(ctx context.Context, st *stack.Stack, req events.SignRequest) ([]s
 		return nil, fmt.Errorf("connect %s: %w", st.NATSURL, err)
 	}
 	defer nc.Close()
-	msg, err := events.NewMsg(events.SubjectSign, "meshctl", req)
+	msg, err := events.NewMsg(events.SubjectSignAny, "meshctl", req)
 	if err != nil {
 		return nil, err
 	}

@@ -226,7 +226,7 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.Stack.Signer = Signer{Service: Service{HTTP: p.http}, NATSSubject: events.SubjectSign, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
+	r.Stack.Signer = Signer{Service: Service{HTTP: p.http}, NATSSubject: events.SignWildcard, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
 	return nil
 }
 

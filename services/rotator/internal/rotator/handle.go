@@ -24,14 +24,15 @@ func (r *Rotator) handle(ctx context.Context, msg jetstream.Msg) error {
 	defer r.writeMu.Unlock()
 	var kind string
 	var err error
-	switch msg.Subject() {
-	case events.SubjectCertIssued:
+	podKind, _ := events.PodEventKind(msg.Subject())
+	switch {
+	case msg.Subject() == events.SubjectCertIssued:
 		kind = "cert.issued"
 		err = r.onCertIssued(ctx, nm)
-	case events.SubjectPodDown:
+	case podKind == events.PodEventDown:
 		kind = "pod.down"
 		err = r.onPodDown(ctx, nm)
-	case events.SubjectTrustChanged:
+	case msg.Subject() == events.SubjectTrustChanged:
 		kind = "trust.changed"
 		err = r.onTrustChanged(ctx, nm)
 	default:
@@ -102,6 +103,10 @@ func (r *Rotator) onPodDown(ctx context.Context, nm *nats.Msg) error {
 	ev, _, err := events.Decode[events.PodDown](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
+	}
+	// The bus lets a pod publish only on its own subjects: believe the subject.
+	if from, ok := events.PodFromSubject(nm.Subject); !ok || from != ev.Pod {
+		return fmt.Errorf("%w: pod.down for %q on %s", errRejected, ev.Pod, nm.Subject)
 	}
 	r.mu.Lock()
 	gone := r.sched.RetirePod(ev.Pod)

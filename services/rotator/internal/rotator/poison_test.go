@@ -135,7 +135,7 @@ func TestExistingConsumerGetsMaxDeliver(t *testing.T) {
 	}
 	opts := testOptions("r0")
 	old, err := h.js.CreateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{Durable: opts.Consumer,
-		FilterSubjects: []string{events.SubjectCertIssued, events.SubjectPodDown, events.SubjectTrustChanged},
+		FilterSubjects: []string{events.SubjectCertIssued, events.PodEventWildcard(events.PodEventDown), events.SubjectTrustChanged},
 		AckPolicy:      jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)

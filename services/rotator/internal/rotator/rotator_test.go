@@ -91,7 +91,7 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	eventually(t, "expired cert counted", func() bool {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
 	})
-	h.publish(events.SubjectPodDown, events.PodDown{Pod: "web-0", Reason: "deleted"})
+	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: "web-0", Reason: "deleted"})
 	waitScheduled(t, r, 1)
 	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {
 		t.Fatalf("unscheduled = %v", v)
@@ -166,9 +166,13 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 			m.Data = []byte(`{"serial":"1","spiffe_id":"nope","not_before":"2026-01-01T00:00:00Z","not_after":"2025-01-01T00:00:00Z"}`)
 			return m
 		}},
-		{"pod down without pod", events.SubjectPodDown, func() *nats.Msg {
-			m, _ := events.NewMsg(events.SubjectPodDown, "test", events.PodDown{Pod: "web-0"})
+		{"pod down without pod", podSubject(t, "web-0", events.PodEventDown), func() *nats.Msg {
+			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
 			m.Data = []byte(`{"pod":""}`)
+			return m
+		}},
+		{"pod down for another pod", podSubject(t, "web-1", events.PodEventDown), func() *nats.Msg {
+			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
 			return m
 		}},
 		{"trust changed with bad roots", events.SubjectTrustChanged, func() *nats.Msg {
@@ -275,4 +279,13 @@ func TestReadyAfterCatchingUp(t *testing.T) {
 	if st, _ := r.Stats(); st.Scheduled != 50 {
 		t.Fatalf("ready with %d of 50 entries", st.Scheduled)
 	}
+}
+
+func podSubject(t *testing.T, pod, kind string) string {
+	t.Helper()
+	s, err := events.PodEventSubject(pod, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -54,7 +54,7 @@ func (r *Rotator) term(ctx context.Context) error {
 	cons, err := r.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
 		Durable:        r.opts.Consumer,
 		Description:    "meshagent rotator: renewal schedule",
-		FilterSubjects: []string{events.SubjectCertIssued, events.SubjectPodDown, events.SubjectTrustChanged},
+		FilterSubjects: []string{events.SubjectCertIssued, events.PodEventWildcard(events.PodEventDown), events.SubjectTrustChanged},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        10 * time.Second,

@@ -11,7 +11,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
-// NATS asks the signer over NATS request-reply on events.SubjectSign.
+// NATS asks the signer over NATS request-reply on the pod sign subject
+// (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod.
 type NATS struct {
 	nc     *nats.Conn
 	source string
@@ -24,7 +25,15 @@ func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: 
 
 // Sign sends req and waits for the reply until ctx ends.
 func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
-	msg, err := events.NewMsg(events.SubjectSign, n.source, events.SignRequest{
+	subject := events.SubjectSignAny
+	if req.Pod != "" {
+		s, err := events.PodSignSubject(req.Pod)
+		if err != nil {
+			return Response{}, fmt.Errorf("build sign request: %w", err)
+		}
+		subject = s
+	}
+	msg, err := events.NewMsg(subject, n.source, events.SignRequest{
 		CSR: string(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
 		TTLSeconds: int64(req.TTL.Seconds()), Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: req.KeyAlgorithm,
 	})

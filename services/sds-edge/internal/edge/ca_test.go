@@ -138,7 +138,13 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 			}
 		}
 	}
-	for _, s := range []string{events.SubjectSign, events.SubjectSecretPushed, events.SubjectPodUp, events.SubjectPodDown} {
+	want := []string{}
+	for _, kind := range []string{events.PodEventSecretPushed, events.PodEventUp, events.PodEventDown} {
+		s, _ := events.PodEventSubject("web-0", kind)
+		want = append(want, s)
+	}
+	sign, _ := events.PodSignSubject("web-0")
+	for _, s := range append(want, sign) {
 		if subjects[s] == 0 {
 			t.Errorf("saw no message on %s: the test did not watch the whole cycle (%v)", s, subjects)
 		}

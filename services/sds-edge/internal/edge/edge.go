@@ -134,8 +134,8 @@ func (e *Edge) Run(ctx context.Context) error {
 	}
 	e.mode.Store(dec.Mode)
 	e.log.Info("identity mode chosen", "mode", dec.Mode, "spiffe_id", e.spiffeID, "socket", e.cfg.SDS.Socket)
-	e.pub.Publish(events.SubjectPodUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
-	defer e.pub.Publish(events.SubjectPodDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
+	e.publish(events.PodEventUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
+	defer e.publish(events.PodEventDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
 
 	if dec.Mode == startup.External {
 		close(e.bound)
@@ -226,7 +226,7 @@ func (e *Edge) Changed(en *secrets.Entry, streams int) {
 		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
 	}
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
-	e.pub.Publish(events.SubjectSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
 }
 
@@ -246,4 +246,14 @@ func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 		return
 	}
 	e.log.Info("trust bundle refreshed after reconnecting", "roots", len(r.Roots), "generation", r.Generation)
+}
+
+// publish queues one of the pod's events (kind: events.PodEvent*) on its pod subject.
+func (e *Edge) publish(kind string, p events.Payload) {
+	subject, err := events.PodEventSubject(e.cfg.Pod.ID, kind)
+	if err != nil {
+		e.log.Warn("dropping event", "kind", kind, "error", err)
+		return
+	}
+	e.pub.Publish(subject, p)
 }

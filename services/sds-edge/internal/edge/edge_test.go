@@ -24,7 +24,7 @@ import (
 
 func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	v := newEnv(t)
-	up := collect(t, v.nc, events.SubjectPodUp)
+	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default", "ROOTCA")
 	u := recv(t, st)
@@ -72,7 +72,7 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 
 func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	v := newEnv(t)
-	pushed := collect(t, v.nc, events.SubjectSecretPushed)
+	pushed := collect(t, v.nc, events.PodEventWildcard(events.PodEventSecretPushed))
 	p := v.startPod(podOpt{})
 	cc := p.dial(t)
 	def := p.open(t, cc, "default")
@@ -175,7 +175,7 @@ func TestSafetyDeadlineRenewsWithoutRotator(t *testing.T) {
 
 func TestNackIsPublishedAndNotResent(t *testing.T) {
 	v := newEnv(t)
-	nacks := collect(t, v.nc, events.SubjectSDSNack)
+	nacks := collect(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	resp, err := st.RecvRaw()

@@ -10,7 +10,7 @@ type hooks struct{ e *Edge }
 
 func (h hooks) Served(node string, en *secrets.Entry) {
 	h.e.m.Served.WithLabelValues(en.Name).Inc()
-	h.e.pub.Publish(events.SubjectSecretPushed, events.SecretPushed{Pod: h.e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+	h.e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: h.e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: 1, Kind: "served"})
 }
 
@@ -20,7 +20,7 @@ func (h hooks) Nacked(node string, names []string, version, nonce, msg string) {
 	}
 	for _, n := range names {
 		h.e.m.Nacks.WithLabelValues(n).Inc()
-		h.e.pub.Publish(events.SubjectSDSNack, events.SDSNack{Pod: h.e.cfg.Pod.ID, Node: node, Resource: n,
+		h.e.publish(events.PodEventSDSNack, events.SDSNack{Pod: h.e.cfg.Pod.ID, Node: node, Resource: n,
 			Version: version, Nonce: nonce, Error: truncate(msg, 1024)})
 	}
 }

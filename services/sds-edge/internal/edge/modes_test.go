@@ -20,7 +20,7 @@ import (
 
 func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	v := newEnv(t)
-	up := collect(t, v.nc, events.SubjectPodUp)
+	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
 	root := shortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	lis, err := net.Listen("unix", sock)
@@ -192,7 +192,7 @@ func TestFileResources(t *testing.T) {
 
 func TestSocketModeAndPodDown(t *testing.T) {
 	v := newEnv(t)
-	down := collect(t, v.nc, events.SubjectPodDown)
+	down := collect(t, v.nc, events.PodEventWildcard(events.PodEventDown))
 	root := shortDir(t)
 	p := v.startPod(podOpt{root: root, args: []string{"-socket", "deep/er/sds.sock", "-socket-mode", "0660"}})
 	fi, err := os.Stat(filepath.Join(root, "deep/er/sds.sock"))

@@ -77,7 +77,7 @@ func TestWrongTypeURLRejected(t *testing.T) {
 
 func TestDeltaNackPublished(t *testing.T) {
 	v := newEnv(t)
-	nacks := collect(t, v.nc, events.SubjectSDSNack)
+	nacks := collect(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
 	p := v.startPod(podOpt{})
 	ds, err := sdsclient.OpenDelta(context.Background(), p.dial(t), "delta-node", "default")
 	if err != nil {

@@ -39,7 +39,7 @@ import (
 // testCA is a faithful stand-in for the signer: a real CA that authenticates the
 // caller by an HMAC-signed JWT with Kubernetes service-account claims (or a
 // still-valid leaf plus a proof), takes the identity from the credential, never from
-// the CSR, and answers events.SubjectSign over NATS and Istio's CreateCertificate
+// the CSR, and answers events.SignWildcard over NATS and Istio's CreateCertificate
 // over gRPC with TLS.
 type testCA struct {
 	td     string
@@ -184,7 +184,7 @@ func (c *testCA) enter() func() {
 
 // serveNATS answers sign requests on nc until the test ends.
 func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
-	sub, err := nc.QueueSubscribe(events.SubjectSign, events.SignerQueue, func(m *nats.Msg) {
+	sub, err := nc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
 		defer c.enter()()
 		reply := c.handleNATS(m)
 		out, err := events.NewMsg(m.Reply, "test-ca", reply)

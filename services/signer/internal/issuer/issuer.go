@@ -51,9 +51,12 @@ type Request struct {
 	// TTLSeconds is the requested lifetime in seconds; <= 0 asks for the default.
 	// Seconds, not a Duration: a huge value must be refused, not wrapped by a multiply.
 	TTLSeconds int64
-	// Pod is the pod the caller says it is. A pod-bound token overrides it (and
-	// must agree with it when both are set); otherwise it is recorded unverified.
-	Pod      string
+	// Pod is the pod the caller says it is. It must be proved: by BusPod or by a
+	// pod-bound token; a request naming a pod that neither proves is refused.
+	Pod string
+	// BusPod is the pod the bus vouches for: the pod sign subject the request came
+	// on, which NATS permissions let only that pod publish to.
+	BusPod   string
 	Resource string
 	// CertSigner is Istio's CertSigner: empty for the default signer.
 	CertSigner   string
@@ -175,15 +178,12 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		i.metrics.AuthFailures.WithLabelValues(t).Inc()
 		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
 	}
-	pod, verified := req.Pod, false
-	if caller.Pod != "" {
-		// A pod-bound token decides the pod: the rotator keys its schedule on (pod,
-		// resource), so a request naming another pod would replace that pod's entry.
-		if req.Pod != "" && req.Pod != caller.Pod {
-			i.log.Warn("pod does not match the token", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "token_pod", caller.Pod)
-			return reject("pod_mismatch", errf(events.CodePermissionDenied, "request names pod %q but the token was issued for pod %q", req.Pod, caller.Pod))
-		}
-		pod, verified = caller.Pod, true
+	// The rotator keys its schedule on (pod, resource), so a certificate recorded
+	// for the wrong pod would replace that pod's entry: every pod named must be proved.
+	pod, perr := provePod(req, caller)
+	if perr != nil {
+		i.log.Warn("pod not proved", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "bus_pod", req.BusPod, "token_pod", caller.Pod)
+		return reject("pod_mismatch", perr)
 	}
 	now := i.now()
 	leaf, err := mat.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
@@ -213,9 +213,6 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
-	if pod != "" && !verified {
-		i.metrics.UnverifiedPod.WithLabelValues(t, caller.Source).Inc()
-	}
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
 	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs()}, nil
@@ -264,4 +261,24 @@ func (i *Issuer) Malformed(transport string, tooLarge bool) {
 		reason = "too_large"
 	}
 	i.metrics.Rejected.WithLabelValues(transport, reason).Inc()
+}
+
+// provePod returns the pod a certificate is recorded for: the one the bus subject
+// proves, else the one a pod-bound token proves, else none. A pod named by the
+// request, or by the token, that disagrees with what is proved is refused.
+func provePod(req Request, caller authn.Caller) (string, *Error) {
+	proved := req.BusPod
+	if caller.Pod != "" {
+		if proved != "" && proved != caller.Pod {
+			return "", errf(events.CodePermissionDenied, "request came on pod %q's subject but the token was issued for pod %q", proved, caller.Pod)
+		}
+		proved = caller.Pod
+	}
+	if req.Pod != "" && req.Pod != proved {
+		if proved == "" {
+			return "", errf(events.CodePermissionDenied, "request names pod %q, which neither its bus subject nor its token proves", req.Pod)
+		}
+		return "", errf(events.CodePermissionDenied, "request names pod %q but its credentials prove pod %q", req.Pod, proved)
+	}
+	return proved, nil
 }

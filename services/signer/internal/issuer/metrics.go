@@ -19,9 +19,6 @@ type Metrics struct {
 	SignFail     *prometheus.CounterVec
 	Rejected     *prometheus.CounterVec
 	Issued       *prometheus.CounterVec
-	// UnverifiedPod counts certificates recorded for a pod the caller named but its
-	// credential did not (tokens without a pod claim, x509 renewals).
-	UnverifiedPod *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
@@ -38,9 +35,6 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 		SignFail:     counter("sign_failures_total", "Requests that failed while signing or recording the certificate, by transport.", "transport"),
 		Rejected:     counter("rejected_total", "Requests rejected before signing, by transport and reason.", "transport", "reason"),
 		Issued:       counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
-		UnverifiedPod: counter("unverified_pod_total",
-			"Certificates recorded for a pod named by the request only, not by the credential (no pod claim in the token, or x509 renewal), by transport and auth source.",
-			"transport", "auth_source"),
 	}
 	gauge := func(name, help string, f func(*ca.Material) time.Time) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help}, func() float64 {

@@ -33,7 +33,7 @@ const requestTimeout = 15 * time.Second
 // their callers gave up on long ago.
 const PendingPerWorker = 4
 
-// API answers events.SubjectSign, SubjectTrustBundle and SubjectRootRotate.
+// API answers events.SignWildcard, SubjectTrustBundle and SubjectRootRotate.
 type API struct {
 	nc          *nats.Conn
 	iss         *issuer.Issuer
@@ -145,7 +145,7 @@ func (a *API) Run(ctx context.Context) error {
 		subject string
 		h       func(context.Context, *nats.Msg)
 	}{
-		{events.SubjectSign, a.sign},
+		{events.SignWildcard, a.sign},
 		{events.SubjectTrustBundle, a.bundle},
 		{events.SubjectRootRotate, a.rotate},
 	} {
@@ -165,7 +165,7 @@ func (a *API) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	a.ready.Store(true)
-	a.log.Info("nats api subscribed", "subjects", []string{events.SubjectSign, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)
+	a.log.Info("nats api subscribed", "subjects", []string{events.SignWildcard, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)
 	<-ctx.Done()
 	return nil
 }
@@ -198,9 +198,16 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
+	// Only the pod itself may publish on its sign subject (bus permissions), so the
+	// subject proves the pod; SubjectSignAny proves none.
+	busPod, _ := events.PodFromSubject(m.Subject)
+	if m.Subject != events.SubjectSignAny && busPod == "" {
+		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
+		return
+	}
 	res, err := a.iss.Issue(ctx, issuer.Request{
 		CSR: []byte(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
-		TTLSeconds: req.TTLSeconds, Pod: req.Pod, Resource: req.Resource,
+		TTLSeconds: req.TTLSeconds, Pod: req.Pod, BusPod: busPod, Resource: req.Resource,
 		CertSigner: req.CertSigner, KeyAlgorithm: req.KeyAlgorithm, Transport: issuer.TransportNATS,
 	})
 	if err != nil {

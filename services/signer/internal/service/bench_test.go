@@ -276,7 +276,12 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 	reqs, toks := csrs(b, n), tokens(b, iss, n)
 	e := &endToEnd{client: connect(), msgs: make([]*nats.Msg, n)}
 	for i := range e.msgs {
-		e.msgs[i], err = events.NewMsg(events.SubjectSign, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: fmt.Sprintf("pod-%d", i)})
+		pod := fmt.Sprintf("pod-%d", i)
+		subject, err := events.PodSignSubject(pod)
+		if err != nil {
+			b.Fatal(err)
+		}
+		e.msgs[i], err = events.NewMsg(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: pod})
 		if err != nil {
 			b.Fatal(err)
 		}

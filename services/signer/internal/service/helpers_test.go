@@ -97,7 +97,20 @@ func (e *env) token(t *testing.T, ns, sa string) string {
 // natsSign sends req over NATS and decodes the reply.
 func natsSign(t *testing.T, nc *nats.Conn, req events.SignRequest) events.SignReply {
 	t.Helper()
-	msg, err := events.NewMsg(events.SubjectSign, "test", req)
+	return natsSignAs(t, nc, "", req)
+}
+
+// natsSignAs sends req on busPod's sign subject (SubjectSignAny when busPod is "").
+func natsSignAs(t *testing.T, nc *nats.Conn, busPod string, req events.SignRequest) events.SignReply {
+	t.Helper()
+	subject := events.SubjectSignAny
+	if busPod != "" {
+		var err error
+		if subject, err = events.PodSignSubject(busPod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg, err := events.NewMsg(subject, "test", req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,8 +124,8 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	})
 	t.Run("garbled events", func(t *testing.T) {
 		for name, msg := range map[string]*nats.Msg{
-			"not a cloudevent": {Subject: events.SubjectSign, Data: []byte(`{"csr":"x"}`)},
-			"wrong type":       mustMsg(t, events.SubjectSign, events.BundleRequest{}),
+			"not a cloudevent": {Subject: events.SubjectSignAny, Data: []byte(`{"csr":"x"}`)},
+			"wrong type":       mustMsg(t, events.SubjectSignAny, events.BundleRequest{}),
 			"not json":         rawSign(t, `csr=1`),
 		} {
 			t.Run(name, func(t *testing.T) {
@@ -157,7 +157,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 }
 
 func rawSign(t *testing.T, body string) *nats.Msg {
-	m := mustMsg(t, events.SubjectSign, events.BundleRequest{})
+	m := mustMsg(t, events.SubjectSignAny, events.BundleRequest{})
 	m.Header.Set(events.HeaderType, events.TypeSignRequest)
 	m.Data = []byte(body)
 	return m
@@ -182,7 +182,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// JWT over NATS: the identity comes from the token, not from the CSR.
 	key, csr := testkit.CSR(t, pki.ECP256, askedID)
-	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
@@ -202,7 +202,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// Renewal over NATS with the still-valid cert and a proof over the new CSR.
 	_, csr2 := testkit.CSR(t, pki.RSA2048, askedID)
-	rep2 := natsSign(t, e.nc, events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: "web-0"})
+	rep2 := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: "web-0"})
 	if rep2.Error != nil {
 		t.Fatal(rep2.Error)
 	}
@@ -398,7 +398,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	c.Workers = 1
 	s := e.start(t, c)
 	_, csr := testkit.CSR(t, pki.ECP256, askedID)
-	msg, err := events.NewMsg(events.SubjectSign, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+	msg, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	testkit.Eventually(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
 	// Once the storm has passed, a request is answered again.
 	testkit.Eventually(t, 60*time.Second, "storm drained", func() bool {
-		m, err := events.NewMsg(events.SubjectSign, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+		m, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 		if err != nil {
 			t.Fatal(err)
 		}

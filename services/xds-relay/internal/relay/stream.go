@@ -251,7 +251,7 @@ func (st *stream) connected(h header) {
 		}
 	}
 	st.s.log.Info("stream connected", "stream", st.id, "mode", st.mode.name, "node", node)
-	st.s.publish(events.SubjectXDSConnected, events.XDSConnected{Pod: st.s.cfg.Pod, Stream: st.id, Mode: st.mode.name,
+	st.s.publish(events.PodEventXDSConnected, events.XDSConnected{Pod: st.s.cfg.Pod, Stream: st.id, Mode: st.mode.name,
 		Node: node, Upstream: st.s.dial.Address()})
 }
 
@@ -263,17 +263,24 @@ func (st *stream) nack(h header) {
 	}
 	st.s.m.nacks.WithLabelValues(st.s.m.label(h.TypeURL)).Inc()
 	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "version", h.Version, "error", detail)
-	st.s.publish(events.SubjectXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: h.TypeURL,
+	st.s.publish(events.PodEventXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: h.TypeURL,
 		Nonce: h.Nonce, Version: h.Version, ErrorDetail: detail})
 }
 
 func (s *Server) disconnected(id, reason string) {
 	s.log.Info("stream disconnected", "stream", id, "reason", reason)
-	s.publish(events.SubjectXDSDisconnect, events.XDSDisconnected{Pod: s.cfg.Pod, Stream: id, Reason: reason})
+	s.publish(events.PodEventXDSDisconnected, events.XDSDisconnected{Pod: s.cfg.Pod, Stream: id, Reason: reason})
 }
 
-func (s *Server) publish(subject string, p events.Payload) {
-	if s.pub != nil {
-		s.pub.Publish(subject, p)
+// publish sends one of the pod's events (kind: events.PodEvent*) on its pod subject.
+func (s *Server) publish(kind string, p events.Payload) {
+	if s.pub == nil {
+		return
 	}
+	subject, err := events.PodEventSubject(s.cfg.Pod, kind)
+	if err != nil {
+		s.log.Warn("dropping event", "kind", kind, "error", err)
+		return
+	}
+	s.pub.Publish(subject, p)
 }

@@ -24,9 +24,9 @@ func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
 	}
 	p := New(js, "xds-relay/web-0", prometheus.NewRegistry(), hclog.NewNullLogger())
 	// Queued before Run starts and flushed when it stops.
-	p.Publish(events.SubjectXDSConnected, events.XDSConnected{Pod: "web-0", Stream: "1", Mode: "sotw", Upstream: "cp:1"})
-	p.Publish(events.SubjectXDSDisconnect, events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "downstream closed"})
-	p.Publish(events.SubjectXDSNack, events.XDSNack{Pod: "not a pod!"}) // invalid: dropped, counted
+	p.Publish("meshagent.evt.pod.web-0.xds.connected", events.XDSConnected{Pod: "web-0", Stream: "1", Mode: "sotw", Upstream: "cp:1"})
+	p.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "downstream closed"})
+	p.Publish("meshagent.evt.pod.web-0.xds.nack", events.XDSNack{Pod: "not a pod!"}) // invalid: dropped, counted
 	rctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := p.Run(rctx); err != nil {
@@ -43,7 +43,7 @@ func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Subject != events.SubjectXDSConnected || m.Header.Get(events.HeaderSource) != "xds-relay/web-0" {
+	if m.Subject != "meshagent.evt.pod.web-0.xds.connected" || m.Header.Get(events.HeaderSource) != "xds-relay/web-0" {
 		t.Fatalf("first event %s from %s", m.Subject, m.Header.Get(events.HeaderSource))
 	}
 	if v := testutil.ToFloat64(p.dropped); v != 1 {
@@ -58,7 +58,7 @@ func TestFullBacklogDropsInsteadOfBlocking(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		for range Backlog + 10 {
-			p.Publish(events.SubjectXDSDisconnect, events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "x"})
+			p.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "x"})
 		}
 		close(done)
 	}()
