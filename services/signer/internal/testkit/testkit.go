@@ -1,6 +1,6 @@
 // Package testkit builds what the signer's tests need: a dev token issuer with its
-// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, and a
-// settable clock.
+// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, a CA
+// key-encryption key file and a settable clock.
 package testkit
 
 import (
@@ -237,4 +237,19 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// KEKFile writes 32 random bytes, mode 0600, to a file in a fresh t.TempDir() and
+// returns its path: the signer's -ca-kek-file.
+func KEKFile(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "ca-kek")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
