@@ -61,7 +61,11 @@ func LoadKEK(path string) (*KEK, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-ca-kek-file: %s: %w", path, err)
 	}
-	return NewKEK(key)
+	k, err := NewKEK(key)
+	if err != nil {
+		return nil, fmt.Errorf("-ca-kek-file: %s: %w", path, err)
+	}
+	return k, nil
 }
 
 func parseKEK(data []byte) ([]byte, error) {

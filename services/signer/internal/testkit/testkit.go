@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -252,4 +254,26 @@ func KEKFile(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// VerifyEndorsed checks, as a pod does, that one of ends vouches for the bundle
+// (trustDomain, gen, roots) under a key of trusted; pki.ErrNotEndorsed otherwise.
+func VerifyEndorsed(trusted []*x509.Certificate, trustDomain string, gen uint64, roots []string, ends []events.Endorsement) error {
+	msg, err := events.EndorsedBytes(trustDomain, gen, roots)
+	if err != nil {
+		return err
+	}
+	errs := []error{pki.ErrNotEndorsed}
+	for _, e := range ends {
+		chain, err := pki.ParseCertPEMs(e.Chain)
+		if err != nil {
+			return err
+		}
+		if err := pki.VerifyEndorsement(trusted, msg, e.KeyID, e.Signature, chain); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return nil
+	}
+	return errors.Join(errs...)
 }
