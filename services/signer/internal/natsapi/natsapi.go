@@ -254,7 +254,11 @@ func (a *API) rotate(ctx context.Context, m *nats.Msg) {
 		case errors.Is(err, ca.ErrRotateTooSoon), errors.Is(err, ca.ErrBundleFull):
 			code = events.CodeResourceExhausted
 		}
-		a.log.Error("root rotation failed", "code", code, "error", err)
+		if code == events.CodeInternal {
+			a.log.Error("root rotation failed", "error", err)
+		} else {
+			a.log.Warn("root rotation refused", "code", code, "error", err)
+		}
 		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: code, Message: err.Error()}})
 		return
 	}
