@@ -26,7 +26,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	s := bustest.Server(t)
 	jwks := testkit.NewIssuer(t, "meshagent-dev").WriteJWKS(t, t.TempDir())
 	httpAddr := freeAddr(t)
-	env := map[string]string{"NATS_URL": s.ClientURL(), "JWKS_FILE": jwks}
+	env := map[string]string{"NATS_URL": s.ClientURL(), "JWKS_FILE": jwks, "CA_KEK_FILE": testkit.KEKFile(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -61,7 +61,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 
 // Ctrl-C while waiting for NATS exits cleanly (status 0), not with an error.
 func TestRunReturnsNilWhenInterruptedWhileConnecting(t *testing.T) {
-	env := map[string]string{"NATS_URL": "nats://" + freeAddr(t)} // nothing listens there
+	env := map[string]string{"NATS_URL": "nats://" + freeAddr(t), "CA_KEK_FILE": testkit.KEKFile(t)} // nothing listens there
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := run(ctx, []string{"-instance", "main-test", "-log-level", "off"}, func(k string) string { return env[k] }); err != nil {

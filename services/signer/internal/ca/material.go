@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -27,11 +28,22 @@ type Material struct {
 	Roots      []*x509.Certificate // the trust bundle, newest first
 	Generation uint64              // increases with every change of the bundle or chain
 
-	chainPEMs []string
-	rootPEMs  []string
-	rootFP    string
-	notAfter  time.Time
+	chainPEMs    []string
+	rootPEMs     []string
+	rootFP       string
+	notAfter     time.Time
+	endorsements []events.Endorsement
 }
+
+// MaxRoots bounds the trust bundle: a self-signed rotation that would make it larger
+// is refused, and plugged-in material with more roots is invalid. With MaxMaterialBytes
+// it keeps every reply and event that carries the bundle under events.MaxEventSize.
+const MaxRoots = 8
+
+// MaxMaterialBytes bounds the PEM bytes of the bundle plus twice the chain above a
+// leaf (a sign reply carries the chain, and its endorsement the chain again), leaving
+// room under events.MaxEventSize for the leaf, the endorsements' signatures and JSON.
+const MaxMaterialBytes = 40 << 10
 
 // ErrInvalidMaterial wraps every reason CA material is refused.
 var ErrInvalidMaterial = errors.New("invalid CA material")
@@ -69,9 +81,15 @@ func NewMaterial(key crypto.Signer, cert *x509.Certificate, intermediates, roots
 	if err != nil {
 		return nil, bad("CA certificate %q does not chain to a root: %v", cert.Subject, err)
 	}
+	if len(roots) > MaxRoots {
+		return nil, bad("the trust bundle holds %d roots, at most %d", len(roots), MaxRoots)
+	}
 	m := &Material{Key: key, Cert: cert, Chain: chains[0], Roots: roots, Generation: gen}
 	m.chainPEMs = pki.CertPEMs(m.Chain)
 	m.rootPEMs = pki.CertPEMs(m.Roots)
+	if n := 2*pemBytes(m.chainPEMs) + pemBytes(m.rootPEMs); n > MaxMaterialBytes {
+		return nil, bad("the trust bundle and chain take %d bytes (roots once, chain twice), at most %d", n, MaxMaterialBytes)
+	}
 	m.rootFP = pki.Fingerprint(m.Chain[len(m.Chain)-1])
 	m.notAfter = m.Chain[0].NotAfter
 	for _, c := range m.Chain {
@@ -82,8 +100,58 @@ func NewMaterial(key crypto.Signer, cert *x509.Certificate, intermediates, roots
 	return m, nil
 }
 
+func pemBytes(pems []string) int {
+	n := 0
+	for _, p := range pems {
+		n += len(p)
+	}
+	return n
+}
+
 // ChainPEMs is the chain above a leaf, signing cert first, root last.
 func (m *Material) ChainPEMs() []string { return m.chainPEMs }
+
+// IntermediatePEMs is the chain above a leaf without its root: signing cert first;
+// empty when the signing cert is the root itself.
+func (m *Material) IntermediatePEMs() []string { return m.chainPEMs[:len(m.chainPEMs)-1] }
+
+// Endorsements vouch for the bundle (events.EndorsedBytes of the trust domain,
+// Generation and RootPEMs): one by the signing key, with the chain up to the root,
+// and one by each other key given to endorse (the keys of older roots still in the
+// bundle), so that a pod trusting only an older root can follow.
+func (m *Material) Endorsements() []events.Endorsement { return m.endorsements }
+
+// endorse signs the bundle with the signing key and with others (duplicates of a
+// key are skipped). It is called once, before the material is installed.
+func (m *Material) endorse(trustDomain string, others ...crypto.Signer) error {
+	msg, err := events.EndorsedBytes(trustDomain, m.Generation, m.rootPEMs)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	var out []events.Endorsement
+	for i, k := range append([]crypto.Signer{m.Key}, others...) {
+		id, err := pki.KeyID(k.Public())
+		if err != nil {
+			return err
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		id, sig, err := pki.Endorse(k, msg)
+		if err != nil {
+			return err
+		}
+		e := events.Endorsement{KeyID: id, Signature: sig}
+		if i == 0 && len(m.chainPEMs) > 1 {
+			e.Chain = m.IntermediatePEMs()
+		}
+		out = append(out, e)
+	}
+	m.endorsements = out
+	return nil
+}
 
 // RootPEMs is the trust bundle, newest first.
 func (m *Material) RootPEMs() []string { return m.rootPEMs }

@@ -115,6 +115,9 @@ func (p *Plugged) Start(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load %s: %w", p.dir, err)
 	}
+	if err := m.endorse(p.trustDomain); err != nil {
+		return fmt.Errorf("load %s: endorse bundle: %w", p.dir, err)
+	}
 	p.auth.install(m, true)
 	p.ann.settle(m.Generation)
 	p.log.Info("ca material loaded", "dir", p.dir, "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "not_after", m.NotAfter())
@@ -194,10 +197,16 @@ func (p *Plugged) Reload(context.Context) bool {
 	if old != nil && m.Generation <= old.Generation {
 		m.Generation = old.Generation + 1
 	}
+	if err := m.endorse(p.trustDomain); err != nil {
+		p.rejected.Add(1)
+		p.log.Error("cacerts reload rejected, keeping the current material", "dir", p.dir, "error", err)
+		return false
+	}
 	p.auth.install(m, true)
 	added, removed := diff(old, m)
 	p.log.Info("ca material reloaded", "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "added", len(added), "removed", len(removed))
-	p.ann.observe(events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed, Reason: events.TrustReasonReload, Generation: m.Generation})
+	p.ann.observe(events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed,
+		Reason: events.TrustReasonReload, Generation: m.Generation, Endorsements: m.Endorsements()})
 	return true
 }
 

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -17,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// RootKey is the KV key that holds the self-signed root.
+// RootKey is the KV key that holds the self-signed root (see stored).
 const RootKey = "root"
 
 // Notifier publishes a change of the trust bundle (one attempt; the caller retries).
@@ -33,18 +32,13 @@ type SelfSignedConfig struct {
 	CheckInterval  time.Duration
 	GracePercent   int
 	NewKeyOnRotate bool
-}
-
-// stored is the KV value: Istio's istio-ca-secret equivalent. It holds the current
-// root's private key, so the bucket must be readable by signers only.
-type stored struct {
-	Generation uint64   `json:"generation"`
-	KeyPEM     string   `json:"key_pem"`
-	Roots      []string `json:"roots"` // newest first; Roots[0] is the current root, made with KeyPEM
-	// The change that made this generation, so that every replica announces it alike.
-	Reason  string   `json:"reason,omitempty"`
-	Added   []string `json:"added,omitempty"`
-	Removed []string `json:"removed,omitempty"`
+	// KEK seals the root keys in KV; required.
+	KEK *KEK
+	// MaxLeafTTL is the longest leaf lifetime (-max-ttl): a retired root leaves the
+	// bundle MaxLeafTTL + RetireSlack after it was retired, or when it expires.
+	MaxLeafTTL time.Duration
+	// RotateMinInterval is the shortest time between a rotation and a forced one; 0: no limit.
+	RotateMinInterval time.Duration
 }
 
 // SelfSigned keeps a self-signed root in JetStream KV. Replicas starting together
@@ -68,11 +62,16 @@ func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority
 	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
 }
 
-// Start opens the bucket and loads the root, creating it when there is none yet.
+// Start opens the bucket and loads the root, creating it when there is none yet. A
+// record that still holds its key in clear (written before keys were sealed) is
+// sealed and rewritten first.
 func (s *SelfSigned) Start(ctx context.Context) error {
+	if s.cfg.KEK == nil {
+		return errors.New("-ca-kek-file: required in self-signed mode")
+	}
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (holds the root key)",
-		// History 1: a replaced root key does not linger in the bucket's history.
+		Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
+		// History 1: a replaced value (a retired key, a clear key before sealing) does not linger in the bucket's history.
 		History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
 	})
 	if err != nil {
@@ -83,29 +82,47 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 		e, err := kv.Get(ctx, RootKey)
 		switch {
 		case err == nil:
-			m, err := s.material(e.Value())
+			rec, err := s.open(e.Value())
+			if err != nil {
+				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
+			}
+			if rec.legacy {
+				if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+					return err
+				}
+				continue // load what is stored now: ours, or another replica's sealed record
+			}
+			m, err := s.materialOf(rec)
 			if err != nil {
 				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
 			}
 			s.auth.install(m, false)
 			s.ann.settle(m.Generation)
-			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter())
+			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
 			return s.Check(ctx)
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			st, err := s.newRoot(nil, nil, 1)
+			key, err := pki.GenerateKey(s.cfg.KeyAlg)
+			if err != nil {
+				return fmt.Errorf("root key: %w", err)
+			}
+			root, err := s.newRoot(key)
 			if err != nil {
 				return err
 			}
-			data, _ := json.Marshal(st)
+			rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}}
+			data, err := s.seal(rec)
+			if err != nil {
+				return err
+			}
+			m, err := s.materialOf(rec)
+			if err != nil {
+				return err
+			}
 			if _, err := kv.Create(ctx, RootKey, data); err != nil {
 				if errors.Is(err, jetstream.ErrKeyExists) {
 					continue // another replica won: load its root
 				}
 				return fmt.Errorf("store root: %w", err)
-			}
-			m, err := s.material(data)
-			if err != nil {
-				return err
 			}
 			s.auth.install(m, false)
 			s.ann.settle(m.Generation)
@@ -116,6 +133,24 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 		}
 	}
 	return errors.New("root: could not create or load it")
+}
+
+// migrate seals a record read with its key in clear and rewrites it, unchanged
+// otherwise (same generation: nothing to announce), with compare-and-set on rev.
+func (s *SelfSigned) migrate(ctx context.Context, rec record, rev uint64) error {
+	s.log.Warn("ca key stored in clear, sealing it under -ca-kek-file", "bucket", s.cfg.Bucket, "generation", rec.gen, "revision", rev)
+	data, err := s.seal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := s.kv.Update(ctx, RootKey, data, rev); err != nil {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return err // another replica rewrote it first
+		}
+		return fmt.Errorf("store sealed root: %w", err)
+	}
+	s.log.Warn("ca key sealed; rotate the root with a new key to retire the key that was stored in clear", "generation", rec.gen)
+	return nil
 }
 
 // Announced is the highest bundle generation this replica knows to be announced
@@ -156,20 +191,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 			if e == nil || e.Operation() != jetstream.KeyValuePut {
 				continue
 			}
-			m, err := s.material(e.Value())
-			if err != nil {
-				s.log.Error("ignoring invalid root in kv", "revision", e.Revision(), "error", err)
-				continue
-			}
-			if s.auth.install(m, false) {
-				s.log.Info("root changed by another replica", "fingerprint", m.RootFingerprint(), "generation", m.Generation)
-			}
-			// Whoever wrote it may have failed to announce it: announce it too (same
-			// event id, so JetStream keeps one).
-			var st stored
-			if json.Unmarshal(e.Value(), &st) == nil && st.Reason != "" {
-				s.ann.observe(s.event(st, m))
-			}
+			s.follow(ctx, e)
 		case <-t.C:
 			if err := s.Check(ctx); err != nil {
 				s.log.Error("root check failed", "error", err)
@@ -178,8 +200,36 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 	}
 }
 
-// Check rotates the root when less than GracePercent of its life is left, and drops
-// expired old roots from the bundle.
+// follow installs a root written to KV (by any replica) and announces it.
+func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
+	rec, err := s.open(e.Value())
+	if err != nil {
+		s.log.Error("ignoring root in kv that this signer cannot load", "revision", e.Revision(), "error", err)
+		return
+	}
+	if rec.legacy { // an older signer wrote it: seal it; the sealed write comes back here
+		if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			s.log.Error("sealing the ca key failed", "error", err)
+		}
+		return
+	}
+	m, err := s.materialOf(rec)
+	if err != nil {
+		s.log.Error("ignoring invalid root in kv", "revision", e.Revision(), "error", err)
+		return
+	}
+	if s.auth.install(m, false) {
+		s.log.Info("root changed by another replica", "fingerprint", m.RootFingerprint(), "generation", m.Generation)
+	}
+	// Whoever wrote it may have failed to announce it: announce it too (same event
+	// id, so JetStream keeps one).
+	if rec.reason != "" {
+		s.ann.observe(s.event(rec, m))
+	}
+}
+
+// Check rotates the root when less than GracePercent of its life is left, and removes
+// old roots from the bundle once no leaf they signed can still be valid.
 func (s *SelfSigned) Check(ctx context.Context) error {
 	m := s.auth.Current()
 	if m == nil {
@@ -187,18 +237,21 @@ func (s *SelfSigned) Check(ctx context.Context) error {
 	}
 	now := s.now()
 	root := m.Roots[0]
-	left := root.NotAfter.Sub(now)
 	if s.due(root, now) {
-		s.log.Info("root near expiry, rotating", "fingerprint", m.RootFingerprint(), "left", left.Round(time.Second), "not_after", root.NotAfter)
-		_, err := s.update(ctx, events.TrustReasonRotation, func(st stored) (stored, bool, error) {
-			return s.rotated(st, s.cfg.NewKeyOnRotate, true)
+		s.log.Info("root near expiry, rotating", "fingerprint", m.RootFingerprint(), "left", root.NotAfter.Sub(now).Round(time.Second), "not_after", root.NotAfter)
+		_, err := s.update(ctx, func(rec record) (record, string, error) {
+			if !s.due(rec.roots[0], s.now()) {
+				return rec, "", nil // another replica rotated first
+			}
+			return s.rotated(rec, s.cfg.NewKeyOnRotate, false)
 		})
 		return err
 	}
-	for _, r := range m.Roots[1:] {
-		if !r.NotAfter.After(now) {
-			_, err := s.update(ctx, events.TrustReasonExpired, func(st stored) (stored, bool, error) {
-				return s.pruned(st)
+	for i, r := range m.Roots[1:] {
+		if !s.leavesAt(r, createdAt(m.Roots[i])).After(now) {
+			_, err := s.update(ctx, func(rec record) (record, string, error) {
+				next, reason := s.pruned(rec, s.now())
+				return next, reason, nil
 			})
 			return err
 		}
@@ -212,41 +265,46 @@ func (s *SelfSigned) due(root *x509.Certificate, now time.Time) bool {
 	return root.NotAfter.Sub(now) < life/100*time.Duration(s.cfg.GracePercent) // /100 first: no overflow for long roots
 }
 
-// Rotate issues a new root now (meshctl rotate root), with a new key when asked.
+// Rotate issues a new root now (meshctl rotate root), with a new key when asked. It
+// is refused (ErrRotateTooSoon, ErrBundleFull) without any change.
 func (s *SelfSigned) Rotate(ctx context.Context, newKey bool) (*Material, error) {
-	return s.update(ctx, events.TrustReasonRotation, func(st stored) (stored, bool, error) {
-		return s.rotated(st, newKey || s.cfg.NewKeyOnRotate, false)
+	return s.update(ctx, func(rec record) (record, string, error) {
+		return s.rotated(rec, newKey || s.cfg.NewKeyOnRotate, true)
 	})
 }
 
-// update applies change to the stored root with compare-and-set. When another replica
-// changed it first, change is re-evaluated on the newer value (and may find nothing to do).
-// The replica whose write wins queues trust.changed (Run publishes it, with retries).
-func (s *SelfSigned) update(ctx context.Context, reason string, change func(stored) (stored, bool, error)) (*Material, error) {
+// update applies change to the stored root with compare-and-set. change returns the
+// reason of the change, or "" when there is nothing to do. When another replica
+// changed the root first, change is re-evaluated on the newer value. The replica
+// whose write wins queues trust.changed (Run publishes it, with retries).
+func (s *SelfSigned) update(ctx context.Context, change func(record) (record, string, error)) (*Material, error) {
 	for attempt := 0; attempt < 5; attempt++ {
 		e, err := s.kv.Get(ctx, RootKey)
 		if err != nil {
 			return nil, fmt.Errorf("read root: %w", err)
 		}
-		var st stored
-		if err := json.Unmarshal(e.Value(), &st); err != nil {
-			return nil, fmt.Errorf("decode root: %w", err)
-		}
-		next, changed, err := change(st)
+		rec, err := s.open(e.Value())
 		if err != nil {
 			return nil, err
 		}
-		if !changed {
-			m, err := s.material(e.Value())
-			if err == nil {
+		next, reason, err := change(rec)
+		if err != nil {
+			return nil, err
+		}
+		if reason == "" {
+			m, err := s.materialOf(rec)
+			if err == nil && !rec.legacy {
 				s.auth.install(m, false)
 			}
 			return m, err
 		}
-		next.Reason = reason
-		next.Added, next.Removed = diffStored(st, next)
-		data, _ := json.Marshal(next)
-		m, err := s.material(data)
+		next.gen, next.reason, next.legacy = rec.gen+1, reason, false
+		next.added, next.remove = diffRoots(rec.roots, next.roots)
+		m, err := s.materialOf(next)
+		if err != nil {
+			return nil, err
+		}
+		data, err := s.seal(next)
 		if err != nil {
 			return nil, err
 		}
@@ -257,74 +315,24 @@ func (s *SelfSigned) update(ctx context.Context, reason string, change func(stor
 			return nil, fmt.Errorf("store root: %w", err)
 		}
 		s.auth.install(m, false)
-		s.log.Info("trust bundle changed", "reason", reason, "generation", m.Generation, "fingerprint", m.RootFingerprint(), "roots", len(m.Roots))
+		s.log.Info("trust bundle changed", "reason", reason, "generation", m.Generation, "fingerprint", m.RootFingerprint(), "roots", len(m.Roots), "keys", len(next.keys))
 		s.ann.observe(s.event(next, m))
 		return m, nil
 	}
 	return nil, errors.New("root: too many concurrent changes")
 }
 
-// event is the trust.changed announcing the stored generation st (material m).
-func (s *SelfSigned) event(st stored, m *Material) events.TrustChanged {
-	return events.TrustChanged{TrustDomain: s.cfg.TrustDomain, Roots: m.RootPEMs(), Added: st.Added, Removed: st.Removed, Reason: st.Reason, Generation: m.Generation}
+// event is the trust.changed announcing rec (material m), endorsed.
+func (s *SelfSigned) event(rec record, m *Material) events.TrustChanged {
+	return events.TrustChanged{TrustDomain: s.cfg.TrustDomain, Roots: m.RootPEMs(), Added: rec.added, Removed: rec.remove,
+		Reason: rec.reason, Generation: m.Generation, Endorsements: m.Endorsements()}
 }
 
-// rotated returns st with a new current root. When onlyIfDue is set (the periodic
-// check) and the stored root is not due — another replica rotated first — it is unchanged.
-func (s *SelfSigned) rotated(st stored, newKey, onlyIfDue bool) (stored, bool, error) {
-	now := s.now()
-	roots, err := pki.ParseCertPEMs(st.Roots)
-	if err != nil || len(roots) == 0 {
-		return st, false, fmt.Errorf("stored roots: %v", err)
-	}
-	cur := roots[0]
-	if onlyIfDue && !s.due(cur, now) {
-		return st, false, nil
-	}
-	var key crypto.Signer
-	if !newKey {
-		if key, err = pki.ParseKeyPEM([]byte(st.KeyPEM)); err != nil {
-			return st, false, fmt.Errorf("stored root key: %w", err)
-		}
-	}
-	var keep []*x509.Certificate
-	for _, r := range roots {
-		if r.NotAfter.After(now) {
-			keep = append(keep, r)
-		}
-	}
-	next, err := s.newRoot(key, keep, st.Generation+1)
-	return next, err == nil, err
-}
-
-// pruned returns st without the old roots that have expired.
-func (s *SelfSigned) pruned(st stored) (stored, bool, error) {
-	now := s.now()
-	roots, err := pki.ParseCertPEMs(st.Roots)
-	if err != nil || len(roots) == 0 {
-		return st, false, fmt.Errorf("stored roots: %v", err)
-	}
-	next := stored{Generation: st.Generation + 1, KeyPEM: st.KeyPEM, Roots: []string{st.Roots[0]}}
-	for i, r := range roots[1:] {
-		if r.NotAfter.After(now) {
-			next.Roots = append(next.Roots, st.Roots[i+1])
-		}
-	}
-	return next, len(next.Roots) != len(st.Roots), nil
-}
-
-// newRoot makes a root certificate with key (a new key when nil) and returns the stored
-// value with it first and older before it.
-func (s *SelfSigned) newRoot(key crypto.Signer, older []*x509.Certificate, gen uint64) (stored, error) {
-	var err error
-	if key == nil {
-		if key, err = pki.GenerateKey(s.cfg.KeyAlg); err != nil {
-			return stored{}, fmt.Errorf("root key: %w", err)
-		}
-	}
+// newRoot makes a root certificate with key, valid from now (less Backdate) for RootTTL.
+func (s *SelfSigned) newRoot(key crypto.Signer) (*x509.Certificate, error) {
 	serial, err := randomSerial()
 	if err != nil {
-		return stored{}, err
+		return nil, err
 	}
 	now := s.now()
 	tmpl := &x509.Certificate{
@@ -338,64 +346,7 @@ func (s *SelfSigned) newRoot(key crypto.Signer, older []*x509.Certificate, gen u
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return stored{}, fmt.Errorf("create root: %w", err)
+		return nil, fmt.Errorf("create root: %w", err)
 	}
-	keyPEM, err := pki.EncodeKeyPEM(key, true)
-	if err != nil {
-		return stored{}, err
-	}
-	root, _ := x509.ParseCertificate(der)
-	st := stored{Generation: gen, KeyPEM: string(keyPEM), Roots: pki.CertPEMs([]*x509.Certificate{root})}
-	st.Roots = append(st.Roots, pki.CertPEMs(older)...)
-	return st, nil
-}
-
-// material builds signing material from a stored value. The root is ours, so it is
-// checked for structure at its own notBefore; expiry is Check's job. Expired old
-// roots are left out of the bundle.
-func (s *SelfSigned) material(data []byte) (*Material, error) {
-	var st stored
-	if err := json.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("decode root: %w", err)
-	}
-	key, err := pki.ParseKeyPEM([]byte(st.KeyPEM))
-	if err != nil {
-		return nil, err
-	}
-	roots, err := pki.ParseCertPEMs(st.Roots)
-	if err != nil || len(roots) == 0 {
-		return nil, fmt.Errorf("%w: stored roots: %v", ErrInvalidMaterial, err)
-	}
-	now := s.now()
-	bundle := roots[:1]
-	for _, r := range roots[1:] {
-		if r.NotAfter.After(now) {
-			bundle = append(bundle, r)
-		}
-	}
-	return NewMaterial(key, roots[0], nil, bundle, st.Generation, roots[0].NotBefore)
-}
-
-// diffStored names the roots added and removed between two stored values.
-func diffStored(prev, next stored) (added, removed []string) {
-	fps := func(st stored) map[string]bool {
-		out := map[string]bool{}
-		certs, _ := pki.ParseCertPEMs(st.Roots)
-		for _, c := range certs {
-			out[pki.Fingerprint(c)] = true
-		}
-		return out
-	}
-	had, has := fps(prev), fps(next)
-	for fp := range has {
-		if !had[fp] {
-			added = append(added, fp)
-		}
-	}
-	for fp := range had {
-		if !has[fp] {
-			removed = append(removed, fp)
-		}
-	}
-	return added, removed
+	return x509.ParseCertificate(der)
 }

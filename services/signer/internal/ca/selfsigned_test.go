@@ -17,9 +17,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// testKEK is the KEK the replicas of a test share, as a fleet shares -ca-kek-file.
+var testKEK = mustKEK([]byte("0123456789abcdef0123456789abcdef"))
+
+func mustKEK(b []byte) *KEK {
+	k, err := NewKEK(b)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
 func selfSignedCfg() SelfSignedConfig {
 	return SelfSignedConfig{TrustDomain: "cluster.local", KeyAlg: pki.ECP256, Bucket: "meshagent-ca", Replicas: 1,
-		RootTTL: 10 * time.Minute, CheckInterval: time.Hour, GracePercent: 20}
+		RootTTL: 10 * time.Minute, CheckInterval: time.Hour, GracePercent: 20, KEK: testKEK, MaxLeafTTL: 90 * 24 * time.Hour}
 }
 
 type replica struct {

@@ -29,15 +29,17 @@ type Config struct {
 	}
 	TrustDomain string
 	CA          struct {
-		Dir            string // plugged-in mode when set (Istio cacerts layout)
-		ReloadDelay    time.Duration
-		KeyAlg         pki.KeyAlg // self-signed root key
-		KVBucket       string
-		KVReplicas     int
-		RootTTL        time.Duration
-		CheckInterval  time.Duration
-		GracePercent   int
-		NewKeyOnRotate bool
+		Dir               string // plugged-in mode when set (Istio cacerts layout)
+		ReloadDelay       time.Duration
+		KeyAlg            pki.KeyAlg // self-signed root key
+		KVBucket          string
+		KVReplicas        int
+		RootTTL           time.Duration
+		CheckInterval     time.Duration
+		GracePercent      int
+		NewKeyOnRotate    bool
+		KEKFile           string        // key-encryption key sealing the self-signed root keys in KV
+		RotateMinInterval time.Duration // shortest time between rotations a forced one may follow; 0: no limit
 	}
 	Certs struct {
 		DefaultTTL time.Duration
@@ -76,6 +78,7 @@ func Default() Config {
 	c.CA.RootTTL = 10 * 365 * 24 * time.Hour
 	c.CA.CheckInterval = time.Hour
 	c.CA.GracePercent = 20
+	c.CA.RotateMinInterval = time.Minute
 	c.Certs.DefaultTTL = 24 * time.Hour
 	c.Certs.MaxTTL = 90 * 24 * time.Hour
 	c.Auth.JWKSRefresh = 5 * time.Minute
@@ -109,6 +112,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.CA.CheckInterval, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", c.CA.CheckInterval, "how often to check whether the root needs rotating")
 	fs.Int(&c.CA.GracePercent, "root-grace-percent", "CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", c.CA.GracePercent, "rotate the root when less than this percent of its life is left")
 	fs.Bool(&c.CA.NewKeyOnRotate, "root-rotate-new-key", "CA_ROOT_ROTATE_NEW_KEY", false, "give a rotated root a new key (default: keep the key, as Istio)")
+	fs.String(&c.CA.KEKFile, "ca-kek-file", "CA_KEK_FILE", "", "file with 32 random bytes (raw or base64, mode 0600) sealing the self-signed root keys in KV; required in self-signed mode")
+	fs.Duration(&c.CA.RotateMinInterval, "root-rotate-min-interval", "ROOT_ROTATE_MIN_INTERVAL", c.CA.RotateMinInterval, "refuse a forced root rotation this soon after the last rotation (0: no limit)")
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
@@ -185,6 +190,8 @@ func (c Config) Validate() error {
 		add(c.CA.RootTTL >= time.Minute, "-root-ttl: must be at least 1m")
 		add(c.CA.CheckInterval > 0, "-root-check-interval: must be positive")
 		add(c.CA.GracePercent > 0 && c.CA.GracePercent < 100, "-root-grace-percent: must be between 1 and 99")
+		add(c.CA.KEKFile != "", "-ca-kek-file: required in self-signed mode (32 random bytes sealing the root key in KV; e.g. head -c 32 /dev/urandom > ca-kek; chmod 600 ca-kek)")
+		add(c.CA.RotateMinInterval >= 0, "-root-rotate-min-interval: must not be negative")
 	} else {
 		add(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
 	}

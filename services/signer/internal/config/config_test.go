@@ -11,7 +11,7 @@ import (
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
 func TestDefaults(t *testing.T) {
-	c, err := Load([]string{"-instance", "s1"}, env(nil))
+	c, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}, env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +19,7 @@ func TestDefaults(t *testing.T) {
 		c.CA.RootTTL != 10*365*24*time.Hour || c.CA.CheckInterval != time.Hour || c.CA.GracePercent != 20 ||
 		c.Certs.DefaultTTL != 24*time.Hour || c.Certs.MaxTTL != 90*24*time.Hour || c.Auth.Audience != "istio-ca" ||
 		c.CA.KVBucket != "meshagent-ca" || strings.Join(c.Listen.DNSNames, ",") != "istiod.istio-system.svc,localhost" ||
-		len(c.Listen.IPs) != 1 || c.Listen.IPs[0].String() != "127.0.0.1" {
+		len(c.Listen.IPs) != 1 || c.Listen.IPs[0].String() != "127.0.0.1" || c.CA.RotateMinInterval != time.Minute {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -34,13 +34,16 @@ func TestIstioEnvNamesAndFlagsWin(t *testing.T) {
 		"MAX_WORKLOAD_CERT_TTL":                                 "48h",
 		"SIGNER_INSTANCE":                                       "s2",
 		"CERT_SIGNERS":                                          "a, b",
+		"CA_KEK_FILE":                                           "/run/secrets/ca-kek",
+		"ROOT_ROTATE_MIN_INTERVAL":                              "0",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.TrustDomain != "example.org" || c.CA.RootTTL != 5*time.Minute || c.CA.CheckInterval != 30*time.Second ||
 		c.CA.GracePercent != 50 || c.Certs.DefaultTTL != time.Hour || c.Certs.MaxTTL != 48*time.Hour ||
-		c.CA.KeyAlg != pki.RSA4096 || c.Instance != "s2" || strings.Join(c.Certs.Signers, "|") != "a|b" {
+		c.CA.KeyAlg != pki.RSA4096 || c.Instance != "s2" || strings.Join(c.Certs.Signers, "|") != "a|b" ||
+		c.CA.KEKFile != "/run/secrets/ca-kek" || c.CA.RotateMinInterval != 0 {
 		t.Fatalf("config %+v", c)
 	}
 }
@@ -48,14 +51,24 @@ func TestIstioEnvNamesAndFlagsWin(t *testing.T) {
 func TestValidateReportsEveryProblem(t *testing.T) {
 	_, err := Load([]string{
 		"-instance", "s", "-trust-domain", "Not A Domain", "-key-alg", "dsa", "-root-ttl", "1s", "-root-grace-percent", "100",
-		"-default-ttl", "48h", "-max-ttl", "24h", "-jwks-file", "a", "-jwks-url", "http://b", "-grpc-ips", "nope", "-workers", "0",
+		"-default-ttl", "48h", "-max-ttl", "24h", "-jwks-file", "a", "-jwks-url", "http://b", "-grpc-ips", "nope", "-workers", "0", "-root-rotate-min-interval", "-1s",
 	}, env(map[string]string{"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL": "3600"}))
 	if err == nil {
 		t.Fatal("want error")
 	}
-	for _, f := range []string{"-trust-domain", "-key-alg", "-root-ttl", "-root-grace-percent", "-max-ttl", "-jwks-file", "-grpc-ips", "-workers", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL"} {
+	for _, f := range []string{"-trust-domain", "-key-alg", "-root-ttl", "-root-grace-percent", "-max-ttl", "-jwks-file", "-grpc-ips", "-workers", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", "-ca-kek-file", "-root-rotate-min-interval"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}
+	}
+}
+
+// Plugged-in mode needs no KEK: the operator's directory holds the key.
+func TestKEKRequiredOnlyInSelfSignedMode(t *testing.T) {
+	if _, err := Load([]string{"-instance", "s"}, env(nil)); err == nil || !strings.Contains(err.Error(), "-ca-kek-file: required in self-signed mode") {
+		t.Fatalf("self-signed without a KEK: %v", err)
+	}
+	if _, err := Load([]string{"-instance", "s", "-cacerts-dir", "/etc/cacerts"}, env(nil)); err != nil {
+		t.Fatalf("plugged-in without a KEK: %v", err)
 	}
 }

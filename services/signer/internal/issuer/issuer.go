@@ -69,6 +69,9 @@ type Result struct {
 	Leaf  *x509.Certificate
 	Chain []string // leaf first, root last
 	Roots []string // the whole trust bundle
+	// Generation and Endorsements are those of the bundle the leaf was signed with.
+	Generation   uint64
+	Endorsements []events.Endorsement
 }
 
 // Error is a request error with a code from events (CodeInvalidArgument, ...).
@@ -199,6 +202,7 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: mat.RootFingerprint(),
+		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, mat.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	if err == nil {
@@ -215,7 +219,7 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	i.metrics.Issued.WithLabelValues(t).Inc()
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
 	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
-	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs()}, nil
+	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
 }
 
 func (i *Issuer) authenticate(req Request, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {

@@ -214,7 +214,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.SignReply{Error: replyError(err)})
 		return
 	}
-	a.respond(m, events.SignReply{CertChain: res.Chain, Roots: res.Roots})
+	a.respond(m, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
 }
 
 func replyError(err error) *events.ReplyError {
@@ -235,7 +235,7 @@ func (a *API) bundle(_ context.Context, m *nats.Msg) {
 		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: events.CodeUnavailable, Message: "CA not loaded yet"}})
 		return
 	}
-	a.respond(m, events.BundleReply{TrustDomain: a.trustDomain, Roots: mat.RootPEMs(), Generation: mat.Generation})
+	a.respond(m, events.BundleReply{TrustDomain: a.trustDomain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()})
 }
 
 func (a *API) rotate(ctx context.Context, m *nats.Msg) {
@@ -248,10 +248,17 @@ func (a *API) rotate(ctx context.Context, m *nats.Msg) {
 	mat, err := a.rot.Rotate(ctx, req.NewKey)
 	if err != nil {
 		code := events.CodeInternal
-		if errors.Is(err, ca.ErrNotSupported) {
+		switch {
+		case errors.Is(err, ca.ErrNotSupported):
 			code = events.CodeInvalidArgument
+		case errors.Is(err, ca.ErrRotateTooSoon), errors.Is(err, ca.ErrBundleFull):
+			code = events.CodeResourceExhausted
 		}
-		a.log.Error("root rotation failed", "error", err)
+		if code == events.CodeInternal {
+			a.log.Error("root rotation failed", "error", err)
+		} else {
+			a.log.Warn("root rotation refused", "code", code, "error", err)
+		}
 		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: code, Message: err.Error()}})
 		return
 	}

@@ -36,6 +36,7 @@ type env struct {
 	js    jetstream.JetStream
 	iss   *testkit.Issuer
 	jwks  string
+	kek   string // -ca-kek-file shared by the env's replicas
 	clock func() time.Time
 }
 
@@ -43,7 +44,7 @@ func newEnv(t *testing.T) *env {
 	s := bustest.Server(t)
 	nc := bustest.Conn(t, s)
 	iss := testkit.NewIssuer(t, "meshagent-dev")
-	return &env{srv: s, nc: nc, js: bustest.JetStream(t, nc), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), clock: time.Now}
+	return &env{srv: s, nc: nc, js: bustest.JetStream(t, nc), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: testkit.KEKFile(t), clock: time.Now}
 }
 
 func (e *env) config(instance string) config.Config {
@@ -52,6 +53,7 @@ func (e *env) config(instance string) config.Config {
 	c.Listen.HTTP = "127.0.0.1:0"
 	c.Listen.GRPC = "127.0.0.1:0"
 	c.Auth.JWKSFile = e.jwks
+	c.CA.KEKFile = e.kek
 	c.Workers = 8
 	return c
 }

@@ -37,6 +37,7 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 		c = e.config(name)
 		c.CA.RootTTL = 10 * time.Minute
 		c.CA.CheckInterval = 20 * time.Millisecond
+		c.CA.RotateMinInterval = 30 * time.Second
 		return c
 	}
 	a := e.start(t, cfg("signer-a"))
@@ -89,7 +90,8 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 		t.Fatalf("%d trust.changed events for one rotation", n)
 	}
 
-	// meshctl rotate root, with a new key.
+	// meshctl rotate root, with a new key, once -root-rotate-min-interval has passed.
+	clock.Add(30 * time.Second)
 	rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true, Reason: "test"})
 	if rr.Error != nil || rr.Fingerprint == newFP || len(rr.Roots) != 3 {
 		t.Fatalf("rotate reply %+v (%d roots)", rr.Error, len(rr.Roots))
@@ -178,8 +180,13 @@ func TestPluggedInMode(t *testing.T) {
 // messages again it holds the event exactly once.
 func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
 	e := newEnv(t)
-	a := e.start(t, e.config("signer-a"))
-	b := e.start(t, e.config("signer-b"))
+	now := func(name string) (c config.Config) {
+		c = e.config(name)
+		c.CA.RotateMinInterval = 0 // rotate at once
+		return c
+	}
+	a := e.start(t, now("signer-a"))
+	b := e.start(t, now("signer-b"))
 	rootOf(t, e, e.nc) // one cert.issued, so the stream is not empty
 
 	// The stream refuses every new message (full, discard new): the first publish

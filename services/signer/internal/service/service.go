@@ -87,10 +87,14 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		}, func() float64 { return float64(p.Rejected()) }))
 		s.source = p
 	} else {
+		kek, err := ca.LoadKEK(cfg.CA.KEKFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca: %w", err)
+		}
 		s.source = ca.NewSelfSigned(ca.SelfSignedConfig{
 			TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
 			RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
-			NewKeyOnRotate: cfg.CA.NewKeyOnRotate,
+			NewKeyOnRotate: cfg.CA.NewKeyOnRotate, KEK: kek, MaxLeafTTL: cfg.Certs.MaxTTL, RotateMinInterval: cfg.CA.RotateMinInterval,
 		}, js, s.auth, notify, log.Named("ca"), now)
 	}
 	s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -1,6 +1,6 @@
 // Package testkit builds what the signer's tests need: a dev token issuer with its
-// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, and a
-// settable clock.
+// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, a CA
+// key-encryption key file and a settable clock.
 package testkit
 
 import (
@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -237,4 +239,41 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// KEKFile writes 32 random bytes, mode 0600, to a file in a fresh t.TempDir() and
+// returns its path: the signer's -ca-kek-file.
+func KEKFile(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "ca-kek")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// VerifyEndorsed checks, as a pod does, that one of ends vouches for the bundle
+// (trustDomain, gen, roots) under a key of trusted; pki.ErrNotEndorsed otherwise.
+func VerifyEndorsed(trusted []*x509.Certificate, trustDomain string, gen uint64, roots []string, ends []events.Endorsement) error {
+	msg, err := events.EndorsedBytes(trustDomain, gen, roots)
+	if err != nil {
+		return err
+	}
+	errs := []error{pki.ErrNotEndorsed}
+	for _, e := range ends {
+		chain, err := pki.ParseCertPEMs(e.Chain)
+		if err != nil {
+			return err
+		}
+		if err := pki.VerifyEndorsement(trusted, msg, e.KeyID, e.Signature, chain); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return nil
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,211 @@
+package ca
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+)
+
+// endorsed reports whether a pod trusting only trusted accepts m's bundle.
+func endorsed(trusted []*x509.Certificate, m *Material) error {
+	return testkit.VerifyEndorsed(trusted, "cluster.local", m.Generation, m.RootPEMs(), m.Endorsements())
+}
+
+// A pod that trusts only the first root follows the bundle through a same-key and a
+// new-key rotation; an endorsement by a stranger's key, or one for another bundle,
+// does not verify.
+func TestEndorsementsLetAnOldRootFollow(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	ctx := context.Background()
+	if err := r.src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.run(t)
+	first := r.auth.Current()
+	oldOnly := first.Roots[:1]
+	if err := endorsed(oldOnly, first); err != nil {
+		t.Fatalf("first bundle: %v", err)
+	}
+	sameKey, err := r.src.Rotate(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sameKey.Endorsements()) != 1 {
+		t.Fatalf("same-key rotation: %d endorsements, want 1 (one key)", len(sameKey.Endorsements()))
+	}
+	if err := endorsed(oldOnly, sameKey); err != nil {
+		t.Fatalf("after a same-key rotation: %v", err)
+	}
+	newKey, err := r.src.Rotate(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(newKey.Endorsements()) != 2 {
+		t.Fatalf("new-key rotation: %d endorsements, want 2 (new key, previous key)", len(newKey.Endorsements()))
+	}
+	for name, trusted := range map[string][]*x509.Certificate{"first root": oldOnly, "second root": sameKey.Roots[:1], "new root": newKey.Roots[:1]} {
+		if err := endorsed(trusted, newKey); err != nil {
+			t.Errorf("a pod trusting only the %s: %v", name, err)
+		}
+	}
+	// What the replica announced carries the same endorsements.
+	testkit.Eventually(t, 5*time.Second, "two trust.changed", func() bool { return len(r.rec.all()) == 2 })
+	for _, tc := range r.rec.all() {
+		if err := testkit.VerifyEndorsed(oldOnly, tc.TrustDomain, tc.Generation, tc.Roots, tc.Endorsements); err != nil {
+			t.Errorf("trust.changed gen %d: %v", tc.Generation, err)
+		}
+	}
+
+	stranger := testkit.NewCA(t, "meshagent root CA", nil, t0, time.Hour)
+	msg, _ := events.EndorsedBytes("cluster.local", newKey.Generation, newKey.RootPEMs())
+	id, sig, err := pki.Endorse(stranger.Key, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := []events.Endorsement{{KeyID: id, Signature: sig}, {KeyID: id, Signature: sig, Chain: []string{string(pki.EncodeCertPEM(stranger.Cert))}}}
+	if err := testkit.VerifyEndorsed(oldOnly, "cluster.local", newKey.Generation, newKey.RootPEMs(), forged); !errors.Is(err, pki.ErrNotEndorsed) {
+		t.Fatalf("a stranger's endorsement verified: %v", err)
+	}
+	// A genuine endorsement does not carry over to another bundle or generation.
+	attacker := append([]string{string(pki.EncodeCertPEM(stranger.Cert))}, newKey.RootPEMs()...)
+	if err := testkit.VerifyEndorsed(oldOnly, "cluster.local", newKey.Generation, attacker, newKey.Endorsements()); !errors.Is(err, pki.ErrNotEndorsed) {
+		t.Fatalf("endorsement verified for a bundle with an added root: %v", err)
+	}
+	if err := testkit.VerifyEndorsed(oldOnly, "cluster.local", newKey.Generation+1, newKey.RootPEMs(), newKey.Endorsements()); !errors.Is(err, pki.ErrNotEndorsed) {
+		t.Fatalf("endorsement verified for another generation: %v", err)
+	}
+}
+
+// Plugged-in: the intermediate endorses, with its chain, so a pod trusting the
+// offline root accepts it.
+func TestPluggedEndorsesWithTheIntermediate(t *testing.T) {
+	now := time.Now() // a pod checks the endorsing chain at the real time
+	root := testkit.NewCA(t, "root", nil, now, 24*time.Hour)
+	inter := testkit.NewCA(t, "inter", root, now, 12*time.Hour)
+	dir := t.TempDir()
+	testkit.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	auth := &Authority{}
+	p := NewPlugged(dir, time.Millisecond, "cluster.local", auth, nil, hclog.NewNullLogger(), func() time.Time { return now })
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := auth.Current()
+	if e := m.Endorsements(); len(e) != 1 || len(e[0].Chain) != 1 {
+		t.Fatalf("endorsements %+v, want one with the intermediate as chain", e)
+	}
+	if err := endorsed([]*x509.Certificate{root.Cert}, m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.IntermediatePEMs(); len(got) != 1 || got[0] != string(pki.EncodeCertPEM(inter.Cert)) {
+		t.Fatalf("intermediates %d", len(got))
+	}
+}
+
+// An old root leaves the bundle at min(its expiry, retired + max leaf TTL +
+// RetireSlack), announced as root-retired, and its key leaves KV with it.
+func TestOldRootRetiresWhenNoLeafCanBeValid(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	js := bustest.JetStream(t, bustest.Conn(t, s))
+	r := newReplica(t, js, clock)
+	r.src.cfg.RootTTL = 100 * 24 * time.Hour
+	r.src.cfg.MaxLeafTTL = time.Hour
+	ctx := context.Background()
+	if err := r.src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.run(t)
+	old := r.auth.Current()
+	m, err := r.src.Rotate(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A leaf signed by the old root just before it retired is valid until then.
+	clock.Add(time.Hour + RetireSlack - time.Second)
+	if err := r.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.auth.Current(); got.Generation != m.Generation || len(got.Roots) != 2 {
+		t.Fatalf("old root left too early: gen %d, %d roots", got.Generation, len(got.Roots))
+	}
+	clock.Add(2 * time.Second)
+	if err := r.src.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := r.auth.Current()
+	if got.Generation != m.Generation+1 || len(got.Roots) != 1 || got.RootFingerprint() != m.RootFingerprint() {
+		t.Fatalf("after retirement: gen %d, %d roots", got.Generation, len(got.Roots))
+	}
+	testkit.Eventually(t, 5*time.Second, "trust.changed root-retired", func() bool { return len(r.rec.all()) == 2 })
+	tc := r.rec.all()[1]
+	if tc.Reason != events.TrustReasonRetired || len(tc.Removed) != 1 || tc.Removed[0] != old.RootFingerprint() || len(tc.Roots) != 1 {
+		t.Fatalf("trust.changed %+v", tc)
+	}
+	var st stored
+	if err := json.Unmarshal(kvValue(t, js).Value(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Keys) != 1 || len(got.Endorsements()) != 1 {
+		t.Fatalf("%d sealed keys, %d endorsements after the old root left: want 1", len(st.Keys), len(got.Endorsements()))
+	}
+}
+
+// Refused rotations change nothing: no KV write, no trust.changed, same material.
+func TestRotationLimits(t *testing.T) {
+	tests := []struct {
+		name     string
+		interval time.Duration
+		before   int // successful rotations first, one minute apart
+		want     error
+	}{
+		{"too soon after the last rotation", time.Minute, 1, ErrRotateTooSoon},
+		{"too soon after the first root", 2 * time.Minute, 0, ErrRotateTooSoon},
+		{"bundle full", time.Minute, MaxRoots - 1, ErrBundleFull},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := bustest.Server(t)
+			clock := testkit.NewClock(t0)
+			js := bustest.JetStream(t, bustest.Conn(t, s))
+			r := newReplica(t, js, clock)
+			r.src.cfg.RootTTL = 100 * 24 * time.Hour
+			r.src.cfg.RotateMinInterval = tt.interval
+			ctx := context.Background()
+			if err := r.src.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i := range tt.before {
+				clock.Add(time.Minute)
+				if _, err := r.src.Rotate(ctx, i%2 == 0); err != nil {
+					t.Fatalf("rotation %d: %v", i, err)
+				}
+			}
+			if tt.want == ErrBundleFull {
+				clock.Add(time.Minute) // not too soon: only the cap refuses
+			}
+			cur, kv, announced := r.auth.Current(), kvValue(t, js), len(r.rec.all())
+			_, err := r.src.Rotate(ctx, true)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("err = %v, want %v", err, tt.want)
+			}
+			if after := kvValue(t, js); after.Revision() != kv.Revision() || !bytes.Equal(after.Value(), kv.Value()) {
+				t.Fatal("kv changed")
+			}
+			if r.auth.Current() != cur || len(r.rec.all()) != announced {
+				t.Fatal("material changed or trust.changed queued")
+			}
+		})
+	}
+}
