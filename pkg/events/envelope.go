@@ -135,6 +135,11 @@ func Peek(msg *nats.Msg) (Meta, error) {
 		if err != nil {
 			return Meta{}, fmt.Errorf("%w: bad %s: %w", ErrNotEvent, HeaderTime, err)
 		}
+		// Encode writes times in UTC: refuse one whose UTC year has no four digits
+		// (0000-01-01T00:00:00+01:00), which could not be written back.
+		if y := t.UTC().Year(); y < 0 || y > 9999 {
+			return Meta{}, fmt.Errorf("%w: bad %s: %q is outside years 0000-9999 in UTC", ErrNotEvent, HeaderTime, ts)
+		}
 		meta.Time = t
 	}
 	if _, ok := registry[meta.Type]; !ok {

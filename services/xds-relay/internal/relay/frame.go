@@ -52,7 +52,8 @@ var (
 	deltaResponse = fieldNums{version: 1, typeURL: 4, nonce: 5}
 )
 
-// header is what the relay reads from a frame. Byte fields alias the frame.
+// header is what the relay reads from a frame. Byte fields alias the frame (they
+// are a copy when a message field occurs more than once).
 type header struct {
 	Version     string
 	TypeURL     string
@@ -61,9 +62,12 @@ type header struct {
 	ErrorDetail []byte // a serialized google.rpc.Status, if present (a NACK)
 }
 
-// parse reads the top-level fields named by n, skipping everything else.
+// parse reads the top-level fields named by n, skipping everything else. A message
+// field that occurs more than once is merged, as protobuf decoders (and so the
+// upstream) merge it.
 func parse(b []byte, n fieldNums) (header, error) {
 	var h header
+	var ownNode, ownDetail bool
 	for len(b) > 0 {
 		num, typ, l := protowire.ConsumeTag(b)
 		if l < 0 {
@@ -92,10 +96,23 @@ func parse(b []byte, n fieldNums) (header, error) {
 		case n.nonce:
 			h.Nonce = string(v)
 		case n.node:
-			h.Node = v
+			h.Node, ownNode = merge(h.Node, v, ownNode)
 		case n.errorDetail:
-			h.ErrorDetail = v
+			h.ErrorDetail, ownDetail = merge(h.ErrorDetail, v, ownDetail)
 		}
 	}
 	return h, nil
+}
+
+// merge adds another occurrence v of a message field to prev: the concatenation of
+// two encodings is the encoding of their merge. The first occurrence aliases the
+// frame; later ones go to a copy (owned), so the frame is never written.
+func merge(prev, v []byte, owned bool) ([]byte, bool) {
+	if prev == nil {
+		return v, false
+	}
+	if !owned {
+		prev = append(make([]byte, 0, len(prev)+len(v)), prev...)
+	}
+	return append(prev, v...), true
 }
