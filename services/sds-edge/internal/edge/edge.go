@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
@@ -195,6 +196,16 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
 		}
 	}
+	var anchors []*x509.Certificate
+	if c.CA.TrustAnchorsFile != "" {
+		data, err := os.ReadFile(c.CA.TrustAnchorsFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-trust-anchors-file: %w", err)
+		}
+		if anchors, err = pki.ParseCertsPEM(data); err != nil || len(anchors) == 0 {
+			return nil, nil, fmt.Errorf("-trust-anchors-file: %s holds no certificates: %v", c.CA.TrustAnchorsFile, err)
+		}
+	}
 	closeSigner = func() {}
 	signer := e.d.Signer
 	if signer == nil {
@@ -216,7 +227,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
-		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }
 
@@ -230,16 +241,17 @@ func (e *Edge) Changed(en *secrets.Entry, streams int) {
 		Version: en.Version, Streams: streams, Kind: "pushed"})
 }
 
-// refreshBundle applies the signer's current bundle, as if trust.changed had come.
+// refreshBundle applies the signer's current bundle, as if trust.changed had come
+// (checked the same way).
 func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
 	defer cancel()
-	r, err := busio.FetchBundle(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
+	r, err := trustbundle.Fetch(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
 	if err == nil {
 		if r.TrustDomain == "" {
 			r.TrustDomain = e.cfg.Pod.TrustDomain
 		}
-		err = mgr.TrustChanged(events.TrustChanged{TrustDomain: r.TrustDomain, Roots: r.Roots, Reason: events.TrustReasonReload, Generation: r.Generation})
+		err = mgr.ApplyBundle(identity.SourceBundle, trustbundle.FromBundleReply(r))
 	}
 	if err != nil {
 		e.log.Warn("cannot refresh the trust bundle after reconnecting", "error", err)
