@@ -60,6 +60,7 @@ type testCA struct {
 	lastReq   atomic.Pointer[events.SignRequest]
 	lastMD    atomic.Pointer[metadata.MD]
 	rogueID   atomic.Pointer[string] // when set, sign for this identity instead (a rogue responder)
+	silent    atomic.Bool            // when set, sign requests get no answer (a rogue answers alone)
 }
 
 func newTestCA(tb testing.TB) *testCA {
@@ -241,6 +242,9 @@ func (c *testCA) enter() func() {
 // serveNATS answers sign requests on nc until the test ends.
 func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 	sub, err := nc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		if c.silent.Load() {
+			return
+		}
 		defer c.enter()()
 		reply := c.handleNATS(tb, m)
 		out, err := events.NewMsg(m.Reply, "test-ca", reply)
