@@ -100,13 +100,19 @@ func (e *Edge) Mode() string { m, _ := e.mode.Load().(string); return m }
 // Bound is closed when the SDS socket accepts connections (or external mode is chosen).
 func (e *Edge) Bound() <-chan struct{} { return e.bound }
 
-// Ready is the readiness check: `default` and `ROOTCA` in hand, or external mode.
+// Ready is the readiness check: the socket bound with `default` and `ROOTCA` in
+// hand, or external mode.
 func (e *Edge) Ready() error {
 	switch e.Mode() {
 	case "":
 		return errors.New("starting")
 	case startup.External:
 		return nil
+	}
+	select {
+	case <-e.bound:
+	default:
+		return errors.New("sds socket not bound yet")
 	}
 	var missing []error
 	for _, n := range []string{secrets.Default, secrets.RootCA} {
@@ -173,6 +179,7 @@ func (e *Edge) Run(ctx context.Context) error {
 		select {
 		case <-ln.Bound():
 			close(e.bound)
+			e.logReady()
 		case <-gctx.Done():
 		}
 		return nil
@@ -233,12 +240,17 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 
 // Changed publishes a change of a resource and counts the push.
 func (e *Edge) Changed(en *secrets.Entry, streams int) {
-	if e.Ready() == nil {
-		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
-	}
+	e.logReady()
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
 	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
+}
+
+// logReady logs readiness once, when it is reached.
+func (e *Edge) logReady() {
+	if e.Ready() == nil {
+		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
+	}
 }
 
 // refreshBundle applies the signer's current bundle, as if trust.changed had come

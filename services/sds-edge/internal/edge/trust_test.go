@@ -261,7 +261,10 @@ func TestRogueSignerRefusedAfterFirstUse(t *testing.T) {
 	out := filepath.Join(p.cfg.Pod.RootDir, "out")
 	st := p.open(t, p.dial(t), "default")
 	first := recv(t, st).Secrets["default"]
-	eventually(t, "files written", func() bool { b, _ := os.ReadFile(filepath.Join(out, "key.pem")); return bytes.Equal(b, first.PrivateKey) })
+	eventually(t, "files written", func() bool {
+		b, _ := os.ReadFile(filepath.Join(out, "key.pem"))
+		return bytes.Equal(b, first.PrivateKey)
+	})
 	evil := newTestCA(t)
 	v.ca.silent.Store(true)
 	answered, stop := rogue(t, v.nc, evil, v.ca)
