@@ -60,7 +60,9 @@ func mint(t *testing.T, name string, parent *authority, key crypto.Signer, ca bo
 	return &authority{cert: c, key: key}
 }
 
-func root(t *testing.T, name string) *authority { return mint(t, name, nil, nil, true, "", 24*time.Hour) }
+func root(t *testing.T, name string) *authority {
+	return mint(t, name, nil, nil, true, "", 24*time.Hour)
+}
 
 // bundle builds a bundle of roots at gen, endorsed by each of by (chain: the
 // endorsing certificates, when by is an intermediate).

@@ -210,4 +210,3 @@ func sortedPods(rs []events.RenewDue) []string {
 	sort.Strings(out)
 	return out
 }
-

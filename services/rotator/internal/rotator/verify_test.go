@@ -133,7 +133,9 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 		evil.trustChanged(t, 100, "evil"),
 	} {
 		h.publish(events.SubjectTrustChanged, ev)
-		eventually(t, "forgery rejected", func() bool { return counter(t, r.m.events.WithLabelValues("trust.changed", "rejected")) == float64(i+1) })
+		eventually(t, "forgery rejected", func() bool {
+			return counter(t, r.m.events.WithLabelValues("trust.changed", "rejected")) == float64(i+1)
+		})
 	}
 	if tr := r.sched.Trust(); tr.Current != "" {
 		t.Fatalf("trust view changed by a forgery: %+v", tr)
