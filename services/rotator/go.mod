@@ -9,6 +9,7 @@ require (
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
+	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
@@ -47,4 +48,5 @@ replace (
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
+	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 )

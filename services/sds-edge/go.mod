@@ -11,6 +11,7 @@ require (
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
+	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -59,5 +60,6 @@ replace (
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
+	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 )

@@ -66,6 +66,12 @@ func (r *Rotator) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 		// Could never be stored: refuse it before it reaches the schedule.
 		return fmt.Errorf("%w: %w", errRejected, err)
 	}
+	if reason, err := r.verifyRecord(ctx, ev); reason != "" {
+		r.m.certRejected.WithLabelValues(reason).Inc()
+		return fmt.Errorf("%w: cert.issued for %s serial %s: %s: %w", errRejected, ev.Pod, ev.Serial, reason, err)
+	} else if err != nil {
+		return err
+	}
 	c := schedule.Cert{Pod: ev.Pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
 		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter}
 	for range 3 {
@@ -129,6 +135,9 @@ func (r *Rotator) onTrustChanged(ctx context.Context, nm *nats.Msg) error {
 	roots, err := pki.ParseCertPEMs(ev.Roots)
 	if err != nil || len(roots) == 0 {
 		return fmt.Errorf("%w: trust.changed roots: %v", errRejected, err)
+	}
+	if err := r.checkTrustChanged(ctx, ev); err != nil {
+		return err
 	}
 	fps := make([]string, len(roots))
 	for i, c := range roots {

@@ -2,14 +2,7 @@ package rotator
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"sort"
 	"sync"
 	"testing"
@@ -19,7 +12,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/nats-io/nats-server/v2/server"
@@ -41,6 +33,8 @@ type harness struct {
 
 	mu       sync.Mutex
 	renewals []events.RenewDue
+
+	ca *testCA
 }
 
 func newHarness(t *testing.T) *harness {
@@ -48,6 +42,9 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, srv: bustest.Server(t), clk: fakeclock.New(time.Now().UTC().Truncate(time.Second))}
 	h.nc = bustest.Conn(t, h.srv)
 	h.js = bustest.JetStream(t, h.nc)
+	h.ca = newTestCA(t)
+	h.ca.root("root-a")
+	h.ca.serveBundle(t, h.nc)
 	sub, err := h.nc.Subscribe(events.PodRenewWildcard, func(m *nats.Msg) {
 		rd, _, err := events.Decode[events.RenewDue](m)
 		if err != nil {
@@ -146,11 +143,11 @@ func (h *harness) publish(subject string, p events.Payload) {
 	}
 }
 
+// issue publishes a genuine cert.issued: a leaf with serial (hex) under the test
+// CA's root named root, its chain and the record that matches it.
 func (h *harness) issue(pod, serial string, nb time.Time, life time.Duration, root string) events.CertIssued {
 	h.t.Helper()
-	ev := events.CertIssued{Serial: serial, SPIFFEID: "spiffe://cluster.local/ns/default/sa/" + pod,
-		NotBefore: nb, NotAfter: nb.Add(life), Pod: pod, Resource: "default", KeyAlgorithm: "EC-P256",
-		AuthSource: "jwt", Signer: "signer-0", RootFingerprint: root}
+	ev := h.ca.record(h.t, pod, serial, nb, life, root)
 	h.publish(events.SubjectCertIssued, ev)
 	return ev
 }
@@ -212,25 +209,4 @@ func sortedPods(rs []events.RenewDue) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// newRoot makes a self-signed CA certificate and returns its PEM and fingerprint.
-func newRoot(t *testing.T, name string) (string, string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})), pki.Fingerprint(c)
 }

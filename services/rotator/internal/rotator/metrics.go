@@ -17,6 +17,8 @@ type metrics struct {
 	conflicts      prometheus.Counter
 	rebuildSeconds prometheus.Gauge
 	rebuildChanges prometheus.Gauge
+	certRejected   *prometheus.CounterVec
+	trustBootstrap *prometheus.GaugeVec
 }
 
 func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
@@ -39,9 +41,13 @@ func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
 			Help: "How long the last schedule rebuild from the bucket took."}),
 		rebuildChanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rotator_rebuild_changes",
 			Help: "Bucket changes read by the last rebuild (few when the standby schedule was warm)."}),
+		certRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_cert_rejected_total",
+			Help: "cert.issued records refused, by reason (no_chain, bad_chain, mismatch, untrusted)."}, []string{"reason"}),
+		trustBootstrap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_rotator_trust_bootstrap",
+			Help: "1 for how the first trust bundle was trusted: anchors or first-use."}, []string{"mode"}),
 	}
 	for _, c := range []prometheus.Collector{m.events, m.sent, m.rateLimited, m.retries, m.expired,
-		m.sendErrors, m.conflicts, m.rebuildSeconds, m.rebuildChanges, &scheduleCollector{r: r}} {
+		m.sendErrors, m.conflicts, m.rebuildSeconds, m.rebuildChanges, m.certRejected, m.trustBootstrap, &scheduleCollector{r: r}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

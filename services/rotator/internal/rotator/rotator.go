@@ -17,6 +17,7 @@ package rotator
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/lease"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
@@ -46,6 +48,14 @@ type Options struct {
 	Replicas     int           // JetStream replicas of the buckets (and of the stream if this creates it)
 	StreamMaxAge time.Duration // history kept by the event stream if this creates it
 	Batch        int           // renewals taken per pass
+	// TrustDomain of the bundles to accept; "" accepts any (endorsement still needed).
+	TrustDomain string
+	// Anchors are roots trusted before the first bundle, which must be endorsed by
+	// one of them; none: the first bundle requested is trusted on first use.
+	Anchors []*x509.Certificate
+	// BundleRefresh is the least time between two bundle requests made because a
+	// record names an unknown root.
+	BundleRefresh time.Duration
 }
 
 // Rotator is one replica.
@@ -59,6 +69,12 @@ type Rotator struct {
 
 	lease *lease.Lease
 	store *store.Store
+
+	// trust is the bundle cert.issued records are checked against.
+	trust       *trustbundle.Set
+	refreshMu   sync.Mutex
+	lastRefresh time.Time
+	bootOnce    sync.Once
 
 	mu    sync.Mutex // guards sched and everything in it
 	sched *schedule.Schedule
@@ -93,7 +109,8 @@ func New(opts Options, nc *nats.Conn, clk clock.Clock, reg prometheus.Registerer
 	if err != nil {
 		return nil, fmt.Errorf("rotator: jetstream: %w", err)
 	}
-	r := &Rotator{opts: opts, nc: nc, js: js, clk: clk, log: log, kick: make(chan struct{}, 1)}
+	r := &Rotator{opts: opts, nc: nc, js: js, clk: clk, log: log, kick: make(chan struct{}, 1),
+		trust: trustbundle.New(opts.TrustDomain, opts.Anchors, clk.Now)}
 	m, err := newMetrics(r, reg)
 	if err != nil {
 		return nil, err

@@ -228,17 +228,15 @@ func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
 	opts.Schedule.Rate, opts.Schedule.Burst = 10, 1
 	r := h.start(opts)
 	waitLeader(t, r)
-	pemA, fpA := newRoot(t, "root A")
-	pemB, fpB := newRoot(t, "root B")
-	h.publish(events.SubjectTrustChanged, events.TrustChanged{TrustDomain: "td", Roots: []string{pemA}, Reason: events.TrustReasonRotation, Generation: 1})
+	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 1, "root A"))
 	now := h.clk.Now()
 	for i := range 5 {
 		// Expiries in reverse order of issue: old-4 is the most urgent.
-		h.issue(fmt.Sprintf("old-%d", i), fmt.Sprint(i+1), now, time.Duration(20-i)*time.Hour, fpA)
+		h.issue(fmt.Sprintf("old-%d", i), fmt.Sprint(i+1), now, time.Duration(20-i)*time.Hour, "root A")
 	}
-	h.issue("new-0", "99", now, time.Hour, fpB)
+	h.issue("new-0", "99", now, time.Hour, "root B")
 	waitScheduled(t, r, 6)
-	h.publish(events.SubjectTrustChanged, events.TrustChanged{TrustDomain: "td", Roots: []string{pemB, pemA}, Reason: events.TrustReasonRotation, Generation: 2})
+	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 2, "root B", "root A"))
 	eventually(t, "trust applied", func() bool { return counter(t, r.m.events.WithLabelValues("trust.changed", "applied")) == 2 })
 	// One token every 100 ms at 10/s: step the clock until all five went out. (A
 	// step can land before the dispatcher re-armed its timer; the next one wakes it.)
@@ -259,8 +257,8 @@ func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
 			t.Fatalf("renewal %d: %s %s, want %s root-rotation (most urgent first)", i, rd.Pod, rd.Reason, want)
 		}
 	}
-	if tr := r.sched.Trust(); tr.Current != fpB || tr.Generation != 2 {
-		t.Fatalf("trust view %+v", tr)
+	if _, fpB := h.ca.root("root B"); r.sched.Trust().Current != fpB || r.sched.Trust().Generation != 2 {
+		t.Fatalf("trust view %+v", r.sched.Trust())
 	}
 }
 

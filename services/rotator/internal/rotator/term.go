@@ -50,6 +50,11 @@ func (r *Rotator) term(ctx context.Context) error {
 	r.mu.Lock()
 	r.sched = sched
 	r.mu.Unlock()
+	// Records are checked against the bundle: learn it before reading them. A
+	// failure is no reason not to lead; the first record to need it asks again.
+	if err := r.refreshBundle(ctx, "leader term"); err != nil {
+		r.log.Warn("cannot fetch the trust bundle", "error", err)
+	}
 
 	cons, err := r.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
 		Durable:        r.opts.Consumer,

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 // Request is one signing request. Either Token, or CertChain plus Proof (renewal
@@ -27,11 +28,17 @@ type Request struct {
 	KeyAlgorithm string
 }
 
-// Response is a signed chain, leaf first and root last, and the trust bundle.
+// Response is a signed chain, leaf first and root last, and the trust bundle that
+// came with it. Neither is trusted yet: the caller checks Bundle's endorsements and
+// that Chain verifies to a root it trusts.
 type Response struct {
 	Chain    []*x509.Certificate
 	ChainPEM []string
-	Roots    []*x509.Certificate
+	// Bundle is the reply's trust bundle. Endorsed is false when the CA sends none
+	// (Istio's CreateCertificate): Bundle then holds only the chain's last
+	// certificate, which vouches for nothing.
+	Bundle   trustbundle.Bundle
+	Endorsed bool
 }
 
 // Signer signs one CSR.
@@ -45,7 +52,7 @@ var ErrRejected = errors.New("rejected by ca")
 
 // checkChain parses and checks a reply chain: at least leaf and root, each signed by
 // the next, and a leaf for exactly id (so that no responder can hand the pod
-// another identity).
+// another identity). Whether the root is one the pod trusts is the caller's check.
 func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
 	if len(pems) < 2 {
 		return nil, fmt.Errorf("chain has %d certificate(s): want leaf and root at least", len(pems))

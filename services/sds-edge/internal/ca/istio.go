@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 // Istio asks an Istio-compatible CA over gRPC (IstioCertificateService/
@@ -95,6 +97,7 @@ func (c *Istio) Sign(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	// Istio's reply carries the bundle only as the chain's last element(s).
-	return Response{Chain: chain, ChainPEM: resp.GetCertChain(), Roots: chain[len(chain)-1:]}, nil
+	// Istio's reply carries the bundle only as the chain's last element, unendorsed.
+	pems := resp.GetCertChain()
+	return Response{Chain: chain, ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}}, nil
 }

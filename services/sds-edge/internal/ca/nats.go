@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 // NATS asks the signer over NATS request-reply on the pod sign subject
@@ -58,12 +58,8 @@ func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	roots, err := pki.ParseCertPEMs(r.Roots)
-	if err != nil {
-		return Response{}, fmt.Errorf("parse roots: %w", err)
-	}
-	if len(roots) == 0 {
+	if len(r.Roots) == 0 {
 		return Response{}, errors.New("sign reply without roots")
 	}
-	return Response{Chain: chain, ChainPEM: r.CertChain, Roots: roots}, nil
+	return Response{Chain: chain, ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
 }

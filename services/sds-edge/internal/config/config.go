@@ -38,6 +38,10 @@ type Config struct {
 		TokenFile string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
+		// TrustAnchorsFile holds the PEM roots the pod trusts before it has talked
+		// to anyone: the first trust bundle must be endorsed by one of them. Empty:
+		// trust on first use.
+		TrustAnchorsFile string
 	}
 	Cert struct {
 		TTL            time.Duration
@@ -102,6 +106,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
+	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
+		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
 	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
 	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
 	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
@@ -135,6 +141,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if c.CA.RootCert != "" {
 		c.CA.RootCert = c.Under(c.CA.RootCert)
 	}
+	if c.CA.TrustAnchorsFile != "" {
+		c.CA.TrustAnchorsFile = c.Under(c.CA.TrustAnchorsFile)
+	} else if p := c.Under(DefaultTrustAnchors); fileExists(p) {
+		c.CA.TrustAnchorsFile = p
+	}
 	if c.Cert.OutputDir != "" {
 		c.Cert.OutputDir = c.Under(c.Cert.OutputDir)
 	}
@@ -146,6 +157,15 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
+// root; used as -trust-anchors-file when it exists.
+const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // Under resolves p under the pod root unless it is absolute.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -81,5 +82,36 @@ func TestRelativePathsAndAbsolute(t *testing.T) {
 	}
 	if c.CA.TokenFile != "/abs/tok" || c.Cert.OutputDir != filepath.Join(dir, "out") {
 		t.Errorf("paths %s %s", c.CA.TokenFile, c.Cert.OutputDir)
+	}
+}
+
+func TestTrustAnchorsFile(t *testing.T) {
+	root := t.TempDir()
+	load := func(args []string, e map[string]string) string {
+		t.Helper()
+		c, err := Load(append([]string{"-pod", "web-0", "-pod-root", root}, args...), env(e))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.CA.TrustAnchorsFile
+	}
+	if got := load(nil, nil); got != "" {
+		t.Fatalf("without Istio's root-cert.pem: %q, want none (trust on first use)", got)
+	}
+	istio := filepath.Join(root, DefaultTrustAnchors)
+	if err := os.MkdirAll(filepath.Dir(istio), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(istio, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := load(nil, nil); got != istio {
+		t.Fatalf("with Istio's root-cert.pem: %q", got)
+	}
+	if got := load([]string{"-trust-anchors-file", "mine.pem"}, nil); got != filepath.Join(root, "mine.pem") {
+		t.Fatalf("flag: %q", got)
+	}
+	if got := load(nil, map[string]string{"TRUST_ANCHORS_FILE": "/etc/anchors.pem"}); got != "/etc/anchors.pem" {
+		t.Fatalf("env: %q", got)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
@@ -99,13 +100,19 @@ func (e *Edge) Mode() string { m, _ := e.mode.Load().(string); return m }
 // Bound is closed when the SDS socket accepts connections (or external mode is chosen).
 func (e *Edge) Bound() <-chan struct{} { return e.bound }
 
-// Ready is the readiness check: `default` and `ROOTCA` in hand, or external mode.
+// Ready is the readiness check: the socket bound with `default` and `ROOTCA` in
+// hand, or external mode.
 func (e *Edge) Ready() error {
 	switch e.Mode() {
 	case "":
 		return errors.New("starting")
 	case startup.External:
 		return nil
+	}
+	select {
+	case <-e.bound:
+	default:
+		return errors.New("sds socket not bound yet")
 	}
 	var missing []error
 	for _, n := range []string{secrets.Default, secrets.RootCA} {
@@ -172,6 +179,7 @@ func (e *Edge) Run(ctx context.Context) error {
 		select {
 		case <-ln.Bound():
 			close(e.bound)
+			e.logReady()
 		case <-gctx.Done():
 		}
 		return nil
@@ -195,6 +203,16 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
 		}
 	}
+	var anchors []*x509.Certificate
+	if c.CA.TrustAnchorsFile != "" {
+		data, err := os.ReadFile(c.CA.TrustAnchorsFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-trust-anchors-file: %w", err)
+		}
+		if anchors, err = pki.ParseCertsPEM(data); err != nil || len(anchors) == 0 {
+			return nil, nil, fmt.Errorf("-trust-anchors-file: %s holds no certificates: %v", c.CA.TrustAnchorsFile, err)
+		}
+	}
 	closeSigner = func() {}
 	signer := e.d.Signer
 	if signer == nil {
@@ -216,30 +234,36 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
-		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }
 
 // Changed publishes a change of a resource and counts the push.
 func (e *Edge) Changed(en *secrets.Entry, streams int) {
-	if e.Ready() == nil {
-		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
-	}
+	e.logReady()
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
 	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
 }
 
-// refreshBundle applies the signer's current bundle, as if trust.changed had come.
+// logReady logs readiness once, when it is reached.
+func (e *Edge) logReady() {
+	if e.Ready() == nil {
+		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
+	}
+}
+
+// refreshBundle applies the signer's current bundle, as if trust.changed had come
+// (checked the same way).
 func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
 	defer cancel()
-	r, err := busio.FetchBundle(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
+	r, err := trustbundle.Fetch(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
 	if err == nil {
 		if r.TrustDomain == "" {
 			r.TrustDomain = e.cfg.Pod.TrustDomain
 		}
-		err = mgr.TrustChanged(events.TrustChanged{TrustDomain: r.TrustDomain, Roots: r.Roots, Reason: events.TrustReasonReload, Generation: r.Generation})
+		err = mgr.ApplyBundle(identity.SourceBundle, trustbundle.FromBundleReply(r))
 	}
 	if err != nil {
 		e.log.Warn("cannot refresh the trust bundle after reconnecting", "error", err)

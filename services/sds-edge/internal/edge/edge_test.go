@@ -118,8 +118,7 @@ func TestTrustChangeAndAnchorsPushRootCA(t *testing.T) {
 		t.Fatalf("%d roots at start", n)
 	}
 	v.ca.rotate(t)
-	msg, _ := events.NewMsg(events.SubjectTrustChanged, "test-ca", events.TrustChanged{TrustDomain: "cluster.local", Roots: v.ca.bundle(),
-		Reason: events.TrustReasonRotation, Generation: 2})
+	msg, _ := events.NewMsg(events.SubjectTrustChanged, "test-ca", v.ca.trustChanged(t, 2, v.ca.bundle()))
 	if err := v.nc.PublishMsg(msg); err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +140,7 @@ func TestTrustChangeAndAnchorsPushRootCA(t *testing.T) {
 		t.Fatalf("ROOTCA with anchors has %d roots", len(certs))
 	}
 	// A stale trust.changed (older generation) changes nothing: the next push is the anchors' removal.
-	msg, _ = events.NewMsg(events.SubjectTrustChanged, "test-ca", events.TrustChanged{TrustDomain: "cluster.local", Roots: v.ca.bundle()[1:],
-		Removed: []string{pki.Fingerprint(v.ca.roots[0])}, Reason: events.TrustReasonRotation, Generation: 1})
+	msg, _ = events.NewMsg(events.SubjectTrustChanged, "test-ca", v.ca.trustChanged(t, 1, v.ca.bundle()[1:], pki.Fingerprint(v.ca.roots[0])))
 	_ = v.nc.PublishMsg(msg)
 	msg, _ = events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPod, Roots: []string{}})
 	_ = v.nc.PublishMsg(msg)

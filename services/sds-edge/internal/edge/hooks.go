@@ -50,6 +50,10 @@ func (s sink) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	}
 }
 
+func (s sink) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+
+func (s sink) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+
 func (s sink) CSR(err error, retry bool) {
 	m := s.e.m
 	m.CSRSent.Inc()

@@ -84,8 +84,7 @@ func TestTrustChangedGenerationZeroIsIgnoredAfterOthers(t *testing.T) {
 	recv(t, st)
 	publish := func(gen uint64, roots []*x509.Certificate, removed ...string) {
 		t.Helper()
-		msg, err := events.NewMsg(events.SubjectTrustChanged, "test-ca", events.TrustChanged{TrustDomain: "cluster.local",
-			Roots: pki.CertPEMs(roots), Removed: removed, Reason: events.TrustReasonRotation, Generation: gen})
+		msg, err := events.NewMsg(events.SubjectTrustChanged, "test-ca", v.ca.trustChanged(t, gen, pki.CertPEMs(roots), removed...))
 		if err != nil {
 			t.Fatal(err)
 		}

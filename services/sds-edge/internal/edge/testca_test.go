@@ -40,7 +40,9 @@ import (
 // caller by an HMAC-signed JWT with Kubernetes service-account claims (or a
 // still-valid leaf plus a proof), takes the identity from the credential, never from
 // the CSR, and answers events.SignWildcard over NATS and Istio's CreateCertificate
-// over gRPC with TLS.
+// over gRPC with TLS. Like the signer, it endorses every bundle it hands out (in
+// sign and bundle replies and trust.changed) with its current key and, after a
+// new-key rotation, the previous one, which is the key pods trust already.
 type testCA struct {
 	td     string
 	secret []byte
@@ -48,6 +50,7 @@ type testCA struct {
 	mu    sync.Mutex
 	roots []*x509.Certificate // newest first
 	keys  []crypto.Signer
+	gen   uint64
 
 	failNext  atomic.Int32 // answer this many requests with "unavailable"
 	requests  atomic.Int32
@@ -57,6 +60,7 @@ type testCA struct {
 	lastReq   atomic.Pointer[events.SignRequest]
 	lastMD    atomic.Pointer[metadata.MD]
 	rogueID   atomic.Pointer[string] // when set, sign for this identity instead (a rogue responder)
+	silent    atomic.Bool            // when set, sign requests get no answer (a rogue answers alone)
 }
 
 func newTestCA(tb testing.TB) *testCA {
@@ -65,9 +69,21 @@ func newTestCA(tb testing.TB) *testCA {
 	return c
 }
 
-// rotate adds a new root; the bundle keeps the old ones (newest first).
+// rotate adds a new root with a new key; the bundle keeps the old ones (newest first).
 func (c *testCA) rotate(tb testing.TB) *x509.Certificate {
 	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return c.rotateWith(tb, k)
+}
+
+// rotateSameKey adds a new root certificate for the current key.
+func (c *testCA) rotateSameKey(tb testing.TB) *x509.Certificate {
+	c.mu.Lock()
+	k := c.keys[0]
+	c.mu.Unlock()
+	return c.rotateWith(tb, k)
+}
+
+func (c *testCA) rotateWith(tb testing.TB, k crypto.Signer) *x509.Certificate {
 	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{Organization: []string{"test"}, CommonName: fmt.Sprintf("root %d", time.Now().UnixNano())},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(10 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign}
@@ -79,6 +95,7 @@ func (c *testCA) rotate(tb testing.TB) *x509.Certificate {
 	c.mu.Lock()
 	c.roots = append([]*x509.Certificate{root}, c.roots...)
 	c.keys = append([]crypto.Signer{k}, c.keys...)
+	c.gen++
 	c.mu.Unlock()
 	return root
 }
@@ -87,6 +104,46 @@ func (c *testCA) bundle() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return pki.CertPEMs(c.roots)
+}
+
+// current returns the bundle, its generation and its endorsements.
+func (c *testCA) current(tb testing.TB) ([]string, uint64, []events.Endorsement) {
+	c.mu.Lock()
+	gen := c.gen
+	c.mu.Unlock()
+	roots := c.bundle()
+	return roots, gen, c.endorse(tb, gen, roots)
+}
+
+// endorse signs (td, gen, roots) with the current key and the previous one.
+func (c *testCA) endorse(tb testing.TB, gen uint64, roots []string) []events.Endorsement {
+	c.mu.Lock()
+	keys := c.keys[:min(2, len(c.keys))]
+	c.mu.Unlock()
+	return endorseWith(tb, c.td, gen, roots, keys...)
+}
+
+// endorseWith signs (td, gen, roots) with each key.
+func endorseWith(tb testing.TB, td string, gen uint64, roots []string, keys ...crypto.Signer) []events.Endorsement {
+	msg, err := events.EndorsedBytes(td, gen, roots)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []events.Endorsement
+	for _, k := range keys {
+		id, sig, err := pki.Endorse(k, msg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, events.Endorsement{KeyID: id, Signature: sig})
+	}
+	return out
+}
+
+// trustChanged is the endorsed trust.changed of roots at gen.
+func (c *testCA) trustChanged(tb testing.TB, gen uint64, roots []string, removed ...string) events.TrustChanged {
+	return events.TrustChanged{TrustDomain: c.td, Roots: roots, Removed: removed, Reason: events.TrustReasonRotation,
+		Generation: gen, Endorsements: c.endorse(tb, gen, roots)}
 }
 
 func serial() *big.Int { n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120)); return n }
@@ -185,8 +242,11 @@ func (c *testCA) enter() func() {
 // serveNATS answers sign requests on nc until the test ends.
 func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 	sub, err := nc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		if c.silent.Load() {
+			return
+		}
 		defer c.enter()()
-		reply := c.handleNATS(m)
+		reply := c.handleNATS(tb, m)
 		out, err := events.NewMsg(m.Reply, "test-ca", reply)
 		if err != nil {
 			panic(err)
@@ -198,7 +258,8 @@ func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 	}
 	tb.Cleanup(func() { _ = sub.Unsubscribe() })
 	bsub, err := nc.QueueSubscribe(events.SubjectTrustBundle, events.SignerQueue, func(m *nats.Msg) {
-		out, _ := events.NewMsg(m.Reply, "test-ca", events.BundleReply{TrustDomain: c.td, Roots: c.bundle()})
+		roots, gen, ends := c.current(tb)
+		out, _ := events.NewMsg(m.Reply, "test-ca", events.BundleReply{TrustDomain: c.td, Roots: roots, Generation: gen, Endorsements: ends})
 		_ = m.RespondMsg(out)
 	})
 	if err != nil {
@@ -211,7 +272,7 @@ func replyErr(code, msg string) events.SignReply {
 	return events.SignReply{Error: &events.ReplyError{Code: code, Message: msg}}
 }
 
-func (c *testCA) handleNATS(m *nats.Msg) events.SignReply {
+func (c *testCA) handleNATS(tb testing.TB, m *nats.Msg) events.SignReply {
 	if c.failNext.Add(-1) >= 0 {
 		return replyErr(events.CodeUnavailable, "injected failure")
 	}
@@ -233,7 +294,8 @@ func (c *testCA) handleNATS(m *nats.Msg) events.SignReply {
 	if err != nil {
 		return replyErr(events.CodeInvalidArgument, err.Error())
 	}
-	return events.SignReply{CertChain: chain, Roots: c.bundle()}
+	roots, gen, ends := c.current(tb)
+	return events.SignReply{CertChain: chain, Roots: roots, TrustDomain: c.td, Generation: gen, Endorsements: ends}
 }
 
 // proofIdentity authenticates a renewal by a still-valid leaf and a proof over the CSR.

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
@@ -41,7 +42,17 @@ type Config struct {
 	RetryMin       time.Duration
 	RetryMax       time.Duration
 	RequestTimeout time.Duration
+	// Anchors are the roots trusted before any bundle (-trust-anchors-file): the
+	// first bundle must be endorsed by one of them. None: trust on first use.
+	Anchors []*x509.Certificate
 }
+
+// Sources of trust bundles, as counted when one is rejected.
+const (
+	SourceTrustChanged = "trust.changed"
+	SourceBundle       = "bundle"
+	SourceSignReply    = "sign-reply"
+)
 
 // Sink hears about every change the manager makes.
 type Sink interface {
@@ -51,6 +62,10 @@ type Sink interface {
 	Files(keyPEM, chainPEM, rootsPEM []byte)
 	// CSR: one signing attempt; err nil on success, retry true for a retry.
 	CSR(err error, retry bool)
+	// TrustRejected: a trust bundle or a signed chain from source was refused.
+	TrustRejected(source string)
+	// TrustBootstrapped: the first bundle was accepted, in mode (trustbundle.Mode).
+	TrustBootstrapped(mode string)
 }
 
 // Manager runs the CA flow.
@@ -70,12 +85,14 @@ type Manager struct {
 	chain    []*x509.Certificate
 	chainPEM []string
 	trust    *trust
+
+	bootOnce sync.Once
 }
 
 // New returns a manager. It does nothing until Run.
 func New(cfg Config, signer ca.Signer, store *secrets.Store, sink Sink, clk clock.Clock, log hclog.Logger) *Manager {
 	return &Manager{cfg: cfg, signer: signer, store: store, sink: sink, clock: clk, log: log,
-		renew: make(chan events.RenewDue, 1), trust: newTrust()}
+		renew: make(chan events.RenewDue, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk.Now)}}
 }
 
 // Renew asks for a renewal (a renew-due event). A request about an older
@@ -164,18 +181,17 @@ func (m *Manager) Serial() string {
 	return pki.SerialHex(m.chain[0])
 }
 
-// Roots returns the CA roots, to verify a gRPC CA's TLS; nil before the first.
+// Roots returns the CA roots, to verify a gRPC CA's TLS: the trusted bundle, or
+// before the first one the anchors; nil when there are neither.
 func (m *Manager) Roots() *x509.CertPool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.trust.pool()
-}
-
-// SeedRoots adds roots known before the first signing (-ca-root-cert).
-func (m *Manager) SeedRoots(roots []*x509.Certificate) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.trust.addCA(roots, nil)
+	if m.trust.ca.Bootstrapped() || len(m.cfg.Anchors) == 0 {
+		return m.trust.ca.Pool()
+	}
+	p := x509.NewCertPool()
+	for _, a := range m.cfg.Anchors {
+		p.AddCert(a)
+	}
+	return p
 }
 
 // issue gets a new certificate, retrying with exponential backoff and full jitter
@@ -229,6 +245,10 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if !publicKeysEqual(resp.Chain[0].PublicKey, key.Public()) {
 		return nil, errors.New("signed certificate is not for our key")
 	}
+	u, err := m.checkReply(resp)
+	if err != nil {
+		return nil, err
+	}
 	keyPEM, err := pki.EncodeKeyPEM(key, m.cfg.PKCS8)
 	if err != nil {
 		return nil, err
@@ -236,9 +256,9 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	return func() {
 		m.mu.Lock()
 		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, resp.Chain, resp.ChainPEM
-		// A new root in the reply is a trust change, like trust.changed.
-		rootsChanged := m.trust.addCA(resp.Roots, nil)
 		m.mu.Unlock()
+		// A new root in the reply is a trust change, like trust.changed.
+		rootsChanged := m.apply(u)
 		m.publish(true, rootsChanged || !m.has(secrets.RootCA))
 	}, nil
 }
@@ -272,31 +292,6 @@ func (m *Manager) credential(req *ca.Request) error {
 
 func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }
 
-// TrustChanged applies a trust.changed event: merge the bundle, push ROOTCA.
-func (m *Manager) TrustChanged(ev events.TrustChanged) error {
-	if m.cfg.TrustDomain != "" && ev.TrustDomain != m.cfg.TrustDomain {
-		return fmt.Errorf("trust.changed for trust domain %q, not ours (%q)", ev.TrustDomain, m.cfg.TrustDomain)
-	}
-	roots, err := pki.ParseCertPEMs(ev.Roots)
-	if err != nil {
-		return fmt.Errorf("trust.changed roots: %w", err)
-	}
-	m.mu.Lock()
-	// Generation 0 (unset) is only taken while no generation has been seen: after
-	// one, it could be any old news, and must not reset the counter.
-	if ev.Generation <= m.trust.gen && (ev.Generation != 0 || m.trust.gen != 0) {
-		m.mu.Unlock()
-		return nil // stale news
-	}
-	m.trust.gen = ev.Generation
-	changed := m.trust.addCA(roots, ev.Removed)
-	m.mu.Unlock()
-	if changed {
-		m.publish(false, true)
-	}
-	return nil
-}
-
 // SetAnchors applies this pod's extra trust anchors.
 func (m *Manager) SetAnchors(ev events.TrustAnchors) error {
 	roots, err := pki.ParseCertPEMs(ev.Roots)
@@ -316,7 +311,6 @@ func (m *Manager) SetAnchors(ev events.TrustAnchors) error {
 func (m *Manager) publish(cert, roots bool) {
 	now := m.clock.Now()
 	m.mu.Lock()
-	m.trust.prune(now)
 	rootsPEM := m.trust.pem(now)
 	keyPEM := m.keyPEM
 	chainPEM := []byte(strings.Join(trimAll(m.chainPEM), "\n") + "\n")

@@ -2,46 +2,23 @@ package identity
 
 import (
 	"crypto/x509"
-	"sort"
+	"fmt"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
 )
 
 // trust is the set of roots ROOTCA serves: the CA's bundle (kept across changes
 // until each root expires or is said to be removed, so old and new roots are served
-// together while both are valid) plus this pod's extra anchors.
+// together while both are valid), which only an endorsed bundle changes, plus this
+// pod's extra anchors from its relay. The extra anchors are served, never trusted to
+// endorse a bundle or to validate a CA leaf.
 type trust struct {
-	ca      map[string]*x509.Certificate // by fingerprint
-	order   map[string]int               // first-seen order, newest highest
-	seq     int
+	ca      *trustbundle.Set
 	anchors []*x509.Certificate
-	gen     uint64 // last trust.changed generation applied
-}
-
-func newTrust() *trust { return &trust{ca: map[string]*x509.Certificate{}, order: map[string]int{}} }
-
-// addCA merges roots into the CA bundle and drops removed fingerprints; it reports
-// whether anything changed.
-func (t *trust) addCA(roots []*x509.Certificate, removed []string) bool {
-	changed := false
-	for _, fp := range removed {
-		if _, ok := t.ca[fp]; ok {
-			delete(t.ca, fp)
-			changed = true
-		}
-	}
-	// Newest first in the input: give earlier entries higher order.
-	for i := len(roots) - 1; i >= 0; i-- {
-		fp := pki.Fingerprint(roots[i])
-		if _, ok := t.ca[fp]; !ok {
-			t.ca[fp] = roots[i]
-			t.seq++
-			t.order[fp] = t.seq
-			changed = true
-		}
-	}
-	return changed
 }
 
 // setAnchors replaces the extra anchors; it reports whether they changed.
@@ -61,28 +38,13 @@ func (t *trust) setAnchors(roots []*x509.Certificate) bool {
 	return true
 }
 
-// prune drops expired CA roots.
-func (t *trust) prune(now time.Time) {
-	for fp, c := range t.ca {
-		if now.After(c.NotAfter) {
-			delete(t.ca, fp)
-		}
-	}
-}
-
 // pem returns every current root, CA roots newest first then anchors, without
 // duplicates or expired certificates.
 func (t *trust) pem(now time.Time) []byte {
-	fps := make([]string, 0, len(t.ca))
-	for fp := range t.ca {
-		fps = append(fps, fp)
-	}
-	sort.Slice(fps, func(i, j int) bool { return t.order[fps[i]] > t.order[fps[j]] })
+	certs := t.ca.Roots()
 	seen := map[string]bool{}
-	var certs []*x509.Certificate
-	for _, fp := range fps {
-		seen[fp] = true
-		certs = append(certs, t.ca[fp])
+	for _, c := range certs {
+		seen[pki.Fingerprint(c)] = true
 	}
 	for _, a := range t.anchors {
 		if fp := pki.Fingerprint(a); !seen[fp] && !now.After(a.NotAfter) {
@@ -93,14 +55,86 @@ func (t *trust) pem(now time.Time) []byte {
 	return pki.EncodeCertsPEM(certs)
 }
 
-// pool returns the CA roots as a pool (to verify a gRPC CA's TLS).
-func (t *trust) pool() *x509.CertPool {
-	if len(t.ca) == 0 {
+// TrustChanged applies a trust.changed event: see ApplyBundle.
+func (m *Manager) TrustChanged(ev events.TrustChanged) error {
+	return m.ApplyBundle(SourceTrustChanged, trustbundle.FromTrustChanged(ev))
+}
+
+// ApplyBundle applies a trust bundle from source (trust.changed or a bundle
+// reply) when one of its endorsements verifies under a root the pod trusts now,
+// and pushes ROOTCA if the roots changed. Stale news (an older generation) changes
+// nothing and is no error; a bundle that does not verify is counted and refused,
+// and changes nothing either. Before the first bundle, a trust.changed is not
+// trusted on first use: the signer's own reply is.
+func (m *Manager) ApplyBundle(source string, b trustbundle.Bundle) error {
+	if source == SourceTrustChanged && !m.trust.ca.Bootstrapped() && m.trust.ca.Mode() == trustbundle.FirstUse {
+		m.log.Debug("trust.changed before the first bundle ignored", "generation", b.Generation)
 		return nil
 	}
-	p := x509.NewCertPool()
-	for _, c := range t.ca {
-		p.AddCert(c)
+	u, err := m.trust.ca.Check(b)
+	if err != nil {
+		m.sink.TrustRejected(source)
+		return fmt.Errorf("%s: %w", source, err)
 	}
-	return p
+	if m.apply(u) {
+		m.publish(false, true)
+	}
+	return nil
+}
+
+// checkReply decides whether a signing reply may be installed and returns the
+// bundle update to apply with it. An endorsed bundle in the reply (or, before any,
+// the first one, see trustbundle.Set.Check) may add roots; then the leaf must
+// verify to a root trusted now or just endorsed. An unendorsed reply (Istio's)
+// adds nothing after the first: its leaf must verify to the roots trusted already.
+func (m *Manager) checkReply(resp ca.Response) (trustbundle.Update, error) {
+	b := resp.Bundle
+	if b.TrustDomain == "" {
+		b.TrustDomain = m.cfg.TrustDomain
+	}
+	u := trustbundle.Update{Stale: true}
+	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
+		var err error
+		if u, err = m.trust.ca.Check(b); err != nil {
+			m.sink.TrustRejected(SourceSignReply)
+			return u, fmt.Errorf("sign reply: %w", err)
+		}
+	}
+	var extra []*x509.Certificate
+	if !u.Stale {
+		extra = u.Roots
+	}
+	// A CA clock a little ahead of ours must not fail a fresh leaf.
+	at := m.clock.Now()
+	if nb := resp.Chain[0].NotBefore; at.Before(nb) {
+		at = nb
+	}
+	if err := m.trust.ca.VerifyChain(resp.Chain, extra, at); err != nil {
+		m.sink.TrustRejected(SourceSignReply)
+		return u, fmt.Errorf("signed certificate: %w", err)
+	}
+	return u, nil
+}
+
+// apply installs a checked bundle update; it reports whether the roots changed.
+// The first one is logged, at WARN when it was trusted on first use.
+func (m *Manager) apply(u trustbundle.Update) bool {
+	changed := m.trust.ca.Apply(u)
+	if m.trust.ca.Bootstrapped() {
+		m.bootOnce.Do(func() {
+			mode := m.trust.ca.Mode()
+			fps := make([]string, 0, len(u.Roots))
+			for _, r := range u.Roots {
+				fps = append(fps, pki.Fingerprint(r))
+			}
+			if mode == trustbundle.FirstUse {
+				m.log.Warn("trusting the first trust bundle on first use: no trust anchors configured (-trust-anchors-file)",
+					"roots", fps, "generation", u.Generation)
+			} else {
+				m.log.Info("first trust bundle verified against the trust anchors", "roots", fps, "generation", u.Generation, "endorser", u.Endorser)
+			}
+			m.sink.TrustBootstrapped(string(mode))
+		})
+	}
+	return changed
 }

@@ -1,4 +1,4 @@
-package busio
+package trustbundle
 
 import (
 	"context"
@@ -9,8 +9,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
-// FetchBundle asks a signer for the current trust bundle (events.SubjectTrustBundle).
-func FetchBundle(ctx context.Context, nc *nats.Conn, source string) (events.BundleReply, error) {
+// Fetch asks a signer for the current trust bundle (events.SubjectTrustBundle);
+// source names the caller in the request's envelope. The reply is not verified:
+// give it to Set.Check.
+func Fetch(ctx context.Context, nc *nats.Conn, source string) (events.BundleReply, error) {
 	msg, err := events.NewMsg(events.SubjectTrustBundle, source, events.BundleRequest{})
 	if err != nil {
 		return events.BundleReply{}, err
@@ -27,15 +29,4 @@ func FetchBundle(ctx context.Context, nc *nats.Conn, source string) (events.Bund
 		return events.BundleReply{}, fmt.Errorf("trust bundle: %w", r.Error)
 	}
 	return r, nil
-}
-
-// OnReconnect adds fn to nc's reconnect handler, keeping the one already set.
-func OnReconnect(nc *nats.Conn, fn func()) {
-	prev := nc.Opts.ReconnectedCB
-	nc.SetReconnectHandler(func(c *nats.Conn) {
-		if prev != nil {
-			prev(c)
-		}
-		fn()
-	})
 }

@@ -1,0 +1,256 @@
+package trustbundle
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+)
+
+const td = "cluster.local"
+
+type authority struct {
+	cert *x509.Certificate
+	key  crypto.Signer
+}
+
+var serialN int64
+
+func mint(t *testing.T, name string, parent *authority, key crypto.Signer, ca bool, uri string, life time.Duration) *authority {
+	t.Helper()
+	if key == nil {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key = k
+	}
+	serialN++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serialN), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(life), IsCA: ca, BasicConstraintsValid: true}
+	if ca {
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	}
+	if uri != "" {
+		u, _ := url.Parse(uri)
+		tmpl.URIs = []*url.URL{u}
+	}
+	signer, signerKey := tmpl, key
+	if parent != nil {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, key.Public(), signerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &authority{cert: c, key: key}
+}
+
+func root(t *testing.T, name string) *authority {
+	return mint(t, name, nil, nil, true, "", 24*time.Hour)
+}
+
+// bundle builds a bundle of roots at gen, endorsed by each of by (chain: the
+// endorsing certificates, when by is an intermediate).
+func bundle(t *testing.T, gen uint64, roots []*x509.Certificate, by []crypto.Signer, chain ...*x509.Certificate) Bundle {
+	t.Helper()
+	b := Bundle{TrustDomain: td, Generation: gen, Roots: pki.CertPEMs(roots)}
+	msg, err := events.EndorsedBytes(td, gen, b.Roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range by {
+		id, sig, err := pki.Endorse(k, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Endorsements = append(b.Endorsements, events.Endorsement{KeyID: id, Signature: sig, Chain: pki.CertPEMs(chain)})
+	}
+	return b
+}
+
+func certs(as ...*authority) []*x509.Certificate {
+	out := make([]*x509.Certificate, len(as))
+	for i, a := range as {
+		out[i] = a.cert
+	}
+	return out
+}
+
+func keys(as ...*authority) []crypto.Signer {
+	out := make([]crypto.Signer, len(as))
+	for i, a := range as {
+		out[i] = a.key
+	}
+	return out
+}
+
+func fps(cs []*x509.Certificate) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = pki.Fingerprint(c)
+	}
+	return out
+}
+
+func equalRoots(t *testing.T, s *Set, want ...*authority) {
+	t.Helper()
+	got, w := fps(s.Roots()), fps(certs(want...))
+	if len(got) != len(w) {
+		t.Fatalf("%d roots trusted, want %d", len(got), len(w))
+	}
+	for i := range got {
+		if got[i] != w[i] {
+			t.Fatalf("root %d differs from the one wanted (newest first)", i)
+		}
+	}
+}
+
+func TestFirstUseThenOnlyEndorsed(t *testing.T) {
+	r0, evil := root(t, "r0"), root(t, "evil")
+	s := New(td, nil, nil)
+	if s.Mode() != FirstUse {
+		t.Fatalf("mode %s", s.Mode())
+	}
+	u, changed, err := s.Accept(bundle(t, 1, certs(r0), nil))
+	if err != nil || !changed || !u.FirstUse {
+		t.Fatalf("first bundle: first use %v changed %v err %v", u.FirstUse, changed, err)
+	}
+	for _, tc := range []struct {
+		name string
+		b    Bundle
+	}{
+		{"unendorsed", bundle(t, 2, certs(evil, r0), nil)},
+		{"endorsed by its own key", bundle(t, 2, certs(evil, r0), keys(evil))},
+		{"endorsement of other bytes", func() Bundle {
+			b := bundle(t, 2, certs(r0), keys(r0))
+			b.Roots = pki.CertPEMs(certs(evil, r0))
+			return b
+		}()},
+		{"generation changed after endorsing", func() Bundle { b := bundle(t, 2, certs(evil, r0), keys(r0)); b.Generation = 3; return b }()},
+		{"wrong trust domain", func() Bundle { b := bundle(t, 2, certs(r0), keys(r0)); b.TrustDomain = "evil.org"; return b }()},
+		{"bad key id", func() Bundle { b := bundle(t, 2, certs(r0), keys(r0)); b.Endorsements[0].KeyID = "00"; return b }()},
+		{"garbled signature", func() Bundle { b := bundle(t, 2, certs(r0), keys(r0)); b.Endorsements[0].Signature = "!"; return b }()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := s.Accept(tc.b); !errors.Is(err, ErrRejected) {
+				t.Fatalf("accepted: %v", err)
+			}
+			equalRoots(t, s, r0)
+			if s.Generation() != 1 {
+				t.Fatalf("generation %d after a rejected bundle", s.Generation())
+			}
+		})
+	}
+}
+
+func TestRotations(t *testing.T) {
+	r0 := root(t, "r0")
+	s := New(td, nil, nil)
+	if _, _, err := s.Accept(bundle(t, 1, certs(r0), keys(r0))); err != nil {
+		t.Fatal(err)
+	}
+	// Same key, new certificate.
+	r1 := mint(t, "r1", nil, r0.key, true, "", 24*time.Hour)
+	if _, changed, err := s.Accept(bundle(t, 2, certs(r1, r0), keys(r1))); err != nil || !changed {
+		t.Fatalf("same-key rotation: changed %v err %v", changed, err)
+	}
+	// New key, announced under the old one (and its own, which does not count yet).
+	r2 := root(t, "r2")
+	if _, changed, err := s.Accept(bundle(t, 3, certs(r2, r1, r0), keys(r2, r1))); err != nil || !changed {
+		t.Fatalf("new-key rotation: changed %v err %v", changed, err)
+	}
+	equalRoots(t, s, r2, r1, r0)
+	// Replay of an older generation: stale, nothing changes.
+	u, changed, err := s.Accept(bundle(t, 2, certs(r1, r0), keys(r1)))
+	if err != nil || changed || !u.Stale {
+		t.Fatalf("replay: stale %v changed %v err %v", u.Stale, changed, err)
+	}
+	// Removed applies to roots the bundle does not list, never to those it does.
+	b := bundle(t, 4, certs(r2, r1), keys(r2))
+	b.Removed = fps(certs(r0, r2))
+	if _, _, err := s.Accept(b); err != nil {
+		t.Fatal(err)
+	}
+	equalRoots(t, s, r2, r1)
+}
+
+func TestIntermediateEndorses(t *testing.T) {
+	r0 := root(t, "r0")
+	mid := mint(t, "intermediate", r0, nil, true, "", 12*time.Hour)
+	s := New(td, certs(r0), nil)
+	if s.Mode() != Anchors {
+		t.Fatalf("mode %s", s.Mode())
+	}
+	if _, _, err := s.Accept(bundle(t, 1, certs(r0), keys(mid), mid.cert)); err != nil {
+		t.Fatal(err)
+	}
+	other := root(t, "other")
+	otherMid := mint(t, "intermediate", other, nil, true, "", 12*time.Hour)
+	if _, _, err := s.Accept(bundle(t, 2, certs(other, r0), keys(otherMid), otherMid.cert)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("an intermediate of another root endorsed: %v", err)
+	}
+	leaf := mint(t, "leaf", mid, nil, false, "spiffe://cluster.local/ns/a/sa/b", time.Hour)
+	if err := s.VerifyChain(certs(leaf, mid, r0), nil, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	evilLeaf := mint(t, "leaf", otherMid, nil, false, "spiffe://cluster.local/ns/a/sa/b", time.Hour)
+	if err := s.VerifyChain(certs(evilLeaf, otherMid, other), nil, time.Now()); !errors.Is(err, ErrUntrustedChain) {
+		t.Fatalf("leaf under an untrusted root verified: %v", err)
+	}
+}
+
+func TestAnchorsBootstrap(t *testing.T) {
+	anchor, evil, r1 := root(t, "anchor"), root(t, "evil"), root(t, "r1")
+	for _, tc := range []struct {
+		name string
+		b    Bundle
+		ok   bool
+	}{
+		{"endorsed by the anchor", bundle(t, 5, certs(r1, anchor), keys(anchor)), true},
+		{"only the anchor, unendorsed", bundle(t, 5, certs(anchor), nil), true},
+		{"the anchor and another root, unendorsed", bundle(t, 5, certs(evil, anchor), nil), false},
+		{"endorsed by another root", bundle(t, 5, certs(evil), keys(evil)), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(td, certs(anchor), nil)
+			_, _, err := s.Accept(tc.b)
+			if (err == nil) != tc.ok || s.Bootstrapped() != tc.ok {
+				t.Fatalf("err %v, bootstrapped %v, want ok %v", err, s.Bootstrapped(), tc.ok)
+			}
+		})
+	}
+}
+
+func TestExpiredRootsAreDropped(t *testing.T) {
+	r0 := root(t, "r0")
+	short := mint(t, "short", nil, nil, true, "", time.Minute)
+	now := time.Now()
+	s := New(td, nil, func() time.Time { return now })
+	if _, _, err := s.Accept(bundle(t, 1, certs(r0, short), nil)); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(2 * time.Minute)
+	equalRoots(t, s, r0)
+	if s.Has(pki.Fingerprint(short.cert)) {
+		t.Fatal("expired root still trusted")
+	}
+	// An expired root endorses nothing.
+	if _, _, err := s.Accept(bundle(t, 2, certs(r0, short), keys(short))); !errors.Is(err, ErrRejected) {
+		t.Fatalf("endorsed by an expired root: %v", err)
+	}
+}
