@@ -15,7 +15,9 @@ import (
 )
 
 func TestConfigFromEnvAndValidate(t *testing.T) {
-	fs := flagenv.New("t", func(k string) string { return map[string]string{"NATS_URL": "nats://a:4222", "NATS_TLS_CERT": "c.pem"}[k] })
+	fs := flagenv.New("t", func(k string) string {
+		return map[string]string{"NATS_URL": "nats://a:4222", "NATS_TLS_CERT": "c.pem"}[k]
+	})
 	var c Config
 	c.Bind(fs)
 	if err := fs.Parse(nil); err != nil {
