@@ -6,25 +6,36 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // DefaultURL is where services look for NATS when nothing is configured.
 const DefaultURL = nats.DefaultURL
 
-// Config says how to reach the bus.
+// Config says how to reach the bus and who to be on it.
 type Config struct {
 	URL       string // comma-separated server URLs
 	CredsFile string // NATS .creds file (JWT + nkey seed)
+	NKeyFile  string // nkey seed file of a service's user (pkg/bus/policy roles)
+	// TokenFile holds the token sent as the connect token: a pod's service-account
+	// token, checked by the auth callout. Re-read at every (re)connect, so a
+	// refreshed token is what a pod reconnects with when its bus user expires.
+	TokenFile string
 	TLS       TLSConfig
 	Name      string // connection name, shown in server monitoring
+	// InboxPrefix is the role's reply-subject prefix (policy.Inbox): on a secured
+	// bus a role may subscribe only below its own. Empty: nats' _INBOX.
+	InboxPrefix string
 }
 
 // TLSConfig enables TLS to the bus when CAFile or CertFile is set.
@@ -37,7 +48,9 @@ type TLSConfig struct {
 // Bind registers the bus flags (and their env vars) on fs.
 func (c *Config) Bind(fs *flagenv.Set) {
 	fs.String(&c.URL, "nats-url", "NATS_URL", DefaultURL, "NATS server URL(s), comma-separated")
-	fs.String(&c.CredsFile, "nats-creds", "NATS_CREDS", "", "NATS credentials file")
+	fs.String(&c.CredsFile, "nats-creds", "NATS_CREDS", "", "NATS credentials file (JWT + nkey seed, decentralized auth)")
+	fs.String(&c.NKeyFile, "nats-nkey", "NATS_NKEY", "", "nkey seed file of this service's bus user (0600)")
+	fs.String(&c.TokenFile, "nats-token-file", "NATS_TOKEN_FILE", c.TokenFile, "file with the token to connect with (a pod's service-account token); re-read at every reconnect")
 	fs.String(&c.TLS.CAFile, "nats-tls-ca", "NATS_TLS_CA", "", "CA bundle to verify the NATS server")
 	fs.String(&c.TLS.CertFile, "nats-tls-cert", "NATS_TLS_CERT", "", "client certificate for NATS mTLS")
 	fs.String(&c.TLS.KeyFile, "nats-tls-key", "NATS_TLS_KEY", "", "client key for NATS mTLS")
@@ -48,6 +61,15 @@ func (c Config) Validate() error {
 	var errs []error
 	if strings.TrimSpace(c.URL) == "" {
 		errs = append(errs, errors.New("-nats-url: required"))
+	}
+	n := 0
+	for _, f := range []string{c.CredsFile, c.NKeyFile, c.TokenFile} {
+		if f != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		errs = append(errs, errors.New("-nats-creds, -nats-nkey, -nats-token-file: set at most one"))
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("-nats-tls-cert and -nats-tls-key: set both or neither"))
@@ -63,6 +85,9 @@ func Connect(ctx context.Context, c Config, log hclog.Logger, wait time.Duration
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
+		// A pod's bus user expires with its token; keep reconnecting (with the token
+		// file re-read) instead of giving up after the same auth error twice.
+		nats.IgnoreAuthErrorAbort(),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("nats disconnected", "error", err)
@@ -77,9 +102,11 @@ func Connect(ctx context.Context, c Config, log hclog.Logger, wait time.Duration
 			log.Error("nats async error", "subject", subj, "error", err)
 		}),
 	}
-	if c.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	auth, err := c.authOptions(log)
+	if err != nil {
+		return nil, err
 	}
+	opts = append(opts, auth...)
 	if c.TLS.CAFile != "" {
 		opts = append(opts, nats.RootCAs(c.TLS.CAFile))
 	}
@@ -105,6 +132,54 @@ func Connect(ctx context.Context, c Config, log hclog.Logger, wait time.Duration
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// authOptions turns the configured credential into connect options.
+func (c Config) authOptions(log hclog.Logger) ([]nats.Option, error) {
+	var opts []nats.Option
+	if c.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
+	}
+	switch {
+	case c.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	case c.NKeyFile != "":
+		kp, err := policy.ReadSeed(c.NKeyFile, nkeys.PrefixByteUser)
+		if err != nil {
+			return nil, fmt.Errorf("-nats-nkey: %w", err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("-nats-nkey: %w", err)
+		}
+		opts = append(opts, nats.Nkey(pub, kp.Sign))
+	case c.TokenFile != "":
+		if _, err := readToken(c.TokenFile); err != nil {
+			return nil, fmt.Errorf("-nats-token-file: %w", err)
+		}
+		path := c.TokenFile
+		opts = append(opts, nats.TokenHandler(func() string {
+			tok, err := readToken(path)
+			if err != nil {
+				log.Error("cannot read bus token", "file", path, "error", err)
+			}
+			return tok
+		}))
+	}
+	return opts, nil
+}
+
+// readToken reads a token file (a projected service-account token), trimmed.
+func readToken(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok := strings.TrimSpace(string(data))
+	if tok == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return tok, nil
 }
 
 // EnsureEventStream creates or updates the JetStream stream that keeps the event

@@ -2,17 +2,22 @@ package bus
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 func TestConfigFromEnvAndValidate(t *testing.T) {
-	fs := flagenv.New("t", func(k string) string { return map[string]string{"NATS_URL": "nats://a:4222", "NATS_TLS_CERT": "c.pem"}[k] })
+	fs := flagenv.New("t", func(k string) string {
+		return map[string]string{"NATS_URL": "nats://a:4222", "NATS_TLS_CERT": "c.pem"}[k]
+	})
 	var c Config
 	c.Bind(fs)
 	if err := fs.Parse(nil); err != nil {
@@ -69,5 +74,36 @@ func TestConnectGivesUpWithClearError(t *testing.T) {
 	_, err := Connect(ctx, Config{URL: "nats://127.0.0.1:1"}, hclog.NewNullLogger(), 100*time.Millisecond)
 	if err == nil {
 		t.Fatal("connected to nothing")
+	}
+}
+
+func TestConnectWithRoleCredential(t *testing.T) {
+	s := bustest.SecureServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := Config{URL: s.Server.ClientURL(), NKeyFile: s.Creds.SeedFile(policy.Signer), InboxPrefix: policy.Inbox(policy.Signer, "")}
+	nc, err := Connect(ctx, cfg, hclog.NewNullLogger(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// Its inbox is the role's: a JetStream request (which replies to it) works.
+	if _, err := EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NKeyFile = filepath.Join(t.TempDir(), "missing.nk")
+	if _, err := Connect(ctx, cfg, hclog.NewNullLogger(), time.Second); err == nil || !strings.Contains(err.Error(), "-nats-nkey") {
+		t.Fatalf("missing seed: %v", err)
+	}
+	cfg.NKeyFile = ""
+	if _, err := Connect(ctx, cfg, hclog.NewNullLogger(), 200*time.Millisecond); err == nil {
+		t.Fatal("connected to a secured bus without a credential")
+	}
+}
+
+func TestValidateOneCredential(t *testing.T) {
+	c := Config{URL: DefaultURL, NKeyFile: "a.nk", TokenFile: "token"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "at most one") {
+		t.Fatalf("two credentials: %v", err)
 	}
 }

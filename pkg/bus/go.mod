@@ -9,7 +9,7 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 )
 
-require github.com/stretchr/testify v1.12.1 // indirect
+require go.yaml.in/yaml/v3 v3.0.5 // indirect
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
@@ -20,8 +20,8 @@ require (
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
-	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2
+	github.com/nats-io/nkeys v0.4.16
 	github.com/nats-io/nuid v1.0.1 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -18,6 +19,10 @@ type Config struct {
 	// DontListen skips TCP entirely: only in-process connections (nats.InProcessServer).
 	DontListen bool
 	Logger     hclog.Logger // nil: silent
+	// Auth, when set, secures the server with the role table of pkg/bus/policy for
+	// these keys: accounts, nkey users, permissions and the auth callout for pods.
+	// Nil runs an open bus (only for tests of code that is not about the bus).
+	Auth *policy.Keys
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -25,15 +30,23 @@ func Start(c Config) (*server.Server, error) {
 	if c.Host == "" {
 		c.Host = "127.0.0.1"
 	}
-	opts := &server.Options{
-		ServerName: "meshagent-embedded",
-		Host:       c.Host,
-		Port:       c.Port,
-		DontListen: c.DontListen,
-		NoSigs:     true,
-		NoLog:      c.Logger == nil,
-		MaxPayload: 8 << 20,
+	opts := &server.Options{}
+	if c.Auth != nil {
+		conf, err := policy.Render(*c.Auth)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: %w", err)
+		}
+		if err := opts.ProcessConfigString(conf); err != nil {
+			return nil, fmt.Errorf("embedded nats: auth config: %w", err)
+		}
 	}
+	opts.ServerName = "meshagent-embedded"
+	opts.Host = c.Host
+	opts.Port = c.Port
+	opts.DontListen = c.DontListen
+	opts.NoSigs = true
+	opts.NoLog = c.Logger == nil
+	opts.MaxPayload = 8 << 20
 	if c.StoreDir != "" {
 		opts.JetStream = true
 		opts.StoreDir = c.StoreDir

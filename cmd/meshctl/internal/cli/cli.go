@@ -29,6 +29,7 @@ var commands = map[string]command{
 	"events":       {"print every event on the bus as it happens", runEvents},
 	"kubelet":      {"keep a pod's service-account token fresh (docker compose): kubelet -issuer-dir D -token-file F", runKubelet},
 	"controlplane": {"run the demo xDS control plane on its own: controlplane -addr HOST:PORT", runControlPlane},
+	"bus-auth":     {"generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", runBusAuth},
 	"status":       {"show each service's readiness and each pod's certificates", runStatus},
 	"sds":          {"fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", runSDS},
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/nats-io/nats.go"
@@ -14,8 +13,10 @@ import (
 func runRotate(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var newKey bool
+	var bf busFlags
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
+	bf.bind(fs)
 	fs.AllowArgs()
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
 	// Flags may stand before, between or after the words (rotate -dir D pod ID).
@@ -38,13 +39,13 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	default:
 		return usage
 	}
-	st, err := stack.Read(dir)
+	st, err := bf.stackFor(dir)
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(st.NATSURL, nats.Name("meshctl rotate"))
+	nc, err := bf.connect(ctx, st, "meshctl rotate")
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", st.NATSURL, err)
+		return err
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -76,18 +77,20 @@ func rotatePod(nc *nats.Conn, env Env, pod string) error {
 	if err != nil {
 		return err
 	}
-	due := events.RenewDue{Pod: pod, Resource: "default", Reason: events.RenewForced}
-	for _, s := range []string{subj, events.SubjectRenewSent} {
-		msg, err := events.NewMsg(s, "meshctl", due)
-		if err != nil {
-			return err
-		}
-		if err := nc.PublishMsg(msg); err != nil {
-			return fmt.Errorf("publish %s: %w", s, err)
-		}
+	// Only the renew command: renew_sent is the rotator's record, not the operator's
+	// (the bus refuses it from the admin role); the pod's new cert.issued shows it.
+	msg, err := events.NewMsg(subj, "meshctl", events.RenewDue{Pod: pod, Resource: "default", Reason: events.RenewForced})
+	if err != nil {
+		return err
+	}
+	if err := nc.PublishMsg(msg); err != nil {
+		return fmt.Errorf("publish %s: %w", subj, err)
 	}
 	if err := nc.Flush(); err != nil {
 		return err
+	}
+	if err := nc.LastError(); err != nil {
+		return fmt.Errorf("publish %s: %w", subj, err)
 	}
 	fmt.Fprintf(env.Stdout, "renew-due sent to pod %s on %s\n", pod, subj)
 	return nil

@@ -15,7 +15,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -26,8 +25,10 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	var dir, ns, sa, out, alg string
 	var ttl time.Duration
 	var useGRPC bool
+	var bf busFlags
 	fs := flagenv.New("sign", env.Getenv)
 	dirFlag(fs, &dir)
+	bf.bind(fs)
 	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace of the identity")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account of the identity")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm")
@@ -71,7 +72,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if useGRPC {
 		chain, err = signGRPC(ctx, st, string(csr), tok, ttl)
 	} else {
-		chain, err = signNATS(ctx, st, events.SignRequest{CSR: string(csr), Token: tok, TTLSeconds: int64(ttl.Seconds()), KeyAlgorithm: string(ka)})
+		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTLSeconds: int64(ttl.Seconds()), KeyAlgorithm: string(ka)})
 	}
 	if err != nil {
 		return err
@@ -116,10 +117,10 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	return nil
 }
 
-func signNATS(ctx context.Context, st *stack.Stack, req events.SignRequest) ([]string, error) {
-	nc, err := nats.Connect(st.NATSURL, nats.Name("meshctl sign"))
+func signNATS(ctx context.Context, bf *busFlags, st *stack.Stack, req events.SignRequest) ([]string, error) {
+	nc, err := bf.connect(ctx, st, "meshctl sign")
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", st.NATSURL, err)
+		return nil, err
 	}
 	defer nc.Close()
 	msg, err := events.NewMsg(events.SubjectSignAny, "meshctl", req)

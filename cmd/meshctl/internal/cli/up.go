@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -92,7 +93,9 @@ func runUp(ctx context.Context, env Env, args []string) error {
 
 func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
 	fmt.Fprintf(w, "\nmeshagent is up (%s). State in %s\n\n", took.Round(time.Millisecond), s.Dir)
-	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s\n", s.NATSURL)
+	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s, loopback only\n", s.NATSURL)
+	fmt.Fprintf(w, "      authenticated           each service its own nkey, pods their service-account token (signer's auth callout)\n")
+	fmt.Fprintf(w, "      credentials             %s (admin: %s)\n", filepath.Dir(s.NATSAdminNKey), filepath.Base(s.NATSAdminNKey))
 	fmt.Fprintf(w, "  signer                      NATS %s, gRPC %s (Istio CreateCertificate, TLS name %s), http %s\n",
 		s.Signer.NATSSubject, s.Signer.GRPCAddr, s.Signer.GRPCServerName, s.Signer.HTTP)
 	fmt.Fprintf(w, "  rotator                     http %s\n", s.Rotator.HTTP)

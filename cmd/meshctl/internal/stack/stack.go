@@ -16,17 +16,22 @@ const FileName = "stack.json"
 
 // Stack is what stack.json holds. Field names are part of meshctl's interface.
 type Stack struct {
-	Version      int           `json:"version"`
-	Dir          string        `json:"dir"`
-	TrustDomain  string        `json:"trust_domain"`
-	NATSURL      string        `json:"nats_url"`
-	TrustBundle  string        `json:"trust_bundle"`
-	TokenIssuer  TokenIssuer   `json:"token_issuer"`
-	Signer       Signer        `json:"signer"`
-	Rotator      Service       `json:"rotator"`
-	ControlPlane *ControlPlane `json:"control_plane,omitempty"`
-	Pods         []Pod         `json:"pods"`
-	Processes    []Process     `json:"processes"`
+	Version     int    `json:"version"`
+	Dir         string `json:"dir"`
+	TrustDomain string `json:"trust_domain"`
+	NATSURL     string `json:"nats_url"`
+	// NATSAdminNKey and NATSAuditNKey are the seed files of the operator's and the
+	// read-only bus credentials (pkg/bus/policy roles admin and audit). The other
+	// roles' seeds are given to their services only and are not named here.
+	NATSAdminNKey string        `json:"nats_admin_nkey"`
+	NATSAuditNKey string        `json:"nats_audit_nkey"`
+	TrustBundle   string        `json:"trust_bundle"`
+	TokenIssuer   TokenIssuer   `json:"token_issuer"`
+	Signer        Signer        `json:"signer"`
+	Rotator       Service       `json:"rotator"`
+	ControlPlane  *ControlPlane `json:"control_plane,omitempty"`
+	Pods          []Pod         `json:"pods"`
+	Processes     []Process     `json:"processes"`
 }
 
 // TokenIssuer is the local issuer whose tokens the signer accepts.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats-server/v2/server"
@@ -49,6 +51,7 @@ type Runner struct {
 	nc     *nats.Conn
 	procs  []*proc
 	iss    *devtoken.Issuer
+	creds  *policy.Credentials // the bus credential set, under Dir/secrets
 	stopCP func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
@@ -107,11 +110,18 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats")})
+	// The bus is secured from the first start: every role has its own credential
+	// (generated once, reused), pods are admitted by the signer's auth callout.
+	r.creds, err = policy.LoadOrGenerate(filepath.Join(r.cfg.Dir, "secrets"))
 	if err != nil {
 		return err
 	}
-	r.nc, err = nats.Connect(r.ns.ClientURL(), nats.Name("meshctl"), nats.MaxReconnects(-1))
+	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats"), Auth: &r.creds.Keys})
+	if err != nil {
+		return err
+	}
+	r.nc, err = bus.Connect(ctx, bus.Config{URL: r.ns.ClientURL(), Name: "meshctl", NKeyFile: r.creds.SeedFile(policy.Admin),
+		InboxPrefix: policy.Inbox(policy.Admin, "")}, r.log.Named("bus"), 5*time.Second)
 	if err != nil {
 		return fmt.Errorf("connect embedded nats: %w", err)
 	}
@@ -129,6 +139,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	}
 	r.Stack = Stack{
 		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.ns.ClientURL(),
+		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
 		TokenIssuer: TokenIssuer{Issuer: r.iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
 	}
@@ -228,6 +239,9 @@ func (r *Runner) startSigner(ctx context.Context) error {
 		"-jwks-file", r.Stack.TokenIssuer.JWKS,
 		"-token-issuer", r.Stack.TokenIssuer.Issuer,
 		"-token-audience", r.Stack.TokenIssuer.Audience,
+		"-nats-nkey", r.creds.SeedFile(policy.Signer),
+		"-bus-callout-seed", r.creds.IssuerFile(),
+		"-bus-callout-nkey", r.creds.SeedFile(policy.Callout),
 	)
 	if err != nil {
 		return err
@@ -270,7 +284,7 @@ func caKEK(dir string) (string, error) {
 }
 
 func (r *Runner) startRotator(ctx context.Context) error {
-	p, err := r.spawn(ctx, "rotator", "rotator", "-instance", "rotator-0")
+	p, err := r.spawn(ctx, "rotator", "rotator", "-instance", "rotator-0", "-nats-nkey", r.creds.SeedFile(policy.Rotator))
 	if err != nil {
 		return err
 	}
@@ -298,14 +312,16 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	common := []string{"-pod", id, "-pod-root", root}
-	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", append(common,
+	// On the bus a pod is its service-account token, checked by the signer's callout.
+	onBus := func(args ...string) []string { return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args) }
+	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", onBus(
 		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
 		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)...)
 	if err != nil {
 		return err
 	}
 	pod.HTTP["sds-edge"] = sds.http
-	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", append(common,
+	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", onBus(
 		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext")...)
 	if err != nil {
 		return err

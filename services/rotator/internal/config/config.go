@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
@@ -76,6 +77,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	c.Bus.Name = "rotator/" + c.HA.Instance
+	c.Bus.AsService(policy.Rotator)
 	return c, c.Validate()
 }
 

@@ -138,6 +138,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.Bus.Name = "sds-edge/" + c.Pod.ID
 	c.CA.TokenFile = c.Under(c.CA.TokenFile)
+	c.Bus.AsPod(c.Pod.ID, c.CA.TokenFile)
 	if c.CA.RootCert != "" {
 		c.CA.RootCert = c.Under(c.CA.RootCert)
 	}

@@ -34,6 +34,9 @@ type Caller struct {
 	// of a pod-bound token. Empty when the credential names no pod (tokens without
 	// the claim, client certificates).
 	Pod string
+	// Expires is when the credential stops being valid (a token's exp); zero when
+	// the credential has no expiry of its own to report.
+	Expires time.Time
 }
 
 func fail(format string, a ...any) error {
@@ -155,5 +158,5 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if err != nil {
 		return Caller{}, fail("token identity: %v", err)
 	}
-	return Caller{ID: id.URL(), Source: SourceJWT, Pod: pod}, nil
+	return Caller{ID: id.URL(), Source: SourceJWT, Pod: pod, Expires: std.Expiry.Time()}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -18,8 +19,14 @@ import (
 
 // Config is the signer's whole configuration.
 type Config struct {
-	Log      obs.LogConfig
-	Bus      bus.Config
+	Log obs.LogConfig
+	Bus bus.Config
+	// BusCallout is the bus's auth callout for pods, served by the signer when
+	// IssuerSeed is set.
+	BusCallout struct {
+		IssuerSeed string // account nkey seed named as the callout issuer in the server's config
+		NKeyFile   string // the callout user's nkey seed, to connect with
+	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {
 		HTTP     string // /healthz, /readyz, /metrics
@@ -97,6 +104,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	var keyAlg, dnsNames, ips, signers string
+	fs.String(&c.BusCallout.IssuerSeed, "bus-callout-seed", "BUS_CALLOUT_SEED", "", "seed file of the bus auth callout's issuer (account nkey); set: admit pods to the bus by their service-account token")
+	fs.String(&c.BusCallout.NKeyFile, "bus-callout-nkey", "BUS_CALLOUT_NKEY", "", "seed file of the callout user the responder connects as (with -bus-callout-seed)")
 	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	fs.String(&c.Listen.GRPC, "grpc-addr", "GRPC_ADDR", c.Listen.GRPC, "Istio CA gRPC listen address (host:port or unix:///path)")
@@ -147,6 +156,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.CA.KeyAlg = alg
 	c.Bus.Name = "signer-" + c.Instance
+	c.Bus.AsService(policy.Signer)
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -202,6 +212,12 @@ func (c Config) Validate() error {
 	if c.Auth.JWKSFile != "" || c.Auth.JWKSURL != "" {
 		add(c.Auth.Issuer != "", "-token-issuer: required with a JWKS")
 		add(c.Auth.Audience != "", "-token-audience: required with a JWKS")
+	}
+	if c.BusCallout.IssuerSeed != "" {
+		add(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
+		add(c.Auth.JWKSFile != "" || c.Auth.JWKSURL != "", "-bus-callout-seed: needs -jwks-file or -jwks-url to verify pods' tokens")
+	} else {
+		add(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 	}
 	add(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
 	add(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")

@@ -72,3 +72,19 @@ func TestKEKRequiredOnlyInSelfSignedMode(t *testing.T) {
 		t.Fatalf("plugged-in without a KEK: %v", err)
 	}
 }
+
+func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
+	_, err := Load([]string{"-bus-callout-seed", "issuer.nk"}, func(string) string { return "" })
+	for _, want := range []string{"-bus-callout-nkey: required", "needs -jwks-file or -jwks-url"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+	c, err := Load([]string{"-bus-callout-seed", "issuer.nk", "-bus-callout-nkey", "callout.nk", "-jwks-file", "jwks.json", "-nats-nkey", "signer.nk", "-ca-kek-file", "kek"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Bus.NKeyFile != "signer.nk" || c.Bus.InboxPrefix != "_INBOX.signer" {
+		t.Fatalf("bus config %+v", c.Bus)
+	}
+}

@@ -12,9 +12,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
@@ -22,6 +24,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
@@ -54,9 +57,11 @@ type Service struct {
 	source Source
 	keys   *authn.KeySet
 	iss    *issuer.Issuer
-	nats   *natsapi.API
-	grpc   *grpcapi.Server
-	http   *obs.Server
+	// callout admits pods to the bus (nil unless -bus-callout-seed is set).
+	callout *buscallout.Responder
+	nats    *natsapi.API
+	grpc    *grpcapi.Server
+	http    *obs.Server
 }
 
 // New builds a signer on nc. now is the clock (time.Now when nil). Nothing listens
@@ -106,6 +111,11 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Refresh: cfg.Auth.JWKSRefresh, Log: log.Named("jwks")}
 		verifier = &authn.JWTVerifier{Keys: s.keys, Issuer: cfg.Auth.Issuer, Audience: cfg.Auth.Audience, TrustDomain: cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}
 	}
+	if cfg.BusCallout.IssuerSeed != "" {
+		if err := s.newCallout(verifier, now); err != nil {
+			return nil, err
+		}
+	}
 	metrics := issuer.NewMetrics(s.http.Registry(), s.auth, now)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	s.iss = issuer.New(issuer.Config{
@@ -148,6 +158,10 @@ func (s *Service) Ready() error { return s.http.Ready() }
 func (s *Service) Run(parent context.Context) error {
 	g, ctx := errgroup.WithContext(parent)
 	g.Go(func() error { return s.http.Run(ctx) })
+	if s.callout != nil {
+		// First: no pod can connect to the bus until it runs.
+		g.Go(func() error { return s.callout.Run(ctx) })
+	}
 	failed := func(err error) error {
 		err = errors.Join(err, stop(g))
 		if parent.Err() != nil {
@@ -213,5 +227,22 @@ func stop(g *errgroup.Group) error {
 	if err := g.Wait(); err != nil && !errors.Is(err, errStartup) {
 		return err
 	}
+	return nil
+}
+
+// newCallout builds the bus auth callout: its own connection, as the callout user.
+func (s *Service) newCallout(verifier *authn.JWTVerifier, now func() time.Time) error {
+	issuer, err := policy.ReadSeed(s.cfg.BusCallout.IssuerSeed, nkeys.PrefixByteAccount)
+	if err != nil {
+		return fmt.Errorf("-bus-callout-seed: %w", err)
+	}
+	bc := s.cfg.Bus
+	bc.CredsFile, bc.TokenFile, bc.NKeyFile = "", "", s.cfg.BusCallout.NKeyFile
+	bc.Name += "/callout"
+	bc.AsService(policy.Callout)
+	log := s.log.Named("callout")
+	dial := func(ctx context.Context) (*nats.Conn, error) { return bus.Connect(ctx, bc, log, 30*time.Second) }
+	s.callout = buscallout.New(issuer, verifier, dial, s.http.Registry(), log, now)
+	s.http.AddReadyCheck("bus_callout", s.callout.Ready)
 	return nil
 }

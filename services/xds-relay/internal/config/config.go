@@ -54,6 +54,10 @@ type Config struct {
 	BusWait    time.Duration
 }
 
+// PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
+// istio-token, which sds-edge also uses); the relay connects to the bus with it.
+const PodTokenFile = "var/run/secrets/tokens/istio-token"
+
 // Default returns the defaults, as Istio lays out a pod.
 func Default() Config {
 	var c Config
@@ -106,6 +110,12 @@ func Load(args []string, getenv func(string) string, environ []string) (Config, 
 		c.Upstream.RootCA = c.under(c.Upstream.RootCA)
 	}
 	c.Bus.Name = "xds-relay/" + c.Pod.ID
+	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
+	busToken := c.Upstream.TokenFile
+	if busToken == "" {
+		busToken = c.under(PodTokenFile)
+	}
+	c.Bus.AsPod(c.Pod.ID, busToken)
 	if c.Upstream.Mode == ModeAuto {
 		c.Upstream.Mode = ModeMTLS
 		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {

@@ -1,0 +1,68 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+)
+
+// DecodeAuthRequest decodes the connect request nats-server sends to the auth callout
+// (a JWT signed by the server's own key).
+func DecodeAuthRequest(data []byte) (*jwt.AuthorizationRequestClaims, error) {
+	req, err := jwt.DecodeAuthorizationRequestClaims(string(data))
+	if err != nil {
+		return nil, fmt.Errorf("decode auth request: %w", err)
+	}
+	if !nkeys.IsValidPublicUserKey(req.UserNkey) || req.Server.ID == "" {
+		return nil, errors.New("decode auth request: no user nkey or server id")
+	}
+	return req, nil
+}
+
+// AdmitPod answers req with a user in AccountMesh holding ForPod(pod)'s permissions
+// and expiring at expires (the credential's own expiry: the server disconnects the
+// client then, and it reconnects with a fresh credential).
+func AdmitPod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, expires time.Time) ([]byte, error) {
+	p, err := ForPod(pod)
+	if err != nil {
+		return nil, err
+	}
+	if !expires.After(time.Now()) {
+		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
+	}
+	uc := jwt.NewUserClaims(req.UserNkey)
+	uc.Name = "pod/" + pod
+	uc.Audience = AccountMesh // server-config mode: the audience is the account
+	uc.Expires = expires.Unix()
+	uc.Pub.Allow.Add(p.Publish...)
+	uc.Sub.Allow.Add(p.Subscribe...)
+	ujwt, err := uc.Encode(issuer)
+	if err != nil {
+		return nil, fmt.Errorf("sign pod user: %w", err)
+	}
+	return respond(issuer, req, ujwt, "")
+}
+
+// Refuse answers req with a refusal; nats-server closes the connection with an
+// authorization violation (reason is logged by the server, not told to the client).
+func Refuse(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, reason string) ([]byte, error) {
+	if reason == "" {
+		reason = "not authorized"
+	}
+	return respond(issuer, req, "", reason)
+}
+
+func respond(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, ujwt, reason string) ([]byte, error) {
+	rc := jwt.NewAuthorizationResponseClaims(req.UserNkey)
+	rc.Audience = req.Server.ID
+	rc.Jwt = ujwt
+	rc.Error = reason
+	tok, err := rc.Encode(issuer)
+	if err != nil {
+		return nil, fmt.Errorf("sign auth response: %w", err)
+	}
+	return []byte(tok), nil
+}

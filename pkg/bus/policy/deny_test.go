@@ -1,0 +1,276 @@
+package policy_test
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go"
+)
+
+// counter subscribes subj on nc and counts what arrives.
+func counter(t *testing.T, nc *nats.Conn, subj string) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	if _, err := nc.Subscribe(subj, func(*nats.Msg) { n.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	return &n
+}
+
+// flushed waits until the server has processed everything nc sent, and its
+// asynchronous errors (a denied subscribe or publish) have been delivered.
+func flushed(t *testing.T, ncs ...*nats.Conn) {
+	t.Helper()
+	for _, nc := range ncs {
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAuditCannotTouchCAStateOrRequests: the shared read-only role (and a role with
+// the same lists) cannot read the CA bucket, see sign requests (they carry tokens),
+// or speak for the signer or an operator.
+func TestAuditCannotTouchCAStateOrRequests(t *testing.T) {
+	m := newMesh(t)
+	ctx := ctxT(t)
+	var errs bustest.Errors
+	audit := m.Conn(t, policy.Audit, &errs)
+	js := bustest.JetStream(t, audit)
+
+	// The bucket and its stream: no lookup, no direct read, no subscription to puts.
+	kvPuts := counter(t, audit, "$KV."+policy.BucketCA+".>")
+	streamSubjects := counter(t, audit, "$JS.API.>")
+	signReqs := counter(t, audit, events.SignWildcard)
+	inboxes := counter(t, audit, "_INBOX.>")
+	flushed(t, audit)
+	short, cancel := contextTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := js.KeyValue(short, policy.BucketCA); err == nil {
+		t.Fatal("audit opened the CA bucket")
+	}
+	if resp, err := audit.Request("$JS.API.STREAM.MSG.GET.KV_"+policy.BucketCA, []byte(`{"last_by_subj":"$KV.meshagent-ca.root"}`), 300*time.Millisecond); err == nil {
+		t.Fatalf("audit read the CA stream: %s", resp.Data)
+	}
+	if resp, err := audit.Request("$JS.API.DIRECT.GET.KV_"+policy.BucketCA, []byte(`{"last_by_subj":"$KV.meshagent-ca.root"}`), 300*time.Millisecond); err == nil {
+		t.Fatalf("audit read the CA stream directly: %s", resp.Data)
+	}
+	// The signer writes and a pod signs while audit listens: nothing reaches audit.
+	kv, err := bustest.JetStream(t, m.signer).KeyValue(ctx, policy.BucketCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "root", []byte("another secret")); err != nil {
+		t.Fatal(err)
+	}
+	pod := m.pod(t, "pod-a", nil)
+	sign, _ := events.PodSignSubject("pod-a")
+	request(t, pod, sign)
+
+	// Publishing what only the signer or an operator may: nobody receives it, the
+	// stream does not store it.
+	before := streamMsgs(t, m)
+	trust := counter(t, m.Conn(t, policy.Admin, nil), events.SubjectTrustChanged)
+	rotates := counter(t, m.signer, events.SubjectRootRotate)
+	flushed(t, m.signer)
+	for _, s := range []string{events.SubjectTrustChanged, events.SubjectRootRotate, events.SubjectCertIssued, "$KV." + policy.BucketCA + ".root"} {
+		if err := audit.Publish(s, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flushed(t, audit)
+	// Deliveries to audit of what it subscribed: its own inbox replies only.
+	if n := kvPuts.Load() + streamSubjects.Load() + signReqs.Load() + inboxes.Load(); n != 0 {
+		t.Fatalf("audit received %d messages it may not see", n)
+	}
+	if trust.Load()+rotates.Load() != 0 {
+		t.Fatal("a forged trust.changed or root.rotate from audit was delivered")
+	}
+	if got := streamMsgs(t, m); got != before {
+		t.Fatalf("stream grew from %d to %d on audit's publishes", before, got)
+	}
+	if e, err := kv.Get(ctx, "root"); err != nil || string(e.Value()) != "another secret" {
+		t.Fatalf("CA bucket changed: %v", err)
+	}
+	for _, s := range []string{events.SubjectTrustChanged, events.SubjectRootRotate, events.SignWildcard, "$KV." + policy.BucketCA + ".>"} {
+		if !violated(&errs, s) {
+			t.Errorf("no permission violation reported for %s; got %v", s, errs.All())
+		}
+	}
+}
+
+// TestPodConfinedToItself: pod A cannot listen to or speak for pod B, answer sign
+// requests, or announce trust changes.
+func TestPodConfinedToItself(t *testing.T) {
+	m := newMesh(t)
+	var errs bustest.Errors
+	a := m.pod(t, "pod-a", &errs)
+	b := m.pod(t, "pod-b", nil)
+	rotator := m.Conn(t, policy.Rotator, nil)
+
+	renewB, _ := events.PodRenewSubject("pod-b")
+	renewA, _ := events.PodRenewSubject("pod-a")
+	stolen := counter(t, a, renewB)
+	stolenAll := counter(t, a, "meshagent.pod.>")
+	stolenInbox := counter(t, a, "_INBOX.pod.pod-b.>")
+	answered := counter(t, a, events.SignWildcard)
+	own := counter(t, a, renewA)
+	gotB := counter(t, b, renewB)
+	trust := counter(t, b, events.SubjectTrustChanged)
+	flushed(t, a, b)
+
+	// The rotator renews B, then A: A sees its own and nothing of B's.
+	for _, s := range []string{renewB, renewA} {
+		if err := rotator.Publish(s, []byte("renew")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, func() bool { return own.Load() == 1 && gotB.Load() == 1 })
+	// B signs (its reply goes to B's inbox) while A subscribes sign requests.
+	signB, _ := events.PodSignSubject("pod-b")
+	if got := request(t, b, signB); got != "signed for pod-b" {
+		t.Fatalf("B's sign reply %q", got)
+	}
+
+	// A speaks for B: sign request, events, anchors; and for the signer.
+	before := streamMsgs(t, m)
+	eventB, _ := events.PodEventSubject("pod-b", events.PodEventDown)
+	anchorsB, _ := events.PodAnchorsSubject("pod-b")
+	for _, s := range []string{signB, eventB, anchorsB, events.SubjectTrustChanged, events.SubjectCertIssued, renewB} {
+		if err := a.Publish(s, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flushed(t, a)
+	// A's own request still works after the refusals, so the server did see them.
+	signA, _ := events.PodSignSubject("pod-a")
+	if got := request(t, a, signA); got != "signed for pod-a" {
+		t.Fatalf("A's sign reply %q", got)
+	}
+	if n := stolen.Load() + stolenAll.Load() + stolenInbox.Load() + answered.Load(); n != 0 {
+		t.Fatalf("pod A received %d messages meant for others", n)
+	}
+	if m.signed["pod-b"].Load() != 1 {
+		t.Fatalf("signer saw %d sign requests for pod-b, want only B's own", m.signed["pod-b"].Load())
+	}
+	if gotB.Load() != 1 || trust.Load() != 0 {
+		t.Fatal("pod B received A's forgeries")
+	}
+	if got := streamMsgs(t, m); got != before {
+		t.Fatalf("stream grew from %d to %d on A's forgeries", before, got)
+	}
+	for _, s := range []string{renewB, "_INBOX.pod.pod-b.>", events.SignWildcard, signB, eventB, events.SubjectTrustChanged} {
+		if !violated(&errs, s) {
+			t.Errorf("no permission violation reported for %s", s)
+		}
+	}
+	// No JetStream API: A cannot look at the CA bucket or the stream's consumers.
+	short, cancel := contextTimeout(ctxT(t), 500*time.Millisecond)
+	defer cancel()
+	if _, err := bustest.JetStream(t, a).KeyValue(short, policy.BucketCA); err == nil {
+		t.Fatal("a pod opened the CA bucket")
+	}
+}
+
+// TestRotatorCannotSignOrTouchCA: the rotator reads schedules, not keys.
+func TestRotatorCannotSignOrTouchCA(t *testing.T) {
+	m := newMesh(t)
+	var errs bustest.Errors
+	r := m.Conn(t, policy.Rotator, &errs)
+	short, cancel := contextTimeout(ctxT(t), 500*time.Millisecond)
+	defer cancel()
+	if _, err := bustest.JetStream(t, r).KeyValue(short, policy.BucketCA); err == nil {
+		t.Fatal("rotator opened the CA bucket")
+	}
+	answered := counter(t, r, events.SignWildcard)
+	flushed(t, r)
+	if _, err := r.Request(events.SubjectSignAny, []byte("x"), 300*time.Millisecond); err == nil {
+		t.Fatal("rotator had a sign request answered")
+	}
+	pod := m.pod(t, "pod-a", nil)
+	sign, _ := events.PodSignSubject("pod-a")
+	request(t, pod, sign)
+	if answered.Load() != 0 || m.signed["any"].Load() != 0 {
+		t.Fatal("rotator saw or sent a sign request")
+	}
+}
+
+// TestConnectRefused: no credential, a wrong one, or a token the callout refuses
+// never get a connection.
+func TestConnectRefused(t *testing.T) {
+	m := newMesh(t)
+	url := m.Server.ClientURL()
+	cases := []struct {
+		name string
+		opts []nats.Option
+	}{
+		{"no credential", nil},
+		{"refused token", []nats.Option{nats.Token("not-a-pod")}},
+		{"user and password", []nats.Option{nats.UserInfo("admin", "admin")}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			nc, err := nats.Connect(url, append(c.opts, nats.Timeout(3*time.Second))...)
+			if err == nil {
+				nc.Close()
+				t.Fatal("connected")
+			}
+			if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				t.Fatalf("want an authorization violation, got %v", err)
+			}
+		})
+	}
+	// An unknown nkey (a seed of another credential set) is refused too.
+	other := bustest.SecureServer(t)
+	_, err := nats.Connect(url, other.RoleOptions(t, policy.Signer)...)
+	if err == nil {
+		t.Fatal("a signer key of another credential set connected")
+	}
+}
+
+// TestPodReconnectsWithRefreshedToken: a pod's bus user expires with its token; the
+// server disconnects it, and bus.Connect reconnects with the token file re-read.
+func TestPodReconnectsWithRefreshedToken(t *testing.T) {
+	s := bustest.SecureServer(t)
+	var calls atomic.Int64
+	s.ServeCallout(t, func(token string) (string, time.Time, error) {
+		calls.Add(1)
+		pod, err := strings.CutPrefix(token, "short:")
+		if err {
+			return pod, time.Now().Add(2 * time.Second), nil
+		}
+		return bustest.PodTokens(token)
+	})
+	dir := t.TempDir()
+	tokenFile := dir + "/token"
+	writeFile(t, tokenFile, "short:pod-a")
+	nc, cerr := bus.Connect(ctxT(t), bus.Config{URL: s.Server.ClientURL(), TokenFile: tokenFile, InboxPrefix: policy.Inbox(policy.Pod, "pod-a")},
+		nullLogger(), time.Second)
+	if cerr != nil {
+		t.Fatal(cerr)
+	}
+	defer nc.Close()
+	writeFile(t, tokenFile, "pod:pod-a") // the kubelet refreshes the projected token
+	eventually(t, func() bool { return nc.Stats().Reconnects >= 1 && nc.IsConnected() })
+	// Still connected a while after the short user's expiry: the new user is the long one.
+	time.Sleep(2500 * time.Millisecond)
+	if !nc.IsConnected() || nc.Stats().Reconnects != 1 {
+		t.Fatalf("connected %v after %d reconnects, want 1", nc.IsConnected(), nc.Stats().Reconnects)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("callout asked %d times, want 2", calls.Load())
+	}
+	renew, _ := events.PodRenewSubject("pod-a")
+	got := counter(t, nc, renew)
+	flushed(t, nc)
+	if err := s.Conn(t, policy.Rotator, nil).Publish(renew, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return got.Load() == 1 })
+}

@@ -1,0 +1,158 @@
+// Package policy is who may do what on the meshagent bus: one table of roles and
+// their NATS permissions (allow-lists; everything else is denied), written once and
+// rendered both into the embedded server's configuration and into a nats-server
+// config fragment for a fleet, plus the user JWTs the auth callout issues to pods.
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+// Role is what a bus user is for.
+type Role string
+
+// The roles. Every user of the bus holds exactly one.
+const (
+	Signer  Role = "signer"  // the CA replicas
+	Rotator Role = "rotator" // the renewal schedule
+	Admin   Role = "admin"   // an operator's meshctl
+	Audit   Role = "audit"   // read-only event consumers (audit, metrics)
+	Callout Role = "callout" // the auth-callout responder inside the signer
+	Pod     Role = "pod"     // one pod's sds-edge and xds-relay, admitted by the callout
+)
+
+// Users are the roles that hold an nkey (every role but Pod, whose users the callout
+// creates per connection).
+var Users = []Role{Signer, Rotator, Admin, Audit, Callout}
+
+// Accounts. Every service and every pod lives in Mesh; the callout responder alone
+// lives in Auth, so that it sees connect requests and nothing else.
+const (
+	AccountMesh = "MESHAGENT"
+	AccountAuth = "AUTH"
+)
+
+// Names of the JetStream state the table grants access to (the services' defaults).
+const (
+	BucketCA           = "meshagent-ca"
+	BucketRotator      = "meshagent_rotator"
+	BucketRotatorLease = "meshagent_rotator_lease"
+	RotatorConsumer    = "rotator"
+)
+
+// AuthCalloutSubject is where nats-server sends connect requests to the callout.
+const AuthCalloutSubject = "$SYS.REQ.USER.AUTH"
+
+// Permissions are one user's allow-lists. A subscribe entry may name a queue group
+// after a space ("subject queue"): then only that queue may subscribe.
+type Permissions struct {
+	Publish   []string
+	Subscribe []string
+	// Responses lets the user publish one reply to each request it received
+	// (nats-server's allow_responses), whatever the reply subject.
+	Responses bool
+}
+
+// Inbox is the reply-subject prefix of a role (nats.CustomInboxPrefix); every role
+// may subscribe only below its own. pod is the pod id for Pod and ignored otherwise.
+func Inbox(r Role, pod string) string {
+	if r == Pod {
+		return "_INBOX.pod." + podToken(pod)
+	}
+	return "_INBOX." + string(r)
+}
+
+// podToken is the pod's subject token, as pkg/events spells it.
+func podToken(pod string) string {
+	s, err := events.PodSignSubject(pod)
+	if err != nil {
+		return "invalid" // never reached: callers validate the pod id first
+	}
+	return strings.TrimPrefix(s, events.Prefix+".rpc.sign.pod.")
+}
+
+// For returns the permissions of a role that holds an nkey.
+func For(r Role) (Permissions, error) {
+	var p Permissions
+	switch r {
+	case Signer:
+		p = Permissions{
+			Publish: cat(
+				[]string{events.SubjectCertIssued, events.SubjectTrustChanged},
+				streamManage(events.StreamEvents),
+				kvBucket(BucketCA),
+			),
+			Subscribe: []string{
+				events.SignWildcard + " " + events.SignerQueue,
+				events.SubjectTrustBundle + " " + events.SignerQueue,
+				events.SubjectRootRotate + " " + events.SignerQueue,
+			},
+			Responses: true,
+		}
+	case Rotator:
+		p = Permissions{
+			Publish: cat(
+				[]string{events.PodRenewWildcard, events.SubjectRenewSent, events.SubjectTrustBundle},
+				streamRead(events.StreamEvents),
+				durable(events.StreamEvents, RotatorConsumer),
+				kvBucket(BucketRotator),
+				kvBucket(BucketRotatorLease),
+			),
+		}
+	case Admin:
+		p = Permissions{
+			Publish: cat(
+				[]string{events.SubjectRootRotate, events.PodRenewWildcard, events.SubjectSignAny, events.SubjectTrustBundle},
+				streamManage(events.StreamEvents), // meshctl up creates the stream
+				streamRead(events.StreamEvents),
+			),
+			Subscribe: []string{events.EventsWildcard},
+		}
+	case Audit:
+		p = Permissions{
+			Publish:   streamRead(events.StreamEvents),
+			Subscribe: []string{events.EventsWildcard},
+		}
+	case Callout:
+		p = Permissions{Subscribe: []string{AuthCalloutSubject}, Responses: true}
+	default:
+		return Permissions{}, fmt.Errorf("role %q holds no nkey (pods are admitted by the auth callout)", r)
+	}
+	p.Subscribe = append(p.Subscribe, Inbox(r, "")+".>")
+	return p, nil
+}
+
+// ForPod returns the permissions of one pod: its own subjects, the trust bundle, and
+// publishing its events (JetStream's acks come to its inbox); nothing of another pod,
+// no JetStream API.
+func ForPod(pod string) (Permissions, error) {
+	sign, err := events.PodSignSubject(pod)
+	if err != nil {
+		return Permissions{}, err
+	}
+	evts, _ := events.PodEventsOf(pod)
+	anchors, _ := events.PodAnchorsSubject(pod)
+	renew, _ := events.PodRenewSubject(pod)
+	own := strings.TrimSuffix(renew, "renew") + ">"
+	return Permissions{
+		Publish:   []string{sign, events.SubjectTrustBundle, evts, anchors},
+		Subscribe: []string{own, events.SubjectTrustChanged, Inbox(Pod, pod) + ".>"},
+	}, nil
+}
+
+// cat joins subject lists, keeping the first of duplicates.
+func cat(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, s := range l {
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,120 @@
+package policy_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/nats-io/nkeys"
+)
+
+func TestCredentialsGeneratedOnceAndPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	c, err := policy.LoadOrGenerate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{c.IssuerFile()}
+	for _, r := range policy.Users {
+		files = append(files, c.SeedFile(r))
+	}
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", f, fi, err)
+		}
+	}
+	again, err := policy.LoadOrGenerate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range policy.Users {
+		if again.Keys.Users[r] != c.Keys.Users[r] {
+			t.Fatalf("%s key replaced on reload", r)
+		}
+	}
+	if again.Keys.Issuer != c.Keys.Issuer {
+		t.Fatal("issuer replaced on reload")
+	}
+	if err := c.Keys.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadSeedRefusesLooseOrWrongKeys(t *testing.T) {
+	c, err := policy.LoadOrGenerate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.ReadSeed(c.IssuerFile(), nkeys.PrefixByteUser); err == nil {
+		t.Fatal("account seed accepted as a user seed")
+	}
+	if err := os.Chmod(c.SeedFile(policy.Audit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.ReadSeed(c.SeedFile(policy.Audit), nkeys.PrefixByteUser); err == nil || !strings.Contains(err.Error(), "0600") {
+		t.Fatalf("world-readable seed: %v", err)
+	}
+	// A corrupt seed is an error, not a reason to generate a new one over it.
+	if err := os.WriteFile(c.SeedFile(policy.Signer), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := policy.LoadOrGenerate(c.Dir); err == nil {
+		t.Fatal("corrupt seed accepted")
+	}
+}
+
+func TestRenderNamesEveryUserAndDeniesByDefault(t *testing.T) {
+	c, err := policy.LoadOrGenerate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := policy.Render(c.Keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range policy.Users {
+		if !strings.Contains(conf, c.Keys.Users[r]) {
+			t.Errorf("%s missing", r)
+		}
+	}
+	for _, want := range []string{"auth_callout", c.Keys.Issuer, "jetstream: enabled", `"meshagent.rpc.sign.> signer"`} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %s", want)
+		}
+	}
+	if strings.Contains(conf, `allow: [">"`) || strings.Contains(conf, `"meshagent.>"`) {
+		t.Error("a role is allowed everything")
+	}
+	bad := c.Keys
+	bad.Issuer = c.Keys.Users[policy.Admin]
+	if _, err := policy.Render(bad); err == nil {
+		t.Fatal("a user key accepted as issuer")
+	}
+}
+
+func TestPodPermissionsAreItsOwn(t *testing.T) {
+	p, err := policy.ForPod("web.v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(p.Publish, p.Subscribe...) {
+		if strings.Contains(s, "*") || (strings.HasSuffix(s, ">") && !strings.Contains(s, "web~v1")) {
+			t.Errorf("pod permission %q reaches beyond the pod", s)
+		}
+	}
+	if !slices.Contains(p.Subscribe, "_INBOX.pod.web~v1.>") || p.Responses {
+		t.Errorf("pod permissions %+v", p)
+	}
+	for _, id := range []string{"", "a.>", "a*", "a b"} {
+		if _, err := policy.ForPod(id); err == nil {
+			t.Errorf("pod id %q accepted", id)
+		}
+	}
+	if _, err := policy.For(policy.Pod); err == nil {
+		t.Error("pod role has fixed permissions")
+	}
+}

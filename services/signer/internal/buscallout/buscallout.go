@@ -1,0 +1,159 @@
+// Package buscallout is nats-server's auth callout for pods: a pod connects to the
+// bus with its Kubernetes service-account token, and this responder admits it as
+// that pod (pkg/bus/policy's pod permissions, for the pod the token is bound to,
+// until the token expires) or refuses it. It runs inside the signer, which already
+// verifies these tokens for signing.
+package buscallout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Verifier checks a bearer token (authn.JWTVerifier).
+type Verifier interface {
+	Verify(token string) (authn.Caller, error)
+}
+
+var _ Verifier = (*authn.JWTVerifier)(nil)
+
+// Dial connects to the bus as the callout user.
+type Dial func(ctx context.Context) (*nats.Conn, error)
+
+// Reasons a connection is refused, the label of the refusal metric.
+const (
+	ReasonMalformed   = "malformed_request"
+	ReasonNoToken     = "no_token"
+	ReasonBadToken    = "bad_token"
+	ReasonNotPodBound = "not_pod_bound"
+)
+
+// Responder answers the server's auth callout requests.
+type Responder struct {
+	issuer   nkeys.KeyPair
+	verify   Verifier
+	dial     Dial
+	log      hclog.Logger
+	now      func() time.Time
+	admitted prometheus.Counter
+	refused  *prometheus.CounterVec
+	ready    atomic.Bool
+}
+
+// New builds a responder that signs its answers with issuer (the account key named
+// as the callout issuer in the server's configuration) and registers its metrics on
+// reg. Nothing connects until Run.
+func New(issuer nkeys.KeyPair, verify Verifier, dial Dial, reg prometheus.Registerer, log hclog.Logger, now func() time.Time) *Responder {
+	if now == nil {
+		now = time.Now
+	}
+	r := &Responder{issuer: issuer, verify: verify, dial: dial, log: log, now: now,
+		admitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_total",
+			Help: "Pod connections to the bus admitted by the auth callout.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_refused_total",
+			Help: "Connections to the bus refused by the auth callout, by reason.",
+		}, []string{"reason"}),
+	}
+	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound} {
+		r.refused.WithLabelValues(reason)
+	}
+	reg.MustRegister(r.admitted, r.refused)
+	return r
+}
+
+// Ready reports nil once the responder is subscribed.
+func (r *Responder) Ready() error {
+	if !r.ready.Load() {
+		return errors.New("bus auth callout not subscribed")
+	}
+	return nil
+}
+
+// Run connects, answers requests until ctx ends, and drains the connection.
+func (r *Responder) Run(ctx context.Context) error {
+	nc, err := r.dial(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("bus auth callout: %w", err)
+	}
+	defer func() { _ = nc.Drain() }()
+	// A queue group: with several signer replicas, one answers each connect.
+	if _, err := nc.QueueSubscribe(policy.AuthCalloutSubject, events.SignerQueue, r.handle); err != nil {
+		return fmt.Errorf("bus auth callout: subscribe: %w", err)
+	}
+	if err := nc.Flush(); err != nil {
+		return fmt.Errorf("bus auth callout: subscribe: %w", err)
+	}
+	r.ready.Store(true)
+	defer r.ready.Store(false)
+	r.log.Info("bus auth callout serving", "subject", policy.AuthCalloutSubject)
+	<-ctx.Done()
+	return nil
+}
+
+func (r *Responder) handle(m *nats.Msg) {
+	req, err := policy.DecodeAuthRequest(m.Data)
+	if err != nil {
+		// Not from a server (or garbled): there is no one to answer.
+		r.refused.WithLabelValues(ReasonMalformed).Inc()
+		r.log.Warn("bus auth request refused", "reason", ReasonMalformed, "error", err)
+		return
+	}
+	resp, err := r.decide(req)
+	if err != nil {
+		r.log.Error("bus auth response failed", "error", err)
+		return
+	}
+	if err := m.Respond(resp); err != nil {
+		r.log.Warn("bus auth response not sent", "error", err)
+	}
+}
+
+// decide admits a pod-bound, valid token as its pod until the token expires, and
+// refuses everything else.
+func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
+	host := req.ClientInformation.Host
+	refuse := func(reason string, err error) ([]byte, error) {
+		r.refused.WithLabelValues(reason).Inc()
+		r.log.Warn("bus connection refused", "reason", reason, "client_host", host, "client_name", req.ClientInformation.Name, "error", err)
+		return policy.Refuse(r.issuer, req, reason)
+	}
+	token := req.ConnectOptions.Token
+	if token == "" {
+		return refuse(ReasonNoToken, errors.New("no token, and no credential the server knows"))
+	}
+	caller, err := r.verify.Verify(token)
+	if err != nil {
+		return refuse(ReasonBadToken, err)
+	}
+	if caller.Pod == "" {
+		return refuse(ReasonNotPodBound, fmt.Errorf("token of %s names no pod (kubernetes.io.pod.name)", caller.ID))
+	}
+	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
+		return refuse(ReasonBadToken, errors.New("token has no usable expiry"))
+	}
+	resp, err := policy.AdmitPod(r.issuer, req, caller.Pod, caller.Expires)
+	if err != nil {
+		return refuse(ReasonBadToken, err)
+	}
+	r.admitted.Inc()
+	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "client_host", host, "expires", caller.Expires)
+	return resp, nil
+}

@@ -1,0 +1,177 @@
+package buscallout
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+type fixture struct {
+	srv *bustest.Secured
+	iss *testkit.Issuer
+	r   *Responder
+}
+
+// start runs the responder against a server secured with the real role table,
+// verifying tokens of iss for trust domain cluster.local.
+func start(t *testing.T) *fixture {
+	t.Helper()
+	srv := bustest.SecureServer(t)
+	iss := testkit.NewIssuer(t, "meshagent-dev")
+	v := &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}
+	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(ctx context.Context) (*nats.Conn, error) {
+		return nats.Connect(srv.Server.ClientURL(), srv.RoleOptions(t, policy.Callout)...)
+	}
+	r := New(issuer, v, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("callout not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &fixture{srv: srv, iss: iss, r: r}
+}
+
+func (f *fixture) connect(pod, token string, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(f.srv.Server.ClientURL(), append([]nats.Option{nats.Token(token),
+		nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)), nats.Timeout(5 * time.Second)}, opts...)...)
+}
+
+func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
+	f := start(t)
+	now := time.Now()
+	tok := f.iss.Mint(t, f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1"))
+	nc, err := f.connect("web-1", tok, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatalf("pod-bound token refused: %v", err)
+	}
+	defer nc.Close()
+	// Admitted as web-1: its own subjects work, another pod's do not.
+	sc, err := nats.Connect(f.srv.Server.ClientURL(), f.srv.RoleOptions(t, policy.Signer)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := sc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) { _ = m.Respond([]byte(m.Subject)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	own, _ := events.PodSignSubject("web-1")
+	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
+		t.Fatalf("own sign subject: %v", err)
+	}
+	other, _ := events.PodSignSubject("web-2")
+	if _, err := nc.Request(other, nil, 300*time.Millisecond); err == nil {
+		t.Fatal("pod web-1 had a request on web-2's sign subject answered")
+	}
+	if got := testutil.ToFloat64(f.r.admitted); got != 1 {
+		t.Fatalf("admitted = %v", got)
+	}
+}
+
+func TestRefusedAtConnect(t *testing.T) {
+	f := start(t)
+	now := time.Now()
+	stranger := testkit.NewIssuer(t, "other-domain-issuer")
+	good := f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1")
+	expired := f.iss.ServiceAccount("default", "web", now.Add(-3*time.Hour), time.Hour).ForPod("web-1")
+	tests := []struct {
+		name, token, reason string
+	}{
+		{"another trust domain's issuer", stranger.Mint(t, good), ReasonBadToken},
+		{"issuer name right, key wrong", testkit.MintWith(t, stranger.Key, f.iss.KID, good), ReasonBadToken},
+		{"expired token", f.iss.Mint(t, expired), ReasonBadToken},
+		{"token without a pod claim", f.iss.Mint(t, f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour)), ReasonNotPodBound},
+		{"garbage", "not-a-jwt", ReasonBadToken},
+		{"no credential at all", "", ReasonNoToken},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := testutil.ToFloat64(f.r.refused.WithLabelValues(tc.reason))
+			var nc *nats.Conn
+			var err error
+			if tc.token == "" {
+				nc, err = nats.Connect(f.srv.Server.ClientURL(), nats.Timeout(5*time.Second))
+			} else {
+				nc, err = f.connect("web-1", tc.token)
+			}
+			if err == nil {
+				nc.Close()
+				t.Fatal("connected")
+			}
+			if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				t.Fatalf("want an authorization error, got %v", err)
+			}
+			if got := testutil.ToFloat64(f.r.refused.WithLabelValues(tc.reason)); got != before+1 {
+				t.Fatalf("refused{reason=%s} = %v, want %v", tc.reason, got, before+1)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(f.r.admitted); got != 0 {
+		t.Fatalf("admitted = %v", got)
+	}
+}
+
+// TestPodUserExpiresWithToken: the bus user lives no longer than the token; the
+// server disconnects the pod when it expires.
+func TestPodUserExpiresWithToken(t *testing.T) {
+	f := start(t)
+	now := time.Now()
+	tok := f.iss.Mint(t, f.iss.ServiceAccount("default", "web", now, 3*time.Second).ForPod("web-1"))
+	expired := make(chan error, 1)
+	nc, err := f.connect("web-1", tok, nats.NoReconnect(), nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		select {
+		case expired <- err:
+		default:
+		}
+	}), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case expired <- err:
+		default:
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	select {
+	case err := <-expired:
+		if !errors.Is(err, nats.ErrAuthExpired) {
+			t.Fatalf("disconnected with %v, want authentication expired", err)
+		}
+		if time.Since(now) > 6*time.Second {
+			t.Fatalf("user outlived its token by %s", time.Since(now)-3*time.Second)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("pod still connected 10s after its token expired")
+	}
+}
