@@ -171,7 +171,6 @@ func TestRotationLimits(t *testing.T) {
 		want     error
 	}{
 		{"too soon after the last rotation", time.Minute, 1, ErrRotateTooSoon},
-		{"too soon after the first root", 2 * time.Minute, 0, ErrRotateTooSoon},
 		{"bundle full", time.Minute, MaxRoots - 1, ErrBundleFull},
 	}
 	for _, tt := range tests {
@@ -207,5 +206,26 @@ func TestRotationLimits(t *testing.T) {
 				t.Fatal("material changed or trust.changed queued")
 			}
 		})
+	}
+}
+
+// TestFirstRotationNeedsNoWait: the first root is no rotation, so an operator may
+// rotate right after start; the second rotation waits.
+func TestFirstRotationNeedsNoWait(t *testing.T) {
+	s := bustest.Server(t)
+	clock := testkit.NewClock(t0)
+	js := bustest.JetStream(t, bustest.Conn(t, s))
+	r := newReplica(t, js, clock)
+	r.src.cfg.RotateMinInterval = time.Hour
+	ctx := context.Background()
+	if err := r.src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.src.Rotate(ctx, false); err != nil {
+		t.Fatalf("first rotation: %v", err)
+	}
+	clock.Add(time.Minute)
+	if _, err := r.src.Rotate(ctx, false); !errors.Is(err, ErrRotateTooSoon) {
+		t.Fatalf("second rotation a minute later: %v", err)
 	}
 }

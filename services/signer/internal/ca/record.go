@@ -185,7 +185,8 @@ func keysOf(keys []crypto.Signer, roots []*x509.Certificate) []crypto.Signer {
 func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, error) {
 	now := s.now()
 	last := createdAt(rec.roots[0])
-	if forced && s.cfg.RotateMinInterval > 0 && now.Before(last.Add(s.cfg.RotateMinInterval)) {
+	// The first root is no rotation: an operator may rotate right after start.
+	if forced && rec.gen > 1 && s.cfg.RotateMinInterval > 0 && now.Before(last.Add(s.cfg.RotateMinInterval)) {
 		return rec, "", fmt.Errorf("%w: the root was rotated at %s; the next rotation is allowed at %s (-root-rotate-min-interval %s)",
 			ErrRotateTooSoon, last.UTC().Format(time.RFC3339), last.Add(s.cfg.RotateMinInterval).UTC().Format(time.RFC3339), s.cfg.RotateMinInterval)
 	}
