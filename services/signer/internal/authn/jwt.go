@@ -1,6 +1,6 @@
 // Package authn authenticates signing requests: JWT bearer tokens (Kubernetes
-// service-account tokens or meshctl's dev tokens) verified offline against a JWKS,
-// and client certificates that chain to the signer's own roots. It returns the
+// service-account tokens or meshctl's dev tokens) verified offline against a JWKS
+// (a file, a URL, or the one the issuer's OIDC discovery document names), and client certificates that chain to the signer's own roots. It returns the
 // caller's SPIFFE ID; the CSR never has a say in it.
 package authn
 
@@ -90,15 +90,14 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if len(tok.Headers) != 1 {
 		return Caller{}, fail("token must have exactly one signature")
 	}
-	set := v.Keys.Current()
 	var candidates []jose.JSONWebKey
 	if kid := tok.Headers[0].KeyID; kid != "" {
-		candidates = set.Key(kid)
+		candidates = v.Keys.Lookup(kid)
 		if len(candidates) == 0 {
 			return Caller{}, fail("token signed by unknown key id %q", kid)
 		}
 	} else {
-		candidates = set.Keys
+		candidates = v.Keys.Current().Keys
 	}
 	var c claims
 	verified := false

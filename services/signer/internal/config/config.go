@@ -57,8 +57,16 @@ type Config struct {
 		JWKSFile    string
 		JWKSURL     string
 		JWKSRefresh time.Duration
-		Issuer      string
-		Audience    string
+		// JWKSMinRefresh is the floor between JWKS re-reads that tokens with an
+		// unknown key id trigger.
+		JWKSMinRefresh time.Duration
+		// Discover: take the JWKS from Issuer's OIDC discovery document (Kubernetes'
+		// service-account issuer serves one).
+		Discover   bool
+		CAFile     string // PEM roots for HTTPS to the issuer and its JWKS; empty: system roots
+		BearerFile string // token sent with discovery and JWKS requests
+		Issuer     string
+		Audience   string
 	}
 	Stream struct {
 		Replicas int
@@ -89,6 +97,7 @@ func Default() Config {
 	c.Certs.DefaultTTL = 24 * time.Hour
 	c.Certs.MaxTTL = 90 * 24 * time.Hour
 	c.Auth.JWKSRefresh = 5 * time.Minute
+	c.Auth.JWKSMinRefresh = 10 * time.Second
 	c.Auth.Issuer = "meshagent-dev"
 	c.Auth.Audience = "istio-ca"
 	c.Stream.Replicas = 1
@@ -128,7 +137,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
 	fs.String(&c.Auth.JWKSFile, "jwks-file", "JWKS_FILE", "", "JWKS file to verify bearer tokens")
 	fs.String(&c.Auth.JWKSURL, "jwks-url", "JWKS_URL", "", "JWKS URL to verify bearer tokens, re-fetched every -jwks-refresh")
-	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS")
+	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS (the key cache's lifetime)")
+	fs.Duration(&c.Auth.JWKSMinRefresh, "jwks-min-refresh", "JWKS_MIN_REFRESH", c.Auth.JWKSMinRefresh, "a token with an unknown key id re-reads the JWKS at most this often")
+	fs.Bool(&c.Auth.Discover, "token-issuer-discovery", "TOKEN_ISSUER_DISCOVERY", false, "read the JWKS from the jwks_uri of -token-issuer's OIDC discovery document (<issuer>/.well-known/openid-configuration), as Kubernetes serves it")
+	fs.String(&c.Auth.CAFile, "token-issuer-ca-file", "TOKEN_ISSUER_CA_FILE", "", "PEM roots for HTTPS to the token issuer and its JWKS (in a pod: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt); empty: system roots")
+	fs.String(&c.Auth.BearerFile, "token-issuer-bearer-file", "TOKEN_ISSUER_BEARER_FILE", "", "token sent as Authorization: Bearer with discovery and JWKS requests, re-read for each (in a pod: /var/run/secrets/kubernetes.io/serviceaccount/token)")
 	fs.String(&c.Auth.Issuer, "token-issuer", "TOKEN_ISSUER", c.Auth.Issuer, "required iss of bearer tokens")
 	fs.String(&c.Auth.Audience, "token-audience", "TOKEN_AUDIENCE", c.Auth.Audience, "required aud of bearer tokens")
 	fs.Int(&c.Stream.Replicas, "stream-replicas", "EVENTS_REPLICAS", c.Stream.Replicas, "replicas of the event stream, if the signer creates it")
@@ -207,15 +220,26 @@ func (c Config) Validate() error {
 	}
 	add(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
 	add(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
-	add(c.Auth.JWKSFile == "" || c.Auth.JWKSURL == "", "-jwks-file, -jwks-url: set one, not both")
+	sources := 0
+	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover} {
+		if set {
+			sources++
+		}
+	}
+	add(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery: set one, not several")
 	add(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
-	if c.Auth.JWKSFile != "" || c.Auth.JWKSURL != "" {
+	add(c.Auth.JWKSMinRefresh >= 0, "-jwks-min-refresh: must not be negative")
+	if sources > 0 {
 		add(c.Auth.Issuer != "", "-token-issuer: required with a JWKS")
 		add(c.Auth.Audience != "", "-token-audience: required with a JWKS")
 	}
+	if c.Auth.Discover {
+		add(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)
+	}
+	add(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url or -token-issuer-discovery")
 	if c.BusCallout.IssuerSeed != "" {
 		add(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
-		add(c.Auth.JWKSFile != "" || c.Auth.JWKSURL != "", "-bus-callout-seed: needs -jwks-file or -jwks-url to verify pods' tokens")
+		add(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url or -token-issuer-discovery to verify pods' tokens")
 	} else {
 		add(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 	}

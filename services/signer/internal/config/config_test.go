@@ -75,7 +75,7 @@ func TestKEKRequiredOnlyInSelfSignedMode(t *testing.T) {
 
 func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
 	_, err := Load([]string{"-bus-callout-seed", "issuer.nk"}, func(string) string { return "" })
-	for _, want := range []string{"-bus-callout-nkey: required", "needs -jwks-file or -jwks-url"} {
+	for _, want := range []string{"-bus-callout-nkey: required", "needs -jwks-file, -jwks-url or -token-issuer-discovery"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want %q in %v", want, err)
 		}
@@ -86,5 +86,56 @@ func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
 	}
 	if c.Bus.NKeyFile != "signer.nk" || c.Bus.InboxPrefix != "_INBOX.signer" {
 		t.Fatalf("bus config %+v", c.Bus)
+	}
+}
+
+// In a cluster the signer finds the JWKS through the service-account issuer's OIDC
+// discovery document, over the cluster CA, with its own token.
+func TestTokenIssuerDiscovery(t *testing.T) {
+	base := []string{"-instance", "s", "-ca-kek-file", "kek"}
+	c, err := Load(base, env(map[string]string{
+		"TOKEN_ISSUER_DISCOVERY":   "true",
+		"TOKEN_ISSUER":             "https://kubernetes.default.svc.cluster.local",
+		"TOKEN_ISSUER_CA_FILE":     "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+		"TOKEN_ISSUER_BEARER_FILE": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+		"JWKS_REFRESH":             "1m",
+		"JWKS_MIN_REFRESH":         "5s",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Auth.Discover || c.Auth.Issuer != "https://kubernetes.default.svc.cluster.local" || c.Auth.JWKSRefresh != time.Minute ||
+		c.Auth.JWKSMinRefresh != 5*time.Second || c.Auth.CAFile == "" || c.Auth.BearerFile == "" {
+		t.Fatalf("auth %+v", c.Auth)
+	}
+	if d := Default(); d.Auth.JWKSMinRefresh != 10*time.Second || d.Auth.Discover {
+		t.Fatalf("default auth %+v", d.Auth)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"discovery needs an https issuer", []string{"-token-issuer-discovery"}, `-token-issuer: must be an https URL with -token-issuer-discovery, got "meshagent-dev"`},
+		{"discovery and a JWKS URL", []string{"-token-issuer-discovery", "-token-issuer", "https://k", "-jwks-url", "https://k/jwks"}, "set one, not several"},
+		{"discovery and a JWKS file", []string{"-token-issuer-discovery", "-token-issuer", "https://k", "-jwks-file", "j"}, "set one, not several"},
+		{"TLS settings for a file", []string{"-jwks-file", "j", "-token-issuer-ca-file", "ca.crt"}, "only with -jwks-url or -token-issuer-discovery"},
+		{"negative min refresh", []string{"-jwks-min-refresh", "-1s"}, "-jwks-min-refresh: must not be negative"},
+		{"bad bool in env", nil, "TOKEN_ISSUER_DISCOVERY"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := env(nil)
+			if tt.args == nil {
+				e = env(map[string]string{"TOKEN_ISSUER_DISCOVERY": "maybe"})
+			}
+			if _, err := Load(append(append([]string{}, base...), tt.args...), e); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+	// The callout accepts discovery as its verifier.
+	if _, err := Load(append(base, "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk", "-token-issuer-discovery", "-token-issuer", "https://k"), env(nil)); err != nil {
+		t.Fatalf("callout with discovery: %v", err)
 	}
 }

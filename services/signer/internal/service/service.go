@@ -107,8 +107,14 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		Help: "Failed attempts to publish trust.changed; each is retried until JetStream takes it.",
 	}, func() float64 { return float64(s.source.AnnounceFailures()) }))
 	var verifier *authn.JWTVerifier
-	if cfg.Auth.JWKSFile != "" || cfg.Auth.JWKSURL != "" {
-		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Refresh: cfg.Auth.JWKSRefresh, Log: log.Named("jwks")}
+	if cfg.Auth.JWKSFile != "" || cfg.Auth.JWKSURL != "" || cfg.Auth.Discover {
+		client, err := authn.NewHTTPClient(cfg.Auth.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("-token-issuer-ca-file: %w", err)
+		}
+		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Discover: cfg.Auth.Discover, Issuer: cfg.Auth.Issuer,
+			BearerFile: cfg.Auth.BearerFile, Refresh: cfg.Auth.JWKSRefresh, MinRefresh: cfg.Auth.JWKSMinRefresh,
+			Client: client, Log: log.Named("jwks"), Now: now}
 		verifier = &authn.JWTVerifier{Keys: s.keys, Issuer: cfg.Auth.Issuer, Audience: cfg.Auth.Audience, TrustDomain: cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}
 	}
 	if cfg.BusCallout.IssuerSeed != "" {
@@ -182,7 +188,7 @@ func (s *Service) Run(parent context.Context) error {
 		}
 		g.Go(func() error { return s.keys.Run(ctx) })
 	} else {
-		s.log.Warn("no -jwks-file or -jwks-url: bearer tokens are refused, only certificate renewals are served")
+		s.log.Warn("no -jwks-file, -jwks-url or -token-issuer-discovery: bearer tokens are refused, only certificate renewals are served")
 	}
 	g.Go(func() error { return s.source.Run(ctx) })
 	g.Go(func() error { return s.nats.Run(ctx) })

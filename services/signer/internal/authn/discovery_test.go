@@ -1,0 +1,322 @@
+package authn
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+)
+
+// clusterIssuer is a Kubernetes API server as far as token verification goes: an
+// HTTPS server with the service-account issuer's discovery document and JWKS, which
+// wants the caller's bearer token, as the API server does.
+type clusterIssuer struct {
+	srv    *httptest.Server
+	caFile string
+	bearer string
+
+	mu          sync.Mutex
+	keys        jose.JSONWebKeySet
+	docIssuer   string // issuer named in the discovery document; "" = the server's URL
+	jwksURI     string // "" = the server's /openid/v1/jwks
+	failDiscovr bool
+
+	discoveries, jwksFetches atomic.Int32
+}
+
+func newClusterIssuer(t *testing.T) *clusterIssuer {
+	t.Helper()
+	c := &clusterIssuer{bearer: "signer-sa-token"}
+	c.srv = httptest.NewTLSServer(http.HandlerFunc(c.serve))
+	t.Cleanup(c.srv.Close)
+	c.caFile = filepath.Join(t.TempDir(), "ca.crt")
+	pemCA := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.srv.Certificate().Raw})
+	if err := os.WriteFile(c.caFile, pemCA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *clusterIssuer) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer "+c.bearer {
+		http.Error(w, "Unauthorized", http.StatusUnauthorized)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch r.URL.Path {
+	case "/.well-known/openid-configuration":
+		c.discoveries.Add(1)
+		if c.failDiscovr {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		iss, uri := c.docIssuer, c.jwksURI
+		if iss == "" {
+			iss = c.srv.URL
+		}
+		if uri == "" {
+			uri = c.srv.URL + "/openid/v1/jwks"
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"issuer": iss, "jwks_uri": uri,
+			"response_types_supported": []string{"id_token"}, "subject_types_supported": []string{"public"},
+			"id_token_signing_alg_values_supported": []string{"ES256"}})
+	case "/openid/v1/jwks":
+		c.jwksFetches.Add(1)
+		_ = json.NewEncoder(w).Encode(c.keys)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (c *clusterIssuer) set(f func(c *clusterIssuer)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f(c)
+}
+
+// serveKeys makes the JWKS hold exactly the keys of issuers.
+func (c *clusterIssuer) serveKeys(issuers ...*testkit.Issuer) {
+	var set jose.JSONWebKeySet
+	for _, i := range issuers {
+		set.Keys = append(set.Keys, i.JWKS().Keys...)
+	}
+	c.set(func(c *clusterIssuer) { c.keys = set })
+}
+
+// keySet is the signer's view of the cluster issuer, as service.New builds it.
+func (c *clusterIssuer) keySet(t *testing.T, clock *testkit.Clock) *KeySet {
+	t.Helper()
+	client, err := NewHTTPClient(c.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bearer := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(bearer, []byte(c.bearer+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &KeySet{Discover: true, Issuer: c.srv.URL, BearerFile: bearer, Client: client,
+		MinRefresh: 10 * time.Second, Now: clock.Now}
+}
+
+func clusterVerifier(ks *KeySet, iss string, clock *testkit.Clock) *JWTVerifier {
+	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: clock.Now}
+}
+
+func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
+	cluster := newClusterIssuer(t)
+	sa := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(sa)
+	clock := testkit.NewClock(now)
+	ks := cluster.keySet(t, clock)
+	if err := ks.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	c, err := v.Verify(sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod != "web-0" {
+		t.Fatalf("caller %v pod %q", c.ID, c.Pod)
+	}
+	// The issuer's name is checked in the token as well: the same key under another iss is refused.
+	other := *sa
+	other.Iss = "https://kubernetes.default.svc.cluster.local"
+	if _, err := v.Verify(other.Mint(t, other.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))); err == nil || !strings.Contains(err.Error(), "issuer") {
+		t.Fatalf("token of another issuer: %v", err)
+	}
+}
+
+func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
+	cluster := newClusterIssuer(t)
+	old := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(old)
+	clock := testkit.NewClock(now)
+	ks := cluster.keySet(t, clock)
+	if err := ks.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	fetches := func() int32 { return cluster.jwksFetches.Load() }
+	if fetches() != 1 {
+		t.Fatalf("%d JWKS fetches after Load, want 1", fetches())
+	}
+
+	// The API server rotates its signing key; the first token with the new kid makes
+	// the signer fetch the JWKS again (the minimum interval has passed since Load).
+	clock.Add(11 * time.Second)
+	rotated := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(old, rotated)
+	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", clock.Now(), time.Hour))); err != nil {
+		t.Fatalf("token signed by the rotated-in key: %v", err)
+	}
+	if fetches() != 2 {
+		t.Fatalf("%d JWKS fetches after a new kid, want 2", fetches())
+	}
+
+	// Made-up key ids, many of them at once, within the minimum interval: no fetch.
+	stranger := testkit.NewIssuer(t, cluster.srv.URL)
+	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := v.Verify(forged); !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "unknown key id") {
+				t.Errorf("forged token: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if fetches() != 2 {
+		t.Fatalf("%d JWKS fetches after unknown kids within the minimum interval, want 2", fetches())
+	}
+	// A key rotated in within the minimum interval waits for it to pass.
+	next := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(old, rotated, next)
+	tok := next.Mint(t, next.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	if _, err := v.Verify(tok); err == nil {
+		t.Fatal("a new kid within the minimum interval verified without a fetch")
+	}
+	clock.Add(10 * time.Second)
+	if _, err := v.Verify(tok); err != nil {
+		t.Fatalf("new kid once the minimum interval passed: %v", err)
+	}
+	if fetches() != 3 {
+		t.Fatalf("%d JWKS fetches, want 3", fetches())
+	}
+	// Concurrent unknown kids after the interval share one fetch.
+	clock.Add(10 * time.Second)
+	for range 20 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = v.Verify(forged) }()
+	}
+	wg.Wait()
+	if fetches() != 4 {
+		t.Fatalf("%d JWKS fetches after 20 concurrent unknown kids, want 4", fetches())
+	}
+}
+
+func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
+	cluster := newClusterIssuer(t)
+	old, rotated := testkit.NewIssuer(t, cluster.srv.URL), testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(old)
+	ks := cluster.keySet(t, testkit.NewClock(now))
+	ks.Refresh = 20 * time.Millisecond
+	if err := ks.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ks.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// The issuer retires the old key: the cached set follows within the TTL, without
+	// any token asking for it.
+	cluster.serveKeys(rotated)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ks.Current().Key(old.KID)) != 0 || len(ks.Current().Key(rotated.KID)) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("cached set not refreshed: %d discovery, %d jwks requests", cluster.discoveries.Load(), cluster.jwksFetches.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
+	cluster := newClusterIssuer(t)
+	sa := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(sa)
+	clock := testkit.NewClock(now)
+	ks := cluster.keySet(t, clock)
+	if err := ks.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
+	imposter := testkit.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(imposter)
+
+	tests := []struct {
+		name    string
+		setup   func(c *clusterIssuer)
+		wantErr string
+	}{
+		{"issuer mismatch", func(c *clusterIssuer) { c.docIssuer = "https://evil.example" }, `document is for issuer "https://evil.example"`},
+		{"issuer with a trailing slash", func(c *clusterIssuer) { c.docIssuer = c.srv.URL + "/" }, "document is for issuer"},
+		{"plain http jwks_uri", func(c *clusterIssuer) { c.jwksURI = "http://" + strings.TrimPrefix(c.srv.URL, "https://") + "/openid/v1/jwks" }, "not an https URL"},
+		{"discovery unreachable", func(c *clusterIssuer) { c.failDiscovr = true }, "oidc discovery: GET " + cluster.srv.URL + "/.well-known/openid-configuration: 503"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cluster.set(func(c *clusterIssuer) { c.docIssuer, c.jwksURI, c.failDiscovr = "", "", false; tt.setup(c) })
+			err := ks.Load(context.Background())
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Load: %v, want %q", err, tt.wantErr)
+			}
+			if len(ks.Current().Key(imposter.KID)) != 0 {
+				t.Fatal("keys of a refused document were loaded")
+			}
+			if _, err := v.Verify(token); err != nil {
+				t.Fatalf("the loaded keys were dropped: %v", err)
+			}
+		})
+	}
+}
+
+func TestDiscoveryClearErrors(t *testing.T) {
+	cluster := newClusterIssuer(t)
+	cluster.serveKeys(testkit.NewIssuer(t, cluster.srv.URL))
+	clock := testkit.NewClock(now)
+
+	untrusted := cluster.keySet(t, clock)
+	untrusted.Client = &http.Client{Timeout: time.Second} // system roots: the cluster CA is not among them
+	if err := untrusted.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("unknown server CA: %v", err)
+	}
+	noBearer := cluster.keySet(t, clock)
+	noBearer.BearerFile = ""
+	if err := noBearer.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "401 Unauthorized") {
+		t.Fatalf("no bearer token: %v", err)
+	}
+	missing := cluster.keySet(t, clock)
+	missing.BearerFile = filepath.Join(t.TempDir(), "absent")
+	if err := missing.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "bearer token") {
+		t.Fatalf("missing bearer file: %v", err)
+	}
+	plain := cluster.keySet(t, clock)
+	plain.Issuer = "http://kubernetes.default.svc"
+	if err := plain.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "not an https URL") {
+		t.Fatalf("http issuer: %v", err)
+	}
+	gone := cluster.keySet(t, clock)
+	cluster.srv.Close()
+	if err := gone.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "oidc discovery") {
+		t.Fatalf("server gone: %v", err)
+	}
+	if _, err := NewHTTPClient(filepath.Join(t.TempDir(), "none.crt")); err == nil {
+		t.Fatal("missing CA file accepted")
+	}
+	notPEM := filepath.Join(t.TempDir(), "ca.crt")
+	_ = os.WriteFile(notPEM, []byte("junk"), 0o600)
+	if _, err := NewHTTPClient(notPEM); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Fatalf("junk CA file: %v", err)
+	}
+}
