@@ -261,7 +261,9 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 	}{
 		{"issuer mismatch", func(c *clusterIssuer) { c.docIssuer = "https://evil.example" }, `document is for issuer "https://evil.example"`},
 		{"issuer with a trailing slash", func(c *clusterIssuer) { c.docIssuer = c.srv.URL + "/" }, "document is for issuer"},
-		{"plain http jwks_uri", func(c *clusterIssuer) { c.jwksURI = "http://" + strings.TrimPrefix(c.srv.URL, "https://") + "/openid/v1/jwks" }, "not an https URL"},
+		{"plain http jwks_uri", func(c *clusterIssuer) {
+			c.jwksURI = "http://" + strings.TrimPrefix(c.srv.URL, "https://") + "/openid/v1/jwks"
+		}, "not an https URL"},
 		{"discovery unreachable", func(c *clusterIssuer) { c.failDiscovr = true }, "oidc discovery: GET " + cluster.srv.URL + "/.well-known/openid-configuration: 503"},
 	}
 	for _, tt := range tests {
