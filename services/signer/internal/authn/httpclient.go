@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// NewHTTPClient is the client for discovery and JWKS requests: it trusts the PEM
-// roots in caFile (in a Kubernetes pod, the cluster CA at
-// /var/run/secrets/kubernetes.io/serviceaccount/ca.crt), or the system roots when
-// caFile is empty.
+// NewHTTPClient is the client for discovery and JWKS requests: it trusts the system
+// roots and the PEM roots in caFile (in a Kubernetes pod, the cluster CA at
+// /var/run/secrets/kubernetes.io/serviceaccount/ca.crt), so that one configuration
+// reaches both an in-cluster issuer and a managed cluster's public one.
 func NewHTTPClient(caFile string) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -21,7 +21,10 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 		if err != nil {
 			return nil, fmt.Errorf("token issuer ca: %w", err)
 		}
-		pool := x509.NewCertPool()
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("token issuer ca: no PEM certificate in %s", caFile)
 		}

@@ -1,0 +1,13 @@
+// Package kubernetes holds meshagent's Kubernetes manifests (base: NATS, signer,
+// rotator; external-nats: the same on an existing NATS cluster; sidecar: the per-pod
+// services) and the test that checks them without a cluster: every object decodes
+// strictly into the Kubernetes API types, and every image, env var, flag, port and
+// path matches what the meshagent binaries read. See docs/kubernetes.md.
+package kubernetes
+
+import _ "embed"
+
+// SidecarTemplate is sidecar/sidecar.yaml.tmpl, for inject.Render.
+//
+//go:embed sidecar/sidecar.yaml.tmpl
+var SidecarTemplate string

@@ -1,0 +1,176 @@
+// Package inject adds meshagent's per-pod services (sds-edge, xds-relay, launcher)
+// to a workload, the way `istioctl kube-inject` does: it renders the sidecar
+// template for the workload's pod, decodes the result strictly, and adds its init
+// containers and volumes to the pod spec.
+package inject
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"text/template"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
+)
+
+// Values are the settings of the template that are the same for every pod.
+type Values struct {
+	Hub              string // image registry and prefix: <Hub>/sds-edge:<Tag>
+	Tag              string
+	NATSURL          string // the bus's client URLs, comma-separated
+	TrustDomain      string
+	DiscoveryAddress string // xds-relay's upstream; a pod overrides it with annotation meshagent.io/discovery-address
+	SecretTTL        string
+}
+
+// DefaultValues fit deploy/kubernetes/base.
+func DefaultValues() Values {
+	return Values{
+		Hub: "meshagent", Tag: "dev",
+		NATSURL:          "tls://nats-0.nats.meshagent-system.svc:4222,tls://nats-1.nats.meshagent-system.svc:4222,tls://nats-2.nats.meshagent-system.svc:4222",
+		TrustDomain:      "cluster.local",
+		DiscoveryAddress: "istiod.istio-system.svc:15012",
+		SecretTTL:        "24h",
+	}
+}
+
+// Sidecar is what the template adds to a pod.
+type Sidecar struct {
+	InitContainers []corev1.Container `json:"initContainers"`
+	Volumes        []corev1.Volume    `json:"volumes"`
+}
+
+var funcs = template.FuncMap{
+	// quote makes a YAML double-quoted scalar (JSON string syntax is valid YAML).
+	"quote": func(s string) (string, error) {
+		b, err := json.Marshal(s)
+		return string(b), err
+	},
+	"default": func(def, v string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	},
+}
+
+// Render renders tmpl for pod and decodes it strictly: an unknown field is an error.
+func Render(tmpl string, pod *corev1.Pod, v Values) (Sidecar, error) {
+	t, err := template.New("sidecar").Funcs(funcs).Option("missingkey=error").Parse(tmpl)
+	if err != nil {
+		return Sidecar{}, fmt.Errorf("sidecar template: %w", err)
+	}
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, map[string]any{"Pod": pod, "Values": v}); err != nil {
+		return Sidecar{}, fmt.Errorf("sidecar template: %w", err)
+	}
+	var sc Sidecar
+	if err := strict.Unmarshal(buf.Bytes(), &sc); err != nil {
+		return Sidecar{}, fmt.Errorf("sidecar template output: %w", err)
+	}
+	if len(sc.InitContainers) == 0 {
+		return Sidecar{}, errors.New("sidecar template output: no containers")
+	}
+	return sc, nil
+}
+
+// InjectPod adds the sidecar to pod, in place. A pod that already has a container
+// or volume of the same name is refused (injected twice, or a clash).
+func InjectPod(tmpl string, pod *corev1.Pod, v Values) error {
+	sc, err := Render(tmpl, pod, v)
+	if err != nil {
+		return err
+	}
+	names := map[string]bool{}
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		names[c.Name] = true
+	}
+	vols := map[string]bool{}
+	for _, vol := range pod.Spec.Volumes {
+		vols[vol.Name] = true
+	}
+	for _, c := range sc.InitContainers {
+		if names[c.Name] {
+			return fmt.Errorf("pod %s already has a container %q (injected already?)", pod.Name, c.Name)
+		}
+	}
+	for _, vol := range sc.Volumes {
+		if vols[vol.Name] {
+			return fmt.Errorf("pod %s already has a volume %q (injected already?)", pod.Name, vol.Name)
+		}
+	}
+	// The sidecars go first: the workload's own init containers may need the mesh.
+	pod.Spec.InitContainers = append(sc.InitContainers, pod.Spec.InitContainers...)
+	pod.Spec.Volumes = append(pod.Spec.Volumes, sc.Volumes...)
+	return nil
+}
+
+// Inject adds the sidecar to one object: a Pod or the pod template of a Deployment,
+// StatefulSet, DaemonSet or Job, given as YAML or JSON. It returns the object as YAML.
+func Inject(tmpl string, doc []byte, v Values) ([]byte, error) {
+	var meta struct {
+		Kind string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(doc, &meta); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	var obj any
+	var tpl *corev1.PodTemplateSpec
+	var namespace string
+	switch meta.Kind {
+	case "Pod":
+		var p corev1.Pod
+		if err := strict.Unmarshal(doc, &p); err != nil {
+			return nil, fmt.Errorf("Pod: %w", err)
+		}
+		if err := InjectPod(tmpl, &p, v); err != nil {
+			return nil, err
+		}
+		return yaml.Marshal(&p)
+	case "Deployment":
+		var d appsv1.Deployment
+		obj, tpl, namespace = &d, &d.Spec.Template, ""
+		if err := strict.Unmarshal(doc, &d); err != nil {
+			return nil, fmt.Errorf("Deployment: %w", err)
+		}
+		namespace = d.Namespace
+	case "StatefulSet":
+		var s appsv1.StatefulSet
+		obj, tpl = &s, &s.Spec.Template
+		if err := strict.Unmarshal(doc, &s); err != nil {
+			return nil, fmt.Errorf("StatefulSet: %w", err)
+		}
+		namespace = s.Namespace
+	case "DaemonSet":
+		var s appsv1.DaemonSet
+		obj, tpl = &s, &s.Spec.Template
+		if err := strict.Unmarshal(doc, &s); err != nil {
+			return nil, fmt.Errorf("DaemonSet: %w", err)
+		}
+		namespace = s.Namespace
+	case "Job":
+		var j batchv1.Job
+		obj, tpl = &j, &j.Spec.Template
+		if err := strict.Unmarshal(doc, &j); err != nil {
+			return nil, fmt.Errorf("Job: %w", err)
+		}
+		namespace = j.Namespace
+	default:
+		return doc, nil // not a workload: passed through unchanged
+	}
+	pod := &corev1.Pod{ObjectMeta: tpl.ObjectMeta, Spec: tpl.Spec}
+	if pod.Namespace == "" {
+		pod.Namespace = namespace
+	}
+	if err := InjectPod(tmpl, pod, v); err != nil {
+		return nil, err
+	}
+	tpl.Spec = pod.Spec
+	return yaml.Marshal(obj)
+}
