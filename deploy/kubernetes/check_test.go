@@ -47,7 +47,9 @@ type checker struct {
 	problems []string
 }
 
-func (c *checker) addf(format string, a ...any) { c.problems = append(c.problems, fmt.Sprintf(format, a...)) }
+func (c *checker) addf(format string, a ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, a...))
+}
 
 func (c *checker) workload(w *workload) {
 	where := w.kind + "/" + w.name

@@ -69,7 +69,11 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 		if n++; n > 1 {
 			fmt.Fprintln(stdout, "---")
 		}
-		if _, err := stdout.Write(bytes.TrimLeft(out, "\n")); err != nil {
+		out = bytes.TrimLeft(out, "\n")
+		if !bytes.HasSuffix(out, []byte("\n")) {
+			out = append(out, '\n')
+		}
+		if _, err := stdout.Write(out); err != nil {
 			return err
 		}
 	}
