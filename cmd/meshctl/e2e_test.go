@@ -80,6 +80,9 @@ func startStack(t *testing.T, cfg stack.Config) *stack.Runner {
 	if cfg.RootTTL == 0 {
 		cfg.RootTTL = 24 * time.Hour
 	}
+	if cfg.NATSPort == 0 {
+		cfg.NATSPort = -1 // any free port: 4222 may be taken (a compose stack)
+	}
 	r, err := stack.New(cfg, &bytes.Buffer{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)

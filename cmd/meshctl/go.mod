@@ -61,8 +61,11 @@ require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
+	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/protobuf v1.36.12
 )
 
 replace github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
+
+replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle

@@ -107,7 +107,8 @@ func For(r Role) (Permissions, error) {
 		p = Permissions{
 			Publish: cat(
 				[]string{events.SubjectRootRotate, events.PodRenewWildcard, events.SubjectSignAny, events.SubjectTrustBundle},
-				streamManage(events.StreamEvents), // meshctl up creates the stream
+				// Read only: whoever may update the stream could make it capture sign
+				// requests (bearer tokens) or source the CA bucket. The signer creates it.
 				streamRead(events.StreamEvents),
 			),
 			Subscribe: []string{events.EventsWildcard},

@@ -277,8 +277,11 @@ func TestAdminRotatesAndForcesRenewal(t *testing.T) {
 	m := newMesh(t)
 	var errs bustest.Errors
 	nc := m.Conn(t, policy.Admin, &errs)
-	if _, err := bus.EnsureEventStream(ctxT(t), bustest.JetStream(t, nc), 1, time.Hour); err != nil {
-		t.Fatalf("admin ensures the event stream: %v", err)
+	if _, err := bus.EnsureEventStream(ctxT(t), bustest.JetStream(t, m.signer), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bustest.JetStream(t, nc).Stream(ctxT(t), events.StreamEvents); err != nil {
+		t.Fatalf("admin reads the event stream: %v", err)
 	}
 	for _, s := range []string{events.SubjectRootRotate, events.SubjectTrustBundle} {
 		if got := request(t, nc, s); got != "ok "+s {
@@ -303,6 +306,35 @@ func TestAdminRotatesAndForcesRenewal(t *testing.T) {
 	eventually(t, func() bool { return got.Load() == 1 })
 	if e := errs.All(); len(e) > 0 {
 		t.Fatalf("admin saw errors doing its job: %v", e)
+	}
+}
+
+// TestAdminCannotReconfigureTheEventStream: whoever may update MESHAGENT_EVENTS
+// could make it capture sign requests (bearer tokens, then readable by audit) or
+// source the CA bucket; the operator only reads it.
+func TestAdminCannotReconfigureTheEventStream(t *testing.T) {
+	m := newMesh(t)
+	js := bustest.JetStream(t, m.signer)
+	if _, err := bus.EnsureEventStream(ctxT(t), js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var errs bustest.Errors
+	admin := m.Conn(t, policy.Admin, &errs)
+	for _, api := range []string{"STREAM.UPDATE", "STREAM.CREATE"} {
+		body := `{"name":"` + events.StreamEvents + `","subjects":["` + events.EventsWildcard + `","` + events.SignWildcard + `"]}`
+		if resp, err := admin.Request("$JS.API."+api+"."+events.StreamEvents, []byte(body), 500*time.Millisecond); err == nil {
+			t.Fatalf("admin %s: %s", api, resp.Data)
+		}
+	}
+	s, err := js.Stream(ctxT(t), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subj := s.CachedInfo().Config.Subjects; len(subj) != 1 || subj[0] != events.EventsWildcard {
+		t.Fatalf("event stream subjects %v", subj)
+	}
+	if !violated(&errs, "$JS.API.STREAM.UPDATE."+events.StreamEvents) {
+		t.Fatalf("no permission violation: %v", errs.All())
 	}
 }
 

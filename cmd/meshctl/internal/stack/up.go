@@ -21,9 +21,9 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config says what meshctl up starts.
@@ -35,8 +35,11 @@ type Config struct {
 	LeafTTL     time.Duration // demo pods' SECRET_TTL: short, so rotation is visible
 	RootTTL     time.Duration
 	RootCheck   time.Duration // how often the signer checks the root's remaining life
-	NATSPort    int           // -1: any free port
-	ReadyWait   time.Duration
+	// RootRotateMinInterval is the signer's -root-rotate-min-interval, the shortest
+	// time between forced root rotations; 0 keeps the signer's default (1m).
+	RootRotateMinInterval time.Duration
+	NATSPort              int // -1: any free port
+	ReadyWait             time.Duration
 	// OnEvent, when set, receives every event from the moment the bus is up, so that
 	// what happens during start-up (the pods' first certificates) is seen too.
 	OnEvent nats.MsgHandler
@@ -130,13 +133,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 			return fmt.Errorf("subscribe events: %w", err)
 		}
 	}
-	js, err := jetstream.New(r.nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	if _, err := bus.EnsureEventStream(ctx, js, 1, 24*time.Hour); err != nil {
-		return err
-	}
+	// The signer creates the event stream (-stream-max-age below): meshctl's admin
+	// credential only reads it, since whoever may reconfigure it could make it
+	// capture sign requests and their tokens.
 	r.Stack = Stack{
 		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.ns.ClientURL(),
 		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
@@ -229,12 +228,13 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := r.spawn(ctx, "signer", "signer",
+	args := []string{
 		"-instance", "signer-0",
 		"-ca-kek-file", kek,
 		"-trust-domain", r.cfg.TrustDomain,
 		"-root-ttl", r.cfg.RootTTL.String(),
 		"-root-check-interval", r.cfg.RootCheck.String(),
+		"-stream-max-age", (24 * time.Hour).String(),
 		"-grpc-addr", grpcAddr,
 		"-jwks-file", r.Stack.TokenIssuer.JWKS,
 		"-token-issuer", r.Stack.TokenIssuer.Issuer,
@@ -242,7 +242,11 @@ func (r *Runner) startSigner(ctx context.Context) error {
 		"-nats-nkey", r.creds.SeedFile(policy.Signer),
 		"-bus-callout-seed", r.creds.IssuerFile(),
 		"-bus-callout-nkey", r.creds.SeedFile(policy.Callout),
-	)
+	}
+	if r.cfg.RootRotateMinInterval > 0 {
+		args = append(args, "-root-rotate-min-interval", r.cfg.RootRotateMinInterval.String())
+	}
+	p, err := r.spawn(ctx, "signer", "signer", args...)
 	if err != nil {
 		return err
 	}
@@ -313,7 +317,9 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	}
 	common := []string{"-pod", id, "-pod-root", root}
 	// On the bus a pod is its service-account token, checked by the signer's callout.
-	onBus := func(args ...string) []string { return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args) }
+	onBus := func(args ...string) []string {
+		return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args)
+	}
 	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", onBus(
 		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
 		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)...)
@@ -417,13 +423,27 @@ func (r *Runner) writeBundle(ctx context.Context) error {
 	if reply.Error != nil {
 		return fmt.Errorf("trust bundle: %w", reply.Error)
 	}
+	// The file follows trust.changed only when the event is endorsed by a root of the
+	// bundle the signer gave us: whoever else gets a trust.changed onto the bus (a
+	// leaked signer credential) cannot put a root into it.
+	trust := trustbundle.New(r.cfg.TrustDomain, nil, time.Now)
+	if _, _, err := trust.Accept(trustbundle.FromBundleReply(reply)); err != nil {
+		return fmt.Errorf("trust bundle: %w", err)
+	}
 	if err := writePEMs(r.Stack.TrustBundle, reply.Roots); err != nil {
 		return err
 	}
 	_, err = r.nc.Subscribe(events.SubjectTrustChanged, func(m *nats.Msg) {
 		tc, _, err := events.Decode[events.TrustChanged](m)
+		var u trustbundle.Update
+		if err == nil {
+			u, _, err = trust.Accept(trustbundle.FromTrustChanged(tc))
+		}
 		if err != nil {
-			r.log.Warn("bad trust.changed", "error", err)
+			r.log.Warn("trust.changed refused", "error", err)
+			return
+		}
+		if u.Stale {
 			return
 		}
 		if err := writePEMs(r.Stack.TrustBundle, tc.Roots); err != nil {

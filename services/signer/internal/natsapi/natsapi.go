@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
@@ -99,6 +101,10 @@ func (a *API) Run(ctx context.Context) error {
 	base := context.WithoutCancel(ctx)
 	async := func(h func(context.Context, *nats.Msg)) nats.MsgHandler {
 		return func(m *nats.Msg) {
+			if !replyAllowed(m.Reply) {
+				a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
+				return
+			}
 			a.mu.Lock()
 			if a.closed {
 				a.mu.Unlock()
@@ -168,6 +174,22 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("nats api subscribed", "subjects", []string{events.SignWildcard, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)
 	<-ctx.Done()
 	return nil
+}
+
+// Reply subjects the signer answers on: a requester's inbox (every role's is under
+// _INBOX., pkg/bus/policy), never its own.
+var (
+	inboxes  = "_INBOX."
+	ownInbox = policy.Inbox(policy.Signer, "") + "."
+)
+
+// replyAllowed reports whether the signer may answer a request on reply. The reply
+// subject is the requester's choice, and the signer may itself publish into its CA
+// bucket, its events and the JetStream API: a reply sent there would write the
+// answer into the signer's own state (a pod asking for the bundle with reply
+// "$KV.meshagent-ca.root" overwrote the CA record). No reply (nothing is sent) is fine.
+func replyAllowed(reply string) bool {
+	return reply == "" || strings.HasPrefix(reply, inboxes) && !strings.HasPrefix(reply, ownInbox)
 }
 
 func (a *API) respond(req *nats.Msg, p events.Payload) {
