@@ -156,8 +156,14 @@ func (r *Rotator) setup(ctx context.Context) error {
 	return nil
 }
 
-// streamPoll is how often setup looks for the event stream again while it waits.
-const streamPoll = 250 * time.Millisecond
+// streamPoll is how often setup looks for the event stream again while it waits,
+// and streamAttempt how long it waits for one answer: a cluster that is still
+// electing its JetStream leader leaves requests unanswered, so one long request
+// would outlast the moment the stream appears.
+const (
+	streamPoll    = 250 * time.Millisecond
+	streamAttempt = 3 * time.Second
+)
 
 // awaitStream waits until the event stream exists. The signer creates it; the
 // rotator may only read it (pkg/bus/policy), so on a fresh bus it waits, until
@@ -165,22 +171,27 @@ const streamPoll = 250 * time.Millisecond
 func (r *Rotator) awaitStream(ctx context.Context) error {
 	logged := false
 	for {
-		_, err := r.js.Stream(ctx, events.StreamEvents)
+		actx, cancel := context.WithTimeout(ctx, streamAttempt)
+		_, err := r.js.Stream(actx, events.StreamEvents)
+		cancel()
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("look up stream %s: %w", events.StreamEvents, err)
-		}
-		if !logged {
+		if !logged && errors.Is(err, jetstream.ErrStreamNotFound) {
 			r.log.Info("waiting for the event stream", "stream", events.StreamEvents)
 			logged = true
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Debug("event stream lookup failed, retrying", "stream", events.StreamEvents, "error", err)
 		}
 		t := time.NewTimer(streamPoll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("event stream %s: not created by a signer yet: %w", events.StreamEvents, ctx.Err())
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("event stream %s: not created by a signer yet: %w", events.StreamEvents, ctx.Err())
+			}
+			return fmt.Errorf("look up stream %s: %w", events.StreamEvents, errors.Join(err, ctx.Err()))
 		case <-t.C:
 		}
 	}
