@@ -79,13 +79,17 @@ images: build
 	@for i in $(IMAGES); do docker build -q -t meshagent/$$i:dev --build-arg BIN=$$i -f deploy/compose/Dockerfile $(BIN) >/dev/null || exit 1; done
 	@echo "images: $(addprefix meshagent/,$(addsuffix :dev,$(IMAGES)))"
 
+# The init container writes the operator's credentials (admin.nk, audit.nk, ca.pem) to
+# deploy/compose/.secrets; made here first so that they belong to you, not to root.
 compose-up: images
+	@mkdir -p deploy/compose/.secrets
 	$(COMPOSE) -f $(COMPOSE_FILE) up
 
 compose-down:
 	$(COMPOSE) -f $(COMPOSE_FILE) down -v
 
-# The compose suite: the stack as containers, a 3-node NATS cluster, node and signer loss.
+# The compose suite: the stack as containers, a 3-node NATS cluster, node and signer loss,
+# and the secured bus (refused credentials, plaintext clients and routes).
 test-compose: images
 	COMPOSE="$(COMPOSE)" $(GO) test -tags compose -count=1 -timeout 20m -v ./deploy/compose/...
 

@@ -7,15 +7,33 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 const project = "meshagent-compose-test"
+
+// secretsDir is the host directory the stack's init container writes the operator's
+// credentials to (MESHAGENT_SECRETS_DIR), set by TestMain.
+var secretsDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "meshagent-compose-secrets-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	secretsDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 func compose(t *testing.T, args ...string) string {
 	t.Helper()
@@ -24,11 +42,35 @@ func compose(t *testing.T, args ...string) string {
 		bin = []string{"docker-compose"}
 	}
 	full := append(bin[1:], append([]string{"-p", project, "-f", "compose.yaml"}, args...)...)
-	out, err := exec.Command(bin[0], full...).CombinedOutput()
+	cmd := exec.Command(bin[0], full...)
+	cmd.Env = append(os.Environ(), "MESHAGENT_SECRETS_DIR="+secretsDir)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s %v: %v\n%s", bin[0], full, err, out)
 	}
 	return string(out)
+}
+
+// connect dials nats-1 from the host over TLS with a credential from the secrets
+// directory ("" for none), retrying until limit.
+func connect(t *testing.T, seed, inbox string, limit time.Duration, opts ...nats.Option) (*nats.Conn, error) {
+	t.Helper()
+	opts = append(opts, nats.RootCAs(filepath.Join(secretsDir, "ca.pem")), nats.MaxReconnects(-1))
+	if seed != "" {
+		o, err := nats.NkeyOptionFromSeed(filepath.Join(secretsDir, seed))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, o, nats.CustomInboxPrefix(inbox))
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		nc, err := nats.Connect("tls://127.0.0.1:4222", opts...)
+		if err == nil || time.Now().After(deadline) {
+			return nc, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // issued waits for the next cert.issued for pod demo-0 and returns it.
@@ -59,9 +101,50 @@ func renew(t *testing.T, nc *nats.Conn, ch chan events.CertIssued) {
 	}
 }
 
+// firstIssued reads the event history for demo-0's first cert.issued: when the
+// stack first served the pod. The admin may read the stream by sequence (no
+// consumers: pkg/bus/policy).
+func firstIssued(ctx context.Context, t *testing.T, nc *nats.Conn) (events.CertIssued, time.Time) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := uint64(1)
+	for ctx.Err() == nil {
+		// Short requests: a fresh cluster leaves JetStream requests unanswered
+		// until it has elected its meta leader.
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := js.Stream(actx, events.StreamEvents)
+		cancel()
+		if err != nil {
+			time.Sleep(time.Second)
+			continue
+		}
+		last := st.CachedInfo().State.LastSeq
+		for ; next <= last; next++ {
+			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			m, err := st.GetMsg(actx, next)
+			cancel()
+			if err != nil || m.Subject != events.SubjectCertIssued {
+				continue
+			}
+			e, _, err := events.Decode[events.CertIssued](&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+			if err == nil && e.Pod == "demo-0" {
+				return e, m.Time
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatal("the demo pod never got a certificate")
+	return events.CertIssued{}, time.Time{}
+}
+
 func TestComposeStackSurvivesNodeAndSignerLoss(t *testing.T) {
 	compose(t, "down", "-v", "--remove-orphans")
+	start := time.Now()
 	compose(t, "up", "-d")
+	t.Logf("docker-compose up -d: %s", time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() {
 		if t.Failed() {
 			fmt.Println(compose(t, "logs", "--tail", "40"))
@@ -69,45 +152,29 @@ func TestComposeStackSurvivesNodeAndSignerLoss(t *testing.T) {
 		compose(t, "down", "-v", "--remove-orphans")
 	})
 
-	var nc *nats.Conn
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		var err error
-		nc, err = nats.Connect("nats://127.0.0.1:4222", nats.MaxReconnects(-1))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-1 not reachable on 127.0.0.1:4222: %v", err)
-		}
-		time.Sleep(500 * time.Millisecond)
+	// The operator's credential, from the host directory the init container wrote.
+	nc, err := connect(t, "admin.nk", "_INBOX.admin", 90*time.Second)
+	if err != nil {
+		t.Fatalf("admin cannot connect to nats-1 on tls://127.0.0.1:4222: %v", err)
 	}
 	defer nc.Close()
 
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	first, at := firstIssued(ctx, t, nc)
+	t.Logf("first certificate for demo-0 %s by %s, %s after up started", first.Serial, first.Signer, at.Sub(start).Round(time.Millisecond))
+
 	ch := make(chan events.CertIssued, 64)
-	_, err := nc.Subscribe(events.SubjectCertIssued, func(m *nats.Msg) {
+	if _, err := nc.Subscribe(events.SubjectCertIssued, func(m *nats.Msg) {
 		if e, _, err := events.Decode[events.CertIssued](m); err == nil && e.Pod == "demo-0" {
 			ch <- e
 		}
-	})
-	if err != nil {
+	}); err != nil {
 		t.Fatal(err)
 	}
-	// The pod may have its first certificate already: force one so that we see it.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var first events.CertIssued
-	for first.Serial == "" && ctx.Err() == nil {
-		renew(t, nc, ch)
-		select {
-		case first = <-ch:
-		case <-time.After(5 * time.Second):
-		}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
 	}
-	if first.Serial == "" {
-		t.Fatal("the demo pod never got a certificate")
-	}
-	t.Logf("first certificate %s by %s", first.Serial, first.Signer)
 
 	// Both replicas answer the queue group: force renewals until each has signed,
 	// and check they sign under one root.
@@ -123,6 +190,9 @@ func TestComposeStackSurvivesNodeAndSignerLoss(t *testing.T) {
 	if roots["signer-1"] != roots["signer-2"] {
 		t.Fatalf("signers disagree on the root: %v", roots)
 	}
+
+	t.Run("refusals", func(t *testing.T) { checkRefusals(t, nc) })
+	t.Run("routes are mutual TLS", func(t *testing.T) { checkRoutesTLS(t) })
 
 	compose(t, "kill", "nats-2")
 	renew(t, nc, ch)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
@@ -152,6 +153,9 @@ func BenchmarkFailover(b *testing.B) {
 		{
 			nc := bustest.Conn(b, srv)
 			js := bustest.JetStream(b, nc)
+			if _, err := bus.EnsureEventStream(context.Background(), js, 1, time.Hour); err != nil {
+				b.Fatal(err)
+			}
 			if _, err := store.Open(context.Background(), js, "bench_sched", 1, hclog.NewNullLogger()); err != nil {
 				b.Fatal(err)
 			}

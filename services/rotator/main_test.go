@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 )
 
@@ -24,6 +25,10 @@ func freeAddr(t *testing.T) string {
 
 func TestRunServesReadyAndMetrics(t *testing.T) {
 	srv := bustest.Server(t)
+	// The signer creates the event stream; the rotator waits for it.
+	if _, err := bus.EnsureEventStream(context.Background(), bustest.JetStream(t, bustest.Conn(t, srv)), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -18,12 +18,14 @@ import (
 // stack's (stack.json) as its operator (the admin credential); with flags, any bus.
 type busFlags struct {
 	url, nkey, creds string
+	tlsCA            string
 }
 
 func (b *busFlags) bind(fs *flagenv.Set) {
 	fs.String(&b.url, "nats-url", "NATS_URL", "", "NATS URL (default: the local stack's, from stack.json)")
 	fs.String(&b.nkey, "nats-nkey", "NATS_NKEY", "", "nkey seed file to connect with (default: the local stack's admin credential)")
 	fs.String(&b.creds, "nats-creds", "NATS_CREDS", "", "NATS .creds file to connect with (instead of -nats-nkey)")
+	fs.String(&b.tlsCA, "nats-tls-ca", "NATS_TLS_CA", "", "CA bundle to verify the NATS server (a tls:// URL)")
 }
 
 // connect dials the bus as meshctl: with the admin role's inbox, so that replies to
@@ -32,7 +34,8 @@ func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*
 	if b.nkey != "" && b.creds != "" {
 		return nil, errors.New("-nats-nkey, -nats-creds: set one, not both")
 	}
-	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(policy.Admin, "")}
+	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(policy.Admin, ""),
+		TLS: bus.TLSConfig{CAFile: b.tlsCA}}
 	if st != nil {
 		if cfg.URL == "" {
 			cfg.URL = st.NATSURL
@@ -46,7 +49,7 @@ func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*
 	}
 	nc, err := bus.Connect(ctx, cfg, hclog.NewNullLogger(), 2*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("%w (a secured bus needs -nats-nkey or -nats-creds)", err)
+		return nil, fmt.Errorf("%w (a secured bus needs -nats-nkey or -nats-creds, and -nats-tls-ca for a tls:// URL)", err)
 	}
 	return nc, nil
 }

@@ -10,7 +10,7 @@ import (
 // root in the state directory stays readable across restarts.
 func TestCAKEKIsMadeOnceAndReused(t *testing.T) {
 	dir := t.TempDir()
-	p, err := caKEK(dir)
+	p, err := CAKEK(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func TestCAKEKIsMadeOnceAndReused(t *testing.T) {
 	if st.Mode().Perm() != 0o600 || len(first) != 32 || bytes.Equal(first, make([]byte, 32)) {
 		t.Fatalf("kek mode %v, %d bytes", st.Mode().Perm(), len(first))
 	}
-	again, err := caKEK(dir)
+	again, err := CAKEK(dir)
 	if err != nil || again != p {
 		t.Fatalf("second call: %s, %v", again, err)
 	}

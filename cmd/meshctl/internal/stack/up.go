@@ -224,7 +224,7 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kek, err := caKEK(r.cfg.Dir)
+	kek, err := CAKEK(r.cfg.Dir)
 	if err != nil {
 		return err
 	}
@@ -254,10 +254,10 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	return nil
 }
 
-// caKEK returns dir/secrets/ca-kek, the key-encryption key sealing the signer's CA
+// CAKEK returns dir/secrets/ca-kek, the key-encryption key sealing the signer's CA
 // key in KV: 32 random bytes, mode 0600, made on the first run and reused after, so
 // the root in dir/nats survives restarts.
-func caKEK(dir string) (string, error) {
+func CAKEK(dir string) (string, error) {
 	secrets := filepath.Join(dir, "secrets")
 	if err := os.MkdirAll(secrets, 0o700); err != nil {
 		return "", fmt.Errorf("secrets dir: %w", err)

@@ -37,10 +37,9 @@ type Config struct {
 		LeaseBucket string
 	}
 	Store struct {
-		Bucket       string
-		Consumer     string
-		Replicas     int
-		StreamMaxAge time.Duration
+		Bucket   string
+		Consumer string
+		Replicas int
 	}
 }
 
@@ -65,7 +64,6 @@ func Default() Config {
 	c.Store.Bucket = "meshagent_rotator"
 	c.Store.Consumer = "rotator"
 	c.Store.Replicas = 1
-	c.Store.StreamMaxAge = 7 * 24 * time.Hour
 	return c
 }
 
@@ -104,8 +102,7 @@ func (c *Config) bind(getenv func(string) string) *flagenv.Set {
 	fs.String(&c.HA.LeaseBucket, "lease-bucket", "ROTATOR_LEASE_BUCKET", c.HA.LeaseBucket, "KV bucket of the leader lease")
 	fs.String(&c.Store.Bucket, "bucket", "ROTATOR_BUCKET", c.Store.Bucket, "KV bucket of the schedule")
 	fs.String(&c.Store.Consumer, "consumer", "ROTATOR_CONSUMER", c.Store.Consumer, "durable consumer name on the event stream")
-	fs.Int(&c.Store.Replicas, "js-replicas", "ROTATOR_JS_REPLICAS", c.Store.Replicas, "JetStream replicas of the buckets, consumer and (if created here) the event stream")
-	fs.Duration(&c.Store.StreamMaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Store.StreamMaxAge, "history of the event stream, if the rotator creates it")
+	fs.Int(&c.Store.Replicas, "js-replicas", "ROTATOR_JS_REPLICAS", c.Store.Replicas, "JetStream replicas of the buckets and the consumer")
 	return fs
 }
 
@@ -141,6 +138,5 @@ func (c Config) Validate() error {
 	bad(c.Store.Bucket == c.HA.LeaseBucket, "-bucket and -lease-bucket: must differ")
 	bad(!namePattern.MatchString(c.Store.Consumer), "-consumer: want [A-Za-z0-9_-]+")
 	bad(c.Store.Replicas < 1 || c.Store.Replicas > 5, "-js-replicas: must be 1 to 5")
-	bad(c.Store.StreamMaxAge < 0, "-stream-max-age: must not be negative")
 	return errors.Join(errs...)
 }

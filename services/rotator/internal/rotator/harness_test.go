@@ -42,6 +42,10 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, srv: bustest.Server(t), clk: fakeclock.New(time.Now().UTC().Truncate(time.Second))}
 	h.nc = bustest.Conn(t, h.srv)
 	h.js = bustest.JetStream(t, h.nc)
+	// The signer creates the event stream; the rotator only waits for it.
+	if _, err := bus.EnsureEventStream(context.Background(), h.js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	h.ca = newTestCA(t)
 	h.ca.root("root-a")
 	h.ca.serveBundle(t, h.nc)

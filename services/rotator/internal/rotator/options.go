@@ -14,6 +14,6 @@ func FromConfig(c config.Config) Options {
 			RetryAfter: c.Renew.RetryAfter, RetryMax: c.Renew.RetryMax, Rate: c.Renew.Rate, Burst: c.Renew.Burst},
 		Instance: c.HA.Instance, LeaseTTL: c.HA.LeaseTTL, LeaseBucket: c.HA.LeaseBucket,
 		Consumer: c.Store.Consumer, Bucket: c.Store.Bucket, Replicas: c.Store.Replicas,
-		StreamMaxAge: c.Store.StreamMaxAge, BundleRefresh: time.Second,
+		BundleRefresh: time.Second,
 	}
 }

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
@@ -39,15 +38,14 @@ import (
 
 // Options configures a Rotator.
 type Options struct {
-	Schedule     schedule.Config
-	Instance     string        // unique per replica
-	LeaseTTL     time.Duration // failover after a crash takes at most LeaseTTL*7/5
-	Consumer     string        // durable consumer name, shared by all replicas
-	Bucket       string        // schedule bucket
-	LeaseBucket  string
-	Replicas     int           // JetStream replicas of the buckets (and of the stream if this creates it)
-	StreamMaxAge time.Duration // history kept by the event stream if this creates it
-	Batch        int           // renewals taken per pass
+	Schedule    schedule.Config
+	Instance    string        // unique per replica
+	LeaseTTL    time.Duration // failover after a crash takes at most LeaseTTL*7/5
+	Consumer    string        // durable consumer name, shared by all replicas
+	Bucket      string        // schedule bucket
+	LeaseBucket string
+	Replicas    int // JetStream replicas of the buckets and the consumer
+	Batch       int // renewals taken per pass
 	// TrustDomain of the bundles to accept; "" accepts any (endorsement still needed).
 	TrustDomain string
 	// Anchors are roots trusted before the first bundle, which must be endorsed by
@@ -142,13 +140,8 @@ func (r *Rotator) Run(ctx context.Context) error {
 func (r *Rotator) setup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := r.js.Stream(sctx, events.StreamEvents); errors.Is(err, jetstream.ErrStreamNotFound) {
-		if _, err := bus.EnsureEventStream(sctx, r.js, r.opts.Replicas, r.opts.StreamMaxAge); err != nil {
-			return err
-		}
-		r.log.Info("event stream created", "stream", events.StreamEvents)
-	} else if err != nil {
-		return fmt.Errorf("look up stream %s: %w", events.StreamEvents, err)
+	if err := r.awaitStream(sctx); err != nil {
+		return err
 	}
 	st, err := store.Open(sctx, r.js, r.opts.Bucket, r.opts.Replicas, r.log.Named("store"))
 	if err != nil {
@@ -161,6 +154,47 @@ func (r *Rotator) setup(ctx context.Context) error {
 	}
 	r.lease = lease.New(kv, r.clk, r.opts.Instance, r.opts.LeaseTTL, r.log.Named("lease"))
 	return nil
+}
+
+// streamPoll is how often setup looks for the event stream again while it waits,
+// and streamAttempt how long it waits for one answer: a cluster that is still
+// electing its JetStream leader leaves requests unanswered, so one long request
+// would outlast the moment the stream appears.
+const (
+	streamPoll    = 250 * time.Millisecond
+	streamAttempt = 3 * time.Second
+)
+
+// awaitStream waits until the event stream exists. The signer creates it; the
+// rotator may only read it (pkg/bus/policy), so on a fresh bus it waits, until
+// ctx's deadline, instead of creating it.
+func (r *Rotator) awaitStream(ctx context.Context) error {
+	logged := false
+	for {
+		actx, cancel := context.WithTimeout(ctx, streamAttempt)
+		_, err := r.js.Stream(actx, events.StreamEvents)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !logged && errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Info("waiting for the event stream", "stream", events.StreamEvents)
+			logged = true
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Debug("event stream lookup failed, retrying", "stream", events.StreamEvents, "error", err)
+		}
+		t := time.NewTimer(streamPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("event stream %s: not created by a signer yet: %w", events.StreamEvents, ctx.Err())
+			}
+			return fmt.Errorf("look up stream %s: %w", events.StreamEvents, errors.Join(err, ctx.Err()))
+		case <-t.C:
+		}
+	}
 }
 
 // Ready is nil once the lease state is known and, on the leader, the schedule is

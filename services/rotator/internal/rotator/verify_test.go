@@ -149,7 +149,11 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 	eventually(t, "record rejected", func() bool { return counter(t, r.m.certRejected.WithLabelValues(reasonUntrusted)) == 1 })
 	// The genuine trust.changed, late, applies.
 	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 2, "root-new", "root-a"))
-	eventually(t, "trust applied", func() bool { return r.sched.Trust().Current == fpNew })
+	eventually(t, "trust applied", func() bool {
+		r.mu.Lock() // the schedule is the leader's, guarded by mu
+		defer r.mu.Unlock()
+		return r.sched.Trust().Current == fpNew
+	})
 	if st, _ := r.Stats(); st.Scheduled != 1 {
 		t.Fatalf("%d scheduled, want 1", st.Scheduled)
 	}
