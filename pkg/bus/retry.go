@@ -1,0 +1,119 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Retry bounds. A JetStream cluster that is still electing its meta leader (a cold
+// start, a lost leader) leaves API requests unanswered: one long request outlasts
+// the moment it can answer, many short ones catch it.
+const (
+	// AttemptTimeout bounds one attempt of Retry.
+	AttemptTimeout = 3 * time.Second
+	retryFirst     = 100 * time.Millisecond
+	retryMax       = 2 * time.Second
+	// retryLogEvery is how often a long wait is logged again at INFO.
+	retryLogEvery = 10 * time.Second
+)
+
+// Retry calls op until it returns nil, giving each call at most AttemptTimeout and
+// waiting with backoff (100 ms doubling to 2 s) between calls, for as long as op
+// fails with a Transient error (or one wrapped by Pending) and ctx lasts. Any other
+// error is returned at once. what names what is waited for, in logs and errors
+// ("event stream MESHAGENT_EVENTS"). The first failure is logged at INFO, then
+// every 10 s; a success after waiting is logged at INFO with the time it took.
+func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx context.Context) error) error {
+	start := time.Now()
+	wait := retryFirst
+	var lastLog time.Time
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		err := op(actx)
+		cancel()
+		if err == nil {
+			if attempt > 1 {
+				log.Info("jetstream ready", "for", what, "waited", time.Since(start).Round(time.Millisecond), "attempts", attempt)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, time.Since(start).Round(time.Millisecond), err)
+		}
+		if !Transient(err) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if now := time.Now(); now.Sub(lastLog) >= retryLogEvery {
+			log.Info("waiting for jetstream", "for", what, "attempts", attempt, "waited", now.Sub(start).Round(time.Millisecond), "error", err)
+			lastLog = now
+		} else {
+			log.Debug("jetstream attempt failed, retrying", "for", what, "attempt", attempt, "error", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, time.Since(start).Round(time.Millisecond), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, retryMax)
+	}
+}
+
+// attemptTimeout is AttemptTimeout; tests shorten it.
+var attemptTimeout = AttemptTimeout
+
+// pending marks an error as a state that is expected to pass.
+type pending struct{ err error }
+
+func (p pending) Error() string { return p.err.Error() }
+func (p pending) Unwrap() error { return p.err }
+
+// Pending marks err as a state expected to pass (a stream another service creates,
+// not there yet), so that Retry retries it.
+func Pending(err error) error {
+	if err == nil {
+		return nil
+	}
+	return pending{err}
+}
+
+// Transient reports whether err is one that JetStream gives while it cannot answer
+// yet or for a moment: no answer in time, no responder (JetStream not up on this
+// server yet), the connection reconnecting, a cluster without a meta or stream
+// leader, or without enough peers for the asked replicas yet. Errors about the
+// request itself (a bad config, a stream of another shape, a refused permission)
+// are not.
+func Transient(err error) bool {
+	var p pending
+	if errors.As(err, &p) {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		// jetstream reports no responder on its API as "not enabled": on a server
+		// that has JetStream configured, that is a server still starting it.
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+		return true
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case 10005, // no suitable peers for placement: the cluster has not met all its nodes yet
+			10008, // JetStream system temporarily unavailable: no meta leader
+			10009, // cluster can not handle request: not the leader
+			10023, // insufficient resources: peers not known yet
+			10118: // stream offline: no stream leader
+			return true
+		}
+		return api.Code == 503
+	}
+	return false
+}
