@@ -20,6 +20,10 @@ import (
 // ErrUnauthenticated wraps every authentication failure.
 var ErrUnauthenticated = errors.New("unauthenticated")
 
+// ErrUnavailable wraps a credential that could not be checked (the API server's
+// TokenReview did not answer): no verdict on the credential, the caller retries.
+var ErrUnavailable = errors.New("token verification unavailable")
+
 // Sources of identity, as cert.issued names them.
 const (
 	SourceJWT  = "jwt"
@@ -73,6 +77,17 @@ type JWTVerifier struct {
 	TrustDomain string
 	Leeway      time.Duration
 	Now         func() time.Time
+}
+
+// Ready is nil once the verifier holds keys to check tokens against.
+func (v *JWTVerifier) Ready() error {
+	if v == nil || v.Keys == nil {
+		return errors.New("no JWKS configured")
+	}
+	if len(v.Keys.Current().Keys) == 0 {
+		return errors.New("token signing keys (JWKS) not loaded yet")
+	}
+	return nil
 }
 
 // Verify checks the token's signature (by kid against the JWKS), issuer, audience and

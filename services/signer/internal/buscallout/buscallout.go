@@ -22,12 +22,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Verifier checks a bearer token (authn.JWTVerifier).
+// Verifier checks a bearer token (authn.JWTVerifier, authn.TokenReviewer).
 type Verifier interface {
 	Verify(token string) (authn.Caller, error)
+	// Ready is nil once the verifier can check tokens (its keys are loaded).
+	Ready() error
 }
 
-var _ Verifier = (*authn.JWTVerifier)(nil)
+var (
+	_ Verifier = (*authn.JWTVerifier)(nil)
+	_ Verifier = (*authn.TokenReviewer)(nil)
+)
 
 // Dial connects to the bus as the callout user.
 type Dial func(ctx context.Context) (*nats.Conn, error)
@@ -38,6 +43,12 @@ const (
 	ReasonNoToken     = "no_token"
 	ReasonBadToken    = "bad_token"
 	ReasonNotPodBound = "not_pod_bound"
+	// ReasonNotReady: the signer cannot check tokens yet (its keys are not loaded);
+	// the pod's client reconnects and is admitted once they are.
+	ReasonNotReady = "not_ready"
+	// ReasonUnavailable: the token could not be checked (the API server's
+	// TokenReview did not answer); the pod's client reconnects.
+	ReasonUnavailable = "unavailable"
 )
 
 // Responder answers the server's auth callout requests.
@@ -69,7 +80,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, dial Dial, reg prometheus.Regist
 			Help: "Connections to the bus refused by the auth callout, by reason.",
 		}, []string{"reason"}),
 	}
-	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound} {
+	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable} {
 		r.refused.WithLabelValues(reason)
 	}
 	reg.MustRegister(r.admitted, r.refused)
@@ -139,7 +150,15 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 	if token == "" {
 		return refuse(ReasonNoToken, errors.New("no token, and no credential the server knows"))
 	}
+	// Before its keys are loaded every token would look signed by an unknown key:
+	// say what it is, so that the pod's retry is expected, not an alarm.
+	if err := r.verify.Ready(); err != nil {
+		return refuse(ReasonNotReady, fmt.Errorf("signer not ready to check tokens: %w", err))
+	}
 	caller, err := r.verify.Verify(token)
+	if errors.Is(err, authn.ErrUnavailable) {
+		return refuse(ReasonUnavailable, err)
+	}
 	if err != nil {
 		return refuse(ReasonBadToken, err)
 	}

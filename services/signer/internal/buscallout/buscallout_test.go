@@ -3,6 +3,7 @@ package buscallout
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,9 +30,14 @@ type fixture struct {
 // verifying tokens of iss for trust domain cluster.local.
 func start(t *testing.T) *fixture {
 	t.Helper()
-	srv := bustest.SecureServer(t)
 	iss := testkit.NewIssuer(t, "meshagent-dev")
-	v := &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}
+	return startWith(t, iss, &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
+}
+
+// startWith runs the responder with verifier v.
+func startWith(t *testing.T, iss *testkit.Issuer, v Verifier) *fixture {
+	t.Helper()
+	srv := bustest.SecureServer(t)
 	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
 	if err != nil {
 		t.Fatal(err)
@@ -173,5 +179,50 @@ func TestPodUserExpiresWithToken(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("pod still connected 10s after its token expired")
+	}
+}
+
+// TestRefusedAsNotReadyUntilKeysLoad: while the signer has not loaded the token
+// keys yet, a pod is refused as not_ready (its client retries), not as a bad token;
+// once they are loaded the same token is admitted.
+func TestRefusedAsNotReadyUntilKeysLoad(t *testing.T) {
+	iss := testkit.NewIssuer(t, "meshagent-dev")
+	dir := t.TempDir()
+	keys := &authn.KeySet{File: filepath.Join(dir, "jwks.json")}
+	f := startWith(t, iss, &authn.JWTVerifier{Keys: keys, Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
+	tok := iss.Mint(t, iss.ServiceAccount("default", "web", time.Now().Add(-time.Minute), time.Hour).ForPod("web-1"))
+	if nc, err := f.connect("web-1", tok); err == nil {
+		nc.Close()
+		t.Fatal("admitted before the keys were loaded")
+	}
+	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonNotReady)); got != 1 {
+		t.Fatalf("refused{not_ready} = %v", got)
+	}
+	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonBadToken)); got != 0 {
+		t.Fatalf("refused{bad_token} = %v: a good token counted as bad", got)
+	}
+	iss.WriteJWKS(t, dir)
+	if err := keys.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := f.connect("web-1", tok)
+	if err != nil {
+		t.Fatalf("refused once the keys are loaded: %v", err)
+	}
+	nc.Close()
+}
+
+// TestRefusedAsUnavailableWhenTokenReviewIsDown: an API server that does not answer
+// is no verdict on the token: refused as unavailable, the pod's client retries.
+func TestRefusedAsUnavailableWhenTokenReviewIsDown(t *testing.T) {
+	iss := testkit.NewIssuer(t, "meshagent-dev")
+	f := startWith(t, iss, &authn.TokenReviewer{URL: "https://127.0.0.1:1", Audience: "istio-ca", TrustDomain: "cluster.local"})
+	tok := iss.Mint(t, iss.ServiceAccount("default", "web", time.Now().Add(-time.Minute), time.Hour).ForPod("web-1"))
+	if nc, err := f.connect("web-1", tok); err == nil {
+		nc.Close()
+		t.Fatal("admitted without a verdict")
+	}
+	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonUnavailable)); got != 1 {
+		t.Fatalf("refused{unavailable} = %v", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -67,6 +68,11 @@ type Config struct {
 		BearerFile string // token sent with discovery and JWKS requests
 		Issuer     string
 		Audience   string
+		// TokenReview: ask the API server (authentication.k8s.io/v1 TokenReview)
+		// instead of verifying offline, where discovery and the JWKS are not reachable.
+		TokenReview      bool
+		TokenReviewURL   string        // API server; default: in-cluster (KUBERNETES_SERVICE_HOST/PORT)
+		TokenReviewCache time.Duration // longest a verdict is reused (never past the token's exp)
 	}
 	Stream struct {
 		Replicas int
@@ -100,6 +106,7 @@ func Default() Config {
 	c.Auth.JWKSMinRefresh = 10 * time.Second
 	c.Auth.Issuer = "meshagent-dev"
 	c.Auth.Audience = "istio-ca"
+	c.Auth.TokenReviewCache = authn.DefaultReviewCache
 	c.Stream.Replicas = 1
 	c.Stream.MaxAge = 7 * 24 * time.Hour
 	c.Workers = 64
@@ -140,8 +147,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS (the key cache's lifetime)")
 	fs.Duration(&c.Auth.JWKSMinRefresh, "jwks-min-refresh", "JWKS_MIN_REFRESH", c.Auth.JWKSMinRefresh, "a token with an unknown key id re-reads the JWKS at most this often")
 	fs.Bool(&c.Auth.Discover, "token-issuer-discovery", "TOKEN_ISSUER_DISCOVERY", false, "read the JWKS from the jwks_uri of -token-issuer's OIDC discovery document (<issuer>/.well-known/openid-configuration), as Kubernetes serves it")
-	fs.String(&c.Auth.CAFile, "token-issuer-ca-file", "TOKEN_ISSUER_CA_FILE", "", "PEM roots for HTTPS to the token issuer and its JWKS (in a pod: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt); empty: system roots")
-	fs.String(&c.Auth.BearerFile, "token-issuer-bearer-file", "TOKEN_ISSUER_BEARER_FILE", "", "token sent as Authorization: Bearer with discovery and JWKS requests, re-read for each (in a pod: /var/run/secrets/kubernetes.io/serviceaccount/token)")
+	fs.Bool(&c.Auth.TokenReview, "token-review", "TOKEN_REVIEW", false, "verify bearer tokens by the API server's TokenReview (needs the ClusterRole system:auth-delegator), where OIDC discovery is not reachable; -token-issuer is then not checked")
+	fs.String(&c.Auth.TokenReviewURL, "token-review-url", "TOKEN_REVIEW_URL", authn.InClusterURL(getenv), "API server for -token-review (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	fs.Duration(&c.Auth.TokenReviewCache, "token-review-cache", "TOKEN_REVIEW_CACHE", c.Auth.TokenReviewCache, "longest a TokenReview verdict is reused, never past the token's exp (refusals: 10s)")
+	fs.String(&c.Auth.CAFile, "token-issuer-ca-file", "TOKEN_ISSUER_CA_FILE", "", "PEM roots for HTTPS to the token issuer and its JWKS, or to the API server with -token-review (in a pod: "+authn.InClusterCAFile+", the default with -token-review); empty: system roots")
+	fs.String(&c.Auth.BearerFile, "token-issuer-bearer-file", "TOKEN_ISSUER_BEARER_FILE", "", "token sent as Authorization: Bearer with discovery, JWKS and TokenReview requests, re-read for each (in a pod: "+authn.InClusterTokenFile+", the default with -token-review)")
 	fs.String(&c.Auth.Issuer, "token-issuer", "TOKEN_ISSUER", c.Auth.Issuer, "required iss of bearer tokens")
 	fs.String(&c.Auth.Audience, "token-audience", "TOKEN_AUDIENCE", c.Auth.Audience, "required aud of bearer tokens")
 	fs.Int(&c.Stream.Replicas, "stream-replicas", "EVENTS_REPLICAS", c.Stream.Replicas, "replicas of the event stream, if the signer creates it")
@@ -168,6 +178,15 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
 	}
 	c.CA.KeyAlg = alg
+	if c.Auth.TokenReview {
+		// In a pod, the service account's own files, as client-go's in-cluster config.
+		if c.Auth.CAFile == "" {
+			c.Auth.CAFile = authn.InClusterCAFile
+		}
+		if c.Auth.BearerFile == "" {
+			c.Auth.BearerFile = authn.InClusterTokenFile
+		}
+	}
 	c.Bus.Name = "signer-" + c.Instance
 	c.Bus.AsService(policy.Signer)
 	if err := c.Validate(); err != nil {
@@ -221,25 +240,29 @@ func (c Config) Validate() error {
 	add(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
 	add(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
 	sources := 0
-	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover} {
+	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {
 		if set {
 			sources++
 		}
 	}
-	add(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery: set one, not several")
+	add(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery, -token-review: set one, not several")
 	add(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
 	add(c.Auth.JWKSMinRefresh >= 0, "-jwks-min-refresh: must not be negative")
 	if sources > 0 {
-		add(c.Auth.Issuer != "", "-token-issuer: required with a JWKS")
-		add(c.Auth.Audience != "", "-token-audience: required with a JWKS")
+		add(c.Auth.Issuer != "" || c.Auth.TokenReview, "-token-issuer: required with a JWKS")
+		add(c.Auth.Audience != "", "-token-audience: required to verify bearer tokens")
+	}
+	if c.Auth.TokenReview {
+		add(strings.HasPrefix(c.Auth.TokenReviewURL, "https://"), "-token-review-url: must be an https URL with -token-review, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Auth.TokenReviewURL)
+		add(c.Auth.TokenReviewCache >= 0 && c.Auth.TokenReviewCache <= 5*time.Minute, "-token-review-cache: must be between 0 and 5m (a deleted pod's token is honoured that long)")
 	}
 	if c.Auth.Discover {
 		add(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)
 	}
-	add(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url or -token-issuer-discovery")
+	add(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url, -token-issuer-discovery or -token-review")
 	if c.BusCallout.IssuerSeed != "" {
 		add(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
-		add(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url or -token-issuer-discovery to verify pods' tokens")
+		add(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review to verify pods' tokens")
 	} else {
 		add(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 	}

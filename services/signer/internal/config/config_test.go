@@ -75,7 +75,7 @@ func TestKEKRequiredOnlyInSelfSignedMode(t *testing.T) {
 
 func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
 	_, err := Load([]string{"-bus-callout-seed", "issuer.nk"}, func(string) string { return "" })
-	for _, want := range []string{"-bus-callout-nkey: required", "needs -jwks-file, -jwks-url or -token-issuer-discovery"} {
+	for _, want := range []string{"-bus-callout-nkey: required", "needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want %q in %v", want, err)
 		}
@@ -119,7 +119,7 @@ func TestTokenIssuerDiscovery(t *testing.T) {
 		{"discovery needs an https issuer", []string{"-token-issuer-discovery"}, `-token-issuer: must be an https URL with -token-issuer-discovery, got "meshagent-dev"`},
 		{"discovery and a JWKS URL", []string{"-token-issuer-discovery", "-token-issuer", "https://k", "-jwks-url", "https://k/jwks"}, "set one, not several"},
 		{"discovery and a JWKS file", []string{"-token-issuer-discovery", "-token-issuer", "https://k", "-jwks-file", "j"}, "set one, not several"},
-		{"TLS settings for a file", []string{"-jwks-file", "j", "-token-issuer-ca-file", "ca.crt"}, "only with -jwks-url or -token-issuer-discovery"},
+		{"TLS settings for a file", []string{"-jwks-file", "j", "-token-issuer-ca-file", "ca.crt"}, "only with -jwks-url, -token-issuer-discovery or -token-review"},
 		{"negative min refresh", []string{"-jwks-min-refresh", "-1s"}, "-jwks-min-refresh: must not be negative"},
 		{"bad bool in env", nil, "TOKEN_ISSUER_DISCOVERY"},
 	}
@@ -137,5 +137,43 @@ func TestTokenIssuerDiscovery(t *testing.T) {
 	// The callout accepts discovery as its verifier.
 	if _, err := Load(append(base, "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk", "-token-issuer-discovery", "-token-issuer", "https://k"), env(nil)); err != nil {
 		t.Fatalf("callout with discovery: %v", err)
+	}
+}
+
+// Where discovery is not reachable, TokenReview: in a pod it needs no more than the
+// flag (the API server's address and the service account's files are the pod's).
+func TestTokenReview(t *testing.T) {
+	base := []string{"-instance", "s", "-ca-kek-file", "kek"}
+	inPod := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+	c, err := Load(append(base, "-token-review", "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk"), env(inPod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Auth.TokenReview || c.Auth.TokenReviewURL != "https://10.96.0.1:443" || c.Auth.Audience != "istio-ca" || c.Auth.TokenReviewCache != time.Minute ||
+		c.Auth.CAFile != "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt" || c.Auth.BearerFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
+		t.Fatalf("auth %+v", c.Auth)
+	}
+	withEnv := map[string]string{"TOKEN_REVIEW": "true", "TOKEN_REVIEW_URL": "https://api.example:6443", "TOKEN_ISSUER_CA_FILE": "/etc/k8s/ca.crt", "TOKEN_REVIEW_CACHE": "30s"}
+	if c, err = Load(base, env(withEnv)); err != nil || c.Auth.TokenReviewURL != "https://api.example:6443" || c.Auth.CAFile != "/etc/k8s/ca.crt" || c.Auth.TokenReviewCache != 30*time.Second {
+		t.Fatalf("from env: %+v, %v", c.Auth, err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"outside a pod without a URL", []string{"-token-review"}, nil, "-token-review-url: must be an https URL"},
+		{"plain http", []string{"-token-review", "-token-review-url", "http://10.96.0.1:443"}, nil, "-token-review-url: must be an https URL"},
+		{"with discovery", []string{"-token-review", "-token-issuer-discovery", "-token-issuer", "https://k"}, inPod, "set one, not several"},
+		{"cache too long", []string{"-token-review", "-token-review-cache", "1h"}, inPod, "-token-review-cache: must be between"},
+		{"no audience", []string{"-token-review", "-token-audience", ""}, inPod, "-token-audience: required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := Load(append(append([]string{}, base...), tt.args...), env(tt.env)); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
 	}
 }

@@ -98,23 +98,34 @@ type Config struct {
 // Publisher records an event durably (bus.Publish in production).
 type Publisher func(ctx context.Context, msg *nats.Msg) error
 
+// TokenVerifier checks a bearer token (authn.JWTVerifier offline, authn.TokenReviewer
+// by the API server); every request's token is checked.
+type TokenVerifier interface {
+	Verify(token string) (authn.Caller, error)
+}
+
+var (
+	_ TokenVerifier = (*authn.JWTVerifier)(nil)
+	_ TokenVerifier = (*authn.TokenReviewer)(nil)
+)
+
 // Issuer signs requests.
 type Issuer struct {
 	cfg     Config
 	auth    *ca.Authority
-	jwt     *authn.JWTVerifier
+	tokens  TokenVerifier
 	publish Publisher
 	metrics *Metrics
 	log     hclog.Logger
 	now     func() time.Time
 }
 
-// New returns an issuer. jwt may be nil (tokens then fail to authenticate).
-func New(cfg Config, auth *ca.Authority, jwt *authn.JWTVerifier, publish Publisher, metrics *Metrics, log hclog.Logger, now func() time.Time) *Issuer {
+// New returns an issuer. tokens may be nil (tokens then fail to authenticate).
+func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher, metrics *Metrics, log hclog.Logger, now func() time.Time) *Issuer {
 	if now == nil {
 		now = time.Now
 	}
-	return &Issuer{cfg: cfg, auth: auth, jwt: jwt, publish: publish, metrics: metrics, log: log, now: now}
+	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, now: now}
 }
 
 // Source is the CloudEvents source of this signer's events.
@@ -177,6 +188,10 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 	caller, err := i.authenticate(req, csr, mat)
+	if errors.Is(err, authn.ErrUnavailable) {
+		// No verdict on the token (the API server did not answer): the caller retries.
+		return reject("auth_unavailable", errf(events.CodeUnavailable, "%v", err))
+	}
 	if err != nil {
 		i.metrics.AuthFailures.WithLabelValues(t).Inc()
 		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
@@ -225,7 +240,10 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 func (i *Issuer) authenticate(req Request, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
 	switch {
 	case req.Token != "":
-		return i.jwt.Verify(req.Token)
+		if i.tokens == nil {
+			return authn.Caller{}, fmt.Errorf("%w: bearer tokens are not accepted: no JWKS or TokenReview configured", authn.ErrUnauthenticated)
+		}
+		return i.tokens.Verify(req.Token)
 	case len(req.PeerChain) > 0:
 		return authn.VerifyCert(req.PeerChain, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})
 	case len(req.CertChain) > 0:
