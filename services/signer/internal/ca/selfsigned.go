@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,17 +70,30 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	if s.cfg.KEK == nil {
 		return errors.New("-ca-kek-file: required in self-signed mode")
 	}
-	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
-		// History 1: a replaced value (a retired key, a clear key before sealing) does not linger in the bucket's history.
-		History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
+	// Each JetStream call is retried in short attempts (bus.Retry): on a cluster
+	// still electing its leader one long request would time out and stop the signer.
+	var kv jetstream.KeyValue
+	err := bus.Retry(ctx, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
+		var err error
+		kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
+			// History 1: a replaced value (a retired key, a clear key before sealing) does not linger in the bucket's history.
+			History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
+		})
+		return err
 	})
 	if err != nil {
-		return fmt.Errorf("open kv bucket %s: %w", s.cfg.Bucket, err)
+		return fmt.Errorf("open kv bucket: %w", err)
 	}
 	s.kv = kv
+	rootWhat := "ca root " + s.cfg.Bucket + "/" + RootKey
 	for attempt := 0; attempt < 5; attempt++ {
-		e, err := kv.Get(ctx, RootKey)
+		var e jetstream.KeyValueEntry
+		err := bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+			var err error
+			e, err = kv.Get(ctx, RootKey)
+			return err
+		})
 		switch {
 		case err == nil:
 			rec, err := s.open(e.Value())
@@ -118,9 +132,14 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if _, err := kv.Create(ctx, RootKey, data); err != nil {
+			err = bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+				_, err := kv.Create(ctx, RootKey, data)
+				return err
+			})
+			if err != nil {
+				// Another replica won (or an attempt that timed out did store ours): load it.
 				if errors.Is(err, jetstream.ErrKeyExists) {
-					continue // another replica won: load its root
+					continue
 				}
 				return fmt.Errorf("store root: %w", err)
 			}

@@ -106,28 +106,25 @@ func New(cfg config.Config, nc *nats.Conn, log hclog.Logger, now func() time.Tim
 		Namespace: "meshagent", Subsystem: "signer", Name: "trust_changed_publish_failures_total",
 		Help: "Failed attempts to publish trust.changed; each is retried until JetStream takes it.",
 	}, func() float64 { return float64(s.source.AnnounceFailures()) }))
-	var verifier *authn.JWTVerifier
-	if cfg.Auth.JWKSFile != "" || cfg.Auth.JWKSURL != "" || cfg.Auth.Discover {
-		client, err := authn.NewHTTPClient(cfg.Auth.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("-token-issuer-ca-file: %w", err)
-		}
-		s.keys = &authn.KeySet{File: cfg.Auth.JWKSFile, URL: cfg.Auth.JWKSURL, Discover: cfg.Auth.Discover, Issuer: cfg.Auth.Issuer,
-			BearerFile: cfg.Auth.BearerFile, Refresh: cfg.Auth.JWKSRefresh, MinRefresh: cfg.Auth.JWKSMinRefresh,
-			Client: client, Log: log.Named("jwks"), Now: now}
-		verifier = &authn.JWTVerifier{Keys: s.keys, Issuer: cfg.Auth.Issuer, Audience: cfg.Auth.Audience, TrustDomain: cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}
+	verifier, err := s.newVerifier(now)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.BusCallout.IssuerSeed != "" {
 		if err := s.newCallout(verifier, now); err != nil {
 			return nil, err
 		}
 	}
+	var tokens issuer.TokenVerifier
+	if verifier != nil {
+		tokens = verifier
+	}
 	metrics := issuer.NewMetrics(s.http.Registry(), s.auth, now)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers,
-	}, s.auth, verifier, publish, metrics, log.Named("issuer"), now)
+	}, s.auth, tokens, publish, metrics, log.Named("issuer"), now)
 	s.nats = natsapi.New(nc, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, log.Named("nats"))
 	s.http.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "meshagent", Subsystem: "signer", Name: "nats_requests_dropped_total",
@@ -176,19 +173,24 @@ func (s *Service) Run(parent context.Context) error {
 		}
 		return err
 	}
-	if err := s.ensureStream(ctx); err != nil {
-		return failed(err)
-	}
-	if err := s.source.Start(ctx); err != nil {
-		return failed(fmt.Errorf("ca: %w", err))
-	}
+	// Keys first: they need no JetStream, and the callout admits pods once it has them.
 	if s.keys != nil {
 		if err := s.keys.Load(ctx); err != nil {
 			return failed(err)
 		}
 		g.Go(func() error { return s.keys.Run(ctx) })
+	} else if s.cfg.Auth.TokenReview {
+		s.log.Info("bearer tokens verified by TokenReview", "url", s.cfg.Auth.TokenReviewURL, "audience", s.cfg.Auth.Audience)
 	} else {
-		s.log.Warn("no -jwks-file, -jwks-url or -token-issuer-discovery: bearer tokens are refused, only certificate renewals are served")
+		s.log.Warn("no -jwks-file, -jwks-url, -token-issuer-discovery or -token-review: bearer tokens are refused, only certificate renewals are served")
+	}
+	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	if err := s.ensureStream(sctx); err != nil {
+		return failed(err)
+	}
+	if err := s.source.Start(sctx); err != nil {
+		return failed(fmt.Errorf("ca: %w", err))
 	}
 	g.Go(func() error { return s.source.Run(ctx) })
 	g.Go(func() error { return s.nats.Run(ctx) })
@@ -199,23 +201,25 @@ func (s *Service) Run(parent context.Context) error {
 	return g.Wait()
 }
 
+// setupTimeout bounds the JetStream set-up at start (the event stream, the CA
+// bucket and root); every call in it is retried in short attempts (bus.Retry), so a
+// cold cluster electing its leader delays the signer by seconds instead of failing it.
+const setupTimeout = time.Minute
+
 // ensureStream creates the event stream when it does not exist yet, and leaves an
 // existing one as its operator (or meshctl, or the rotator) configured it.
 func (s *Service) ensureStream(ctx context.Context) error {
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	_, err := s.js.Stream(sctx, events.StreamEvents)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		if _, err := bus.EnsureEventStream(sctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
+	return bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
+		_, err := s.js.Stream(ctx, events.StreamEvents)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
 			return err
 		}
 		s.log.Info("event stream created", "stream", events.StreamEvents)
 		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("look up stream %s: %w", events.StreamEvents, err)
-	}
-	return nil
+	})
 }
 
 func (s *Service) mode() string {
@@ -236,8 +240,29 @@ func stop(g *errgroup.Group) error {
 	return nil
 }
 
+// newVerifier builds what checks bearer tokens: offline against a JWKS (a file, a
+// URL, or discovery), or by the API server's TokenReview; nil when none is set.
+func (s *Service) newVerifier(now func() time.Time) (buscallout.Verifier, error) {
+	a := s.cfg.Auth
+	if a.JWKSFile == "" && a.JWKSURL == "" && !a.Discover && !a.TokenReview {
+		return nil, nil
+	}
+	client, err := authn.NewHTTPClient(a.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("-token-issuer-ca-file: %w", err)
+	}
+	if a.TokenReview {
+		return &authn.TokenReviewer{URL: a.TokenReviewURL, Client: client, BearerFile: a.BearerFile, Audience: a.Audience,
+			TrustDomain: s.cfg.TrustDomain, CacheTTL: a.TokenReviewCache, Log: s.log.Named("tokenreview"), Now: now}, nil
+	}
+	s.keys = &authn.KeySet{File: a.JWKSFile, URL: a.JWKSURL, Discover: a.Discover, Issuer: a.Issuer,
+		BearerFile: a.BearerFile, Refresh: a.JWKSRefresh, MinRefresh: a.JWKSMinRefresh,
+		Client: client, Log: s.log.Named("jwks"), Now: now}
+	return &authn.JWTVerifier{Keys: s.keys, Issuer: a.Issuer, Audience: a.Audience, TrustDomain: s.cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}, nil
+}
+
 // newCallout builds the bus auth callout: its own connection, as the callout user.
-func (s *Service) newCallout(verifier *authn.JWTVerifier, now func() time.Time) error {
+func (s *Service) newCallout(verifier buscallout.Verifier, now func() time.Time) error {
 	issuer, err := policy.ReadSeed(s.cfg.BusCallout.IssuerSeed, nkeys.PrefixByteAccount)
 	if err != nil {
 		return fmt.Errorf("-bus-callout-seed: %w", err)
