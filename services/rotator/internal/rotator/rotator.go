@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/rotator/internal/clock"
@@ -156,45 +157,19 @@ func (r *Rotator) setup(ctx context.Context) error {
 	return nil
 }
 
-// streamPoll is how often setup looks for the event stream again while it waits,
-// and streamAttempt how long it waits for one answer: a cluster that is still
-// electing its JetStream leader leaves requests unanswered, so one long request
-// would outlast the moment the stream appears.
-const (
-	streamPoll    = 250 * time.Millisecond
-	streamAttempt = 3 * time.Second
-)
-
 // awaitStream waits until the event stream exists. The signer creates it; the
 // rotator may only read it (pkg/bus/policy), so on a fresh bus it waits, until
-// ctx's deadline, instead of creating it.
+// ctx's deadline, instead of creating it. Each look-up is a short attempt
+// (bus.Retry): a cluster still electing its JetStream leader leaves requests
+// unanswered, and one long request would outlast the moment the stream appears.
 func (r *Rotator) awaitStream(ctx context.Context) error {
-	logged := false
-	for {
-		actx, cancel := context.WithTimeout(ctx, streamAttempt)
-		_, err := r.js.Stream(actx, events.StreamEvents)
-		cancel()
-		if err == nil {
-			return nil
+	return bus.Retry(ctx, r.log, "event stream "+events.StreamEvents+" (a signer creates it)", func(ctx context.Context) error {
+		_, err := r.js.Stream(ctx, events.StreamEvents)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return bus.Pending(err)
 		}
-		if !logged && errors.Is(err, jetstream.ErrStreamNotFound) {
-			r.log.Info("waiting for the event stream", "stream", events.StreamEvents)
-			logged = true
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			r.log.Debug("event stream lookup failed, retrying", "stream", events.StreamEvents, "error", err)
-		}
-		t := time.NewTimer(streamPoll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("event stream %s: not created by a signer yet: %w", events.StreamEvents, ctx.Err())
-			}
-			return fmt.Errorf("look up stream %s: %w", events.StreamEvents, errors.Join(err, ctx.Err()))
-		case <-t.C:
-		}
-	}
+		return err
+	})
 }
 
 // Ready is nil once the lease state is known and, on the leader, the schedule is

@@ -57,7 +57,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 		}
 	})
 
-	eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for the event stream") })
+	eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for jetstream") })
 	if _, err := js.Stream(context.Background(), events.StreamEvents); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the rotator created the stream (or it cannot be looked up): %v", err)
 	}
@@ -88,7 +88,7 @@ func TestGivesUpWithoutTheEventStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*streamPoll)
+	ctx, cancel := context.WithTimeout(context.Background(), 750*time.Millisecond)
 	defer cancel()
 	err = r.awaitStream(ctx)
 	if err == nil || !strings.Contains(err.Error(), events.StreamEvents) || !errors.Is(err, context.DeadlineExceeded) {
