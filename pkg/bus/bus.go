@@ -49,7 +49,7 @@ type TLSConfig struct {
 func (c *Config) Bind(fs *flagenv.Set) {
 	fs.String(&c.URL, "nats-url", "NATS_URL", DefaultURL, "NATS server URL(s), comma-separated")
 	fs.String(&c.CredsFile, "nats-creds", "NATS_CREDS", "", "NATS credentials file (JWT + nkey seed, decentralized auth)")
-	fs.String(&c.NKeyFile, "nats-nkey", "NATS_NKEY", "", "nkey seed file of this service's bus user (0600)")
+	fs.String(&c.NKeyFile, "nats-nkey", "NATS_NKEY", "", "nkey seed file of this service's bus user (mode 0600, or 0440 with a group of this process)")
 	fs.String(&c.TokenFile, "nats-token-file", "NATS_TOKEN_FILE", c.TokenFile, "file with the token to connect with (a pod's service-account token); re-read at every reconnect")
 	fs.String(&c.TLS.CAFile, "nats-tls-ca", "NATS_TLS_CA", "", "CA bundle to verify the NATS server")
 	fs.String(&c.TLS.CertFile, "nats-tls-cert", "NATS_TLS_CERT", "", "client certificate for NATS mTLS")

@@ -81,17 +81,14 @@ func loadOrCreate(path string, create func() (nkeys.KeyPair, error), want nkeys.
 	return kp.PublicKey()
 }
 
+// maxSeedFile bounds a seed file: a seed is 58 characters.
+const maxSeedFile = 4 << 10
+
 // ReadSeed reads an nkey seed file and checks that it holds the wanted kind of key.
-// A seed readable by group or others is refused: it is a password.
+// A seed is a password: a file that others, or a group this process is not in,
+// may read is refused (OpenSecret).
 func ReadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s: mode %v, want 0600: a seed is a secret", path, fi.Mode().Perm())
-	}
-	data, err := os.ReadFile(path)
+	data, err := ReadSecret(path, maxSeedFile)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,7 +56,7 @@ func TestReadSeedRefusesLooseOrWrongKeys(t *testing.T) {
 	if err := os.Chmod(c.SeedFile(policy.Audit), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := policy.ReadSeed(c.SeedFile(policy.Audit), nkeys.PrefixByteUser); err == nil || !strings.Contains(err.Error(), "0600") {
+	if _, err := policy.ReadSeed(c.SeedFile(policy.Audit), nkeys.PrefixByteUser); !errors.Is(err, policy.ErrSecretMode) || !strings.Contains(err.Error(), "0644") {
 		t.Fatalf("world-readable seed: %v", err)
 	}
 	// A corrupt seed is an error, not a reason to generate a new one over it.

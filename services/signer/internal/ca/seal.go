@@ -11,8 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -33,26 +33,17 @@ type KEK struct {
 
 // LoadKEK reads a KEK file: 32 random bytes, raw or base64 (standard or URL
 // alphabet, padded or not, surrounding whitespace ignored). The file must be
-// accessible by its owner only.
+// readable by its owner only, or also by its group when that is this process's
+// group (a Kubernetes Secret with an fsGroup): policy.OpenSecret.
 func LoadKEK(path string) (*KEK, error) {
 	if path == "" {
 		return nil, errors.New("-ca-kek-file: required in self-signed mode")
 	}
-	f, err := os.Open(path)
+	f, err := policy.OpenSecret(path)
 	if err != nil {
 		return nil, fmt.Errorf("-ca-kek-file: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("-ca-kek-file: %w", err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("-ca-kek-file: %s is not a regular file", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("-ca-kek-file: %s has mode %04o: it must not be accessible by group or others (chmod 600)", path, perm)
-	}
 	data, err := io.ReadAll(io.LimitReader(f, maxKEKFile+1))
 	if err != nil {
 		return nil, fmt.Errorf("-ca-kek-file: %w", err)

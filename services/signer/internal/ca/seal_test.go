@@ -40,8 +40,9 @@ func TestLoadKEK(t *testing.T) {
 		{name: "base64url unpadded", data: []byte(base64.RawURLEncoding.EncodeToString(key)), mode: 0o600},
 		{name: "missing", missing: true, wantErr: "no such file"},
 		{name: "a directory", dir: true, wantErr: "not a regular file"},
-		{name: "world readable", data: key, mode: 0o644, wantErr: "mode 0644: it must not be accessible by group or others"},
-		{name: "group readable", data: key, mode: 0o640, wantErr: "mode 0640"},
+		{name: "world readable", data: key, mode: 0o644, wantErr: "mode 0644: others may access it"},
+		// A temp file's group is this process's: as a Kubernetes Secret under an fsGroup.
+		{name: "readable by this process's group", data: key, mode: 0o440},
 		{name: "group writable", data: key, mode: 0o620, wantErr: "mode 0620"},
 		{name: "empty", data: nil, mode: 0o600, wantErr: "want 32 random bytes"},
 		{name: "31 raw bytes", data: key[:31], mode: 0o600, wantErr: "want 32 random bytes"},

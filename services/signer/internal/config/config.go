@@ -137,7 +137,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.CA.CheckInterval, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", c.CA.CheckInterval, "how often to check whether the root needs rotating")
 	fs.Int(&c.CA.GracePercent, "root-grace-percent", "CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE", c.CA.GracePercent, "rotate the root when less than this percent of its life is left")
 	fs.Bool(&c.CA.NewKeyOnRotate, "root-rotate-new-key", "CA_ROOT_ROTATE_NEW_KEY", false, "give a rotated root a new key (default: keep the key, as Istio)")
-	fs.String(&c.CA.KEKFile, "ca-kek-file", "CA_KEK_FILE", "", "file with 32 random bytes (raw or base64, mode 0600) sealing the self-signed root keys in KV; required in self-signed mode")
+	fs.String(&c.CA.KEKFile, "ca-kek-file", "CA_KEK_FILE", "", "file with 32 random bytes (raw or base64; mode 0600, or 0440 with a group of this process) sealing the self-signed root keys in KV; required in self-signed mode")
 	fs.Duration(&c.CA.RotateMinInterval, "root-rotate-min-interval", "ROOT_ROTATE_MIN_INTERVAL", c.CA.RotateMinInterval, "refuse a forced root rotation this soon after the last rotation (0: no limit)")
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")

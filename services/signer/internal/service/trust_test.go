@@ -197,7 +197,7 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 		act     func() error
 		want    string
 	}{
-		{name: "KEK file readable by others", act: func() error { return withKEK(writeKEK(t, key, 0o644)) }, want: "must not be accessible by group or others"},
+		{name: "KEK file readable by others", act: func() error { return withKEK(writeKEK(t, key, 0o644)) }, want: "others may access it"},
 		{name: "KEK file of 16 bytes", act: func() error { return withKEK(writeKEK(t, key[:16], 0o600)) }, want: "want 32 random bytes"},
 		{name: "no KEK file", act: func() error { return withKEK(filepath.Join(t.TempDir(), "nope")) }, want: "-ca-kek-file"},
 		{name: "wrong KEK", act: func() error { return withKEK(writeKEK(t, key, 0o600)) }, want: "cannot unseal CA key: wrong -ca-kek-file?"},
