@@ -5,6 +5,7 @@ import (
 	"net"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -53,6 +54,9 @@ func (c *checker) addf(format string, a ...any) {
 
 func (c *checker) workload(w *workload) {
 	where := w.kind + "/" + w.name
+	if c.inv != nil { // a fleet pod: all of it is ours
+		c.restrictedPod(where, w.spec)
+	}
 	for _, ct := range w.spec.InitContainers {
 		if ct.RestartPolicy == nil || *ct.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 			continue // a plain init container of the workload: not ours
@@ -85,6 +89,7 @@ func (c *checker) container(where string, w *workload, ct corev1.Container) {
 		c.addf("%s: image %q runs no meshagent binary", where, ct.Image)
 		return
 	}
+	c.restrictedContainer(where, w.spec, ct)
 	b := c.bins[bin]
 	env := map[string]string{}
 	for _, e := range ct.Env {
@@ -271,16 +276,99 @@ func (c *checker) path(where string, w *workload, ct corev1.Container, name, p s
 		if vol.Secret == nil {
 			c.addf("%s: %s=%s must come from a Secret", where, name, p)
 		}
-		if mode == nil || *mode&0o077 != 0 {
-			c.addf("%s: %s=%s: the binary refuses a file group or others may read; set defaultMode 0400", where, name, p)
-		}
-		if w.spec.SecurityContext != nil && w.spec.SecurityContext.FSGroup != nil {
-			c.addf("%s: %s=%s: an fsGroup makes secret files group-readable, which the binary refuses", where, name, p)
-		}
-		if uid := runAsUser(w.spec, ct); uid == nil || *uid != 0 {
-			c.addf("%s: %s=%s: secret files belong to root; the container must run as uid 0 (capabilities dropped) to read a 0400 file", where, name, p)
+		c.secretReadable(where, w.spec, ct, name, p, mode)
+	}
+}
+
+// secretReadable checks that the binary will read secret file p (policy.OpenSecret)
+// as the kubelet writes it: owned by root; with an fsGroup, of that group with
+// group read added, and the process has that group.
+func (c *checker) secretReadable(where string, spec corev1.PodSpec, ct corev1.Container, name, p string, mode *int32) {
+	eff := int32(0o644) // the kubelet's default mode
+	if mode != nil {
+		eff = *mode
+	}
+	var fsGroup *int64
+	if spec.SecurityContext != nil {
+		fsGroup = spec.SecurityContext.FSGroup
+	}
+	if fsGroup != nil {
+		eff |= 0o440 // a read-only volume under an fsGroup: group read added
+	}
+	switch {
+	case eff&0o007 != 0:
+		c.addf("%s: %s=%s: mode %04o lets others read it, which the binary refuses; set defaultMode 0440 (with an fsGroup) or 0400", where, name, p, eff)
+	case eff&0o030 != 0:
+		c.addf("%s: %s=%s: mode %04o lets its group write it, which the binary refuses; set defaultMode 0440", where, name, p, eff)
+	}
+	uid := runAsUser(spec, ct)
+	switch {
+	case uid == nil:
+		c.addf("%s: %s=%s: runAsUser unset: the image's user would read it; set a fixed uid", where, name, p)
+	case *uid == 0:
+		// Root owns the file and reads it without any capability.
+	case fsGroup == nil || eff&0o040 == 0:
+		c.addf("%s: %s=%s: uid %d cannot read a root-owned Secret file; set an fsGroup (the file's group, and the container's) and defaultMode 0440", where, name, p, *uid)
+	}
+}
+
+// restrictedPod checks the pod-level settings of the Pod Security Standard
+// "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards).
+func (c *checker) restrictedPod(where string, spec corev1.PodSpec) {
+	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
+		c.addf("%s: host namespaces: not allowed under Pod Security restricted", where)
+	}
+	if sc := spec.SecurityContext; sc != nil && sc.RunAsUser != nil && *sc.RunAsUser == 0 {
+		c.addf("%s: runAsUser 0: Pod Security restricted needs a non-root uid", where)
+	}
+	for _, v := range spec.Volumes {
+		if v.ConfigMap == nil && v.Secret == nil && v.Projected == nil && v.EmptyDir == nil && v.CSI == nil &&
+			v.DownwardAPI == nil && v.Ephemeral == nil && v.PersistentVolumeClaim == nil {
+			c.addf("%s: volume %s: a kind Pod Security restricted does not allow", where, v.Name)
 		}
 	}
+}
+
+// restrictedContainer checks one container against "restricted", with what it
+// inherits from the pod.
+func (c *checker) restrictedContainer(where string, spec corev1.PodSpec, ct corev1.Container) {
+	ps, sc := spec.SecurityContext, ct.SecurityContext
+	nonRoot := ps != nil && ps.RunAsNonRoot != nil && *ps.RunAsNonRoot
+	seccomp := ps != nil && seccompOK(ps.SeccompProfile)
+	if sc != nil && sc.RunAsNonRoot != nil {
+		nonRoot = *sc.RunAsNonRoot
+	}
+	if sc != nil && sc.SeccompProfile != nil {
+		seccomp = seccompOK(sc.SeccompProfile)
+	}
+	if !nonRoot {
+		c.addf("%s: runAsNonRoot must be true (Pod Security restricted)", where)
+	}
+	if uid := runAsUser(spec, ct); uid != nil && *uid == 0 {
+		c.addf("%s: runAsUser 0: Pod Security restricted needs a non-root uid", where)
+	}
+	if !seccomp {
+		c.addf("%s: seccompProfile must be RuntimeDefault or Localhost (Pod Security restricted)", where)
+	}
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		c.addf("%s: allowPrivilegeEscalation must be false (Pod Security restricted)", where)
+	}
+	if sc != nil && sc.Privileged != nil && *sc.Privileged {
+		c.addf("%s: privileged (Pod Security restricted)", where)
+	}
+	if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		c.addf("%s: capabilities must drop ALL (Pod Security restricted)", where)
+	} else {
+		for _, add := range sc.Capabilities.Add {
+			if add != "NET_BIND_SERVICE" {
+				c.addf("%s: adds capability %s (Pod Security restricted allows only NET_BIND_SERVICE)", where, add)
+			}
+		}
+	}
+}
+
+func seccompOK(p *corev1.SeccompProfile) bool {
+	return p != nil && (p.Type == corev1.SeccompProfileTypeRuntimeDefault || p.Type == corev1.SeccompProfileTypeLocalhost)
 }
 
 func runAsUser(spec corev1.PodSpec, ct corev1.Container) *int64 {

@@ -30,6 +30,7 @@ func TestManifestsMatchBinaries(t *testing.T) {
 	}{
 		{"base", true, 2, "nats-0.nats.meshagent-system.svc"},
 		{"external-nats", false, 2, "nats.example.internal"},
+		{"token-review", true, 2, "nats-0.nats.meshagent-system.svc"},
 	} {
 		t.Run(tt.dir, func(t *testing.T) {
 			inv, err := decodeAll(build(t, tt.dir))
@@ -67,6 +68,57 @@ func TestManifestsMatchBinaries(t *testing.T) {
 				t.Errorf("kinds %v", inv.kinds)
 			}
 		})
+	}
+}
+
+// The namespace enforces Pod Security "restricted" (every pod in it is checked
+// against it by TestManifestsMatchBinaries).
+func TestNamespaceEnforcesRestricted(t *testing.T) {
+	inv, err := decodeAll(build(t, "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := inv.namespaces["meshagent-system"]
+	if ns == nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Fatalf("namespace %+v", ns)
+	}
+}
+
+// The token-review overlay turns discovery off and TokenReview on, and lets the
+// signer's own service account (and only it) create TokenReviews.
+func TestTokenReviewOverlay(t *testing.T) {
+	inv, err := decodeAll(build(t, "token-review"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var signer *workload
+	for _, w := range inv.workloads {
+		if w.name == "signer" {
+			signer = w
+		}
+	}
+	env := map[string]string{}
+	for _, e := range signer.spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	if env["TOKEN_REVIEW"] != "true" || env["TOKEN_ISSUER_DISCOVERY"] != "false" || env["TOKEN_AUDIENCE"] != "istio-ca" ||
+		env["TOKEN_ISSUER_CA_FILE"] != saTokenDir+"/ca.crt" || env["TOKEN_ISSUER_BEARER_FILE"] != saTokenDir+"/token" {
+		t.Fatalf("signer env %v", env)
+	}
+	if signer.spec.AutomountServiceAccountToken == nil || !*signer.spec.AutomountServiceAccountToken {
+		t.Fatal("the signer needs its service-account token to call the API server")
+	}
+	if len(inv.bindings) != 1 {
+		t.Fatalf("%d ClusterRoleBindings", len(inv.bindings))
+	}
+	b := inv.bindings[0]
+	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "system:auth-delegator" || len(b.Subjects) != 1 ||
+		b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != signer.spec.ServiceAccountName || b.Subjects[0].Namespace != signer.namespace {
+		t.Fatalf("binding %+v", b)
+	}
+	// base binds nothing cluster-wide.
+	if base, err := decodeAll(build(t, "base")); err != nil || len(base.bindings) != 0 {
+		t.Fatalf("base: %v, %d bindings", err, len(base.bindings))
 	}
 }
 
@@ -221,13 +273,19 @@ func TestCheckerCatchesMismatches(t *testing.T) {
 		{"probe on another port", "value: 0.0.0.0:15093", "value: 0.0.0.0:15094", "no containerPort"},
 		{"file on no volume", "value: /var/run/secrets/meshagent/ca-kek/ca-kek", "value: /etc/ca-kek", "on no volume"},
 		{"file not in the secret", "value: /var/run/secrets/meshagent/bus/rotator.nk", "value: /var/run/secrets/meshagent/bus/rotor.nk", "holds no file"},
-		{"group-readable seed", "defaultMode: 256", "defaultMode: 288", "group or others"},
+		{"world-readable seed", "defaultMode: 288\n          items:\n          - key: signer.nk", "defaultMode: 292\n          items:\n          - key: signer.nk", "lets others read it"},
+		{"group-writable KEK", "defaultMode: 288\n          items:\n          - key: ca-kek", "defaultMode: 304\n          items:\n          - key: ca-kek", "lets its group write it"},
 		{"service port", "targetPort: grpc-ca", "targetPort: grpc", "declares no such port"},
 		{"missing ConfigMap key", "key: token-issuer", "key: token-issuers", "has no key token-issuers"},
 		{"image", "image: meshagent/rotator:dev", "image: meshagent/rotater:dev", "runs no meshagent binary"},
 		{"seed name", "- key: signer.nk\n            path: signer.nk", "- key: ca.nk\n            path: signer.nk", "no file `meshctl bus-auth` writes"},
-		{"fsGroup", "runAsUser: 0\n", "runAsUser: 0\n        fsGroup: 1000\n", "fsGroup"},
-		{"non-root reader", "runAsUser: 0\n", "runAsUser: 65532\n", "must run as uid 0"},
+		{"non-root reader without fsGroup", "        fsGroup: 65532\n", "", "cannot read a root-owned Secret file; set an fsGroup"},
+		{"root", "runAsUser: 65532\n", "runAsUser: 0\n", "runAsUser 0"},
+		{"runAsNonRoot off", "runAsNonRoot: true", "runAsNonRoot: false", "runAsNonRoot must be true"},
+		{"privilege escalation", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "allowPrivilegeEscalation must be false"},
+		{"capabilities kept", `- ALL`, `- NET_ADMIN`, "capabilities must drop ALL"},
+		{"no seccomp", "type: RuntimeDefault", "type: Unconfined", "seccompProfile must be RuntimeDefault"},
+		{"host network", "serviceAccountName: signer\n", "serviceAccountName: signer\n      hostNetwork: true\n", "host namespaces"},
 		{"PDB over one replica", "replicas: 2", "replicas: 1", "no eviction could ever pass"},
 	}
 	for _, tt := range tests {
@@ -262,7 +320,7 @@ func TestDocCreatesEveryOperatorObject(t *testing.T) {
 			t.Errorf("docs/kubernetes.md has no kubectl create for %s", name)
 		}
 	}
-	for _, cmd := range []string{"meshctl bus-auth -out", "kubectl apply -k deploy/kubernetes/base", "go run ./deploy/kubernetes/cmd/inject",
+	for _, cmd := range []string{"meshctl bus-auth -out", "kubectl apply -k deploy/kubernetes/base", "kubectl apply -k deploy/kubernetes/token-review", "go run ./deploy/kubernetes/cmd/inject",
 		"kubectl -n meshagent-system scale deployment/signer", "meshctl rotate root", "kubectl -n meshagent-system set image deployment/signer",
 		"kubectl -n meshagent-system rollout status"} {
 		if !strings.Contains(string(doc), cmd) {
