@@ -13,8 +13,8 @@ import (
 	"syscall"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/config"
 	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
 	"golang.org/x/sync/errgroup"

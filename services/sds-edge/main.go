@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )

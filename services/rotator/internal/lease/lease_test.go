@@ -7,7 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
+	"github.com/meshagent/meshagent/pkg/clock"
 )
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -30,7 +30,7 @@ func TestLeaderStepsDownWhenCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := fakeclock.New(time.Now())
+	clk := clock.NewFake(time.Now())
 	l := New(kv, clk, "a", 5*time.Second, hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	leading := make(chan struct{}, 1)
@@ -52,7 +52,7 @@ func TestLeaderStepsDownWhenCutOff(t *testing.T) {
 	var elapsed time.Duration
 	for l.Leader() {
 		n := l.Rounds()
-		clk.Advance(l.Period())
+		clk.Add(l.Period())
 		elapsed += l.Period()
 		eventually(t, "a round", func() bool { return l.Rounds() > n })
 		if elapsed > l.ttl {

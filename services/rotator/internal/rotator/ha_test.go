@@ -41,13 +41,13 @@ func TestRestartMidSchedule(t *testing.T) {
 		h.issue(p, fmt.Sprint(i+1), now.Add(time.Duration(i-4)*time.Hour), 10*time.Hour, "root-a")
 	}
 	waitScheduled(t, a, 6)
-	h.clk.Advance(2*time.Hour + time.Minute) // p-0 and p-1 due
+	h.clk.Add(2*time.Hour + time.Minute) // p-0 and p-1 due
 	h.waitSent(2)
 	h.settle(a)
 	a.stop()
 
 	// Nobody runs while p-2 and p-3 come due.
-	h.clk.Advance(2 * time.Hour)
+	h.clk.Add(2 * time.Hour)
 	h.settle()
 	if n := len(h.sent()); n != 2 {
 		t.Fatalf("%d sent while no rotator ran", n)
@@ -59,7 +59,7 @@ func TestRestartMidSchedule(t *testing.T) {
 	if ps := sortedPods(got[2:]); fmt.Sprint(ps) != "[p-2 p-3]" {
 		t.Fatalf("sent on start: %v, want p-2 and p-3", ps)
 	}
-	h.clk.Advance(2 * time.Hour) // p-4 and p-5
+	h.clk.Add(2 * time.Hour) // p-4 and p-5
 	h.waitSent(6)
 	h.settle(b)
 	exactlyOnce(t, h, pods)
@@ -95,7 +95,7 @@ func TestSplitBrainSendsOnce(t *testing.T) {
 	go func() { defer close(done); b.lead(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitScheduled(t, b, 200)
-	h.clk.Advance(61 * time.Minute)
+	h.clk.Add(61 * time.Minute)
 	h.waitSent(200)
 	h.settle(a, b)
 	exactlyOnce(t, h, pods)
@@ -139,7 +139,7 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 			}
 		}
 		ra, rb := a.Lease().Rounds(), b.Lease().Rounds()
-		h.clk.Advance(step)
+		h.clk.Add(step)
 		eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
 			return a.Lease().Rounds() > ra && b.Lease().Rounds() > rb
 		})
@@ -209,7 +209,7 @@ func TestReplicaKilledFailover(t *testing.T) {
 		t.Fatalf("new leader: %d entries, read %v changes; want 50 from the warm standby and none to read",
 			st.Scheduled, counter(t, b.m.rebuildChanges))
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	got := h.waitSent(1)
 	if got[0].Pod != "web-0" {
 		t.Fatalf("after failover: %+v", got)
@@ -223,7 +223,7 @@ func step(t *testing.T, h *harness, d time.Duration, reps ...*replica) {
 	for i, r := range reps {
 		before[i] = r.Lease().Rounds()
 	}
-	h.clk.Advance(d)
+	h.clk.Add(d)
 	for i, r := range reps {
 		eventually(t, r.opts.Instance+" lease round", func() bool { return r.Lease().Rounds() > before[i] })
 	}

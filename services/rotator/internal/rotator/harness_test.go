@@ -11,8 +11,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -27,7 +27,7 @@ import (
 type harness struct {
 	t   *testing.T
 	srv *server.Server
-	clk *fakeclock.Clock
+	clk *clock.Fake
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
@@ -39,7 +39,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, srv: bustest.Server(t), clk: fakeclock.New(time.Now().UTC().Truncate(time.Second))}
+	h := &harness{t: t, srv: bustest.Server(t), clk: clock.NewFake(time.Now().UTC().Truncate(time.Second))}
 	h.nc = bustest.Conn(t, h.srv)
 	h.js = bustest.JetStream(t, h.nc)
 	// The signer creates the event stream; the rotator only waits for it.

@@ -78,7 +78,7 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 	if _, ok := r.Record("web-9", ev.Resource); ok {
 		t.Fatal("overlong entry scheduled")
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	got := h.waitSent(2)
 	h.settle(r)
 	if ps := sortedPods(h.sent()); fmt.Sprint(ps) != "[web-0 web-1]" {
@@ -105,7 +105,7 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	h.waitSent(1)
 	eventually(t, "overlong entry dropped", func() bool {
 		_, ok := r.Record("web-9", long)

@@ -20,12 +20,12 @@ func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
 	h.issue("web-1", "0b", now, 2*time.Hour, "root-a")
 	waitScheduled(t, r, 2)
 
-	h.clk.Advance(29 * time.Minute)
+	h.clk.Add(29 * time.Minute)
 	h.settle(r)
 	if got := h.sent(); len(got) != 0 {
 		t.Fatalf("sent before due: %+v", got)
 	}
-	h.clk.Advance(2 * time.Minute)
+	h.clk.Add(2 * time.Minute)
 	got := h.waitSent(1)
 	rd := got[0]
 	if rd.Pod != "web-0" || rd.Serial != "0a" || rd.Reason != events.RenewScheduled || rd.Attempt != 1 || rd.Resource != "default" {
@@ -70,7 +70,7 @@ func TestReplacementOverTheBus(t *testing.T) {
 		rec, _ := r.Record("web-0", "default")
 		return rec.Serial == "03"
 	})
-	h.clk.Advance(40 * time.Minute)
+	h.clk.Add(40 * time.Minute)
 	h.waitSent(1)
 	h.settle(r)
 	if got := h.sent(); len(got) != 1 || got[0].Serial != "03" {
@@ -100,7 +100,7 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 		_, ok, err := r.store.Get(context.Background(), "web-0", "default")
 		return err == nil && !ok
 	})
-	h.clk.Advance(45 * time.Minute)
+	h.clk.Add(45 * time.Minute)
 	h.waitSent(1)
 	h.settle(r)
 	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
@@ -117,10 +117,10 @@ func TestResendWhenNoNewCert(t *testing.T) {
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, 10*time.Hour, "root-a")
 	waitScheduled(t, r, 1)
-	h.clk.Advance(5 * time.Hour)
+	h.clk.Add(5 * time.Hour)
 	h.waitSent(1)
 	for i, step := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute} {
-		h.clk.Advance(step)
+		h.clk.Add(step)
 		got := h.waitSent(i + 2)
 		last := got[len(got)-1]
 		if last.Reason != events.RenewRetry || last.Attempt != i+2 || last.Serial != "01" {
@@ -133,7 +133,7 @@ func TestResendWhenNoNewCert(t *testing.T) {
 	// A new certificate stops the retries.
 	h.issue("web-0", "02", h.clk.Now(), 10*time.Hour, "root-a")
 	eventually(t, "replaced", func() bool { rec, _ := r.Record("web-0", ""); return rec.Serial == "02" })
-	h.clk.Advance(30 * time.Minute)
+	h.clk.Add(30 * time.Minute)
 	h.settle(r)
 	if got := h.sent(); len(got) != 4 {
 		t.Fatalf("%d renew-due after the new certificate came, want 4", len(got))
@@ -242,7 +242,7 @@ func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
 	// step can land before the dispatcher re-armed its timer; the next one wakes it.)
 	for i := 0; len(h.sent()) < 5 && i < 500; i++ {
 		n := len(h.sent())
-		h.clk.Advance(100 * time.Millisecond)
+		h.clk.Add(100 * time.Millisecond)
 		for j := 0; j < 20 && len(h.sent()) == n; j++ {
 			time.Sleep(5 * time.Millisecond)
 		}

@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,7 +43,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
 	logs := &syncBuffer{}
 	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), fakeclock.New(time.Now()), prometheus.NewRegistry(), log)
+	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 func TestGivesUpWithoutTheEventStream(t *testing.T) {
 	srv := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), fakeclock.New(time.Now()), prometheus.NewRegistry(), hclog.NewNullLogger())
+	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,12 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"

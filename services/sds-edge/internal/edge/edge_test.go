@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 )
 
 func TestColdStartServesIdentityAndRoots(t *testing.T) {
@@ -157,11 +157,11 @@ func TestSafetyDeadlineRenewsWithoutRotator(t *testing.T) {
 	st := p.open(t, p.dial(t), "default")
 	first := leafOf(t, recv(t, st).Secrets["default"])
 	eventually(t, "safety timer armed", func() bool { return clk.Timers() == 1 })
-	clk.Advance(40 * time.Minute) // before 80% of the hour: the timer stays armed
+	clk.Add(40 * time.Minute) // before 80% of the hour: the timer stays armed
 	if clk.Timers() != 1 || v.ca.requests.Load() != 1 {
 		t.Fatalf("renewed before the deadline")
 	}
-	clk.Advance(9 * time.Minute) // past notBefore + 48m
+	clk.Add(9 * time.Minute) // past notBefore + 48m
 	next := leafOf(t, recv(t, st).Secrets["default"])
 	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
 		t.Fatal("safety renewal pushed the same certificate")

@@ -17,10 +17,10 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )

@@ -14,38 +14,22 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
-// Clock is a settable clock.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// Clock is the shared fake clock (pkg/clock): Now, Add, Set, and timers that fire
+// when it moves.
+type Clock = clock.Fake
 
-// NewClock starts at t.
-func NewClock(t time.Time) *Clock { return &Clock{t: t} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Add moves the clock.
-func (c *Clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+// NewClock starts a fake clock at t.
+func NewClock(t time.Time) *Clock { return clock.NewFake(t) }
 
 // Issuer mints ES256 tokens the way meshctl token does: kid is the key's JWK thumbprint.
 type Issuer struct {
