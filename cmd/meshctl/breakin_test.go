@@ -33,6 +33,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -212,7 +213,7 @@ func (v *violations) saw(subject string) bool {
 func requireViolations(t *testing.T, who string, v *violations, subjects ...string) {
 	t.Helper()
 	for _, s := range subjects {
-		eventually(t, 5*time.Second, func() bool { return v.saw(s) }, "%s: no permission violation for %s", who, s)
+		testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("%s: no permission violation for %s", who, s), func() bool { return v.saw(s) })
 	}
 }
 
@@ -249,17 +250,6 @@ func flush(t *testing.T, ncs ...*nats.Conn) {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-func eventually(t *testing.T, within time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf(format, args...)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

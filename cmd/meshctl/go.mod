@@ -33,7 +33,6 @@ require (
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -61,7 +60,9 @@ require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
+	github.com/nats-io/nkeys v0.4.16
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/protobuf v1.36.12
 )
@@ -69,3 +70,5 @@ require (
 replace github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 
 replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit

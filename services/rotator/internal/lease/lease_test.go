@@ -8,18 +8,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // TestLeaderStepsDownWhenCutOff: a leader that cannot renew gives up within TTL/2,
 // before any follower may take over, so two never lead at once.
@@ -54,7 +44,7 @@ func TestLeaderStepsDownWhenCutOff(t *testing.T) {
 		n := l.Rounds()
 		clk.Add(l.Period())
 		elapsed += l.Period()
-		eventually(t, "a round", func() bool { return l.Rounds() > n })
+		testkit.Eventually(t, "a round", func() bool { return l.Rounds() > n })
 		if elapsed > l.ttl {
 			t.Fatalf("still leading %v after losing the bus", elapsed)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/lease"
 )
 
@@ -80,7 +81,7 @@ func TestSplitBrainSendsOnce(t *testing.T) {
 	// one term at a time, and the rogue term is the one this test adds.
 	opts.LeaseTTL = 48 * time.Hour
 	b := h.start(opts)
-	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
+	testkit.Eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
 	var pods []string
 	for i := range 200 {
@@ -112,7 +113,7 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 	waitLeader(t, a)
 	opts.Instance = "r1"
 	b := h.start(opts)
-	eventually(t, "r1 knows the lease", func() bool { return b.Ready() == nil })
+	testkit.Eventually(t, "r1 knows the lease", func() bool { return b.Ready() == nil })
 	if b.Leader() {
 		t.Fatal("two leaders")
 	}
@@ -140,7 +141,7 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 		}
 		ra, rb := a.Lease().Rounds(), b.Lease().Rounds()
 		h.clk.Add(step)
-		eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
+		testkit.Eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
 			return a.Lease().Rounds() > ra && b.Lease().Rounds() > rb
 		})
 	}
@@ -163,14 +164,14 @@ func TestReplicaKilledFailover(t *testing.T) {
 	a := h.start(testOptions("r0"))
 	waitLeader(t, a)
 	b := h.start(testOptions("r1"))
-	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
+	testkit.Eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	for i := range 49 {
 		h.issue(fmt.Sprintf("p-%d", i), fmt.Sprint(i+100), now, 10*time.Hour, "root-a")
 	}
 	waitScheduled(t, a, 50)
-	eventually(t, "r1's standby schedule warm with all 50", func() bool {
+	testkit.Eventually(t, "r1's standby schedule warm with all 50", func() bool {
 		b.mirrorMu.Lock()
 		m := b.mirror
 		b.mirrorMu.Unlock()
@@ -225,6 +226,6 @@ func step(t *testing.T, h *harness, d time.Duration, reps ...*replica) {
 	}
 	h.clk.Add(d)
 	for i, r := range reps {
-		eventually(t, r.opts.Instance+" lease round", func() bool { return r.Lease().Rounds() > before[i] })
+		testkit.Eventually(t, r.opts.Instance+" lease round", func() bool { return r.Lease().Rounds() > before[i] })
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -57,7 +58,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 		}
 	})
 
-	eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for the event stream") })
+	testkit.Eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for the event stream") })
 	if _, err := js.Stream(context.Background(), events.StreamEvents); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the rotator created the stream (or it cannot be looked up): %v", err)
 	}
@@ -69,7 +70,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 	if _, err := bus.EnsureEventStream(context.Background(), js, 1, 90*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the rotator ready once the stream exists", func() bool { return r.Ready() == nil })
+	testkit.Eventually(t, "the rotator ready once the stream exists", func() bool { return r.Ready() == nil })
 	st, err := js.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)

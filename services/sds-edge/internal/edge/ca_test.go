@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestOutputCerts(t *testing.T) {
@@ -39,7 +40,7 @@ func TestOutputCerts(t *testing.T) {
 			served := recv(t, st).Secrets["default"]
 			check := func(want []byte) {
 				t.Helper()
-				eventually(t, "files written", func() bool {
+				testkit.Eventually(t, "files written", func() bool {
 					b, err := os.ReadFile(filepath.Join(dir, "key.pem"))
 					return err == nil && bytes.Equal(b, want)
 				})
@@ -168,7 +169,7 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 		renew(t, v.nc, "")
 	}
 	recv(t, st)
-	eventually(t, "burst handled", func() bool { return v.ca.inFlight.Load() == 0 })
+	testkit.Eventually(t, "burst handled", func() bool { return v.ca.inFlight.Load() == 0 })
 	if m := v.ca.maxFlight.Load(); m != 1 {
 		t.Fatalf("%d CSRs in flight at once", m)
 	}
@@ -194,7 +195,7 @@ func TestFreshTokenReadForEveryCSR(t *testing.T) {
 	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
 	failed := p.metric("sds_edge_csr_failed_total")
 	renew(t, v.nc, "")
-	eventually(t, "certificate for another identity refused", func() bool { return p.metric("sds_edge_csr_failed_total") >= failed+2 })
+	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric("sds_edge_csr_failed_total") >= failed+2 })
 	writeToken(t, p.cfg.Pod.RootDir, fresh)
 	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
 		t.Fatalf("identity %s", id)
@@ -261,7 +262,7 @@ func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
-	eventually(t, "tls failures counted", func() bool { return p.metric("sds_edge_csr_failed_total") >= 2 })
+	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric("sds_edge_csr_failed_total") >= 2 })
 	if v.ca.requests.Load() != 0 {
 		t.Fatal("a CSR reached a CA whose certificate we do not trust")
 	}

@@ -185,17 +185,6 @@ func recv(t testing.TB, st *sdsclient.Stream) sdsclient.Update {
 	return sdsclient.Update{}
 }
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within 15s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
 	t.Helper()
 	certs, err := pki.ParseCertsPEM(s.CertChain)

@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestExistingSDSServerMeansExternalMode(t *testing.T) {
@@ -38,7 +39,7 @@ func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	if err := p.e.Ready(); err != nil {
 		t.Fatalf("external mode not ready: %v", err)
 	}
-	eventually(t, "pod.up external", func() bool {
+	testkit.Eventually(t, "pod.up external", func() bool {
 		return len(find(up, func(e events.PodUp) bool { return e.Mode == "external" })) == 1
 	})
 	if c, err := net.Dial("unix", sock); err != nil {
@@ -145,7 +146,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 			if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/two" {
 				t.Fatalf("after swap served %s", id)
 			}
-			eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+			testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
 			if v.ca.requests.Load() != 0 {
 				t.Fatal("asked the CA in file mode")
 			}
@@ -202,7 +203,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 	if err := p.stop(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod.down published", func() bool {
+	testkit.Eventually(t, "pod.down published", func() bool {
 		return len(find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
 	})
 	if _, err := os.Stat(filepath.Join(root, "deep/er/sds.sock")); !os.IsNotExist(err) {

@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // Clock is the shared fake clock (pkg/clock): Now, Add, Set, and timers that fire
@@ -213,16 +214,10 @@ func WriteCACerts(t testing.TB, dir string, signing *CA, chain []*x509.Certifica
 	}
 }
 
-// Eventually polls cond every 10ms until it holds or timeout passes.
+// Eventually polls cond until it holds or timeout passes (pkg/testkit).
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, timeout, what, cond)
 }
 
 // KEKFile writes 32 random bytes, mode 0600, to a file in a fresh t.TempDir() and

@@ -17,6 +17,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -261,7 +262,7 @@ func BenchmarkRSS(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		socket := filepath.Join(dir, "etc/istio/proxy/XDS")
-		eventually(b, "relay socket", func() bool { _, err := os.Stat(socket); return err == nil })
+		testkit.Eventually(b, "relay socket", func() bool { _, err := os.Stat(socket); return err == nil })
 		time.Sleep(500 * time.Millisecond)
 		idle := rssKB(b, cmd.Process.Pid)
 		client := benchClient(b, "unix://"+socket)

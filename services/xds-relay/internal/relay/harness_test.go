@@ -35,17 +35,6 @@ import (
 
 const testPod = "web-0"
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func shortDir(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "xr")
 	if err != nil {

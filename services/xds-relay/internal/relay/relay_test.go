@@ -13,6 +13,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -65,12 +66,12 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		t.Fatalf("second response: version %q nonce %q (first %q) clusters %v", r2.GetVersionInfo(), r2.GetNonce(), r1.GetNonce(), clusterNames(t, r2))
 	}
 	// The ACK reached the upstream unchanged.
-	eventually(t, "ack upstream", func() bool {
+	testkit.Eventually(t, "ack upstream", func() bool {
 		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 			return r.GetTypeUrl() == resource.ClusterType && r.GetVersionInfo() == "v1" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
 	})
-	eventually(t, "connected event", func() bool {
+	testkit.Eventually(t, "connected event", func() bool {
 		return len(find(env.rec, func(e events.XDSConnected) bool {
 			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
@@ -82,10 +83,10 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		t.Fatalf("streams gauge = %v, want 1", v)
 	}
 	cancel()
-	eventually(t, "disconnected event", func() bool {
+	testkit.Eventually(t, "disconnected event", func() bool {
 		return len(find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
 	})
-	eventually(t, "gauge back to 0", func() bool {
+	testkit.Eventually(t, "gauge back to 0", func() bool {
 		return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
@@ -122,7 +123,7 @@ func TestDeltaVersionsAndNonces(t *testing.T) {
 		len(r2.GetRemovedResources()) != 1 || r2.GetRemovedResources()[0] != "a" {
 		t.Fatalf("second delta response: %v", r2)
 	}
-	eventually(t, "delta connected event", func() bool {
+	testkit.Eventually(t, "delta connected event", func() bool {
 		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
 	})
 }
@@ -143,12 +144,12 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 	if err := st.Send(nack); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "nack event", func() bool {
+	testkit.Eventually(t, "nack event", func() bool {
 		return len(find(env.rec, func(e events.XDSNack) bool {
 			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPod
 		})) == 1
 	})
-	eventually(t, "nack upstream", func() bool {
+	testkit.Eventually(t, "nack upstream", func() bool {
 		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 			return r.GetErrorDetail().GetMessage() == "cluster a: bad thing" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
@@ -182,7 +183,7 @@ func TestUpstreamRestartClosesDownstream(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("after upstream restart: err = %v, want Unavailable", err)
 	}
-	eventually(t, "disconnected with upstream reason", func() bool {
+	testkit.Eventually(t, "disconnected with upstream reason", func() bool {
 		return len(find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
 	})
 	if v := metric(t, env.reg, "xds_relay_upstream_terminations_total", nil); v != 1 {
@@ -235,7 +236,7 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		openCDS(t, ctx, env.socket, "nobody")
-		eventually(t, "request upstream", func() bool {
+		testkit.Eventually(t, "request upstream", func() bool {
 			return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 				return r.GetNode().GetId() == "nobody" && r.GetTypeUrl() == resource.ClusterType
 			})) == 1
@@ -244,7 +245,7 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 			t.Fatalf("streams = %v, want 1 while waiting", v)
 		}
 		cancel()
-		eventually(t, "stream released", func() bool {
+		testkit.Eventually(t, "stream released", func() bool {
 			return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 		})
 	})
@@ -288,7 +289,7 @@ func TestConcurrentStreams(t *testing.T) {
 		t.Fatalf("live streams = %v, want %d", v, n)
 	}
 	cancel()
-	eventually(t, "all streams released", func() bool {
+	testkit.Eventually(t, "all streams released", func() bool {
 		return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
