@@ -21,9 +21,9 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/report"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -264,7 +264,10 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	pub := report.New(js, "xds-relay/"+testPod, reg, log)
+	pub, err := outbox.New(js, outbox.Options{Source: "xds-relay/" + testPod, Metric: relay.EventsDropped, Registry: reg, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
 	pc, err := proxyconfig.New(testPod, nc, d, log)
 	if err != nil {
 		t.Fatal(err)

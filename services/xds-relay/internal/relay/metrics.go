@@ -24,6 +24,10 @@ type metrics struct {
 
 const maxTypes = 64
 
+// EventsDropped names the counter of the relay's events not published (the
+// service's pkg/outbox registers it).
+const EventsDropped = "xds_relay_events_dropped_total"
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	typ := []string{"type"}
 	m := &metrics{
