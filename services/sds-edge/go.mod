@@ -39,6 +39,7 @@ require (
 	github.com/meshagent/meshagent/pkg/clock v0.0.0
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
+	github.com/meshagent/meshagent/pkg/udsock v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -73,3 +74,4 @@ replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 
 replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
 
+replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock

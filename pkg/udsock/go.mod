@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/pkg/udsock
+
+go 1.26.0
