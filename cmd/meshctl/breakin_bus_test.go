@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"

@@ -3,7 +3,7 @@ module github.com/meshagent/meshagent/cmd/meshctl
 go 1.26.0
 
 require (
-	github.com/go-jose/go-jose/v4 v4.1.5
+	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
@@ -59,6 +59,7 @@ replace (
 require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
@@ -72,3 +73,5 @@ replace github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
+
+replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken

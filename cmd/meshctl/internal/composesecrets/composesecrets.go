@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/bustls"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 )
