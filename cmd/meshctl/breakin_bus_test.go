@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -265,12 +265,12 @@ func (h *breakin) otherPods(t *testing.T) {
 // can record a certificate; the rotator checks what the bus lets through.
 func (h *breakin) lieToRotator(t *testing.T) {
 	rot := h.st.Rotator.HTTP
-	scheduled := metric(t, rot, "rotator_scheduled")
+	scheduled := metric(t, rot, "meshagent_rotator_scheduled")
 	if scheduled < 2 {
-		t.Fatalf("rotator_scheduled is %v before the attack, want both pods", scheduled)
+		t.Fatalf("meshagent_rotator_scheduled is %v before the attack, want both pods", scheduled)
 	}
-	retired := `rotator_events_total{kind="pod.down",result="retired"}`
-	rejected := `rotator_events_total{kind="pod.down",result="rejected"}`
+	retired := `meshagent_rotator_events_total{kind="pod.down",result="retired"}`
+	rejected := `meshagent_rotator_events_total{kind="pod.down",result="rejected"}`
 	retiredBefore, rejectedBefore := metric(t, rot, retired), metric(t, rot, rejected)
 	victimDown, _ := events.PodEventSubject(victim, events.PodEventDown)
 	attackerDown, _ := events.PodEventSubject(attacker, events.PodEventDown)
@@ -298,7 +298,7 @@ func (h *breakin) lieToRotator(t *testing.T) {
 	if got := h.stored(t, events.SubjectCertIssued); got != issued {
 		t.Fatalf("%d cert.issued records were stored", got-issued)
 	}
-	if metric(t, rot, retired) != retiredBefore || metric(t, rot, "rotator_scheduled") != scheduled {
+	if metric(t, rot, retired) != retiredBefore || metric(t, rot, "meshagent_rotator_scheduled") != scheduled {
 		t.Fatal("the rotator retired or dropped an entry")
 	}
 	// Whether it still renews demo-0 on schedule is seen at the next root rotation

@@ -157,7 +157,7 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 	// A leaked signer credential gets them onto the bus; every receiver checks them.
 	t.Run("with the signer's credential", func(t *testing.T) {
 		rejected := `meshagent_sds_edge_trust_rejected_total{source="trust.changed"}`
-		rotRejected := `rotator_events_total{kind="trust.changed",result="rejected"}`
+		rotRejected := `meshagent_rotator_events_total{kind="trust.changed",result="rejected"}`
 		edgeBefore := map[string]float64{}
 		for _, p := range h.st.Pods {
 			edgeBefore[p.ID] = metric(t, p.HTTP["sds-edge"], rejected)

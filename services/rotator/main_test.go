@@ -37,7 +37,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_, metrics := get("/metrics")
-	for _, m := range []string{"rotator_leader 1", "rotator_scheduled 0", "rotator_min_time_to_expiry_seconds +Inf"} {
+	for _, m := range []string{"meshagent_rotator_leader 1", "meshagent_rotator_scheduled 0", "meshagent_rotator_min_time_to_expiry_seconds +Inf"} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %q", m)
 		}

@@ -71,7 +71,7 @@ func TestRunServesHealthAndSecrets(t *testing.T) {
 	if code, _ := get("/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
 	}
-	if _, body := get("/metrics"); !strings.Contains(body, `sds_edge_cert_expiry_seconds{resource="default"}`) {
+	if _, body := get("/metrics"); !strings.Contains(body, `meshagent_sds_edge_cert_expiry_seconds{resource="default"}`) {
 		t.Fatalf("metrics lack the expiry gauge:\n%s", body)
 	}
 	cc, _ := sdsclient.DialUnix(ctx, filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))

@@ -48,7 +48,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode %v, want a 0600 socket", fi.Mode())
 	}
-	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "xds_relay_upstream_connect_failures_total") {
+	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") {
 		t.Fatal("relay metrics missing from /metrics")
 	}
 	cancel()

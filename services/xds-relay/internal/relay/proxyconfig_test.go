@@ -77,7 +77,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
 		})) == 1
 	})
-	if v := metric(t, env.reg, "xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
 		t.Fatalf("consumed nack metric = %v", v)
 	}
 	if n := len(find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {

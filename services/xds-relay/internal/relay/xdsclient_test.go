@@ -109,7 +109,7 @@ func TestGRPCXDSClientResolvesThroughRelay(t *testing.T) {
 		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Node == "grpc-client" })) >= 1
 	})
 	for _, typ := range []string{resource.ListenerType, resource.ClusterType, resource.EndpointType} {
-		if v := metric(t, env.reg, "xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
+		if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
 			t.Errorf("no %s response relayed", typ)
 		}
 	}
