@@ -93,7 +93,7 @@ type breakin struct {
 }
 
 func newBreakin(t *testing.T) *breakin {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	tap := &wiretap{}
 	r := startStack(t, stack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
 	h := &breakin{dir: dir, st: &r.Stack, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 )
@@ -72,4 +73,17 @@ func HTTPGet(url string) (status int, body string) {
 		return resp.StatusCode, err.Error()
 	}
 	return resp.StatusCode, string(b)
+}
+
+// ShortDir returns a fresh directory, removed when the test ends, whose path is
+// short enough for unix sockets inside it: t.TempDir's path, named after the
+// test, often overflows the kernel's 108-byte socket path limit.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatalf("short dir: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,5 +71,20 @@ func TestHTTPGet(t *testing.T) {
 	}
 	if code, body := HTTPGet(srv.URL); code != 0 || body == "" {
 		t.Fatalf("HTTPGet of a closed server = %d %q, want 0 and the error", code, body)
+	}
+}
+
+func TestShortDirHoldsASocket(t *testing.T) {
+	var dir string
+	t.Run("a test with a long name, as table tests have, that would overflow sun_path", func(t *testing.T) {
+		dir = ShortDir(t)
+		ln, err := net.Listen("unix", dir+"/some-socket-name.sock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.Close()
+	})
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("ShortDir %s not removed after the test: %v", dir, err)
 	}
 }

@@ -10,19 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// shortDir is a temporary directory with a path short enough for a unix socket
-// (t.TempDir's often is not).
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "uds")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
 
 // onlyEntry fails unless dir holds exactly name: no temporary file or directory is left.
 func onlyEntry(t *testing.T, dir, name string) {
@@ -56,7 +46,7 @@ func staleSocket(t *testing.T, path string) {
 func TestListenModeIsNeverLooser(t *testing.T) {
 	for _, mode := range []os.FileMode{0o600, 0o660, 0o700} {
 		t.Run(mode.String(), func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testkit.ShortDir(t)
 			path := filepath.Join(dir, "XDS")
 			stop := make(chan struct{})
 			var (
@@ -185,7 +175,7 @@ func TestListenExistingPath(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := shortDir(t)
+			dir := testkit.ShortDir(t)
 			path := filepath.Join(dir, "XDS")
 			check := tt.prepare(t, path)
 			ln, err := Listen(path, 0o600)
@@ -222,7 +212,7 @@ func TestListenExistingPath(t *testing.T) {
 func TestCloseRemovesOnlyItsOwnSocket(t *testing.T) {
 	for _, replaced := range []bool{false, true} {
 		t.Run(map[bool]string{false: "own", true: "replaced"}[replaced], func(t *testing.T) {
-			path := filepath.Join(shortDir(t), "S")
+			path := filepath.Join(testkit.ShortDir(t), "S")
 			ln, err := Listen(path, 0o600)
 			if err != nil {
 				t.Fatal(err)
@@ -248,7 +238,7 @@ func TestCloseRemovesOnlyItsOwnSocket(t *testing.T) {
 }
 
 func TestLive(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	live := filepath.Join(dir, "live")
 	ln, err := Listen(live, 0o600)
 	if err != nil {

@@ -224,7 +224,7 @@ func TestRenewalByProofWhenTokenUnreadable(t *testing.T) {
 func TestIstioGRPCCA(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	rootFile := filepath.Join(root, "ca-root.pem")
 	if err := os.WriteFile(rootFile, []byte(v.ca.bundle()[0]), 0o644); err != nil {
 		t.Fatal(err)
@@ -256,7 +256,7 @@ func TestIstioGRPCCA(t *testing.T) {
 func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	rootFile := filepath.Join(root, "other-root.pem")
 	if err := os.WriteFile(rootFile, []byte(newTestCA(t).bundle()[0]), 0o644); err != nil {
 		t.Fatal(err)

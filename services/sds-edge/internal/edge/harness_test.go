@@ -21,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )
@@ -49,17 +50,6 @@ func newEnv(t testing.TB) *env {
 	return &env{t: t, ns: ns, nc: nc, ca: ca}
 }
 
-// shortDir is a temp dir with a path short enough for unix sockets.
-func shortDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // pod is one running sds-edge.
 type pod struct {
 	e    *edge.Edge
@@ -83,7 +73,7 @@ func (v *env) startPod(o podOpt) *pod {
 	t.Helper()
 	root := o.root
 	if root == "" {
-		root = shortDir(t)
+		root = testkit.ShortDir(t)
 	}
 	if !o.noTok {
 		writeToken(t, root, v.ca.token("default", "web", time.Hour))

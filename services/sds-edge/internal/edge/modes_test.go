@@ -22,7 +22,7 @@ import (
 func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	v := newEnv(t)
 	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
@@ -54,7 +54,7 @@ func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 
 func TestStaleSocketIsRemoved(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
@@ -127,7 +127,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t)
-			root := shortDir(t)
+			root := testkit.ShortDir(t)
 			dir := filepath.Join(root, tc.dir)
 			writeK8sSecretDir(t, dir, "1", credFiles(t, v.ca, "one"))
 			p := v.startPod(podOpt{root: root, noTok: true, args: tc.args})
@@ -157,7 +157,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 func TestFileResources(t *testing.T) {
 	v := newEnv(t)
 	p := v.startPod(podOpt{args: []string{"-file-debounce", "10ms"}})
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	files := credFiles(t, v.ca, "files")
 	for n, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
@@ -194,7 +194,7 @@ func TestFileResources(t *testing.T) {
 func TestSocketModeAndPodDown(t *testing.T) {
 	v := newEnv(t)
 	down := collect(t, v.nc, events.PodEventWildcard(events.PodEventDown))
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	p := v.startPod(podOpt{root: root, args: []string{"-socket", "deep/er/sds.sock", "-socket-mode", "0660"}})
 	fi, err := os.Stat(filepath.Join(root, "deep/er/sds.sock"))
 	if err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
@@ -213,7 +213,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 
 func TestExternalWaitSeesSlowProvider(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	other := grpc.NewServer()
 	defer other.Stop()

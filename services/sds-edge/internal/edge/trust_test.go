@@ -232,7 +232,7 @@ func writeFile(t testing.TB, path string, data []byte) {
 // answering the very first request is refused, nothing is served or written.
 func TestRogueSignerRefusedWithAnchors(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root, "var/run/secrets/istio/root-cert.pem"), []byte(v.ca.bundle()[0]))
 	evil := newTestCA(t)
 	v.ca.silent.Store(true)
@@ -321,7 +321,7 @@ func checkGenuine(t testing.TB, p *pod, genuine, evil *testCA, out string) {
 // nothing, and counts every refusal.
 func TestWrongTrustAnchorsRefuseTheBundle(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	other := newTestCA(t)
 	writeFile(t, filepath.Join(root, "anchors.pem"), []byte(other.bundle()[0]))
 	p := v.startPod(podOpt{root: root, args: []string{"-trust-anchors-file", "anchors.pem"}})
@@ -336,7 +336,7 @@ func TestWrongTrustAnchorsRefuseTheBundle(t *testing.T) {
 func TestIstioGRPCCAChainMustReachTrustedRoot(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root, "ca-root.pem"), []byte(v.ca.bundle()[0]))
 	writeFile(t, filepath.Join(root, "anchors.pem"), []byte(newTestCA(t).bundle()[0]))
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", "ca-root.pem", "-trust-anchors-file", "anchors.pem"}})
@@ -345,7 +345,7 @@ func TestIstioGRPCCAChainMustReachTrustedRoot(t *testing.T) {
 		t.Fatal("ready with a chain to an untrusted root")
 	}
 	// The same CA with its root as the anchor is accepted.
-	root2 := shortDir(t)
+	root2 := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root2, "ca-root.pem"), []byte(v.ca.bundle()[0]))
 	writeFile(t, filepath.Join(root2, "anchors.pem"), []byte(v.ca.bundle()[0]))
 	p2 := v.startPod(podOpt{root: root2, args: []string{"-ca-addr", addr, "-ca-root-cert", "ca-root.pem", "-trust-anchors-file", "anchors.pem",

@@ -244,7 +244,7 @@ func cpuSeconds(b *testing.B, pid int) float64 {
 // BenchmarkRSS builds the real binary, runs it against an in-process upstream and
 // an embedded bus, and reads its resident memory idle and with 100 live streams.
 func BenchmarkRSS(b *testing.B) {
-	dir := shortDir(b)
+	dir := testkit.ShortDir(b)
 	bin := filepath.Join(dir, "xds-relay")
 	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", bin, "../..") // as make build
 	if out, err := build.CombinedOutput(); err != nil {

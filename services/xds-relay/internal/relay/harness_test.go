@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/outbox"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
@@ -34,15 +35,6 @@ import (
 )
 
 const testPod = "web-0"
-
-func shortDir(t testing.TB) string {
-	dir, err := os.MkdirTemp("", "xr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 func testLog(t testing.TB) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: os.Stderr})
@@ -272,7 +264,7 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(shortDir(t), "XDS")
+	socket := filepath.Join(testkit.ShortDir(t), "XDS")
 	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, []relay.Handler{pc}, pub, reg, log)
 	if err != nil {
 		t.Fatal(err)

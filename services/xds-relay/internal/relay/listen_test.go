@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 )
@@ -75,7 +76,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(shortDir(t), "XDS")
+			path := filepath.Join(testkit.ShortDir(t), "XDS")
 			staleSocket(t, path)
 			d, err := upstream.New(upstream.Config{Address: "127.0.0.1:1", Mode: upstream.Plaintext, MaxMsgSize: 1 << 20,
 				ConnectTimeout: time.Second}, nil, testLog(t))

@@ -321,7 +321,7 @@ func TestLargeResponse(t *testing.T) {
 func TestTokenAndMetadataReachUpstream(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	tokenFile := shortDir(t) + "/token"
+	tokenFile := testkit.ShortDir(t) + "/token"
 	writeFile(t, tokenFile, "tok-1\n")
 	env := startRelay(t, upstream.Config{Address: up.addr, TokenFile: tokenFile, ClusterID: "cluster-7",
 		Headers: map[string]string{"foo": "bar"}}, nil)

@@ -88,7 +88,7 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 		}
 	}
 	set(workload)
-	path := filepath.Join(shortDir(t), "sds")
+	path := filepath.Join(testkit.ShortDir(t), "sds")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
