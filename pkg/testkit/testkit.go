@@ -87,3 +87,15 @@ func ShortDir(t testing.TB) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// StaleSocket leaves a unix socket file at path that nothing listens on, as a
+// killed server leaves it.
+func StaleSocket(t testing.TB, path string) {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+}

@@ -88,3 +88,16 @@ func TestShortDirHoldsASocket(t *testing.T) {
 		t.Fatalf("ShortDir %s not removed after the test: %v", dir, err)
 	}
 }
+
+func TestStaleSocketRefusesConnections(t *testing.T) {
+	path := ShortDir(t) + "/s"
+	StaleSocket(t, path)
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("no socket file at %s: %v", path, err)
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		t.Fatal("a stale socket accepted a connection")
+	}
+}

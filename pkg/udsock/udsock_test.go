@@ -30,17 +30,6 @@ func onlyEntry(t *testing.T, dir, name string) {
 	}
 }
 
-// staleSocket leaves a socket file at path that nothing listens on, as a killed server does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-}
-
 // TestListenModeIsNeverLooser binds repeatedly while another goroutine watches the
 // path: the socket must never be seen there with any mode but the configured one.
 func TestListenModeIsNeverLooser(t *testing.T) {
@@ -117,7 +106,7 @@ func TestListenExistingPath(t *testing.T) {
 		{
 			name: "stale socket is replaced",
 			prepare: func(t *testing.T, path string) func(*testing.T) {
-				staleSocket(t, path)
+				testkit.StaleSocket(t, path)
 				old, err := os.Lstat(path)
 				if err != nil {
 					t.Fatal(err)
@@ -221,7 +210,7 @@ func TestCloseRemovesOnlyItsOwnSocket(t *testing.T) {
 				if err := os.Remove(path); err != nil {
 					t.Fatal(err)
 				}
-				staleSocket(t, path)
+				testkit.StaleSocket(t, path)
 			}
 			if err := ln.Close(); err != nil {
 				t.Fatal(err)
@@ -246,7 +235,7 @@ func TestLive(t *testing.T) {
 	}
 	defer ln.Close()
 	stale := filepath.Join(dir, "stale")
-	staleSocket(t, stale)
+	testkit.StaleSocket(t, stale)
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)

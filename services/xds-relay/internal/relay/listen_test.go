@@ -14,17 +14,6 @@ import (
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 )
 
-// staleSocket leaves a socket file at path that nothing listens on, as a killed relay does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-}
-
 // TestSecondRelayDoesNotStealSocket starts a second relay on a live relay's socket:
 // it refuses with a clear error, and the first keeps serving Envoy.
 func TestSecondRelayDoesNotStealSocket(t *testing.T) {
@@ -77,7 +66,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(testkit.ShortDir(t), "XDS")
-			staleSocket(t, path)
+			testkit.StaleSocket(t, path)
 			d, err := upstream.New(upstream.Config{Address: "127.0.0.1:1", Mode: upstream.Plaintext, MaxMsgSize: 1 << 20,
 				ConnectTimeout: time.Second}, nil, testLog(t))
 			if err != nil {
@@ -113,7 +102,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 			c.Close()
 			if tt.replaced {
 				_ = os.Remove(path)
-				staleSocket(t, path)
+				testkit.StaleSocket(t, path)
 			}
 			cancel()
 			if err := <-done; err != nil {
