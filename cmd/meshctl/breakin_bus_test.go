@@ -4,14 +4,16 @@ package main
 // another pod and lying to the rotator over the bus.
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -38,8 +40,7 @@ func (h *breakin) noCredential(t *testing.T) {
 			t.Errorf("%s: connected", name)
 		}
 	}
-	eventually(t, 5*time.Second, func() bool { return metric(t, h.st.Signer.HTTP, refused) >= before+2 },
-		"the callout did not count the refusals (%s was %v)", refused, before)
+	testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("the callout did not count the refusals (%s was %v)", refused, before), func() bool { return metric(t, h.st.Signer.HTTP, refused) >= before+2 })
 }
 
 // badTokens: expired, foreign, not pod-bound, wrong audience or garbage tokens are
@@ -81,7 +82,7 @@ func (h *breakin) badTokens(t *testing.T) {
 		})
 	}
 	for series, n := range want {
-		eventually(t, 5*time.Second, func() bool { return metric(t, h.st.Signer.HTTP, series) >= n }, "%s did not reach %v", series, n)
+		testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("%s did not reach %v", series, n), func() bool { return metric(t, h.st.Signer.HTTP, series) >= n })
 	}
 	if got := metric(t, h.st.Signer.HTTP, admitted); got != admittedBefore {
 		t.Fatalf("the callout admitted %v connections during the attack", got-admittedBefore)
@@ -190,8 +191,7 @@ func (h *breakin) answerSignRequests(t *testing.T) {
 		t.Fatalf("forced renewal: %v\n%s", err, out)
 	}
 	var now served
-	eventually(t, 30*time.Second, func() bool { now = h.serving(t, victim); return now.serial != before.serial },
-		"%s was not renewed", victim)
+	testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("%s was not renewed", victim), func() bool { now = h.serving(t, victim); return now.serial != before.serial })
 	if !h.inBundle(t, now.root) {
 		t.Fatalf("%s's new leaf chains to %s, not to a root of the signer's bundle", victim, now.root)
 	}
@@ -265,12 +265,12 @@ func (h *breakin) otherPods(t *testing.T) {
 // can record a certificate; the rotator checks what the bus lets through.
 func (h *breakin) lieToRotator(t *testing.T) {
 	rot := h.st.Rotator.HTTP
-	scheduled := metric(t, rot, "rotator_scheduled")
+	scheduled := metric(t, rot, "meshagent_rotator_scheduled")
 	if scheduled < 2 {
-		t.Fatalf("rotator_scheduled is %v before the attack, want both pods", scheduled)
+		t.Fatalf("meshagent_rotator_scheduled is %v before the attack, want both pods", scheduled)
 	}
-	retired := `rotator_events_total{kind="pod.down",result="retired"}`
-	rejected := `rotator_events_total{kind="pod.down",result="rejected"}`
+	retired := `meshagent_rotator_events_total{kind="pod.down",result="retired"}`
+	rejected := `meshagent_rotator_events_total{kind="pod.down",result="rejected"}`
 	retiredBefore, rejectedBefore := metric(t, rot, retired), metric(t, rot, rejected)
 	victimDown, _ := events.PodEventSubject(victim, events.PodEventDown)
 	attackerDown, _ := events.PodEventSubject(attacker, events.PodEventDown)
@@ -291,15 +291,14 @@ func (h *breakin) lieToRotator(t *testing.T) {
 	// demo-1 may report its own pod.down; one that names demo-0 is refused by the rotator.
 	publish(t, h.pod, attackerDown, events.PodDown{Pod: victim, Reason: "deleted"})
 	flush(t, h.pod)
-	eventually(t, 10*time.Second, func() bool { return metric(t, rot, rejected) == rejectedBefore+1 },
-		"the rotator did not refuse demo-1's pod.down naming demo-0")
+	testkit.EventuallyWithin(t, 10*time.Second, "the rotator did not refuse demo-1's pod.down naming demo-0", func() bool { return metric(t, rot, rejected) == rejectedBefore+1 })
 	if got := h.stored(t, victimDown); got != downs {
 		t.Fatalf("%d pod.down events for demo-0 were stored", got-downs)
 	}
 	if got := h.stored(t, events.SubjectCertIssued); got != issued {
 		t.Fatalf("%d cert.issued records were stored", got-issued)
 	}
-	if metric(t, rot, retired) != retiredBefore || metric(t, rot, "rotator_scheduled") != scheduled {
+	if metric(t, rot, retired) != retiredBefore || metric(t, rot, "meshagent_rotator_scheduled") != scheduled {
 		t.Fatal("the rotator retired or dropped an entry")
 	}
 	// Whether it still renews demo-0 on schedule is seen at the next root rotation

@@ -27,12 +27,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -92,7 +93,7 @@ type breakin struct {
 }
 
 func newBreakin(t *testing.T) *breakin {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	tap := &wiretap{}
 	r := startStack(t, stack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
 	h := &breakin{dir: dir, st: &r.Stack, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}
@@ -212,7 +213,7 @@ func (v *violations) saw(subject string) bool {
 func requireViolations(t *testing.T, who string, v *violations, subjects ...string) {
 	t.Helper()
 	for _, s := range subjects {
-		eventually(t, 5*time.Second, func() bool { return v.saw(s) }, "%s: no permission violation for %s", who, s)
+		testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("%s: no permission violation for %s", who, s), func() bool { return v.saw(s) })
 	}
 }
 
@@ -249,17 +250,6 @@ func flush(t *testing.T, ncs ...*nats.Conn) {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-	}
-}
-
-func eventually(t *testing.T, within time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf(format, args...)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 )
 
@@ -155,7 +157,7 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 	// A leaked signer credential gets them onto the bus; every receiver checks them.
 	t.Run("with the signer's credential", func(t *testing.T) {
 		rejected := `meshagent_sds_edge_trust_rejected_total{source="trust.changed"}`
-		rotRejected := `rotator_events_total{kind="trust.changed",result="rejected"}`
+		rotRejected := `meshagent_rotator_events_total{kind="trust.changed",result="rejected"}`
 		edgeBefore := map[string]float64{}
 		for _, p := range h.st.Pods {
 			edgeBefore[p.ID] = metric(t, p.HTTP["sds-edge"], rejected)
@@ -166,13 +168,11 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 		}
 		flush(t, h.signer)
 		for _, p := range h.st.Pods {
-			eventually(t, 10*time.Second, func() bool {
+			testkit.EventuallyWithin(t, 10*time.Second, fmt.Sprintf("%s did not refuse the forged trust.changed", p.ID), func() bool {
 				return metric(t, p.HTTP["sds-edge"], rejected) >= edgeBefore[p.ID]+float64(len(forgeries))
-			},
-				"%s did not refuse the forged trust.changed", p.ID)
+			})
 		}
-		eventually(t, 10*time.Second, func() bool { return metric(t, h.st.Rotator.HTTP, rotRejected) >= rotBefore+float64(len(forgeries)) },
-			"the rotator did not refuse the forged trust.changed")
+		testkit.EventuallyWithin(t, 10*time.Second, "the rotator did not refuse the forged trust.changed", func() bool { return metric(t, h.st.Rotator.HTTP, rotRejected) >= rotBefore+float64(len(forgeries)) })
 		time.Sleep(200 * time.Millisecond) // meshctl's own bundle writer, if it believed them
 		if now, err := os.ReadFile(h.st.TrustBundle); err != nil || !bytes.Equal(now, bundleFile) {
 			t.Errorf("meshctl's trust-bundle.pem changed on a forged trust.changed (%v)", err)
@@ -207,10 +207,10 @@ func (h *breakin) rotate(t *testing.T, newKey bool) string {
 	}
 	var out string
 	var err error
-	eventually(t, 3*rotateMin+5*time.Second, func() bool {
+	testkit.EventuallyWithin(t, 3*rotateMin+5*time.Second, "rotate root: still too soon", func() bool {
 		out, err = meshctl(t, args...)
 		return err == nil || !strings.Contains(err.Error(), "allowed at")
-	}, "rotate root: still too soon: %v", err)
+	})
 	if err != nil {
 		t.Fatalf("rotate root: %v\n%s", err, out)
 	}
@@ -225,10 +225,10 @@ func (h *breakin) rotate(t *testing.T, newKey bool) string {
 func (h *breakin) followed(t *testing.T, fp string) {
 	t.Helper()
 	for _, p := range h.st.Pods {
-		eventually(t, 60*time.Second, func() bool {
+		testkit.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("%s did not follow the rotation to %s", p.ID, fp), func() bool {
 			s := h.serving(t, p.ID)
 			return s.root == fp && contains(s.rootCA, fp)
-		}, "%s did not follow the rotation to %s", p.ID, fp)
+		})
 	}
 }
 
@@ -285,11 +285,11 @@ func (h *breakin) growBundle(t *testing.T) {
 			t.Fatal("still rotating after 10 rotations: no cap")
 		}
 		var r events.RotateReply
-		eventually(t, 3*rotateMin+5*time.Second, func() bool {
+		testkit.EventuallyWithin(t, 3*rotateMin+5*time.Second, "rotation: still too soon", func() bool {
 			var err error
 			r, err = request[events.RotateReply](t, h.admin, events.SubjectRootRotate, events.RotateRequest{})
 			return err == nil && (r.Error == nil || !strings.Contains(r.Error.Message, "allowed at"))
-		}, "rotation: still too soon")
+		})
 		refused = r.Error
 	}
 	if refused.Code != events.CodeResourceExhausted {
@@ -314,7 +314,7 @@ func (h *breakin) growBundle(t *testing.T) {
 	if out, err := meshctl(t, "rotate", "-dir", h.dir, "pod", victim); err != nil {
 		t.Fatalf("forced renewal: %v\n%s", err, out)
 	}
-	eventually(t, 30*time.Second, func() bool { return h.serving(t, victim).serial != before.serial }, "demo-0 was not renewed with a full bundle")
+	testkit.EventuallyWithin(t, 30*time.Second, "demo-0 was not renewed with a full bundle", func() bool { return h.serving(t, victim).serial != before.serial })
 	if h.bundle(t).Generation != b.Generation {
 		t.Fatal("the bundle changed after the refusal")
 	}

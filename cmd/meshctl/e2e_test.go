@@ -28,6 +28,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -58,17 +59,6 @@ func TestMain(m *testing.M) {
 		return m.Run()
 	}()
 	os.Exit(code)
-}
-
-// shortDir keeps unix socket paths under the 108-byte limit.
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }
 
 func startStack(t *testing.T, cfg stack.Config) *stack.Runner {
@@ -106,7 +96,7 @@ func meshctl(t *testing.T, args ...string) (string, error) {
 }
 
 func TestUpSignAndServe(t *testing.T) {
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	r := startStack(t, stack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
 
 	st, err := stack.Read(dir)
@@ -324,7 +314,7 @@ func TestRotationsKeepMutualTLSWorking(t *testing.T) {
 	if testing.Short() {
 		t.Skip("several minutes of rotations")
 	}
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	startStack(t, stack.Config{Dir: dir, Pods: 3, LeafTTL: 30 * time.Second, RootTTL: 150 * time.Second, RootCheck: 2 * time.Second})
 	st, err := stack.Read(dir)
 	if err != nil {

@@ -3,7 +3,7 @@ module github.com/meshagent/meshagent/cmd/meshctl
 go 1.26.0
 
 require (
-	github.com/go-jose/go-jose/v4 v4.1.5
+	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
@@ -33,7 +33,6 @@ require (
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -60,8 +59,11 @@ replace (
 require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
+	github.com/nats-io/nkeys v0.4.16
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/protobuf v1.36.12
 )
@@ -69,3 +71,7 @@ require (
 replace github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 
 replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
+
+replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -22,6 +23,13 @@ type Set struct {
 	getenv    func(string) string
 	errs      []error
 	allowArgs bool
+	meta      map[string]meta // by flag name
+}
+
+// meta is what Usage prints beside a flag: its env var and its own default
+// (the flag's DefValue may hold the environment's value instead).
+type meta struct {
+	env, def string
 }
 
 // New returns a Set named name that reads environment variables through getenv
@@ -32,14 +40,17 @@ func New(name string, getenv func(string) string) *Set {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
-	return &Set{FS: fs, getenv: getenv}
+	return &Set{FS: fs, getenv: getenv, meta: map[string]meta{}}
 }
 
-func (s *Set) usage(usage, env string) string {
-	if env == "" {
-		return usage
+// usage records name's env var and default for Usage and returns the help text.
+func (s *Set) usage(usage, name, env string, def any) string {
+	d := fmt.Sprint(def)
+	if _, ok := def.(string); ok {
+		d = strconv.Quote(d)
 	}
-	return fmt.Sprintf("%s (env %s)", usage, env)
+	s.meta[name] = meta{env: env, def: d}
+	return usage
 }
 
 func (s *Set) lookup(env string) (string, bool) {
@@ -56,14 +67,16 @@ func (s *Set) bad(env, name, v string, err error) {
 
 // String defines a string flag whose default is env's value when set, else def.
 func (s *Set) String(p *string, name, env, def, usage string) {
+	usage = s.usage(usage, name, env, def)
 	if v, ok := s.lookup(env); ok {
 		def = v
 	}
-	s.FS.StringVar(p, name, def, s.usage(usage, env))
+	s.FS.StringVar(p, name, def, usage)
 }
 
 // Bool defines a bool flag whose default is env's value when set, else def.
 func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
+	usage = s.usage(usage, name, env, def)
 	if v, ok := s.lookup(env); ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -72,11 +85,12 @@ func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
 			def = b
 		}
 	}
-	s.FS.BoolVar(p, name, def, s.usage(usage, env))
+	s.FS.BoolVar(p, name, def, usage)
 }
 
 // Int defines an int flag whose default is env's value when set, else def.
 func (s *Set) Int(p *int, name, env string, def int, usage string) {
+	usage = s.usage(usage, name, env, def)
 	if v, ok := s.lookup(env); ok {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -85,11 +99,12 @@ func (s *Set) Int(p *int, name, env string, def int, usage string) {
 			def = n
 		}
 	}
-	s.FS.IntVar(p, name, def, s.usage(usage, env))
+	s.FS.IntVar(p, name, def, usage)
 }
 
 // Float64 defines a float flag whose default is env's value when set, else def.
 func (s *Set) Float64(p *float64, name, env string, def float64, usage string) {
+	usage = s.usage(usage, name, env, def)
 	if v, ok := s.lookup(env); ok {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
@@ -98,12 +113,13 @@ func (s *Set) Float64(p *float64, name, env string, def float64, usage string) {
 			def = f
 		}
 	}
-	s.FS.Float64Var(p, name, def, s.usage(usage, env))
+	s.FS.Float64Var(p, name, def, usage)
 }
 
 // Duration defines a duration flag whose default is env's value when set, else def.
 // Like Istio, a bare integer in the environment is not accepted: units are required.
 func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
+	usage = s.usage(usage, name, env, def)
 	if v, ok := s.lookup(env); ok {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -112,13 +128,19 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, us
 			def = d
 		}
 	}
-	s.FS.DurationVar(p, name, def, s.usage(usage, env))
+	s.FS.DurationVar(p, name, def, usage)
 }
 
 // Parse parses args and reports every malformed environment value together with
-// any command-line error.
+// any command-line error. For -h or -help it returns only a *HelpError (matching
+// flag.ErrHelp) that carries Usage's text: see PrintHelp.
 func (s *Set) Parse(args []string) error {
 	err := s.FS.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		var b strings.Builder
+		s.Usage(&b)
+		return &HelpError{Usage: b.String()}
+	}
 	if err != nil {
 		s.errs = append(s.errs, err)
 	}
@@ -131,9 +153,53 @@ func (s *Set) Parse(args []string) error {
 // AllowArgs lets Parse accept positional arguments (read them from FS.Args()).
 func (s *Set) AllowArgs() { s.allowArgs = true }
 
-// Usage writes the flag defaults to w.
+// Usage writes every flag to w, in name order: the flag and its type, its help,
+// then its env var and its default. Flags defined on FS directly, not through
+// Set, are printed without env var.
 func (s *Set) Usage(w io.Writer) {
-	s.FS.SetOutput(w)
-	s.FS.PrintDefaults()
-	s.FS.SetOutput(io.Discard)
+	fmt.Fprintf(w, "Usage of %s (a flag overrides its env var, which overrides the default):\n", s.FS.Name())
+	s.FS.VisitAll(func(f *flag.Flag) {
+		typ, help := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if typ != "" {
+			line += " " + typ
+		}
+		m, ok := s.meta[f.Name]
+		if !ok {
+			m = meta{def: f.DefValue}
+		}
+		env := m.env
+		if env == "" {
+			env = "none"
+		}
+		fmt.Fprintf(w, "%s\n    \t%s\n    \tenv %s, default %s\n", line, strings.ReplaceAll(help, "\n", "\n    \t"), env, m.def)
+	})
+}
+
+// HelpError is Parse's answer to -h: the usage text the caller should print
+// before exiting successfully.
+type HelpError struct {
+	Usage string
+}
+
+func (e *HelpError) Error() string { return "help requested" }
+
+// Unwrap makes errors.Is(err, flag.ErrHelp) true.
+func (e *HelpError) Unwrap() error { return flag.ErrHelp }
+
+// PrintHelp reports whether err (possibly wrapped or joined) is a request for
+// help; if so it writes the usage to w. A main then exits 0:
+//
+//	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+//		if flagenv.PrintHelp(err, os.Stdout) {
+//			return
+//		}
+//		...
+func PrintHelp(err error, w io.Writer) bool {
+	var h *HelpError
+	if !errors.As(err, &h) {
+		return false
+	}
+	fmt.Fprint(w, h.Usage)
+	return true
 }

@@ -1,6 +1,9 @@
 package flagenv
 
 import (
+	"errors"
+	"flag"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +78,45 @@ func TestAllowArgsKeepsPositionals(t *testing.T) {
 	}
 	if d != "a" || len(s.FS.Args()) != 2 || s.FS.Arg(0) != "pod" {
 		t.Fatalf("dir %q args %v", d, s.FS.Args())
+	}
+}
+
+func TestHelpPrintsEveryFlagWithEnvAndDefault(t *testing.T) {
+	// The env var's value must not show as the default: the default is the code's.
+	s := New("svc", func(k string) string { return map[string]string{"ADDR": "10.0.0.1:1"}[k] })
+	var addr, plain string
+	var ttl time.Duration
+	var on bool
+	s.String(&addr, "addr", "ADDR", "127.0.0.1:9", "listen address")
+	s.Duration(&ttl, "ttl", "TTL", time.Hour, "certificate lifetime")
+	s.Bool(&on, "on", "", false, "a flag with no env var")
+	s.FS.StringVar(&plain, "raw", "x", "defined on FS directly")
+	err := s.Parse([]string{"-ttl", "2h", "-h"})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("Parse(-h) = %v, want flag.ErrHelp", err)
+	}
+	var b strings.Builder
+	if !PrintHelp(fmt.Errorf("load config: %w", errors.Join(err, errors.New("other"))), &b) {
+		t.Fatal("PrintHelp did not see the wrapped help request")
+	}
+	want := `Usage of svc (a flag overrides its env var, which overrides the default):
+  -addr string
+    	listen address
+    	env ADDR, default "127.0.0.1:9"
+  -on
+    	a flag with no env var
+    	env none, default false
+  -raw string
+    	defined on FS directly
+    	env none, default x
+  -ttl duration
+    	certificate lifetime
+    	env TTL, default 1h0m0s
+`
+	if got := b.String(); got != want {
+		t.Fatalf("usage:\n%s\nwant:\n%s", got, want)
+	}
+	if PrintHelp(errors.New("bad flag"), &b) || PrintHelp(nil, &b) {
+		t.Fatal("PrintHelp took a non-help error for help")
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // upstream is a real go-control-plane SDS server on a unix socket.
@@ -117,17 +118,6 @@ func secrets(t *testing.T, cn string) (def, ca sdsclient.Secret) {
 	return sdsclient.Secret{Name: "default", CertChain: chain, PrivateKey: key}, sdsclient.Secret{Name: "ROOTCA", TrustedCA: root}
 }
 
-func eventually(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestStreamRecvAckAndPush(t *testing.T) {
 	path := sockPath(t)
 	up := startUpstream(t, path)
@@ -192,7 +182,7 @@ func TestNackKeepsVersionAndServerSeesError(t *testing.T) {
 	if err := st.Nack(resp, "bad key"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool { return up.nackCount() == 1 })
+	testkit.Eventually(t, "the server to see the NACK", func() bool { return up.nackCount() == 1 })
 	up.mu.Lock()
 	n := up.nacks[0]
 	up.mu.Unlock()
@@ -275,7 +265,7 @@ func TestWatcherFollowsUpdatesAndReconnects(t *testing.T) {
 	d2, r2 := secrets(t, "two")
 	up.set(t, "node-w", "v2", d2, r2)
 	<-changed
-	eventually(t, func() bool {
+	testkit.Eventually(t, "the watcher to take the push", func() bool {
 		c, _ := w.Certificate()
 		return c.Leaf.Subject.CommonName == "two"
 	})
@@ -286,7 +276,7 @@ func TestWatcherFollowsUpdatesAndReconnects(t *testing.T) {
 	up2 := startUpstream(t, path)
 	d3, r3 := secrets(t, "three")
 	up2.set(t, "node-w", "v3", d3, r3)
-	eventually(t, func() bool {
+	testkit.Eventually(t, "the watcher to reconnect and take the new server's secret", func() bool {
 		c, _ := w.Certificate()
 		return c.Leaf.Subject.CommonName == "three"
 	})
@@ -313,7 +303,7 @@ func TestWatcherNacksBadCertificate(t *testing.T) {
 	defer cc.Close()
 	w := sdsclient.NewWatcher(cc, "node-x", nil)
 	go w.Run(ctx)
-	eventually(t, func() bool { return up.nackCount() >= 1 })
+	testkit.Eventually(t, "the server to see the NACK", func() bool { return up.nackCount() >= 1 })
 	if _, err := w.Certificate(); err != sdsclient.ErrNotReady {
 		t.Fatalf("bad certificate installed: %v", err)
 	}

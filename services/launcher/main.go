@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/services/launcher/internal/config"
 	"github.com/meshagent/meshagent/services/launcher/internal/launch"
@@ -19,6 +20,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		if flagenv.PrintHelp(err, os.Stdout) {
+			return // -h: the flags, their env vars and defaults
+		}
 		fmt.Fprintln(os.Stderr, "launcher:", err)
 		os.Exit(1)
 	}

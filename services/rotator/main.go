@@ -5,16 +5,15 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/config"
 	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
 	"golang.org/x/sync/errgroup"
@@ -24,6 +23,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		if flagenv.PrintHelp(err, os.Stdout) {
+			return // -h: the flags, their env vars and defaults
+		}
 		fmt.Fprintln(os.Stderr, "rotator:", err)
 		os.Exit(1)
 	}
@@ -31,10 +33,6 @@ func main() {
 
 func run(ctx context.Context, args []string, getenv func(string) string) error {
 	cfg, err := config.Load(args, getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		config.Usage(os.Stdout)
-		return nil
-	}
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,17 +9,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func TestRunServesReadyAndMetrics(t *testing.T) {
 	srv := bustest.Server(t)
@@ -29,21 +18,13 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 	if _, err := bus.EnsureEventStream(context.Background(), bustest.JetStream(t, bustest.Conn(t, srv)), 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
 	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, ""
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if code, _ := get("/readyz"); code == http.StatusOK {
@@ -56,7 +37,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_, metrics := get("/metrics")
-	for _, m := range []string{"rotator_leader 1", "rotator_scheduled 0", "rotator_min_time_to_expiry_seconds +Inf"} {
+	for _, m := range []string{"meshagent_rotator_leader 1", "meshagent_rotator_scheduled 0", "meshagent_rotator_min_time_to_expiry_seconds +Inf"} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %q", m)
 		}

@@ -15,8 +15,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )
@@ -25,6 +26,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		if flagenv.PrintHelp(err, os.Stdout) {
+			return // -h: the flags, their env vars and defaults
+		}
 		fmt.Fprintln(os.Stderr, "sds-edge:", err)
 		os.Exit(1)
 	}

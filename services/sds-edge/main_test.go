@@ -7,10 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"io"
 	"math/big"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // TestRunServesHealthAndSecrets runs the whole binary's run() in file-mounted mode
@@ -52,23 +50,13 @@ func TestRunServesHealthAndSecrets(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close()
+	addr := testkit.FreeAddr(t)
 	env := map[string]string{"POD_NAME": "web-0", "POD_ROOT": root, "NATS_URL": ns.ClientURL(), "HTTP_ADDR": addr, "LOG_LEVEL": "warn"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }) }()
 
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		if code, _ := get("/readyz"); code == 200 {
@@ -83,7 +71,7 @@ func TestRunServesHealthAndSecrets(t *testing.T) {
 	if code, _ := get("/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
 	}
-	if _, body := get("/metrics"); !strings.Contains(body, `sds_edge_cert_expiry_seconds{resource="default"}`) {
+	if _, body := get("/metrics"); !strings.Contains(body, `meshagent_sds_edge_cert_expiry_seconds{resource="default"}`) {
 		t.Fatalf("metrics lack the expiry gauge:\n%s", body)
 	}
 	cc, _ := sdsclient.DialUnix(ctx, filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"))

@@ -24,6 +24,8 @@ require (
 	istio.io/api v1.31.1
 )
 
+require github.com/kylelemons/godebug v1.1.0 // indirect
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -34,6 +36,9 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/clock v0.0.0
+	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
@@ -55,3 +60,9 @@ replace (
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
 )
+
+replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
+
+replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken

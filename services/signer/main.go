@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/service"
@@ -20,6 +21,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		if flagenv.PrintHelp(err, os.Stdout) {
+			return // -h: the flags, their env vars and defaults
+		}
 		fmt.Fprintln(os.Stderr, "signer:", err)
 		os.Exit(1)
 	}

@@ -36,9 +36,11 @@ require (
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/outbox v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
+	github.com/meshagent/meshagent/pkg/udsock v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -67,3 +69,9 @@ replace (
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
 	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 )
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
+
+replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
+
+replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock

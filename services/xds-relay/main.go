@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/service"
@@ -19,6 +20,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Environ()); err != nil {
+		if flagenv.PrintHelp(err, os.Stdout) {
+			return // -h: the flags, their env vars and defaults
+		}
 		fmt.Fprintln(os.Stderr, "xds-relay:", err)
 		os.Exit(1)
 	}

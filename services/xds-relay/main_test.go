@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,27 +10,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func get(url string) (int, string) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 // TestRunServesAndStops runs the real binary's run: it is ready once the socket is
 // bound, with no upstream reachable (as Istio), and returns nil on cancellation.
@@ -43,17 +22,17 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	httpAddr := freePort(t)
+	httpAddr := testkit.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", freePort(t),
+		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
 			func(string) string { return "" }, nil)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		code, body := get("http://" + httpAddr + "/readyz")
+		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
 		if code == http.StatusOK && strings.Contains(body, "ready") {
 			break
 		}
@@ -69,7 +48,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode %v, want a 0600 socket", fi.Mode())
 	}
-	if _, body := get("http://" + httpAddr + "/metrics"); !strings.Contains(body, "xds_relay_upstream_connect_failures_total") {
+	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") {
 		t.Fatal("relay metrics missing from /metrics")
 	}
 	cancel()

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/bustls"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 )
 
 // Holders other than the NATS servers: the directories under Config.Out.

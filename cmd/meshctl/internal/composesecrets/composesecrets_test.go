@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/devtoken"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"

@@ -56,7 +56,7 @@ func Build(p Params) (*bootstrapv3.Bootstrap, error) {
 	}
 	adsSource := func() *corev3.ConfigSource {
 		return &corev3.ConfigSource{
-			ResourceApiVersion: corev3.ApiVersion_V3,
+			ResourceApiVersion:    corev3.ApiVersion_V3,
 			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		}
 	}

@@ -3,7 +3,6 @@ package config
 
 import (
 	"errors"
-	"io"
 	"os"
 	"regexp"
 	"time"
@@ -77,12 +76,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Bus.Name = "rotator/" + c.HA.Instance
 	c.Bus.AsService(policy.Rotator)
 	return c, c.Validate()
-}
-
-// Usage writes every flag, its env var and its default to w.
-func Usage(w io.Writer) {
-	c := Default()
-	c.bind(nil).Usage(w)
 }
 
 func (c *Config) bind(getenv func(string) string) *flagenv.Set {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

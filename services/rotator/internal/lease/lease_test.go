@@ -7,19 +7,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // TestLeaderStepsDownWhenCutOff: a leader that cannot renew gives up within TTL/2,
 // before any follower may take over, so two never lead at once.
@@ -30,7 +20,7 @@ func TestLeaderStepsDownWhenCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := fakeclock.New(time.Now())
+	clk := clock.NewFake(time.Now())
 	l := New(kv, clk, "a", 5*time.Second, hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	leading := make(chan struct{}, 1)
@@ -52,9 +42,9 @@ func TestLeaderStepsDownWhenCutOff(t *testing.T) {
 	var elapsed time.Duration
 	for l.Leader() {
 		n := l.Rounds()
-		clk.Advance(l.Period())
+		clk.Add(l.Period())
 		elapsed += l.Period()
-		eventually(t, "a round", func() bool { return l.Rounds() > n })
+		testkit.Eventually(t, "a round", func() bool { return l.Rounds() > n })
 		if elapsed > l.ttl {
 			t.Fatalf("still leading %v after losing the bus", elapsed)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/lease"
 )
 
@@ -41,13 +42,13 @@ func TestRestartMidSchedule(t *testing.T) {
 		h.issue(p, fmt.Sprint(i+1), now.Add(time.Duration(i-4)*time.Hour), 10*time.Hour, "root-a")
 	}
 	waitScheduled(t, a, 6)
-	h.clk.Advance(2*time.Hour + time.Minute) // p-0 and p-1 due
+	h.clk.Add(2*time.Hour + time.Minute) // p-0 and p-1 due
 	h.waitSent(2)
 	h.settle(a)
 	a.stop()
 
 	// Nobody runs while p-2 and p-3 come due.
-	h.clk.Advance(2 * time.Hour)
+	h.clk.Add(2 * time.Hour)
 	h.settle()
 	if n := len(h.sent()); n != 2 {
 		t.Fatalf("%d sent while no rotator ran", n)
@@ -59,7 +60,7 @@ func TestRestartMidSchedule(t *testing.T) {
 	if ps := sortedPods(got[2:]); fmt.Sprint(ps) != "[p-2 p-3]" {
 		t.Fatalf("sent on start: %v, want p-2 and p-3", ps)
 	}
-	h.clk.Advance(2 * time.Hour) // p-4 and p-5
+	h.clk.Add(2 * time.Hour) // p-4 and p-5
 	h.waitSent(6)
 	h.settle(b)
 	exactlyOnce(t, h, pods)
@@ -80,7 +81,7 @@ func TestSplitBrainSendsOnce(t *testing.T) {
 	// one term at a time, and the rogue term is the one this test adds.
 	opts.LeaseTTL = 48 * time.Hour
 	b := h.start(opts)
-	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
+	testkit.Eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
 	var pods []string
 	for i := range 200 {
@@ -95,7 +96,7 @@ func TestSplitBrainSendsOnce(t *testing.T) {
 	go func() { defer close(done); b.lead(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitScheduled(t, b, 200)
-	h.clk.Advance(61 * time.Minute)
+	h.clk.Add(61 * time.Minute)
 	h.waitSent(200)
 	h.settle(a, b)
 	exactlyOnce(t, h, pods)
@@ -112,7 +113,7 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 	waitLeader(t, a)
 	opts.Instance = "r1"
 	b := h.start(opts)
-	eventually(t, "r1 knows the lease", func() bool { return b.Ready() == nil })
+	testkit.Eventually(t, "r1 knows the lease", func() bool { return b.Ready() == nil })
 	if b.Leader() {
 		t.Fatal("two leaders")
 	}
@@ -139,8 +140,8 @@ func TestTwoReplicasNoDuplicates(t *testing.T) {
 			}
 		}
 		ra, rb := a.Lease().Rounds(), b.Lease().Rounds()
-		h.clk.Advance(step)
-		eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
+		h.clk.Add(step)
+		testkit.Eventually(t, fmt.Sprintf("both replicas' lease rounds after step %d", i), func() bool {
 			return a.Lease().Rounds() > ra && b.Lease().Rounds() > rb
 		})
 	}
@@ -163,14 +164,14 @@ func TestReplicaKilledFailover(t *testing.T) {
 	a := h.start(testOptions("r0"))
 	waitLeader(t, a)
 	b := h.start(testOptions("r1"))
-	eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
+	testkit.Eventually(t, "r1 follows", func() bool { return b.Ready() == nil && !b.Leader() })
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	for i := range 49 {
 		h.issue(fmt.Sprintf("p-%d", i), fmt.Sprint(i+100), now, 10*time.Hour, "root-a")
 	}
 	waitScheduled(t, a, 50)
-	eventually(t, "r1's standby schedule warm with all 50", func() bool {
+	testkit.Eventually(t, "r1's standby schedule warm with all 50", func() bool {
 		b.mirrorMu.Lock()
 		m := b.mirror
 		b.mirrorMu.Unlock()
@@ -209,7 +210,7 @@ func TestReplicaKilledFailover(t *testing.T) {
 		t.Fatalf("new leader: %d entries, read %v changes; want 50 from the warm standby and none to read",
 			st.Scheduled, counter(t, b.m.rebuildChanges))
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	got := h.waitSent(1)
 	if got[0].Pod != "web-0" {
 		t.Fatalf("after failover: %+v", got)
@@ -223,8 +224,8 @@ func step(t *testing.T, h *harness, d time.Duration, reps ...*replica) {
 	for i, r := range reps {
 		before[i] = r.Lease().Rounds()
 	}
-	h.clk.Advance(d)
+	h.clk.Add(d)
 	for i, r := range reps {
-		eventually(t, r.opts.Instance+" lease round", func() bool { return r.Lease().Rounds() > before[i] })
+		testkit.Eventually(t, r.opts.Instance+" lease round", func() bool { return r.Lease().Rounds() > before[i] })
 	}
 }

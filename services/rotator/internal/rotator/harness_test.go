@@ -11,8 +11,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -27,7 +28,7 @@ import (
 type harness struct {
 	t   *testing.T
 	srv *server.Server
-	clk *fakeclock.Clock
+	clk *clock.Fake
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
@@ -39,7 +40,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, srv: bustest.Server(t), clk: fakeclock.New(time.Now().UTC().Truncate(time.Second))}
+	h := &harness{t: t, srv: bustest.Server(t), clk: clock.NewFake(time.Now().UTC().Truncate(time.Second))}
 	h.nc = bustest.Conn(t, h.srv)
 	h.js = bustest.JetStream(t, h.nc)
 	// The signer creates the event stream; the rotator only waits for it.
@@ -125,17 +126,6 @@ type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func (h *harness) publish(subject string, p events.Payload) {
 	h.t.Helper()
 	m, err := events.NewMsg(subject, "test", p)
@@ -173,7 +163,7 @@ func (h *harness) perPod() map[string]int {
 
 func (h *harness) waitSent(n int) []events.RenewDue {
 	h.t.Helper()
-	eventually(h.t, fmt.Sprintf("%d renew-due", n), func() bool { return len(h.sent()) >= n })
+	testkit.Eventually(h.t, fmt.Sprintf("%d renew-due", n), func() bool { return len(h.sent()) >= n })
 	return h.sent()
 }
 
@@ -190,12 +180,12 @@ func (h *harness) settle(reps ...*replica) {
 
 func waitLeader(t *testing.T, r *replica) {
 	t.Helper()
-	eventually(t, r.opts.Instance+" leading and caught up", func() bool { return r.Leader() && r.Ready() == nil })
+	testkit.Eventually(t, r.opts.Instance+" leading and caught up", func() bool { return r.Leader() && r.Ready() == nil })
 }
 
 func waitScheduled(t *testing.T, r *replica, n int) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%d scheduled", n), func() bool {
+	testkit.Eventually(t, fmt.Sprintf("%d scheduled", n), func() bool {
 		st, ok := r.Stats()
 		return ok && st.Scheduled == n && r.caughtUp.Load()
 	})

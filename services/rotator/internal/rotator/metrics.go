@@ -23,23 +23,23 @@ type metrics struct {
 
 func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rotator_events_total",
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_events_total",
 			Help: "Events consumed, by kind and result (scheduled, duplicate, stale, expired, unscheduled, retired, applied, unchanged, rejected)."}, []string{"kind", "result"}),
-		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rotator_renew_sent_total",
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_renew_sent_total",
 			Help: "renew-due sent, by reason."}, []string{"reason"}),
-		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_renew_rate_limited_total",
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_renew_rate_limited_total",
 			Help: "renew-due that waited for the fleet-wide rate limit."}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_renew_retries_total",
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_renew_retries_total",
 			Help: "renew-due sent again because no new certificate came by the deadline."}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_expired_total",
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_expired_total",
 			Help: "Entries retired because their certificate expired without a successor."}),
-		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_send_errors_total",
+		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_send_errors_total",
 			Help: "renew-due or audit events that could not be published."}),
-		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "rotator_store_conflicts_total",
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_store_conflicts_total",
 			Help: "Entries adopted from the bucket after another writer changed them."}),
-		rebuildSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rotator_rebuild_seconds",
+		rebuildSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_rotator_rebuild_seconds",
 			Help: "How long the last schedule rebuild from the bucket took."}),
-		rebuildChanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "rotator_rebuild_changes",
+		rebuildChanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_rotator_rebuild_changes",
 			Help: "Bucket changes read by the last rebuild (few when the standby schedule was warm)."}),
 		certRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_cert_rejected_total",
 			Help: "cert.issued records refused, by reason (no_chain, bad_chain, mismatch, untrusted)."}, []string{"reason"}),
@@ -56,11 +56,11 @@ func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
 }
 
 var (
-	descScheduled = prometheus.NewDesc("rotator_scheduled", "Entries (pod, resource) in the schedule.", nil, nil)
-	descDue       = prometheus.NewDesc("rotator_due", "Renewals due now, waiting for the rate limit.", nil, nil)
-	descOverdue   = prometheus.NewDesc("rotator_overdue", "Renewals sent with no new certificate by the retry deadline.", nil, nil)
-	descMinTTE    = prometheus.NewDesc("rotator_min_time_to_expiry_seconds", "Smallest time to expiry in the fleet (+Inf when empty).", nil, nil)
-	descLeader    = prometheus.NewDesc("rotator_leader", "1 while this replica holds the lease.", nil, nil)
+	descScheduled = prometheus.NewDesc("meshagent_rotator_scheduled", "Entries (pod, resource) in the schedule.", nil, nil)
+	descDue       = prometheus.NewDesc("meshagent_rotator_due", "Renewals due now, waiting for the rate limit.", nil, nil)
+	descOverdue   = prometheus.NewDesc("meshagent_rotator_overdue", "Renewals sent with no new certificate by the retry deadline.", nil, nil)
+	descMinTTE    = prometheus.NewDesc("meshagent_rotator_min_time_to_expiry_seconds", "Smallest time to expiry in the fleet (+Inf when empty).", nil, nil)
+	descLeader    = prometheus.NewDesc("meshagent_rotator_leader", "1 while this replica holds the lease.", nil, nil)
 )
 
 // scheduleCollector reads the schedule once per scrape.

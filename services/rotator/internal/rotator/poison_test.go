@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,12 +54,12 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 	if _, err := h.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "rejection counted", func() bool { return counter(t, r.m.events.WithLabelValues("cert.issued", "rejected")) == 1 })
+	testkit.Eventually(t, "rejection counted", func() bool { return counter(t, r.m.events.WithLabelValues("cert.issued", "rejected")) == 1 })
 	cons, err := h.js.Consumer(ctx, events.StreamEvents, r.opts.Consumer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "poison message terminated", func() bool {
+	testkit.Eventually(t, "poison message terminated", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	})
@@ -78,7 +79,7 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 	if _, ok := r.Record("web-9", ev.Resource); ok {
 		t.Fatal("overlong entry scheduled")
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	got := h.waitSent(2)
 	h.settle(r)
 	if ps := sortedPods(h.sent()); fmt.Sprint(ps) != "[web-0 web-1]" {
@@ -105,9 +106,9 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.clk.Advance(31 * time.Minute)
+	h.clk.Add(31 * time.Minute)
 	h.waitSent(1)
-	eventually(t, "overlong entry dropped", func() bool {
+	testkit.Eventually(t, "overlong entry dropped", func() bool {
 		_, ok := r.Record("web-9", long)
 		return !ok
 	})
@@ -119,7 +120,7 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 		t.Fatal("the leader term ended")
 	}
 	h.issue("web-1", "02", h.clk.Now(), time.Hour, "root-a")
-	eventually(t, "web-1 scheduled", func() bool {
+	testkit.Eventually(t, "web-1 scheduled", func() bool {
 		rec, ok := r.Record("web-1", "default")
 		return ok && rec.Serial == "02" && rec.Rev != 0
 	})

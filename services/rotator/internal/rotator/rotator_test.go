@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,19 +21,19 @@ func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
 	h.issue("web-1", "0b", now, 2*time.Hour, "root-a")
 	waitScheduled(t, r, 2)
 
-	h.clk.Advance(29 * time.Minute)
+	h.clk.Add(29 * time.Minute)
 	h.settle(r)
 	if got := h.sent(); len(got) != 0 {
 		t.Fatalf("sent before due: %+v", got)
 	}
-	h.clk.Advance(2 * time.Minute)
+	h.clk.Add(2 * time.Minute)
 	got := h.waitSent(1)
 	rd := got[0]
 	if rd.Pod != "web-0" || rd.Serial != "0a" || rd.Reason != events.RenewScheduled || rd.Attempt != 1 || rd.Resource != "default" {
 		t.Fatalf("renew-due %+v", rd)
 	}
 	// The audit copy is in the stream.
-	eventually(t, "renew_sent in the stream", func() bool {
+	testkit.Eventually(t, "renew_sent in the stream", func() bool {
 		m, err := h.js.Stream(context.Background(), events.StreamEvents)
 		if err != nil {
 			return false
@@ -58,7 +59,7 @@ func TestReplacementOverTheBus(t *testing.T) {
 	h.issue("web-0", "01", now.Add(-time.Minute), time.Hour, "root-a") // older, arrives late
 	h.issue("web-0", "02", now, time.Hour, "root-a")                   // duplicate
 	waitScheduled(t, r, 1)
-	eventually(t, "stale and duplicate counted", func() bool {
+	testkit.Eventually(t, "stale and duplicate counted", func() bool {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "stale")) == 1 &&
 			counter(t, r.m.events.WithLabelValues("cert.issued", "duplicate")) == 1
 	})
@@ -66,11 +67,11 @@ func TestReplacementOverTheBus(t *testing.T) {
 		t.Fatalf("older cert replaced the newer: %+v", rec)
 	}
 	h.issue("web-0", "03", now.Add(time.Minute), time.Hour, "root-a")
-	eventually(t, "newer cert replaces", func() bool {
+	testkit.Eventually(t, "newer cert replaces", func() bool {
 		rec, _ := r.Record("web-0", "default")
 		return rec.Serial == "03"
 	})
-	h.clk.Advance(40 * time.Minute)
+	h.clk.Add(40 * time.Minute)
 	h.waitSent(1)
 	h.settle(r)
 	if got := h.sent(); len(got) != 1 || got[0].Serial != "03" {
@@ -88,7 +89,7 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	h.issue("", "03", now, time.Hour, "root-a")                        // an Istio agent over gRPC
 	h.issue("web-2", "04", now.Add(-2*time.Hour), time.Hour, "root-a") // history: expired already
 	waitScheduled(t, r, 2)
-	eventually(t, "expired cert counted", func() bool {
+	testkit.Eventually(t, "expired cert counted", func() bool {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
 	})
 	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: "web-0", Reason: "deleted"})
@@ -96,11 +97,11 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {
 		t.Fatalf("unscheduled = %v", v)
 	}
-	eventually(t, "retired entry deleted from the bucket", func() bool {
+	testkit.Eventually(t, "retired entry deleted from the bucket", func() bool {
 		_, ok, err := r.store.Get(context.Background(), "web-0", "default")
 		return err == nil && !ok
 	})
-	h.clk.Advance(45 * time.Minute)
+	h.clk.Add(45 * time.Minute)
 	h.waitSent(1)
 	h.settle(r)
 	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
@@ -117,10 +118,10 @@ func TestResendWhenNoNewCert(t *testing.T) {
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, 10*time.Hour, "root-a")
 	waitScheduled(t, r, 1)
-	h.clk.Advance(5 * time.Hour)
+	h.clk.Add(5 * time.Hour)
 	h.waitSent(1)
 	for i, step := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute} {
-		h.clk.Advance(step)
+		h.clk.Add(step)
 		got := h.waitSent(i + 2)
 		last := got[len(got)-1]
 		if last.Reason != events.RenewRetry || last.Attempt != i+2 || last.Serial != "01" {
@@ -132,8 +133,8 @@ func TestResendWhenNoNewCert(t *testing.T) {
 	}
 	// A new certificate stops the retries.
 	h.issue("web-0", "02", h.clk.Now(), 10*time.Hour, "root-a")
-	eventually(t, "replaced", func() bool { rec, _ := r.Record("web-0", ""); return rec.Serial == "02" })
-	h.clk.Advance(30 * time.Minute)
+	testkit.Eventually(t, "replaced", func() bool { rec, _ := r.Record("web-0", ""); return rec.Serial == "02" })
+	h.clk.Add(30 * time.Minute)
 	h.settle(r)
 	if got := h.sent(); len(got) != 4 {
 		t.Fatalf("%d renew-due after the new certificate came, want 4", len(got))
@@ -188,7 +189,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 			if _, err := h.js.PublishMsg(context.Background(), m); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "rejection counted", func() bool { return rejected(t, r) == float64(i+1) })
+			testkit.Eventually(t, "rejection counted", func() bool { return rejected(t, r) == float64(i+1) })
 			if st, _ := r.Stats(); st.Scheduled != 1 {
 				t.Fatalf("schedule changed: %d entries", st.Scheduled)
 			}
@@ -237,12 +238,12 @@ func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
 	h.issue("new-0", "99", now, time.Hour, "root B")
 	waitScheduled(t, r, 6)
 	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 2, "root B", "root A"))
-	eventually(t, "trust applied", func() bool { return counter(t, r.m.events.WithLabelValues("trust.changed", "applied")) == 2 })
+	testkit.Eventually(t, "trust applied", func() bool { return counter(t, r.m.events.WithLabelValues("trust.changed", "applied")) == 2 })
 	// One token every 100 ms at 10/s: step the clock until all five went out. (A
 	// step can land before the dispatcher re-armed its timer; the next one wakes it.)
 	for i := 0; len(h.sent()) < 5 && i < 500; i++ {
 		n := len(h.sent())
-		h.clk.Advance(100 * time.Millisecond)
+		h.clk.Add(100 * time.Millisecond)
 		for j := 0; j < 20 && len(h.sent()) == n; j++ {
 			time.Sleep(5 * time.Millisecond)
 		}

@@ -12,8 +12,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/rotator/internal/clock/fakeclock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,7 +44,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
 	logs := &syncBuffer{}
 	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), fakeclock.New(time.Now()), prometheus.NewRegistry(), log)
+	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 		}
 	})
 
-	eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for jetstream") })
+	testkit.Eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for jetstream") })
 	if _, err := js.Stream(context.Background(), events.StreamEvents); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the rotator created the stream (or it cannot be looked up): %v", err)
 	}
@@ -69,7 +70,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 	if _, err := bus.EnsureEventStream(context.Background(), js, 1, 90*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the rotator ready once the stream exists", func() bool { return r.Ready() == nil })
+	testkit.Eventually(t, "the rotator ready once the stream exists", func() bool { return r.Ready() == nil })
 	st, err := js.Stream(context.Background(), events.StreamEvents)
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +85,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 func TestGivesUpWithoutTheEventStream(t *testing.T) {
 	srv := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), fakeclock.New(time.Now()), prometheus.NewRegistry(), hclog.NewNullLogger())
+	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

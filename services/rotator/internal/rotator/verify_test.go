@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // TestForgedRecordsAreRejected: a cert.issued that does not verify against its
@@ -81,7 +82,7 @@ func TestForgedRecordsAreRejected(t *testing.T) {
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h.publish(events.SubjectCertIssued, tc.ev())
-			eventually(t, "rejection counted", func() bool { return counter(t, r.m.events.WithLabelValues("cert.issued", "rejected")) == float64(i+1) })
+			testkit.Eventually(t, "rejection counted", func() bool { return counter(t, r.m.events.WithLabelValues("cert.issued", "rejected")) == float64(i+1) })
 			if got := counter(t, r.m.certRejected.WithLabelValues(tc.reason)); got == 0 {
 				t.Fatalf("not counted as %s", tc.reason)
 			}
@@ -111,7 +112,7 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 	r := h.start(testOptions("r0"))
 	waitLeader(t, r)
 	now := h.clk.Now()
-	eventually(t, "bundle trusted on first use", func() bool { return r.trust.Bootstrapped() })
+	testkit.Eventually(t, "bundle trusted on first use", func() bool { return r.trust.Bootstrapped() })
 	if r.trust.Mode() != "first-use" || counter(t, r.m.trustBootstrap.WithLabelValues("first-use")) != 1 {
 		t.Fatal("first-use bootstrap not reported")
 	}
@@ -133,7 +134,7 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 		evil.trustChanged(t, 100, "evil"),
 	} {
 		h.publish(events.SubjectTrustChanged, ev)
-		eventually(t, "forgery rejected", func() bool {
+		testkit.Eventually(t, "forgery rejected", func() bool {
 			return counter(t, r.m.events.WithLabelValues("trust.changed", "rejected")) == float64(i+1)
 		})
 	}
@@ -146,10 +147,10 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 	}
 	// A record under the forger's root stays rejected, even after a refresh.
 	h.publish(events.SubjectCertIssued, evil.record(t, "web-1", "02", now, time.Hour, "evil"))
-	eventually(t, "record rejected", func() bool { return counter(t, r.m.certRejected.WithLabelValues(reasonUntrusted)) == 1 })
+	testkit.Eventually(t, "record rejected", func() bool { return counter(t, r.m.certRejected.WithLabelValues(reasonUntrusted)) == 1 })
 	// The genuine trust.changed, late, applies.
 	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 2, "root-new", "root-a"))
-	eventually(t, "trust applied", func() bool {
+	testkit.Eventually(t, "trust applied", func() bool {
 		r.mu.Lock() // the schedule is the leader's, guarded by mu
 		defer r.mu.Unlock()
 		return r.sched.Trust().Current == fpNew
@@ -165,14 +166,14 @@ func TestForgedBundleReplyIsRefused(t *testing.T) {
 	h := newHarness(t)
 	r := h.start(testOptions("r0"))
 	waitLeader(t, r)
-	eventually(t, "bundle trusted", func() bool { return r.trust.Bootstrapped() })
+	testkit.Eventually(t, "bundle trusted", func() bool { return r.trust.Bootstrapped() })
 	evil := newTestCA(t)
 	evil.root("evil")
 	evil.serveBundle(t, h.nc) // answers too; which reply comes first is a race
 	for i := range 5 {
 		h.publish(events.SubjectCertIssued, evil.record(t, fmt.Sprintf("web-%d", i), fmt.Sprint(i+1), h.clk.Now(), time.Hour, "evil"))
 	}
-	eventually(t, "records rejected", func() bool { return counter(t, r.m.certRejected.WithLabelValues(reasonUntrusted)) == 5 })
+	testkit.Eventually(t, "records rejected", func() bool { return counter(t, r.m.certRejected.WithLabelValues(reasonUntrusted)) == 5 })
 	if _, fp := evil.root("evil"); r.trust.Has(fp) {
 		t.Fatal("forged root trusted")
 	}

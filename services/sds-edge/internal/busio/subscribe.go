@@ -1,3 +1,6 @@
+// Package busio is sds-edge's side of the bus in: the subscriptions that feed
+// renewals, trust changes and anchors in, and a reconnect hook. Events go out
+// through pkg/outbox.
 package busio
 
 import (

@@ -17,6 +17,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )
@@ -44,7 +45,7 @@ func coldStart(b *testing.B, v *env, alg string, n int) []time.Duration {
 	var out []time.Duration
 	tok := v.ca.token("default", "web", time.Hour)
 	for i := 0; i < n; i++ {
-		root := shortDir(b)
+		root := testkit.ShortDir(b)
 		writeToken(b, root, tok)
 		cfg, err := config.Load([]string{"-pod", testPod, "-pod-root", root, "-socket", "s", "-key-alg", alg, "-http-addr", "127.0.0.1:0",
 			"-nats-url", v.ns.ClientURL(), "-namespace", "default", "-service-account", "web"}, func(string) string { return "" })
@@ -120,7 +121,7 @@ func BenchmarkRSS(b *testing.B) {
 	}
 	tok := v.ca.token("default", "web", time.Hour)
 	start := func() (*exec.Cmd, string, time.Time) {
-		root := shortDir(b)
+		root := testkit.ShortDir(b)
 		writeToken(b, root, tok)
 		cmd := exec.Command(bin, "-pod", testPod, "-pod-root", root, "-nats-url", v.ns.ClientURL(), "-namespace", "default",
 			"-service-account", "web", "-socket", "s", "-http-addr", "127.0.0.1:0", "-log-level", "warn")

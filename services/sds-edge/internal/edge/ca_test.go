@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestOutputCerts(t *testing.T) {
@@ -39,7 +40,7 @@ func TestOutputCerts(t *testing.T) {
 			served := recv(t, st).Secrets["default"]
 			check := func(want []byte) {
 				t.Helper()
-				eventually(t, "files written", func() bool {
+				testkit.Eventually(t, "files written", func() bool {
 					b, err := os.ReadFile(filepath.Join(dir, "key.pem"))
 					return err == nil && bytes.Equal(b, want)
 				})
@@ -157,10 +158,10 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	recv(t, st)
-	if got := p.metric("sds_edge_csr_failed_total"); got != 3 {
+	if got := p.metric("meshagent_sds_edge_csr_failed_total"); got != 3 {
 		t.Fatalf("csr failed = %v, want 3", got)
 	}
-	if got := p.metric("sds_edge_csr_retried_total"); got != 3 {
+	if got := p.metric("meshagent_sds_edge_csr_retried_total"); got != 3 {
 		t.Fatalf("csr retried = %v, want 3", got)
 	}
 	// A burst of renew events never puts two CSRs in flight.
@@ -168,7 +169,7 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 		renew(t, v.nc, "")
 	}
 	recv(t, st)
-	eventually(t, "burst handled", func() bool { return v.ca.inFlight.Load() == 0 })
+	testkit.Eventually(t, "burst handled", func() bool { return v.ca.inFlight.Load() == 0 })
 	if m := v.ca.maxFlight.Load(); m != 1 {
 		t.Fatalf("%d CSRs in flight at once", m)
 	}
@@ -192,9 +193,9 @@ func TestFreshTokenReadForEveryCSR(t *testing.T) {
 	// (the CA, not the CSR, decides), which the pod refuses and retries: it serves
 	// only its own identity.
 	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
-	failed := p.metric("sds_edge_csr_failed_total")
+	failed := p.metric("meshagent_sds_edge_csr_failed_total")
 	renew(t, v.nc, "")
-	eventually(t, "certificate for another identity refused", func() bool { return p.metric("sds_edge_csr_failed_total") >= failed+2 })
+	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= failed+2 })
 	writeToken(t, p.cfg.Pod.RootDir, fresh)
 	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
 		t.Fatalf("identity %s", id)
@@ -223,7 +224,7 @@ func TestRenewalByProofWhenTokenUnreadable(t *testing.T) {
 func TestIstioGRPCCA(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	rootFile := filepath.Join(root, "ca-root.pem")
 	if err := os.WriteFile(rootFile, []byte(v.ca.bundle()[0]), 0o644); err != nil {
 		t.Fatal(err)
@@ -255,13 +256,13 @@ func TestIstioGRPCCA(t *testing.T) {
 func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	rootFile := filepath.Join(root, "other-root.pem")
 	if err := os.WriteFile(rootFile, []byte(newTestCA(t).bundle()[0]), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
-	eventually(t, "tls failures counted", func() bool { return p.metric("sds_edge_csr_failed_total") >= 2 })
+	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= 2 })
 	if v.ca.requests.Load() != 0 {
 		t.Fatal("a CSR reached a CA whose certificate we do not trust")
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
@@ -53,7 +54,7 @@ type Edge struct {
 	d        Deps
 	log      hclog.Logger
 	store    *secrets.Store
-	pub      *busio.Publisher
+	pub      *outbox.Outbox
 	files    *filecerts.Files
 	out      *output.Writer
 
@@ -82,7 +83,11 @@ func New(cfg config.Config, d Deps) (*Edge, error) {
 	}
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
 		m: metrics.New(d.Registry, store, d.Clock.Now)}
-	e.pub = busio.NewPublisher(d.JS, "sds-edge/"+cfg.Pod.ID, 4096, e.m.EventsLost.Inc, d.Log.Named("events"))
+	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
+	if e.pub, err = outbox.New(d.JS, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
+		Metric: metrics.EventsDropped, Registry: d.Registry, Log: d.Log.Named("events")}); err != nil {
+		return nil, err
+	}
 	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
 	store.SetResolver(e.files)
 	if cfg.Cert.OutputDir != "" {
@@ -127,7 +132,7 @@ func (e *Edge) Ready() error {
 func (e *Edge) Run(ctx context.Context) error {
 	pubCtx, stopPub := context.WithCancel(context.Background())
 	pubDone := make(chan struct{})
-	go func() { e.pub.Run(pubCtx, 3*time.Second); close(pubDone) }()
+	go func() { _ = e.pub.Run(pubCtx); close(pubDone) }()
 	defer func() { stopPub(); <-pubDone }()
 
 	dec, err := startup.Decide(ctx, startup.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,

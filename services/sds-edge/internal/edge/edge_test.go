@@ -16,10 +16,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestColdStartServesIdentityAndRoots(t *testing.T) {
@@ -62,10 +63,10 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	if req := v.ca.lastReq.Load(); req.Pod != testPod || req.Resource != "default" || req.KeyAlgorithm != "EC-P256" || req.TTLSeconds != 86400 || req.Token == "" {
 		t.Errorf("sign request = %+v", *req)
 	}
-	eventually(t, "pod.up published", func() bool {
+	testkit.Eventually(t, "pod.up published", func() bool {
 		return len(find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
 	})
-	if got := p.metric("sds_edge_csr_sent_total"); got < 1 {
+	if got := p.metric("meshagent_sds_edge_csr_sent_total"); got < 1 {
 		t.Errorf("csr sent = %v", got)
 	}
 }
@@ -89,7 +90,7 @@ func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	if string(next.PrivateKey) == string(first.PrivateKey) {
 		t.Fatal("renewal kept the old key")
 	}
-	eventually(t, "pushed event for default with one stream", func() bool {
+	testkit.Eventually(t, "pushed event for default with one stream", func() bool {
 		return len(find(pushed, func(e events.SecretPushed) bool {
 			return e.Kind == "pushed" && e.Resource == "default" && e.Streams == 1 && e.Serial == pki.SerialHex(leafOf(t, next))
 		})) == 1
@@ -156,12 +157,12 @@ func TestSafetyDeadlineRenewsWithoutRotator(t *testing.T) {
 	p := v.startPod(podOpt{clock: clk, args: []string{"-secret-ttl", "1h", "-safety-ratio", "0.8"}})
 	st := p.open(t, p.dial(t), "default")
 	first := leafOf(t, recv(t, st).Secrets["default"])
-	eventually(t, "safety timer armed", func() bool { return clk.Timers() == 1 })
-	clk.Advance(40 * time.Minute) // before 80% of the hour: the timer stays armed
+	testkit.Eventually(t, "safety timer armed", func() bool { return clk.Timers() == 1 })
+	clk.Add(40 * time.Minute) // before 80% of the hour: the timer stays armed
 	if clk.Timers() != 1 || v.ca.requests.Load() != 1 {
 		t.Fatalf("renewed before the deadline")
 	}
-	clk.Advance(9 * time.Minute) // past notBefore + 48m
+	clk.Add(9 * time.Minute) // past notBefore + 48m
 	next := leafOf(t, recv(t, st).Secrets["default"])
 	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
 		t.Fatal("safety renewal pushed the same certificate")
@@ -183,12 +184,12 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 	if err := st.Nack(resp, "bad certificate"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "sds.nack published", func() bool {
+	testkit.Eventually(t, "sds.nack published", func() bool {
 		return len(find(nacks, func(e events.SDSNack) bool {
 			return e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "bad certificate" && e.Version == resp.GetVersionInfo()
 		})) == 1
 	})
-	eventually(t, "nack counted", func() bool { return p.metric("sds_edge_nacks_total") == 1 })
+	testkit.Eventually(t, "nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") == 1 })
 	// No resend: the next response on the stream is the next certificate.
 	renew(t, v.nc, "")
 	next, err := st.RecvRaw()
@@ -268,7 +269,7 @@ func TestDeltaAndFetch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var got map[string]sdsclient.Secret
-	eventually(t, "fetch answers", func() bool {
+	testkit.Eventually(t, "fetch answers", func() bool {
 		var err error
 		got, err = sdsclient.Fetch(ctx, cc, "n", "default", "ROOTCA")
 		return err == nil
@@ -303,12 +304,12 @@ func TestDeltaAndFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The request is in flight: renew only once the server has applied it.
-	eventually(t, "default unsubscribed", func() bool { return p.e.Store().Watching("default") == 0 })
-	before := p.metric("sds_edge_pushes_total")
+	testkit.Eventually(t, "default unsubscribed", func() bool { return p.e.Store().Watching("default") == 0 })
+	before := p.metric("meshagent_sds_edge_pushes_total")
 	serialBefore := p.serial(t, cc)
 	renew(t, v.nc, "")
-	eventually(t, "renewed", func() bool { return p.serial(t, cc) != serialBefore })
-	if got := p.metric("sds_edge_pushes_total") - before; got != 0 {
+	testkit.Eventually(t, "renewed", func() bool { return p.serial(t, cc) != serialBefore })
+	if got := p.metric("meshagent_sds_edge_pushes_total") - before; got != 0 {
 		t.Fatalf("pushed to %v streams after unsubscribe", got)
 	}
 	bad, err := sdsclient.OpenDelta(ctx, cc, "n", "bogus")

@@ -17,10 +17,11 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
 )
@@ -49,17 +50,6 @@ func newEnv(t testing.TB) *env {
 	return &env{t: t, ns: ns, nc: nc, ca: ca}
 }
 
-// shortDir is a temp dir with a path short enough for unix sockets.
-func shortDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // pod is one running sds-edge.
 type pod struct {
 	e    *edge.Edge
@@ -83,7 +73,7 @@ func (v *env) startPod(o podOpt) *pod {
 	t.Helper()
 	root := o.root
 	if root == "" {
-		root = shortDir(t)
+		root = testkit.ShortDir(t)
 	}
 	if !o.noTok {
 		writeToken(t, root, v.ca.token("default", "web", time.Hour))
@@ -183,17 +173,6 @@ func recv(t testing.TB, st *sdsclient.Stream) sdsclient.Update {
 		t.Fatal("no sds response in 15s")
 	}
 	return sdsclient.Update{}
-}
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true within 15s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // renewAbout publishes a renew-due naming serial, valid until notAfter.
@@ -65,8 +66,8 @@ func TestSignReplyForAnotherIdentityIsRejected(t *testing.T) {
 	v.ca.rogueID.Store(&rogue)
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
-	eventually(t, "rogue replies rejected and retried", func() bool {
-		return v.ca.requests.Load() >= 3 && p.metric("sds_edge_csr_failed_total") >= 2 && p.metric("sds_edge_csr_retried_total") >= 1
+	testkit.Eventually(t, "rogue replies rejected and retried", func() bool {
+		return v.ca.requests.Load() >= 3 && p.metric("meshagent_sds_edge_csr_failed_total") >= 2 && p.metric("meshagent_sds_edge_csr_retried_total") >= 1
 	})
 	v.ca.rogueID.Store(nil)
 	leaf := leafOf(t, recv(t, st).Secrets["default"])

@@ -16,12 +16,13 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	v := newEnv(t)
 	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
@@ -38,7 +39,7 @@ func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	if err := p.e.Ready(); err != nil {
 		t.Fatalf("external mode not ready: %v", err)
 	}
-	eventually(t, "pod.up external", func() bool {
+	testkit.Eventually(t, "pod.up external", func() bool {
 		return len(find(up, func(e events.PodUp) bool { return e.Mode == "external" })) == 1
 	})
 	if c, err := net.Dial("unix", sock); err != nil {
@@ -53,7 +54,7 @@ func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 
 func TestStaleSocketIsRemoved(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
@@ -126,7 +127,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t)
-			root := shortDir(t)
+			root := testkit.ShortDir(t)
 			dir := filepath.Join(root, tc.dir)
 			writeK8sSecretDir(t, dir, "1", credFiles(t, v.ca, "one"))
 			p := v.startPod(podOpt{root: root, noTok: true, args: tc.args})
@@ -145,7 +146,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 			if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/two" {
 				t.Fatalf("after swap served %s", id)
 			}
-			eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+			testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
 			if v.ca.requests.Load() != 0 {
 				t.Fatal("asked the CA in file mode")
 			}
@@ -156,7 +157,7 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 func TestFileResources(t *testing.T) {
 	v := newEnv(t)
 	p := v.startPod(podOpt{args: []string{"-file-debounce", "10ms"}})
-	dir := shortDir(t)
+	dir := testkit.ShortDir(t)
 	files := credFiles(t, v.ca, "files")
 	for n, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
@@ -193,7 +194,7 @@ func TestFileResources(t *testing.T) {
 func TestSocketModeAndPodDown(t *testing.T) {
 	v := newEnv(t)
 	down := collect(t, v.nc, events.PodEventWildcard(events.PodEventDown))
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	p := v.startPod(podOpt{root: root, args: []string{"-socket", "deep/er/sds.sock", "-socket-mode", "0660"}})
 	fi, err := os.Stat(filepath.Join(root, "deep/er/sds.sock"))
 	if err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
@@ -202,7 +203,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 	if err := p.stop(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "pod.down published", func() bool {
+	testkit.Eventually(t, "pod.down published", func() bool {
 		return len(find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
 	})
 	if _, err := os.Stat(filepath.Join(root, "deep/er/sds.sock")); !os.IsNotExist(err) {
@@ -212,7 +213,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 
 func TestExternalWaitSeesSlowProvider(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	other := grpc.NewServer()
 	defer other.Stop()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // TestStaleNonceIgnored drives StreamSecrets by hand: a NACK that answers a response
@@ -51,8 +52,8 @@ func TestStaleNonceIgnored(t *testing.T) {
 	}
 	req(r1.GetNonce(), true) // stale
 	req(r2.GetNonce(), true) // current
-	eventually(t, "current nack counted", func() bool { return p.metric("sds_edge_nacks_total") >= 1 })
-	if got := p.metric("sds_edge_nacks_total"); got != 1 {
+	testkit.Eventually(t, "current nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") >= 1 })
+	if got := p.metric("meshagent_sds_edge_nacks_total"); got != 1 {
 		t.Fatalf("nacks counted %v, want 1 (the stale one ignored)", got)
 	}
 }
@@ -91,7 +92,7 @@ func TestDeltaNackPublished(t *testing.T) {
 	if err := ds.Nack(resp, "rejected"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "delta nack published", func() bool {
+	testkit.Eventually(t, "delta nack published", func() bool {
 		return len(find(nacks, func(e events.SDSNack) bool {
 			return e.Node == "delta-node" && e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "rejected"
 		})) == 1

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestThousandConcurrentStreams(t *testing.T) {
@@ -58,7 +59,7 @@ func TestThousandConcurrentStreams(t *testing.T) {
 	if len(first) != 1 || t.Failed() {
 		t.Fatalf("first responses: %v", first)
 	}
-	eventually(t, "1000 streams counted", func() bool { return p.metric("sds_edge_sds_connections") == conns*perConn })
+	testkit.Eventually(t, "1000 streams counted", func() bool { return p.metric("meshagent_sds_edge_sds_connections") == conns*perConn })
 	var old string
 	for s := range first {
 		old = s

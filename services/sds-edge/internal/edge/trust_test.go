@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 const podID = "spiffe://cluster.local/ns/default/sa/web"
@@ -113,7 +114,7 @@ func TestForgedTrustChangedChangesNothing(t *testing.T) {
 			Reason: events.TrustReasonRotation, Generation: 53},
 	} {
 		v.publishTrust(t, ev)
-		eventually(t, "forged trust.changed rejected", func() bool { return p.rejected(t, "trust.changed") == float64(i+1) })
+		testkit.Eventually(t, "forged trust.changed rejected", func() bool { return p.rejected(t, "trust.changed") == float64(i+1) })
 	}
 	if got := p.fetch(t, "ROOTCA")["ROOTCA"].TrustedCA; !bytes.Equal(got, before) {
 		t.Fatal("ROOTCA changed after forged trust.changed")
@@ -231,13 +232,13 @@ func writeFile(t testing.TB, path string, data []byte) {
 // answering the very first request is refused, nothing is served or written.
 func TestRogueSignerRefusedWithAnchors(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root, "var/run/secrets/istio/root-cert.pem"), []byte(v.ca.bundle()[0]))
 	evil := newTestCA(t)
 	v.ca.silent.Store(true)
 	answered, stop := rogue(t, v.nc, evil, v.ca)
 	p := v.startPod(podOpt{root: root, args: []string{"-output-certs", "out"}})
-	eventually(t, "rogue replies refused", func() bool { return answered.Load() >= 3 && p.rejected(t, "sign-reply") >= 3 })
+	testkit.Eventually(t, "rogue replies refused", func() bool { return answered.Load() >= 3 && p.rejected(t, "sign-reply") >= 3 })
 	if p.e.Ready() == nil {
 		t.Fatal("ready with a rogue's certificate")
 	}
@@ -246,7 +247,7 @@ func TestRogueSignerRefusedWithAnchors(t *testing.T) {
 	}
 	stop()
 	v.ca.silent.Store(false)
-	eventually(t, "ready with the signer's certificate", func() bool { return p.e.Ready() == nil })
+	testkit.Eventually(t, "ready with the signer's certificate", func() bool { return p.e.Ready() == nil })
 	checkGenuine(t, p, v.ca, evil, filepath.Join(root, "out"))
 	if p.bootstrapMode() != "anchors" {
 		t.Fatalf("bootstrap mode %q, want anchors", p.bootstrapMode())
@@ -261,7 +262,7 @@ func TestRogueSignerRefusedAfterFirstUse(t *testing.T) {
 	out := filepath.Join(p.cfg.Pod.RootDir, "out")
 	st := p.open(t, p.dial(t), "default")
 	first := recv(t, st).Secrets["default"]
-	eventually(t, "files written", func() bool {
+	testkit.Eventually(t, "files written", func() bool {
 		b, _ := os.ReadFile(filepath.Join(out, "key.pem"))
 		return bytes.Equal(b, first.PrivateKey)
 	})
@@ -269,7 +270,7 @@ func TestRogueSignerRefusedAfterFirstUse(t *testing.T) {
 	v.ca.silent.Store(true)
 	answered, stop := rogue(t, v.nc, evil, v.ca)
 	renew(t, v.nc, "")
-	eventually(t, "rogue replies refused", func() bool { return answered.Load() >= 3 && p.rejected(t, "sign-reply") >= 3 })
+	testkit.Eventually(t, "rogue replies refused", func() bool { return answered.Load() >= 3 && p.rejected(t, "sign-reply") >= 3 })
 	if got := p.fetch(t, "default")["default"]; !bytes.Equal(got.CertChain, first.CertChain) {
 		t.Fatal("default changed after rogue replies")
 	}
@@ -304,7 +305,7 @@ func checkGenuine(t testing.TB, p *pod, genuine, evil *testCA, out string) {
 			t.Fatal("the rogue's root is in ROOTCA")
 		}
 	}
-	eventually(t, "files written", func() bool {
+	testkit.Eventually(t, "files written", func() bool {
 		b, _ := os.ReadFile(filepath.Join(out, "key.pem"))
 		return bytes.Equal(b, got["default"].PrivateKey)
 	})
@@ -320,11 +321,11 @@ func checkGenuine(t testing.TB, p *pod, genuine, evil *testCA, out string) {
 // nothing, and counts every refusal.
 func TestWrongTrustAnchorsRefuseTheBundle(t *testing.T) {
 	v := newEnv(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	other := newTestCA(t)
 	writeFile(t, filepath.Join(root, "anchors.pem"), []byte(other.bundle()[0]))
 	p := v.startPod(podOpt{root: root, args: []string{"-trust-anchors-file", "anchors.pem"}})
-	eventually(t, "replies refused", func() bool { return p.rejected(t, "sign-reply") >= 2 })
+	testkit.Eventually(t, "replies refused", func() bool { return p.rejected(t, "sign-reply") >= 2 })
 	if p.e.Ready() == nil || p.bootstrapMode() != "" {
 		t.Fatalf("ready %v, bootstrap mode %q: want neither", p.e.Ready(), p.bootstrapMode())
 	}
@@ -335,21 +336,21 @@ func TestWrongTrustAnchorsRefuseTheBundle(t *testing.T) {
 func TestIstioGRPCCAChainMustReachTrustedRoot(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)
-	root := shortDir(t)
+	root := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root, "ca-root.pem"), []byte(v.ca.bundle()[0]))
 	writeFile(t, filepath.Join(root, "anchors.pem"), []byte(newTestCA(t).bundle()[0]))
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", "ca-root.pem", "-trust-anchors-file", "anchors.pem"}})
-	eventually(t, "chains refused", func() bool { return v.ca.requests.Load() >= 2 && p.rejected(t, "sign-reply") >= 2 })
+	testkit.Eventually(t, "chains refused", func() bool { return v.ca.requests.Load() >= 2 && p.rejected(t, "sign-reply") >= 2 })
 	if p.e.Ready() == nil {
 		t.Fatal("ready with a chain to an untrusted root")
 	}
 	// The same CA with its root as the anchor is accepted.
-	root2 := shortDir(t)
+	root2 := testkit.ShortDir(t)
 	writeFile(t, filepath.Join(root2, "ca-root.pem"), []byte(v.ca.bundle()[0]))
 	writeFile(t, filepath.Join(root2, "anchors.pem"), []byte(v.ca.bundle()[0]))
 	p2 := v.startPod(podOpt{root: root2, args: []string{"-ca-addr", addr, "-ca-root-cert", "ca-root.pem", "-trust-anchors-file", "anchors.pem",
 		"-socket", filepath.Join(root2, "s2.sock")}})
-	eventually(t, "ready", func() bool { return p2.e.Ready() == nil })
+	testkit.Eventually(t, "ready", func() bool { return p2.e.Ready() == nil })
 	if p2.bootstrapMode() != "anchors" {
 		t.Fatalf("bootstrap mode %q", p2.bootstrapMode())
 	}

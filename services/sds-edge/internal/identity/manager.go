@@ -20,12 +20,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 

@@ -8,9 +8,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/clock"
 )
 
 func TestStaleRenew(t *testing.T) {

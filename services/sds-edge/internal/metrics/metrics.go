@@ -9,6 +9,9 @@ import (
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
+// EventsDropped names the counter of events not published (pkg/outbox registers it).
+const EventsDropped = "meshagent_sds_edge_events_dropped_total"
+
 // Metrics are sds-edge's counters and gauges.
 type Metrics struct {
 	CSRSent     prometheus.Counter
@@ -18,7 +21,6 @@ type Metrics struct {
 	Pushes      *prometheus.CounterVec // by resource
 	Served      *prometheus.CounterVec // by resource
 	Nacks       *prometheus.CounterVec // by resource
-	EventsLost  prometheus.Counter
 	// TrustRejected counts trust bundles and signed chains refused, by source
 	// (trust.changed, bundle, sign-reply).
 	TrustRejected *prometheus.CounterVec
@@ -30,21 +32,20 @@ type Metrics struct {
 // New registers the metrics on reg; expiry is read from store at scrape time.
 func New(reg prometheus.Registerer, store *secrets.Store, now func() time.Time) *Metrics {
 	m := &Metrics{
-		CSRSent:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_sent_total", Help: "CSRs sent to the CA."}),
-		CSRFailed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_failed_total", Help: "CSRs that failed."}),
-		CSRRetried:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_csr_retried_total", Help: "CSRs sent as retries."}),
-		Connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sds_edge_sds_connections", Help: "Open SDS streams and calls."}, []string{"rpc"}),
-		Pushes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_pushes_total", Help: "Secret changes pushed to streams."}, []string{"resource"}),
-		Served:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_served_total", Help: "Secrets served in answer to requests."}, []string{"resource"}),
-		Nacks:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sds_edge_nacks_total", Help: "Secrets rejected by clients."}, []string{"resource"}),
-		EventsLost:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sds_edge_events_dropped_total", Help: "Events dropped because the publish queue was full."}),
+		CSRSent:     prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_sds_edge_csr_sent_total", Help: "CSRs sent to the CA."}),
+		CSRFailed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_sds_edge_csr_failed_total", Help: "CSRs that failed."}),
+		CSRRetried:  prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_sds_edge_csr_retried_total", Help: "CSRs sent as retries."}),
+		Connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_sds_edge_sds_connections", Help: "Open SDS streams and calls."}, []string{"rpc"}),
+		Pushes:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_sds_edge_pushes_total", Help: "Secret changes pushed to streams."}, []string{"resource"}),
+		Served:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_sds_edge_served_total", Help: "Secrets served in answer to requests."}, []string{"resource"}),
+		Nacks:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_sds_edge_nacks_total", Help: "Secrets rejected by clients."}, []string{"resource"}),
 		TrustRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_sds_edge_trust_rejected_total",
 			Help: "Trust bundles and signed chains refused because they do not verify under the roots the pod trusts, by source."}, []string{"source"}),
 		TrustBootstrap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_sds_edge_trust_bootstrap",
 			Help: "1 for how the first trust bundle was trusted: anchors (-trust-anchors-file) or first-use."}, []string{"mode"}),
 	}
-	reg.MustRegister(m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.EventsLost, m.TrustRejected, m.TrustBootstrap,
-		&expiry{store: store, now: now, desc: prometheus.NewDesc("sds_edge_cert_expiry_seconds",
+	reg.MustRegister(m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.TrustRejected, m.TrustBootstrap,
+		&expiry{store: store, now: now, desc: prometheus.NewDesc("meshagent_sds_edge_cert_expiry_seconds",
 			"Seconds until the earliest certificate of a resource expires.", []string{"resource"}, nil)})
 	return m
 }

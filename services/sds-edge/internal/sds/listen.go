@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
-	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/pkg/udsock"
 )
 
 // Listener serves an SDS server on a unix socket.
@@ -31,36 +30,11 @@ func NewListener(path string, mode os.FileMode, srv *Server, log hclog.Logger) *
 // Bound is closed once the socket accepts connections.
 func (l *Listener) Bound() <-chan struct{} { return l.bound }
 
-// Listen creates the socket with its parent directories. The socket is bound under a
-// temporary name, given its mode, then renamed into place, so no client ever sees it
-// with looser permissions.
-func Listen(path string, mode os.FileMode) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("create socket dir: %w", err)
-	}
-	tmp := filepath.Join(filepath.Dir(path), "."+strconv.Itoa(os.Getpid())+".sds.tmp")
-	_ = os.Remove(tmp)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, mode); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, fmt.Errorf("chmod socket: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, fmt.Errorf("place socket: %w", err)
-	}
-	return ln, nil
-}
-
-// Run serves until ctx ends, then closes every stream and removes the socket.
+// Run binds the socket (pkg/udsock: never looser than mode, never over a live
+// socket) and serves until ctx ends, then closes every stream and removes the
+// socket if it is still its own.
 func (l *Listener) Run(ctx context.Context) error {
-	ln, err := Listen(l.path, l.mode)
+	ln, err := udsock.Listen(l.path, l.mode)
 	if err != nil {
 		return err
 	}
@@ -77,7 +51,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		g.Stop()
 		err = <-errc
 	}
-	_ = os.Remove(l.path)
+	_ = ln.Close() // removes the socket file; Serve's own Close may have already
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve sds: %w", err)
 	}

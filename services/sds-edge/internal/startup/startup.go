@@ -4,15 +4,14 @@ package startup
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/meshagent/meshagent/pkg/udsock"
 )
 
 // Modes, as published in pod.up.
@@ -37,7 +36,8 @@ type Decision struct {
 	Dir  string
 }
 
-// Decide chooses the mode. A socket file nothing answers on is removed.
+// Decide chooses the mode. A socket something answers on means another provider
+// owns the pod's identity (external mode).
 func Decide(ctx context.Context, o Options, log hclog.Logger) (Decision, error) {
 	deadline := time.Now().Add(o.ExternalWait)
 	for {
@@ -69,32 +69,17 @@ func Decide(ctx context.Context, o Options, log hclog.Logger) (Decision, error) 
 	return Decision{Mode: CA}, nil
 }
 
-// probe reports whether something answers on the socket; a dead socket file is removed.
+// probe reports whether something answers on the socket. A socket file nothing
+// answers on is left for udsock.Listen, which replaces it.
 func probe(ctx context.Context, path string, log hclog.Logger) (bool, error) {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
+	live, err := udsock.Live(ctx, path)
 	if err != nil {
-		return false, fmt.Errorf("check socket %s: %w", path, err)
+		return false, fmt.Errorf("-socket: %w", err)
 	}
-	if fi.Mode()&fs.ModeSocket == 0 {
-		return false, fmt.Errorf("-socket: %s exists and is not a socket", path)
-	}
-	dctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "unix", path)
-	if err == nil {
-		c.Close()
+	if live {
 		log.Info("an sds server already answers on the socket: not serving", "socket", path)
-		return true, nil
 	}
-	log.Info("removing stale socket", "socket", path, "error", err)
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("remove stale socket: %w", err)
-	}
-	return false, nil
+	return live, nil
 }
 
 func hasCerts(dir string) bool {

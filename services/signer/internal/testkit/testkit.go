@@ -8,65 +8,45 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"math/big"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-// Clock is a settable clock.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// Clock is the shared fake clock (pkg/clock): Now, Add, Set, and timers that fire
+// when it moves.
+type Clock = clock.Fake
 
-// NewClock starts at t.
-func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+// NewClock starts a fake clock at t.
+func NewClock(t time.Time) *Clock { return clock.NewFake(t) }
 
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Add moves the clock.
-func (c *Clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// Issuer mints ES256 tokens the way meshctl token does: kid is the key's JWK thumbprint.
+// Issuer mints ES256 tokens as meshctl token does (pkg/devtoken): kid is the
+// key's JWK thumbprint.
 type Issuer struct {
 	Key crypto.Signer
 	KID string
 	Iss string
 }
 
-// NewIssuer makes an issuer with a fresh P-256 key.
+// NewIssuer makes an issuer named iss with a fresh P-256 key.
 func NewIssuer(t testing.TB, iss string) *Issuer {
 	t.Helper()
-	k, err := pki.GenerateKey(pki.ECP256)
+	d, err := devtoken.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	jwk := jose.JSONWebKey{Key: k.Public(), Algorithm: string(jose.ES256), Use: "sig"}
-	tp, err := jwk.Thumbprint(crypto.SHA256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &Issuer{Key: k, KID: base64.RawURLEncoding.EncodeToString(tp), Iss: iss}
+	return &Issuer{Key: d.Key(), KID: d.KID(), Iss: iss}
 }
 
 // JWKS is the issuer's public key set.
@@ -88,29 +68,12 @@ func (i *Issuer) WriteJWKS(t testing.TB, dir string) string {
 	return p
 }
 
-// Claims are a token's claims; zero fields are left out.
-type Claims struct {
-	Iss, Sub string
-	Aud      []string
-	IAT, NBF time.Time
-	Exp      time.Time
-	NS, SA   string // kubernetes.io claims when set
-	// Pod is kubernetes.io.pod.name when set (a pod-bound token); PodClaim forces a
-	// pod object even when Pod is empty (a broken token).
-	Pod      string
-	PodClaim bool
-}
-
-// ForPod returns c bound to pod, as a projected token of that pod is.
-func (c Claims) ForPod(pod string) Claims {
-	c.Pod = pod
-	return c
-}
+// Claims are a token's claims; zero fields are left out (devtoken.Token).
+type Claims = devtoken.Token
 
 // ServiceAccount returns the claims meshctl token mints for ns/sa, valid for ttl from now.
 func (i *Issuer) ServiceAccount(ns, sa string, now time.Time, ttl time.Duration) Claims {
-	return Claims{Iss: i.Iss, Sub: "system:serviceaccount:" + ns + ":" + sa, Aud: []string{"istio-ca"},
-		IAT: now, NBF: now, Exp: now.Add(ttl), NS: ns, SA: sa}
+	return devtoken.ServiceAccount(i.Iss, devtoken.DefaultAudience, ns, sa, now, ttl)
 }
 
 // Mint signs c with the issuer's key and kid.
@@ -122,37 +85,7 @@ func (i *Issuer) Mint(t testing.TB, c Claims) string {
 // MintWith signs c with key under kid.
 func MintWith(t testing.TB, key crypto.Signer, kid string, c Claims) string {
 	t.Helper()
-	sig, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]any{}
-	if c.Iss != "" {
-		m["iss"] = c.Iss
-	}
-	if c.Sub != "" {
-		m["sub"] = c.Sub
-	}
-	if len(c.Aud) > 0 {
-		m["aud"] = c.Aud
-	}
-	for k, v := range map[string]time.Time{"iat": c.IAT, "nbf": c.NBF, "exp": c.Exp} {
-		if !v.IsZero() {
-			m[k] = v.Unix()
-		}
-	}
-	k8s := map[string]any{}
-	if c.NS != "" {
-		k8s["namespace"] = c.NS
-		k8s["serviceaccount"] = map[string]any{"name": c.SA, "uid": "0b3c1b0e-1111-4f7e-9a6b-3c2a8d0f5e77"}
-	}
-	if c.Pod != "" || c.PodClaim {
-		k8s["pod"] = map[string]any{"name": c.Pod, "uid": "7d1e5a2c-2222-4b8f-8c1d-5e6f7a8b9c0d"}
-	}
-	if len(k8s) > 0 {
-		m["kubernetes.io"] = k8s
-	}
-	tok, err := jwt.Signed(sig).Claims(m).Serialize()
+	tok, err := devtoken.Sign(key, kid, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,16 +162,10 @@ func WriteCACerts(t testing.TB, dir string, signing *CA, chain []*x509.Certifica
 	}
 }
 
-// Eventually polls cond every 10ms until it holds or timeout passes.
+// Eventually polls cond until it holds or timeout passes (pkg/testkit).
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, timeout, what, cond)
 }
 
 // KEKFile writes 32 random bytes, mode 0600, to a file in a fresh t.TempDir() and

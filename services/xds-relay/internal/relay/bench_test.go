@@ -17,6 +17,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -243,7 +244,7 @@ func cpuSeconds(b *testing.B, pid int) float64 {
 // BenchmarkRSS builds the real binary, runs it against an in-process upstream and
 // an embedded bus, and reads its resident memory idle and with 100 live streams.
 func BenchmarkRSS(b *testing.B) {
-	dir := shortDir(b)
+	dir := testkit.ShortDir(b)
 	bin := filepath.Join(dir, "xds-relay")
 	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", bin, "../..") // as make build
 	if out, err := build.CombinedOutput(); err != nil {
@@ -261,7 +262,7 @@ func BenchmarkRSS(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		socket := filepath.Join(dir, "etc/istio/proxy/XDS")
-		eventually(b, "relay socket", func() bool { _, err := os.Stat(socket); return err == nil })
+		testkit.Eventually(b, "relay socket", func() bool { _, err := os.Stat(socket); return err == nil })
 		time.Sleep(500 * time.Millisecond)
 		idle := rssKB(b, cmd.Process.Pid)
 		client := benchClient(b, "unix://"+socket)

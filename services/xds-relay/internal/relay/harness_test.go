@@ -21,9 +21,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/outbox"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/report"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,26 +35,6 @@ import (
 )
 
 const testPod = "web-0"
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func shortDir(t testing.TB) string {
-	dir, err := os.MkdirTemp("", "xr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
 
 func testLog(t testing.TB) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: os.Stderr})
@@ -275,12 +256,15 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	pub := report.New(js, "xds-relay/"+testPod, reg, log)
+	pub, err := outbox.New(js, outbox.Options{Source: "xds-relay/" + testPod, Metric: relay.EventsDropped, Registry: reg, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
 	pc, err := proxyconfig.New(testPod, nc, d, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(shortDir(t), "XDS")
+	socket := filepath.Join(testkit.ShortDir(t), "XDS")
 	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, []relay.Handler{pc}, pub, reg, log)
 	if err != nil {
 		t.Fatal(err)

@@ -5,204 +5,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
-
 )
-
-// onlyEntry fails unless dir holds exactly name: no temporary file or directory is left.
-func onlyEntry(t *testing.T, dir, name string) {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	if len(names) != 1 || names[0] != name {
-		t.Fatalf("dir holds %v, want only %q", names, name)
-	}
-}
-
-// staleSocket leaves a socket file at path that nothing listens on, as a killed relay does.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-}
-
-// TestListenModeIsNeverLooser binds repeatedly while another goroutine watches the
-// path: the socket must never be seen there with any mode but the configured one.
-func TestListenModeIsNeverLooser(t *testing.T) {
-	for _, mode := range []os.FileMode{0o600, 0o660, 0o700} {
-		t.Run(mode.String(), func(t *testing.T) {
-			dir := shortDir(t)
-			path := filepath.Join(dir, "XDS")
-			stop := make(chan struct{})
-			var (
-				wg    sync.WaitGroup
-				bad   int
-				first os.FileMode
-				seen  int
-			)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if fi, err := os.Lstat(path); err == nil {
-						seen++
-						if fi.Mode().Perm() != mode {
-							if bad == 0 {
-								first = fi.Mode()
-							}
-							bad++
-						}
-					}
-				}
-			}()
-			for range 50 {
-				ln, err := relay.Listen(path, mode)
-				if err != nil {
-					t.Fatal(err)
-				}
-				fi, err := os.Lstat(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != mode {
-					t.Fatalf("right after Listen: mode %v, want a %v socket", fi.Mode(), mode)
-				}
-				onlyEntry(t, dir, "XDS")
-				ln.Close()
-				if err := os.Remove(path); err != nil {
-					t.Fatal(err)
-				}
-			}
-			close(stop)
-			wg.Wait()
-			if bad > 0 {
-				t.Fatalf("socket observed %d times with a wrong mode, first %v (want only %v)", bad, first, mode)
-			}
-			t.Logf("watcher saw the socket %d times", seen)
-		})
-	}
-}
-
-func TestListenExistingPath(t *testing.T) {
-	tests := []struct {
-		name    string
-		prepare func(t *testing.T, path string) (check func(t *testing.T))
-		wantErr string // "" means Listen succeeds
-	}{
-		{
-			name:    "nothing there",
-			prepare: func(t *testing.T, path string) func(*testing.T) { return func(*testing.T) {} },
-		},
-		{
-			name: "stale socket is replaced",
-			prepare: func(t *testing.T, path string) func(*testing.T) {
-				staleSocket(t, path)
-				old, err := os.Lstat(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return func(t *testing.T) {
-					fi, err := os.Lstat(path)
-					if err != nil || os.SameFile(fi, old) {
-						t.Fatalf("stale socket not replaced (err %v)", err)
-					}
-				}
-			},
-		},
-		{
-			name:    "live socket is not stolen",
-			wantErr: "another xds-relay is serving on ",
-			prepare: func(t *testing.T, path string) func(*testing.T) {
-				other, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { other.Close() })
-				return func(t *testing.T) {
-					// The other listener still owns path and still takes connections.
-					c, err := net.DialTimeout("unix", path, time.Second)
-					if err != nil {
-						t.Fatalf("other listener no longer reachable: %v", err)
-					}
-					defer c.Close()
-					_ = other.SetDeadline(time.Now().Add(5 * time.Second))
-					for range 2 { // the probe, then ours
-						a, err := other.Accept()
-						if err != nil {
-							t.Fatalf("other listener: %v", err)
-						}
-						a.Close()
-					}
-				}
-			},
-		},
-		{
-			name:    "regular file is left alone",
-			wantErr: "exists and is not a socket",
-			prepare: func(t *testing.T, path string) func(*testing.T) {
-				if err := os.WriteFile(path, []byte("keep"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return func(t *testing.T) {
-					if b, err := os.ReadFile(path); err != nil || string(b) != "keep" {
-						t.Fatalf("file changed: %q %v", b, err)
-					}
-				}
-			},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := shortDir(t)
-			path := filepath.Join(dir, "XDS")
-			check := tt.prepare(t, path)
-			ln, err := relay.Listen(path, relay.DefaultSocketMode)
-			if tt.wantErr != "" {
-				if err == nil {
-					ln.Close()
-					t.Fatal("Listen succeeded, want an error")
-				}
-				if !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), path) {
-					t.Fatalf("err = %v, want %q naming %s", err, tt.wantErr, path)
-				}
-			} else {
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ln.Close()
-				c, err := net.DialTimeout("unix", path, time.Second)
-				if err != nil {
-					t.Fatalf("new socket does not answer: %v", err)
-				}
-				c.Close()
-			}
-			check(t)
-			onlyEntry(t, dir, "XDS")
-		})
-	}
-}
 
 // TestSecondRelayDoesNotStealSocket starts a second relay on a live relay's socket:
 // it refuses with a clear error, and the first keeps serving Envoy.
@@ -255,8 +65,8 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(shortDir(t), "XDS")
-			staleSocket(t, path)
+			path := filepath.Join(testkit.ShortDir(t), "XDS")
+			testkit.StaleSocket(t, path)
 			d, err := upstream.New(upstream.Config{Address: "127.0.0.1:1", Mode: upstream.Plaintext, MaxMsgSize: 1 << 20,
 				ConnectTimeout: time.Second}, nil, testLog(t))
 			if err != nil {
@@ -292,7 +102,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 			c.Close()
 			if tt.replaced {
 				_ = os.Remove(path)
-				staleSocket(t, path)
+				testkit.StaleSocket(t, path)
 			}
 			cancel()
 			if err := <-done; err != nil {

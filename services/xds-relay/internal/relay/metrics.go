@@ -24,20 +24,24 @@ type metrics struct {
 
 const maxTypes = 64
 
+// EventsDropped names the counter of the relay's events not published (the
+// service's pkg/outbox registers it).
+const EventsDropped = "meshagent_xds_relay_events_dropped_total"
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	typ := []string{"type"}
 	m := &metrics{
-		requests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_requests_total", Help: "Discovery requests relayed upstream, by type URL (including the relay's own ACKs)."}, typ),
-		responses:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_responses_total", Help: "Discovery responses received from upstream, by type URL."}, typ),
-		requestBytes:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_request_bytes_total", Help: "Bytes of discovery requests relayed upstream, by type URL."}, typ),
-		responseBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_response_bytes_total", Help: "Bytes of discovery responses received from upstream, by type URL."}, typ),
-		nacks:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_nacks_total", Help: "NACKs sent by Envoy or by an agent-consumed handler, by type URL."}, typ),
-		consumed:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xds_relay_consumed_total", Help: "Responses consumed by the relay itself, by type URL and result."}, []string{"type", "result"}),
-		upstreamFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "xds_relay_upstream_connect_failures_total",
+		requests:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_requests_total", Help: "Discovery requests relayed upstream, by type URL (including the relay's own ACKs)."}, typ),
+		responses:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_responses_total", Help: "Discovery responses received from upstream, by type URL."}, typ),
+		requestBytes:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_request_bytes_total", Help: "Bytes of discovery requests relayed upstream, by type URL."}, typ),
+		responseBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_response_bytes_total", Help: "Bytes of discovery responses received from upstream, by type URL."}, typ),
+		nacks:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_nacks_total", Help: "NACKs sent by Envoy or by an agent-consumed handler, by type URL."}, typ),
+		consumed:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_xds_relay_consumed_total", Help: "Responses consumed by the relay itself, by type URL and result."}, []string{"type", "result"}),
+		upstreamFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_xds_relay_upstream_connect_failures_total",
 			Help: "Upstream streams that could not be opened."}),
-		upstreamTerminations: prometheus.NewCounter(prometheus.CounterOpts{Name: "xds_relay_upstream_terminations_total",
+		upstreamTerminations: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_xds_relay_upstream_terminations_total",
 			Help: "Relayed streams ended by the upstream (error or close)."}),
-		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "xds_relay_streams", Help: "Live relayed streams, by mode (sotw or delta)."}, []string{"mode"}),
+		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_xds_relay_streams", Help: "Live relayed streams, by mode (sotw or delta)."}, []string{"mode"}),
 		types:   map[string]struct{}{},
 	}
 	if reg != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
@@ -57,7 +58,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	if err != nil || r1.GetTypeUrl() != resource.ClusterType {
 		t.Fatalf("first response: %v %v", r1.GetTypeUrl(), err)
 	}
-	eventually(t, "trust anchors published", func() bool {
+	testkit.Eventually(t, "trust anchors published", func() bool {
 		return len(find(env.rec, func(e events.TrustAnchors) bool {
 			return e.Pod == testPod && len(e.Roots) == 1 && e.Roots[0] == anchor
 		})) == 1
@@ -65,18 +66,18 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	acked := func(r *discoveryv3.DiscoveryRequest) bool {
 		return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetResponseNonce() != "" && r.GetErrorDetail() == nil
 	}
-	eventually(t, "relay acks proxyconfig upstream", func() bool { return len(up.seen(acked)) == 1 })
+	testkit.Eventually(t, "relay acks proxyconfig upstream", func() bool { return len(up.seen(acked)) == 1 })
 
 	// A bad anchor is NACKed upstream and changes nothing.
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "relay nacks bad proxyconfig", func() bool {
+	testkit.Eventually(t, "relay nacks bad proxyconfig", func() bool {
 		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
 		})) == 1
 	})
-	if v := metric(t, env.reg, "xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
 		t.Fatalf("consumed nack metric = %v", v)
 	}
 	if n := len(find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {
@@ -115,10 +116,10 @@ func TestProxyConfigOnDeltaStream(t *testing.T) {
 	if r, err := st.Recv(); err != nil || r.GetTypeUrl() != resource.ClusterType {
 		t.Fatalf("first delta response: %v %v", r.GetTypeUrl(), err)
 	}
-	eventually(t, "trust anchors published", func() bool {
+	testkit.Eventually(t, "trust anchors published", func() bool {
 		return len(find(env.rec, func(e events.TrustAnchors) bool { return len(e.Roots) == 1 && e.Roots[0] == anchor })) == 1
 	})
-	eventually(t, "delta ack of proxyconfig upstream", func() bool {
+	testkit.Eventually(t, "delta ack of proxyconfig upstream", func() bool {
 		up.mu.Lock()
 		defer up.mu.Unlock()
 		for _, r := range up.deltas {

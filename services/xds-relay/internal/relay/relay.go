@@ -122,12 +122,6 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Remembered so shutdown removes the socket only while it is still ours.
-	mine, err := os.Lstat(s.cfg.Socket)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("stat bound socket: %w", err)
-	}
 	gs := grpc.NewServer(
 		grpc.ForceServerCodecV2(codec{}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxMsgSize),
@@ -165,8 +159,6 @@ func (s *Server) Run(ctx context.Context) error {
 		<-done
 	}
 	<-errc
-	if ownsSocket(s.cfg.Socket, mine) {
-		_ = os.Remove(s.cfg.Socket)
-	}
+	_ = ln.Close() // removes the socket while it is still ours
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -65,28 +66,28 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		t.Fatalf("second response: version %q nonce %q (first %q) clusters %v", r2.GetVersionInfo(), r2.GetNonce(), r1.GetNonce(), clusterNames(t, r2))
 	}
 	// The ACK reached the upstream unchanged.
-	eventually(t, "ack upstream", func() bool {
+	testkit.Eventually(t, "ack upstream", func() bool {
 		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 			return r.GetTypeUrl() == resource.ClusterType && r.GetVersionInfo() == "v1" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
 	})
-	eventually(t, "connected event", func() bool {
+	testkit.Eventually(t, "connected event", func() bool {
 		return len(find(env.rec, func(e events.XDSConnected) bool {
 			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
 	})
-	if v := metric(t, env.reg, "xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
 		t.Fatalf("responses metric = %v, want 2", v)
 	}
-	if v := metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 		t.Fatalf("streams gauge = %v, want 1", v)
 	}
 	cancel()
-	eventually(t, "disconnected event", func() bool {
+	testkit.Eventually(t, "disconnected event", func() bool {
 		return len(find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
 	})
-	eventually(t, "gauge back to 0", func() bool {
-		return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+	testkit.Eventually(t, "gauge back to 0", func() bool {
+		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -122,7 +123,7 @@ func TestDeltaVersionsAndNonces(t *testing.T) {
 		len(r2.GetRemovedResources()) != 1 || r2.GetRemovedResources()[0] != "a" {
 		t.Fatalf("second delta response: %v", r2)
 	}
-	eventually(t, "delta connected event", func() bool {
+	testkit.Eventually(t, "delta connected event", func() bool {
 		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
 	})
 }
@@ -143,17 +144,17 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 	if err := st.Send(nack); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "nack event", func() bool {
+	testkit.Eventually(t, "nack event", func() bool {
 		return len(find(env.rec, func(e events.XDSNack) bool {
 			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPod
 		})) == 1
 	})
-	eventually(t, "nack upstream", func() bool {
+	testkit.Eventually(t, "nack upstream", func() bool {
 		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 			return r.GetErrorDetail().GetMessage() == "cluster a: bad thing" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
 	})
-	if v := metric(t, env.reg, "xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
 		t.Fatalf("nacks metric = %v", v)
 	}
 }
@@ -182,10 +183,10 @@ func TestUpstreamRestartClosesDownstream(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("after upstream restart: err = %v, want Unavailable", err)
 	}
-	eventually(t, "disconnected with upstream reason", func() bool {
+	testkit.Eventually(t, "disconnected with upstream reason", func() bool {
 		return len(find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
 	})
-	if v := metric(t, env.reg, "xds_relay_upstream_terminations_total", nil); v != 1 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 		t.Fatalf("terminations = %v", v)
 	}
 	// Envoy reconnects: a fresh stream gets the config again.
@@ -224,8 +225,8 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("err = %v, want Unavailable", err)
 		}
-		if v := metric(t, env.reg, "xds_relay_upstream_connect_failures_total", nil) +
-			metric(t, env.reg, "xds_relay_upstream_terminations_total", nil); v != 1 {
+		if v := metric(t, env.reg, "meshagent_xds_relay_upstream_connect_failures_total", nil) +
+			metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 			t.Fatalf("failures+terminations = %v, want 1", v)
 		}
 	})
@@ -235,17 +236,17 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		openCDS(t, ctx, env.socket, "nobody")
-		eventually(t, "request upstream", func() bool {
+		testkit.Eventually(t, "request upstream", func() bool {
 			return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
 				return r.GetNode().GetId() == "nobody" && r.GetTypeUrl() == resource.ClusterType
 			})) == 1
 		})
-		if v := metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+		if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 			t.Fatalf("streams = %v, want 1 while waiting", v)
 		}
 		cancel()
-		eventually(t, "stream released", func() bool {
-			return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+		testkit.Eventually(t, "stream released", func() bool {
+			return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 		})
 	})
 }
@@ -284,12 +285,12 @@ func TestConcurrentStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v := metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
+	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
 		t.Fatalf("live streams = %v, want %d", v, n)
 	}
 	cancel()
-	eventually(t, "all streams released", func() bool {
-		return metric(t, env.reg, "xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+	testkit.Eventually(t, "all streams released", func() bool {
+		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -312,7 +313,7 @@ func TestLargeResponse(t *testing.T) {
 	if size := proto.Size(r); size < 10<<20 || len(r.GetResources()) != 10 {
 		t.Fatalf("got %d bytes, %d resources; want >= 10 MiB and 10", size, len(r.GetResources()))
 	}
-	if v := metric(t, env.reg, "xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
+	if v := metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
 		t.Fatalf("response bytes metric = %v", v)
 	}
 }
@@ -320,7 +321,7 @@ func TestLargeResponse(t *testing.T) {
 func TestTokenAndMetadataReachUpstream(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	tokenFile := shortDir(t) + "/token"
+	tokenFile := testkit.ShortDir(t) + "/token"
 	writeFile(t, tokenFile, "tok-1\n")
 	env := startRelay(t, upstream.Config{Address: up.addr, TokenFile: tokenFile, ClusterID: "cluster-7",
 		Headers: map[string]string{"foo": "bar"}}, nil)

@@ -27,6 +27,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/trust"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
@@ -87,7 +88,7 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 		}
 	}
 	set(workload)
-	path := filepath.Join(shortDir(t), "sds")
+	path := filepath.Join(testkit.ShortDir(t), "sds")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -190,12 +191,12 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 		}
 	}
 	publishTrust(2, ca1)
-	eventually(t, "new stream rejects the untrusted upstream", func() bool {
+	testkit.Eventually(t, "new stream rejects the untrusted upstream", func() bool {
 		_, _, err := open()
 		return status.Code(err) == codes.Unavailable
 	})
 	publishTrust(3, ca2)
-	eventually(t, "new stream trusts the new root", func() bool {
+	testkit.Eventually(t, "new stream trusts the new root", func() bool {
 		_, r, err := open()
 		return err == nil && r.GetVersionInfo() == "v1"
 	})
@@ -213,7 +214,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	rotated := leaf(t, ca1, ca1Key, "", workloadID)
 	rotate(rotated)
 	want := pki.SerialHex(rotated.Leaf)
-	eventually(t, "rotated workload certificate reaches the upstream", func() bool {
+	testkit.Eventually(t, "rotated workload certificate reaches the upstream", func() bool {
 		if _, _, err := open(); err != nil {
 			return false
 		}

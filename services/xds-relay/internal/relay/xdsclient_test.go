@@ -17,6 +17,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -104,11 +105,11 @@ func TestGRPCXDSClientResolvesThroughRelay(t *testing.T) {
 		t.Fatalf("status = %v", resp.GetStatus())
 	}
 	// The configuration came through the relay.
-	eventually(t, "grpc client connected via relay", func() bool {
+	testkit.Eventually(t, "grpc client connected via relay", func() bool {
 		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Node == "grpc-client" })) >= 1
 	})
 	for _, typ := range []string{resource.ListenerType, resource.ClusterType, resource.EndpointType} {
-		if v := metric(t, env.reg, "xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
+		if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
 			t.Errorf("no %s response relayed", typ)
 		}
 	}

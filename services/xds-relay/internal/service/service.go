@@ -10,11 +10,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/report"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/trust"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/nats-io/nats.go/jetstream"
@@ -59,7 +59,11 @@ func Run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
-	pub := report.New(js, "xds-relay/"+cfg.Pod.ID, http.Registry(), log.Named("events"))
+	pub, err := outbox.New(js, outbox.Options{Source: "xds-relay/" + cfg.Pod.ID, Metric: relay.EventsDropped,
+		Registry: http.Registry(), Log: log.Named("events")})
+	if err != nil {
+		return err
+	}
 	r, err := relay.New(relay.Config{Pod: cfg.Pod.ID, Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
 		dialer, []relay.Handler{pc}, pub, http.Registry(), log.Named("relay"))
 	if err != nil {

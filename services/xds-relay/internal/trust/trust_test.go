@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // rec records what the follower asks of the dialer.
@@ -73,17 +74,6 @@ func rootPEM(t *testing.T) string {
 	return string(pki.EncodeCertPEM(c))
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestFollower(t *testing.T) {
 	nc := bustest.Conn(t, bustest.Server(t))
 	r := &rec{}
@@ -98,7 +88,7 @@ func TestFollower(t *testing.T) {
 		}
 	}()
 	// Bad events first: garbled, and a bundle that is not PEM. Neither reaches the dialer.
-	eventually(t, "subscription", func() bool {
+	testkit.Eventually(t, "subscription", func() bool {
 		_ = nc.Publish(events.SubjectTrustChanged, []byte("garbage"))
 		msg, _ := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "td",
 			Roots: []string{"-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n"}, Reason: "x", Generation: 1})
@@ -117,7 +107,7 @@ func TestFollower(t *testing.T) {
 		}
 	}
 	c.fire()
-	eventually(t, "rebuild on sds-edge change", func() bool { rb, _ := r.snapshot(); return len(rb) == 1 })
+	testkit.Eventually(t, "rebuild on sds-edge change", func() bool { rb, _ := r.snapshot(); return len(rb) == 1 })
 	c.fire()
-	eventually(t, "second rebuild", func() bool { rb, _ := r.snapshot(); return len(rb) == 2 })
+	testkit.Eventually(t, "second rebuild", func() bool { rb, _ := r.snapshot(); return len(rb) == 2 })
 }

@@ -1,5 +1,6 @@
-// Package clock is the time source of everything the rotator schedules, so that
-// tests can drive renewals, retries, rate limits and leases on a fake clock.
+// Package clock is the one time source of every meshagent service: the wall clock
+// in production and a fake one that tests move by hand, so that renewals, retries,
+// rate limits, leases and certificate validity can be tested without sleeping.
 package clock
 
 import "time"
@@ -10,7 +11,7 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// Timer is the part of *time.Timer the rotator uses.
+// Timer is the part of *time.Timer the services use.
 type Timer interface {
 	C() <-chan time.Time
 	Stop() bool

@@ -1,7 +1,8 @@
-// Package devtoken is meshctl's local token issuer: an ES256 key whose JWKS the
-// embedded signer trusts, minting Kubernetes-style service-account tokens for
-// development (meshctl token) and for the demo pods of meshctl up — the role the
-// Kubernetes API server plays in a cluster.
+// Package devtoken is the development token issuer: an ES256 key whose JWKS a
+// signer trusts, minting Kubernetes-style service-account tokens — the role the
+// Kubernetes API server plays in a cluster. meshctl uses it for `meshctl token`,
+// the demo pods of `meshctl up` and compose's kubelet; the signer's tests use it
+// (Sign with any Token) to mint good and broken tokens alike.
 package devtoken
 
 import (
@@ -101,6 +102,21 @@ func fromPEM(data []byte) (*Issuer, error) {
 	return newIssuer(key)
 }
 
+// Generate returns an issuer with a fresh P-256 key, kept in memory only.
+func Generate() (*Issuer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("issuer key: %w", err)
+	}
+	return newIssuer(key)
+}
+
+// Key is the issuer's private key.
+func (i *Issuer) Key() crypto.Signer { return i.key }
+
+// KID is the key id tokens carry: the key's JWK thumbprint (SHA-256, base64url).
+func (i *Issuer) KID() string { return i.kid }
+
 func newIssuer(key *ecdsa.PrivateKey) (*Issuer, error) {
 	tp, err := (&jose.JSONWebKey{Key: &key.PublicKey}).Thumbprint(crypto.SHA256)
 	if err != nil {
@@ -109,10 +125,14 @@ func newIssuer(key *ecdsa.PrivateKey) (*Issuer, error) {
 	return &Issuer{Name: DefaultIssuer, key: key, kid: base64.RawURLEncoding.EncodeToString(tp)}, nil
 }
 
-// JWKS returns the public key set a signer verifies tokens with.
+// KeySet is the public key set a signer verifies tokens with.
+func (i *Issuer) KeySet() jose.JSONWebKeySet {
+	return jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &i.key.PublicKey, KeyID: i.kid, Algorithm: string(jose.ES256), Use: "sig"}}}
+}
+
+// JWKS returns the key set as JSON, as the jwks.json file holds it.
 func (i *Issuer) JWKS() ([]byte, error) {
-	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &i.key.PublicKey, KeyID: i.kid, Algorithm: string(jose.ES256), Use: "sig"}}}
-	return json.MarshalIndent(set, "", "  ")
+	return json.MarshalIndent(i.KeySet(), "", "  ")
 }
 
 // Claims are the Kubernetes service-account token claims meshctl mints.
@@ -152,30 +172,7 @@ func (i *Issuer) MintForPod(ns, sa, pod, audience string, ttl time.Duration, now
 	if audience == "" {
 		audience = DefaultAudience
 	}
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: i.key, KeyID: i.kid}},
-		(&jose.SignerOptions{}).WithType("JWT"))
-	if err != nil {
-		return "", fmt.Errorf("mint token: %w", err)
-	}
-	c := Claims{Claims: jwt.Claims{
-		Issuer:    i.Name,
-		Subject:   "system:serviceaccount:" + ns + ":" + sa,
-		Audience:  jwt.Audience{audience},
-		IssuedAt:  jwt.NewNumericDate(now),
-		NotBefore: jwt.NewNumericDate(now),
-		Expiry:    jwt.NewNumericDate(now.Add(ttl)),
-	}}
-	c.Kubernetes.Namespace = ns
-	c.Kubernetes.ServiceAccount.Name = sa
-	c.Kubernetes.ServiceAccount.UID = uid()
-	if pod != "" {
-		c.Kubernetes.Pod = &Ref{Name: pod, UID: uid()}
-	}
-	tok, err := jwt.Signed(signer).Claims(c).Serialize()
-	if err != nil {
-		return "", fmt.Errorf("mint token: %w", err)
-	}
-	return tok, nil
+	return Sign(i.key, i.kid, ServiceAccount(i.Name, audience, ns, sa, now, ttl).ForPod(pod))
 }
 
 func uid() string {

@@ -93,3 +93,41 @@ func TestMintRejectsBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestSignLeavesOutZeroClaims: Sign writes exactly the claims set, so tests can
+// mint broken tokens (no expiry, an empty pod object).
+func TestSignLeavesOutZeroClaims(t *testing.T) {
+	iss, err := Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Sign(iss.Key(), iss.KID(), Token{Iss: "x", NS: "default", SA: "web", PodClaim: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kid := parsed.Headers[0].KeyID; kid != iss.KID() {
+		t.Fatalf("kid %q, want %q", kid, iss.KID())
+	}
+	var m map[string]any
+	if err := parsed.Claims(iss.Key().Public(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"sub", "aud", "exp", "iat", "nbf"} {
+		if _, ok := m[k]; ok {
+			t.Errorf("zero claim %q written: %v", k, m[k])
+		}
+	}
+	k8s, _ := m["kubernetes.io"].(map[string]any)
+	pod, ok := k8s["pod"].(map[string]any)
+	if !ok || pod["name"] != "" {
+		t.Fatalf("PodClaim with no pod: kubernetes.io = %v", k8s)
+	}
+	sa := ServiceAccount("iss", "", "ns", "sa", time.Unix(100, 0), time.Minute).ForPod("p-0")
+	if sa.Aud[0] != DefaultAudience || sa.Sub != "system:serviceaccount:ns:sa" || sa.Pod != "p-0" || !sa.Exp.Equal(time.Unix(160, 0)) {
+		t.Fatalf("ServiceAccount = %+v", sa)
+	}
+}

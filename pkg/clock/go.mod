@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/pkg/clock
+
+go 1.26.0

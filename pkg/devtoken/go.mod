@@ -1,0 +1,5 @@
+module github.com/meshagent/meshagent/pkg/devtoken
+
+go 1.26.0
+
+require github.com/go-jose/go-jose/v4 v4.1.8

@@ -1,0 +1,150 @@
+// Package outbox publishes a service's events to JetStream in the background, in
+// order, from a bounded queue: Publish never blocks the caller (an SDS push, an
+// xDS stream), an event the queue has no room for is dropped and counted, and Run
+// flushes what is queued, for a bounded time, when the service stops.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+// Defaults for Options left zero.
+const (
+	DefaultSize  = 1024
+	DefaultFlush = 2 * time.Second
+	// publishTimeout bounds one publish (JetStream's ack included).
+	publishTimeout = 5 * time.Second
+)
+
+// Options configure an Outbox.
+type Options struct {
+	// Source is the CloudEvents source of every event, e.g. "sds-edge/web-0".
+	Source string
+	// Size is how many events may wait for the bus; DefaultSize when zero.
+	Size int
+	// Flush is how long Run keeps publishing the queue after its context ends (an
+	// event in flight then included); DefaultFlush when zero.
+	Flush time.Duration
+	// Metric names the counter of events not published (queue full, invalid, or
+	// refused by the bus), in the caller's namespace, e.g.
+	// "meshagent_sds_edge_events_dropped_total". Required.
+	Metric string
+	// Registry gets the counter; nil leaves it unregistered.
+	Registry prometheus.Registerer
+	// Log gets one line per dropped event; nil discards.
+	Log hclog.Logger
+}
+
+// Outbox queues events and publishes them in order.
+type Outbox struct {
+	js      jetstream.JetStream
+	o       Options
+	q       chan *nats.Msg
+	dropped prometheus.Counter
+}
+
+// New returns an Outbox publishing to js. It starts nothing until Run.
+func New(js jetstream.JetStream, o Options) (*Outbox, error) {
+	var errs []error
+	if js == nil {
+		errs = append(errs, errors.New("outbox: no JetStream context"))
+	}
+	if o.Source == "" {
+		errs = append(errs, errors.New("outbox: Source is required"))
+	}
+	if o.Metric == "" {
+		errs = append(errs, errors.New("outbox: Metric is required"))
+	}
+	if o.Size < 0 || o.Flush < 0 {
+		errs = append(errs, fmt.Errorf("outbox: Size %d and Flush %s must not be negative", o.Size, o.Flush))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if o.Size == 0 {
+		o.Size = DefaultSize
+	}
+	if o.Flush == 0 {
+		o.Flush = DefaultFlush
+	}
+	if o.Log == nil {
+		o.Log = hclog.NewNullLogger()
+	}
+	b := &Outbox{js: js, o: o, q: make(chan *nats.Msg, o.Size),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: o.Metric,
+			Help: "Events not published: the queue was full, the event was invalid, or the bus did not take it in time."})}
+	if o.Registry != nil {
+		if err := o.Registry.Register(b.dropped); err != nil {
+			return nil, fmt.Errorf("outbox: register %s: %w", o.Metric, err)
+		}
+	}
+	return b, nil
+}
+
+// Publish queues payload for subject; it never blocks. An invalid event, or one the
+// full queue has no room for, is logged, counted and dropped.
+func (b *Outbox) Publish(subject string, payload events.Payload) {
+	msg, err := events.NewMsg(subject, b.o.Source, payload)
+	if err != nil {
+		b.dropped.Inc()
+		b.o.Log.Error("invalid event not published", "subject", subject, "error", err)
+		return
+	}
+	select {
+	case b.q <- msg:
+	default:
+		b.dropped.Inc()
+		b.o.Log.Warn("event queue full, event dropped", "subject", subject)
+	}
+}
+
+// Run publishes queued events until ctx ends, then keeps publishing what is queued
+// for up to Flush more (a service queues its last event, e.g. pod.down, just
+// before it stops). It returns nil.
+func (b *Outbox) Run(ctx context.Context) error {
+	// hard ends every publish, including one in progress, Flush after ctx ends.
+	hard, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(b.o.Flush, cancel) })
+	defer stop()
+	for {
+		select {
+		case msg := <-b.q:
+			b.send(hard, msg)
+		case <-ctx.Done():
+			for {
+				select {
+				case msg := <-b.q:
+					if hard.Err() != nil {
+						// Out of time: what is left is not published.
+						b.dropped.Add(float64(1 + len(b.q)))
+						return nil
+					}
+					b.send(hard, msg)
+				default:
+					return nil
+				}
+			}
+		}
+	}
+}
+
+func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	if err := bus.Publish(pctx, b.js, msg); err != nil {
+		b.dropped.Inc()
+		b.o.Log.Warn("event not published", "subject", msg.Subject, "error", err)
+	}
+}

@@ -1,0 +1,146 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+// TestMain fails the package if a test leaves goroutines behind.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const metric = "meshagent_test_events_dropped_total"
+
+func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
+	ns := bustest.Server(t)
+	js := bustest.JetStream(t, bustest.Conn(t, ns))
+	ctx := context.Background()
+	st, err := bus.EnsureEventStream(ctx, js, 1, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	b, err := New(js, Options{Source: "xds-relay/web-0", Metric: metric, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Queued before Run starts and flushed when it stops.
+	b.Publish("meshagent.evt.pod.web-0.xds.connected", events.XDSConnected{Pod: "web-0", Stream: "1", Mode: "sotw", Upstream: "cp:1"})
+	b.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "downstream closed"})
+	b.Publish("meshagent.evt.pod.web-0.xds.nack", events.XDSNack{Pod: "not a pod!"}) // invalid: dropped, counted
+	rctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := b.Run(rctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 {
+		t.Fatalf("stream holds %d events, want 2", info.State.Msgs)
+	}
+	m, err := st.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "meshagent.evt.pod.web-0.xds.connected" || m.Header.Get(events.HeaderSource) != "xds-relay/web-0" {
+		t.Fatalf("first event %s from %s", m.Subject, m.Header.Get(events.HeaderSource))
+	}
+	// The counter is registered under the caller's name.
+	if n, err := testutil.GatherAndCount(reg, metric); err != nil || n != 1 {
+		t.Fatalf("%s registered %d times (%v)", metric, n, err)
+	}
+	if v := testutil.ToFloat64(b.dropped); v != 1 {
+		t.Fatalf("dropped = %v, want 1", v)
+	}
+}
+
+func TestFullQueueDropsInsteadOfBlocking(t *testing.T) {
+	ns := bustest.Server(t)
+	js, _ := jetstream.New(bustest.Conn(t, ns))
+	b, err := New(js, Options{Source: "xds-relay/web-0", Size: 16, Metric: metric})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		for range 16 + 10 {
+			b.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "x"})
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Publish blocked on a full queue")
+	}
+	if v := testutil.ToFloat64(b.dropped); v != 10 {
+		t.Fatalf("dropped = %v, want 10", v)
+	}
+}
+
+// TestFlushIsBounded: with no stream to take the events, Run still returns about
+// Flush after its context ends, and counts every event it could not publish.
+func TestFlushIsBounded(t *testing.T) {
+	ns := bustest.Server(t)
+	js := bustest.JetStream(t, bustest.Conn(t, ns)) // no event stream: publishes are retried
+	b, err := New(js, Options{Source: "sds-edge/web-0", Flush: 200 * time.Millisecond, Metric: metric})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		b.Publish("meshagent.evt.pod.web-0.down", events.PodDown{Pod: "web-0", Reason: "shutdown"})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	if err := b.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Run took %s to stop with a 200ms flush", took)
+	}
+	if v := testutil.ToFloat64(b.dropped); v != 3 {
+		t.Fatalf("dropped = %v, want 3", v)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	js, _ := jetstream.New(bustest.Conn(t, bustest.Server(t)))
+	reg := prometheus.NewRegistry()
+	if _, err := New(js, Options{Source: "a/b", Metric: metric, Registry: reg}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		js   jetstream.JetStream
+		o    Options
+		want string
+	}{
+		{"no js", nil, Options{Source: "a/b", Metric: "m"}, "no JetStream"},
+		{"no source", js, Options{Metric: "m"}, "Source is required"},
+		{"no metric", js, Options{Source: "a/b"}, "Metric is required"},
+		{"negative size", js, Options{Source: "a/b", Metric: "m", Size: -1}, "must not be negative"},
+		{"metric taken", js, Options{Source: "a/b", Metric: metric, Registry: reg}, "register " + metric},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := New(tt.js, tt.o); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}

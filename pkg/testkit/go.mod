@@ -1,0 +1,3 @@
+module github.com/meshagent/meshagent/pkg/testkit
+
+go 1.26.0

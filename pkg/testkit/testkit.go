@@ -1,0 +1,101 @@
+// Package testkit holds the helpers every meshagent module's tests use: polling
+// for a condition instead of sleeping, and a free loopback address. It is imported
+// by tests only.
+package testkit
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+)
+
+// Timeout is how long Eventually waits: long enough for a loaded CI machine, short
+// enough that a hung test fails with a message rather than the go test timeout.
+const Timeout = 15 * time.Second
+
+// Eventually polls cond until it holds, and fails t after Timeout with a message
+// naming what it waited for.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	EventuallyWithin(t, Timeout, what, cond)
+}
+
+// EventuallyWithin is Eventually with its own deadline. It polls often at first
+// (5ms) and less often (up to every 50ms) as the wait grows, so that a quick
+// condition is seen at once and a slow one (an HTTP scrape, a subprocess) is not
+// hammered.
+func EventuallyWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !poll(within, cond) {
+		t.Fatalf("timed out after %s waiting for %s", within, what)
+	}
+}
+
+// poll reports whether cond held before within passed.
+func poll(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	wait := 5 * time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+	return true
+}
+
+// FreeAddr returns a loopback TCP address ("127.0.0.1:port") that was free a
+// moment ago, for a server the test starts by address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free address: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// HTTPGet fetches url and returns its status and body; status 0 and the error's
+// text when the request fails, so that a poll can simply retry.
+func HTTPGet(url string) (status int, body string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, err.Error()
+	}
+	return resp.StatusCode, string(b)
+}
+
+// ShortDir returns a fresh directory, removed when the test ends, whose path is
+// short enough for unix sockets inside it: t.TempDir's path, named after the
+// test, often overflows the kernel's 108-byte socket path limit.
+func ShortDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatalf("short dir: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// StaleSocket leaves a unix socket file at path that nothing listens on, as a
+// killed server leaves it.
+func StaleSocket(t testing.TB, path string) {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+}
