@@ -10,6 +10,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -175,9 +177,11 @@ func (i *Issuer) MintForPod(ns, sa, pod, audience string, ttl time.Duration, now
 	return Sign(i.key, i.kid, ServiceAccount(i.Name, audience, ns, sa, now, ttl).ForPod(pod))
 }
 
-func uid() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
+// uid is the object's UID: derived from its kind and names, so that it stays the same
+// for one object across refreshed tokens (as a real object's UID does) and a token
+// minted twice from the same claims is the same token.
+func uid(kind string, names ...string) string {
+	b := sha256.Sum256([]byte(kind + "/" + strings.Join(names, "/")))
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])

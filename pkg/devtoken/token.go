@@ -64,10 +64,10 @@ func Sign(key crypto.Signer, kid string, t Token) (string, error) {
 	k8s := map[string]any{}
 	if t.NS != "" {
 		k8s["namespace"] = t.NS
-		k8s["serviceaccount"] = map[string]any{"name": t.SA, "uid": uid()}
+		k8s["serviceaccount"] = map[string]any{"name": t.SA, "uid": uid("serviceaccount", t.NS, t.SA)}
 	}
 	if t.Pod != "" || t.PodClaim {
-		k8s["pod"] = map[string]any{"name": t.Pod, "uid": uid()}
+		k8s["pod"] = map[string]any{"name": t.Pod, "uid": uid("pod", t.NS, t.Pod)}
 	}
 	if len(k8s) > 0 {
 		m["kubernetes.io"] = k8s
