@@ -65,7 +65,7 @@ fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=4s
 
 bench: build
-	MESHAGENT_BIN=$(BIN) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m $(PKGS) | tee bench.out
+	set -o pipefail; MESHAGENT_BIN=$(BIN) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m $(PKGS) | tee bench.out
 
 lint: vet
 	$(GO) run $(STATICCHECK) $(PKGS)

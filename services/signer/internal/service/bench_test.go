@@ -256,6 +256,7 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 	}
 	iss := testkit.NewIssuer(b, "meshagent-dev")
 	jwks := iss.WriteJWKS(b, b.TempDir())
+	kek := testkit.KEKFile(b) // replicas share one KEK, as a fleet's signers do
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	b.Cleanup(func() { cancel(); wg.Wait() })
@@ -264,6 +265,7 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		c.Instance = fmt.Sprintf("bench-%d", r)
 		c.Listen.HTTP, c.Listen.GRPC = "127.0.0.1:0", "127.0.0.1:0"
 		c.Auth.JWKSFile = jwks
+		c.CA.KEKFile = kek
 		c.CA.KeyAlg = alg
 		svc, err := New(c, connect(), hclog.NewNullLogger(), time.Now)
 		if err != nil {
