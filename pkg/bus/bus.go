@@ -36,7 +36,13 @@ type Config struct {
 	// InboxPrefix is the role's reply-subject prefix (policy.Inbox): on a secured
 	// bus a role may subscribe only below its own. Empty: nats' _INBOX.
 	InboxPrefix string
+	// ConnectWait is how long Connect keeps trying the first connection (zero:
+	// DefaultConnectWait). Once connected, the client reconnects forever.
+	ConnectWait time.Duration
 }
+
+// DefaultConnectWait is how long a service waits for the bus at start unless told.
+const DefaultConnectWait = 30 * time.Second
 
 // TLSConfig enables TLS to the bus when CAFile or CertFile is set.
 type TLSConfig struct {
@@ -54,6 +60,10 @@ func (c *Config) Bind(fs *flagenv.Set) {
 	fs.String(&c.TLS.CAFile, "nats-tls-ca", "NATS_TLS_CA", "", "CA bundle to verify the NATS server")
 	fs.String(&c.TLS.CertFile, "nats-tls-cert", "NATS_TLS_CERT", "", "client certificate for NATS mTLS")
 	fs.String(&c.TLS.KeyFile, "nats-tls-key", "NATS_TLS_KEY", "", "client key for NATS mTLS")
+	if c.ConnectWait == 0 {
+		c.ConnectWait = DefaultConnectWait
+	}
+	fs.Duration(&c.ConnectWait, "nats-connect-wait", "NATS_CONNECT_WAIT", c.ConnectWait, "how long to keep trying the first connection to NATS at start")
 }
 
 // Validate reports every problem with c at once.
@@ -74,17 +84,25 @@ func (c Config) Validate() error {
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("-nats-tls-cert and -nats-tls-key: set both or neither"))
 	}
+	if c.ConnectWait < 0 {
+		errs = append(errs, errors.New("-nats-connect-wait: must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
-// Connect dials the bus. It retries the initial connection for up to wait and then
-// reconnects forever; connection changes are logged on log.
-func Connect(ctx context.Context, c Config, log hclog.Logger, wait time.Duration) (*nats.Conn, error) {
+// Connect dials the bus. It retries the initial connection for up to c.ConnectWait
+// and then reconnects forever; connection changes are logged on log.
+func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error) {
+	wait := c.ConnectWait
+	if wait <= 0 {
+		wait = DefaultConnectWait
+	}
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
+		nats.DrainTimeout(5 * time.Second), // shutdown stays bounded
 		// A pod's bus user expires with its token; keep reconnecting (with the token
 		// file re-read) instead of giving up after the same auth error twice.
 		nats.IgnoreAuthErrorAbort(),
@@ -131,6 +149,23 @@ func Connect(ctx context.Context, c Config, log hclog.Logger, wait time.Duration
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// Drain drains nc (its subscriptions finish what they hold, its pending
+// publishes are flushed) and waits until it is closed: at most the drain timeout
+// Connect sets, so a stopping service never leaves its connection behind.
+func Drain(nc *nats.Conn) {
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := nc.Drain(); err != nil || nc.IsClosed() {
+		nc.Close()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		nc.Close()
 	}
 }
 

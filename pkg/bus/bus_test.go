@@ -40,7 +40,7 @@ func TestConnectAndPublishToStream(t *testing.T) {
 	s := bustest.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, err := Connect(ctx, Config{URL: s.ClientURL(), Name: "test"}, hclog.NewNullLogger(), time.Second)
+	nc, err := Connect(ctx, Config{URL: s.ClientURL(), Name: "test", ConnectWait: time.Second}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestConnectAndPublishToStream(t *testing.T) {
 
 func TestConnectGivesUpWithClearError(t *testing.T) {
 	ctx := context.Background()
-	_, err := Connect(ctx, Config{URL: "nats://127.0.0.1:1"}, hclog.NewNullLogger(), 100*time.Millisecond)
+	_, err := Connect(ctx, Config{URL: "nats://127.0.0.1:1", ConnectWait: 100 * time.Millisecond}, hclog.NewNullLogger())
 	if err == nil {
 		t.Fatal("connected to nothing")
 	}
@@ -81,8 +81,8 @@ func TestConnectWithRoleCredential(t *testing.T) {
 	s := bustest.SecureServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := Config{URL: s.Server.ClientURL(), NKeyFile: s.Creds.SeedFile(policy.Signer), InboxPrefix: policy.Inbox(policy.Signer, "")}
-	nc, err := Connect(ctx, cfg, hclog.NewNullLogger(), time.Second)
+	cfg := Config{URL: s.Server.ClientURL(), NKeyFile: s.Creds.SeedFile(policy.Signer), InboxPrefix: policy.Inbox(policy.Signer, ""), ConnectWait: time.Second}
+	nc, err := Connect(ctx, cfg, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +92,12 @@ func TestConnectWithRoleCredential(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.NKeyFile = filepath.Join(t.TempDir(), "missing.nk")
-	if _, err := Connect(ctx, cfg, hclog.NewNullLogger(), time.Second); err == nil || !strings.Contains(err.Error(), "-nats-nkey") {
+	if _, err := Connect(ctx, cfg, hclog.NewNullLogger()); err == nil || !strings.Contains(err.Error(), "-nats-nkey") {
 		t.Fatalf("missing seed: %v", err)
 	}
 	cfg.NKeyFile = ""
-	if _, err := Connect(ctx, cfg, hclog.NewNullLogger(), 200*time.Millisecond); err == nil {
+	cfg.ConnectWait = 200 * time.Millisecond
+	if _, err := Connect(ctx, cfg, hclog.NewNullLogger()); err == nil {
 		t.Fatal("connected to a secured bus without a credential")
 	}
 }

@@ -105,7 +105,7 @@ func TestConnectOverTLSAndMutualTLS(t *testing.T) {
 		{"client certificate of another CA", TLSConfig{CAFile: filepath.Join(bus.dir, "ca.pem"), CertFile: strangerCert, KeyFile: strangerKey}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			nc, err := Connect(ctx, Config{URL: url, TLS: tc.tls, Name: "t"}, hclog.NewNullLogger(), 0)
+			nc, err := Connect(ctx, Config{URL: url, TLS: tc.tls, Name: "t", ConnectWait: time.Nanosecond}, hclog.NewNullLogger())
 			if tc.ok != (err == nil) {
 				t.Fatalf("connect: %v, want ok=%v", err, tc.ok)
 			}

@@ -37,7 +37,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	log := obs.NewLogger("rotator", cfg.Log, os.Stderr)
-	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"), cfg.ConnectWait)
+	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"))
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -40,7 +39,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	log := obs.NewLogger("sds-edge", cfg.Log, os.Stderr).With("pod", cfg.Pod.ID)
-	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("nats"), 30*time.Second)
+	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("nats"))
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	log := obs.NewLogger("signer", cfg.Log, os.Stderr)
-	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"), 30*time.Second)
+	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // interrupted while waiting for NATS

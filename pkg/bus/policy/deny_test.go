@@ -250,8 +250,8 @@ func TestPodReconnectsWithRefreshedToken(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := dir + "/token"
 	writeFile(t, tokenFile, "short:pod-a")
-	nc, cerr := bus.Connect(ctxT(t), bus.Config{URL: s.Server.ClientURL(), TokenFile: tokenFile, InboxPrefix: policy.Inbox(policy.Pod, "pod-a")},
-		nullLogger(), time.Second)
+	nc, cerr := bus.Connect(ctxT(t), bus.Config{URL: s.Server.ClientURL(), TokenFile: tokenFile, InboxPrefix: policy.Inbox(policy.Pod, "pod-a"),
+		ConnectWait: time.Second}, nullLogger())
 	if cerr != nil {
 		t.Fatal(cerr)
 	}

@@ -35,7 +35,7 @@ func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*
 		return nil, errors.New("-nats-nkey, -nats-creds: set one, not both")
 	}
 	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(policy.Admin, ""),
-		TLS: bus.TLSConfig{CAFile: b.tlsCA}}
+		TLS: bus.TLSConfig{CAFile: b.tlsCA}, ConnectWait: 2 * time.Second}
 	if st != nil {
 		if cfg.URL == "" {
 			cfg.URL = st.NATSURL
@@ -47,7 +47,7 @@ func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*
 	if cfg.URL == "" {
 		return nil, errors.New("-nats-url: required without a local stack")
 	}
-	nc, err := bus.Connect(ctx, cfg, hclog.NewNullLogger(), 2*time.Second)
+	nc, err := bus.Connect(ctx, cfg, hclog.NewNullLogger())
 	if err != nil {
 		return nil, fmt.Errorf("%w (a secured bus needs -nats-nkey or -nats-creds, and -nats-tls-ca for a tls:// URL)", err)
 	}

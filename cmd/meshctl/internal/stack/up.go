@@ -124,7 +124,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	r.nc, err = bus.Connect(ctx, bus.Config{URL: r.ns.ClientURL(), Name: "meshctl", NKeyFile: r.creds.SeedFile(policy.Admin),
-		InboxPrefix: policy.Inbox(policy.Admin, "")}, r.log.Named("bus"), 5*time.Second)
+		InboxPrefix: policy.Inbox(policy.Admin, ""), ConnectWait: 5 * time.Second}, r.log.Named("bus"))
 	if err != nil {
 		return fmt.Errorf("connect embedded nats: %w", err)
 	}

@@ -20,7 +20,6 @@ type Config struct {
 	Listen struct {
 		HTTP string // /healthz, /readyz, /metrics
 	}
-	ConnectWait time.Duration
 
 	Renew struct {
 		GraceRatio  float64       // SECRET_GRACE_PERIOD_RATIO
@@ -48,7 +47,6 @@ func Default() Config {
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Bus.URL = bus.DefaultURL
 	c.Listen.HTTP = "127.0.0.1:15093"
-	c.ConnectWait = 30 * time.Second
 	c.Renew.GraceRatio = 0.5
 	c.Renew.GraceJitter = 0.01
 	// A P-256 signer core signs ~3,800 CSRs/s (PITFALLS.md); 500/s leaves most of one
@@ -83,7 +81,6 @@ func (c *Config) bind(getenv func(string) string) *flagenv.Set {
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.Duration(&c.ConnectWait, "nats-connect-wait", "NATS_CONNECT_WAIT", c.ConnectWait, "how long to wait for NATS at start")
 	fs.Float64(&c.Renew.GraceRatio, "grace-ratio", "SECRET_GRACE_PERIOD_RATIO", c.Renew.GraceRatio, "renew when this fraction of a certificate's lifetime is left")
 	fs.Float64(&c.Renew.GraceJitter, "grace-jitter", "SECRET_GRACE_PERIOD_RATIO_JITTER", c.Renew.GraceJitter, "± jitter added to the grace ratio per certificate")
 	fs.Float64(&c.Renew.Rate, "rate", "RENEW_RATE_LIMIT", c.Renew.Rate, "fleet-wide renew-due per second")
@@ -116,7 +113,6 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	bad(c.Listen.HTTP == "", "-http-addr: required")
-	bad(c.ConnectWait <= 0, "-nats-connect-wait: must be positive")
 	bad(!(c.Renew.GraceRatio > 0 && c.Renew.GraceRatio < 1), "-grace-ratio: must be between 0 and 1 (exclusive)")
 	bad(!(c.Renew.GraceJitter >= 0 && c.Renew.GraceJitter < 1), "-grace-jitter: must be in [0, 1)")
 	bad(!(c.Renew.Rate > 0), "-rate: must be positive")

@@ -272,7 +272,7 @@ func (s *Service) newCallout(verifier buscallout.Verifier, now func() time.Time)
 	bc.Name += "/callout"
 	bc.AsService(policy.Callout)
 	log := s.log.Named("callout")
-	dial := func(ctx context.Context) (*nats.Conn, error) { return bus.Connect(ctx, bc, log, 30*time.Second) }
+	dial := func(ctx context.Context) (*nats.Conn, error) { return bus.Connect(ctx, bc, log) }
 	s.callout = buscallout.New(issuer, verifier, dial, s.http.Registry(), log, now)
 	s.http.AddReadyCheck("bus_callout", s.callout.Ready)
 	return nil

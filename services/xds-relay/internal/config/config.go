@@ -51,7 +51,6 @@ type Config struct {
 	}
 	SDSSocket  string // the pod's sds-edge, for the workload certificate and ROOTCA
 	MaxMsgSize int
-	BusWait    time.Duration
 }
 
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
@@ -72,7 +71,6 @@ func Default() Config {
 	c.Upstream.ConnectTimeout = 10 * time.Second
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.MaxMsgSize = 64 << 20
-	c.BusWait = 30 * time.Second
 	return c
 }
 
@@ -96,7 +94,6 @@ func Load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.Duration(&c.Upstream.ConnectTimeout, "connect-timeout", "XDS_CONNECT_TIMEOUT", c.Upstream.ConnectTimeout, "bound on one upstream connection attempt")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "the pod's sds-edge socket (under -pod-root if relative)")
 	fs.Int(&c.MaxMsgSize, "max-msg-size", "XDS_MAX_MSG_SIZE", c.MaxMsgSize, "largest ADS message in bytes, both directions")
-	fs.Duration(&c.BusWait, "bus-wait", "BUS_WAIT", c.BusWait, "how long to wait for the bus at startup")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -184,9 +181,6 @@ func (c Config) Validate() error {
 	}
 	if c.Upstream.ConnectTimeout <= 0 {
 		add("-connect-timeout: must be positive")
-	}
-	if c.BusWait < 0 {
-		add("-bus-wait: must not be negative")
 	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {

@@ -23,7 +23,7 @@ import (
 
 // Run runs the relay until ctx ends; it returns nil on cancellation.
 func Run(ctx context.Context, cfg config.Config, log hclog.Logger) error {
-	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"), cfg.BusWait)
+	nc, err := bus.Connect(ctx, cfg.Bus, log.Named("bus"))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,180 @@
+// Package lifecycle is the one way every meshagent service is built, started and
+// stopped:
+//
+//	Load(args, getenv) → Connect (bus, if the config names one) → New(cfg, Deps) → Run(ctx)
+//
+// A service package exports Load, New and Run; its main.go hands them to Serve.
+// Constructors only build: they neither listen nor start goroutines. Run runs the
+// service's task list through Tasks and returns nil when ctx is cancelled. Serve
+// adds the process's health and metrics server and the bus connection around it,
+// and Main turns the outcome into an exit code.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Deps are a service's runtime dependencies: what New takes besides its config.
+type Deps struct {
+	Bus     *nats.Conn // nil for a service whose config names no bus
+	Clock   clock.Clock
+	Log     hclog.Logger
+	Metrics *prometheus.Registry
+	Health  Health
+}
+
+// WithDefaults fills what d leaves nil: the real clock, a logger that drops
+// everything, a fresh metrics registry and a health server that is never run.
+// Tests and a binary hosting several services build their Deps with it.
+func (d Deps) WithDefaults() Deps {
+	if d.Clock == nil {
+		d.Clock = clock.Real{}
+	}
+	if d.Log == nil {
+		d.Log = hclog.NewNullLogger()
+	}
+	if d.Metrics == nil {
+		d.Metrics = prometheus.NewRegistry()
+	}
+	if d.Health == nil {
+		d.Health = obs.NewServer("", d.Log)
+	}
+	return d
+}
+
+// Health is where a service registers its readiness checks (/readyz).
+type Health interface {
+	AddReadyCheck(name string, c obs.Check)
+}
+
+// Service is what a service's New returns.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+// Process is the part of a service's config that the lifecycle itself reads.
+type Process struct {
+	Name    string        // the service's name: logger name and error prefix
+	Log     obs.LogConfig // level and format of the root logger
+	LogWith []any         // key/value pairs on every log line (e.g. the pod)
+	HTTP    string        // listen address of /healthz, /readyz and /metrics
+	Bus     *bus.Config   // nil: the service has no bus connection
+}
+
+// Config is what every service's config provides to the lifecycle.
+type Config interface {
+	Process() Process
+}
+
+// Loader reads a service's config from its flags and environment and validates it.
+type Loader[C Config] func(args []string, getenv func(string) string) (C, error)
+
+// Builder builds a service from its config and dependencies, without starting it.
+type Builder[C Config, S Service] func(cfg C, d Deps) (S, error)
+
+// Main runs a whole service process: it cancels on SIGINT or SIGTERM, prints the
+// flags for -h, and exits 1 with "<name>: <error>" when run fails.
+func Main(name string, run func(ctx context.Context, args []string, getenv func(string) string) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv)
+	stop()
+	os.Exit(exitCode(name, err, os.Stdout, os.Stderr))
+}
+
+// exitCode reports err the way Main does and returns the process's exit code.
+func exitCode(name string, err error, stdout, stderr io.Writer) int {
+	switch {
+	case err == nil:
+		return 0
+	case flagenv.PrintHelp(err, stdout):
+		return 0 // -h: the flags, their env vars and defaults
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+}
+
+// Serve is a service's whole life: Load its config, connect to the bus if it has
+// one, build it with New, and run it beside the health and metrics server until
+// ctx ends. Cancelling ctx at any point, even while waiting for the bus, is a
+// clean stop and returns nil. Logs go to stderr.
+func Serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
+	load Loader[C], build Builder[C, S]) error {
+	return serve(ctx, args, getenv, load, build, os.Stderr, nil)
+}
+
+// serve is Serve with the log writer and, for tests, a hook that sees the health
+// server once the service is built.
+func serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
+	load Loader[C], build Builder[C, S], logTo io.Writer, built func(*obs.Server)) error {
+	cfg, err := load(args, getenv)
+	if err != nil {
+		return err
+	}
+	p := cfg.Process()
+	log := obs.NewLogger(p.Name, p.Log, logTo)
+	if len(p.LogWith) > 0 {
+		log = log.With(p.LogWith...)
+	}
+	var nc *nats.Conn
+	if p.Bus != nil {
+		nc, err = bus.Connect(ctx, *p.Bus, log.Named("bus"))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting for the bus
+			}
+			return err
+		}
+		defer bus.Drain(nc)
+	}
+	http := obs.NewServer(p.HTTP, log.Named("http"))
+	svc, err := build(cfg, Deps{Bus: nc, Clock: clock.Real{}, Log: log, Metrics: http.Registry(), Health: http})
+	if err != nil {
+		return err
+	}
+	if built != nil {
+		built(http)
+	}
+	log.Info("starting")
+	err = Tasks(ctx, http.Run, svc.Run)
+	if err == nil {
+		log.Info("stopped")
+	}
+	return err
+}
+
+// Tasks runs every task at once until all have returned. The first to fail
+// cancels the others and is what Tasks returns; a task returning nil ends only
+// itself. Errors that only say the shared context was cancelled count as a clean
+// stop once ctx is done, so Tasks returns nil on cancellation.
+func Tasks(ctx context.Context, tasks ...func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(tasks))
+	for _, task := range tasks {
+		go func() { errc <- task(ctx) }()
+	}
+	var first error
+	for range tasks {
+		err := <-errc
+		if err != nil && first == nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
