@@ -16,7 +16,8 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // clusterIssuer is a Kubernetes API server as far as token verification goes: an
@@ -88,7 +89,7 @@ func (c *clusterIssuer) set(f func(c *clusterIssuer)) {
 }
 
 // serveKeys makes the JWKS hold exactly the keys of issuers.
-func (c *clusterIssuer) serveKeys(issuers ...*testkit.Issuer) {
+func (c *clusterIssuer) serveKeys(issuers ...*signertest.Issuer) {
 	var set jose.JSONWebKeySet
 	for _, i := range issuers {
 		set.Keys = append(set.Keys, i.JWKS().Keys...)
@@ -97,7 +98,7 @@ func (c *clusterIssuer) serveKeys(issuers ...*testkit.Issuer) {
 }
 
 // keySet is the signer's view of the cluster issuer, as service.New builds it.
-func (c *clusterIssuer) keySet(t *testing.T, clock *testkit.Clock) *KeySet {
+func (c *clusterIssuer) keySet(t *testing.T, clock *clock.Fake) *KeySet {
 	t.Helper()
 	client, err := NewHTTPClient(c.caFile)
 	if err != nil {
@@ -111,15 +112,15 @@ func (c *clusterIssuer) keySet(t *testing.T, clock *testkit.Clock) *KeySet {
 		MinRefresh: 10 * time.Second, Now: clock.Now}
 }
 
-func clusterVerifier(ks *KeySet, iss string, clock *testkit.Clock) *JWTVerifier {
+func clusterVerifier(ks *KeySet, iss string, clock *clock.Fake) *JWTVerifier {
 	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: clock.Now}
 }
 
 func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	sa := testkit.NewIssuer(t, cluster.srv.URL)
+	sa := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(sa)
-	clock := testkit.NewClock(now)
+	clock := clock.NewFake(now)
 	ks := cluster.keySet(t, clock)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -142,9 +143,9 @@ func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 
 func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	old := testkit.NewIssuer(t, cluster.srv.URL)
+	old := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
-	clock := testkit.NewClock(now)
+	clock := clock.NewFake(now)
 	ks := cluster.keySet(t, clock)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -158,7 +159,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	// The API server rotates its signing key; the first token with the new kid makes
 	// the signer fetch the JWKS again (the minimum interval has passed since Load).
 	clock.Add(11 * time.Second)
-	rotated := testkit.NewIssuer(t, cluster.srv.URL)
+	rotated := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated)
 	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", clock.Now(), time.Hour))); err != nil {
 		t.Fatalf("token signed by the rotated-in key: %v", err)
@@ -168,7 +169,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	}
 
 	// Made-up key ids, many of them at once, within the minimum interval: no fetch.
-	stranger := testkit.NewIssuer(t, cluster.srv.URL)
+	stranger := signertest.NewIssuer(t, cluster.srv.URL)
 	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", clock.Now(), time.Hour))
 	var wg sync.WaitGroup
 	for range 20 {
@@ -185,7 +186,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d JWKS fetches after unknown kids within the minimum interval, want 2", fetches())
 	}
 	// A key rotated in within the minimum interval waits for it to pass.
-	next := testkit.NewIssuer(t, cluster.srv.URL)
+	next := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated, next)
 	tok := next.Mint(t, next.ServiceAccount("shop", "web", clock.Now(), time.Hour))
 	if _, err := v.Verify(tok); err == nil {
@@ -212,9 +213,9 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	old, rotated := testkit.NewIssuer(t, cluster.srv.URL), testkit.NewIssuer(t, cluster.srv.URL)
+	old, rotated := signertest.NewIssuer(t, cluster.srv.URL), signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
-	ks := cluster.keySet(t, testkit.NewClock(now))
+	ks := cluster.keySet(t, clock.NewFake(now))
 	ks.Refresh = 20 * time.Millisecond
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -242,16 +243,16 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 
 func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	sa := testkit.NewIssuer(t, cluster.srv.URL)
+	sa := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(sa)
-	clock := testkit.NewClock(now)
+	clock := clock.NewFake(now)
 	ks := cluster.keySet(t, clock)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	v := clusterVerifier(ks, cluster.srv.URL, clock)
 	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
-	imposter := testkit.NewIssuer(t, cluster.srv.URL)
+	imposter := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(imposter)
 
 	tests := []struct {
@@ -285,8 +286,8 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 
 func TestDiscoveryClearErrors(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	cluster.serveKeys(testkit.NewIssuer(t, cluster.srv.URL))
-	clock := testkit.NewClock(now)
+	cluster.serveKeys(signertest.NewIssuer(t, cluster.srv.URL))
+	clock := clock.NewFake(now)
 
 	untrusted := cluster.keySet(t, clock)
 	untrusted.Client = &http.Client{Timeout: time.Second} // system roots: the cluster CA is not among them

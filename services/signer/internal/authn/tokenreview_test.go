@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // apiServer speaks the TokenReview API (authentication.k8s.io/v1) over TLS, as the
@@ -114,7 +115,7 @@ func (a *apiServer) setDown(down bool) {
 	a.down = down
 }
 
-func (a *apiServer) reviewer(t *testing.T, bearer string, clock *testkit.Clock) *TokenReviewer {
+func (a *apiServer) reviewer(t *testing.T, bearer string, clock *clock.Fake) *TokenReviewer {
 	t.Helper()
 	client, err := NewHTTPClient(a.caFile)
 	if err != nil {
@@ -129,8 +130,8 @@ func (a *apiServer) reviewer(t *testing.T, bearer string, clock *testkit.Clock) 
 
 func TestTokenReview(t *testing.T) {
 	api := newAPIServer(t)
-	clock := testkit.NewClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
-	iss := testkit.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
+	clock := clock.NewFake(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	iss := signertest.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
 	mint := func(pod string, aud ...string) string {
 		c := iss.ServiceAccount("shop", "web", clock.Now(), time.Hour).ForPod(pod)
 		c.Aud = aud

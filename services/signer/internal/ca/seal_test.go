@@ -17,9 +17,10 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -166,7 +167,7 @@ func assertNoClearKey(t *testing.T, value []byte, key crypto.Signer) {
 
 func TestKVNeverHoldsTheKeyInClear(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
 	r := newReplica(t, js, clock)
 	ctx := context.Background()
@@ -196,7 +197,7 @@ func TestKVNeverHoldsTheKeyInClear(t *testing.T) {
 
 func TestWrongKEKRefusesAndWritesNothing(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
 	if err := a.src.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestWrongKEKRefusesAndWritesNothing(t *testing.T) {
 // root and the generation, and announce nothing.
 func TestMigratesAClearRecord(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
 	root := testkit.NewCA(t, "meshagent root CA", nil, t0, 240*time.Hour)
 	keyPEM, err := pki.EncodeKeyPEM(root.Key, true)

@@ -11,9 +11,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -39,7 +40,7 @@ type replica struct {
 	rec  *recorder
 }
 
-func newReplica(t *testing.T, js jetstream.JetStream, clock *testkit.Clock) *replica {
+func newReplica(t *testing.T, js jetstream.JetStream, clock *clock.Fake) *replica {
 	r := &replica{auth: &Authority{}, rec: &recorder{}}
 	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), clock.Now)
 	return r
@@ -59,7 +60,7 @@ func (r *replica) run(t *testing.T) {
 
 func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	const n = 4
 	reps := make([]*replica, n)
 	var wg sync.WaitGroup
@@ -96,7 +97,7 @@ func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
 
 func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
 	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
 	ctx := context.Background()
@@ -132,7 +133,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	// Both replicas announce the new generation, the same event (JetStream keeps one
 	// by its id): the writer from its own write, the other from the KV watch.
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.Eventually(t, 5*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
+		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
 		tc := r.rec.all()[0]
 		if tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || tc.Generation != cur.Generation ||
 			len(tc.Added) != 1 || tc.Added[0] != cur.RootFingerprint() || len(tc.Removed) != 0 {
@@ -143,7 +144,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		}
 	}
 	// The other replica follows through the KV watch and signs with the new root.
-	testkit.Eventually(t, 5*time.Second, "replica b on the new root", func() bool {
+	testkit.EventuallyWithin(t, 5*time.Second, "replica b on the new root", func() bool {
 		return b.auth.Current().RootFingerprint() == cur.RootFingerprint()
 	})
 	k, _ := pki.GenerateKey(pki.ECP256)
@@ -176,7 +177,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatalf("expired root not dropped: %d roots", len(got.Roots))
 	}
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.Eventually(t, 5*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
+		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
 		if tc := r.rec.all()[1]; tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Generation != cur.Generation+1 {
 			t.Fatalf("replica %s trust.changed on expiry %+v", name, tc)
 		}
@@ -193,7 +194,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 
 func TestSelfSignedRSARoot(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	clock := clock.NewFake(t0)
 	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
 	r.src.cfg.KeyAlg = pki.RSA2048
 	if err := r.src.Start(context.Background()); err != nil {

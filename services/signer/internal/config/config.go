@@ -12,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -79,6 +80,12 @@ type Config struct {
 		MaxAge   time.Duration
 	}
 	Workers int // concurrent NATS sign requests per replica
+}
+
+// Process is what the lifecycle reads: the name, the root logger's settings, the
+// health and metrics address and the bus.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "signer", Log: c.Log, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
 
 // Default returns the defaults, named after Istio's where Istio has the knob.
