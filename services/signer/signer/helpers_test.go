@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,6 +100,30 @@ func (r *replica) metrics(t *testing.T) string {
 		t.Fatalf("/metrics: %d %s", code, body)
 	}
 	return body
+}
+
+// wantMetrics scrapes the replica's /metrics, fails t for each of lines that is not
+// in it, and returns the scrape.
+func (r *replica) wantMetrics(t *testing.T, lines ...string) string {
+	t.Helper()
+	body := r.metrics(t)
+	for _, want := range lines {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	return body
+}
+
+// pluggedCADir writes an Istio cacerts directory (-cacerts-dir) holding an
+// intermediate CA under a root, both valid from now.
+func pluggedCADir(t *testing.T, now time.Time) (root, inter *testkit.CA, dir string) {
+	t.Helper()
+	root = testkit.NewCA(t, "root", nil, now, 48*time.Hour)
+	inter = testkit.NewCA(t, "inter", root, now, 24*time.Hour)
+	dir = t.TempDir()
+	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	return root, inter, dir
 }
 
 // run runs the replica and its health server until the test ends, and checks that

@@ -150,8 +150,5 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	if got := rootRevision(t, e.js); got != rev {
 		t.Fatalf("kv root revision %d -> %d", rev, got)
 	}
-	body := s.metrics(t)
-	if want := `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 5`; !strings.Contains(body, want) {
-		t.Errorf("metrics lack %s", want)
-	}
+	s.wantMetrics(t, `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 5`)
 }

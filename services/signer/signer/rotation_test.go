@@ -121,10 +121,7 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 func TestPluggedInMode(t *testing.T) {
 	e := newEnv(t)
 	now := time.Now()
-	root := testkit.NewCA(t, "root", nil, now, 48*time.Hour)
-	inter := testkit.NewCA(t, "inter", root, now, 24*time.Hour)
-	dir := t.TempDir()
-	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	root, inter, dir := pluggedCADir(t, now)
 	c := e.config("signer-p")
 	c.CA.Dir = dir
 	c.CA.ReloadDelay = 20 * time.Millisecond

@@ -84,10 +84,7 @@ func TestRepliesAndEventsAreEndorsed(t *testing.T) {
 func TestPluggedCertIssuedCarriesTheIntermediate(t *testing.T) {
 	e := newEnv(t)
 	now := time.Now()
-	root := testkit.NewCA(t, "root", nil, now, 48*time.Hour)
-	inter := testkit.NewCA(t, "inter", root, now, 24*time.Hour)
-	dir := t.TempDir()
-	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	root, inter, dir := pluggedCADir(t, now)
 	c := e.config("signer-p")
 	c.CA.Dir, c.CA.KEKFile = dir, ""
 	e.start(t, c)
