@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
@@ -232,13 +233,9 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	// The issuer retires the old key: the cached set follows within the TTL, without
 	// any token asking for it.
 	cluster.serveKeys(rotated)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(ks.Current().Key(old.KID)) != 0 || len(ks.Current().Key(rotated.KID)) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("cached set not refreshed: %d discovery, %d jwks requests", cluster.discoveries.Load(), cluster.jwksFetches.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, 5*time.Second, "the cached set refreshed to the rotated key", func() bool {
+		return len(ks.Current().Key(old.KID)) == 0 && len(ks.Current().Key(rotated.KID)) == 1
+	})
 }
 
 func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {

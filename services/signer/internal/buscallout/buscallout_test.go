@@ -12,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
@@ -55,13 +56,7 @@ func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
 			t.Error(err)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("callout not ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, 10*time.Second, "callout ready", func() bool { return r.Ready() == nil })
 	return &fixture{srv: srv, iss: iss, r: r}
 }
 
