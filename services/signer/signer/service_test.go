@@ -346,6 +346,22 @@ func TestGRPCRejectsMalformedAuthorization(t *testing.T) {
 	}
 }
 
+// New only builds: nothing listens and nothing subscribes on the bus until Run.
+func TestNewStartsNothing(t *testing.T) {
+	e := newEnv(t)
+	subs := e.srv.NumSubscriptions()
+	s := e.build(t, e.config("signer-a"), nil)
+	if s.GRPCAddr() != nil {
+		t.Fatalf("gRPC bound at %s before Run", s.GRPCAddr())
+	}
+	if got := e.srv.NumSubscriptions(); got != subs {
+		t.Fatalf("%d bus subscriptions before Run, want %d", got, subs)
+	}
+	if s.ready() == nil {
+		t.Fatal("ready before Run")
+	}
+}
+
 // Ctrl-C while the signer is still starting (here: before the event stream is even
 // looked up) is an orderly exit, not a failure.
 func TestRunReturnsNilWhenCancelledDuringStartup(t *testing.T) {
