@@ -99,7 +99,7 @@ func (c *clusterIssuer) serveKeys(issuers ...*signertest.Issuer) {
 }
 
 // keySet is the signer's view of the cluster issuer, as service.New builds it.
-func (c *clusterIssuer) keySet(t *testing.T, clock *clock.Fake) *KeySet {
+func (c *clusterIssuer) keySet(t *testing.T, fake *clock.Fake) *KeySet {
 	t.Helper()
 	client, err := NewHTTPClient(c.caFile)
 	if err != nil {
@@ -110,23 +110,23 @@ func (c *clusterIssuer) keySet(t *testing.T, clock *clock.Fake) *KeySet {
 		t.Fatal(err)
 	}
 	return &KeySet{Discover: true, Issuer: c.srv.URL, BearerFile: bearer, Client: client,
-		MinRefresh: 10 * time.Second, Now: clock.Now}
+		MinRefresh: 10 * time.Second, Now: fake.Now}
 }
 
-func clusterVerifier(ks *KeySet, iss string, clock *clock.Fake) *JWTVerifier {
-	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: clock.Now}
+func clusterVerifier(ks *KeySet, iss string, fake *clock.Fake) *JWTVerifier {
+	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
 }
 
 func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 	cluster := newClusterIssuer(t)
 	sa := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(sa)
-	clock := clock.NewFake(now)
-	ks := cluster.keySet(t, clock)
+	fake := clock.NewFake(now)
+	ks := cluster.keySet(t, fake)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	v := clusterVerifier(ks, cluster.srv.URL, fake)
 	c, err := v.Verify(sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-0")))
 	if err != nil {
 		t.Fatal(err)
@@ -146,12 +146,12 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	cluster := newClusterIssuer(t)
 	old := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
-	clock := clock.NewFake(now)
-	ks := cluster.keySet(t, clock)
+	fake := clock.NewFake(now)
+	ks := cluster.keySet(t, fake)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	v := clusterVerifier(ks, cluster.srv.URL, fake)
 	fetches := func() int32 { return cluster.jwksFetches.Load() }
 	if fetches() != 1 {
 		t.Fatalf("%d JWKS fetches after Load, want 1", fetches())
@@ -159,10 +159,10 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 	// The API server rotates its signing key; the first token with the new kid makes
 	// the signer fetch the JWKS again (the minimum interval has passed since Load).
-	clock.Add(11 * time.Second)
+	fake.Add(11 * time.Second)
 	rotated := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated)
-	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", clock.Now(), time.Hour))); err != nil {
+	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", fake.Now(), time.Hour))); err != nil {
 		t.Fatalf("token signed by the rotated-in key: %v", err)
 	}
 	if fetches() != 2 {
@@ -171,7 +171,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 	// Made-up key ids, many of them at once, within the minimum interval: no fetch.
 	stranger := signertest.NewIssuer(t, cluster.srv.URL)
-	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)
@@ -189,11 +189,11 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	// A key rotated in within the minimum interval waits for it to pass.
 	next := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated, next)
-	tok := next.Mint(t, next.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	tok := next.Mint(t, next.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	if _, err := v.Verify(tok); err == nil {
 		t.Fatal("a new kid within the minimum interval verified without a fetch")
 	}
-	clock.Add(10 * time.Second)
+	fake.Add(10 * time.Second)
 	if _, err := v.Verify(tok); err != nil {
 		t.Fatalf("new kid once the minimum interval passed: %v", err)
 	}
@@ -201,7 +201,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d JWKS fetches, want 3", fetches())
 	}
 	// Concurrent unknown kids after the interval share one fetch.
-	clock.Add(10 * time.Second)
+	fake.Add(10 * time.Second)
 	for range 20 {
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _ = v.Verify(forged) }()
@@ -242,12 +242,12 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 	cluster := newClusterIssuer(t)
 	sa := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(sa)
-	clock := clock.NewFake(now)
-	ks := cluster.keySet(t, clock)
+	fake := clock.NewFake(now)
+	ks := cluster.keySet(t, fake)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	v := clusterVerifier(ks, cluster.srv.URL, fake)
 	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
 	imposter := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(imposter)
@@ -284,29 +284,29 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 func TestDiscoveryClearErrors(t *testing.T) {
 	cluster := newClusterIssuer(t)
 	cluster.serveKeys(signertest.NewIssuer(t, cluster.srv.URL))
-	clock := clock.NewFake(now)
+	fake := clock.NewFake(now)
 
-	untrusted := cluster.keySet(t, clock)
+	untrusted := cluster.keySet(t, fake)
 	untrusted.Client = &http.Client{Timeout: time.Second} // system roots: the cluster CA is not among them
 	if err := untrusted.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("unknown server CA: %v", err)
 	}
-	noBearer := cluster.keySet(t, clock)
+	noBearer := cluster.keySet(t, fake)
 	noBearer.BearerFile = ""
 	if err := noBearer.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "401 Unauthorized") {
 		t.Fatalf("no bearer token: %v", err)
 	}
-	missing := cluster.keySet(t, clock)
+	missing := cluster.keySet(t, fake)
 	missing.BearerFile = filepath.Join(t.TempDir(), "absent")
 	if err := missing.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "bearer token") {
 		t.Fatalf("missing bearer file: %v", err)
 	}
-	plain := cluster.keySet(t, clock)
+	plain := cluster.keySet(t, fake)
 	plain.Issuer = "http://kubernetes.default.svc"
 	if err := plain.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "not an https URL") {
 		t.Fatalf("http issuer: %v", err)
 	}
-	gone := cluster.keySet(t, clock)
+	gone := cluster.keySet(t, fake)
 	cluster.srv.Close()
 	if err := gone.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "oidc discovery") {
 		t.Fatalf("server gone: %v", err)

@@ -28,8 +28,8 @@ func endorsed(trusted []*x509.Certificate, m *Material) error {
 // does not verify.
 func TestEndorsementsLetAnOldRootFollow(t *testing.T) {
 	s := bustest.Server(t)
-	clock := clock.NewFake(t0)
-	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	fake := clock.NewFake(t0)
+	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	ctx := context.Background()
 	if err := r.src.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -119,9 +119,9 @@ func TestPluggedEndorsesWithTheIntermediate(t *testing.T) {
 // RetireSlack), announced as root-retired, and its key leaves KV with it.
 func TestOldRootRetiresWhenNoLeafCanBeValid(t *testing.T) {
 	s := bustest.Server(t)
-	clock := clock.NewFake(t0)
+	fake := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
-	r := newReplica(t, js, clock)
+	r := newReplica(t, js, fake)
 	r.src.cfg.RootTTL = 100 * 24 * time.Hour
 	r.src.cfg.MaxLeafTTL = time.Hour
 	ctx := context.Background()
@@ -135,14 +135,14 @@ func TestOldRootRetiresWhenNoLeafCanBeValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A leaf signed by the old root just before it retired is valid until then.
-	clock.Add(time.Hour + RetireSlack - time.Second)
+	fake.Add(time.Hour + RetireSlack - time.Second)
 	if err := r.src.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.auth.Current(); got.Generation != m.Generation || len(got.Roots) != 2 {
 		t.Fatalf("old root left too early: gen %d, %d roots", got.Generation, len(got.Roots))
 	}
-	clock.Add(2 * time.Second)
+	fake.Add(2 * time.Second)
 	if err := r.src.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -178,9 +178,9 @@ func TestRotationLimits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := bustest.Server(t)
-			clock := clock.NewFake(t0)
+			fake := clock.NewFake(t0)
 			js := bustest.JetStream(t, bustest.Conn(t, s))
-			r := newReplica(t, js, clock)
+			r := newReplica(t, js, fake)
 			r.src.cfg.RootTTL = 100 * 24 * time.Hour
 			r.src.cfg.RotateMinInterval = tt.interval
 			ctx := context.Background()
@@ -188,13 +188,13 @@ func TestRotationLimits(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range tt.before {
-				clock.Add(time.Minute)
+				fake.Add(time.Minute)
 				if _, err := r.src.Rotate(ctx, i%2 == 0); err != nil {
 					t.Fatalf("rotation %d: %v", i, err)
 				}
 			}
 			if tt.want == ErrBundleFull {
-				clock.Add(time.Minute) // not too soon: only the cap refuses
+				fake.Add(time.Minute) // not too soon: only the cap refuses
 			}
 			cur, kv, announced := r.auth.Current(), kvValue(t, js), len(r.rec.all())
 			_, err := r.src.Rotate(ctx, true)
@@ -215,9 +215,9 @@ func TestRotationLimits(t *testing.T) {
 // rotate right after start; the second rotation waits.
 func TestFirstRotationNeedsNoWait(t *testing.T) {
 	s := bustest.Server(t)
-	clock := clock.NewFake(t0)
+	fake := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
-	r := newReplica(t, js, clock)
+	r := newReplica(t, js, fake)
 	r.src.cfg.RotateMinInterval = time.Hour
 	ctx := context.Background()
 	if err := r.src.Start(ctx); err != nil {
@@ -226,7 +226,7 @@ func TestFirstRotationNeedsNoWait(t *testing.T) {
 	if _, err := r.src.Rotate(ctx, false); err != nil {
 		t.Fatalf("first rotation: %v", err)
 	}
-	clock.Add(time.Minute)
+	fake.Add(time.Minute)
 	if _, err := r.src.Rotate(ctx, false); !errors.Is(err, ErrRotateTooSoon) {
 		t.Fatalf("second rotation a minute later: %v", err)
 	}
