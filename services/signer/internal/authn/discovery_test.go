@@ -117,16 +117,23 @@ func clusterVerifier(ks *KeySet, iss string, fake *clock.Fake) *JWTVerifier {
 	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
 }
 
-func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	sa := signertest.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(sa)
-	fake := clock.NewFake(now)
-	ks := cluster.keySet(t, fake)
+// loadedDiscovery is a cluster issuer serving the key of iss, and the signer's key
+// set (loaded) and verifier for it, on a fake clock.
+func loadedDiscovery(t *testing.T) (cluster *clusterIssuer, iss *signertest.Issuer, fake *clock.Fake, ks *KeySet, v *JWTVerifier) {
+	t.Helper()
+	cluster = newClusterIssuer(t)
+	iss = signertest.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(iss)
+	fake = clock.NewFake(now)
+	ks = cluster.keySet(t, fake)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	v := clusterVerifier(ks, cluster.srv.URL, fake)
+	return cluster, iss, fake, ks, clusterVerifier(ks, cluster.srv.URL, fake)
+}
+
+func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
+	_, sa, _, _, v := loadedDiscovery(t)
 	c, err := v.Verify(sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-0")))
 	if err != nil {
 		t.Fatal(err)
@@ -143,15 +150,7 @@ func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 }
 
 func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	old := signertest.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(old)
-	fake := clock.NewFake(now)
-	ks := cluster.keySet(t, fake)
-	if err := ks.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	v := clusterVerifier(ks, cluster.srv.URL, fake)
+	cluster, old, fake, _, v := loadedDiscovery(t)
 	fetches := func() int32 { return cluster.jwksFetches.Load() }
 	if fetches() != 1 {
 		t.Fatalf("%d JWKS fetches after Load, want 1", fetches())
@@ -239,15 +238,7 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 }
 
 func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	sa := signertest.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(sa)
-	fake := clock.NewFake(now)
-	ks := cluster.keySet(t, fake)
-	if err := ks.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	v := clusterVerifier(ks, cluster.srv.URL, fake)
+	cluster, sa, _, ks, v := loadedDiscovery(t)
 	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
 	imposter := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(imposter)
