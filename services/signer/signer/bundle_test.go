@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -11,17 +11,21 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // signOK signs a CSR over NATS and fails the test on an error reply.
 func signOK(t *testing.T, e *env) events.SignReply {
 	t.Helper()
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 60})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
@@ -39,14 +43,14 @@ func TestRepliesAndEventsAreEndorsed(t *testing.T) {
 	e.start(t, c)
 	first := bundle(t, e.nc)
 	oldOnly := mustCerts(t, first.Roots[:1])
-	if err := testkit.VerifyEndorsed(oldOnly, first.TrustDomain, first.Generation, first.Roots, first.Endorsements); err != nil {
+	if err := signertest.VerifyEndorsed(oldOnly, first.TrustDomain, first.Generation, first.Roots, first.Endorsements); err != nil {
 		t.Fatalf("bundle reply: %v", err)
 	}
 	rep := signOK(t, e)
 	if rep.TrustDomain != "cluster.local" || rep.Generation != first.Generation {
 		t.Fatalf("sign reply trust domain %q generation %d", rep.TrustDomain, rep.Generation)
 	}
-	if err := testkit.VerifyEndorsed(oldOnly, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
+	if err := signertest.VerifyEndorsed(oldOnly, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
 		t.Fatalf("sign reply: %v", err)
 	}
 	ci := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
@@ -59,19 +63,19 @@ func TestRepliesAndEventsAreEndorsed(t *testing.T) {
 		if rr.Error != nil {
 			t.Fatal(rr.Error)
 		}
-		testkit.Eventually(t, 10*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == uint64(i+1) })
+		testkit.EventuallyWithin(t, 10*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == uint64(i+1) })
 		tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged)
-		if err := testkit.VerifyEndorsed(oldOnly, tc.TrustDomain, tc.Generation, tc.Roots, tc.Endorsements); err != nil {
+		if err := signertest.VerifyEndorsed(oldOnly, tc.TrustDomain, tc.Generation, tc.Roots, tc.Endorsements); err != nil {
 			t.Fatalf("trust.changed after rotation (new key %v): %v", newKey, err)
 		}
 		rep := signOK(t, e)
 		if rep.Generation != tc.Generation {
 			t.Fatalf("sign reply generation %d, trust.changed %d", rep.Generation, tc.Generation)
 		}
-		if err := testkit.VerifyEndorsed(oldOnly, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
+		if err := signertest.VerifyEndorsed(oldOnly, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
 			t.Fatalf("sign reply after rotation (new key %v): %v", newKey, err)
 		}
-		if b := bundle(t, e.nc); testkit.VerifyEndorsed(oldOnly, b.TrustDomain, b.Generation, b.Roots, b.Endorsements) != nil {
+		if b := bundle(t, e.nc); signertest.VerifyEndorsed(oldOnly, b.TrustDomain, b.Generation, b.Roots, b.Endorsements) != nil {
 			t.Fatalf("bundle reply after rotation (new key %v) not endorsed", newKey)
 		}
 	}
@@ -80,10 +84,7 @@ func TestRepliesAndEventsAreEndorsed(t *testing.T) {
 func TestPluggedCertIssuedCarriesTheIntermediate(t *testing.T) {
 	e := newEnv(t)
 	now := time.Now()
-	root := testkit.NewCA(t, "root", nil, now, 48*time.Hour)
-	inter := testkit.NewCA(t, "inter", root, now, 24*time.Hour)
-	dir := t.TempDir()
-	testkit.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	root, inter, dir := pluggedCADir(t, now)
 	c := e.config("signer-p")
 	c.CA.Dir, c.CA.KEKFile = dir, ""
 	e.start(t, c)
@@ -94,7 +95,7 @@ func TestPluggedCertIssuedCarriesTheIntermediate(t *testing.T) {
 		t.Fatalf("cert.issued chain of %d, want leaf and intermediate", len(chain))
 	}
 	verifyChain(t, append(ci.CertChain, rep.CertChain[2]), rep.Roots, now)
-	if err := testkit.VerifyEndorsed([]*x509.Certificate{root.Cert}, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
+	if err := signertest.VerifyEndorsed([]*x509.Certificate{root.Cert}, rep.TrustDomain, rep.Generation, rep.Roots, rep.Endorsements); err != nil {
 		t.Fatalf("plugged-in sign reply: %v", err)
 	}
 }
@@ -104,8 +105,8 @@ func TestPluggedCertIssuedCarriesTheIntermediate(t *testing.T) {
 // bundle stays bounded, every rotation is announced and signing keeps working.
 func TestManyRotationsKeepTheBundleBounded(t *testing.T) {
 	e := newEnv(t)
-	clock := testkit.NewClock(time.Now())
-	e.clock = clock.Now
+	fake := clock.NewFake(time.Now())
+	e.clock = fake
 	c := e.config("signer-a")
 	c.Certs.DefaultTTL, c.Certs.MaxTTL = 10*time.Minute, time.Hour
 	c.CA.RootTTL = 1000 * time.Hour
@@ -114,7 +115,7 @@ func TestManyRotationsKeepTheBundleBounded(t *testing.T) {
 	e.start(t, c)
 	var published uint64
 	for i := range 30 {
-		clock.Add(10 * time.Minute)
+		fake.Add(10 * time.Minute)
 		rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: i%3 == 0})
 		if rr.Error != nil {
 			t.Fatalf("rotation %d: %v", i, rr.Error)
@@ -122,10 +123,10 @@ func TestManyRotationsKeepTheBundleBounded(t *testing.T) {
 		if len(rr.Roots) > ca.MaxRoots {
 			t.Fatalf("rotation %d: %d roots", i, len(rr.Roots))
 		}
-		testkit.Eventually(t, 10*time.Second, "trust.changed for the rotation", func() bool { return count(t, e.js, events.SubjectTrustChanged) > published })
+		testkit.EventuallyWithin(t, 10*time.Second, "trust.changed for the rotation", func() bool { return count(t, e.js, events.SubjectTrustChanged) > published })
 		published = count(t, e.js, events.SubjectTrustChanged)
 		rep := signOK(t, e)
-		verifyChain(t, rep.CertChain, rep.Roots, clock.Now())
+		verifyChain(t, rep.CertChain, rep.Roots, fake.Now())
 	}
 	b := bundle(t, e.nc)
 	// MaxTTL 1h + slack at one rotation per 10 minutes: the current root and the 7 before it.
@@ -155,7 +156,8 @@ func writeKEK(t *testing.T, data []byte, mode os.FileMode) string {
 // startErr builds and runs a signer that must fail to start, and returns why.
 func startErr(t *testing.T, e *env, cfg config.Config) error {
 	t.Helper()
-	s, err := New(cfg, bustest.Conn(t, e.srv), hclog.NewNullLogger(), e.clock)
+	http := obs.NewServer(cfg.Listen.HTTP, hclog.NewNullLogger())
+	s, err := New(cfg, lifecycle.Deps{Bus: bustest.Conn(t, e.srv), Clock: e.clock, Metrics: http.Registry(), Health: http})
 	if err != nil {
 		return err
 	}
@@ -171,8 +173,8 @@ func startErr(t *testing.T, e *env, cfg config.Config) error {
 // Bad CA input gets a clear error and changes nothing: no KV write, no trust.changed.
 func TestBadCAInputChangesNothing(t *testing.T) {
 	e := newEnv(t)
-	clock := testkit.NewClock(time.Now())
-	e.clock = clock.Now
+	fake := clock.NewFake(time.Now())
+	e.clock = fake
 	c := e.config("signer-a")
 	c.CA.RootTTL = 1000 * time.Hour
 	s := e.start(t, c)
@@ -215,12 +217,12 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 			name: "bundle full",
 			prepare: func() {
 				for range ca.MaxRoots - 2 { // one rotation done above
-					clock.Add(time.Minute)
+					fake.Add(time.Minute)
 					if err := rotate(); err != nil {
 						t.Fatal(err)
 					}
 				}
-				clock.Add(time.Minute)
+				fake.Add(time.Minute)
 			},
 			act:  rotate,
 			want: events.CodeResourceExhausted + ": root rotation refused: the trust bundle is full",
@@ -231,11 +233,11 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 			if tt.prepare != nil {
 				tt.prepare()
 			}
-			testkit.Eventually(t, 10*time.Second, "earlier changes announced", func() bool {
-				return s.Source().Announced() == s.Authority().Current().Generation &&
-					count(t, e.js, events.SubjectTrustChanged) == s.Authority().Current().Generation-1
+			testkit.EventuallyWithin(t, 10*time.Second, "earlier changes announced", func() bool {
+				return s.source.Announced() == s.auth.Current().Generation &&
+					count(t, e.js, events.SubjectTrustChanged) == s.auth.Current().Generation-1
 			})
-			rev, announced, gen := rootRevision(t, e.js), count(t, e.js, events.SubjectTrustChanged), s.Authority().Current().Generation
+			rev, announced, gen := rootRevision(t, e.js), count(t, e.js, events.SubjectTrustChanged), s.auth.Current().Generation
 			err := tt.act()
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
@@ -243,7 +245,7 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 			if got := rootRevision(t, e.js); got != rev {
 				t.Fatalf("kv revision %d -> %d", rev, got)
 			}
-			if got := s.Authority().Current().Generation; got != gen {
+			if got := s.auth.Current().Generation; got != gen {
 				t.Fatalf("generation %d -> %d", gen, got)
 			}
 			if got := count(t, e.js, events.SubjectTrustChanged); got != announced {

@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -20,11 +20,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -119,13 +122,13 @@ func (r result) report(b *testing.B) {
 func csrs(b *testing.B, n int) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
-		_, out[i] = testkit.CSR(b, pki.ECP256, "spiffe://cluster.local/ns/bench/sa/w")
+		_, out[i] = signertest.CSR(b, pki.ECP256, "spiffe://cluster.local/ns/bench/sa/w")
 	}
 	return out
 }
 
 // tokens mints one token per request, as a fleet of n pods would hold.
-func tokens(b *testing.B, iss *testkit.Issuer, n int) []string {
+func tokens(b *testing.B, iss *signertest.Issuer, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		out[i] = iss.Mint(b, iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour))
@@ -187,7 +190,7 @@ func newCeiling(b *testing.B, alg pki.KeyAlg, n int) *ceiling {
 	if err != nil {
 		b.Fatal(err)
 	}
-	iss := testkit.NewIssuer(b, "meshagent-dev")
+	iss := signertest.NewIssuer(b, "meshagent-dev")
 	id, _ := url.Parse("spiffe://cluster.local/ns/bench/sa/w")
 	return &ceiling{
 		m: m, reqs: csrs(b, n), tokens: tokens(b, iss, n), id: id,
@@ -254,9 +257,9 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		b.Cleanup(nc.Close)
 		return nc
 	}
-	iss := testkit.NewIssuer(b, "meshagent-dev")
+	iss := signertest.NewIssuer(b, "meshagent-dev")
 	jwks := iss.WriteJWKS(b, b.TempDir())
-	kek := testkit.KEKFile(b) // replicas share one KEK, as a fleet's signers do
+	kek := signertest.KEKFile(b) // replicas share one KEK, as a fleet's signers do
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	b.Cleanup(func() { cancel(); wg.Wait() })
@@ -267,13 +270,14 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		c.Auth.JWKSFile = jwks
 		c.CA.KEKFile = kek
 		c.CA.KeyAlg = alg
-		svc, err := New(c, connect(), hclog.NewNullLogger(), time.Now)
+		health := obs.NewServer(c.Listen.HTTP, hclog.NewNullLogger()) // not served: only its readiness is read
+		svc, err := New(c, lifecycle.Deps{Bus: connect(), Metrics: health.Registry(), Health: health}.WithDefaults())
 		if err != nil {
 			b.Fatal(err)
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = svc.Run(ctx) }()
-		testkit.Eventually(b, 30*time.Second, "signer ready", func() bool { return svc.Ready() == nil })
+		testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool { return health.Ready() == nil })
 	}
 	reqs, toks := csrs(b, n), tokens(b, iss, n)
 	e := &endToEnd{client: connect(), msgs: make([]*nats.Msg, n)}

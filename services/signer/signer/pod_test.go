@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"crypto/tls"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -21,7 +21,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	s := e.start(t, e.config("signer-a"))
 	b := bundle(t, e.nc)
 	rev := rootRevision(t, e.js)
-	sa := e.iss.ServiceAccount("shop", "web", e.clock().Add(-time.Second), time.Hour)
+	sa := e.iss.ServiceAccount("shop", "web", e.clock.Now().Add(-time.Second), time.Hour)
 	bound := e.iss.Mint(t, sa.ForPod("web-0"))
 	unbound := e.iss.Mint(t, sa)
 	brokenClaims := sa
@@ -29,7 +29,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	broken := e.iss.Mint(t, brokenClaims)
 
 	// A certificate to renew with (x509 credentials name no pod).
-	key, csr := testkit.CSR(t, pki.ECP256, askedID)
+	key, csr := signertest.CSR(t, pki.ECP256, askedID)
 	first := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: bound})
 	if first.Error != nil {
 		t.Fatal(first.Error)
@@ -90,7 +90,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				check(t, func() (string, string) {
-					_, csr := testkit.CSR(t, pki.ECP256, askedID)
+					_, csr := signertest.CSR(t, pki.ECP256, askedID)
 					req := events.SignRequest{CSR: string(csr), Token: tc.token, Pod: tc.pod}
 					if tc.x509 {
 						req.CertChain, req.Proof = first.CertChain, proof(t, key, csr)
@@ -127,7 +127,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				check(t, func() (string, string) {
-					_, csr := testkit.CSR(t, pki.ECP256, askedID)
+					_, csr := signertest.CSR(t, pki.ECP256, askedID)
 					c := client
 					if tc.token == "" {
 						c = mtls
@@ -150,8 +150,5 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	if got := rootRevision(t, e.js); got != rev {
 		t.Fatalf("kv root revision %d -> %d", rev, got)
 	}
-	_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
-	if want := `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 5`; !strings.Contains(body, want) {
-		t.Errorf("metrics lack %s", want)
-	}
+	s.wantMetrics(t, `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 5`)
 }

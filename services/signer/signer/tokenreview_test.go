@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"encoding/json"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -74,7 +74,7 @@ func TestSignerVerifiesTokensByTokenReview(t *testing.T) {
 	mu.Lock()
 	known[tok] = "web-0"
 	mu.Unlock()
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, Pod: "web-0"})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)

@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -16,12 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -45,11 +45,11 @@ type badInput struct {
 }
 
 func badInputs(t *testing.T, e *env) []badInput {
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	good := e.token(t, "shop", "web")
-	sa := e.iss.ServiceAccount("shop", "web", e.clock().Add(-time.Second), time.Hour)
-	with := func(f func(*testkit.Claims)) string { c := sa; f(&c); return e.iss.Mint(t, c) }
-	stranger := testkit.NewIssuer(t, "meshagent-dev")
+	sa := e.iss.ServiceAccount("shop", "web", e.clock.Now().Add(-time.Second), time.Hour)
+	with := func(f func(*signertest.Claims)) string { c := sa; f(&c); return e.iss.Mint(t, c) }
+	stranger := signertest.NewIssuer(t, "meshagent-dev")
 
 	b, _ := pem.Decode(csr)
 	b.Bytes[len(b.Bytes)-5] ^= 0xff
@@ -61,13 +61,13 @@ func badInputs(t *testing.T, e *env) []badInput {
 	return []badInput{
 		{"malformed PEM", malformed, good, 0, "", inv, codes.InvalidArgument, "csr", ""},
 		{"CSR signature does not verify", tampered, good, 0, "", inv, codes.InvalidArgument, "signature", ""},
-		{"expired token", csr, e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", e.clock().Add(-3*time.Hour), time.Hour)), 0, "", unauth, codes.Unauthenticated, "expired", ""},
-		{"token for another audience", csr, with(func(c *testkit.Claims) { c.Aud = []string{"vault"} }), 0, "", unauth, codes.Unauthenticated, "audience", ""},
-		{"token from another issuer", csr, with(func(c *testkit.Claims) { c.Iss = "https://evil.example" }), 0, "", unauth, codes.Unauthenticated, "issuer", ""},
-		{"badly signed token", csr, testkit.MintWith(t, stranger.Key, e.iss.KID, sa), 0, "", unauth, codes.Unauthenticated, "signature", ""},
+		{"expired token", csr, e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", e.clock.Now().Add(-3*time.Hour), time.Hour)), 0, "", unauth, codes.Unauthenticated, "expired", ""},
+		{"token for another audience", csr, with(func(c *signertest.Claims) { c.Aud = []string{"vault"} }), 0, "", unauth, codes.Unauthenticated, "audience", ""},
+		{"token from another issuer", csr, with(func(c *signertest.Claims) { c.Iss = "https://evil.example" }), 0, "", unauth, codes.Unauthenticated, "issuer", ""},
+		{"badly signed token", csr, signertest.MintWith(t, stranger.Key, e.iss.KID, sa), 0, "", unauth, codes.Unauthenticated, "signature", ""},
 		{"token signed by unknown key", csr, stranger.Mint(t, sa), 0, "", unauth, codes.Unauthenticated, "unknown key id", ""},
-		{"token missing claims", csr, with(func(c *testkit.Claims) { c.Exp = time.Time{} }), 0, "", unauth, codes.Unauthenticated, "exp", ""},
-		{"token without service account", csr, with(func(c *testkit.Claims) { c.NS, c.SA, c.Sub = "", "", "bob" }), 0, "", unauth, codes.Unauthenticated, "service account", ""},
+		{"token missing claims", csr, with(func(c *signertest.Claims) { c.Exp = time.Time{} }), 0, "", unauth, codes.Unauthenticated, "exp", ""},
+		{"token without service account", csr, with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "bob" }), 0, "", unauth, codes.Unauthenticated, "service account", ""},
 		// Over NATS the event contract itself refuses a request without a credential.
 		{"no credential", csr, "", 0, "", inv, codes.Unauthenticated, "credential", "a token or a cert_chain is required"},
 		{"TTL above max", csr, good, int64((91 * 24 * time.Hour).Seconds()), "", inv, codes.InvalidArgument, "max allowed TTL", ""},
@@ -141,16 +141,11 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	if got := rootRevision(t, e.js); got != rev {
 		t.Fatalf("kv root revision %d -> %d after bad input", rev, got)
 	}
-	_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
-	for _, want := range []string{
+	body := s.wantMetrics(t,
 		`meshagent_signer_auth_failures_total{transport="nats"} 7`,
 		`meshagent_signer_auth_failures_total{transport="grpc"} 8`,
 		`meshagent_signer_csr_parse_failures_total{transport="grpc"} 2`,
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("metrics lack %s", want)
-		}
-	}
+	)
 	if strings.Contains(body, "meshagent_signer_certs_issued_total") {
 		t.Error("a certificate was counted as issued")
 	}
@@ -181,7 +176,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	want := "spiffe://cluster.local/ns/shop/sa/web"
 
 	// JWT over NATS: the identity comes from the token, not from the CSR.
-	key, csr := testkit.CSR(t, pki.ECP256, askedID)
+	key, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
@@ -201,7 +196,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	}
 
 	// Renewal over NATS with the still-valid cert and a proof over the new CSR.
-	_, csr2 := testkit.CSR(t, pki.RSA2048, askedID)
+	_, csr2 := signertest.CSR(t, pki.RSA2048, askedID)
 	rep2 := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: "web-0"})
 	if rep2.Error != nil {
 		t.Fatal(rep2.Error)
@@ -221,7 +216,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// JWT over gRPC, as an Istio agent calls it.
 	client := istioClient(t, s, b.Roots, nil, nil)
-	_, csr3 := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr3 := signertest.CSR(t, pki.ECP256, askedID)
 	resp, err := istioCreate(client, e.token(t, "shop", "web"), "", csr3, 600)
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +232,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	// Renewal over gRPC: mTLS with the still-valid cert, no token.
 	tlsCert := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}
 	mtls := istioClient(t, s, b.Roots, &tlsCert, nil)
-	_, csr4 := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr4 := signertest.CSR(t, pki.ECP256, askedID)
 	resp, err = istioCreate(mtls, "", "", csr4, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -253,21 +248,15 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	}
 
 	// Health and metrics.
-	base := "http://" + s.HTTPAddr().String()
-	if code, _ := httpGet(t, base+"/readyz"); code != 200 {
-		t.Fatalf("readyz %d", code)
+	if code, body := testkit.HTTPGet("http://" + s.http.Addr().String() + "/readyz"); code != 200 {
+		t.Fatalf("readyz %d: %s", code, body)
 	}
-	_, body := httpGet(t, base+"/metrics")
-	for _, want := range []string{
+	s.wantMetrics(t,
 		`meshagent_signer_certs_issued_total{transport="nats"} 2`,
 		`meshagent_signer_certs_issued_total{transport="grpc"} 2`,
 		`meshagent_signer_csr_received_total{transport="nats"} 3`,
 		"meshagent_signer_root_expiry_seconds 3.15",
-	} {
-		if !strings.Contains(body, want) {
-			t.Errorf("metrics lack %q", want)
-		}
-	}
+	)
 }
 
 func mustCerts(t *testing.T, pems []string) []*x509.Certificate {
@@ -282,7 +271,7 @@ func mustCerts(t *testing.T, pems []string) []*x509.Certificate {
 func TestNATSOnlyBadInput(t *testing.T) {
 	e := newEnv(t)
 	e.start(t, e.config("signer-a"))
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	weak, _ := ecdsa.GenerateKey(elliptic.P224(), rand.Reader)
 	weakCSR, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, weak)
 	if err != nil {
@@ -326,7 +315,7 @@ func TestGRPCOverUnixSocket(t *testing.T) {
 	c.Listen.GRPC = "unix://" + filepath.Join(dir, "ca.sock")
 	s := e.start(t, c)
 	roots := bundle(t, e.nc).Roots
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	resp, err := istioCreate(istioClient(t, s, roots, nil, nil), e.token(t, "shop", "web"), "", csr, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +329,7 @@ func TestGRPCRejectsMalformedAuthorization(t *testing.T) {
 	e := newEnv(t)
 	s := e.start(t, e.config("signer-a"))
 	client := istioClient(t, s, bundle(t, e.nc).Roots, nil, nil)
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	for _, h := range []string{"Basic dXNlcjpwYXNz", "Bearer", "Bearer    ", e.token(t, "shop", "web")} {
 		t.Run(h[:min(len(h), 12)], func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -357,20 +346,33 @@ func TestGRPCRejectsMalformedAuthorization(t *testing.T) {
 	}
 }
 
+// New only builds: nothing listens and nothing subscribes on the bus until Run.
+func TestNewStartsNothing(t *testing.T) {
+	e := newEnv(t)
+	subs := e.srv.NumSubscriptions()
+	s := e.build(t, e.config("signer-a"), nil)
+	if s.GRPCAddr() != nil {
+		t.Fatalf("gRPC bound at %s before Run", s.GRPCAddr())
+	}
+	if got := e.srv.NumSubscriptions(); got != subs {
+		t.Fatalf("%d bus subscriptions before Run, want %d", got, subs)
+	}
+	if s.ready() == nil {
+		t.Fatal("ready before Run")
+	}
+}
+
 // Ctrl-C while the signer is still starting (here: before the event stream is even
 // looked up) is an orderly exit, not a failure.
 func TestRunReturnsNilWhenCancelledDuringStartup(t *testing.T) {
 	e := newEnv(t)
-	s, err := New(e.config("signer-a"), e.nc, hclog.NewNullLogger(), e.clock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := e.build(t, e.config("signer-a"), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.Run(ctx); err != nil {
 		t.Fatalf("Run after cancel during startup: %v", err)
 	}
-	if s.Ready() == nil {
+	if s.ready() == nil {
 		t.Fatal("ready after an interrupted startup")
 	}
 }
@@ -380,10 +382,7 @@ func TestRunReportsStartupFailure(t *testing.T) {
 	e := newEnv(t)
 	c := e.config("signer-a")
 	c.Auth.JWKSFile = filepath.Join(t.TempDir(), "missing.json")
-	s, err := New(c, e.nc, hclog.NewNullLogger(), e.clock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := e.build(t, c, nil)
 	if err := s.Run(context.Background()); err == nil {
 		t.Fatal("Run with a missing JWKS file returned nil")
 	}
@@ -397,14 +396,14 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	c := e.config("signer-a")
 	c.Workers = 1
 	s := e.start(t, c)
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	msg, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	storm := bustest.Conn(t, e.srv)
 	metric := func(name string) float64 {
-		_, body := httpGet(t, "http://"+s.HTTPAddr().String()+"/metrics")
+		body := s.metrics(t)
 		for _, line := range strings.Split(body, "\n") {
 			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				f, _ := strconv.ParseFloat(v, 64)
@@ -427,9 +426,9 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	if err := storm.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
+	testkit.EventuallyWithin(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
 	// Once the storm has passed, a request is answered again.
-	testkit.Eventually(t, 60*time.Second, "storm drained", func() bool {
+	testkit.EventuallyWithin(t, 60*time.Second, "storm drained", func() bool {
 		m, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,20 +21,20 @@ import (
 // rootOf signs a CSR over NATS and returns the fingerprint of the chain's root.
 func rootOf(t *testing.T, e *env, nc *nats.Conn) string {
 	t.Helper()
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSign(t, nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 60})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
-	verifyChain(t, rep.CertChain, rep.Roots, e.clock())
+	verifyChain(t, rep.CertChain, rep.Roots, e.clock.Now())
 	certs := mustCerts(t, rep.CertChain)
 	return pki.Fingerprint(certs[len(certs)-1])
 }
 
 func TestRootRotationAcrossReplicas(t *testing.T) {
 	e := newEnv(t)
-	clock := testkit.NewClock(time.Now())
-	e.clock = clock.Now
+	fake := clock.NewFake(time.Now())
+	e.clock = fake
 	cfg := func(name string) (c config.Config) {
 		c = e.config(name)
 		c.CA.RootTTL = 10 * time.Minute
@@ -43,21 +45,21 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	a := e.start(t, cfg("signer-a"))
 	b := e.start(t, cfg("signer-b"))
 	old := bundle(t, e.nc)
-	if a.Authority().Current().RootFingerprint() != b.Authority().Current().RootFingerprint() {
+	if a.auth.Current().RootFingerprint() != b.auth.Current().RootFingerprint() {
 		t.Fatal("replicas on different roots")
 	}
-	oldFP := a.Authority().Current().RootFingerprint()
+	oldFP := a.auth.Current().RootFingerprint()
 
 	// 10% of the root's life left: the periodic check rotates, once, fleet-wide.
-	clock.Add(9 * time.Minute)
-	testkit.Eventually(t, 10*time.Second, "both replicas on the new root", func() bool {
-		return a.Authority().Current().Generation == 2 && b.Authority().Current().Generation == 2
+	fake.Add(9 * time.Minute)
+	testkit.EventuallyWithin(t, 10*time.Second, "both replicas on the new root", func() bool {
+		return a.auth.Current().Generation == 2 && b.auth.Current().Generation == 2
 	})
-	newFP := a.Authority().Current().RootFingerprint()
-	if newFP == oldFP || b.Authority().Current().RootFingerprint() != newFP {
+	newFP := a.auth.Current().RootFingerprint()
+	if newFP == oldFP || b.auth.Current().RootFingerprint() != newFP {
 		t.Fatal("no new root")
 	}
-	testkit.Eventually(t, 5*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) >= 1 })
+	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) >= 1 })
 	tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged)
 	if tc.Reason != events.TrustReasonRotation || tc.Generation != 2 || len(tc.Roots) != 2 || tc.Added[0] != newFP {
 		t.Fatalf("trust.changed %+v", tc)
@@ -73,8 +75,8 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 		}
 	}
 	// So does the replica that did not rotate, over gRPC.
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
-	resp, err := istioCreate(istioClient(t, b, nb.Roots, nil, clock.Now), e.token(t, "shop", "web"), "", csr, 60)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	resp, err := istioCreate(istioClient(t, b, nb.Roots, nil, fake.Now), e.token(t, "shop", "web"), "", csr, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,34 +85,34 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	}
 	// Both replicas announced generation 2 (the writer, and the other on seeing it in
 	// KV); JetStream kept one.
-	testkit.Eventually(t, 10*time.Second, "both replicas announced gen 2", func() bool {
-		return a.Source().Announced() >= 2 && b.Source().Announced() >= 2
+	testkit.EventuallyWithin(t, 10*time.Second, "both replicas announced gen 2", func() bool {
+		return a.source.Announced() >= 2 && b.source.Announced() >= 2
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
 		t.Fatalf("%d trust.changed events for one rotation", n)
 	}
 
 	// meshctl rotate root, with a new key, once -root-rotate-min-interval has passed.
-	clock.Add(30 * time.Second)
+	fake.Add(30 * time.Second)
 	rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true, Reason: "test"})
 	if rr.Error != nil || rr.Fingerprint == newFP || len(rr.Roots) != 3 {
 		t.Fatalf("rotate reply %+v (%d roots)", rr.Error, len(rr.Roots))
 	}
-	testkit.Eventually(t, 10*time.Second, "both replicas on the forced root", func() bool {
-		return a.Authority().Current().RootFingerprint() == rr.Fingerprint && b.Authority().Current().RootFingerprint() == rr.Fingerprint
+	testkit.EventuallyWithin(t, 10*time.Second, "both replicas on the forced root", func() bool {
+		return a.auth.Current().RootFingerprint() == rr.Fingerprint && b.auth.Current().RootFingerprint() == rr.Fingerprint
 	})
-	testkit.Eventually(t, 10*time.Second, "both replicas announced gen 3", func() bool {
-		return a.Source().Announced() >= 3 && b.Source().Announced() >= 3
+	testkit.EventuallyWithin(t, 10*time.Second, "both replicas announced gen 3", func() bool {
+		return a.source.Announced() >= 3 && b.source.Announced() >= 3
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 2 {
 		t.Fatalf("%d trust.changed events, want 2", n)
 	}
 	// The first root expires and leaves the bundle.
-	clock.Add(2 * time.Minute)
-	testkit.Eventually(t, 10*time.Second, "expired root dropped", func() bool {
-		return len(a.Authority().Current().Roots) == 2 && len(b.Authority().Current().Roots) == 2
+	fake.Add(2 * time.Minute)
+	testkit.EventuallyWithin(t, 10*time.Second, "expired root dropped", func() bool {
+		return len(a.auth.Current().Roots) == 2 && len(b.auth.Current().Roots) == 2
 	})
-	testkit.Eventually(t, 5*time.Second, "trust.changed on expiry", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 3 })
+	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed on expiry", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 3 })
 	if tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged); tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Removed[0] != oldFP {
 		t.Fatalf("trust.changed on expiry %+v", tc)
 	}
@@ -119,16 +121,13 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 func TestPluggedInMode(t *testing.T) {
 	e := newEnv(t)
 	now := time.Now()
-	root := testkit.NewCA(t, "root", nil, now, 48*time.Hour)
-	inter := testkit.NewCA(t, "inter", root, now, 24*time.Hour)
-	dir := t.TempDir()
-	testkit.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	root, inter, dir := pluggedCADir(t, now)
 	c := e.config("signer-p")
 	c.CA.Dir = dir
 	c.CA.ReloadDelay = 20 * time.Millisecond
 	s := e.start(t, c)
 
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
@@ -149,10 +148,10 @@ func TestPluggedInMode(t *testing.T) {
 
 	// An invalid replacement (key of another CA) is refused; the old material stays.
 	other := testkit.NewCA(t, "other", root, now, 24*time.Hour)
-	testkit.WriteCACerts(t, dir, &testkit.CA{Cert: inter.Cert, Key: other.Key}, []*x509.Certificate{root.Cert}, root.Cert)
-	plugged := s.Source().(*ca.Plugged)
-	testkit.Eventually(t, 10*time.Second, "reload refused", func() bool { return plugged.Rejected() >= 1 })
-	if !s.Authority().Current().Cert.Equal(inter.Cert) {
+	signertest.WriteCACerts(t, dir, &testkit.CA{Cert: inter.Cert, Key: other.Key}, []*x509.Certificate{root.Cert}, root.Cert)
+	plugged := s.source.(*ca.Plugged)
+	testkit.EventuallyWithin(t, 10*time.Second, "reload refused", func() bool { return plugged.Rejected() >= 1 })
+	if !s.auth.Current().Cert.Equal(inter.Cert) {
 		t.Fatal("invalid material installed")
 	}
 	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}); rep.Error != nil {
@@ -164,9 +163,9 @@ func TestPluggedInMode(t *testing.T) {
 	// A new root and intermediate, with both roots in the bundle.
 	root2 := testkit.NewCA(t, "root2", nil, now, 96*time.Hour)
 	inter2 := testkit.NewCA(t, "inter2", root2, now, 24*time.Hour)
-	testkit.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
-	testkit.Eventually(t, 10*time.Second, "reload", func() bool { return s.Authority().Current().Cert.Equal(inter2.Cert) })
-	testkit.Eventually(t, 5*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 1 })
+	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
+	testkit.EventuallyWithin(t, 10*time.Second, "reload", func() bool { return s.auth.Current().Cert.Equal(inter2.Cert) })
+	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 1 })
 	if tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged); tc.Reason != events.TrustReasonReload || len(tc.Roots) != 2 {
 		t.Fatalf("trust.changed %+v", tc)
 	}
@@ -207,13 +206,13 @@ func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	mat, err := a.Source().Rotate(ctx, false)
+	mat, err := a.source.Rotate(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gen := mat.Generation
-	testkit.Eventually(t, 10*time.Second, "both replicas failed to announce", func() bool {
-		return a.Source().AnnounceFailures() >= 1 && b.Source().AnnounceFailures() >= 1 && b.Authority().Current().Generation == gen
+	testkit.EventuallyWithin(t, 10*time.Second, "both replicas failed to announce", func() bool {
+		return a.source.AnnounceFailures() >= 1 && b.source.AnnounceFailures() >= 1 && b.auth.Current().Generation == gen
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 0 {
 		t.Fatalf("%d trust.changed in a full stream", n)
@@ -222,11 +221,11 @@ func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
 	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 15*time.Second, "trust.changed once the stream takes it", func() bool {
+	testkit.EventuallyWithin(t, 15*time.Second, "trust.changed once the stream takes it", func() bool {
 		return count(t, e.js, events.SubjectTrustChanged) >= 1
 	})
-	testkit.Eventually(t, 15*time.Second, "both replicas announced", func() bool {
-		return a.Source().Announced() >= gen && b.Source().Announced() >= gen
+	testkit.EventuallyWithin(t, 15*time.Second, "both replicas announced", func() bool {
+		return a.source.Announced() >= gen && b.source.Announced() >= gen
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
 		t.Fatalf("%d trust.changed events for one rotation, want 1", n)
@@ -235,7 +234,7 @@ func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
 	if tc.Generation != gen || tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || len(tc.Added) != 1 || tc.Added[0] != mat.RootFingerprint() {
 		t.Fatalf("trust.changed %+v", tc)
 	}
-	_, body := httpGet(t, "http://"+a.HTTPAddr().String()+"/metrics")
+	body := a.metrics(t)
 	if !strings.Contains(body, "meshagent_signer_trust_changed_publish_failures_total") || strings.Contains(body, "meshagent_signer_trust_changed_publish_failures_total 0\n") {
 		t.Error("metrics do not count the failed announcements")
 	}

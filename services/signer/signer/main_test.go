@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"testing"

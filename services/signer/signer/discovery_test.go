@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"encoding/json"
@@ -14,7 +14,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // A signer configured as in deploy/kubernetes (-token-issuer-discovery with the
@@ -40,7 +40,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	serve := func(iss ...*testkit.Issuer) {
+	serve := func(iss ...*signertest.Issuer) {
 		mu.Lock()
 		defer mu.Unlock()
 		keys = jose.JSONWebKeySet{}
@@ -53,7 +53,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	_ = os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
 	_ = os.WriteFile(bearer, []byte("signer-token"), 0o600)
 
-	first := testkit.NewIssuer(t, srv.URL)
+	first := signertest.NewIssuer(t, srv.URL)
 	serve(first)
 	e := newEnv(t)
 	cfg := e.config("signer-a")
@@ -62,15 +62,15 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	cfg.Auth.JWKSMinRefresh = 0
 	e.start(t, cfg)
 
-	sign := func(iss *testkit.Issuer) *events.ReplyError {
-		_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	sign := func(iss *signertest.Issuer) *events.ReplyError {
+		_, csr := signertest.CSR(t, pki.ECP256, askedID)
 		tok := iss.Mint(t, iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
 		return natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, TTLSeconds: 3600, Pod: "web-0", Resource: "default"}).Error
 	}
 	if err := sign(first); err != nil {
 		t.Fatalf("token of the cluster issuer: %v", err)
 	}
-	stranger := testkit.NewIssuer(t, srv.URL)
+	stranger := signertest.NewIssuer(t, srv.URL)
 	if err := sign(stranger); err == nil {
 		t.Fatal("token signed by a key the issuer does not publish was accepted")
 	}

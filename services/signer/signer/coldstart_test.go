@@ -1,10 +1,7 @@
-package service
+package signer
 
 import (
-	"bytes"
-	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,27 +10,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats-server/v2/server"
 )
-
-// logBuffer collects a logger's lines for a test.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestSignerWaitsForAColdJetStream: on a bus whose JetStream is not up yet (a
 // cluster electing its meta leader), the signer keeps trying in short attempts,
@@ -45,43 +25,29 @@ func TestSignerWaitsForAColdJetStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	iss := testkit.NewIssuer(t, "meshagent-dev")
-	e := &env{srv: srv, nc: bustest.Conn(t, srv), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: testkit.KEKFile(t), clock: time.Now}
-
-	logs := &logBuffer{}
-	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
-	s, err := New(e.config("signer-a"), bustest.Conn(t, srv), log, e.clock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("signer: %v", err)
-		}
-	})
-	testkit.Eventually(t, 10*time.Second, "waiting logged", func() bool {
+	e := newEnvOn(t, srv)
+	logs := &testkit.Buffer{}
+	s := e.build(t, e.config("signer-a"), hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	done := s.run(t)
+	testkit.EventuallyWithin(t, 10*time.Second, "waiting logged", func() bool {
 		return strings.Contains(logs.String(), "waiting for jetstream: for=\"event stream "+events.StreamEvents+"\"")
 	})
 	// Keep it cold for several attempts: the signer must neither give up nor claim readiness.
-	testkit.Eventually(t, 10*time.Second, "more attempts", func() bool { return strings.Contains(logs.String(), "attempt=5") })
+	testkit.EventuallyWithin(t, 10*time.Second, "more attempts", func() bool { return strings.Contains(logs.String(), "attempt=5") })
 	select {
 	case err := <-done:
 		done <- err
 		t.Fatalf("signer exited while JetStream was cold: %v", err)
 	default:
 	}
-	if s.Ready() == nil {
+	if s.ready() == nil {
 		t.Fatal("ready without JetStream")
 	}
 	if err := srv.EnableJetStream(&server.JetStreamConfig{StoreDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	testkit.Eventually(t, 10*time.Second, "signer ready", func() bool { return s.Ready() == nil })
+	testkit.EventuallyWithin(t, 10*time.Second, "signer ready", func() bool { return s.ready() == nil })
 	if waited := time.Since(start); waited > 4*time.Second {
 		t.Errorf("ready %s after JetStream came up: the retry waits too long", waited)
 	}
@@ -89,7 +55,7 @@ func TestSignerWaitsForAColdJetStream(t *testing.T) {
 		t.Errorf("no INFO line saying the wait is over:\n%s", logs)
 	}
 	e.js = bustest.JetStream(t, e.nc)
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), Pod: "web-0"})
 	if rep.Error != nil {
 		t.Fatalf("sign after a cold start: %v", rep.Error)

@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // TestRepliesGoOnlyToInboxes: a request's reply subject is the requester's choice,
@@ -32,7 +32,7 @@ func TestRepliesGoOnlyToInboxes(t *testing.T) {
 		return info.State.LastSeq
 	}
 	before, gen := caSeq(), bundle(t, e.nc).Generation
-	_, csr := testkit.CSR(t, pki.ECP256, askedID)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	requests := []struct {
 		subject string
 		p       events.Payload

@@ -1,4 +1,4 @@
-package service
+package signer
 
 import (
 	"context"
@@ -6,17 +6,20 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
-	"io"
-	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,17 +37,23 @@ type env struct {
 	srv   *server.Server
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	iss   *testkit.Issuer
+	iss   *signertest.Issuer
 	jwks  string
-	kek   string // -ca-kek-file shared by the env's replicas
-	clock func() time.Time
+	kek   string      // -ca-kek-file shared by the env's replicas
+	clock clock.Clock // the replicas' time: the real clock unless a test moves a fake one
 }
 
 func newEnv(t *testing.T) *env {
-	s := bustest.Server(t)
+	e := newEnvOn(t, bustest.Server(t))
+	e.js = bustest.JetStream(t, e.nc)
+	return e
+}
+
+// newEnvOn is an env on the bus server s, whose JetStream may not be up yet.
+func newEnvOn(t *testing.T, s *server.Server) *env {
 	nc := bustest.Conn(t, s)
-	iss := testkit.NewIssuer(t, "meshagent-dev")
-	return &env{srv: s, nc: nc, js: bustest.JetStream(t, nc), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: testkit.KEKFile(t), clock: time.Now}
+	iss := signertest.NewIssuer(t, "meshagent-dev")
+	return &env{srv: s, nc: nc, iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: signertest.KEKFile(t), clock: clock.Real{}}
 }
 
 func (e *env) config(instance string) config.Config {
@@ -58,42 +67,105 @@ func (e *env) config(instance string) config.Config {
 	return c
 }
 
-// start runs a signer until the test ends and waits until it is ready.
-func (e *env) start(t *testing.T, cfg config.Config) *Service {
+// replica is a signer with the health and metrics server that lifecycle.Serve
+// gives it in a process.
+type replica struct {
+	*Signer
+	http *obs.Server
+}
+
+// build builds a replica as a process does, on a connection of its own, logging to
+// log (nil: nowhere). Nothing runs yet.
+func (e *env) build(t testing.TB, cfg config.Config, log hclog.Logger) *replica {
 	t.Helper()
-	nc := bustest.Conn(t, e.srv) // a connection per replica, as separate processes have
-	s, err := New(cfg, nc, hclog.NewNullLogger(), e.clock)
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	http := obs.NewServer(cfg.Listen.HTTP, log.Named("http"))
+	s, err := New(cfg, lifecycle.Deps{Bus: bustest.Conn(t, e.srv), Clock: e.clock, Log: log, Metrics: http.Registry(), Health: http})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &replica{Signer: s, http: http}
+}
+
+// ready is what /readyz says: nil once the CA is loaded, NATS subscribed and gRPC bound.
+func (r *replica) ready() error { return r.http.Ready() }
+
+// metrics scrapes the replica's /metrics.
+func (r *replica) metrics(t *testing.T) string {
+	t.Helper()
+	code, body := testkit.HTTPGet("http://" + r.http.Addr().String() + "/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	return body
+}
+
+// wantMetrics scrapes the replica's /metrics, fails t for each of lines that is not
+// in it, and returns the scrape.
+func (r *replica) wantMetrics(t *testing.T, lines ...string) string {
+	t.Helper()
+	body := r.metrics(t)
+	for _, want := range lines {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	return body
+}
+
+// pluggedCADir writes an Istio cacerts directory (-cacerts-dir) holding an
+// intermediate CA under a root, both valid from now.
+func pluggedCADir(t *testing.T, now time.Time) (root, inter *testkit.CA, dir string) {
+	t.Helper()
+	root = testkit.NewCA(t, "root", nil, now, 48*time.Hour)
+	inter = testkit.NewCA(t, "inter", root, now, 24*time.Hour)
+	dir = t.TempDir()
+	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	return root, inter, dir
+}
+
+// run runs the replica and its health server until the test ends, and checks that
+// they stop cleanly.
+func (r *replica) run(t *testing.T) (done chan error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	errc := make(chan error, 1)
+	go func() { errc <- lifecycle.Tasks(ctx, r.http.Run, r.Run) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case err := <-done:
+		case err := <-errc:
 			if err != nil {
-				t.Errorf("signer %s: %v", cfg.Instance, err)
+				t.Errorf("signer %s: %v", r.cfg.Instance, err)
 			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("signer %s did not stop", cfg.Instance)
+		case <-time.After(testkit.Timeout):
+			t.Errorf("signer %s did not stop", r.cfg.Instance)
 		}
 	})
-	testkit.Eventually(t, 20*time.Second, "signer ready", func() bool {
+	return errc
+}
+
+// start runs a signer until the test ends and waits until it is ready.
+func (e *env) start(t *testing.T, cfg config.Config) *replica {
+	t.Helper()
+	r := e.build(t, cfg, nil)
+	done := r.run(t)
+	testkit.EventuallyWithin(t, 20*time.Second, "signer ready", func() bool {
 		select {
 		case err := <-done:
-			done <- err
+			done <- err // for the cleanup
 			t.Fatalf("signer exited: %v", err)
 		default:
 		}
-		return s.Ready() == nil
+		return r.ready() == nil && r.http.Addr() != nil
 	})
-	return s
+	return r
 }
 
 func (e *env) token(t *testing.T, ns, sa string) string {
-	return e.iss.Mint(t, e.iss.ServiceAccount(ns, sa, e.clock().Add(-time.Second), time.Hour))
+	return e.iss.Mint(t, e.iss.ServiceAccount(ns, sa, e.clock.Now().Add(-time.Second), time.Hour))
 }
 
 // natsSign sends req over NATS and decodes the reply.
@@ -161,7 +233,7 @@ func bundle(t *testing.T, nc *nats.Conn) events.BundleReply {
 
 // istioClient dials the signer the way an Istio agent does: TLS, trusting the
 // signer's roots, server name istiod.istio-system.svc; optionally with a client cert.
-func istioClient(t *testing.T, s *Service, roots []string, clientCert *tls.Certificate, now func() time.Time) pb.IstioCertificateServiceClient {
+func istioClient(t *testing.T, s *replica, roots []string, clientCert *tls.Certificate, now func() time.Time) pb.IstioCertificateServiceClient {
 	t.Helper()
 	certs, err := pki.ParseCertPEMs(roots)
 	if err != nil {
@@ -293,15 +365,4 @@ func proof(t *testing.T, key crypto.Signer, csrPEM []byte) string {
 		t.Fatal(err)
 	}
 	return base64.StdEncoding.EncodeToString(sig)
-}
-
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }

@@ -1,35 +1,27 @@
-// Package testkit builds what the signer's tests need: a dev token issuer with its
-// JWKS (the shape `meshctl token` mints), CSRs, Istio cacerts directories, a CA
-// key-encryption key file and a settable clock.
-package testkit
+// Package signertest builds the fixtures only the signer's tests need: a dev token
+// issuer with its JWKS file (the shape `meshctl token` mints), CSRs, Istio cacerts
+// directories, a CA key-encryption key file and a check of trust-bundle
+// endorsements. What every module's tests share (polling, test CAs, the fake
+// clock) is in pkg/testkit and pkg/clock.
+package signertest
 
 import (
 	"crypto"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
-
-// Clock is the shared fake clock (pkg/clock): Now, Add, Set, and timers that fire
-// when it moves.
-type Clock = clock.Fake
-
-// NewClock starts a fake clock at t.
-func NewClock(t time.Time) *Clock { return clock.NewFake(t) }
 
 // Issuer mints ES256 tokens as meshctl token does (pkg/devtoken): kid is the
 // key's JWK thumbprint.
@@ -106,40 +98,9 @@ func CSR(t testing.TB, alg pki.KeyAlg, id string) (crypto.Signer, []byte) {
 	return k, p
 }
 
-// CA is a test CA certificate and key.
-type CA struct {
-	Cert *x509.Certificate
-	Key  crypto.Signer
-}
-
-// NewCA makes a CA signed by parent (self-signed when parent is nil), valid from now for ttl.
-func NewCA(t testing.TB, name string, parent *CA, now time.Time, ttl time.Duration) *CA {
-	t.Helper()
-	k, err := pki.GenerateKey(pki.ECP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: name, Organization: []string{"cluster.local"}},
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	pc, pk := tmpl, k
-	if parent != nil {
-		pc, pk = parent.Cert, parent.Key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, pc, k.Public(), pk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return &CA{Cert: c, Key: k}
-}
-
 // WriteCACerts writes an Istio cacerts directory: ca-cert.pem and ca-key.pem from
 // signing, cert-chain.pem = signing + chain..., root-cert.pem = roots.
-func WriteCACerts(t testing.TB, dir string, signing *CA, chain []*x509.Certificate, roots ...*x509.Certificate) {
+func WriteCACerts(t testing.TB, dir string, signing *testkit.CA, chain []*x509.Certificate, roots ...*x509.Certificate) {
 	t.Helper()
 	key, err := pki.EncodeKeyPEM(signing.Key, false)
 	if err != nil {
@@ -160,12 +121,6 @@ func WriteCACerts(t testing.TB, dir string, signing *CA, chain []*x509.Certifica
 			t.Fatal(err)
 		}
 	}
-}
-
-// Eventually polls cond until it holds or timeout passes (pkg/testkit).
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	testkit.EventuallyWithin(t, timeout, what, cond)
 }
 
 // KEKFile writes 32 random bytes, mode 0600, to a file in a fresh t.TempDir() and
