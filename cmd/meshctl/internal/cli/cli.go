@@ -52,13 +52,13 @@ func usage(w io.Writer) {
 	b.WriteString("meshctl: run a local meshagent stack, and inspect and drive a mesh\n\ncommands:\n")
 	list := func(cs []command.Command) {
 		for _, c := range cs {
-			fmt.Fprintf(&b, "  %-15s %s\n", c.Name, c.Usage)
+			fmt.Fprintf(&b, "  %-16s %s\n", c.Name, c.Usage)
 		}
 	}
 	list(operator)
 	b.WriteString("\ndevelopment stack (the containers of deploy/compose run these; not for operators):\n")
 	list(compose.Commands)
-	b.WriteString("\nThe operator's commands take -dir (default .meshagent, env MESHAGENT_DIR); every command's -h shows its flags.\n")
+	b.WriteString("\nThe commands that read the local stack take -dir (default .meshagent, env MESHAGENT_DIR); every command's -h shows its flags.\n")
 	_, _ = io.WriteString(w, b.String())
 }
 
