@@ -177,13 +177,26 @@ func (p *Process) tail(n int) string {
 
 // FreeAddr reserves a free loopback port and releases it for a child to bind.
 func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := FreeAddrs(1)
 	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
+		return "", err
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr, nil
+	return addrs[0], nil
+}
+
+// FreeAddrs returns n distinct free loopback addresses (each held until all are
+// found, then released for the children to bind).
+func FreeAddrs(n int) ([]string, error) {
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs, nil
 }
 
 // FindBinary looks for a service binary beside meshctl, then in bin/ under the

@@ -117,3 +117,13 @@ func TestFindBinaryNamesWhatItTried(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestFreeAddrsAreDistinct(t *testing.T) {
+	addrs, err := FreeAddrs(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) != 3 || addrs[0] == addrs[1] || addrs[1] == addrs[2] || addrs[0] == addrs[2] {
+		t.Fatalf("addrs %v", addrs)
+	}
+}
