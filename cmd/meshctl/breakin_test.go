@@ -26,7 +26,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -442,5 +441,3 @@ func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload) {
 		t.Fatal(err)
 	}
 }
-
-func nullLog() hclog.Logger { return hclog.NewNullLogger() }
