@@ -1,4 +1,10 @@
-package stack
+// Package devstack runs the local development stack of meshctl up: an embedded
+// NATS server with the bus secured, a signer, a rotator, the demo control plane
+// (democp) and demo pods (sds-edge, xds-relay and launcher each, their tokens kept
+// fresh by the kubelet stand-in), as child processes of its supervisor. What runs
+// where is written to stack.json (stackfile). Its subpackages are the stack's parts,
+// and those of the docker compose stack (compose, composesecrets, bustls).
+package devstack
 
 import (
 	"context"
@@ -9,12 +15,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/democp"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/kubelet"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/supervisor"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -52,14 +61,14 @@ type Runner struct {
 	log    hclog.Logger
 	ns     *server.Server
 	nc     *nats.Conn
-	procs  []*proc
-	iss    *devtoken.Issuer
+	sup    supervisor.Supervisor
+	kube   kubelet.Kubelet     // the pods' tokens
 	creds  *policy.Credentials // the bus credential set, under Dir/secrets
 	stopCP func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
-	Stack   Stack
+	Stack   stackfile.Stack
 }
 
 // New checks cfg; nothing starts until Start.
@@ -109,10 +118,15 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if r.podsDir, err = podsDir(r.cfg.Dir, r.cfg.Pods); err != nil {
 		return err
 	}
-	r.iss, err = devtoken.LoadOrCreate(filepath.Join(r.cfg.Dir, "issuer"))
+	iss, err := devtoken.LoadOrCreate(filepath.Join(r.cfg.Dir, "issuer"))
 	if err != nil {
 		return err
 	}
+	r.kube = kubelet.Kubelet{Issuer: iss, TTL: time.Hour, Report: func(t kubelet.Token, err error) {
+		if err != nil {
+			r.log.Error("token refresh failed", "pod", t.Pod, "error", err)
+		}
+	}}
 	// The bus is secured from the first start: every role has its own credential
 	// (generated once, reused), pods are admitted by the signer's auth callout.
 	r.creds, err = policy.LoadOrGenerate(filepath.Join(r.cfg.Dir, "secrets"))
@@ -136,11 +150,11 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	// The signer creates the event stream (-stream-max-age below): meshctl's admin
 	// credential only reads it, since whoever may reconfigure it could make it
 	// capture sign requests and their tokens.
-	r.Stack = Stack{
+	r.Stack = stackfile.Stack{
 		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.ns.ClientURL(),
 		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
-		TokenIssuer: TokenIssuer{Issuer: r.iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
+		TokenIssuer: stackfile.TokenIssuer{Issuer: iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
 	}
 	if err := r.startSigner(ctx); err != nil {
 		return err
@@ -159,10 +173,10 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	for _, p := range r.procs {
-		r.Stack.Processes = append(r.Stack.Processes, Process{Name: p.name, PID: p.cmd.Process.Pid, HTTP: p.http, Log: p.logPath})
+	for _, p := range r.sup.Processes() {
+		r.Stack.Processes = append(r.Stack.Processes, stackfile.Process{Name: p.Name, PID: p.PID(), HTTP: p.HTTP, Log: p.LogPath})
 	}
-	return Write(r.cfg.Dir, &r.Stack)
+	return stackfile.Write(r.cfg.Dir, &r.Stack)
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path less its NUL).
@@ -190,29 +204,25 @@ func podsDir(dir string, pods int) (string, error) {
 	return short, nil
 }
 
-// spawn starts a service binary and waits for its /readyz.
-func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*proc, error) {
-	path, err := findBinary(r.cfg.BinDir, bin)
+// spawn starts a service binary under the supervisor and waits for its /readyz.
+func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
+	path, err := supervisor.FindBinary(r.cfg.BinDir, bin)
 	if err != nil {
 		return nil, err
 	}
-	httpAddr, err := freeAddr()
+	httpAddr, err := supervisor.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	if bin != "launcher" { // the launcher does not use the bus (yet)
 		args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
 	}
-	p := &proc{
-		name: name, bin: path, http: httpAddr,
-		args:    append([]string{"-http-addr", httpAddr}, args...),
-		logPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
+	p := &supervisor.Process{
+		Name: name, Bin: path, HTTP: httpAddr,
+		Args:    append([]string{"-http-addr", httpAddr}, args...),
+		LogPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
 	}
-	if err := p.start(); err != nil {
-		return nil, err
-	}
-	r.procs = append(r.procs, p)
-	if err := p.waitReady(ctx, r.cfg.ReadyWait); err != nil {
+	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
 		return nil, err
 	}
 	r.log.Debug("service ready", "name", name, "http", httpAddr)
@@ -220,7 +230,7 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 }
 
 func (r *Runner) startSigner(ctx context.Context) error {
-	grpcAddr, err := freeAddr()
+	grpcAddr, err := supervisor.FreeAddr()
 	if err != nil {
 		return err
 	}
@@ -250,7 +260,7 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.Stack.Signer = Signer{Service: Service{HTTP: p.http}, NATSSubject: events.SignWildcard, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
+	r.Stack.Signer = stackfile.Signer{Service: stackfile.Service{HTTP: p.HTTP}, NATSSubject: events.SignWildcard, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
 	return nil
 }
 
@@ -292,14 +302,14 @@ func (r *Runner) startRotator(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.Stack.Rotator = Service{HTTP: p.http}
+	r.Stack.Rotator = stackfile.Service{HTTP: p.HTTP}
 	return nil
 }
 
 func (r *Runner) startPod(ctx context.Context, id string) error {
 	const ns, sa = "default", "demo"
 	root := filepath.Join(r.podsDir, id)
-	pod := Pod{
+	pod := stackfile.Pod{
 		ID: id, Namespace: ns, ServiceAccount: sa, Root: root,
 		SDSSocket:   filepath.Join(root, "var/run/secrets/workload-spiffe-uds/socket"),
 		XDSSocket:   filepath.Join(root, "etc/istio/proxy/XDS"),
@@ -312,7 +322,9 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.SPIFFEID = spiffe.String()
-	if err := r.writeToken(pod); err != nil {
+	tok := kubelet.Token{File: pod.TokenFile, Namespace: ns, ServiceAccount: sa, Pod: id}
+	r.kube.Tokens = append(r.kube.Tokens, tok)
+	if err := r.kube.Write(tok, time.Now()); err != nil {
 		return err
 	}
 	common := []string{"-pod", id, "-pod-root", root}
@@ -326,18 +338,18 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	pod.HTTP["sds-edge"] = sds.http
+	pod.HTTP["sds-edge"] = sds.HTTP
 	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", onBus(
 		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext")...)
 	if err != nil {
 		return err
 	}
-	pod.HTTP["xds-relay"] = relay.http
+	pod.HTTP["xds-relay"] = relay.HTTP
 	l, err := r.spawn(ctx, id+"/launcher", "launcher", append(common, "-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket)...)
 	if err != nil {
 		return err
 	}
-	pod.HTTP["launcher"] = l.http
+	pod.HTTP["launcher"] = l.HTTP
 	r.Stack.Pods = append(r.Stack.Pods, pod)
 	return nil
 }
@@ -364,43 +376,14 @@ func (r *Runner) startControlPlane(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	r.Stack.ControlPlane = &ControlPlane{XDSAddr: cp.Addr().String()}
+	r.Stack.ControlPlane = &stackfile.ControlPlane{XDSAddr: cp.Addr().String()}
 	return nil
 }
 
-// writeToken mints a fresh service-account token into the pod's token file, as the
+// RefreshTokens re-mints every pod's token every half hour until ctx ends, as the
 // kubelet refreshes a projected token.
-func (r *Runner) writeToken(p Pod) error {
-	tok, err := r.iss.MintForPod(p.Namespace, p.ServiceAccount, p.ID, devtoken.DefaultAudience, time.Hour, time.Now())
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(p.TokenFile), 0o755); err != nil {
-		return fmt.Errorf("token dir: %w", err)
-	}
-	tmp := p.TokenFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(tok), 0o600); err != nil {
-		return fmt.Errorf("write token: %w", err)
-	}
-	return os.Rename(tmp, p.TokenFile)
-}
-
-// RefreshTokens re-mints every pod's token every half hour until ctx ends.
 func (r *Runner) RefreshTokens(ctx context.Context) {
-	t := time.NewTicker(30 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			for _, p := range r.Stack.Pods {
-				if err := r.writeToken(p); err != nil {
-					r.log.Error("token refresh failed", "pod", p.ID, "error", err)
-				}
-			}
-		}
-	}
+	r.kube.Run(ctx, 30*time.Minute)
 }
 
 // writeBundle asks the signer for the trust bundle, writes it, and rewrites it on
@@ -461,11 +444,7 @@ func writePEMs(path string, pems []string) error {
 	for _, p := range pems {
 		data = append(data, p...)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, 0o644)
 }
 
 // Conn is meshctl's own bus connection.
@@ -473,9 +452,7 @@ func (r *Runner) Conn() *nats.Conn { return r.nc }
 
 // Stop stops the children in reverse order, then the bus.
 func (r *Runner) Stop() {
-	for i := len(r.procs) - 1; i >= 0; i-- {
-		r.procs[i].stop(10 * time.Second)
-	}
+	r.sup.Stop(10 * time.Second)
 	if r.stopCP != nil {
 		r.stopCP()
 	}
@@ -486,20 +463,12 @@ func (r *Runner) Stop() {
 		r.ns.Shutdown()
 		r.ns.WaitForShutdown()
 	}
-	_ = os.Remove(filepath.Join(r.cfg.Dir, FileName))
+	_ = os.Remove(filepath.Join(r.cfg.Dir, stackfile.FileName))
 	if r.podsDir != "" && filepath.Dir(r.podsDir) != r.cfg.Dir {
 		_ = os.RemoveAll(r.podsDir)
 	}
 }
 
-// Exited returns a channel that yields the first child to exit, for a supervisor.
-func (r *Runner) Exited() <-chan string {
-	ch := make(chan string, len(r.procs))
-	for _, p := range r.procs {
-		go func() {
-			<-p.exited
-			ch <- p.name + " exited: " + strconv.Quote(fmt.Sprint(p.err)) + "\n" + p.tail(10)
-		}()
-	}
-	return ch
-}
+// Exited yields a message for each child process that exits: the first one tells
+// that the stack is broken.
+func (r *Runner) Exited() <-chan string { return r.sup.Exited() }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -72,10 +73,10 @@ func Write(dir string, servers []string, life time.Duration, now time.Time) erro
 			return err
 		}
 		cert, _ := x509.ParseCertificate(der)
-		if err := writeFile(filepath.Join(dir, KeyFile(s)), keyPEM, 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, KeyFile(s)), keyPEM, 0o600); err != nil {
 			return err
 		}
-		if err := writeFile(filepath.Join(dir, CertFile(s)), pki.EncodeCertPEM(cert), 0o644); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, CertFile(s)), pki.EncodeCertPEM(cert), 0o644); err != nil {
 			return err
 		}
 	}
@@ -122,10 +123,10 @@ func loadOrMakeCA(dir string, life time.Duration, now time.Time) (*x509.Certific
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
+	if err := atomicfile.Write(keyPath, keyPEM, 0o600); err != nil {
 		return nil, nil, err
 	}
-	if err := writeFile(certPath, pki.EncodeCertPEM(cert), 0o644); err != nil {
+	if err := atomicfile.Write(certPath, pki.EncodeCertPEM(cert), 0o644); err != nil {
 		return nil, nil, err
 	}
 	return cert, key, nil
@@ -134,19 +135,4 @@ func loadOrMakeCA(dir string, life time.Duration, now time.Time) (*x509.Certific
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	return n.Add(n, big.NewInt(1))
-}
-
-// writeFile writes through a temporary file and a rename, created with mode.
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("bus tls: %w", err)
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return fmt.Errorf("bus tls: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("bus tls: %w", err)
-	}
-	return nil
 }

@@ -1,8 +1,10 @@
 // Package composesecrets makes the credentials of the docker compose stack and hands
 // each container only its own: the bus credential set (pkg/bus/policy), the bus TLS
 // material (bustls), the signers' CA key-encryption key and the dev token issuer's
-// key (devtoken, the kubelet stand-in's) are generated once in a state directory and copied into one output directory per holder, which compose
-// mounts as a separate volume (or, for the operator's credentials, a host directory).
+// key (devtoken, the kubelet stand-in's) are generated once in a state directory and
+// copied into one output directory per holder, which compose mounts as a separate
+// volume (or, for the operator's credentials, a host directory). It is the compose
+// stack's init container, meshctl compose-secrets.
 package composesecrets
 
 import (
@@ -12,8 +14,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/bustls"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/bustls"
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/devtoken"
 )
@@ -91,7 +94,7 @@ func Write(c Config) error {
 	if err := bustls.Write(tlsDir, c.Servers, c.TLSLife, c.Now); err != nil {
 		return err
 	}
-	kek, err := stack.CAKEK(c.State)
+	kek, err := devstack.CAKEK(c.State)
 	if err != nil {
 		return err
 	}
@@ -154,8 +157,8 @@ type file struct {
 
 func src(path string, mode os.FileMode) file { return file{from: path, mode: mode} }
 
-// copyTo writes f to path through a temporary file and a rename, with f's mode and
-// the owner chown gives.
+// copyTo writes f to path atomically with f's mode (atomicfile), then gives it the
+// owner chown gives.
 func (f file) copyTo(path string, chown func(string) error) error {
 	data := f.data
 	if f.from != "" {
@@ -164,15 +167,10 @@ func (f file) copyTo(path string, chown func(string) error) error {
 			return err
 		}
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, f.mode); err != nil {
+	if err := atomicfile.Write(path, data, f.mode); err != nil {
 		return err
 	}
-	if err := errors.Join(os.Chmod(tmp, f.mode), chown(tmp)); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return chown(path)
 }
 
 func sameOwner(string) error { return nil }

@@ -1,4 +1,4 @@
-package stack
+package devstack
 
 import (
 	"os"
@@ -34,27 +34,5 @@ func TestPodsDirMovesWhenDirIsTooDeep(t *testing.T) {
 	}
 	if sock := filepath.Join(got, "demo-0", longestSocket); len(sock) > maxSocketPath {
 		t.Fatalf("socket path %d bytes", len(sock))
-	}
-}
-
-func TestWriteAndReadStack(t *testing.T) {
-	dir := t.TempDir()
-	in := &Stack{Version: 1, NATSURL: "nats://x", Pods: []Pod{{ID: "demo-0", HTTP: map[string]string{"sds-edge": "a"}}}}
-	if err := Write(dir, in); err != nil {
-		t.Fatal(err)
-	}
-	out, err := Read(dir)
-	if err != nil || out.NATSURL != "nats://x" || out.Pods[0].HTTP["sds-edge"] != "a" {
-		t.Fatalf("read back %+v, %v", out, err)
-	}
-	if _, err := Read(t.TempDir()); err == nil || !strings.Contains(err.Error(), "is meshctl up running?") {
-		t.Fatalf("missing stack.json: %v", err)
-	}
-}
-
-func TestFindBinaryNamesWhatItTried(t *testing.T) {
-	_, err := findBinary(t.TempDir(), "no-such-service-binary")
-	if err == nil || !strings.Contains(err.Error(), "make build") {
-		t.Fatalf("err = %v", err)
 	}
 }

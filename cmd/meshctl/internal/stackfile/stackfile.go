@@ -1,14 +1,17 @@
-// Package stack describes and runs the local meshagent stack of meshctl up: an
-// embedded NATS server, a signer, a rotator, a demo control plane and demo pods
-// (sds-edge, xds-relay, launcher each), and the stack.json that tells a user, or a
-// script, what runs where.
-package stack
+// Package stackfile is stack.json, what the local stack of meshctl up (devstack)
+// tells a user, a script or the operator's commands about what runs where: the bus
+// and the operator's credentials, the signer's addresses, each pod's sockets and
+// certificates, each child process. devstack writes it; status, sign, sds, events
+// and rotate read it when no flag names a bus.
+package stackfile
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 )
 
 // FileName is the name of the stack description inside the state directory.
@@ -87,14 +90,7 @@ func Write(dir string, s *Stack) error {
 	if err != nil {
 		return fmt.Errorf("encode stack: %w", err)
 	}
-	tmp := filepath.Join(dir, FileName+".tmp")
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write stack: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, FileName)); err != nil {
-		return fmt.Errorf("write stack: %w", err)
-	}
-	return nil
+	return atomicfile.Write(filepath.Join(dir, FileName), append(data, '\n'), 0o644)
 }
 
 // Read loads dir/stack.json.
