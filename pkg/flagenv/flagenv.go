@@ -143,17 +143,6 @@ func (s *Set) List(p *[]string, name, env string, def []string, usage string) {
 	s.FS.Var((*listValue)(p), name, usage)
 }
 
-// SplitList splits a comma-separated value, trimming spaces and dropping empty items.
-func SplitList(v string) []string {
-	var out []string
-	for _, item := range strings.Split(v, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
-		}
-	}
-	return out
-}
-
 // listValue is a List flag's value.
 type listValue []string
 
