@@ -35,7 +35,7 @@ func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
 	}
 	msg, err := events.NewMsg(subject, n.source, events.SignRequest{
 		CSR: string(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
-		TTLSeconds: int64(req.TTL.Seconds()), Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: req.KeyAlgorithm,
+		TTL: req.TTL, Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: req.KeyAlgorithm,
 	})
 	if err != nil {
 		return Response{}, fmt.Errorf("build sign request: %w", err)

@@ -290,7 +290,7 @@ func (c *testCA) handleNATS(tb testing.TB, m *nats.Msg) events.SignReply {
 	} else if id, err = c.proofIdentity(req); err != nil {
 		return replyErr(events.CodeUnauthenticated, err.Error())
 	}
-	chain, err := c.sign([]byte(req.CSR), id, time.Duration(req.TTLSeconds)*time.Second)
+	chain, err := c.sign([]byte(req.CSR), id, req.TTL)
 	if err != nil {
 		return replyErr(events.CodeInvalidArgument, err.Error())
 	}
