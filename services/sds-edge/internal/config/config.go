@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -158,6 +159,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// Process is what the lifecycle reads from the config (pkg/lifecycle): sds-edge
+// logs with its pod on every line and always has a bus connection for now. Bus is
+// a pointer so that a config that needs none can say so with nil.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
 
 // DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
