@@ -206,25 +206,13 @@ func (e *Edge) serve(ctx context.Context) error {
 // releases a client it made (the gRPC connection), once the manager has stopped.
 func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
 	c := e.cfg
-	var seed []*x509.Certificate
-	if c.CA.RootCert != "" {
-		data, err := os.ReadFile(c.CA.RootCert)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
-		}
-		if seed, err = pki.ParseCertsPEM(data); err != nil || len(seed) == 0 {
-			return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
-		}
+	seed, err := readRoots("-ca-root-cert", c.CA.RootCert)
+	if err != nil {
+		return nil, nil, err
 	}
-	var anchors []*x509.Certificate
-	if c.CA.TrustAnchorsFile != "" {
-		data, err := os.ReadFile(c.CA.TrustAnchorsFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-trust-anchors-file: %w", err)
-		}
-		if anchors, err = pki.ParseCertsPEM(data); err != nil || len(anchors) == 0 {
-			return nil, nil, fmt.Errorf("-trust-anchors-file: %s holds no certificates: %v", c.CA.TrustAnchorsFile, err)
-		}
+	anchors, err := readRoots("-trust-anchors-file", c.CA.TrustAnchorsFile)
+	if err != nil {
+		return nil, nil, err
 	}
 	closeSigner = func() {}
 	var signer identity.Signer
@@ -247,6 +235,23 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
+}
+
+// readRoots reads the PEM certificates in path (none for ""); flag names the
+// setting in errors.
+func readRoots(flag, path string) ([]*x509.Certificate, error) {
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	certs, err := pki.ParseCertsPEM(data)
+	if err != nil || len(certs) == 0 {
+		return nil, fmt.Errorf("%s: %s holds no certificates: %v", flag, path, err)
+	}
+	return certs, nil
 }
 
 // Changed publishes a change of a resource and counts the push.

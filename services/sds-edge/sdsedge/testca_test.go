@@ -34,6 +34,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 // testCA is a faithful stand-in for the signer: a real CA that authenticates the
@@ -125,17 +126,9 @@ func (c *testCA) endorse(tb testing.TB, gen uint64, roots []string) []events.End
 
 // endorseWith signs (td, gen, roots) with each key.
 func endorseWith(tb testing.TB, td string, gen uint64, roots []string, keys ...crypto.Signer) []events.Endorsement {
-	msg, err := events.EndorsedBytes(td, gen, roots)
+	out, err := trustbundle.Endorse(td, gen, roots, keys...)
 	if err != nil {
 		tb.Fatal(err)
-	}
-	var out []events.Endorsement
-	for _, k := range keys {
-		id, sig, err := pki.Endorse(k, msg)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out = append(out, events.Endorsement{KeyID: id, Signature: sig})
 	}
 	return out
 }
