@@ -217,7 +217,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("-trust-domain/-namespace/-service-account: %w", err))
 	}
 	add(c.Listen.HTTP != "", "-http-addr: required")
-	add(c.Cert.TTL > 0, "-secret-ttl: must be positive")
+	add(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
 	add(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
 	add(c.Cert.RetryMin > 0, "-retry-min: must be positive")
 	add(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
