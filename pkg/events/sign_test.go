@@ -21,7 +21,8 @@ func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // TestSignRequestTTLOnTheWire: TTL is a Duration in Go and whole seconds on the
 // wire, under the name every released sds-edge and signer use (ttl_seconds), so an
-// old peer's request decodes and a new one's is read by an old peer.
+// old peer's request decodes. That an old peer reads a new one's is pinned by the
+// golden file (testdata/golden/sign.request.v1.json), unchanged by the Duration.
 func TestSignRequestTTLOnTheWire(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -97,3 +98,4 @@ func TestSignRequestRefusesTTLsTheWireCannotCarry(t *testing.T) {
 		}
 	}
 }
+
