@@ -25,17 +25,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		done <- run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
 	}()
 	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if code, _ := get("/readyz"); code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			_, body := get("/readyz")
-			t.Fatalf("not ready: %s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, "/readyz 200", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
 	_, metrics := get("/metrics")
 	for _, m := range []string{"meshagent_rotator_leader 1", "meshagent_rotator_scheduled 0", "meshagent_rotator_min_time_to_expiry_seconds +Inf"} {
 		if !strings.Contains(metrics, m) {
@@ -48,7 +38,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run returned %v on cancellation", err)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(testkit.Timeout):
 		t.Fatal("run did not stop")
 	}
 }

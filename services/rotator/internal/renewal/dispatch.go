@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // dispatch sends renewals when they come due, sleeping on the clock in between.
-func (r *Rotator) dispatch(ctx context.Context) error {
+func (r *Replica) dispatch(ctx context.Context) error {
 	t := r.clk.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -49,7 +49,7 @@ func (r *Rotator) dispatch(ctx context.Context) error {
 // state is written to the bucket (compare-and-set) before it is sent, so that of
 // two replicas that both think they lead, only one sends it; a crash between the
 // write and the send delays that renewal to its retry deadline.
-func (r *Rotator) sendDue(ctx context.Context) error {
+func (r *Replica) sendDue(ctx context.Context) error {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	for ctx.Err() == nil {
@@ -80,7 +80,7 @@ func (r *Rotator) sendDue(ctx context.Context) error {
 // renew records one renewal as sent and sends it. Once the record is written the
 // send goes ahead even if leadership is lost meanwhile: cancelling between the
 // two would leave a renewal marked sent that nobody sent.
-func (r *Rotator) renew(ctx context.Context, d schedule.Renewal, rec schedule.Record) error {
+func (r *Replica) renew(ctx context.Context, d schedule.Renewal, rec schedule.Record) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	var ok bool
@@ -111,7 +111,7 @@ func (r *Rotator) renew(ctx context.Context, d schedule.Renewal, rec schedule.Re
 func isConflict(err error) bool { return errors.Is(err, store.ErrConflict) }
 
 // send publishes renew-due to the pod (core NATS) and to the audit stream.
-func (r *Rotator) send(ctx context.Context, d schedule.Renewal) {
+func (r *Replica) send(ctx context.Context, d schedule.Renewal) {
 	rd := events.RenewDue{Pod: d.Pod, Resource: d.Resource, Serial: d.Serial, NotAfter: d.NotAfter,
 		Reason: d.Reason, Attempt: d.Attempt}
 	meta := events.Meta{ID: renewalID(d), Source: "rotator/" + r.opts.Instance, Subject: d.Pod, Time: r.clk.Now()}
@@ -144,7 +144,7 @@ func (r *Rotator) send(ctx context.Context, d schedule.Renewal) {
 	}
 }
 
-func (r *Rotator) publishPod(meta events.Meta, rd events.RenewDue) error {
+func (r *Replica) publishPod(meta events.Meta, rd events.RenewDue) error {
 	subj, err := events.PodRenewSubject(rd.Pod)
 	if err != nil {
 		return err

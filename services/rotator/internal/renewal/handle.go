@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -18,7 +18,7 @@ var errRejected = errors.New("rejected event")
 
 // handle applies one event. A garbled event is counted, terminated and changes
 // nothing; an error means the bus failed and the term must restart from the bucket.
-func (r *Rotator) handle(ctx context.Context, msg jetstream.Msg) error {
+func (r *Replica) handle(ctx context.Context, msg jetstream.Msg) error {
 	nm := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
@@ -47,7 +47,7 @@ func (r *Rotator) handle(ctx context.Context, msg jetstream.Msg) error {
 	return err
 }
 
-func (r *Rotator) onCertIssued(ctx context.Context, nm *nats.Msg) error {
+func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	ev, _, err := events.Decode[events.CertIssued](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
@@ -105,7 +105,7 @@ func (r *Rotator) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	return fmt.Errorf("cert.issued for %s: still conflicting after 3 tries", c.Pod)
 }
 
-func (r *Rotator) onPodDown(ctx context.Context, nm *nats.Msg) error {
+func (r *Replica) onPodDown(ctx context.Context, nm *nats.Msg) error {
 	ev, _, err := events.Decode[events.PodDown](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
@@ -127,7 +127,7 @@ func (r *Rotator) onPodDown(ctx context.Context, nm *nats.Msg) error {
 	return nil
 }
 
-func (r *Rotator) onTrustChanged(ctx context.Context, nm *nats.Msg) error {
+func (r *Replica) onTrustChanged(ctx context.Context, nm *nats.Msg) error {
 	ev, _, err := events.Decode[events.TrustChanged](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/nats-io/nats-server/v2/server"
@@ -79,7 +80,7 @@ func testOptions(instance string) Options {
 }
 
 type replica struct {
-	*Rotator
+	*Replica
 	nc     *nats.Conn
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
@@ -91,12 +92,12 @@ func (h *harness) start(opts Options) *replica {
 	nc := bustest.Conn(h.t, h.srv)
 	reg := prometheus.NewRegistry()
 	log := hclog.New(&hclog.LoggerOptions{Name: opts.Instance, Level: hclog.Warn, Output: testWriter{h.t}})
-	r, err := New(opts, nc, h.clk, reg, log)
+	r, err := New(opts, lifecycle.Deps{Bus: nc, Clock: h.clk, Log: log, Metrics: reg})
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rep := &replica{Rotator: r, nc: nc, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	rep := &replica{Replica: r, nc: nc, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { rep.done <- r.Run(ctx) }()
 	h.t.Cleanup(rep.stop)
 	return rep

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"math"
@@ -21,7 +21,7 @@ type metrics struct {
 	trustBootstrap *prometheus.GaugeVec
 }
 
-func newMetrics(r *Rotator, reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(r *Replica, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_events_total",
 			Help: "Events consumed, by kind and result (scheduled, duplicate, stale, expired, unscheduled, retired, applied, unchanged, rejected)."}, []string{"kind", "result"}),
@@ -64,7 +64,7 @@ var (
 )
 
 // scheduleCollector reads the schedule once per scrape.
-type scheduleCollector struct{ r *Rotator }
+type scheduleCollector struct{ r *Replica }
 
 func (c *scheduleCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descScheduled, descDue, descOverdue, descMinTTE, descLeader} {

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -24,7 +24,7 @@ type mirror struct {
 }
 
 // startMirror starts following the bucket while this replica does not lead.
-func (r *Rotator) startMirror(ctx context.Context) {
+func (r *Replica) startMirror(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
@@ -41,7 +41,7 @@ func (r *Rotator) startMirror(ctx context.Context) {
 
 // follow keeps m up to date until ctx is done, resuming after bus errors from the
 // last change it applied.
-func (r *Rotator) follow(ctx context.Context, m *mirror) {
+func (r *Replica) follow(ctx context.Context, m *mirror) {
 	start := time.Now()
 	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
@@ -78,7 +78,7 @@ func (r *Rotator) follow(ctx context.Context, m *mirror) {
 
 // takeMirror stops the mirror and returns its schedule and the last bucket
 // sequence applied to it (nil and 0 when there is none).
-func (r *Rotator) takeMirror() (*schedule.Schedule, uint64, bool) {
+func (r *Replica) takeMirror() (*schedule.Schedule, uint64, bool) {
 	r.mirrorMu.Lock()
 	m := r.mirror
 	r.mirror = nil
@@ -97,7 +97,7 @@ func (r *Rotator) takeMirror() (*schedule.Schedule, uint64, bool) {
 }
 
 // MirrorWarm reports whether this follower's standby schedule has caught up.
-func (r *Rotator) MirrorWarm() bool {
+func (r *Replica) MirrorWarm() bool {
 	r.mirrorMu.Lock()
 	m := r.mirror
 	r.mirrorMu.Unlock()

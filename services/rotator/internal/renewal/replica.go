@@ -1,4 +1,4 @@
-// Package rotator runs the fleet's renewal schedule on the bus: it consumes
+// Package renewal runs the fleet's renewal schedule on the bus: it consumes
 // cert.issued, pod.down and trust.changed from the event stream with a durable
 // consumer, keeps the schedule (package schedule) durable in a key-value bucket
 // (package store), and, while it holds the leader lease (package lease), sends
@@ -13,7 +13,7 @@
 // sent, so even two replicas that both believe they lead send each renewal once;
 // a leader dying between the write and the send delays that renewal to its retry
 // deadline (-retry-after), never loses it.
-package rotator
+package renewal
 
 import (
 	"context"
@@ -28,16 +28,16 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/rotator/internal/lease"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Options configures a Rotator.
+// Options configures a Replica.
 type Options struct {
 	Schedule    schedule.Config
 	Instance    string        // unique per replica
@@ -57,8 +57,8 @@ type Options struct {
 	BundleRefresh time.Duration
 }
 
-// Rotator is one replica.
-type Rotator struct {
+// Replica is one rotator replica.
+type Replica struct {
 	opts Options
 	nc   *nats.Conn
 	js   jetstream.JetStream
@@ -92,25 +92,30 @@ type Rotator struct {
 
 // LastRebuild is how long the last leader term took to get its schedule ready and
 // how many bucket changes it read (0 when the standby schedule was up to date).
-func (r *Rotator) LastRebuild() (time.Duration, int) {
+func (r *Replica) LastRebuild() (time.Duration, int) {
 	return time.Duration(r.lastRebuild.Load()), int(r.lastChanges.Load())
 }
 
-// New returns a rotator using JetStream on nc; it touches nothing until Run.
-func New(opts Options, nc *nats.Conn, clk clock.Clock, reg prometheus.Registerer, log hclog.Logger) (*Rotator, error) {
+// New returns a replica using JetStream on d.Bus, its clock, logger and metrics
+// registry; it touches nothing until Run.
+func New(opts Options, d lifecycle.Deps) (*Replica, error) {
 	if opts.Batch <= 0 {
 		opts.Batch = 256
 	}
 	if opts.Instance == "" || opts.Consumer == "" || opts.Bucket == "" || opts.LeaseBucket == "" || opts.LeaseTTL <= 0 {
 		return nil, errors.New("rotator: instance, consumer, buckets and lease ttl are required")
 	}
-	js, err := jetstream.New(nc)
+	if d.Bus == nil {
+		return nil, errors.New("rotator: no bus connection")
+	}
+	d = d.WithDefaults()
+	js, err := jetstream.New(d.Bus)
 	if err != nil {
 		return nil, fmt.Errorf("rotator: jetstream: %w", err)
 	}
-	r := &Rotator{opts: opts, nc: nc, js: js, clk: clk, log: log, kick: make(chan struct{}, 1),
-		trust: trustbundle.New(opts.TrustDomain, opts.Anchors, clk.Now)}
-	m, err := newMetrics(r, reg)
+	r := &Replica{opts: opts, nc: d.Bus, js: js, clk: d.Clock, log: d.Log, kick: make(chan struct{}, 1),
+		trust: trustbundle.New(opts.TrustDomain, opts.Anchors, d.Clock.Now)}
+	m, err := newMetrics(r, d.Metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +125,7 @@ func New(opts Options, nc *nats.Conn, clk clock.Clock, reg prometheus.Registerer
 
 // Run sets up the stream and buckets, then takes part in the leader election until
 // ctx is done. It returns nil on cancellation.
-func (r *Rotator) Run(ctx context.Context) error {
+func (r *Replica) Run(ctx context.Context) error {
 	if err := r.setup(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -138,7 +143,7 @@ func (r *Rotator) Run(ctx context.Context) error {
 	})
 }
 
-func (r *Rotator) setup(ctx context.Context) error {
+func (r *Replica) setup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := r.awaitStream(sctx); err != nil {
@@ -162,7 +167,7 @@ func (r *Rotator) setup(ctx context.Context) error {
 // ctx's deadline, instead of creating it. Each look-up is a short attempt
 // (bus.Retry): a cluster still electing its JetStream leader leaves requests
 // unanswered, and one long request would outlast the moment the stream appears.
-func (r *Rotator) awaitStream(ctx context.Context) error {
+func (r *Replica) awaitStream(ctx context.Context) error {
 	return bus.Retry(ctx, r.log, "event stream "+events.StreamEvents+" (a signer creates it)", func(ctx context.Context) error {
 		_, err := r.js.Stream(ctx, events.StreamEvents)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -174,7 +179,7 @@ func (r *Rotator) awaitStream(ctx context.Context) error {
 
 // Ready is nil once the lease state is known and, on the leader, the schedule is
 // loaded and the consumer has caught up with the stream.
-func (r *Rotator) Ready() error {
+func (r *Replica) Ready() error {
 	if !r.started.Load() {
 		return errors.New("not connected to the stream and buckets yet")
 	}
@@ -188,13 +193,13 @@ func (r *Rotator) Ready() error {
 }
 
 // Leader reports whether this replica currently leads.
-func (r *Rotator) Leader() bool { return r.started.Load() && r.lease.Leader() }
+func (r *Replica) Leader() bool { return r.started.Load() && r.lease.Leader() }
 
 // Lease exposes the election (for tests and the failover benchmark).
-func (r *Rotator) Lease() *lease.Lease { return r.lease }
+func (r *Replica) Lease() *lease.Lease { return r.lease }
 
 // Stats returns the schedule's counts; ok is false when this replica does not lead.
-func (r *Rotator) Stats() (schedule.Stats, bool) {
+func (r *Replica) Stats() (schedule.Stats, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sched == nil {
@@ -204,7 +209,7 @@ func (r *Rotator) Stats() (schedule.Stats, bool) {
 }
 
 // Record returns the schedule entry of (pod, resource) while this replica leads.
-func (r *Rotator) Record(pod, resource string) (schedule.Record, bool) {
+func (r *Replica) Record(pod, resource string) (schedule.Record, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sched == nil {
@@ -213,7 +218,7 @@ func (r *Rotator) Record(pod, resource string) (schedule.Record, bool) {
 	return r.sched.Record(pod, resource)
 }
 
-func (r *Rotator) wake() {
+func (r *Replica) wake() {
 	select {
 	case r.kick <- struct{}{}:
 	default:

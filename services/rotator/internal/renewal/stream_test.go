@@ -1,11 +1,9 @@
-package rotator
+package renewal
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,37 +12,19 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 )
-
-// syncBuffer is a log sink safe for the rotator's goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The rotator may not create the event stream (the signer does): on a bus without
 // it, the rotator waits, creates nothing, and starts once the stream appears.
 func TestWaitsForTheEventStream(t *testing.T) {
 	srv := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
-	logs := &syncBuffer{}
+	logs := &testkit.LogBuffer{}
 	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), log)
+	r, err := New(testOptions("r0"), lifecycle.Deps{Bus: bustest.Conn(t, srv), Clock: clock.NewFake(time.Now()), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +65,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 func TestGivesUpWithoutTheEventStream(t *testing.T) {
 	srv := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
-	r, err := New(testOptions("r0"), bustest.Conn(t, srv), clock.NewFake(time.Now()), prometheus.NewRegistry(), hclog.NewNullLogger())
+	r, err := New(testOptions("r0"), lifecycle.Deps{Bus: bustest.Conn(t, srv), Clock: clock.NewFake(time.Now())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const maxDeliver = 10
 // lead is one term as leader: rebuild the schedule from the bucket, then consume
 // events and send renewals until ctx is cancelled (leadership lost or shutdown) or
 // the bus fails, in which case the lease starts a fresh term on its next round.
-func (r *Rotator) lead(ctx context.Context) {
+func (r *Replica) lead(ctx context.Context) {
 	defer func() {
 		r.caughtUp.Store(false)
 		r.mu.Lock()
@@ -31,7 +31,7 @@ func (r *Rotator) lead(ctx context.Context) {
 	}
 }
 
-func (r *Rotator) term(ctx context.Context) error {
+func (r *Replica) term(ctx context.Context) error {
 	start := time.Now()
 	sched, seq, warm := r.takeMirror()
 	if sched == nil {
@@ -86,7 +86,7 @@ func (r *Rotator) term(ctx context.Context) error {
 	return g.Wait()
 }
 
-func (r *Rotator) consume(ctx context.Context, cons jetstream.Consumer) error {
+func (r *Replica) consume(ctx context.Context, cons jetstream.Consumer) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(256))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
@@ -118,7 +118,7 @@ func (r *Rotator) consume(ctx context.Context, cons jetstream.Consumer) error {
 
 // adopt replaces the in-memory entry of (pod, resource) with what the bucket
 // holds: after a conflict (another replica wrote it) or a failed write.
-func (r *Rotator) adopt(ctx context.Context, pod, resource string) error {
+func (r *Replica) adopt(ctx context.Context, pod, resource string) error {
 	rec, ok, err := r.store.Get(ctx, pod, resource)
 	if err != nil {
 		return err
@@ -137,7 +137,7 @@ func (r *Rotator) adopt(ctx context.Context, pod, resource string) error {
 // reports false, having adopted the bucket's state, when another writer won. An
 // entry that can never be stored is dropped from the schedule and reported as
 // errRejected, so that it neither ends the term nor comes back.
-func (r *Rotator) persist(ctx context.Context, rec schedule.Record) (bool, error) {
+func (r *Replica) persist(ctx context.Context, rec schedule.Record) (bool, error) {
 	rev, err := r.store.Write(ctx, rec)
 	if errors.Is(err, store.ErrConflict) {
 		return false, r.adopt(ctx, rec.Pod, rec.Resource)

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
@@ -30,7 +30,7 @@ const bundleTimeout = 5 * time.Second
 // the record names. A record naming a root the rotator does not know yet (it may
 // come before its trust.changed) makes it ask for the bundle once. It returns the
 // reason for a rejection, or an error that is not errRejected when the bus failed.
-func (r *Rotator) verifyRecord(ctx context.Context, ev events.CertIssued) (string, error) {
+func (r *Replica) verifyRecord(ctx context.Context, ev events.CertIssued) (string, error) {
 	if len(ev.CertChain) == 0 {
 		return reasonNoChain, errors.New("record has no cert_chain")
 	}
@@ -71,7 +71,7 @@ func matches(leaf *x509.Certificate, ev events.CertIssued) error {
 }
 
 // rootOf is the fingerprint of the trusted root chain ends at.
-func (r *Rotator) rootOf(chain []*x509.Certificate) string {
+func (r *Replica) rootOf(chain []*x509.Certificate) string {
 	last := chain[len(chain)-1]
 	for _, root := range r.trust.Roots() {
 		if last.Equal(root) || last.CheckSignatureFrom(root) == nil {
@@ -85,7 +85,7 @@ func (r *Rotator) rootOf(chain []*x509.Certificate) string {
 // (on first use, or under a trusted root). It asks at most once per
 // Options.BundleRefresh; a bundle that does not verify is counted and changes
 // nothing. The error is the request's: the bus or no signer.
-func (r *Rotator) refreshBundle(ctx context.Context, why string) error {
+func (r *Replica) refreshBundle(ctx context.Context, why string) error {
 	r.refreshMu.Lock()
 	defer r.refreshMu.Unlock()
 	if !r.lastRefresh.IsZero() && time.Since(r.lastRefresh) < r.opts.BundleRefresh {
@@ -110,7 +110,7 @@ func (r *Rotator) refreshBundle(ctx context.Context, why string) error {
 }
 
 // bootstrapped logs, once, how the first bundle came to be trusted.
-func (r *Rotator) bootstrapped(u trustbundle.Update) {
+func (r *Replica) bootstrapped(u trustbundle.Update) {
 	if !r.trust.Bootstrapped() {
 		return
 	}
@@ -128,7 +128,7 @@ func (r *Rotator) bootstrapped(u trustbundle.Update) {
 // older one (the stream's history, or a bundle already learned by a request)
 // must still verify under the roots trusted now. Before the first bundle the
 // rotator asks for one rather than trust an event on first use.
-func (r *Rotator) checkTrustChanged(ctx context.Context, ev events.TrustChanged) error {
+func (r *Replica) checkTrustChanged(ctx context.Context, ev events.TrustChanged) error {
 	if !r.trust.Bootstrapped() {
 		if err := r.refreshBundle(ctx, "trust.changed before the first bundle"); err != nil {
 			return err

@@ -1,4 +1,4 @@
-package rotator
+package renewal
 
 import (
 	"context"
