@@ -17,30 +17,19 @@ import (
 // bound, with no upstream reachable (as Istio), and returns nil on cancellation.
 func TestRunServesAndStops(t *testing.T) {
 	ns := bustest.Server(t)
-	root, err := os.MkdirTemp("", "xrm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testkit.ShortDir(t)
 	httpAddr := testkit.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
-			func(string) string { return "" }, nil)
+			func(string) string { return "" })
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Eventually(t, "/readyz 200", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		if code == http.StatusOK && strings.Contains(body, "ready") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready: %d %q", code, body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return code == http.StatusOK && strings.Contains(body, "ready")
+	})
 	fi, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS"))
 	if err != nil {
 		t.Fatal(err)
@@ -57,13 +46,13 @@ func TestRunServesAndStops(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(testkit.Timeout):
 		t.Fatal("run did not stop")
 	}
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, func(string) string { return "" }, nil)
+	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, func(string) string { return "" })
 	if err == nil || !strings.Contains(err.Error(), "-xds-tls") || !strings.Contains(err.Error(), "-pod") {
 		t.Fatalf("err = %v", err)
 	}

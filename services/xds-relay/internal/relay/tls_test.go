@@ -28,7 +28,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/trust"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -148,7 +148,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 
 	env := startRelay(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = trust.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
+	go func() { defer wg.Done(); _ = tlsrefresh.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
 	client := ads(t, env.socket)
 	open := func() (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse, error) {
 		st, err := client.StreamAggregatedResources(ctx)

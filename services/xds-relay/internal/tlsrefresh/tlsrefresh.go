@@ -1,7 +1,7 @@
-// Package trust keeps the relay's upstream TLS configuration current: it rebuilds
-// it on trust.changed from the bus and whenever sds-edge pushes a new ROOTCA or
-// workload certificate.
-package trust
+// Package tlsrefresh keeps the relay's upstream TLS configuration current: it has
+// the dialer rebuild it on trust.changed from the bus and whenever sds-edge pushes
+// a new ROOTCA or workload certificate.
+package tlsrefresh
 
 import (
 	"context"
@@ -25,21 +25,21 @@ type Changes interface {
 	Changed() <-chan struct{}
 }
 
-// Follower rebuilds on every change.
-type Follower struct {
+// Refresher has the dialer rebuild its TLS configuration on every change.
+type Refresher struct {
 	nc  *nats.Conn
 	r   Rebuilder
 	sds Changes // nil: no sds-edge material
 	log hclog.Logger
 }
 
-// New returns a Follower; it subscribes in Run.
-func New(nc *nats.Conn, r Rebuilder, sds Changes, log hclog.Logger) *Follower {
-	return &Follower{nc: nc, r: r, sds: sds, log: log}
+// New returns a Refresher; it subscribes in Run.
+func New(nc *nats.Conn, r Rebuilder, sds Changes, log hclog.Logger) *Refresher {
+	return &Refresher{nc: nc, r: r, sds: sds, log: log}
 }
 
-// Run follows until ctx ends and returns nil then.
-func (f *Follower) Run(ctx context.Context) error {
+// Run refreshes until ctx ends and returns nil then.
+func (f *Refresher) Run(ctx context.Context) error {
 	ch := make(chan *nats.Msg, 16)
 	sub, err := f.nc.ChanSubscribe(events.SubjectTrustChanged, ch)
 	if err != nil {
@@ -65,7 +65,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	}
 }
 
-func (f *Follower) onTrustChanged(msg *nats.Msg) {
+func (f *Refresher) onTrustChanged(msg *nats.Msg) {
 	ev, _, err := events.Decode[events.TrustChanged](msg)
 	if err != nil {
 		f.log.Warn("ignoring bad trust.changed", "error", err)

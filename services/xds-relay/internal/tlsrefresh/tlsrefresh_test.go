@@ -1,4 +1,4 @@
-package trust
+package tlsrefresh
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-// rec records what the follower asks of the dialer.
+// rec records what the refresher asks of the dialer.
 type rec struct {
 	mu       sync.Mutex
 	rebuilds []string
@@ -74,7 +74,7 @@ func rootPEM(t *testing.T) string {
 	return string(pki.EncodeCertPEM(c))
 }
 
-func TestFollower(t *testing.T) {
+func TestRefresherRebuildsOnEveryChange(t *testing.T) {
 	nc := bustest.Conn(t, bustest.Server(t))
 	r := &rec{}
 	c := &changes{ch: make(chan struct{})}
