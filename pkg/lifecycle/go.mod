@@ -47,3 +47,5 @@ replace (
 	github.com/meshagent/meshagent/pkg/obs => ../obs
 	github.com/meshagent/meshagent/pkg/testkit => ../testkit
 )
+
+replace github.com/meshagent/meshagent/pkg/pki => ../pki

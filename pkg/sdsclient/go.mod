@@ -23,9 +23,13 @@ require (
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../testkit
+
+replace github.com/meshagent/meshagent/pkg/events => ../events
+
+replace github.com/meshagent/meshagent/pkg/pki => ../pki

@@ -5,3 +5,7 @@ go 1.26.0
 require github.com/meshagent/meshagent/pkg/testkit v0.0.0
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../testkit
+
+replace github.com/meshagent/meshagent/pkg/events => ../events
+
+replace github.com/meshagent/meshagent/pkg/pki => ../pki
