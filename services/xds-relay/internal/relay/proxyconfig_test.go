@@ -2,12 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"testing"
 	"time"
 
@@ -15,38 +9,17 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit/testca"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
-func selfSignedCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
-}
-
 func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	ca, _ := selfSignedCA(t, "extra anchor")
-	anchor := string(pki.EncodeCertPEM(ca))
+	anchor := testca.New(t, "extra anchor").PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +71,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 func TestProxyConfigOnDeltaStream(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	ca, _ := selfSignedCA(t, "delta anchor")
-	anchor := string(pki.EncodeCertPEM(ca))
+	anchor := testca.New(t, "delta anchor").PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,21 +2,15 @@ package tlsrefresh
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit/testca"
 )
 
 // rec records what the refresher asks of the dialer.
@@ -65,15 +59,6 @@ func (c *changes) fire() {
 	c.ch = make(chan struct{})
 }
 
-func rootPEM(t *testing.T) string {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"}, IsCA: true, BasicConstraintsValid: true,
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	c, _ := x509.ParseCertificate(der)
-	return string(pki.EncodeCertPEM(c))
-}
-
 func TestRefresherRebuildsOnEveryChange(t *testing.T) {
 	nc := bustest.Conn(t, bustest.Server(t))
 	r := &rec{}
@@ -94,7 +79,7 @@ func TestRefresherRebuildsOnEveryChange(t *testing.T) {
 			Roots: []string{"-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n"}, Reason: "x", Generation: 1})
 		_ = nc.PublishMsg(msg)
 		good, _ := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "td",
-			Roots: []string{rootPEM(t)}, Reason: "x", Generation: 7})
+			Roots: []string{testca.New(t, "root").PEM()}, Reason: "x", Generation: 7})
 		_ = nc.PublishMsg(good)
 		_ = nc.Flush()
 		_, gens := r.snapshot()
