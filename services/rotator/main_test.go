@@ -19,11 +19,9 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testkit.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
-	}()
+	stop := testkit.Background(t, func(ctx context.Context) error {
+		return run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
+	})
 	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
 	testkit.Eventually(t, "/readyz 200", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
 	_, metrics := get("/metrics")
@@ -32,15 +30,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", m)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v on cancellation", err)
-		}
-	case <-time.After(testkit.Timeout):
-		t.Fatal("run did not stop")
-	}
+	stop()
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -19,13 +18,11 @@ func TestRunServesAndStops(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
 	httpAddr := testkit.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
+	stop := testkit.Background(t, func(ctx context.Context) error {
+		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
 			func(string) string { return "" })
-	}()
+	})
 	testkit.Eventually(t, "/readyz 200", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "ready")
@@ -40,15 +37,7 @@ func TestRunServesAndStops(t *testing.T) {
 	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") {
 		t.Fatal("relay metrics missing from /metrics")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run: %v", err)
-		}
-	case <-time.After(testkit.Timeout):
-		t.Fatal("run did not stop")
-	}
+	stop()
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {

@@ -42,14 +42,9 @@ func TestNewBuildsOnlyAndRunLeadsUntilCancelled(t *testing.T) {
 	if r.Ready() == nil {
 		t.Fatal("ready before Run")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	stop := testkit.Background(t, r.Run)
 	testkit.Eventually(t, "the replica leading and ready", func() bool { return r.Leader() && r.Ready() == nil })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run returned %v on cancellation", err)
-	}
+	stop()
 }
 
 func TestNewWithoutBusIsAnError(t *testing.T) {

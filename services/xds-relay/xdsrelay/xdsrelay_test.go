@@ -1,7 +1,6 @@
 package xdsrelay_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,13 +38,11 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 	if health.Ready() == nil {
 		t.Fatal("ready before Run")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
+	stop := testkit.Background(t, x.Run)
 	testkit.Eventually(t, "the ADS socket bound", func() bool { return health.Ready() == nil })
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run returned %v on cancellation", err)
+	stop()
+	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
+		t.Fatalf("socket after Run returned: %v, want it removed", err)
 	}
 }
 

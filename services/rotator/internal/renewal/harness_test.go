@@ -81,10 +81,9 @@ func testOptions(instance string) Options {
 
 type replica struct {
 	*Replica
-	nc     *nats.Conn
-	reg    *prometheus.Registry
-	cancel context.CancelFunc
-	done   chan error
+	nc   *nats.Conn
+	reg  *prometheus.Registry
+	stop func() // shuts the replica down cleanly (it releases its lease); once
 }
 
 func (h *harness) start(opts Options) *replica {
@@ -96,25 +95,7 @@ func (h *harness) start(opts Options) *replica {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	rep := &replica{Replica: r, nc: nc, reg: reg, cancel: cancel, done: make(chan error, 1)}
-	go func() { rep.done <- r.Run(ctx) }()
-	h.t.Cleanup(rep.stop)
-	return rep
-}
-
-// stop shuts the replica down cleanly (it releases its lease).
-func (r *replica) stop() {
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			panic(fmt.Sprintf("Run returned %v", err))
-		}
-		r.done <- nil
-	case <-time.After(20 * time.Second):
-		panic("replica did not stop")
-	}
+	return &replica{Replica: r, nc: nc, reg: reg, stop: testkit.Background(h.t, r.Run)}
 }
 
 // crash cuts the replica off the bus first, so it cannot clean up.

@@ -28,15 +28,7 @@ func TestWaitsForTheEventStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testkit.Background(t, r.Run)
 
 	testkit.Eventually(t, "the rotator says it waits", func() bool { return strings.Contains(logs.String(), "waiting for jetstream") })
 	if _, err := js.Stream(context.Background(), events.StreamEvents); !errors.Is(err, jetstream.ErrStreamNotFound) {

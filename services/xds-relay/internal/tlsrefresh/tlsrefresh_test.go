@@ -1,7 +1,6 @@
 package tlsrefresh
 
 import (
-	"context"
 	"crypto/x509"
 	"sync"
 	"testing"
@@ -63,15 +62,7 @@ func TestRefresherRebuildsOnEveryChange(t *testing.T) {
 	nc := bustest.Conn(t, bustest.Server(t))
 	r := &rec{}
 	c := &changes{ch: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- New(nc, r, c, hclog.NewNullLogger()).Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	testkit.Background(t, New(nc, r, c, hclog.NewNullLogger()).Run)
 	// Bad events first: garbled, and a bundle that is not PEM. Neither reaches the dialer.
 	testkit.Eventually(t, "subscription", func() bool {
 		_ = nc.Publish(events.SubjectTrustChanged, []byte("garbage"))
