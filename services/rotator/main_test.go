@@ -20,7 +20,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 	}
 	addr := testkit.FreeAddr(t)
 	stop := testkit.Background(t, func(ctx context.Context) error {
-		return run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
+		return run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, testkit.Env(nil))
 	})
 	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
 	testkit.Eventually(t, "/readyz 200", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
@@ -34,7 +34,7 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-instance", "x", "-rate", "-1"}, func(string) string { return "" })
+	err := run(context.Background(), []string{"-instance", "x", "-rate", "-1"}, testkit.Env(nil))
 	if err == nil || !strings.Contains(err.Error(), "-rate") {
 		t.Fatalf("got %v", err)
 	}

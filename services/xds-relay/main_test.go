@@ -21,7 +21,7 @@ func TestRunServesAndStops(t *testing.T) {
 	stop := testkit.Background(t, func(ctx context.Context) error {
 		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
-			func(string) string { return "" })
+			testkit.Env(nil))
 	})
 	testkit.Eventually(t, "/readyz 200", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
@@ -41,7 +41,7 @@ func TestRunServesAndStops(t *testing.T) {
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, func(string) string { return "" })
+	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, testkit.Env(nil))
 	if err == nil || !strings.Contains(err.Error(), "-xds-tls") || !strings.Contains(err.Error(), "-pod") {
 		t.Fatalf("err = %v", err)
 	}

@@ -26,7 +26,7 @@ func TestNewBuildsOnlyAndRunLeadsUntilCancelled(t *testing.T) {
 	if _, err := bus.EnsureEventStream(context.Background(), js, 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := rotator.Load([]string{"-instance", "r0", "-bucket", "sched_test", "-lease-bucket", "lease_test"}, func(string) string { return "" })
+	cfg, err := rotator.Load([]string{"-instance", "r0", "-bucket", "sched_test", "-lease-bucket", "lease_test"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestNewBuildsOnlyAndRunLeadsUntilCancelled(t *testing.T) {
 }
 
 func TestNewWithoutBusIsAnError(t *testing.T) {
-	cfg, err := rotator.Load([]string{"-instance", "r0"}, func(string) string { return "" })
+	cfg, err := rotator.Load([]string{"-instance", "r0"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

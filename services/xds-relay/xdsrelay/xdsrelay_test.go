@@ -23,7 +23,7 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
 	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
-		"-xds-tls", "mtls"}, func(string) string { return "" })
+		"-xds-tls", "mtls"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 }
 
 func TestNewWithoutBusIsAnError(t *testing.T) {
-	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-xds-tls", "plaintext"}, func(string) string { return "" })
+	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-xds-tls", "plaintext"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
 
 func TestLoad(t *testing.T) {
 	tests := []struct {
@@ -56,7 +56,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := load(tt.args, env(tt.env), tt.environ)
+			c, err := load(tt.args, testkit.Env(tt.env), tt.environ)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +67,7 @@ func TestLoad(t *testing.T) {
 
 func TestValidateReportsEveryProblem(t *testing.T) {
 	_, err := load([]string{"-discovery-address", "nohost", "-xds-tls", "maybe", "-max-msg-size", "10",
-		"-connect-timeout", "0s", "-log-level", "loud", "-socket", "/" + strings.Repeat("d", 95) + "/XDS"}, env(map[string]string{"XDS_HEADER_BAD!": "x"}), []string{"XDS_HEADER_BAD!=x"})
+		"-connect-timeout", "0s", "-log-level", "loud", "-socket", "/" + strings.Repeat("d", 95) + "/XDS"}, testkit.Env(map[string]string{"XDS_HEADER_BAD!": "x"}), []string{"XDS_HEADER_BAD!=x"})
 	if err == nil {
 		t.Fatal("want error")
 	}
@@ -89,13 +89,13 @@ func TestLoadHeadersFromTheProcessEnvironment(t *testing.T) {
 	if c.Upstream.Headers["trace_id"] != "t-1" {
 		t.Fatalf("headers %v", c.Upstream.Headers)
 	}
-	if c, err = Load([]string{"-pod", "p"}, env(nil)); err != nil || len(c.Upstream.Headers) != 0 {
+	if c, err = Load([]string{"-pod", "p"}, testkit.Env(nil)); err != nil || len(c.Upstream.Headers) != 0 {
 		t.Fatalf("a getenv that knows no header gave %v (%v)", c.Upstream.Headers, err)
 	}
 }
 
 func TestProcessNamesThePodOnEveryLogLine(t *testing.T) {
-	c, err := Load([]string{"-pod", "web-0"}, env(nil))
+	c, err := Load([]string{"-pod", "web-0"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
