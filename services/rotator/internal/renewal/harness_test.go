@@ -71,6 +71,15 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
+// newLeader is a harness with one replica, r0, leading and caught up.
+func newLeader(t *testing.T) (*harness, *replica) {
+	t.Helper()
+	h := newHarness(t)
+	r := h.start(testOptions("r0"))
+	waitLeader(t, r)
+	return h, r
+}
+
 func testOptions(instance string) Options {
 	return Options{
 		Schedule: schedule.Config{GraceRatio: 0.5, Jitter: 0, RetryAfter: time.Hour, RetryMax: 4 * time.Hour, Rate: 1000, Burst: 100},

@@ -28,9 +28,7 @@ func (r *replica) schedPtr() *schedule.Schedule {
 // same leader term carries on scheduling and renewing every other pod.
 func TestOverlongResourceIsTerminated(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	waitScheduled(t, r, 1)
@@ -91,9 +89,7 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 // schedule anyway, the dispatcher drops it instead of ending the term, and the
 // other renewals due at the same time still go out.
 func TestUnstorableEntryIsDropped(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	waitScheduled(t, r, 1)

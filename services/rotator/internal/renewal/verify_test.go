@@ -17,9 +17,7 @@ import (
 // own chain and the trust bundle is terminated, counted with its reason, and
 // reaches neither the schedule nor the bucket.
 func TestForgedRecordsAreRejected(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	waitScheduled(t, r, 1)
@@ -109,9 +107,7 @@ func TestForgedRecordsAreRejected(t *testing.T) {
 // A record under a new root can come before the trust.changed announcing it: the
 // rotator asks for the bundle and accepts it. A forged trust.changed changes nothing.
 func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	testkit.Eventually(t, "bundle trusted on first use", func() bool { return r.trust.Bootstrapped() })
 	if r.trust.Mode() != "first-use" || counter(t, r.m.trustBootstrap.WithLabelValues("first-use")) != 1 {
@@ -164,9 +160,7 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 // A bundle request answered by a forger (endorsed by its own key) is refused:
 // a record under its root is rejected.
 func TestForgedBundleReplyIsRefused(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	testkit.Eventually(t, "bundle trusted", func() bool { return r.trust.Bootstrapped() })
 	evil := newTestCA(t)
 	evil.root("evil")

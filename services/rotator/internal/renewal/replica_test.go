@@ -13,9 +13,7 @@ import (
 )
 
 func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "0a", now, time.Hour, "root-a") // due at +30m
 	h.issue("web-1", "0b", now, 2*time.Hour, "root-a")
@@ -51,9 +49,7 @@ func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
 }
 
 func TestReplacementOverTheBus(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "02", now, time.Hour, "root-a")
 	h.issue("web-0", "01", now.Add(-time.Minute), time.Hour, "root-a") // older, arrives late
@@ -80,9 +76,7 @@ func TestReplacementOverTheBus(t *testing.T) {
 }
 
 func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	h.issue("web-1", "02", now, time.Hour, "root-a")
@@ -142,9 +136,7 @@ func TestResendWhenNoNewCert(t *testing.T) {
 }
 
 func TestGarbledEventsChangeNothing(t *testing.T) {
-	h := newHarness(t)
-	r := h.start(testOptions("r0"))
-	waitLeader(t, r)
+	h, r := newLeader(t)
 	now := h.clk.Now()
 	h.issue("web-0", "01", now, time.Hour, "root-a")
 	waitScheduled(t, r, 1)
