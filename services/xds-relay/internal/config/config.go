@@ -100,7 +100,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.String(&c.Upstream.RootCA, "xds-root-ca", "XDS_ROOT_CA", c.Upstream.RootCA, "PEM file of the upstream's CA, SYSTEM, or empty for the mesh ROOTCA from sds-edge")
 	fs.String(&c.Upstream.ServerName, "xds-server-name", "XDS_SERVER_NAME", c.Upstream.ServerName, "name to verify in the upstream's certificate (default: host of -discovery-address)")
 	fs.String(&c.Upstream.TokenFile, "token-file", "XDS_TOKEN_FILE", c.Upstream.TokenFile, "bearer token file sent upstream, re-read per connection (under -pod-root if relative)")
-	fs.String(&c.Upstream.ClusterID, "cluster-id", "CLUSTER_ID", c.Upstream.ClusterID, "ClusterID metadata sent upstream; empty: none")
+	fs.String(&c.Upstream.ClusterID, "cluster-id", "CLUSTER_ID", c.Upstream.ClusterID, "ClusterID metadata sent upstream; empty: none (and each XDS_HEADER_<NAME>=<value> in the environment sends <name>: <value>)")
 	fs.Duration(&c.Upstream.ConnectTimeout, "connect-timeout", "XDS_CONNECT_TIMEOUT", c.Upstream.ConnectTimeout, "bound on one upstream connection attempt")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "the pod's sds-edge socket (under -pod-root if relative)")
 	fs.Int(&c.MaxMsgSize, "max-msg-size", "XDS_MAX_MSG_SIZE", c.MaxMsgSize, "largest ADS message in bytes, both directions")
