@@ -88,7 +88,7 @@ func (r *Replica) rootOf(chain []*x509.Certificate) string {
 func (r *Replica) refreshBundle(ctx context.Context, why string) error {
 	r.refreshMu.Lock()
 	defer r.refreshMu.Unlock()
-	if !r.lastRefresh.IsZero() && time.Since(r.lastRefresh) < r.opts.BundleRefresh {
+	if !r.lastRefresh.IsZero() && r.clk.Now().Sub(r.lastRefresh) < r.opts.BundleRefresh {
 		return nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, bundleTimeout)
@@ -97,7 +97,7 @@ func (r *Replica) refreshBundle(ctx context.Context, why string) error {
 	if err != nil {
 		return fmt.Errorf("refresh trust bundle: %w", err)
 	}
-	r.lastRefresh = time.Now()
+	r.lastRefresh = r.clk.Now()
 	u, changed, err := r.trust.Accept(trustbundle.FromBundleReply(reply))
 	if err != nil {
 		r.m.events.WithLabelValues("trust.bundle", "rejected").Inc()
