@@ -22,7 +22,7 @@ import (
 func TestWaitsForTheEventStream(t *testing.T) {
 	srv := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, srv))
-	logs := &testkit.LogBuffer{}
+	logs := &testkit.Buffer{}
 	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
 	r, err := New(testOptions("r0"), lifecycle.Deps{Bus: bustest.Conn(t, srv), Clock: clock.NewFake(time.Now()), Log: log})
 	if err != nil {

@@ -12,12 +12,12 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 const testTD = "cluster.local"
 
-// testCA stands in for the signer: named roots (pkg/testkit/testca), newest
+// testCA stands in for the signer: named roots (testkit.NewCA), newest
 // first, a bundle that grows by a generation with every root and is endorsed by
 // every root's key (the keys a consumer already trusts among them), answers to
 // bundle requests, and cert.issued records with the real chain of a real leaf.
@@ -25,7 +25,7 @@ type testCA struct {
 	t     testing.TB
 	mu    sync.Mutex
 	names map[string]int // index in roots
-	roots []*testca.CA
+	roots []*testkit.CA
 	gen   uint64
 }
 
@@ -39,8 +39,9 @@ func (c *testCA) root(name string) (string, string) {
 	if i, ok := c.names[name]; ok {
 		return c.roots[i].PEM(), pki.Fingerprint(c.roots[i].Cert)
 	}
-	ca := testca.New(c.t, name)
-	c.roots = append([]*testca.CA{ca}, c.roots...)
+	// Valid from 30 days back for a year: leaves are backdated and the clock moves.
+	ca := testkit.NewCA(c.t, name, nil, time.Now().Add(-30*24*time.Hour), 365*24*time.Hour)
+	c.roots = append([]*testkit.CA{ca}, c.roots...)
 	for n, i := range c.names {
 		c.names[n] = i + 1
 	}
@@ -67,7 +68,7 @@ func (c *testCA) bundle(t testing.TB) ([]string, uint64, []events.Endorsement) {
 	}
 	gen, keys := c.gen, c.keysLocked()
 	c.mu.Unlock()
-	return roots, gen, testca.Endorse(t, testTD, gen, roots, keys...)
+	return roots, gen, testkit.Endorse(t, testTD, gen, roots, keys...)
 }
 
 // trustChanged is an endorsed trust.changed naming the given roots at gen.
@@ -81,7 +82,7 @@ func (c *testCA) trustChanged(t testing.TB, gen uint64, names ...string) events.
 	keys := c.keysLocked()
 	c.mu.Unlock()
 	return events.TrustChanged{TrustDomain: testTD, Roots: roots, Reason: events.TrustReasonRotation, Generation: gen,
-		Endorsements: testca.Endorse(t, testTD, gen, roots, keys...)}
+		Endorsements: testkit.Endorse(t, testTD, gen, roots, keys...)}
 }
 
 // serveBundle answers trust bundle requests on nc until the test ends.
@@ -98,12 +99,12 @@ func (c *testCA) serveBundle(t *testing.T, nc *nats.Conn) {
 }
 
 // leafSpec is a leaf for spiffeID with serial (hex), valid from nb for life.
-func leafSpec(t testing.TB, spiffeID, serial string, nb time.Time, life time.Duration) testca.Spec {
+func leafSpec(t testing.TB, spiffeID, serial string, nb time.Time, life time.Duration) testkit.Spec {
 	n, ok := new(big.Int).SetString(serial, 16)
 	if !ok {
 		t.Fatalf("serial %q is not hex", serial)
 	}
-	return testca.Spec{ID: spiffeID, Serial: n, NotBefore: nb, Life: life}
+	return testkit.Spec{ID: spiffeID, Serial: n, NotBefore: nb, Life: life}
 }
 
 // leaf issues a leaf for spiffeID with serial (hex), valid from nb for life, under

@@ -10,7 +10,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
 )
 
 // TestForgedRecordsAreRejected: a cert.issued that does not verify against its
@@ -42,7 +41,7 @@ func TestForgedRecordsAreRejected(t *testing.T) {
 		}},
 		{"self-signed leaf", reasonUntrusted, func() events.CertIssued {
 			ev := h.ca.record(t, "web-1", "02", now, time.Hour, "root-a")
-			ev.CertChain = pki.CertPEMs([]*x509.Certificate{testca.SelfSigned(t, leafSpec(t, id, "02", now, time.Hour)).Cert})
+			ev.CertChain = pki.CertPEMs([]*x509.Certificate{testkit.SelfSigned(t, leafSpec(t, id, "02", now, time.Hour)).Cert})
 			return ev
 		}},
 		{"leaf under another root", reasonUntrusted, func() events.CertIssued {

@@ -10,7 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -54,7 +54,7 @@ func TestHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	anchor := testca.New(t, "anchor").PEM()
+	anchor := testkit.NewCA(t, "anchor", nil, time.Now(), time.Hour).PEM()
 	notAny, _ := anypb.New(wrapperspb.String("x"))
 	tests := []struct {
 		name      string
@@ -65,7 +65,7 @@ func TestHandle(t *testing.T) {
 	}{
 		{"anchors published and applied", []*anypb.Any{pc(t, anchor, anchor)}, false, 1, 1},
 		{"repeat published, not re-applied", []*anypb.Any{pc(t, anchor)}, false, 1, 1},
-		{"leaf certificate rejected", []*anypb.Any{pc(t, testca.SelfSigned(t, testca.Spec{}).PEM())}, true, -1, 1},
+		{"leaf certificate rejected", []*anypb.Any{pc(t, testkit.SelfSigned(t, testkit.Spec{}).PEM())}, true, -1, 1},
 		{"garbage rejected", []*anypb.Any{pc(t, "-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n")}, true, -1, 1},
 		{"wrong type rejected", []*anypb.Any{notAny}, true, -1, 1},
 		{"empty set removes anchors", nil, false, 0, 2},

@@ -10,7 +10,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
@@ -19,7 +18,7 @@ import (
 func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	anchor := testca.New(t, "extra anchor").PEM()
+	anchor := testkit.NewCA(t, "extra anchor", nil, time.Now(), time.Hour).PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +70,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 func TestProxyConfigOnDeltaStream(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	anchor := testca.New(t, "delta anchor").PEM()
+	anchor := testkit.NewCA(t, "delta anchor", nil, time.Now(), time.Hour).PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}

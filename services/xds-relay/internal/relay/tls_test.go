@@ -23,7 +23,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
@@ -73,9 +72,9 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 }
 
 func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
-	ca1, ca2 := testca.New(t, "root 1"), testca.New(t, "root 2")
+	ca1, ca2 := testkit.NewCA(t, "root 1", nil, time.Now(), time.Hour), testkit.NewCA(t, "root 2", nil, time.Now(), time.Hour)
 	var serverCert atomic.Pointer[tls.Certificate]
-	c1 := ca1.Issue(t, testca.Spec{DNS: []string{"xds.test"}}).TLS()
+	c1 := ca1.Issue(t, testkit.Spec{DNS: []string{"xds.test"}}).TLS()
 	serverCert.Store(&c1)
 	clientCAs := x509.NewCertPool()
 	clientCAs.AddCert(ca1.Cert)
@@ -99,7 +98,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	up.setClusters("n1", "v1", "a")
 
 	const nodeID = "xds-relay~" + testPod
-	sdsPath, rotate := startSDS(t, nodeID, ca1.Issue(t, testca.Spec{ID: workloadID}).TLS(), ca1.Cert)
+	sdsPath, rotate := startSDS(t, nodeID, ca1.Issue(t, testkit.Spec{ID: workloadID}).TLS(), ca1.Cert)
 	w := sdsclient.WatchUnix(sdsPath, nodeID, testLog(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -144,7 +143,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	// connection, so only a rebuild makes the relay handshake again: a reload
 	// without the new root (generation 2) fails new streams, the rotation that
 	// brings it (generation 3) lets them through.
-	c2 := ca2.Issue(t, testca.Spec{DNS: []string{"xds.test"}}).TLS()
+	c2 := ca2.Issue(t, testkit.Spec{DNS: []string{"xds.test"}}).TLS()
 	serverCert.Store(&c2)
 	publishTrust := func(gen uint64, roots ...*x509.Certificate) {
 		msg, err := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "cluster.local",
@@ -177,7 +176,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	}
 
 	// sds-edge rotates the workload certificate: new upstream streams present it.
-	rotated := ca1.Issue(t, testca.Spec{ID: workloadID}).TLS()
+	rotated := ca1.Issue(t, testkit.Spec{ID: workloadID}).TLS()
 	rotate(rotated)
 	want := pki.SerialHex(rotated.Leaf)
 	testkit.Eventually(t, "rotated workload certificate reaches the upstream", func() bool {

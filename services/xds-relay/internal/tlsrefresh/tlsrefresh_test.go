@@ -4,12 +4,12 @@ import (
 	"crypto/x509"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
 )
 
 // rec records what the refresher asks of the dialer.
@@ -70,7 +70,7 @@ func TestRefresherRebuildsOnEveryChange(t *testing.T) {
 			Roots: []string{"-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n"}, Reason: "x", Generation: 1})
 		_ = nc.PublishMsg(msg)
 		good, _ := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "td",
-			Roots: []string{testca.New(t, "root").PEM()}, Reason: "x", Generation: 7})
+			Roots: []string{testkit.NewCA(t, "root", nil, time.Now(), time.Hour).PEM()}, Reason: "x", Generation: 7})
 		_ = nc.PublishMsg(good)
 		_ = nc.Flush()
 		_, gens := r.snapshot()

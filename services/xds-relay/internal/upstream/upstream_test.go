@@ -10,10 +10,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit/testca"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-func ca(t *testing.T, cn string) *x509.Certificate { return testca.New(t, cn).Cert }
+func ca(t *testing.T, cn string) *x509.Certificate {
+	return testkit.NewCA(t, cn, nil, time.Now(), time.Hour).Cert
+}
 
 func subjects(d *Dialer) int {
 	d.mu.Lock()

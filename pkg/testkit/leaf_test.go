@@ -1,4 +1,4 @@
-package testca
+package testkit
 
 import (
 	"crypto/x509"
@@ -10,9 +10,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
-func TestIssuedLeafVerifiesUnderItsRootOnly(t *testing.T) {
-	root, other := New(t, "root"), New(t, "other")
-	nb := time.Now().Add(-10 * 24 * time.Hour)
+func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
+	now := time.Now()
+	root, other := NewCA(t, "root", nil, now.Add(-30*24*time.Hour), 60*24*time.Hour), NewCA(t, "other", nil, now, time.Hour)
+	nb := now.Add(-10 * 24 * time.Hour)
 	l := root.Issue(t, Spec{ID: "spiffe://td/ns/a/sa/b", DNS: []string{"x.test"}, Serial: big.NewInt(0x2a), NotBefore: nb, Life: time.Hour})
 	if l.Cert.SerialNumber.Int64() != 0x2a || !l.Cert.NotBefore.Equal(nb.Truncate(time.Second)) || l.Cert.NotAfter.Sub(l.Cert.NotBefore) != time.Hour {
 		t.Fatalf("serial %v, valid %v to %v", l.Cert.SerialNumber, l.Cert.NotBefore, l.Cert.NotAfter)
@@ -27,21 +28,24 @@ func TestIssuedLeafVerifiesUnderItsRootOnly(t *testing.T) {
 		return err
 	}
 	if err := verify(root); err != nil {
-		t.Fatalf("leaf does not verify under its root: %v", err)
+		t.Fatalf("leaf does not verify under its CA: %v", err)
 	}
 	if verify(other) == nil {
-		t.Fatal("leaf verifies under another root")
+		t.Fatal("leaf verifies under another CA")
 	}
 	if tc := l.TLS(); tc.Leaf != l.Cert || tc.PrivateKey != l.Key {
 		t.Fatal("TLS certificate is not the leaf")
+	}
+	if certs, err := pki.ParseCertsPEM([]byte(l.PEM() + root.PEM())); err != nil || !certs[0].Equal(l.Cert) || !certs[1].Equal(root.Cert) {
+		t.Fatalf("PEM does not round-trip: %v", err)
 	}
 	if s := SelfSigned(t, Spec{IsCA: true}); s.Cert.CheckSignatureFrom(s.Cert) != nil || !s.Cert.IsCA {
 		t.Fatal("self-signed CA does not sign itself")
 	}
 }
 
-func TestEndorsementsVerifyUnderTheEndorsingRoots(t *testing.T) {
-	a, b := New(t, "a"), New(t, "b")
+func TestEndorsementsVerifyUnderTheEndorsingCAs(t *testing.T) {
+	a, b := NewCA(t, "a", nil, time.Now(), time.Hour), NewCA(t, "b", nil, time.Now(), time.Hour)
 	roots := []string{a.PEM(), b.PEM()}
 	ends := Endorse(t, "td", 3, roots, a.Key, b.Key)
 	msg, err := events.EndorsedBytes("td", 3, roots)
