@@ -13,17 +13,6 @@ require (
 )
 
 require (
-	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/meshagent/meshagent/pkg/events v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/pki v0.0.0 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
-	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/spiffe/go-spiffe/v2 v2.9.0 // indirect
-	golang.org/x/crypto v0.58.0 // indirect
-)
-
-require (
 	cel.dev/expr v0.25.3 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
 	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0 // indirect
@@ -34,13 +23,9 @@ require (
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	golang.org/x/net v0.60.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
-	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../testkit
-
-replace github.com/meshagent/meshagent/pkg/events => ../events
-
-replace github.com/meshagent/meshagent/pkg/pki => ../pki

@@ -8,12 +8,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"net/url"
 	"testing"
 	"time"
-
-	"github.com/meshagent/meshagent/pkg/pki"
 )
 
 // Leaf is a certificate a test CA issued (or a self-signed one) and its P-256 key.
@@ -45,10 +44,10 @@ func SelfSigned(t testing.TB, s Spec) *Leaf {
 }
 
 // PEM is the CA certificate in PEM.
-func (c *CA) PEM() string { return string(pki.EncodeCertPEM(c.Cert)) }
+func (c *CA) PEM() string { return certPEM(c.Cert) }
 
 // PEM is the leaf certificate in PEM.
-func (l *Leaf) PEM() string { return string(pki.EncodeCertPEM(l.Cert)) }
+func (l *Leaf) PEM() string { return certPEM(l.Cert) }
 
 // TLS is the leaf as a TLS certificate (the leaf alone, no chain).
 func (l *Leaf) TLS() tls.Certificate {
@@ -103,4 +102,8 @@ func issue(t testing.TB, s Spec, parent *CA) *Leaf {
 		t.Fatalf("test leaf %s: %v", tmpl.Subject.CommonName, err)
 	}
 	return &Leaf{Cert: c, Key: key}
+}
+
+func certPEM(c *x509.Certificate) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
 }

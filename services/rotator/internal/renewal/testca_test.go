@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 const testTD = "cluster.local"
@@ -68,7 +69,7 @@ func (c *testCA) bundle(t testing.TB) ([]string, uint64, []events.Endorsement) {
 	}
 	gen, keys := c.gen, c.keysLocked()
 	c.mu.Unlock()
-	return roots, gen, testkit.Endorse(t, testTD, gen, roots, keys...)
+	return roots, gen, endorse(t, gen, roots, keys)
 }
 
 // trustChanged is an endorsed trust.changed naming the given roots at gen.
@@ -82,7 +83,16 @@ func (c *testCA) trustChanged(t testing.TB, gen uint64, names ...string) events.
 	keys := c.keysLocked()
 	c.mu.Unlock()
 	return events.TrustChanged{TrustDomain: testTD, Roots: roots, Reason: events.TrustReasonRotation, Generation: gen,
-		Endorsements: testkit.Endorse(t, testTD, gen, roots, keys...)}
+		Endorsements: endorse(t, gen, roots, keys)}
+}
+
+// endorse is the signer's endorsement of the bundle (testTD, gen, roots) by keys.
+func endorse(t testing.TB, gen uint64, roots []string, keys []crypto.Signer) []events.Endorsement {
+	ends, err := trustbundle.Endorse(testTD, gen, roots, keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ends
 }
 
 // serveBundle answers trust bundle requests on nc until the test ends.
