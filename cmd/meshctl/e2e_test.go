@@ -22,10 +22,10 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -47,8 +47,8 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, svc), "github.com/meshagent/meshagent/services/"+svc)
+		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher", "launcher/cmd/envoy-standin"} {
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, filepath.Base(svc)), "github.com/meshagent/meshagent/services/"+svc)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "build %s: %v\n%s", svc, err, out)
@@ -165,7 +165,7 @@ func TestUpSignAndServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar~" + st.Pods[0].ID}, TypeUrl: standin.ClusterType})
+		err = ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar~" + st.Pods[0].ID}, TypeUrl: resourcev3.ClusterType})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,7 @@ func TestUpSignAndServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.GetTypeUrl() != standin.ClusterType || len(resp.GetResources()) != 1 || resp.GetVersionInfo() == "" || resp.GetNonce() == "" {
+		if resp.GetTypeUrl() != resourcev3.ClusterType || len(resp.GetResources()) != 1 || resp.GetVersionInfo() == "" || resp.GetNonce() == "" {
 			t.Fatalf("relayed response: %v", resp)
 		}
 	})

@@ -239,7 +239,7 @@ func (l *Launcher) ready(ctx context.Context) error {
 	} else if err := l.proxylessReady(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, m := range l.gate.Missing(ctx) {
+	for _, m := range l.gate.Recent(ctx, 30*time.Second) {
 		errs = append(errs, errors.New("missing "+m))
 	}
 	return errors.Join(errs...)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -78,11 +77,6 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	started = true
 	mu.Unlock()
 	go r.RefreshTokens(ctx)
-	for _, p := range r.Stack.Pods {
-		e := &standin.Envoy{Pod: p.ID, NodeID: "sidecar~" + p.ID, SDSSocket: p.SDSSocket, XDSSocket: p.XDSSocket,
-			Report: func(line string) { fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line) }}
-		go e.Run(ctx)
-	}
 	select {
 	case <-ctx.Done():
 		return nil
@@ -108,6 +102,8 @@ func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
 		fmt.Fprintf(w, "      SDS socket              %s\n", p.SDSSocket)
 		fmt.Fprintf(w, "      xDS socket              %s\n", p.XDSSocket)
 		fmt.Fprintf(w, "      certs (OUTPUT_CERTS)    %s\n", p.OutputCerts)
+		fmt.Fprintf(w, "      envoy                   %s\n", p.Envoy)
+		fmt.Fprintf(w, "      status port             http://%s/healthz/ready, /stats/prometheus (node %s)\n", p.Status, p.NodeID)
 	}
 	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stack.FileName)
 	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -46,6 +47,22 @@ type Gate struct {
 	clock clock.Clock
 	log   hclog.Logger
 	http  *http.Client
+
+	mu      sync.Mutex
+	checked time.Time // when last is from
+	last    []string
+}
+
+// Recent is Missing, answered from the last check when it is younger than maxAge:
+// readiness probes come every few seconds, and each SDS fetch is an answer (and an
+// event) in sds-edge.
+func (g *Gate) Recent(ctx context.Context, maxAge time.Duration) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now := g.clock.Now(); g.checked.IsZero() || now.Sub(g.checked) >= maxAge {
+		g.last, g.checked = g.Missing(ctx), now
+	}
+	return g.last
 }
 
 // New returns a gate; it does nothing until Wait or Check.
