@@ -248,9 +248,13 @@ func Load(path string) (*bootstrapv3.Bootstrap, error) {
 
 // Render executes the Go text/template at path with p (ISTIO_BOOTSTRAP) and parses
 // the result as a v3 bootstrap. The template sees .NodeID, .Cluster, .Metadata,
-// .SDSSocket, .XDSSocket, .AdminAddr and .StatsAddr.
+// .SDSSocket, .XDSSocket, .AdminAddr and .StatsAddr, and the functions host and
+// port, which split a host:port ({{port .AdminAddr}}).
 func Render(path string, p Params) (*bootstrapv3.Bootstrap, error) {
-	t, err := template.ParseFiles(path)
+	t, err := template.New(filepath.Base(path)).Funcs(template.FuncMap{
+		"host": func(a string) string { h, _, _ := net.SplitHostPort(a); return h },
+		"port": func(a string) string { _, port, _ := net.SplitHostPort(a); return port },
+	}).ParseFiles(path)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap template: %w", err)
 	}

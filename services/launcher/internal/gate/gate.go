@@ -53,9 +53,9 @@ type Gate struct {
 	last    []string
 }
 
-// Recent is Missing, answered from the last check when it is younger than maxAge:
-// readiness probes come every few seconds, and each SDS fetch is an answer (and an
-// event) in sds-edge.
+// Recent is Missing, answered from the last check (Wait's, while it waits) when it
+// is younger than maxAge: readiness probes come every few seconds, and each SDS
+// fetch is an answer (and an event) in sds-edge.
 func (g *Gate) Recent(ctx context.Context, maxAge time.Duration) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -172,6 +172,9 @@ func (g *Gate) Wait(ctx context.Context) error {
 	var missing []string
 	for {
 		missing = g.Missing(ctx)
+		g.mu.Lock()
+		g.last, g.checked = missing, g.clock.Now()
+		g.mu.Unlock()
 		if len(missing) == 0 {
 			g.log.Info("pod ready for envoy", "waited", g.clock.Now().Sub(start).Round(time.Millisecond))
 			return nil
