@@ -7,7 +7,6 @@ package envoy
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -145,20 +144,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-
-// ListenerStatName is how Envoy names a listener bound to host:port in its stats
-// (0.0.0.0_15090); "" for a malformed address.
-func ListenerStatName(hostport string) string {
-	i := strings.LastIndex(hostport, ":")
-	if i < 0 {
-		return ""
-	}
-	host := strings.Trim(hostport[:i], "[]")
-	if host == "" {
-		host = "0.0.0.0"
-	}
-	return host + "_" + hostport[i+1:]
-}
-
-// ErrNoAdmin says Envoy's admin address is not answering.
-var ErrNoAdmin = errors.New("envoy admin not answering")
