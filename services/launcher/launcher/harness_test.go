@@ -11,6 +11,7 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -44,6 +45,9 @@ import (
 const standinEnv = "MESHAGENT_TEST_ENVOY_STANDIN"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(appEnv) == "1" {
+		os.Exit(proxylessApp())
+	}
 	if os.Getenv(standinEnv) == "1" {
 		os.Exit(standin.Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
@@ -69,6 +73,7 @@ type pod struct {
 	sdsSocket  string
 	xdsSocket  string
 	sds        cachev3.SnapshotCache
+	ads        cachev3.SnapshotCache // what the "relay" serves: empty by default
 	relayReady atomic.Bool
 	relayURL   string
 	nc         *nats.Conn
@@ -85,16 +90,10 @@ func newPod(t *testing.T) *pod {
 	p.serve(p.sdsSocket, func(s *grpc.Server, ctx context.Context) {
 		secretv3.RegisterSecretDiscoveryServiceServer(s, serverv3.NewServer(ctx, p.sds, nil))
 	})
-	ads := cachev3.NewSnapshotCache(false, anyNode{}, nil)
-	snap, err := cachev3.NewSnapshot("1", map[resource.Type][]types.Resource{resource.ClusterType: {}, resource.ListenerType: {}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.SetSnapshot(context.Background(), "pod", snap); err != nil {
-		t.Fatal(err)
-	}
+	p.ads = cachev3.NewSnapshotCache(false, anyNode{}, nil)
+	p.setConfig(map[resource.Type][]types.Resource{resource.ClusterType: {}, resource.ListenerType: {}})
 	p.serve(p.xdsSocket, func(s *grpc.Server, ctx context.Context) {
-		discoveryv3.RegisterAggregatedDiscoveryServiceServer(s, serverv3.NewServer(ctx, ads, nil))
+		discoveryv3.RegisterAggregatedDiscoveryServiceServer(s, serverv3.NewServer(ctx, p.ads, nil))
 	})
 	relay := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
 	relay.AddReadyCheck("upstream", func() error {
@@ -138,6 +137,18 @@ func (p *pod) serve(path string, register func(*grpc.Server, context.Context)) {
 	}
 	go func() { _ = s.Serve(ln) }()
 	p.t.Cleanup(func() { s.Stop(); cancel() })
+}
+
+// setConfig sets what the control plane behind the relay serves.
+func (p *pod) setConfig(rs map[resource.Type][]types.Resource) {
+	p.t.Helper()
+	snap, err := cachev3.NewSnapshot("1", rs)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if err := p.ads.SetSnapshot(context.Background(), "pod", snap); err != nil {
+		p.t.Fatal(err)
+	}
 }
 
 // giveSecrets is sds-edge getting its certificate from the signer at last.
@@ -254,6 +265,13 @@ func run(t *testing.T, f func(context.Context) error) {
 func identity(t *testing.T) (root, chain, key []byte) {
 	t.Helper()
 	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	root, rc := rootCert(t, rk)
+	chain, key = leafCert(t, rc, rk, 2)
+	return root, chain, key
+}
+
+func rootCert(t *testing.T, rk *ecdsa.PrivateKey) ([]byte, *x509.Certificate) {
+	t.Helper()
 	rt := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"}, IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
 	rder, err := x509.CreateCertificate(rand.Reader, rt, rt, rk.Public(), rk)
@@ -261,15 +279,23 @@ func identity(t *testing.T) (root, chain, key []byte) {
 		t.Fatal(err)
 	}
 	rc, _ := x509.ParseCertificate(rder)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rder}), rc
+}
+
+// leafCert is a workload leaf (SPIFFE URI, client and server auth) under rc.
+func leafCert(t *testing.T, rc *x509.Certificate, rk *ecdsa.PrivateKey, serial int64) (chain, key []byte) {
+	t.Helper()
 	lk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	lt := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "web"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
+	id, _ := url.Parse("spiffe://cluster.local/ns/shop/sa/web")
+	lt := &x509.Certificate{SerialNumber: big.NewInt(serial), URIs: []*url.URL{id},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		NotBefore:   time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
 	lder, err := x509.CreateCertificate(rand.Reader, lt, rc, lk.Public(), rk)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kder, _ := x509.MarshalPKCS8PrivateKey(lk)
-	root = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rder})
 	chain = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: lder})
 	key = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
 	return
