@@ -26,8 +26,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -70,7 +70,7 @@ func TestBreakIn(t *testing.T) {
 // breakin is the shared stack, the attackers' connections and the observers.
 type breakin struct {
 	dir   string
-	st    *stack.Stack
+	st    *stackfile.Stack
 	iss   *devtoken.Issuer
 	admin *nats.Conn
 	// audit and pod are the attackers: the audit credential, and demo-1's token.
@@ -95,7 +95,7 @@ type breakin struct {
 func newBreakin(t *testing.T) *breakin {
 	dir := testkit.ShortDir(t)
 	tap := &wiretap{}
-	r := startStack(t, stack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
+	r := startStack(t, devstack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
 	h := &breakin{dir: dir, st: &r.Stack, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}
 	var err error
 	if h.iss, err = devtoken.Load(dir + "/issuer"); err != nil {
@@ -133,7 +133,7 @@ func newBreakin(t *testing.T) *breakin {
 	return h
 }
 
-func (h *breakin) podInfo(id string) stack.Pod {
+func (h *breakin) podInfo(id string) stackfile.Pod {
 	for _, p := range h.st.Pods {
 		if p.ID == id {
 			return p
@@ -441,5 +441,3 @@ func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload) {
 		t.Fatal(err)
 	}
 }
-
-func nullLog() hclog.Logger { return hclog.NewNullLogger() }

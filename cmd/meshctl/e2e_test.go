@@ -25,7 +25,8 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -61,7 +62,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func startStack(t *testing.T, cfg stack.Config) *stack.Runner {
+func startStack(t *testing.T, cfg devstack.Config) *devstack.Runner {
 	t.Helper()
 	cfg.BinDir = binDir
 	if cfg.TrustDomain == "" {
@@ -73,7 +74,7 @@ func startStack(t *testing.T, cfg stack.Config) *stack.Runner {
 	if cfg.NATSPort == 0 {
 		cfg.NATSPort = -1 // any free port: 4222 may be taken (a compose stack)
 	}
-	r, err := stack.New(cfg, &bytes.Buffer{}, hclog.NewNullLogger())
+	r, err := devstack.New(cfg, &bytes.Buffer{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +98,9 @@ func meshctl(t *testing.T, args ...string) (string, error) {
 
 func TestUpSignAndServe(t *testing.T) {
 	dir := testkit.ShortDir(t)
-	r := startStack(t, stack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
+	r := startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
 
-	st, err := stack.Read(dir)
+	st, err := stackfile.Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,8 +316,8 @@ func TestRotationsKeepMutualTLSWorking(t *testing.T) {
 		t.Skip("several minutes of rotations")
 	}
 	dir := testkit.ShortDir(t)
-	startStack(t, stack.Config{Dir: dir, Pods: 3, LeafTTL: 30 * time.Second, RootTTL: 150 * time.Second, RootCheck: 2 * time.Second})
-	st, err := stack.Read(dir)
+	startStack(t, devstack.Config{Dir: dir, Pods: 3, LeafTTL: 30 * time.Second, RootTTL: 150 * time.Second, RootCheck: 2 * time.Second})
+	st, err := stackfile.Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

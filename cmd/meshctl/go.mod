@@ -30,6 +30,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -75,3 +76,14 @@ replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 
 replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
+
+require (
+	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
+	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+)
+
+replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
+
+replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+
+replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock

@@ -1,23 +1,21 @@
-// Command meshctl runs a local meshagent stack (meshctl up) and is the operator's
-// tool to inspect and drive one: tokens, signing, rotation, events, status.
+// Command meshctl is the operator's tool for a meshagent mesh: it runs a local
+// stack (meshctl up) and inspects and drives a stack or a fleet (status, events,
+// sign, sds, rotate, token, bus-auth). Its image also runs the docker compose
+// stack's plumbing (compose-secrets, kubelet, controlplane), listed apart in -h.
 package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := cli.Run(ctx, cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, os.Args[1:])
-	if err != nil && !cli.IsHelp(err) {
-		fmt.Fprintln(os.Stderr, "meshctl:", err)
-		os.Exit(1)
-	}
+func main() { lifecycle.Main("meshctl", run) }
+
+// run is the whole process: one command, until it ends or ctx is cancelled
+// (lifecycle.Main turns -h into its flags and an error into exit code 1).
+func run(ctx context.Context, args []string, getenv func(string) string) error {
+	return cli.Run(ctx, cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: getenv}, args)
 }

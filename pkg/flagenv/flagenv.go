@@ -131,6 +131,33 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, us
 	s.FS.DurationVar(p, name, def, usage)
 }
 
+// List defines a comma-separated list flag (spaces around items and empty items
+// dropped) whose default is env's value when set, else def.
+func (s *Set) List(p *[]string, name, env string, def []string, usage string) {
+	v := strings.Join(def, ",")
+	usage = s.usage(usage, name, env, v)
+	if e, ok := s.lookup(env); ok {
+		v = e
+	}
+	*p = SplitList(v)
+	s.FS.Var((*listValue)(p), name, usage)
+}
+
+// listValue is a List flag's value.
+type listValue []string
+
+func (l *listValue) Set(v string) error {
+	*l = SplitList(v)
+	return nil
+}
+
+func (l *listValue) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(*l, ",")
+}
+
 // Parse parses args and reports every malformed environment value together with
 // any command-line error. For -h or -help it returns only a *HelpError (matching
 // flag.ErrHelp) that carries Usage's text: see PrintHelp.

@@ -120,3 +120,40 @@ func TestHelpPrintsEveryFlagWithEnvAndDefault(t *testing.T) {
 		t.Fatal("PrintHelp took a non-help error for help")
 	}
 }
+
+func TestListSplitsAndKeepsPrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		env  string
+		args []string
+		want string
+	}{
+		{"default", "", nil, "a|b"},
+		{"env over default, spaces and empty items dropped", " x , ,y ", nil, "x|y"},
+		{"flag over env", "x", []string{"-l", "p,q,"}, "p|q"},
+		{"empty flag: no items", "x", []string{"-l", ""}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New("x", func(k string) string {
+				if k == "L" {
+					return tt.env
+				}
+				return ""
+			})
+			var l []string
+			s.List(&l, "l", "L", []string{"a", "b"}, "a list")
+			if err := s.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(l, "|"); got != tt.want {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+			var b strings.Builder
+			s.Usage(&b)
+			if !strings.Contains(b.String(), `env L, default "a,b"`) {
+				t.Fatalf("usage:\n%s", b.String())
+			}
+		})
+	}
+}

@@ -85,12 +85,12 @@ type served struct {
 	err  chan error
 	svc  atomic.Pointer[toy]
 	http atomic.Pointer[obs.Server]
-	logs *syncBuffer
+	logs *testkit.Buffer
 }
 
 func start(t *testing.T, ctx context.Context, args ...string) *served {
 	t.Helper()
-	s := &served{err: make(chan error, 1), logs: &syncBuffer{}}
+	s := &served{err: make(chan error, 1), logs: &testkit.Buffer{}}
 	build := func(cfg toyConfig, d Deps) (*toy, error) {
 		v, err := newToy(cfg, d)
 		s.svc.Store(v)

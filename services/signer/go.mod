@@ -18,7 +18,6 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spiffe/go-spiffe/v2 v2.9.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sync v0.24.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1
@@ -38,6 +37,7 @@ require (
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/meshagent/meshagent/pkg/clock v0.0.0
 	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
+	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
@@ -66,3 +66,5 @@ replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 
 replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
+
+replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"path/filepath"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
@@ -16,7 +18,7 @@ func runBusAuth(_ context.Context, env Env, args []string) error {
 	var out string
 	fs := flagenv.New("bus-auth", env.Getenv)
 	fs.String(&out, "out", "", "", "directory for the seeds (0600) and nats-auth.conf (required)")
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	if out == "" {
@@ -31,7 +33,7 @@ func runBusAuth(_ context.Context, env Env, args []string) error {
 		return err
 	}
 	path := filepath.Join(out, "nats-auth.conf")
-	if err := writeFile(path, []byte(conf), 0o644); err != nil {
+	if err := atomicfile.Write(path, []byte(conf), 0o644); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "server config   %s (include it in nats-server.conf)\n", path)

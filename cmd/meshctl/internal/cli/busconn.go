@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -30,7 +30,7 @@ func (b *busFlags) bind(fs *flagenv.Set) {
 
 // connect dials the bus as meshctl: with the admin role's inbox, so that replies to
 // its requests reach it on a secured bus. st may be nil when the flags say it all.
-func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*nats.Conn, error) {
+func (b *busFlags) connect(ctx context.Context, st *stackfile.Stack, name string) (*nats.Conn, error) {
 	if b.nkey != "" && b.creds != "" {
 		return nil, errors.New("-nats-nkey, -nats-creds: set one, not both")
 	}
@@ -55,9 +55,9 @@ func (b *busFlags) connect(ctx context.Context, st *stack.Stack, name string) (*
 }
 
 // stackFor reads the local stack unless the flags name a bus and a credential.
-func (b *busFlags) stackFor(dir string) (*stack.Stack, error) {
+func (b *busFlags) stackFor(dir string) (*stackfile.Stack, error) {
 	if b.url != "" && (b.nkey != "" || b.creds != "") {
 		return nil, nil
 	}
-	return stack.Read(dir)
+	return stackfile.Read(dir)
 }

@@ -1,4 +1,7 @@
-// Package cli implements meshctl's commands.
+// Package cli is meshctl's command line: the operator's commands (the local stack,
+// status, tokens, signing, rotation, events, SDS, bus credentials), and the
+// dispatch to them and to the development stack's compose plumbing
+// (devstack/compose), which meshctl -h lists apart.
 package cli
 
 import (
@@ -6,33 +9,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
 )
 
 // Env is what every command gets from main.
-type Env struct {
-	Stdout, Stderr io.Writer
-	Getenv         func(string) string
-}
+type Env = command.Env
 
-type command struct {
-	usage string
-	run   func(ctx context.Context, env Env, args []string) error
-}
-
-var commands = map[string]command{
-	"up":              {"start the local stack (embedded NATS, signer, rotator, demo pods) until Ctrl-C", runUp},
-	"token":           {"mint a dev service-account token: token -ns NS -sa SA [-ttl D]", runToken},
-	"sign":            {"get a certificate signed for a minted token: sign -ns NS -sa SA [-out DIR] [-grpc]", runSign},
-	"rotate":          {"rotate root [-new-key] | rotate pod ID", runRotate},
-	"events":          {"print every event on the bus as it happens", runEvents},
-	"kubelet":         {"keep a pod's service-account token fresh (docker compose): kubelet -issuer-dir D -token-file F", runKubelet},
-	"controlplane":    {"run the demo xDS control plane on its own: controlplane -addr HOST:PORT", runControlPlane},
-	"bus-auth":        {"generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", runBusAuth},
-	"compose-secrets": {"make the compose stack's credentials, one directory per holder: compose-secrets -state DIR -out DIR", runComposeSecrets},
-	"status":          {"show each service's readiness and each pod's certificates", runStatus},
-	"sds":             {"fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", runSDS},
+// operator are the operator's commands, in the order meshctl -h lists them.
+var operator = []command.Command{
+	{Name: "up", Usage: "start the local stack (embedded NATS, signer, rotator, demo pods) until Ctrl-C", Run: runUp},
+	{Name: "status", Usage: "show each service's readiness and each pod's certificates", Run: runStatus},
+	{Name: "events", Usage: "print every event on the bus as it happens", Run: runEvents},
+	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-out DIR] [-grpc]", Run: runSign},
+	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", Run: runSDS},
+	{Name: "rotate", Usage: "rotate root [-new-key] | rotate pod ID", Run: runRotate},
+	{Name: "token", Usage: "mint a dev service-account token: token -ns NS -sa SA [-ttl D]", Run: runToken},
+	{Name: "bus-auth", Usage: "generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", Run: runBusAuth},
 }
 
 // Run dispatches args[0] to its command.
@@ -41,26 +36,29 @@ func Run(ctx context.Context, env Env, args []string) error {
 		usage(env.Stdout)
 		return nil
 	}
-	c, ok := commands[args[0]]
-	if !ok {
-		usage(env.Stderr)
-		return fmt.Errorf("unknown command %q", args[0])
+	for _, group := range [][]command.Command{operator, compose.Commands} {
+		for _, c := range group {
+			if c.Name == args[0] {
+				return c.Run(ctx, env, args[1:])
+			}
+		}
 	}
-	return c.run(ctx, env, args[1:])
+	usage(env.Stderr)
+	return fmt.Errorf("unknown command %q", args[0])
 }
 
 func usage(w io.Writer) {
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	var b strings.Builder
-	b.WriteString("meshctl: run and inspect a local meshagent stack\n\ncommands:\n")
-	for _, n := range names {
-		fmt.Fprintf(&b, "  %-15s %s\n", n, commands[n].usage)
+	b.WriteString("meshctl: run a local meshagent stack, and inspect and drive a mesh\n\ncommands:\n")
+	list := func(cs []command.Command) {
+		for _, c := range cs {
+			fmt.Fprintf(&b, "  %-16s %s\n", c.Name, c.Usage)
+		}
 	}
-	b.WriteString("\nEvery command takes -dir (default .meshagent, env MESHAGENT_DIR); -h shows its flags.\n")
+	list(operator)
+	b.WriteString("\ndevelopment stack (the containers of deploy/compose run these; not for operators):\n")
+	list(compose.Commands)
+	b.WriteString("\nThe commands that read the local stack take -dir (default .meshagent, env MESHAGENT_DIR); every command's -h shows its flags.\n")
 	_, _ = io.WriteString(w, b.String())
 }
 

@@ -3,12 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -66,10 +67,15 @@ func TestUsageListsEveryCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name := range commands {
-		if !strings.Contains(out, "  "+name+" ") {
-			t.Errorf("usage does not list %s", name)
+	for _, c := range append(operator, compose.Commands...) {
+		if !strings.Contains(out, "  "+c.Name+" ") {
+			t.Errorf("usage does not list %s", c.Name)
 		}
+	}
+	// The operator's commands come first; the compose plumbing is labelled apart.
+	dev := strings.Index(out, "development stack")
+	if dev < 0 || strings.Index(out, "  status ") > dev || strings.Index(out, "  kubelet ") < dev {
+		t.Errorf("operator and development commands not grouped:\n%s", out)
 	}
 }
 
@@ -96,39 +102,12 @@ func TestDescribeNamesWhatHappened(t *testing.T) {
 	}
 }
 
-func TestKubeletWritesIssuerAndToken(t *testing.T) {
-	dir := t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // write once, then stop
-	var out bytes.Buffer
-	tokenFile := dir + "/pod/var/run/secrets/tokens/istio-token"
-	err := Run(ctx, Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }},
-		[]string{"kubelet", "-issuer-dir", dir + "/issuer", "-token-file", tokenFile, "-ns", "default", "-sa", "demo"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := os.ReadFile(tokenFile)
-	if err != nil || strings.Count(string(tok), ".") != 2 {
-		t.Fatalf("token %q: %v", tok, err)
-	}
-	if _, err := os.Stat(dir + "/issuer/jwks.json"); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestWriteFileTightensAnExistingKeyFile(t *testing.T) {
-	path := t.TempDir() + "/key.pem"
-	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeFile(path, []byte("new"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v, %v", fi.Mode(), err)
-	}
-	if b, _ := os.ReadFile(path); string(b) != "new" {
-		t.Fatalf("content %q", b)
+func TestHelpAnywhereGivesTheCommandsFlags(t *testing.T) {
+	for _, args := range [][]string{{"rotate", "-h"}, {"rotate", "pod", "demo-0", "-h"}, {"kubelet", "--help"}} {
+		_, err := run(t, args...)
+		var b strings.Builder
+		if !flagenv.PrintHelp(err, &b) || !strings.Contains(b.String(), "Usage of "+args[0]) {
+			t.Errorf("%v: err %v, usage %q", args, err, b.String())
+		}
 	}
 }

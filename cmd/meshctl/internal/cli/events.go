@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -14,7 +15,7 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 	fs := flagenv.New("events", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	st, err := bf.stackFor(dir)

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -23,7 +24,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	var words []string
 	rest := args
 	for {
-		if err := parse(fs, env, rest); err != nil {
+		if err := command.Parse(fs, rest); err != nil {
 			return err
 		}
 		rest = fs.FS.Args()

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
@@ -23,7 +24,7 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 	fs.String(&node, "node", "", "meshctl", "node id to present")
 	names := []string{"default", "ROOTCA"}
 	fs.AllowArgs()
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.FS.NArg() > 0 {
@@ -33,7 +34,7 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 		if pod == "" {
 			return errors.New("-socket or -pod is required")
 		}
-		st, err := stack.Read(dir)
+		st, err := stackfile.Read(dir)
 		if err != nil {
 			return err
 		}

@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -33,12 +35,12 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account of the identity")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "requested certificate TTL")
-	fs.String(&out, "out", "", "", "write key.pem (0600), cert-chain.pem and root-cert.pem here")
+	fs.String(&out, "out", "", "", "write key.pem (0600), cert-chain.pem and root-cert.pem here, as OUTPUT_CERTS holds them")
 	fs.Bool(&useGRPC, "grpc", "", false, "use the Istio gRPC API (as an Istio agent would) instead of NATS")
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
-	st, err := stack.Read(dir)
+	st, err := stackfile.Read(dir)
 	if err != nil {
 		return err
 	}
@@ -99,25 +101,14 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
-	files := []struct {
-		name string
-		data []byte
-		mode os.FileMode
-	}{
-		{"key.pem", keyPEM, 0o600},
-		{"cert-chain.pem", pki.EncodeCertsPEM(certs[:len(certs)-1]), 0o644},
-		{"root-cert.pem", pki.EncodeCertPEM(root), 0o644},
+	if err := certdir.Write(out, keyPEM, pki.EncodeCertsPEM(certs[:len(certs)-1]), pki.EncodeCertPEM(root)); err != nil {
+		return err
 	}
-	for _, f := range files {
-		if err := writeFile(filepath.Join(out, f.name), f.data, f.mode); err != nil {
-			return err
-		}
-	}
-	fmt.Fprintf(env.Stdout, "written    %s/{key.pem,cert-chain.pem,root-cert.pem}\n", out)
+	fmt.Fprintf(env.Stdout, "written    %s/{%s,%s,%s}\n", out, certdir.KeyFile, certdir.ChainFile, certdir.RootFile)
 	return nil
 }
 
-func signNATS(ctx context.Context, bf *busFlags, st *stack.Stack, req events.SignRequest) ([]string, error) {
+func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events.SignRequest) ([]string, error) {
 	nc, err := bf.connect(ctx, st, "meshctl sign")
 	if err != nil {
 		return nil, err
@@ -141,7 +132,7 @@ func signNATS(ctx context.Context, bf *busFlags, st *stack.Stack, req events.Sig
 	return reply.CertChain, nil
 }
 
-func signGRPC(ctx context.Context, st *stack.Stack, csr, tok string, ttl time.Duration) ([]string, error) {
+func signGRPC(ctx context.Context, st *stackfile.Stack, csr, tok string, ttl time.Duration) ([]string, error) {
 	bundle, err := os.ReadFile(st.TrustBundle)
 	if err != nil {
 		return nil, fmt.Errorf("trust bundle: %w", err)
@@ -163,26 +154,4 @@ func signGRPC(ctx context.Context, st *stack.Stack, csr, tok string, ttl time.Du
 		return nil, fmt.Errorf("CreateCertificate: %w", err)
 	}
 	return resp.GetCertChain(), nil
-}
-
-// writeFile replaces path atomically with data at exactly mode: a key.pem left by an
-// earlier run with a looser mode does not keep it.
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"io"
 	"net/http"
 	"os"
@@ -10,7 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -19,10 +21,10 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	fs := flagenv.New("status", env.Getenv)
 	dirFlag(fs, &dir)
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
-	st, err := stack.Read(dir)
+	st, err := stackfile.Read(dir)
 	if err != nil {
 		return err
 	}
@@ -39,13 +41,13 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 	fmt.Fprintf(env.Stdout, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES", "ROOT (sha256)")
 	for _, p := range st.Pods {
 		serial, expires, root := "-", "-", "-"
-		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, "cert-chain.pem")); err == nil {
+		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, certdir.ChainFile)); err == nil {
 			if cs, err := pki.ParseCertsPEM(data); err == nil {
 				serial = pki.SerialHex(cs[0])
 				expires = fmt.Sprintf("%s (in %s)", cs[0].NotAfter.Local().Format("15:04:05"), time.Until(cs[0].NotAfter).Round(time.Second))
 			}
 		}
-		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, "root-cert.pem")); err == nil {
+		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, certdir.RootFile)); err == nil {
 			if cs, err := pki.ParseCertsPEM(data); err == nil {
 				fps := make([]string, len(cs))
 				for i, c := range cs {

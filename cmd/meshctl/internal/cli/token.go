@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"path/filepath"
 	"time"
 
@@ -20,7 +21,7 @@ func runToken(_ context.Context, env Env, args []string) error {
 	fs.String(&pod, "pod", "POD_NAME", "", "bind the token to this pod (the signer then records certificates for it only)")
 	fs.String(&aud, "aud", "", devtoken.DefaultAudience, "audience")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "token lifetime")
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))

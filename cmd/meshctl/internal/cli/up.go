@@ -3,12 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"io"
 	"path/filepath"
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/stack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -20,7 +22,7 @@ func dirFlag(fs *flagenv.Set, p *string) {
 }
 
 func runUp(ctx context.Context, env Env, args []string) error {
-	var cfg stack.Config
+	var cfg devstack.Config
 	var logc obs.LogConfig
 	fs := flagenv.New("up", env.Getenv)
 	dirFlag(fs, &cfg.Dir)
@@ -34,7 +36,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.Duration(&cfg.RootCheck, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", time.Hour, "how often the signer checks the root's remaining life")
 	fs.Int(&cfg.NATSPort, "nats-port", "MESHAGENT_NATS_PORT", -1, "embedded NATS port (-1: any free port)")
 	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
-	if err := parse(fs, env, args); err != nil {
+	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := logc.Validate(); err != nil {
@@ -55,7 +57,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 		fmt.Fprintln(env.Stdout, line)
 	})
 	cfg.OnEvent = onEvent
-	r, err := stack.New(cfg, env.Stdout, log)
+	r, err := devstack.New(cfg, env.Stdout, log)
 	if err != nil {
 		return err
 	}
@@ -85,7 +87,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	}
 }
 
-func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
+func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 	fmt.Fprintf(w, "\nmeshagent is up (%s). State in %s\n\n", took.Round(time.Millisecond), s.Dir)
 	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s, loopback only\n", s.NATSURL)
 	fmt.Fprintf(w, "      authenticated           each service its own nkey, pods their service-account token (signer's auth callout)\n")
@@ -105,7 +107,7 @@ func printSummary(w io.Writer, s *stack.Stack, took time.Duration) {
 		fmt.Fprintf(w, "      envoy                   %s\n", p.Envoy)
 		fmt.Fprintf(w, "      status port             http://%s/healthz/ready, /stats/prometheus (node %s)\n", p.Status, p.NodeID)
 	}
-	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stack.FileName)
+	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stackfile.FileName)
 	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")
 	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
 }
@@ -121,19 +123,3 @@ func printer(out func(string)) nats.MsgHandler {
 		out(describe(p, meta, time.Now()))
 	}
 }
-
-func parse(fs *flagenv.Set, env Env, args []string) error {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fs.Usage(env.Stdout)
-			return errHelp
-		}
-	}
-	return fs.Parse(args)
-}
-
-// errHelp ends a command after it printed its flags.
-var errHelp = fmt.Errorf("help requested")
-
-// IsHelp reports whether err means help was printed.
-func IsHelp(err error) bool { return err == errHelp }

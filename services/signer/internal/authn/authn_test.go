@@ -15,21 +15,22 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 var now = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 
-func verifier(iss *testkit.Issuer) *JWTVerifier {
+func verifier(iss *signertest.Issuer) *JWTVerifier {
 	return &JWTVerifier{Keys: StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local", Now: func() time.Time { return now }}
 }
 
 func TestJWT(t *testing.T) {
-	iss := testkit.NewIssuer(t, "meshagent-dev")
-	stranger := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
+	stranger := signertest.NewIssuer(t, "meshagent-dev")
 	good := iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour)
-	with := func(f func(*testkit.Claims)) testkit.Claims { c := good; f(&c); return c }
+	with := func(f func(*signertest.Claims)) signertest.Claims { c := good; f(&c); return c }
 	tests := []struct {
 		name    string
 		token   string
@@ -37,16 +38,16 @@ func TestJWT(t *testing.T) {
 		wantErr string
 	}{
 		{"dev token", iss.Mint(t, good), "spiffe://cluster.local/ns/shop/sa/web", ""},
-		{"sub fallback", iss.Mint(t, with(func(c *testkit.Claims) { c.NS, c.SA = "", "" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
-		{"kubernetes.io claims win over sub", iss.Mint(t, with(func(c *testkit.Claims) { c.Sub = "system:serviceaccount:other:x" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
+		{"sub fallback", iss.Mint(t, with(func(c *signertest.Claims) { c.NS, c.SA = "", "" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
+		{"kubernetes.io claims win over sub", iss.Mint(t, with(func(c *signertest.Claims) { c.Sub = "system:serviceaccount:other:x" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
 		{"expired", iss.Mint(t, iss.ServiceAccount("shop", "web", now.Add(-2*time.Hour), time.Hour)), "", "expired"},
-		{"other audience", iss.Mint(t, with(func(c *testkit.Claims) { c.Aud = []string{"vault"} })), "", "audience"},
-		{"other issuer", iss.Mint(t, with(func(c *testkit.Claims) { c.Iss = "https://evil" })), "", "issuer"},
-		{"bad signature", testkit.MintWith(t, stranger.Key, iss.KID, good), "", "does not verify"},
+		{"other audience", iss.Mint(t, with(func(c *signertest.Claims) { c.Aud = []string{"vault"} })), "", "audience"},
+		{"other issuer", iss.Mint(t, with(func(c *signertest.Claims) { c.Iss = "https://evil" })), "", "issuer"},
+		{"bad signature", signertest.MintWith(t, stranger.Key, iss.KID, good), "", "does not verify"},
 		{"unknown kid", stranger.Mint(t, good), "", "unknown key id"},
-		{"no exp", iss.Mint(t, with(func(c *testkit.Claims) { c.Exp = time.Time{} })), "", "no exp"},
-		{"no service account", iss.Mint(t, with(func(c *testkit.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" })), "", "no service account"},
-		{"not yet valid", iss.Mint(t, with(func(c *testkit.Claims) { c.NBF = now.Add(time.Hour) })), "", "claims"},
+		{"no exp", iss.Mint(t, with(func(c *signertest.Claims) { c.Exp = time.Time{} })), "", "no exp"},
+		{"no service account", iss.Mint(t, with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" })), "", "no service account"},
+		{"not yet valid", iss.Mint(t, with(func(c *signertest.Claims) { c.NBF = now.Add(time.Hour) })), "", "claims"},
 		{"garbage", "not.a.jwt", "", "malformed"},
 		{"tampered payload", tamper(iss.Mint(t, good)), "", ""},
 	}
@@ -82,7 +83,7 @@ func tamper(tok string) string {
 }
 
 func TestKeySetFromURLKeepsKeysWhenRefreshFails(t *testing.T) {
-	iss := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
 	var fail atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if fail.Load() {
@@ -106,7 +107,7 @@ func TestKeySetFromURLKeepsKeysWhenRefreshFails(t *testing.T) {
 	if len(ks.Current().Key(iss.KID)) != 1 {
 		t.Fatal("keys dropped after a failed refresh")
 	}
-	empty := &KeySet{File: testkit.NewIssuer(t, "x").WriteJWKS(t, t.TempDir())}
+	empty := &KeySet{File: signertest.NewIssuer(t, "x").WriteJWKS(t, t.TempDir())}
 	if err := empty.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // clusterIssuer is a Kubernetes API server as far as token verification goes: an
@@ -88,7 +90,7 @@ func (c *clusterIssuer) set(f func(c *clusterIssuer)) {
 }
 
 // serveKeys makes the JWKS hold exactly the keys of issuers.
-func (c *clusterIssuer) serveKeys(issuers ...*testkit.Issuer) {
+func (c *clusterIssuer) serveKeys(issuers ...*signertest.Issuer) {
 	var set jose.JSONWebKeySet
 	for _, i := range issuers {
 		set.Keys = append(set.Keys, i.JWKS().Keys...)
@@ -97,7 +99,7 @@ func (c *clusterIssuer) serveKeys(issuers ...*testkit.Issuer) {
 }
 
 // keySet is the signer's view of the cluster issuer, as service.New builds it.
-func (c *clusterIssuer) keySet(t *testing.T, clock *testkit.Clock) *KeySet {
+func (c *clusterIssuer) keySet(t *testing.T, fake *clock.Fake) *KeySet {
 	t.Helper()
 	client, err := NewHTTPClient(c.caFile)
 	if err != nil {
@@ -108,23 +110,30 @@ func (c *clusterIssuer) keySet(t *testing.T, clock *testkit.Clock) *KeySet {
 		t.Fatal(err)
 	}
 	return &KeySet{Discover: true, Issuer: c.srv.URL, BearerFile: bearer, Client: client,
-		MinRefresh: 10 * time.Second, Now: clock.Now}
+		MinRefresh: 10 * time.Second, Now: fake.Now}
 }
 
-func clusterVerifier(ks *KeySet, iss string, clock *testkit.Clock) *JWTVerifier {
-	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: clock.Now}
+func clusterVerifier(ks *KeySet, iss string, fake *clock.Fake) *JWTVerifier {
+	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
 }
 
-func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	sa := testkit.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(sa)
-	clock := testkit.NewClock(now)
-	ks := cluster.keySet(t, clock)
+// loadedDiscovery is a cluster issuer serving the key of iss, and the signer's key
+// set (loaded) and verifier for it, on a fake clock.
+func loadedDiscovery(t *testing.T) (cluster *clusterIssuer, iss *signertest.Issuer, fake *clock.Fake, ks *KeySet, v *JWTVerifier) {
+	t.Helper()
+	cluster = newClusterIssuer(t)
+	iss = signertest.NewIssuer(t, cluster.srv.URL)
+	cluster.serveKeys(iss)
+	fake = clock.NewFake(now)
+	ks = cluster.keySet(t, fake)
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	return cluster, iss, fake, ks, clusterVerifier(ks, cluster.srv.URL, fake)
+}
+
+func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
+	_, sa, _, _, v := loadedDiscovery(t)
 	c, err := v.Verify(sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-0")))
 	if err != nil {
 		t.Fatal(err)
@@ -141,15 +150,7 @@ func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 }
 
 func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	old := testkit.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(old)
-	clock := testkit.NewClock(now)
-	ks := cluster.keySet(t, clock)
-	if err := ks.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	cluster, old, fake, _, v := loadedDiscovery(t)
 	fetches := func() int32 { return cluster.jwksFetches.Load() }
 	if fetches() != 1 {
 		t.Fatalf("%d JWKS fetches after Load, want 1", fetches())
@@ -157,10 +158,10 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 	// The API server rotates its signing key; the first token with the new kid makes
 	// the signer fetch the JWKS again (the minimum interval has passed since Load).
-	clock.Add(11 * time.Second)
-	rotated := testkit.NewIssuer(t, cluster.srv.URL)
+	fake.Add(11 * time.Second)
+	rotated := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated)
-	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", clock.Now(), time.Hour))); err != nil {
+	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", fake.Now(), time.Hour))); err != nil {
 		t.Fatalf("token signed by the rotated-in key: %v", err)
 	}
 	if fetches() != 2 {
@@ -168,8 +169,8 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	}
 
 	// Made-up key ids, many of them at once, within the minimum interval: no fetch.
-	stranger := testkit.NewIssuer(t, cluster.srv.URL)
-	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	stranger := signertest.NewIssuer(t, cluster.srv.URL)
+	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)
@@ -185,13 +186,13 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d JWKS fetches after unknown kids within the minimum interval, want 2", fetches())
 	}
 	// A key rotated in within the minimum interval waits for it to pass.
-	next := testkit.NewIssuer(t, cluster.srv.URL)
+	next := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated, next)
-	tok := next.Mint(t, next.ServiceAccount("shop", "web", clock.Now(), time.Hour))
+	tok := next.Mint(t, next.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	if _, err := v.Verify(tok); err == nil {
 		t.Fatal("a new kid within the minimum interval verified without a fetch")
 	}
-	clock.Add(10 * time.Second)
+	fake.Add(10 * time.Second)
 	if _, err := v.Verify(tok); err != nil {
 		t.Fatalf("new kid once the minimum interval passed: %v", err)
 	}
@@ -199,7 +200,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d JWKS fetches, want 3", fetches())
 	}
 	// Concurrent unknown kids after the interval share one fetch.
-	clock.Add(10 * time.Second)
+	fake.Add(10 * time.Second)
 	for range 20 {
 		wg.Add(1)
 		go func() { defer wg.Done(); _, _ = v.Verify(forged) }()
@@ -212,9 +213,9 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	old, rotated := testkit.NewIssuer(t, cluster.srv.URL), testkit.NewIssuer(t, cluster.srv.URL)
+	old, rotated := signertest.NewIssuer(t, cluster.srv.URL), signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
-	ks := cluster.keySet(t, testkit.NewClock(now))
+	ks := cluster.keySet(t, clock.NewFake(now))
 	ks.Refresh = 20 * time.Millisecond
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -231,27 +232,15 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	// The issuer retires the old key: the cached set follows within the TTL, without
 	// any token asking for it.
 	cluster.serveKeys(rotated)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(ks.Current().Key(old.KID)) != 0 || len(ks.Current().Key(rotated.KID)) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("cached set not refreshed: %d discovery, %d jwks requests", cluster.discoveries.Load(), cluster.jwksFetches.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, 5*time.Second, "the cached set refreshed to the rotated key", func() bool {
+		return len(ks.Current().Key(old.KID)) == 0 && len(ks.Current().Key(rotated.KID)) == 1
+	})
 }
 
 func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
-	cluster := newClusterIssuer(t)
-	sa := testkit.NewIssuer(t, cluster.srv.URL)
-	cluster.serveKeys(sa)
-	clock := testkit.NewClock(now)
-	ks := cluster.keySet(t, clock)
-	if err := ks.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	v := clusterVerifier(ks, cluster.srv.URL, clock)
+	cluster, sa, _, ks, v := loadedDiscovery(t)
 	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
-	imposter := testkit.NewIssuer(t, cluster.srv.URL)
+	imposter := signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(imposter)
 
 	tests := []struct {
@@ -285,30 +274,30 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 
 func TestDiscoveryClearErrors(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	cluster.serveKeys(testkit.NewIssuer(t, cluster.srv.URL))
-	clock := testkit.NewClock(now)
+	cluster.serveKeys(signertest.NewIssuer(t, cluster.srv.URL))
+	fake := clock.NewFake(now)
 
-	untrusted := cluster.keySet(t, clock)
+	untrusted := cluster.keySet(t, fake)
 	untrusted.Client = &http.Client{Timeout: time.Second} // system roots: the cluster CA is not among them
 	if err := untrusted.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("unknown server CA: %v", err)
 	}
-	noBearer := cluster.keySet(t, clock)
+	noBearer := cluster.keySet(t, fake)
 	noBearer.BearerFile = ""
 	if err := noBearer.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "401 Unauthorized") {
 		t.Fatalf("no bearer token: %v", err)
 	}
-	missing := cluster.keySet(t, clock)
+	missing := cluster.keySet(t, fake)
 	missing.BearerFile = filepath.Join(t.TempDir(), "absent")
 	if err := missing.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "bearer token") {
 		t.Fatalf("missing bearer file: %v", err)
 	}
-	plain := cluster.keySet(t, clock)
+	plain := cluster.keySet(t, fake)
 	plain.Issuer = "http://kubernetes.default.svc"
 	if err := plain.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "not an https URL") {
 		t.Fatalf("http issuer: %v", err)
 	}
-	gone := cluster.keySet(t, clock)
+	gone := cluster.keySet(t, fake)
 	cluster.srv.Close()
 	if err := gone.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "oidc discovery") {
 		t.Fatalf("server gone: %v", err)

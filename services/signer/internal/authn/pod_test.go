@@ -6,22 +6,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 func TestJWTPodClaim(t *testing.T) {
-	iss := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
 	sa := iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour)
 	tests := []struct {
 		name    string
-		claims  testkit.Claims
+		claims  signertest.Claims
 		wantPod string
 		wantErr string
 	}{
 		{"pod-bound token", sa.ForPod("web-0"), "web-0", ""},
 		{"token without pod claim", sa, "", ""},
-		{"pod claim without service account claims", func() testkit.Claims { c := sa.ForPod("web-1"); c.NS, c.SA = "", ""; return c }(), "web-1", ""},
-		{"empty pod name", func() testkit.Claims { c := sa; c.PodClaim = true; return c }(), "", "token pod claim"},
+		{"pod claim without service account claims", func() signertest.Claims { c := sa.ForPod("web-1"); c.NS, c.SA = "", ""; return c }(), "web-1", ""},
+		{"empty pod name", func() signertest.Claims { c := sa; c.PodClaim = true; return c }(), "", "token pod claim"},
 		{"pod name with a slash", sa.ForPod("shop/web-0"), "", "token pod claim"},
 	}
 	v := verifier(iss)

@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // apiServer speaks the TokenReview API (authentication.k8s.io/v1) over TLS, as the
@@ -114,7 +115,7 @@ func (a *apiServer) setDown(down bool) {
 	a.down = down
 }
 
-func (a *apiServer) reviewer(t *testing.T, bearer string, clock *testkit.Clock) *TokenReviewer {
+func (a *apiServer) reviewer(t *testing.T, bearer string, fake *clock.Fake) *TokenReviewer {
 	t.Helper()
 	client, err := NewHTTPClient(a.caFile)
 	if err != nil {
@@ -124,15 +125,15 @@ func (a *apiServer) reviewer(t *testing.T, bearer string, clock *testkit.Clock) 
 	if err := os.WriteFile(f, []byte(bearer+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &TokenReviewer{URL: a.srv.URL, Client: client, BearerFile: f, Audience: "istio-ca", TrustDomain: "cluster.local", Now: clock.Now}
+	return &TokenReviewer{URL: a.srv.URL, Client: client, BearerFile: f, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
 }
 
 func TestTokenReview(t *testing.T) {
 	api := newAPIServer(t)
-	clock := testkit.NewClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
-	iss := testkit.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
+	fake := clock.NewFake(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	iss := signertest.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
 	mint := func(pod string, aud ...string) string {
-		c := iss.ServiceAccount("shop", "web", clock.Now(), time.Hour).ForPod(pod)
+		c := iss.ServiceAccount("shop", "web", fake.Now(), time.Hour).ForPod(pod)
 		c.Aud = aud
 		return iss.Mint(t, c)
 	}
@@ -147,7 +148,7 @@ func TestTokenReview(t *testing.T) {
 	badPodTok := mint("", "istio-ca")
 	api.know(badPodTok, knownToken{user: "system:serviceaccount:shop:web", aud: []string{"istio-ca"}, pod: "web.1>"})
 
-	v := api.reviewer(t, api.bearer, clock)
+	v := api.reviewer(t, api.bearer, fake)
 	tests := []struct {
 		name, token, want string // want: pod, or the error's text
 		ok                bool
@@ -172,7 +173,7 @@ func TestTokenReview(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod != tt.want || c.Source != SourceJWT ||
-				!c.Expires.Equal(clock.Now().Add(time.Hour).Truncate(time.Second)) {
+				!c.Expires.Equal(fake.Now().Add(time.Hour).Truncate(time.Second)) {
 				t.Fatalf("caller %+v", c)
 			}
 		})
@@ -188,7 +189,7 @@ func TestTokenReview(t *testing.T) {
 		if got := api.reviews.Load() - n; got != 0 {
 			t.Fatalf("%d reviews for cached token", got)
 		}
-		clock.Add(DefaultReviewCache + time.Second)
+		fake.Add(DefaultReviewCache + time.Second)
 		if _, err := v.Verify(podTok); err != nil {
 			t.Fatal(err)
 		}
@@ -198,14 +199,14 @@ func TestTokenReview(t *testing.T) {
 	})
 
 	t.Run("cached no longer than the token lives", func(t *testing.T) {
-		c := iss.ServiceAccount("shop", "web", clock.Now(), 20*time.Second).ForPod("web-2")
+		c := iss.ServiceAccount("shop", "web", fake.Now(), 20*time.Second).ForPod("web-2")
 		short := iss.Mint(t, c)
 		api.know(short, knownToken{user: "system:serviceaccount:shop:web", aud: []string{"istio-ca"}, pod: "web-2"})
 		if _, err := v.Verify(short); err != nil {
 			t.Fatal(err)
 		}
 		n := api.reviews.Load()
-		clock.Add(21 * time.Second)
+		fake.Add(21 * time.Second)
 		_, _ = v.Verify(short)
 		if api.reviews.Load() != n+1 {
 			t.Fatal("an expired token's verdict came from the cache")
@@ -227,7 +228,7 @@ func TestTokenReview(t *testing.T) {
 	})
 
 	t.Run("API unreachable", func(t *testing.T) {
-		gone := api.reviewer(t, api.bearer, clock)
+		gone := api.reviewer(t, api.bearer, fake)
 		gone.URL = "https://127.0.0.1:1"
 		if _, err := gone.Verify(podTok); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("err = %v, want unavailable", err)
@@ -235,7 +236,7 @@ func TestTokenReview(t *testing.T) {
 	})
 
 	t.Run("reviewer not authorized", func(t *testing.T) {
-		_, err := api.reviewer(t, "someone-else", clock).Verify(podTok)
+		_, err := api.reviewer(t, "someone-else", fake).Verify(podTok)
 		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "system:auth-delegator") {
 			t.Fatalf("err = %v", err)
 		}

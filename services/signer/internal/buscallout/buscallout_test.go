@@ -12,8 +12,9 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,7 @@ import (
 
 type fixture struct {
 	srv *bustest.Secured
-	iss *testkit.Issuer
+	iss *signertest.Issuer
 	r   *Responder
 }
 
@@ -30,12 +31,12 @@ type fixture struct {
 // verifying tokens of iss for trust domain cluster.local.
 func start(t *testing.T) *fixture {
 	t.Helper()
-	iss := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
 	return startWith(t, iss, &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
 }
 
 // startWith runs the responder with verifier v.
-func startWith(t *testing.T, iss *testkit.Issuer, v Verifier) *fixture {
+func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
 	t.Helper()
 	srv := bustest.SecureServer(t)
 	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
@@ -55,13 +56,7 @@ func startWith(t *testing.T, iss *testkit.Issuer, v Verifier) *fixture {
 			t.Error(err)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for r.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("callout not ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyWithin(t, 10*time.Second, "callout ready", func() bool { return r.Ready() == nil })
 	return &fixture{srv: srv, iss: iss, r: r}
 }
 
@@ -107,14 +102,14 @@ func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
 func TestRefusedAtConnect(t *testing.T) {
 	f := start(t)
 	now := time.Now()
-	stranger := testkit.NewIssuer(t, "other-domain-issuer")
+	stranger := signertest.NewIssuer(t, "other-domain-issuer")
 	good := f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1")
 	expired := f.iss.ServiceAccount("default", "web", now.Add(-3*time.Hour), time.Hour).ForPod("web-1")
 	tests := []struct {
 		name, token, reason string
 	}{
 		{"another trust domain's issuer", stranger.Mint(t, good), ReasonBadToken},
-		{"issuer name right, key wrong", testkit.MintWith(t, stranger.Key, f.iss.KID, good), ReasonBadToken},
+		{"issuer name right, key wrong", signertest.MintWith(t, stranger.Key, f.iss.KID, good), ReasonBadToken},
 		{"expired token", f.iss.Mint(t, expired), ReasonBadToken},
 		{"token without a pod claim", f.iss.Mint(t, f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour)), ReasonNotPodBound},
 		{"garbage", "not-a-jwt", ReasonBadToken},
@@ -186,7 +181,7 @@ func TestPodUserExpiresWithToken(t *testing.T) {
 // keys yet, a pod is refused as not_ready (its client retries), not as a bad token;
 // once they are loaded the same token is admitted.
 func TestRefusedAsNotReadyUntilKeysLoad(t *testing.T) {
-	iss := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
 	dir := t.TempDir()
 	keys := &authn.KeySet{File: filepath.Join(dir, "jwks.json")}
 	f := startWith(t, iss, &authn.JWTVerifier{Keys: keys, Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
@@ -215,7 +210,7 @@ func TestRefusedAsNotReadyUntilKeysLoad(t *testing.T) {
 // TestRefusedAsUnavailableWhenTokenReviewIsDown: an API server that does not answer
 // is no verdict on the token: refused as unavailable, the pod's client retries.
 func TestRefusedAsUnavailableWhenTokenReviewIsDown(t *testing.T) {
-	iss := testkit.NewIssuer(t, "meshagent-dev")
+	iss := signertest.NewIssuer(t, "meshagent-dev")
 	f := startWith(t, iss, &authn.TokenReviewer{URL: "https://127.0.0.1:1", Audience: "istio-ca", TrustDomain: "cluster.local"})
 	tok := iss.Mint(t, iss.ServiceAccount("default", "web", time.Now().Add(-time.Minute), time.Hour).ForPod("web-1"))
 	if nc, err := f.connect("web-1", tok); err == nil {

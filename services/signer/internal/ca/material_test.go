@@ -14,7 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 var t0 = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
@@ -90,22 +91,22 @@ func TestLoadDirIstioLayout(t *testing.T) {
 		chain   int
 		wantErr string
 	}{
-		{"intermediate", func(d string) { testkit.WriteCACerts(t, d, inter, []*x509.Certificate{root.Cert}, root.Cert) }, 2, ""},
-		{"root only", func(d string) { testkit.WriteCACerts(t, d, root, nil, root.Cert) }, 1, ""},
+		{"intermediate", func(d string) { signertest.WriteCACerts(t, d, inter, []*x509.Certificate{root.Cert}, root.Cert) }, 2, ""},
+		{"root only", func(d string) { signertest.WriteCACerts(t, d, root, nil, root.Cert) }, 1, ""},
 		{"no cert-chain.pem", func(d string) {
-			testkit.WriteCACerts(t, d, inter, nil, root.Cert)
+			signertest.WriteCACerts(t, d, inter, nil, root.Cert)
 			_ = os.Remove(d + "/" + CertChainFile)
 		}, 2, ""},
 		{"key does not match cert", func(d string) {
-			testkit.WriteCACerts(t, d, &testkit.CA{Cert: inter.Cert, Key: other.Key}, nil, root.Cert)
+			signertest.WriteCACerts(t, d, &testkit.CA{Cert: inter.Cert, Key: other.Key}, nil, root.Cert)
 		}, 0, "does not match"},
-		{"chain does not verify", func(d string) { testkit.WriteCACerts(t, d, inter, nil, other.Cert) }, 0, "does not chain"},
+		{"chain does not verify", func(d string) { signertest.WriteCACerts(t, d, inter, nil, other.Cert) }, 0, "does not chain"},
 		{"missing root-cert.pem", func(d string) {
-			testkit.WriteCACerts(t, d, inter, nil, root.Cert)
+			signertest.WriteCACerts(t, d, inter, nil, root.Cert)
 			_ = os.Remove(d + "/" + RootCertFile)
 		}, 0, "root-cert.pem"},
 		{"garbage key", func(d string) {
-			testkit.WriteCACerts(t, d, inter, nil, root.Cert)
+			signertest.WriteCACerts(t, d, inter, nil, root.Cert)
 			_ = os.WriteFile(d+"/"+CAKeyFile, []byte("not a key"), 0o600)
 		}, 0, "ca-key.pem"},
 	}
@@ -154,7 +155,7 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	root2 := testkit.NewCA(t, "root2", nil, t0, 48*time.Hour)
 	inter2 := testkit.NewCA(t, "inter2", root2, t0, 12*time.Hour)
 	dir := t.TempDir()
-	testkit.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	auth := &Authority{}
 	rec := &recorder{}
 	p := NewPlugged(dir, 20*time.Millisecond, "cluster.local", auth, rec.notify, hclog.NewNullLogger(), func() time.Time { return t0 })
@@ -173,7 +174,7 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	}()
 
 	// Invalid: inter2's key with the old root bundle. Nothing changes.
-	testkit.WriteCACerts(t, dir, inter2, nil, root.Cert)
+	signertest.WriteCACerts(t, dir, inter2, nil, root.Cert)
 	if p.Reload(context.Background()) {
 		t.Fatal("invalid material installed")
 	}
@@ -182,9 +183,9 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	}
 	// Valid: new intermediate under a new root, with both roots in the bundle. The
 	// watcher picks it up and announces it.
-	testkit.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
-	testkit.Eventually(t, 5*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
-	testkit.Eventually(t, 5*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
+	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
+	testkit.EventuallyWithin(t, 5*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
+	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
 	tc := rec.all()[0]
 	if tc.Reason != events.TrustReasonReload || len(tc.Roots) != 2 || len(tc.Added) != 1 || tc.Added[0] != pki.Fingerprint(root2.Cert) || tc.Generation <= first.Generation {
 		t.Fatalf("trust.changed %+v", tc)

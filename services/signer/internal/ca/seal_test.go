@@ -17,9 +17,10 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -166,9 +167,9 @@ func assertNoClearKey(t *testing.T, value []byte, key crypto.Signer) {
 
 func TestKVNeverHoldsTheKeyInClear(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	fake := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
-	r := newReplica(t, js, clock)
+	r := newReplica(t, js, fake)
 	ctx := context.Background()
 	if err := r.src.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -196,14 +197,14 @@ func TestKVNeverHoldsTheKeyInClear(t *testing.T) {
 
 func TestWrongKEKRefusesAndWritesNothing(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
-	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	fake := clock.NewFake(t0)
+	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	if err := a.src.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	js := bustest.JetStream(t, bustest.Conn(t, s))
 	before := kvValue(t, js)
-	b := newReplica(t, js, clock)
+	b := newReplica(t, js, fake)
 	b.src.cfg.KEK = mustKEK(bytes.Repeat([]byte{9}, 32))
 	err := b.src.Start(context.Background())
 	if !errors.Is(err, ErrUnseal) || !strings.Contains(err.Error(), "cannot unseal CA key: wrong -ca-kek-file?") {
@@ -225,7 +226,7 @@ func TestWrongKEKRefusesAndWritesNothing(t *testing.T) {
 // root and the generation, and announce nothing.
 func TestMigratesAClearRecord(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	fake := clock.NewFake(t0)
 	js := bustest.JetStream(t, bustest.Conn(t, s))
 	root := testkit.NewCA(t, "meshagent root CA", nil, t0, 240*time.Hour)
 	keyPEM, err := pki.EncodeKeyPEM(root.Key, true)
@@ -240,7 +241,7 @@ func TestMigratesAClearRecord(t *testing.T) {
 	if _, err := kv.Create(context.Background(), RootKey, legacy); err != nil {
 		t.Fatal(err)
 	}
-	reps := []*replica{newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock), newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)}
+	reps := []*replica{newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake), newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)}
 	var wg sync.WaitGroup
 	errs := make([]error, len(reps))
 	for i, r := range reps {
@@ -263,7 +264,7 @@ func TestMigratesAClearRecord(t *testing.T) {
 	}
 	assertNoClearKey(t, e.Value(), root.Key)
 	// A replica started later loads the sealed record as any other.
-	late := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	late := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	if err := late.src.Start(context.Background()); err != nil || late.auth.Current().RootFingerprint() != pki.Fingerprint(root.Cert) {
 		t.Fatalf("late replica: %v", err)
 	}

@@ -11,9 +11,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -39,9 +40,9 @@ type replica struct {
 	rec  *recorder
 }
 
-func newReplica(t *testing.T, js jetstream.JetStream, clock *testkit.Clock) *replica {
+func newReplica(t *testing.T, js jetstream.JetStream, fake *clock.Fake) *replica {
 	r := &replica{auth: &Authority{}, rec: &recorder{}}
-	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), clock.Now)
+	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), fake.Now)
 	return r
 }
 
@@ -59,14 +60,14 @@ func (r *replica) run(t *testing.T) {
 
 func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
+	fake := clock.NewFake(t0)
 	const n = 4
 	reps := make([]*replica, n)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range reps {
 		// Each replica has its own connection, as separate processes would.
-		reps[i] = newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+		reps[i] = newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	}
 	for i := range reps {
 		wg.Add(1)
@@ -96,9 +97,9 @@ func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
 
 func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
-	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
-	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	fake := clock.NewFake(t0)
+	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	ctx := context.Background()
 	for _, r := range []*replica{a, b} {
 		if err := r.src.Start(ctx); err != nil {
@@ -110,7 +111,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	old := a.auth.Current()
 
 	// Not due yet: nothing happens.
-	clock.Add(7 * time.Minute) // 30% left
+	fake.Add(7 * time.Minute) // 30% left
 	if err := a.src.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatal("rotated before the grace period")
 	}
 	// Due: 10% of the root's life left.
-	clock.Add(2 * time.Minute)
+	fake.Add(2 * time.Minute)
 	if err := a.src.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	// Both replicas announce the new generation, the same event (JetStream keeps one
 	// by its id): the writer from its own write, the other from the KV watch.
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.Eventually(t, 5*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
+		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
 		tc := r.rec.all()[0]
 		if tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || tc.Generation != cur.Generation ||
 			len(tc.Added) != 1 || tc.Added[0] != cur.RootFingerprint() || len(tc.Removed) != 0 {
@@ -143,12 +144,12 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		}
 	}
 	// The other replica follows through the KV watch and signs with the new root.
-	testkit.Eventually(t, 5*time.Second, "replica b on the new root", func() bool {
+	testkit.EventuallyWithin(t, 5*time.Second, "replica b on the new root", func() bool {
 		return b.auth.Current().RootFingerprint() == cur.RootFingerprint()
 	})
 	k, _ := pki.GenerateKey(pki.ECP256)
 	id, _ := url.Parse("spiffe://cluster.local/ns/a/sa/b")
-	leaf, err := b.auth.Current().SignLeaf(k.Public(), id, clock.Now(), time.Minute)
+	leaf, err := b.auth.Current().SignLeaf(k.Public(), id, fake.Now(), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	newPool.AddCert(cur.Roots[0])
 	oldPool.AddCert(old.Roots[0])
 	for name, pool := range map[string]*x509.CertPool{"new": newPool, "old (same key)": oldPool} {
-		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: clock.Now(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: fake.Now(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 			t.Errorf("leaf does not verify under the %s root: %v", name, err)
 		}
 	}
@@ -168,7 +169,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatal("second replica rotated again")
 	}
 	// The old root leaves the bundle when it expires.
-	clock.Add(2 * time.Minute)
+	fake.Add(2 * time.Minute)
 	if err := b.src.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +177,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatalf("expired root not dropped: %d roots", len(got.Roots))
 	}
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.Eventually(t, 5*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
+		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
 		if tc := r.rec.all()[1]; tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Generation != cur.Generation+1 {
 			t.Fatalf("replica %s trust.changed on expiry %+v", name, tc)
 		}
@@ -193,8 +194,8 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 
 func TestSelfSignedRSARoot(t *testing.T) {
 	s := bustest.Server(t)
-	clock := testkit.NewClock(t0)
-	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), clock)
+	fake := clock.NewFake(t0)
+	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	r.src.cfg.KeyAlg = pki.RSA2048
 	if err := r.src.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -205,7 +206,7 @@ func TestSelfSignedRSARoot(t *testing.T) {
 	}
 	k, _ := pki.GenerateKey(pki.ECP256)
 	id, _ := url.Parse("spiffe://cluster.local/ns/a/sa/b")
-	leaf, err := m.SignLeaf(k.Public(), id, clock.Now(), time.Minute)
+	leaf, err := m.SignLeaf(k.Public(), id, fake.Now(), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -79,6 +80,12 @@ type Config struct {
 		MaxAge   time.Duration
 	}
 	Workers int // concurrent NATS sign requests per replica
+}
+
+// Process is what the lifecycle reads: the name, the root logger's settings, the
+// health and metrics address and the bus.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "signer", Log: c.Log, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
 
 // Default returns the defaults, named after Istio's where Istio has the knob.
@@ -158,14 +165,14 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Stream.MaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Stream.MaxAge, "history of the event stream, if the signer creates it")
 	fs.Int(&c.Workers, "workers", "SIGNER_WORKERS", c.Workers, "concurrent NATS sign requests")
 	perr := fs.Parse(args)
-	c.Listen.DNSNames = splitList(dnsNames)
-	c.Certs.Signers = splitList(signers)
+	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
+	c.Certs.Signers = flagenv.SplitList(signers)
 	var errs []error
 	if perr != nil {
 		errs = append(errs, perr)
 	}
 	c.Listen.IPs = nil
-	for _, s := range splitList(ips) {
+	for _, s := range flagenv.SplitList(ips) {
 		ip := net.ParseIP(s)
 		if ip == nil {
 			errs = append(errs, fmt.Errorf("-grpc-ips: %q is not an IP address", s))
@@ -193,16 +200,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // Validate reports every problem at once, naming the flag.

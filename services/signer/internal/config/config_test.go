@@ -177,3 +177,18 @@ func TestTokenReview(t *testing.T) {
 		})
 	}
 }
+
+// Process hands the lifecycle what it reads itself: the name, the logger, the
+// health address and the bus, as the flags set them.
+func TestProcess(t *testing.T) {
+	c, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek", "-http-addr", "127.0.0.1:9999",
+		"-log-level", "debug", "-nats-url", "nats://bus:4222"}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Process()
+	if p.Name != "signer" || p.HTTP != "127.0.0.1:9999" || p.Log.Level != "debug" || p.Bus == nil ||
+		p.Bus.URL != "nats://bus:4222" || p.Bus.Name != "signer-s1" {
+		t.Fatalf("process %+v (bus %+v)", p, p.Bus)
+	}
+}

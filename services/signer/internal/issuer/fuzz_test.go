@@ -21,9 +21,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
-	"github.com/meshagent/meshagent/services/signer/internal/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -65,13 +66,13 @@ func newFuzzIssuer(f *testing.F) *fuzzIssuer {
 	root := testkit.NewCA(f, "root", nil, fuzzNow, 365*24*time.Hour)
 	inter := testkit.NewCA(f, "inter", root, fuzzNow, 30*24*time.Hour)
 	dir := f.TempDir()
-	testkit.WriteCACerts(f, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
+	signertest.WriteCACerts(f, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	now := func() time.Time { return fuzzNow }
 	auth := &ca.Authority{}
 	if err := ca.NewPlugged(dir, time.Second, "cluster.local", auth, nil, hclog.NewNullLogger(), now).Start(context.Background()); err != nil {
 		f.Fatal(err)
 	}
-	jwtIss := testkit.NewIssuer(f, "meshagent-dev")
+	jwtIss := signertest.NewIssuer(f, "meshagent-dev")
 	verifier := &authn.JWTVerifier{Keys: authn.StaticKeySet(jwtIss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca",
 		TrustDomain: "cluster.local", Now: now}
 	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert}

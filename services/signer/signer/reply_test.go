@@ -1,0 +1,76 @@
+package signer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+)
+
+// TestRepliesGoOnlyToInboxes: a request's reply subject is the requester's choice,
+// and the signer may publish into its CA bucket and its events. A request whose reply
+// names one of those (or the signer's own inbox) is dropped: nothing is written there,
+// no certificate is issued, no rotation happens; a request with an inbox still works.
+func TestRepliesGoOnlyToInboxes(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("signer-a")
+	e.start(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	caStream, err := e.js.Stream(ctx, "KV_"+cfg.CA.KVBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caSeq := func() uint64 {
+		info, err := caStream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	before, gen := caSeq(), bundle(t, e.nc).Generation
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	requests := []struct {
+		subject string
+		p       events.Payload
+	}{
+		{events.SubjectTrustBundle, events.BundleRequest{}},
+		{events.SubjectSignAny, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}},
+		{events.SubjectRootRotate, events.RotateRequest{}},
+	}
+	for _, reply := range []string{"$KV." + cfg.CA.KVBucket + ".root", events.SubjectTrustChanged, events.SubjectCertIssued,
+		"$JS.API.STREAM.UPDATE." + events.StreamEvents, "_INBOX.signer.x"} {
+		for _, r := range requests {
+			m, err := events.NewMsg(r.subject, "test", r.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Reply = reply
+			if err := e.nc.PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Answered in order per worker: a round of bundle requests comes after them all.
+	for range cfg.Workers {
+		bundle(t, e.nc)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if got := caSeq(); got != before {
+		t.Fatalf("the CA bucket moved from sequence %d to %d", before, got)
+	}
+	if got := bundle(t, e.nc).Generation; got != gen {
+		t.Fatalf("the root rotated: generation %d -> %d", gen, got)
+	}
+	for _, s := range []string{events.SubjectTrustChanged, events.SubjectCertIssued} {
+		if n := count(t, e.js, s); n != 0 {
+			t.Fatalf("%d messages on %s", n, s)
+		}
+	}
+	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}); rep.Error != nil {
+		t.Fatalf("a request with an inbox: %v", rep.Error)
+	}
+}

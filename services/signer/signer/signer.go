@@ -1,0 +1,259 @@
+// Package signer is meshagent's CA as a service on the one lifecycle (pkg/lifecycle):
+// Load reads its config, New builds a replica on a bus connection (CA material,
+// plugged-in or self-signed; authentication; the issuer; the NATS and gRPC front
+// ends; the bus auth callout) and Run starts, serves and stops it. Build, start,
+// ready and stop are all in this file; how callers are authenticated is in auth.go.
+package signer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/config"
+	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is the signer's whole configuration (flags and env vars: Load).
+type Config = config.Config
+
+// Load reads the signer's flags and env vars over its defaults and validates them.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return config.Load(args, getenv)
+}
+
+// source is where CA material comes from.
+type source interface {
+	// Start loads the material; the signer is not ready before it returns nil.
+	Start(ctx context.Context) error
+	// Run keeps the material current until ctx is done.
+	Run(ctx context.Context) error
+	// Rotate forces a root rotation.
+	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+	// Announced is the highest bundle generation known to be announced.
+	Announced() uint64
+	// AnnounceFailures counts failed trust.changed publish attempts (all retried).
+	AnnounceFailures() uint64
+}
+
+var (
+	_ source = (*ca.SelfSigned)(nil)
+	_ source = (*ca.Plugged)(nil)
+)
+
+// Signer is one signer replica.
+type Signer struct {
+	cfg    config.Config
+	log    hclog.Logger
+	js     jetstream.JetStream
+	auth   *ca.Authority
+	source source
+	keys   *authn.KeySet // nil unless tokens are verified against a JWKS
+	iss    *issuer.Issuer
+	// callout admits pods to the bus (nil unless -bus-callout-seed is set).
+	callout *buscallout.Responder
+	nats    *natsapi.API
+	grpc    *grpcapi.Server
+}
+
+var _ lifecycle.Service = (*Signer)(nil)
+
+// New builds a signer replica on d.Bus, telling time by d.Clock; it registers its
+// metrics on d.Metrics and its readiness (CA loaded, NATS subscribed, gRPC bound,
+// bus callout connected) on d.Health. Nothing listens, subscribes or runs until Run.
+func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
+	if d.Bus == nil {
+		return nil, errors.New("signer: no bus connection")
+	}
+	d = d.WithDefaults()
+	now := d.Clock.Now
+	js, err := jetstream.New(d.Bus)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	s := &Signer{cfg: cfg, log: d.Log, js: js, auth: &ca.Authority{}}
+	counter := func(name, help string, value func() uint64) {
+		d.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
+		}, func() float64 { return float64(value()) }))
+	}
+	if err := s.newSource(counter, now); err != nil {
+		return nil, err
+	}
+	counter("trust_changed_publish_failures_total",
+		"Failed attempts to publish trust.changed; each is retried until JetStream takes it.", s.source.AnnounceFailures)
+	verifier, err := s.newVerifier(now)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.BusCallout.IssuerSeed != "" {
+		if err := s.newCallout(verifier, d.Metrics, now); err != nil {
+			return nil, err
+		}
+		d.Health.AddReadyCheck("bus_callout", s.callout.Ready)
+	}
+	var tokens issuer.TokenVerifier
+	if verifier != nil {
+		tokens = verifier
+	}
+	metrics := issuer.NewMetrics(d.Metrics, s.auth, now)
+	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
+	s.iss = issuer.New(issuer.Config{
+		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
+		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers,
+	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
+	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, d.Log.Named("nats"))
+	counter("nats_requests_dropped_total",
+		"NATS requests dropped unanswered because -workers x 4 were already waiting (slow consumer); callers retry.", s.nats.Dropped)
+	counter("nats_slow_consumer_events_total",
+		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
+	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))
+	d.Health.AddReadyCheck("ca", s.auth.Ready)
+	d.Health.AddReadyCheck("nats", s.nats.Ready)
+	d.Health.AddReadyCheck("grpc", s.grpc.Ready)
+	return s, nil
+}
+
+// newSource builds the CA source: the Istio cacerts directory when -cacerts-dir is
+// set, else a self-signed root kept (sealed) in JetStream KV.
+func (s *Signer) newSource(counter func(name, help string, value func() uint64), now func() time.Time) error {
+	cfg := s.cfg
+	origin := "meshagent/signer/" + cfg.Instance
+	notify := func(ctx context.Context, tc events.TrustChanged) error {
+		msg, err := events.Encode(events.SubjectTrustChanged, events.Meta{Source: origin, ID: fmt.Sprintf("trust-%s-%d", cfg.TrustDomain, tc.Generation)}, tc)
+		if err != nil {
+			return err
+		}
+		return bus.Publish(ctx, s.js, msg) // the caller bounds each attempt and retries
+	}
+	if cfg.CA.Dir != "" {
+		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, s.log.Named("ca"), now)
+		counter("ca_reload_rejected_total",
+			"Reloads of the cacerts directory refused because the new material was invalid.", p.Rejected)
+		s.source = p
+		return nil
+	}
+	kek, err := ca.LoadKEK(cfg.CA.KEKFile)
+	if err != nil {
+		return fmt.Errorf("ca: %w", err)
+	}
+	s.source = ca.NewSelfSigned(ca.SelfSignedConfig{
+		TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
+		RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
+		NewKeyOnRotate: cfg.CA.NewKeyOnRotate, KEK: kek, MaxLeafTTL: cfg.Certs.MaxTTL, RotateMinInterval: cfg.CA.RotateMinInterval,
+	}, s.js, s.auth, notify, s.log.Named("ca"), now)
+	return nil
+}
+
+// GRPCAddr is the bound address of the Istio CA gRPC API, nil before Run binds it.
+func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
+
+// Run starts the signer and serves until ctx is done, then stops every part (gRPC
+// gracefully, within five seconds) and returns nil. Start-up goes in this order:
+//  1. the bus callout, from the first moment: no pod can connect to the bus without it;
+//  2. the token keys (no JetStream needed; the callout admits pods once it has them),
+//     then kept fresh;
+//  3. the event stream and the CA material from JetStream (retried while it is cold);
+//  4. the NATS and gRPC front ends, ready once subscribed and bound.
+//
+// A failure in steps 2 and 3 is Run's error, unless ctx ended meanwhile: Ctrl-C
+// while waiting for JetStream is no failure.
+func (s *Signer) Run(ctx context.Context) error {
+	tasks := []func(context.Context) error{s.serve}
+	if s.callout != nil {
+		tasks = append(tasks, s.callout.Run)
+	}
+	return lifecycle.Tasks(ctx, tasks...)
+}
+
+// serve loads the token keys and keeps them fresh beside serveCA.
+func (s *Signer) serve(ctx context.Context) error {
+	switch {
+	case s.keys != nil:
+		if err := s.keys.Load(ctx); err != nil {
+			return s.startupFailed(ctx, err)
+		}
+		return lifecycle.Tasks(ctx, s.keys.Run, s.serveCA)
+	case s.cfg.Auth.TokenReview:
+		s.log.Info("bearer tokens verified by TokenReview", "url", s.cfg.Auth.TokenReviewURL, "audience", s.cfg.Auth.Audience)
+	default:
+		s.log.Warn("no -jwks-file, -jwks-url, -token-issuer-discovery or -token-review: bearer tokens are refused, only certificate renewals are served")
+	}
+	return s.serveCA(ctx)
+}
+
+// serveCA loads the CA, then answers on NATS and gRPC and keeps the CA material
+// current until ctx is done.
+func (s *Signer) serveCA(ctx context.Context) error {
+	if err := s.loadCA(ctx); err != nil {
+		return s.startupFailed(ctx, err)
+	}
+	mat := s.auth.Current()
+	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
+		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
+	return lifecycle.Tasks(ctx, s.source.Run, s.nats.Run, s.grpc.Run)
+}
+
+// loadCA makes sure the event stream exists and loads the CA material.
+func (s *Signer) loadCA(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	if err := s.ensureStream(ctx); err != nil {
+		return err
+	}
+	if err := s.source.Start(ctx); err != nil {
+		return fmt.Errorf("ca: %w", err)
+	}
+	return nil
+}
+
+// startupFailed is err, or nil when the start-up was cut short by ctx ending.
+func (s *Signer) startupFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		s.log.Info("startup interrupted", "error", err)
+		return nil
+	}
+	return err
+}
+
+// setupTimeout bounds the JetStream set-up at start (the event stream, the CA
+// bucket and root); every call in it is retried in short attempts (bus.Retry), so a
+// cold cluster electing its leader delays the signer by seconds instead of failing it.
+const setupTimeout = time.Minute
+
+// ensureStream creates the event stream when it does not exist yet, and leaves an
+// existing one as its operator (or meshctl, or the rotator) configured it.
+func (s *Signer) ensureStream(ctx context.Context) error {
+	return bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
+		_, err := s.js.Stream(ctx, events.StreamEvents)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
+			return err
+		}
+		s.log.Info("event stream created", "stream", events.StreamEvents)
+		return nil
+	})
+}
+
+func (s *Signer) mode() string {
+	if s.cfg.CA.Dir != "" {
+		return "plugged-in"
+	}
+	return "self-signed"
+}
