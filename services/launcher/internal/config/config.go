@@ -135,7 +135,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs := flagenv.New("launcher", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
-	var ips, labels, metrics, extra string
+	var labels, extra string
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "the launcher's own health and metrics listen address")
 	fs.String(&c.Listen.Status, "status-addr", "STATUS_ADDR", c.Listen.Status,
 		"status server (Istio: --statusPort 15020): /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health; empty: off")
@@ -146,7 +146,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Pod.ClusterID, "cluster-id", "ISTIO_META_CLUSTER_ID", c.Pod.ClusterID, "cluster id (node metadata CLUSTER_ID)")
 	fs.String(&c.Pod.MeshID, "mesh-id", "ISTIO_META_MESH_ID", c.Pod.MeshID, "mesh id (node metadata MESH_ID)")
 	fs.String(&c.Pod.DNSDomain, "domain", "DNS_DOMAIN", c.Pod.DNSDomain, "DNS domain of the node id (Istio: --domain); default <namespace>.svc.cluster.local")
-	fs.String(&ips, "instance-ip", "INSTANCE_IP", "", "pod IP(s), comma-separated, first is the node id's (Istio: INSTANCE_IP; node metadata INSTANCE_IPS); default 127.0.0.1")
+	fs.List(&c.Pod.IPs, "instance-ip", "INSTANCE_IP", nil, "pod IP(s), comma-separated, first is the node id's (Istio: INSTANCE_IP; node metadata INSTANCE_IPS); default 127.0.0.1")
 	fs.String(&labels, "labels", "ISTIO_METAJSON_LABELS", "", "pod labels as a JSON object (node metadata LABELS)")
 	fs.String(&c.Pod.Type, "proxy-type", "PROXY_TYPE", c.Pod.Type, "sidecar or router (Istio: pilot-agent proxy <type>)")
 	fs.String(&c.Pod.TokenFile, "token-file", "TOKEN_FILE", c.Pod.TokenFile, "the pod's service-account token: the launcher's bus identity, as sds-edge's")
@@ -172,7 +172,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Drain.PollInterval, "drain-poll-interval", "DRAIN_POLL_INTERVAL", c.Drain.PollInterval, "how often to read downstream_cx_active while draining to zero")
 	fs.Duration(&c.Drain.Deadline, "drain-deadline", "DRAIN_DEADLINE", c.Drain.Deadline, "hard bound on the whole drain; Envoy is killed after it (Istio: the pod's terminationGracePeriodSeconds)")
 	fs.String(&c.Status.AppProbers, "app-probers", "ISTIO_KUBE_APP_PROBERS", c.Status.AppProbers, "the app's probes as JSON, served on the status port under their paths (Istio: ISTIO_KUBE_APP_PROBERS)")
-	fs.String(&metrics, "pod-metrics-urls", "POD_METRICS_URLS", "", "the pod services' /metrics URLs, comma-separated, merged into /stats/prometheus (Istio: the agent's and app's metrics)")
+	fs.List(&c.Status.MetricsURLs, "pod-metrics-urls", "POD_METRICS_URLS", nil, "the pod services' /metrics URLs, comma-separated, merged into /stats/prometheus (Istio: the agent's and app's metrics)")
 	fs.Int(&c.Status.MaxScrape, "stats-max-bytes", "STATS_MAX_BYTES", c.Status.MaxScrape, "largest body read from one stats source for /stats/prometheus")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "sds-edge's socket")
 	fs.String(&c.XDSSocket, "xds-socket", "XDS_SOCKET", c.XDSSocket, "xds-relay's socket")
@@ -185,7 +185,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	var errs []error
-	c.Pod.IPs = splitList(ips)
 	if len(c.Pod.IPs) == 0 {
 		c.Pod.IPs = []string{"127.0.0.1"}
 	}
@@ -199,7 +198,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("-labels: want a JSON object of strings: %v", err))
 		}
 	}
-	c.Status.MetricsURLs = splitList(metrics)
 	c.Envoy.ExtraArgs = strings.Fields(extra)
 	if c.Pod.DNSDomain == "" {
 		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
@@ -222,16 +220,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 func (c Config) under(p string) string {
