@@ -178,6 +178,7 @@ func (l *Launcher) run(ctx context.Context) error {
 		}
 		return err
 	}
+	cancel() // the gate is passed: from here on the supervisor takes stop requests
 	if l.binary == "" {
 		return l.runProxyless(ctx)
 	}

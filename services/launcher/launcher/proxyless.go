@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/launcher/internal/proxyless"
 )
 
@@ -18,8 +19,12 @@ func (l *Launcher) runProxyless(ctx context.Context) error {
 	}
 	l.log.Info("proxyless: gRPC xDS bootstrap written", "path", l.cfg.GRPCBootstrap, "certs", l.cfg.OutputCerts,
 		"node", n.ID(), "why", l.why)
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case req := <-l.stop:
+		return &lifecycle.ExitError{Code: 0, Reason: "stopped on request (" + req.Reason + ")"}
+	}
 }
 
 func (l *Launcher) proxylessReady() error { return proxyless.CertsPresent(l.cfg.OutputCerts) }
