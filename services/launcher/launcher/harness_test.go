@@ -2,11 +2,8 @@ package launcher_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -32,6 +29,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/standin"
@@ -261,42 +259,33 @@ func run(t *testing.T, f func(context.Context) error) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-// identity makes a self-signed root and a leaf under it, as PEM.
+// identity makes a root and a leaf under it, as PEM.
 func identity(t *testing.T) (root, chain, key []byte) {
 	t.Helper()
-	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	root, rc := rootCert(t, rk)
-	chain, key = leafCert(t, rc, rk, 2)
-	return root, chain, key
+	ca := testkit.NewCA(t, "root", nil, time.Now(), time.Hour)
+	chain, key = leafCert(t, ca, 2)
+	return pki.EncodeCertPEM(ca.Cert), chain, key
 }
 
-func rootCert(t *testing.T, rk *ecdsa.PrivateKey) ([]byte, *x509.Certificate) {
+// leafCert is a workload leaf (SPIFFE URI, client and server auth) under ca.
+func leafCert(t *testing.T, ca *testkit.CA, serial int64) (chain, key []byte) {
 	t.Helper()
-	rt := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	rder, err := x509.CreateCertificate(rand.Reader, rt, rt, rk.Public(), rk)
+	lk, err := pki.GenerateKey(pki.ECP256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, _ := x509.ParseCertificate(rder)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rder}), rc
-}
-
-// leafCert is a workload leaf (SPIFFE URI, client and server auth) under rc.
-func leafCert(t *testing.T, rc *x509.Certificate, rk *ecdsa.PrivateKey, serial int64) (chain, key []byte) {
-	t.Helper()
-	lk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	id, _ := url.Parse("spiffe://cluster.local/ns/shop/sa/web")
 	lt := &x509.Certificate{SerialNumber: big.NewInt(serial), URIs: []*url.URL{id},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		NotBefore:   time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	lder, err := x509.CreateCertificate(rand.Reader, lt, rc, lk.Public(), rk)
+	der, err := x509.CreateCertificate(rand.Reader, lt, ca.Cert, lk.Public(), ca.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(lk)
-	chain = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: lder})
-	key = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
-	return
+	key, err = pki.EncodeKeyPEM(lk, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key
 }

@@ -3,9 +3,6 @@ package launcher_test
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -28,6 +25,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -204,9 +202,9 @@ func TestProxylessGRPCDoesMTLSAcrossARotation(t *testing.T) {
 	p.relayReady.Store(true)
 	p.giveSecrets()
 	certs := filepath.Join(p.dir, "certs")
-	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	root, rc := rootCert(t, rk)
-	chain, key := leafCert(t, rc, rk, 2)
+	ca := testkit.NewCA(t, "root", nil, time.Now(), time.Hour)
+	root := pki.EncodeCertPEM(ca.Cert)
+	chain, key := leafCert(t, ca, 2)
 	writeCerts(t, certs, root, chain, key)
 	appAddr := testkit.FreeAddr(t)
 	p.setConfig(proxylessConfig(t, appAddr))
@@ -269,7 +267,7 @@ func TestProxylessGRPCDoesMTLSAcrossARotation(t *testing.T) {
 	if !waitFor(saw("client-saw 2 server-saw 2")) {
 		t.Fatalf("no mTLS call with the first certificate; the app said:\n%s", last())
 	}
-	chain, key = leafCert(t, rc, rk, 3) // sds-edge renewed: new key, new serial
+	chain, key = leafCert(t, ca, 3) // sds-edge renewed: new key, new serial
 	writeCerts(t, certs, root, chain, key)
 	if !waitFor(saw("client-saw 3 server-saw 3")) {
 		t.Fatalf("the rotated certificate was not used; the app said:\n%s", last())
