@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,9 +28,11 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -98,7 +101,13 @@ func meshctl(t *testing.T, args ...string) (string, error) {
 
 func TestUpSignAndServe(t *testing.T) {
 	dir := testkit.ShortDir(t)
-	r := startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
+	var mu sync.Mutex
+	var seen []string // event types, in the order the bus delivered them
+	r := startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour, OnEvent: func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, m.Header.Get(events.HeaderType))
+	}})
 
 	st, err := stackfile.Read(dir)
 	if err != nil {
@@ -116,6 +125,35 @@ func TestUpSignAndServe(t *testing.T) {
 	if out, err := meshctl(t, "status", "-dir", dir); err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
+
+	t.Run("the launcher runs envoy and serves its status port", func(t *testing.T) {
+		pod := st.Pods[0]
+		// Envoy started only after the pod's certificate was issued and pushed.
+		testkit.Eventually(t, "envoy.ready", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Contains(seen, events.TypeEnvoyReady)
+		})
+		mu.Lock()
+		issued, started := slices.Index(seen, events.TypeCertIssued), slices.Index(seen, events.TypeEnvoyStarted)
+		mu.Unlock()
+		if issued < 0 || started < issued {
+			t.Fatalf("envoy started before the pod's certificate was issued: %v", seen)
+		}
+		if !strings.HasPrefix(pod.Envoy, "Envoy ") && !strings.HasPrefix(pod.Envoy, "stand-in ") {
+			t.Fatalf("stack.json says the launcher runs %q", pod.Envoy)
+		}
+		// Ready only once Envoy is LIVE: it got its certificates over SDS and its
+		// config through the relay.
+		if code, body := testkit.HTTPGet("http://" + pod.Status + "/healthz/ready"); code != 200 {
+			t.Fatalf("status port /healthz/ready: %d %s", code, body)
+		}
+		code, body := testkit.HTTPGet("http://" + pod.Status + "/stats/prometheus")
+		if code != 200 || !strings.Contains(body, "envoy_") || !strings.Contains(body, "meshagent_sds_edge_") ||
+			!strings.Contains(body, "meshagent_launcher_envoy_up 1") {
+			t.Fatalf("status port /stats/prometheus: %d\n%s", code, body)
+		}
+	})
 
 	t.Run("sign over nats and grpc", func(t *testing.T) {
 		for _, extra := range [][]string{nil, {"-grpc"}} {
