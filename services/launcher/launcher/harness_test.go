@@ -75,6 +75,7 @@ type pod struct {
 	relayReady atomic.Bool
 	relayURL   string
 	nc         *nats.Conn
+	log        testkit.Buffer // the launcher's log
 	mu         sync.Mutex
 	seen       []events.Payload
 }
@@ -191,7 +192,8 @@ func (p *pod) start(args ...string) *started {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	l, err := launcher.New(cfg, lifecycle.Deps{Bus: p.nc}.WithDefaults())
+	log := hclog.New(&hclog.LoggerOptions{Output: &p.log, Level: hclog.Info})
+	l, err := launcher.New(cfg, lifecycle.Deps{Bus: p.nc, Log: log}.WithDefaults())
 	if err != nil {
 		p.t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ func TestEnvoyStartsOnlyWhenCertificatesAndRelayAreThere(t *testing.T) {
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "certificate default") &&
 			strings.Contains(body, "ROOTCA") && strings.Contains(body, "xds-relay")
 	})
+	testkit.Eventually(t, "an INFO line saying what the launcher waits for", func() bool {
+		return strings.Contains(p.log.String(), "[INFO]  gate: waiting before starting envoy: missing=")
+	})
 	p.relayReady.Store(true)
 	// The relay alone is not enough: the signer has not answered sds-edge yet.
 	testkit.Eventually(t, "only the certificates missing", func() bool {
