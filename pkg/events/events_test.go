@@ -29,7 +29,7 @@ var samples = []Payload{
 	CertIssued{Serial: "1f2e", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web", NotBefore: t0, NotAfter: t0.Add(24 * time.Hour),
 		Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-a", Transport: "nats", RootFingerprint: "ab12"},
 	TrustChanged{TrustDomain: "cluster.local", Roots: []string{pemCert, pemCert}, Added: []string{"ab12"}, Reason: TrustReasonRotation, Generation: 2},
-	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"},
+	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTL: time.Hour, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"},
 	SignReply{CertChain: []string{pemCert, pemCert}, Roots: []string{pemCert}},
 	BundleRequest{},
 	BundleReply{TrustDomain: "cluster.local", Roots: []string{pemCert}, Generation: 1},

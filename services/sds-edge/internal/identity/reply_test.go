@@ -1,4 +1,4 @@
-package ca
+package identity
 
 import (
 	"crypto/ecdsa"

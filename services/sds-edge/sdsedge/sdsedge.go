@@ -1,6 +1,9 @@
-// Package edge wires sds-edge together: the start-up decision, the CA flow or the
-// file loader, the SDS listener, the bus and the health checks.
-package edge
+// Package sdsedge is sds-edge as a service of the one lifecycle (pkg/lifecycle):
+// Load its config, New to build it on the bus connection, Run to serve. It chooses
+// how the pod gets its identity (another provider's socket, mounted files, or the
+// CA flow), serves `default` and `ROOTCA` over SDS on a unix socket, and publishes
+// what it does on the pod's event subjects.
+package sdsedge
 
 import (
 	"context"
@@ -13,45 +16,38 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/busio"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/identitymode"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/metrics"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/output"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/podfeed"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/sds"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/startup"
 )
 
-// Deps are the runtime dependencies.
-type Deps struct {
-	NC    *nats.Conn
-	JS    jetstream.JetStream
-	Clock clock.Clock
-	Log   hclog.Logger
-	// Registry gets the metrics; nil: a private registry.
-	Registry prometheus.Registerer
-	// Signer overrides the CA client (tests); nil picks NATS or gRPC from the config.
-	Signer ca.Signer
+// Config is sds-edge's configuration: flags, env vars and defaults (see Load).
+type Config = config.Config
+
+// Load reads the config from flags, then env vars, then defaults, and validates it.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return config.Load(args, getenv)
 }
 
 // Edge is one pod's sds-edge.
 type Edge struct {
-	cfg      config.Config
+	cfg      Config
 	spiffeID string
-	d        Deps
+	d        lifecycle.Deps
 	log      hclog.Logger
 	store    *secrets.Store
 	pub      *outbox.Outbox
@@ -63,29 +59,31 @@ type Edge struct {
 	mode      atomic.Value // string
 	bound     chan struct{}
 	readyOnce sync.Once
+	// reconnected wakes the task that fetches the trust bundle after a bus outage.
+	reconnected chan struct{}
 }
 
-// New builds an Edge. It does not listen or start anything until Run.
-func New(cfg config.Config, d Deps) (*Edge, error) {
+// New builds an Edge on d.Bus, registering its metrics on d.Metrics and its
+// readiness check on d.Health. It neither listens nor starts anything until Run.
+func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
+	d = d.WithDefaults()
 	id, err := cfg.SPIFFEID()
 	if err != nil {
 		return nil, err
 	}
-	if d.Clock == nil {
-		d.Clock = clock.Real{}
+	if d.Bus == nil {
+		return nil, errors.New("sds-edge needs a bus connection")
 	}
-	if d.Log == nil {
-		d.Log = hclog.NewNullLogger()
+	js, err := jetstream.New(d.Bus)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	store := secrets.New(nil)
-	if d.Registry == nil {
-		d.Registry = prometheus.NewRegistry()
-	}
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
-		m: metrics.New(d.Registry, store, d.Clock.Now)}
+		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
-	if e.pub, err = outbox.New(d.JS, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
-		Metric: metrics.EventsDropped, Registry: d.Registry, Log: d.Log.Named("events")}); err != nil {
+	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
+		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
 	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
@@ -93,6 +91,7 @@ func New(cfg config.Config, d Deps) (*Edge, error) {
 	if cfg.Cert.OutputDir != "" {
 		e.out = output.New(cfg.Cert.OutputDir)
 	}
+	d.Health.AddReadyCheck("secrets", e.Ready)
 	return e, nil
 }
 
@@ -111,7 +110,7 @@ func (e *Edge) Ready() error {
 	switch e.Mode() {
 	case "":
 		return errors.New("starting")
-	case startup.External:
+	case identitymode.External:
 		return nil
 	}
 	select {
@@ -129,13 +128,20 @@ func (e *Edge) Ready() error {
 }
 
 // Run decides the mode and serves until ctx ends. It returns nil on cancellation.
+// The event outbox outlives the serving task, so that pod.down, queued as that task
+// stops, still reaches the bus.
 func (e *Edge) Run(ctx context.Context) error {
-	pubCtx, stopPub := context.WithCancel(context.Background())
-	pubDone := make(chan struct{})
-	go func() { _ = e.pub.Run(pubCtx); close(pubDone) }()
-	defer func() { stopPub(); <-pubDone }()
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	return lifecycle.Tasks(ctx,
+		func(ctx context.Context) error { defer stopPub(); return e.serve(ctx) },
+		func(context.Context) error { return e.pub.Run(pubCtx) })
+}
 
-	dec, err := startup.Decide(ctx, startup.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,
+// serve decides the mode, announces the pod, and runs what the mode needs until
+// ctx ends.
+func (e *Edge) serve(ctx context.Context) error {
+	dec, err := identitymode.Decide(ctx, identitymode.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,
 		CredentialsDir: e.cfg.Cert.CredentialsDir, FileMounted: e.cfg.Cert.FileMounted, FileMountedDir: e.cfg.Cert.FileMountedDir},
 		e.log.Named("startup"))
 	if err != nil {
@@ -149,47 +155,49 @@ func (e *Edge) Run(ctx context.Context) error {
 	e.publish(events.PodEventUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
 	defer e.publish(events.PodEventDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
 
-	if dec.Mode == startup.External {
+	if dec.Mode == identitymode.External {
 		close(e.bound)
 		e.log.Info("ready: another sds server owns the socket", "socket", e.cfg.SDS.Socket)
 		<-ctx.Done()
 		return nil
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, sdsObserver{e}, e.log.Named("sds")), e.log.Named("sds"))
+	tasks := []func(context.Context) error{ln.Run, e.files.Run, func(ctx context.Context) error {
+		select {
+		case <-ln.Bound():
+			close(e.bound)
+			e.logReady()
+		case <-ctx.Done():
+		}
+		return nil
+	}}
 	switch dec.Mode {
-	case startup.File:
+	case identitymode.File:
 		if err := e.files.Mount(dec.Dir); err != nil {
 			return fmt.Errorf("mounted certificates in %s: %w", dec.Dir, err)
 		}
-	case startup.CA:
+	case identitymode.CA:
 		mgr, closeSigner, err := e.manager()
 		if err != nil {
 			return err
 		}
 		defer closeSigner()
-		unsub, err := busio.Subscribe(e.d.NC, e.cfg.Pod.ID, busio.Handlers{
+		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.Pod.ID, podfeed.Handlers{
 			Renew: mgr.Renew, Trust: mgr.TrustChanged, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
 			return err
 		}
 		defer unsub()
 		// trust.changed is not durable for us: after a bus outage, ask for the bundle.
-		busio.OnReconnect(e.d.NC, func() { go e.refreshBundle(gctx, mgr) })
-		g.Go(func() error { return mgr.Run(gctx) })
+		podfeed.OnReconnect(e.d.Bus, func() {
+			select {
+			case e.reconnected <- struct{}{}:
+			default: // a refresh is already due
+			}
+		})
+		tasks = append(tasks, mgr.Run, func(ctx context.Context) error { return e.refreshOnReconnect(ctx, mgr) })
 	}
-	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, hooks{e}, e.log.Named("sds")), e.log.Named("sds"))
-	g.Go(func() error { return ln.Run(gctx) })
-	g.Go(func() error { return e.files.Run(gctx) })
-	g.Go(func() error {
-		select {
-		case <-ln.Bound():
-			close(e.bound)
-			e.logReady()
-		case <-gctx.Done():
-		}
-		return nil
-	})
-	err = g.Wait()
+	err = lifecycle.Tasks(ctx, tasks...)
 	e.log.Info("stopped", "error", err)
 	return err
 }
@@ -198,49 +206,52 @@ func (e *Edge) Run(ctx context.Context) error {
 // releases a client it made (the gRPC connection), once the manager has stopped.
 func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
 	c := e.cfg
-	var seed []*x509.Certificate
-	if c.CA.RootCert != "" {
-		data, err := os.ReadFile(c.CA.RootCert)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
-		}
-		if seed, err = pki.ParseCertsPEM(data); err != nil || len(seed) == 0 {
-			return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificates: %v", c.CA.RootCert, err)
-		}
+	seed, err := readRoots("-ca-root-cert", c.CA.RootCert)
+	if err != nil {
+		return nil, nil, err
 	}
-	var anchors []*x509.Certificate
-	if c.CA.TrustAnchorsFile != "" {
-		data, err := os.ReadFile(c.CA.TrustAnchorsFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("-trust-anchors-file: %w", err)
-		}
-		if anchors, err = pki.ParseCertsPEM(data); err != nil || len(anchors) == 0 {
-			return nil, nil, fmt.Errorf("-trust-anchors-file: %s holds no certificates: %v", c.CA.TrustAnchorsFile, err)
-		}
+	anchors, err := readRoots("-trust-anchors-file", c.CA.TrustAnchorsFile)
+	if err != nil {
+		return nil, nil, err
 	}
 	closeSigner = func() {}
-	signer := e.d.Signer
-	if signer == nil {
-		if c.CA.Addr != "" {
-			istio := ca.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
-				if len(seed) > 0 {
-					p := x509.NewCertPool()
-					for _, r := range seed {
-						p.AddCert(r)
-					}
-					return p
+	var signer identity.Signer
+	if c.CA.Addr != "" {
+		istio := caclient.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
+			if len(seed) > 0 {
+				p := x509.NewCertPool()
+				for _, r := range seed {
+					p.AddCert(r)
 				}
-				return mgr.Roots()
-			})
-			signer, closeSigner = istio, func() { _ = istio.Close() }
-		} else {
-			signer = ca.NewNATS(e.d.NC, "sds-edge/"+c.Pod.ID)
-		}
+				return p
+			}
+			return mgr.Roots()
+		})
+		signer, closeSigner = istio, func() { _ = istio.Close() }
+	} else {
+		signer = caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
-		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, sink{e}, e.d.Clock, e.log.Named("identity"))
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
+}
+
+// readRoots reads the PEM certificates in path (none for ""); flag names the
+// setting in errors.
+func readRoots(flag, path string) ([]*x509.Certificate, error) {
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	certs, err := pki.ParseCertsPEM(data)
+	if err != nil || len(certs) == 0 {
+		return nil, fmt.Errorf("%s: %s holds no certificates: %v", flag, path, err)
+	}
+	return certs, nil
 }
 
 // Changed publishes a change of a resource and counts the push.
@@ -258,12 +269,25 @@ func (e *Edge) logReady() {
 	}
 }
 
+// refreshOnReconnect refreshes the trust bundle each time the bus connection comes
+// back, until ctx ends.
+func (e *Edge) refreshOnReconnect(ctx context.Context, mgr *identity.Manager) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.reconnected:
+			e.refreshBundle(ctx, mgr)
+		}
+	}
+}
+
 // refreshBundle applies the signer's current bundle, as if trust.changed had come
 // (checked the same way).
 func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
 	defer cancel()
-	r, err := trustbundle.Fetch(ctx, e.d.NC, "sds-edge/"+e.cfg.Pod.ID)
+	r, err := trustbundle.Fetch(ctx, e.d.Bus, "sds-edge/"+e.cfg.Pod.ID)
 	if err == nil {
 		if r.TrustDomain == "" {
 			r.TrustDomain = e.cfg.Pod.TrustDomain

@@ -1,4 +1,4 @@
-package edge_test
+package sdsedge_test
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package edge_test
+package sdsedge_test
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	if err := p.e.Ready(); err != nil {
 		t.Fatalf("not ready after serving: %v", err)
 	}
-	if req := v.ca.lastReq.Load(); req.Pod != testPod || req.Resource != "default" || req.KeyAlgorithm != "EC-P256" || req.TTLSeconds != 86400 || req.Token == "" {
+	if req := v.ca.lastReq.Load(); req.Pod != testPod || req.Resource != "default" || req.KeyAlgorithm != "EC-P256" || req.TTL != 24*time.Hour || req.Token == "" {
 		t.Errorf("sign request = %+v", *req)
 	}
 	testkit.Eventually(t, "pod.up published", func() bool {

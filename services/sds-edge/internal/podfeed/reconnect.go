@@ -1,4 +1,4 @@
-package busio
+package podfeed
 
 import "github.com/nats-io/nats.go"
 

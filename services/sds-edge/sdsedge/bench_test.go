@@ -1,4 +1,4 @@
-package edge_test
+package sdsedge_test
 
 import (
 	"context"
@@ -12,14 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 )
 
 // Each benchmark does its whole measurement in one iteration (make bench runs -benchtime 1x).
@@ -47,14 +45,14 @@ func coldStart(b *testing.B, v *env, alg string, n int) []time.Duration {
 	for i := 0; i < n; i++ {
 		root := testkit.ShortDir(b)
 		writeToken(b, root, tok)
-		cfg, err := config.Load([]string{"-pod", testPod, "-pod-root", root, "-socket", "s", "-key-alg", alg, "-http-addr", "127.0.0.1:0",
+		cfg, err := sdsedge.Load([]string{"-pod", testPod, "-pod-root", root, "-socket", "s", "-key-alg", alg, "-http-addr", "127.0.0.1:0",
 			"-nats-url", v.ns.ClientURL(), "-namespace", "default", "-service-account", "web"}, func(string) string { return "" })
 		if err != nil {
 			b.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		start := time.Now()
-		e, err := edge.New(cfg, edge.Deps{NC: v.nc, JS: bustest.JetStream(b, v.nc), Log: hclog.NewNullLogger()})
+		e, err := sdsedge.New(cfg, lifecycle.Deps{Bus: v.nc})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,9 @@
-package ca
+// Package caclient sends sds-edge's signing requests to a certificate authority:
+// the signer over NATS request-reply (NATS), or an Istio-compatible CA over gRPC
+// (Istio, for CA_ADDR). Both take the one request type, events.SignRequest, and
+// return the reply unchecked: the caller, which owns the key and knows the pod's
+// identity and trust, decides whether to believe it.
+package caclient
 
 import (
 	"context"
@@ -11,6 +16,21 @@ import (
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
+// Response is a signed chain, leaf first and root last, and the trust bundle that
+// came with it. Neither is checked or trusted yet.
+type Response struct {
+	ChainPEM []string
+	// Bundle is the reply's trust bundle. Endorsed is false when the CA sends none
+	// (Istio's CreateCertificate): Bundle then holds only the chain's last
+	// certificate, which vouches for nothing.
+	Bundle   trustbundle.Bundle
+	Endorsed bool
+}
+
+// ErrRejected wraps a definite refusal by the CA (bad token, bad CSR): retrying the
+// same request will not help, though a fresh token may.
+var ErrRejected = errors.New("rejected by ca")
+
 // NATS asks the signer over NATS request-reply on the pod sign subject
 // (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod.
 type NATS struct {
@@ -18,13 +38,11 @@ type NATS struct {
 	source string
 }
 
-var _ Signer = (*NATS)(nil)
-
 // NewNATS returns a signer client on nc; source names this pod in event envelopes.
 func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: source} }
 
 // Sign sends req and waits for the reply until ctx ends.
-func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
+func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
 	subject := events.SubjectSignAny
 	if req.Pod != "" {
 		s, err := events.PodSignSubject(req.Pod)
@@ -33,10 +51,7 @@ func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
 		}
 		subject = s
 	}
-	msg, err := events.NewMsg(subject, n.source, events.SignRequest{
-		CSR: string(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
-		TTLSeconds: int64(req.TTL.Seconds()), Pod: req.Pod, Resource: req.Resource, KeyAlgorithm: req.KeyAlgorithm,
-	})
+	msg, err := events.NewMsg(subject, n.source, req)
 	if err != nil {
 		return Response{}, fmt.Errorf("build sign request: %w", err)
 	}
@@ -54,12 +69,8 @@ func (n *NATS) Sign(ctx context.Context, req Request) (Response, error) {
 		}
 		return Response{}, fmt.Errorf("%w: %w", ErrRejected, r.Error)
 	}
-	chain, err := checkChain(r.CertChain, req.SPIFFEID)
-	if err != nil {
-		return Response{}, err
-	}
 	if len(r.Roots) == 0 {
 		return Response{}, errors.New("sign reply without roots")
 	}
-	return Response{Chain: chain, ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
+	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
 }

@@ -1,6 +1,6 @@
-// Package startup decides how sds-edge gets the pod's identity, as Istio's agent
+// Package identitymode chooses how sds-edge gets the pod's identity, as Istio's agent
 // decides: another provider's healthy socket, mounted certificate files, or the CA.
-package startup
+package identitymode
 
 import (
 	"context"

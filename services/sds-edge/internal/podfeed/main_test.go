@@ -1,4 +1,4 @@
-package busio
+package podfeed
 
 import (
 	"testing"

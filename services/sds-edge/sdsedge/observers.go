@@ -1,20 +1,20 @@
-package edge
+package sdsedge
 
 import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
-// hooks turn what the SDS server does into events and metrics.
-type hooks struct{ e *Edge }
+// sdsObserver turns what the SDS server does into events and metrics.
+type sdsObserver struct{ e *Edge }
 
-func (h hooks) Served(node string, en *secrets.Entry) {
+func (h sdsObserver) Served(node string, en *secrets.Entry) {
 	h.e.m.Served.WithLabelValues(en.Name).Inc()
 	h.e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: h.e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: 1, Kind: "served"})
 }
 
-func (h hooks) Nacked(node string, names []string, version, nonce, msg string) {
+func (h sdsObserver) Nacked(node string, names []string, version, nonce, msg string) {
 	if len(names) == 0 {
 		names = []string{""}
 	}
@@ -25,7 +25,7 @@ func (h hooks) Nacked(node string, names []string, version, nonce, msg string) {
 	}
 }
 
-func (h hooks) Stream(rpc string, delta int) {
+func (h sdsObserver) Stream(rpc string, delta int) {
 	h.e.m.Connections.WithLabelValues(rpc).Add(float64(delta))
 }
 
@@ -36,12 +36,13 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// sink turns the CA flow's changes into events, files and metrics.
-type sink struct{ e *Edge }
+// identityObserver turns the CA flow's changes into events, files (OUTPUT_CERTS)
+// and metrics.
+type identityObserver struct{ e *Edge }
 
-func (s sink) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
+func (s identityObserver) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
 
-func (s sink) Files(keyPEM, chainPEM, rootsPEM []byte) {
+func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	if s.e.out == nil {
 		return
 	}
@@ -50,11 +51,11 @@ func (s sink) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	}
 }
 
-func (s sink) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+func (s identityObserver) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
 
-func (s sink) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+func (s identityObserver) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
 
-func (s sink) CSR(err error, retry bool) {
+func (s identityObserver) CSR(err error, retry bool) {
 	m := s.e.m
 	m.CSRSent.Inc()
 	if retry {

@@ -1,4 +1,4 @@
-package edge_test
+package sdsedge_test
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/edge"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 )
 
 const testPod = "web-0"
@@ -52,8 +52,8 @@ func newEnv(t testing.TB) *env {
 
 // pod is one running sds-edge.
 type pod struct {
-	e    *edge.Edge
-	cfg  config.Config
+	e    *sdsedge.Edge
+	cfg  sdsedge.Config
 	reg  *prometheus.Registry
 	nc   *nats.Conn
 	clk  *clock.Fake
@@ -80,17 +80,17 @@ func (v *env) startPod(o podOpt) *pod {
 	}
 	args := append([]string{"-pod", testPod, "-pod-root", root, "-nats-url", v.ns.ClientURL(), "-namespace", "default",
 		"-service-account", "web", "-socket", "sds.sock", "-http-addr", "127.0.0.1:0", "-retry-min", "20ms", "-retry-max", "200ms"}, o.args...)
-	cfg, err := config.Load(args, func(string) string { return "" })
+	cfg, err := sdsedge.Load(args, func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
 	nc := bustest.Conn(t, v.ns) // its own connection, as a separate process has
 	p := &pod{cfg: cfg, reg: prometheus.NewRegistry(), nc: nc}
-	deps := edge.Deps{NC: nc, JS: bustest.JetStream(t, nc), Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Registry: p.reg}
+	deps := lifecycle.Deps{Bus: nc, Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Metrics: p.reg}
 	if o.clock != nil {
 		p.clk, deps.Clock = o.clock, o.clock
 	}
-	e, err := edge.New(cfg, deps)
+	e, err := sdsedge.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
-// Package busio is sds-edge's side of the bus in: the subscriptions that feed
-// renewals, trust changes and anchors in, and a reconnect hook. Events go out
-// through pkg/outbox.
-package busio
+// Package podfeed feeds sds-edge what the bus tells its pod: the subscriptions that
+// deliver renewals, trust changes and anchors to their handlers, and a reconnect
+// hook. Events go out through pkg/outbox.
+package podfeed
 
 import (
 	"fmt"

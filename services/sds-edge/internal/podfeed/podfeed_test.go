@@ -1,16 +1,15 @@
-package busio
+package podfeed
 
 import (
-	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestRenewFilteringAndDedup(t *testing.T) {
@@ -40,17 +39,7 @@ func TestRenewFilteringAndDedup(t *testing.T) {
 	send("c", events.RenewDue{Pod: "web-0", Resource: "ROOTCA", Reason: "scheduled"}) // not issued here
 	_ = nc.PublishMsg(&nats.Msg{Subject: subj, Data: []byte("garbage")})              // not an event
 	send("d", events.RenewDue{Pod: "web-0", Resource: "default", Reason: "forced"})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		mu.Lock()
-		n := len(got)
-		mu.Unlock()
-		if n >= 2 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, "two renewals handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 2 })
 	_ = nc.Flush()
 	mu.Lock()
 	defer mu.Unlock()

@@ -8,7 +8,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
 )
 
 // trust is the set of roots ROOTCA serves: the CA's bundle (kept across changes
@@ -73,47 +72,13 @@ func (m *Manager) ApplyBundle(source string, b trustbundle.Bundle) error {
 	}
 	u, err := m.trust.ca.Check(b)
 	if err != nil {
-		m.sink.TrustRejected(source)
+		m.obs.TrustRejected(source)
 		return fmt.Errorf("%s: %w", source, err)
 	}
 	if m.apply(u) {
 		m.publish(false, true)
 	}
 	return nil
-}
-
-// checkReply decides whether a signing reply may be installed and returns the
-// bundle update to apply with it. An endorsed bundle in the reply (or, before any,
-// the first one, see trustbundle.Set.Check) may add roots; then the leaf must
-// verify to a root trusted now or just endorsed. An unendorsed reply (Istio's)
-// adds nothing after the first: its leaf must verify to the roots trusted already.
-func (m *Manager) checkReply(resp ca.Response) (trustbundle.Update, error) {
-	b := resp.Bundle
-	if b.TrustDomain == "" {
-		b.TrustDomain = m.cfg.TrustDomain
-	}
-	u := trustbundle.Update{Stale: true}
-	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
-		var err error
-		if u, err = m.trust.ca.Check(b); err != nil {
-			m.sink.TrustRejected(SourceSignReply)
-			return u, fmt.Errorf("sign reply: %w", err)
-		}
-	}
-	var extra []*x509.Certificate
-	if !u.Stale {
-		extra = u.Roots
-	}
-	// A CA clock a little ahead of ours must not fail a fresh leaf.
-	at := m.clock.Now()
-	if nb := resp.Chain[0].NotBefore; at.Before(nb) {
-		at = nb
-	}
-	if err := m.trust.ca.VerifyChain(resp.Chain, extra, at); err != nil {
-		m.sink.TrustRejected(SourceSignReply)
-		return u, fmt.Errorf("signed certificate: %w", err)
-	}
-	return u, nil
 }
 
 // apply installs a checked bundle update; it reports whether the roots changed.
@@ -133,8 +98,36 @@ func (m *Manager) apply(u trustbundle.Update) bool {
 			} else {
 				m.log.Info("first trust bundle verified against the trust anchors", "roots", fps, "generation", u.Generation, "endorser", u.Endorser)
 			}
-			m.sink.TrustBootstrapped(string(mode))
+			m.obs.TrustBootstrapped(string(mode))
 		})
 	}
 	return changed
+}
+
+// Roots returns the CA roots, to verify a gRPC CA's TLS: the trusted bundle, or
+// before the first one the anchors; nil when there are neither.
+func (m *Manager) Roots() *x509.CertPool {
+	if m.trust.ca.Bootstrapped() || len(m.cfg.Anchors) == 0 {
+		return m.trust.ca.Pool()
+	}
+	p := x509.NewCertPool()
+	for _, a := range m.cfg.Anchors {
+		p.AddCert(a)
+	}
+	return p
+}
+
+// SetAnchors applies this pod's extra trust anchors.
+func (m *Manager) SetAnchors(ev events.TrustAnchors) error {
+	roots, err := pki.ParseCertPEMs(ev.Roots)
+	if err != nil {
+		return fmt.Errorf("trust anchors: %w", err)
+	}
+	m.mu.Lock()
+	changed := m.trust.setAnchors(roots)
+	m.mu.Unlock()
+	if changed {
+		m.publish(false, true)
+	}
+	return nil
 }

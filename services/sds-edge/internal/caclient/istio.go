@@ -1,4 +1,4 @@
-package ca
+package caclient
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	pb "istio.io/api/security/v1alpha1"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
@@ -29,8 +31,6 @@ type Istio struct {
 	mu sync.Mutex
 	cc *grpc.ClientConn
 }
-
-var _ Signer = (*Istio)(nil)
 
 // NewIstio returns a client for addr. roots gives the pool to verify the CA's TLS
 // certificate; plaintext disables TLS (Istio's port 15010).
@@ -75,9 +75,10 @@ func (c *Istio) reset() {
 // Close closes the connection.
 func (c *Istio) Close() error { c.reset(); return nil }
 
-// Sign calls CreateCertificate. Renewal by proof is not part of Istio's API: a
-// request without a token is refused here.
-func (c *Istio) Sign(ctx context.Context, req Request) (Response, error) {
+// Sign calls CreateCertificate with req mapped onto Istio's request: the CSR, the
+// TTL in seconds (ValidityDuration) and the token as metadata. Renewal by proof is
+// not part of Istio's API: a request without a token is refused here.
+func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
 	if req.Token == "" {
 		return Response{}, fmt.Errorf("%w: the gRPC CA needs a token", ErrRejected)
 	}
@@ -87,17 +88,16 @@ func (c *Istio) Sign(ctx context.Context, req Request) (Response, error) {
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+req.Token, "ClusterID", c.clusterID)
 	resp, err := pb.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &pb.IstioCertificateRequest{
-		Csr: string(req.CSR), ValidityDuration: int64(req.TTL.Seconds()),
+		Csr: req.CSR, ValidityDuration: int64(req.TTL / time.Second),
 	})
 	if err != nil {
 		c.reset()
 		return Response{}, fmt.Errorf("create certificate: %w", err)
 	}
-	chain, err := checkChain(resp.GetCertChain(), req.SPIFFEID)
-	if err != nil {
-		return Response{}, err
-	}
 	// Istio's reply carries the bundle only as the chain's last element, unendorsed.
 	pems := resp.GetCertChain()
-	return Response{Chain: chain, ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}}, nil
+	if len(pems) == 0 {
+		return Response{}, errors.New("create certificate: empty cert chain")
+	}
+	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}}, nil
 }

@@ -1,4 +1,4 @@
-package edge_test
+package sdsedge_test
 
 import (
 	"context"
@@ -34,6 +34,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
 // testCA is a faithful stand-in for the signer: a real CA that authenticates the
@@ -125,17 +126,9 @@ func (c *testCA) endorse(tb testing.TB, gen uint64, roots []string) []events.End
 
 // endorseWith signs (td, gen, roots) with each key.
 func endorseWith(tb testing.TB, td string, gen uint64, roots []string, keys ...crypto.Signer) []events.Endorsement {
-	msg, err := events.EndorsedBytes(td, gen, roots)
+	out, err := trustbundle.Endorse(td, gen, roots, keys...)
 	if err != nil {
 		tb.Fatal(err)
-	}
-	var out []events.Endorsement
-	for _, k := range keys {
-		id, sig, err := pki.Endorse(k, msg)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out = append(out, events.Endorsement{KeyID: id, Signature: sig})
 	}
 	return out
 }
@@ -290,7 +283,7 @@ func (c *testCA) handleNATS(tb testing.TB, m *nats.Msg) events.SignReply {
 	} else if id, err = c.proofIdentity(req); err != nil {
 		return replyErr(events.CodeUnauthenticated, err.Error())
 	}
-	chain, err := c.sign([]byte(req.CSR), id, time.Duration(req.TTLSeconds)*time.Second)
+	chain, err := c.sign([]byte(req.CSR), id, req.TTL)
 	if err != nil {
 		return replyErr(events.CodeInvalidArgument, err.Error())
 	}
