@@ -74,6 +74,7 @@ const (
 	DrainZeroReached = "zero"       // active connections reached zero, Envoy stopped
 	DrainDeadline    = "deadline"   // the hard deadline passed: Envoy was killed
 	DrainEnvoyExited = "envoy-exit" // Envoy exited by itself while draining
+	DrainQuit        = "quit"       // /quitquitquit: Envoy told to exit at once, no drain
 )
 
 // EnvoyExited is published when Envoy's process has ended: its exit code or the

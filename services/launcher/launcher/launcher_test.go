@@ -270,7 +270,7 @@ func TestQuitQuitQuit(t *testing.T) {
 	if !errors.As(err, &exit) || exit.Code != 0 {
 		t.Fatalf("Run = %v", err)
 	}
-	if x := event[events.EnvoyExited](t, p); x.Crashed || x.Code != 0 {
+	if x := event[events.EnvoyExited](t, p); x.Crashed || x.Code != 0 || x.Drain != events.DrainQuit {
 		t.Fatalf("exited %+v", x)
 	}
 }

@@ -221,7 +221,7 @@ func (s *Supervisor) drain(p *envoy.Process, req Stop) Result {
 			p.Signal(syscall.SIGTERM)
 		}
 		cancel()
-		res.Drain = events.DrainElapsed
+		res.Drain = events.DrainQuit
 		return s.await(p, deadline, res)
 	}
 	s.log.Info("draining envoy", "reason", req.Reason, "pid", p.PID(), "strategy", strategy, "deadline", d.Deadline)
