@@ -80,9 +80,9 @@ func (e *listError) Error() string {
 	return "go list ./services/" + e.svc + " (the test needs the repository's go.work): " + e.stderr
 }
 
-var bindMethods = map[string]bool{"String": true, "Bool": true, "Int": true, "Float64": true, "Duration": true}
+var bindMethods = map[string]bool{"String": true, "Bool": true, "Int": true, "Float64": true, "Duration": true, "List": true}
 
-// scanBindings adds the flagenv bindings in one file: calls X.String/Bool/Int/
+// scanBindings adds the flagenv bindings in one file: calls X.String/Bool/Int/List/
 // Float64/Duration(ptr, "flag", "ENV", default, usage).
 func scanBindings(path string, b *binary) error {
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
