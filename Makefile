@@ -34,6 +34,7 @@ COMPOSE_FILE := deploy/compose/compose.yaml
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/$$s ./services/$$s || exit 1; done
+	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/envoy-standin ./services/launcher/cmd/envoy-standin
 	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/meshctl ./cmd/meshctl
 	@echo "built: $$(ls $(BIN) | tr '\n' ' ')"
 
