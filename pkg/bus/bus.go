@@ -39,6 +39,12 @@ type Config struct {
 	// ConnectWait is how long Connect keeps trying the first connection (zero:
 	// DefaultConnectWait). Once connected, the client reconnects forever.
 	ConnectWait time.Duration
+	// Background makes Connect return at once with a connection that keeps
+	// trying in the background (nats' RetryOnFailedConnect), for a service that
+	// can do its work without the bus for a while (sds-edge with a gRPC CA).
+	// Subscriptions made meanwhile take effect on connect; the reconnect handler
+	// runs on the first successful connect. ConnectWait is then unused.
+	Background bool
 }
 
 // DefaultConnectWait is how long a service waits for the bus at start unless told.
@@ -91,7 +97,8 @@ func (c Config) Validate() error {
 }
 
 // Connect dials the bus. It retries the initial connection for up to c.ConnectWait
-// and then reconnects forever; connection changes are logged on log.
+// (or, with c.Background, returns at once and keeps trying in the background) and
+// then reconnects forever; connection changes are logged on log.
 func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error) {
 	wait := c.ConnectWait
 	if wait <= 0 {
@@ -130,6 +137,23 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 	}
 	if c.TLS.CertFile != "" {
 		opts = append(opts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
+	}
+	if c.Background {
+		// The first connect after a failed one calls the connect handler, not the
+		// reconnect handler: forward it, so that callers hear of it one way.
+		nc, err := nats.Connect(c.URL, append(opts, nats.RetryOnFailedConnect(true),
+			nats.ConnectHandler(func(nc *nats.Conn) {
+				if cb := nc.ReconnectHandler(); cb != nil {
+					cb(nc)
+				}
+			}))...)
+		if err != nil {
+			return nil, fmt.Errorf("connect to nats at %s: %w", c.URL, err)
+		}
+		if !nc.IsConnected() {
+			log.Info("nats not reachable yet, connecting in the background", "url", c.URL)
+		}
+		return nc, nil
 	}
 	deadline := time.Now().Add(wait)
 	backoff := 50 * time.Millisecond

@@ -2,13 +2,18 @@ package bus
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/nats-io/nats.go"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -106,5 +111,58 @@ func TestValidateOneCredential(t *testing.T) {
 	c := Config{URL: DefaultURL, NKeyFile: "a.nk", TokenFile: "token"}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "at most one") {
 		t.Fatalf("two credentials: %v", err)
+	}
+}
+
+// TestConnectInBackground: with Background, Connect returns at once although no
+// server is up, a subscription made meanwhile works once one is, and the reconnect
+// handler tells the caller it has connected.
+func TestConnectInBackground(t *testing.T) {
+	probe := bustest.Server(t)
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Shutdown()
+	probe.WaitForShutdown()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+
+	nc, err := Connect(context.Background(), Config{URL: url, Background: true, ConnectWait: time.Hour}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if nc.IsConnected() {
+		t.Fatal("connected with no server up")
+	}
+	var connected atomic.Bool
+	prev := nc.ReconnectHandler()
+	nc.SetReconnectHandler(func(c *nats.Conn) { prev(c); connected.Store(true) })
+	got := make(chan string, 1)
+	if _, err := nc.Subscribe("hello", func(m *nats.Msg) { got <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := embedded.Start(embedded.Config{Port: port, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Shutdown(); s.WaitForShutdown() }()
+	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected() || !connected.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background connection never came up")
+		}
+	}
+	other := bustest.Conn(t, s)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Publish("hello", []byte("world")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if m != "world" {
+			t.Fatalf("got %q", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("subscription made before connecting got nothing")
 	}
 }
