@@ -35,6 +35,7 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeEnvoyReady:      decodeAs[EnvoyReady],
 	TypeEnvoyDraining:   decodeAs[EnvoyDraining],
 	TypeEnvoyExited:     decodeAs[EnvoyExited],
+	TypeCertExpiring:    decodeAs[CertExpiring],
 }
 
 func decodeAs[T Payload](m *nats.Msg) (Payload, Meta, error) {

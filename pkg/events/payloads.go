@@ -30,6 +30,7 @@ const (
 	TypeEnvoyReady      = "io.meshagent.envoy.ready.v1"
 	TypeEnvoyDraining   = "io.meshagent.envoy.draining.v1"
 	TypeEnvoyExited     = "io.meshagent.envoy.exited.v1"
+	TypeCertExpiring    = "io.meshagent.cert.expiring.v1"
 )
 
 func init() {
@@ -54,6 +55,7 @@ func init() {
 	register[EnvoyReady]()
 	register[EnvoyDraining]()
 	register[EnvoyExited]()
+	register[CertExpiring]()
 }
 
 // fields collects validation problems so that every one is reported at once.
@@ -306,6 +308,43 @@ func (PodDown) EventType() string { return TypePodDown }
 func (e PodDown) Validate() error {
 	var f fields
 	f.pod(e.Pod, "pod", true)
+	return f.err()
+}
+
+// States of the certificate a pod serves, in CertExpiring.
+const (
+	// CertStateExpiring: less than a tenth of its lifetime is left and the last
+	// renewal attempts failed.
+	CertStateExpiring = "expiring"
+	// CertStateExpired: it is past its NotAfter and still served (Envoy keeps what
+	// it has until something newer comes).
+	CertStateExpired = "expired"
+)
+
+// CertExpiring is published by a pod's sds-edge when the certificate it serves is
+// about to expire with no renewal in sight, or has expired: once per certificate
+// and state. The pod reports not ready meanwhile.
+type CertExpiring struct {
+	Pod      string    `json:"pod"`
+	Resource string    `json:"resource"`
+	Serial   string    `json:"serial"`
+	NotAfter time.Time `json:"not_after"`
+	State    string    `json:"state"` // CertStateExpiring or CertStateExpired
+	// Failures is how many signing attempts in a row failed; LastError the last one's error.
+	Failures  int    `json:"failures,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+func (CertExpiring) EventType() string { return TypeCertExpiring }
+func (e CertExpiring) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.Resource, "resource")
+	f.resource(e.Resource, "resource")
+	f.nonEmpty(e.Serial, "serial")
+	f.need(!e.NotAfter.IsZero(), "not_after", "required")
+	f.need(e.State == CertStateExpiring || e.State == CertStateExpired, "state", "must be expiring or expired")
+	f.need(e.Failures >= 0, "failures", "must not be negative")
 	return f.err()
 }
 

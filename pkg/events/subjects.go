@@ -93,6 +93,7 @@ const (
 	PodEventEnvoyReady      = "envoy.ready"
 	PodEventEnvoyDraining   = "envoy.draining"
 	PodEventEnvoyExited     = "envoy.exited"
+	PodEventCertExpiring    = "cert.expiring"
 )
 
 // podEventPrefix starts every pod event subject.
