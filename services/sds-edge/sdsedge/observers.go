@@ -1,6 +1,8 @@
 package sdsedge
 
 import (
+	"slices"
+
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -25,6 +27,14 @@ func (h sdsObserver) Nacked(node string, names []string, version, nonce, msg str
 	}
 }
 
+// Asked: Envoy asking for `default` again (a new stream, a restart, a retry after
+// an error) is a reason to retry a failing renewal now, as Istio's agent does.
+func (h sdsObserver) Asked(node string, names []string) {
+	if mgr := h.e.mgr.Load(); mgr != nil && slices.Contains(names, secrets.Default) {
+		mgr.RetryNow("envoy asked for " + secrets.Default)
+	}
+}
+
 func (h sdsObserver) Stream(rpc string, delta int) {
 	h.e.m.Connections.WithLabelValues(rpc).Add(float64(delta))
 }
@@ -40,7 +50,10 @@ func truncate(s string, n int) string {
 // and metrics.
 type identityObserver struct{ e *Edge }
 
-func (s identityObserver) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
+func (s identityObserver) Changed(en *secrets.Entry, streams int) {
+	s.e.Changed(en, streams)
+	s.e.wakeCertWatch()
+}
 
 func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	if s.e.out == nil {
@@ -51,9 +64,13 @@ func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	}
 }
 
-func (s identityObserver) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+func (s identityObserver) TrustRejected(source string) {
+	s.e.m.TrustRejected.WithLabelValues(source).Inc()
+}
 
-func (s identityObserver) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+func (s identityObserver) TrustBootstrapped(mode string) {
+	s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1)
+}
 
 func (s identityObserver) CSR(err error, retry bool) {
 	m := s.e.m
@@ -64,4 +81,5 @@ func (s identityObserver) CSR(err error, retry bool) {
 	if err != nil {
 		m.CSRFailed.Inc()
 	}
+	s.e.wakeCertWatch()
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,10 @@ type Edge struct {
 	readyOnce sync.Once
 	// reconnected wakes the task that fetches the trust bundle after a bus outage.
 	reconnected chan struct{}
+	// mgr is the CA flow, once chosen (nil in the other modes).
+	mgr atomic.Pointer[identity.Manager]
+	// certWake wakes watchExpiry when the CA flow's status changed.
+	certWake chan struct{}
 }
 
 // New builds an Edge on d.Bus, registering its metrics on d.Metrics and its
@@ -80,7 +85,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	}
 	store := secrets.New(nil)
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
-		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1)}
+		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
 	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
@@ -105,7 +110,8 @@ func (e *Edge) Mode() string { m, _ := e.mode.Load().(string); return m }
 func (e *Edge) Bound() <-chan struct{} { return e.bound }
 
 // Ready is the readiness check: the socket bound with `default` and `ROOTCA` in
-// hand, or external mode.
+// hand, and `default` neither expired nor expiring with its renewal failing
+// (certHealth); or external mode.
 func (e *Edge) Ready() error {
 	switch e.Mode() {
 	case "":
@@ -124,7 +130,10 @@ func (e *Edge) Ready() error {
 			missing = append(missing, fmt.Errorf("%s not available yet", n))
 		}
 	}
-	return errors.Join(missing...)
+	if len(missing) > 0 {
+		return errors.Join(missing...)
+	}
+	return e.certHealth()
 }
 
 // Run decides the mode and serves until ctx ends. It returns nil on cancellation.
@@ -190,19 +199,23 @@ func (e *Edge) serve(ctx context.Context) error {
 		defer unsub()
 		// trust.changed is not durable for us: after a bus outage, ask for the bundle.
 		podfeed.OnReconnect(e.d.Bus, func() {
+			mgr.RetryNow("bus reconnected")
 			select {
 			case e.reconnected <- struct{}{}:
 			default: // a refresh is already due
 			}
 		})
-		tasks = append(tasks, mgr.Run, func(ctx context.Context) error { return e.refreshOnReconnect(ctx, mgr) })
+		e.mgr.Store(mgr)
+		tasks = append(tasks, mgr.Run, func(ctx context.Context) error { return e.refreshOnReconnect(ctx, mgr) },
+			func(ctx context.Context) error { return e.watchExpiry(ctx, mgr) })
 	}
 	err = lifecycle.Tasks(ctx, tasks...)
 	e.log.Info("stopped", "error", err)
 	return err
 }
 
-// manager builds the CA flow with the NATS or the gRPC client; closeSigner
+// manager builds the CA flow with the NATS or the gRPC client, or both (the bus,
+// and gRPC when the bus is unreachable: -ca-fallback-addr); closeSigner
 // releases a client it made (the gRPC connection), once the manager has stopped.
 func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
 	c := e.cfg
@@ -215,9 +228,10 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		return nil, nil, err
 	}
 	closeSigner = func() {}
-	var signer identity.Signer
-	if c.CA.Addr != "" {
-		istio := caclient.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
+	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
+	// with -ca-root-cert or else the roots the pod trusts.
+	grpcCA := func(addr string) *caclient.Istio {
+		istio := caclient.NewIstio(addr, c.CA.ClusterID, strings.HasSuffix(addr, ":15010"), func() *x509.CertPool {
 			if len(seed) > 0 {
 				p := x509.NewCertPool()
 				for _, r := range seed {
@@ -227,8 +241,16 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			}
 			return mgr.Roots()
 		})
-		signer, closeSigner = istio, func() { _ = istio.Close() }
-	} else {
+		closeSigner = func() { _ = istio.Close() }
+		return istio
+	}
+	var signer identity.Signer
+	switch {
+	case c.CA.Addr != "":
+		signer = grpcCA(c.CA.Addr)
+	case c.CA.FallbackAddr != "":
+		signer = caclient.Fallback{Bus: caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID), GRPC: grpcCA(c.CA.FallbackAddr)}
+	default:
 		signer = caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,

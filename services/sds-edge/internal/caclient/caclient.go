@@ -31,6 +31,11 @@ type Response struct {
 // same request will not help, though a fresh token may.
 var ErrRejected = errors.New("rejected by ca")
 
+// ErrUnreachable wraps a failure to reach any CA on a path (no signer on the bus,
+// the bus not connected, the gRPC CA refusing connections): nothing was signed or
+// refused, and trying again, or another path, costs the CA nothing.
+var ErrUnreachable = errors.New("ca unreachable")
+
 // NATS asks the signer over NATS request-reply on the pod sign subject
 // (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod.
 type NATS struct {
@@ -55,7 +60,14 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 	if err != nil {
 		return Response{}, fmt.Errorf("build sign request: %w", err)
 	}
+	if !n.nc.IsConnected() {
+		// A request now would wait out ctx in the reconnect buffer.
+		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
+	}
 	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return Response{}, fmt.Errorf("sign request: %w: %w", ErrUnreachable, err)
+	}
 	if err != nil {
 		return Response{}, fmt.Errorf("sign request: %w", err)
 	}
@@ -73,4 +85,26 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		return Response{}, errors.New("sign reply without roots")
 	}
 	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
+}
+
+// Fallback signs on the bus (Bus) while it is connected and a signer answers
+// there, and over the CA's gRPC API (GRPC) otherwise: a pod cut off the bus still
+// renews. Both take the same events.SignRequest; a CA's refusal on the bus is
+// final for the attempt (the gRPC CA would refuse it too).
+type Fallback struct {
+	Bus  *NATS
+	GRPC *Istio
+}
+
+// Sign tries the bus, then gRPC when the bus is unreachable.
+func (f Fallback) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
+	resp, err := f.Bus.Sign(ctx, req)
+	if err == nil || !errors.Is(err, ErrUnreachable) {
+		return resp, err
+	}
+	resp, gerr := f.GRPC.Sign(ctx, req)
+	if gerr != nil {
+		return Response{}, fmt.Errorf("%w; over gRPC: %w", err, gerr)
+	}
+	return resp, nil
 }

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -92,6 +94,9 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 	})
 	if err != nil {
 		c.reset()
+		if status.Code(err) == codes.Unavailable {
+			return Response{}, fmt.Errorf("create certificate: %w: %w", ErrUnreachable, err)
+		}
 		return Response{}, fmt.Errorf("create certificate: %w", err)
 	}
 	// Istio's reply carries the bundle only as the chain's last element, unendorsed.

@@ -34,6 +34,9 @@ type Config struct {
 	}
 	CA struct {
 		Addr      string // Istio gRPC CA (host:port); empty: the signer over NATS
+		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
+		// is unreachable or no signer answers on it; signing is on the bus otherwise.
+		FallbackAddr string
 		RootCert  string // PEM roots to verify Addr's TLS; empty: the current bundle
 		ClusterID string
 		TokenFile string
@@ -106,6 +109,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
+	fs.String(&c.CA.FallbackAddr, "ca-fallback-addr", "CA_FALLBACK_ADDR", c.CA.FallbackAddr,
+		"the CA's Istio gRPC API, used when the bus is unreachable (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
@@ -155,6 +160,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Cert.FileMountedDir = c.Under(c.Cert.FileMountedDir)
 	c.SDS.Socket = c.Under(c.SDS.Socket)
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
+	// With a CA reachable without the bus, serving must not wait for the bus.
+	c.Bus.Background = c.CA.Addr != "" || c.CA.FallbackAddr != ""
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return c, err
 	}
@@ -162,8 +169,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 }
 
 // Process is what the lifecycle reads from the config (pkg/lifecycle): sds-edge
-// logs with its pod on every line and always has a bus connection for now. Bus is
-// a pointer so that a config that needs none can say so with nil.
+// logs with its pod on every line and always has a bus connection, which, when a
+// CA is configured that answers without the bus (-ca-addr, -ca-fallback-addr), is
+// made in the background (bus.Config.Background) so that start never waits for it.
 func (c Config) Process() lifecycle.Process {
 	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
@@ -228,5 +236,6 @@ func (c Config) Validate() error {
 	add(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
 	add(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	add(c.CA.TokenFile != "", "-token-file: required")
+	add(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
 	return errors.Join(errs...)
 }

@@ -89,8 +89,12 @@ type Manager struct {
 	log    hclog.Logger
 
 	renew chan events.RenewDue
+	// retryNow ends a retry wait early (RetryNow), with the reason.
+	retryNow chan string
 
 	mu       sync.Mutex
+	failures int   // signing attempts failed in a row
+	lastErr  error // the last failure's error
 	key      crypto.Signer
 	keyPEM   []byte
 	chain    []*x509.Certificate
@@ -98,12 +102,13 @@ type Manager struct {
 	trust    *trust
 
 	bootOnce sync.Once
+	woken    bool // the last wait was ended by RetryNow (only Run's goroutine uses it)
 }
 
 // New returns a manager. It does nothing until Run.
 func New(cfg Config, signer Signer, store *secrets.Store, obs Observer, clk clock.Clock, log hclog.Logger) *Manager {
 	return &Manager{cfg: cfg, signer: signer, store: store, obs: obs, clock: clk, log: log,
-		renew: make(chan events.RenewDue, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk.Now)}}
+		renew: make(chan events.RenewDue, 1), retryNow: make(chan string, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk.Now)}}
 }
 
 // Renew asks for a renewal (a renew-due event). A request about an older
@@ -118,6 +123,39 @@ func (m *Manager) Renew(r events.RenewDue) {
 	case m.renew <- r:
 	default:
 	}
+}
+
+// RetryNow ends the wait before the next signing attempt, if one is waiting: a
+// path to the CA may be open again (the bus reconnected, Envoy asked for `default`
+// again). Calls coalesce, and attempts are still at least RetryMin apart.
+func (m *Manager) RetryNow(why string) {
+	select {
+	case m.retryNow <- why:
+	default:
+	}
+}
+
+// Status is what the manager holds and how its last signing went.
+type Status struct {
+	Serial              string    // the current leaf's, "" before the first
+	NotBefore, NotAfter time.Time // the current leaf's validity
+	Failures            int       // signing attempts failed in a row (0: the last one worked)
+	LastError           string    // the last failure's error
+}
+
+// Status returns the current leaf's validity and the signing record.
+func (m *Manager) Status() Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := Status{Failures: m.failures}
+	if m.lastErr != nil {
+		st.LastError = m.lastErr.Error()
+	}
+	if len(m.chain) > 0 {
+		leaf := m.chain[0]
+		st.Serial, st.NotBefore, st.NotAfter = pki.SerialHex(leaf), leaf.NotBefore, leaf.NotAfter
+	}
+	return st
 }
 
 // Run issues the first certificate (retrying until it succeeds), then renews on
@@ -192,12 +230,19 @@ func (m *Manager) Serial() string {
 	return pki.SerialHex(m.chain[0])
 }
 
-// issue gets a new certificate, retrying with exponential backoff and full jitter
-// until it succeeds or ctx ends. Only Run calls it: one CSR is in flight at a time.
+// issue gets a new certificate, retrying until it succeeds or ctx ends. Only Run
+// calls it: one CSR is in flight at a time. The wait between attempts (retryWait)
+// grows from RetryMin to RetryMax but never past a quarter of the time the current
+// certificate has left, and RetryNow ends it early.
 func (m *Manager) issue(ctx context.Context, reason string) error {
+	select { // a wake-up from before this renewal is not news
+	case <-m.retryNow:
+	default:
+	}
 	backoff := m.cfg.RetryMin
 	for attempt := 0; ; attempt++ {
 		commit, err := m.issueOnce(ctx)
+		m.record(err)
 		m.obs.CSR(err, attempt > 0)
 		if err == nil {
 			commit()
@@ -207,17 +252,84 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		d := backoff/2 + rand.N(backoff/2+1)
+		d := m.retryWait(backoff, err)
 		m.log.Warn("signing failed, will retry", "reason", reason, "attempt", attempt+1, "retry_in", d, "error", err)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !m.wait(ctx, d) {
 			return ctx.Err()
-		case <-t.C:
 		}
 		backoff = min(2*backoff, m.cfg.RetryMax)
+		if m.woken {
+			backoff = m.cfg.RetryMin // a new chance: start over
+		}
 	}
+}
+
+// Retry-wait bounds besides RetryMin and RetryMax.
+const (
+	// probeWait is the longest wait after an attempt that nobody answered (no
+	// signer on the bus, the CA refusing connections): such an attempt costs the
+	// CA nothing, and the next one is how the pod sees it back.
+	probeWait = time.Second
+	// capFloor is the shortest cap that time-to-expiry puts on a wait: a quarter
+	// of the time left, but not less (a certificate about to expire, or expired).
+	capFloor = time.Second
+)
+
+// retryWait is the wait before the next attempt: the backoff, shortened for an
+// attempt nobody answered (probeWait) and to a quarter of the time left before the
+// current certificate expires (capFloor at least), with half of it jittered.
+func (m *Manager) retryWait(backoff time.Duration, err error) time.Duration {
+	ceil := backoff
+	if errors.Is(err, caclient.ErrUnreachable) {
+		ceil = min(ceil, probeWait)
+	}
+	if st := m.Status(); !st.NotAfter.IsZero() {
+		ceil = min(ceil, max(st.NotAfter.Sub(m.clock.Now())/4, capFloor))
+	}
+	return ceil/2 + rand.N(ceil/2+1)
+}
+
+// wait waits d on the manager's clock, or less if RetryNow is called (setting
+// m.woken), but at least RetryMin after the failed attempt. It returns false when
+// ctx ends first.
+func (m *Manager) wait(ctx context.Context, d time.Duration) bool {
+	m.woken = false
+	t := m.clock.NewTimer(d)
+	defer t.Stop()
+	floor := m.clock.NewTimer(min(d, m.cfg.RetryMin))
+	defer floor.Stop()
+	floorPassed := false
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C():
+			return true
+		case <-floor.C():
+			if m.woken {
+				return true
+			}
+			floorPassed = true
+		case why := <-m.retryNow:
+			m.log.Info("retrying now", "why", why)
+			m.woken = true
+			if floorPassed {
+				return true
+			}
+		}
+	}
+}
+
+// record keeps the outcome of one signing attempt for Status.
+func (m *Manager) record(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil {
+		m.failures, m.lastErr = 0, nil
+		return
+	}
+	m.failures++
+	m.lastErr = err
 }
 
 // issueOnce makes one signing attempt; on success commit installs the result.

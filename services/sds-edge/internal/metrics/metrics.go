@@ -44,7 +44,14 @@ func New(reg prometheus.Registerer, store *secrets.Store, now func() time.Time) 
 		TrustBootstrap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_sds_edge_trust_bootstrap",
 			Help: "1 for how the first trust bundle was trusted: anchors (-trust-anchors-file) or first-use."}, []string{"mode"}),
 	}
-	reg.MustRegister(m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.TrustRejected, m.TrustBootstrap,
+	servingExpired := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshagent_sds_edge_serving_expired",
+		Help: "1 while the certificate served as default is past its NotAfter (it is still served, and /readyz fails)."}, func() float64 {
+		if en, ok := store.Get(secrets.Default); ok && !en.NotAfter.IsZero() && !now().Before(en.NotAfter) {
+			return 1
+		}
+		return 0
+	})
+	reg.MustRegister(servingExpired, m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.TrustRejected, m.TrustBootstrap,
 		&expiry{store: store, now: now, desc: prometheus.NewDesc("meshagent_sds_edge_cert_expiry_seconds",
 			"Seconds until the earliest certificate of a resource expires.", []string{"resource"}, nil)})
 	return m

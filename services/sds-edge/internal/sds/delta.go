@@ -100,6 +100,9 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 			for _, n := range req.GetResourceNamesSubscribe() {
 				subs[n] = true
 			}
+			if len(req.GetResourceNamesSubscribe()) > 0 {
+				s.obs.Asked(node, req.GetResourceNamesSubscribe())
+			}
 			for _, n := range req.GetResourceNamesUnsubscribe() {
 				delete(subs, n)
 				delete(sent, n)

@@ -44,6 +44,7 @@ type fuzzObserver struct{ open atomic.Int64 }
 
 func (*fuzzObserver) Served(string, *secrets.Entry)                   {}
 func (*fuzzObserver) Nacked(string, []string, string, string, string) {}
+func (*fuzzObserver) Asked(string, []string)                          {}
 func (h *fuzzObserver) Stream(_ string, delta int)                    { h.open.Add(int64(delta)) }
 
 // fuzzServer runs the SDS server on a unix socket in a temp dir, with default, ROOTCA

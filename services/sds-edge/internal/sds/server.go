@@ -37,6 +37,9 @@ type Observer interface {
 	Nacked(node string, names []string, version, nonce, msg string)
 	// Stream: rpc opened (delta +1) or closed (delta -1).
 	Stream(rpc string, delta int)
+	// Asked: a client asked for names afresh (a fetch, a stream's first or changed
+	// subscription), not an ACK or NACK of what it got.
+	Asked(node string, names []string)
 }
 
 // Server implements the SDS gRPC service.
@@ -97,6 +100,7 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 	if err := s.checkNames(req.GetResourceNames()); err != nil {
 		return nil, err
 	}
+	s.obs.Asked(node, req.GetResourceNames())
 	entries, err := s.await(ctx, req.GetResourceNames())
 	if err != nil {
 		return nil, err

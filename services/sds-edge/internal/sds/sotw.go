@@ -92,6 +92,7 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 					return err
 				}
 				names = slices.Clone(req.GetResourceNames())
+				s.obs.Asked(node, names)
 				for n := range sent {
 					if !slices.Contains(names, n) {
 						delete(sent, n)
