@@ -33,13 +33,13 @@ type Config struct {
 		ServiceAccount string
 	}
 	CA struct {
-		Addr      string // Istio gRPC CA (host:port); empty: the signer over NATS
+		Addr string // Istio gRPC CA (host:port); empty: the signer over NATS
 		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
 		// is unreachable or no signer answers on it; signing is on the bus otherwise.
 		FallbackAddr string
-		RootCert  string // PEM roots to verify Addr's TLS; empty: the current bundle
-		ClusterID string
-		TokenFile string
+		RootCert     string // PEM roots to verify Addr's TLS; empty: the current bundle
+		ClusterID    string
+		TokenFile    string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
 		// TrustAnchorsFile holds the PEM roots the pod trusts before it has talked

@@ -294,28 +294,24 @@ func (m *Manager) retryWait(backoff time.Duration, err error) time.Duration {
 // ctx ends first.
 func (m *Manager) wait(ctx context.Context, d time.Duration) bool {
 	m.woken = false
+	floorAt := m.clock.Now().Add(m.cfg.RetryMin)
 	t := m.clock.NewTimer(d)
 	defer t.Stop()
-	floor := m.clock.NewTimer(min(d, m.cfg.RetryMin))
-	defer floor.Stop()
-	floorPassed := false
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-t.C():
 			return true
-		case <-floor.C():
-			if m.woken {
-				return true
-			}
-			floorPassed = true
 		case why := <-m.retryNow:
 			m.log.Info("retrying now", "why", why)
 			m.woken = true
-			if floorPassed {
-				return true
+			// The rest of RetryMin, if any (none if the clock was set back).
+			if rest := floorAt.Sub(m.clock.Now()); rest > 0 && rest <= m.cfg.RetryMin && rest < d {
+				t.Reset(rest)
+				continue
 			}
+			return true
 		}
 	}
 }

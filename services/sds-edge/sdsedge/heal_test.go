@@ -1,0 +1,199 @@
+package sdsedge_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
+)
+
+// failing makes the CA answer every sign request with "unavailable" until back.
+func (c *testCA) failing() { c.failNext.Store(1 << 30) }
+func (c *testCA) back()    { c.failNext.Store(0) }
+
+// TestEnvoyAskingAgainRetriesAtOnce: with the CA back, a fresh SDS request for
+// `default` ends a long retry wait at once (after RetryMin), instead of the pod's
+// backoff deciding when `default` is served again.
+func TestEnvoyAskingAgainRetriesAtOnce(t *testing.T) {
+	v := newEnv(t)
+	clk := clock.NewFake(time.Now())
+	p := v.startPod(podOpt{clock: clk, args: []string{"-retry-min", "100ms", "-retry-max", "10m"}})
+	cc := p.dial(t)
+	st := p.open(t, cc, "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+
+	v.ca.failing()
+	renew(t, v.nc, pki.SerialHex(first))
+	// Seven failures: the backoff is 6.4 s now. A wait has a timer, besides the
+	// expiry watch's.
+	for i := range 6 {
+		testkit.Eventually(t, "failed attempt and its wait", func() bool { return v.ca.requests.Load() == int32(2+i) && clk.Timers() == 2 })
+		clk.Add(100 * time.Millisecond << i)
+	}
+	testkit.Eventually(t, "seventh failure and its wait", func() bool { return v.ca.requests.Load() == 8 && clk.Timers() == 2 })
+
+	v.ca.back()
+	p.open(t, cc, "default") // Envoy asks again
+	clk.Add(100 * time.Millisecond)
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("the same certificate pushed again")
+	}
+	if got := v.ca.requests.Load(); got != 9 {
+		t.Fatalf("%d sign requests, want 9 (the retry Envoy's request prompted is the last)", got)
+	}
+}
+
+// TestExpiringAndExpiredCertificateIsNotReady: a certificate with less than a
+// tenth of its life left whose renewal keeps failing makes the pod not ready and
+// publishes cert.expiring; at NotAfter, to the instant, readiness says expired,
+// the metric says so and cert.expiring (expired) is published; the certificate
+// is still served; a renewal makes the pod ready again.
+func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
+	v := newEnv(t)
+	clk := clock.NewFake(time.Now())
+	evs := collect(t, v.nc, "meshagent.evt.pod."+testPod+".cert.expiring")
+	p := v.startPod(podOpt{clock: clk, args: []string{"-secret-ttl", "1h"}})
+	cc := p.dial(t)
+	st := p.open(t, cc, "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+	serial := pki.SerialHex(first)
+
+	v.ca.failing()
+	testkit.Eventually(t, "safety deadline and expiry watch armed", func() bool { return clk.Timers() == 2 })
+	clk.Set(first.NotAfter.Add(-5 * time.Minute)) // past the safety deadline, 5 of 60 minutes left
+	testkit.Eventually(t, "not ready: expiring", func() bool {
+		err := p.e.Ready()
+		return err != nil && strings.Contains(err.Error(), "renewal is failing")
+	})
+	testkit.Eventually(t, "cert.expiring (expiring) published", func() bool {
+		return len(find(evs, func(e events.CertExpiring) bool { return e.State == events.CertStateExpiring && e.Serial == serial })) == 1
+	})
+	if p.metric("meshagent_sds_edge_serving_expired") != 0 {
+		t.Fatal("serving_expired before expiry")
+	}
+
+	clk.Set(first.NotAfter.Add(-time.Millisecond))
+	if err := p.e.Ready(); err == nil || strings.Contains(err.Error(), "expired") {
+		t.Fatalf("a millisecond before expiry: %v", err)
+	}
+	clk.Set(first.NotAfter)
+	if err := p.e.Ready(); err == nil || !strings.Contains(err.Error(), "serving an expired certificate") {
+		t.Fatalf("at expiry readiness says %v", err)
+	}
+	if p.metric("meshagent_sds_edge_serving_expired") != 1 {
+		t.Fatal("serving_expired not 1 at expiry")
+	}
+	testkit.Eventually(t, "cert.expiring (expired) published", func() bool {
+		return len(find(evs, func(e events.CertExpiring) bool {
+			return e.State == events.CertStateExpired && e.Serial == serial && e.Failures > 0 && e.LastError != ""
+		})) == 1
+	})
+	if got := p.serial(t, cc); got != serial {
+		t.Fatalf("serving %s, want the expired %s still served", got, serial)
+	}
+
+	// The test CA signs on the wall clock: bring the pod's clock back to it, so
+	// that the new certificate is valid for the pod (still failing: nothing changes).
+	clk.Set(time.Now())
+	v.ca.back()
+	p.open(t, cc, "default") // Envoy asks again
+	clk.Add(time.Second)
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if pki.SerialHex(next) == serial {
+		t.Fatal("the expired certificate pushed again")
+	}
+	testkit.Eventually(t, "ready after renewal", func() bool { return p.e.Ready() == nil })
+	if p.metric("meshagent_sds_edge_serving_expired") != 0 {
+		t.Fatal("serving_expired after renewal")
+	}
+	if n := len(find(evs, func(e events.CertExpiring) bool { return true })); n != 2 {
+		t.Fatalf("%d cert.expiring events, want 2 (one per state)", n)
+	}
+}
+
+// TestFallsBackToGRPCWhenBusIsGone: with -ca-fallback-addr, a pod signs on the
+// bus while it can and over the CA's gRPC API once the bus is gone.
+func TestFallsBackToGRPCWhenBusIsGone(t *testing.T) {
+	v := newEnv(t)
+	addr := v.ca.serveGRPC(t)
+	clk := clock.NewFake(time.Now())
+	p := v.startPod(podOpt{clock: clk, args: []string{"-ca-fallback-addr", addr, "-secret-ttl", "1h"}})
+	st := p.open(t, p.dial(t), "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.lastReq.Load() == nil || v.ca.lastMD.Load() != nil {
+		t.Fatal("the first certificate did not come over the bus")
+	}
+
+	v.ns.Shutdown()
+	v.ns.WaitForShutdown()
+	testkit.Eventually(t, "pod sees the bus gone", func() bool { return !p.nc.IsConnected() })
+	testkit.Eventually(t, "safety deadline and expiry watch armed", func() bool { return clk.Timers() == 2 })
+	clk.Add(49 * time.Minute) // past the safety deadline
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("the same certificate pushed again")
+	}
+	if v.ca.lastMD.Load() == nil {
+		t.Fatal("renewed, but not over gRPC")
+	}
+}
+
+// TestStartsAndServesWithoutBus: with -ca-addr and no bus reachable, sds-edge
+// (the whole process: lifecycle.Serve) binds its socket, serves `default` and is
+// ready, instead of waiting for the bus and exiting.
+func TestStartsAndServesWithoutBus(t *testing.T) {
+	ca := newTestCA(t)
+	addr := ca.serveGRPC(t)
+	root := testkit.ShortDir(t)
+	writeToken(t, root, ca.token("default", "web", time.Hour))
+	rootFile := filepath.Join(root, "ca-root.pem")
+	if err := os.WriteFile(rootFile, []byte(ca.bundle()[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := testkit.FreeAddr(t)
+	args := []string{"-pod", testPod, "-pod-root", root, "-nats-url", "nats://" + testkit.FreeAddr(t), "-nats-connect-wait", "1s",
+		"-namespace", "default", "-service-account", "web", "-socket", "sds.sock", "-http-addr", httpAddr,
+		"-ca-addr", addr, "-ca-root-cert", rootFile, "-log-level", "error"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- lifecycle.Serve(ctx, args, func(string) string { return "" }, sdsedge.Load, sdsedge.New)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+
+	sock := filepath.Join(root, "sds.sock")
+	testkit.Eventually(t, "sds socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	cc, err := sdsclient.DialUnix(context.Background(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	got, err := sdsclient.Fetch(context.Background(), cc, "n", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := leafOf(t, got["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
+		t.Fatalf("identity %s", id)
+	}
+	testkit.Eventually(t, "/readyz 200 without a bus", func() bool {
+		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
+		return code == 200
+	})
+}
