@@ -1,7 +1,10 @@
 // Package outbox publishes a service's events to JetStream in the background, in
 // order, from a bounded queue: Publish never blocks the caller (an SDS push, an
-// xDS stream), an event the queue has no room for is dropped and counted, and Run
-// flushes what is queued, for a bounded time, when the service stops.
+// xDS stream); while the stream is unavailable (a leader election, JetStream
+// starting, the bus away) the queue holds the events and delivers them when it is
+// back, each once (its event id is the dedup id); only an event the full queue has
+// no room for, one the bus refuses, or one still queued when Run's flush time
+// after shutdown runs out is dropped, and counted.
 package outbox
 
 import (
@@ -23,7 +26,8 @@ import (
 const (
 	DefaultSize  = 1024
 	DefaultFlush = 2 * time.Second
-	// publishTimeout bounds one publish (JetStream's ack included).
+	// publishTimeout bounds one round of publish attempts (JetStream's ack
+	// included); send starts another while the stream is unavailable.
 	publishTimeout = 5 * time.Second
 )
 
@@ -83,7 +87,7 @@ func New(js jetstream.JetStream, o Options) (*Outbox, error) {
 	}
 	b := &Outbox{js: js, o: o, q: make(chan *nats.Msg, o.Size),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: o.Metric,
-			Help: "Events not published: the queue was full, the event was invalid, or the bus did not take it in time."})}
+			Help: "Events not published: the queue was full, the event was invalid or refused by the bus, or still queued when the service stopped."})}
 	if o.Registry != nil {
 		if err := o.Registry.Register(b.dropped); err != nil {
 			return nil, fmt.Errorf("outbox: register %s: %w", o.Metric, err)
@@ -140,11 +144,40 @@ func (b *Outbox) Run(ctx context.Context) error {
 	}
 }
 
+// send publishes msg, holding on to it (and so to the queue behind it) for as
+// long as the stream is unavailable for a while (no stream leader, JetStream
+// starting, the bus reconnecting: bus.Transient), until ctx ends. The event id
+// is the JetStream dedup id, so an attempt that did reach the stream before its
+// ack was lost is not stored twice. Only an event the bus refuses for good, or
+// one still unsent when ctx ends, is dropped and counted.
 func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
-	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-	defer cancel()
-	if err := bus.Publish(pctx, b.js, msg); err != nil {
-		b.dropped.Inc()
-		b.o.Log.Warn("event not published", "subject", msg.Subject, "error", err)
+	var waited bool
+	backoff := 100 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		err := bus.Publish(pctx, b.js, msg)
+		cancel()
+		switch {
+		case err == nil:
+			if waited {
+				b.o.Log.Info("event stream back, publishing the held events", "queued", len(b.q))
+			}
+			return
+		case ctx.Err() != nil || !bus.Transient(err):
+			b.dropped.Inc()
+			b.o.Log.Warn("event not published", "subject", msg.Subject, "error", err)
+			return
+		case !waited:
+			waited = true
+			b.o.Log.Warn("event stream unavailable, holding events until it is back", "queued", len(b.q)+1, "error", err)
+		}
+		// bus.Publish backs off on its own for most of these; not for all.
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, 2*time.Second)
 	}
 }

@@ -3,9 +3,11 @@ package outbox
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -144,3 +146,64 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldsEventsUntilTheStreamIsBack: events published while there is no event
+// stream are held and delivered, in order and each once, when it appears; none is
+// counted as dropped.
+func TestHoldsEventsUntilTheStreamIsBack(t *testing.T) {
+	ns := bustest.Server(t)
+	js := bustest.JetStream(t, bustest.Conn(t, ns)) // no event stream yet
+	held := make(chan struct{})
+	var once sync.Once
+	log := hclog.New(&hclog.LoggerOptions{Output: writerFunc(func(p []byte) {
+		if strings.Contains(string(p), "holding events") {
+			once.Do(func() { close(held) })
+		}
+	})})
+	b, err := New(js, Options{Source: "sds-edge/web-0", Metric: metric, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	b.Publish("meshagent.evt.pod.web-0.up", events.PodUp{Pod: "web-0", Mode: "ca"})
+	b.Publish("meshagent.evt.pod.web-0.sds.pushed", events.SecretPushed{Pod: "web-0", Resource: "default", Version: "1", Kind: "pushed"})
+	// A whole round of attempts fails, and the events are held, not dropped.
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outbox never said it holds the events")
+	}
+	if v := testutil.ToFloat64(b.dropped); v != 0 {
+		t.Fatalf("dropped %v events while the stream was missing", v)
+	}
+	st, err := bus.EnsureEventStream(context.Background(), js, 1, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		info, err := st.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream holds %d events, want the 2 held", info.State.Msgs)
+		}
+	}
+	m, err := st.GetMsg(context.Background(), 1)
+	if err != nil || m.Subject != "meshagent.evt.pod.web-0.up" {
+		t.Fatalf("first event %v (%v), want pod.up", m, err)
+	}
+	if v := testutil.ToFloat64(b.dropped); v != 0 {
+		t.Fatalf("dropped = %v, want 0", v)
+	}
+}
+
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
