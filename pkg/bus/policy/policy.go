@@ -84,6 +84,8 @@ func For(r Role) (Permissions, error) {
 			Publish: cat(
 				[]string{events.SubjectCertIssued, events.SubjectTrustChanged},
 				streamManage(events.StreamEvents),
+				// Reads the last trust.changed, so that a change is announced once.
+				streamRead(events.StreamEvents)[1:],
 				kvBucket(BucketCA),
 			),
 			Subscribe: []string{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +45,13 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	}
 	a := e.start(t, cfg("signer-a"))
 	b := e.start(t, cfg("signer-b"))
+	// What pods hear: the subject itself, not the stream's deduplicated copy.
+	var heard atomic.Int32
+	sub, err := e.nc.Subscribe(events.SubjectTrustChanged, func(*nats.Msg) { heard.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
 	old := bundle(t, e.nc)
 	if a.auth.Current().RootFingerprint() != b.auth.Current().RootFingerprint() {
 		t.Fatal("replicas on different roots")
@@ -90,6 +98,12 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	})
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
 		t.Fatalf("%d trust.changed events for one rotation", n)
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := heard.Load(); n != 1 {
+		t.Fatalf("pods heard %d trust.changed for one rotation, want 1", n)
 	}
 
 	// meshctl rotate root, with a new key, once -root-rotate-min-interval has passed.

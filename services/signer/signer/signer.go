@@ -134,6 +134,9 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 	cfg := s.cfg
 	origin := "meshagent/signer/" + cfg.Instance
 	notify := func(ctx context.Context, tc events.TrustChanged) error {
+		if s.announcedAlready(ctx, tc) {
+			return nil // another replica did: pods hear of a change once
+		}
 		msg, err := events.Encode(events.SubjectTrustChanged, events.Meta{Source: origin, ID: fmt.Sprintf("trust-%s-%d", cfg.TrustDomain, tc.Generation)}, tc)
 		if err != nil {
 			return err
@@ -249,6 +252,27 @@ func (s *Signer) ensureStream(ctx context.Context) error {
 		s.log.Info("event stream created", "stream", events.StreamEvents)
 		return nil
 	})
+}
+
+// announcedAlready reports whether the stream's last trust.changed announces tc's
+// generation (or a newer one) of its trust domain already: each replica that sees
+// a change announces it if nobody has (the writer may have died before it could),
+// and the event id makes JetStream store it once, but pods subscribe to the
+// subject itself and would get every copy. When the stream cannot say, it is
+// published (a duplicate is harmless: pods ignore a generation they have).
+func (s *Signer) announcedAlready(ctx context.Context, tc events.TrustChanged) bool {
+	st, err := s.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return false
+	}
+	raw, err := st.GetLastMsgForSubject(ctx, events.SubjectTrustChanged)
+	if err != nil {
+		return false
+	}
+	msg := nats.NewMsg(raw.Subject)
+	msg.Header, msg.Data = raw.Header, raw.Data
+	last, _, err := events.Decode[events.TrustChanged](msg)
+	return err == nil && last.TrustDomain == tc.TrustDomain && last.Generation >= tc.Generation
 }
 
 func (s *Signer) mode() string {

@@ -240,12 +240,19 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 	if s.auth.install(m, false) {
 		s.log.Info("root changed by another replica", "fingerprint", m.RootFingerprint(), "generation", m.Generation)
 	}
-	// Whoever wrote it may have failed to announce it: announce it too (same event
-	// id, so JetStream keeps one).
+	// Whoever wrote it may have failed to announce it: announce it too, unless it
+	// is in the stream by then (the notifier looks; the event id also makes
+	// JetStream keep one). Waiting first lets the writer go first, so that pods,
+	// which hear the subject itself, get the change once.
 	if rec.reason != "" {
-		s.ann.observe(s.event(rec, m))
+		tc := s.event(rec, m)
+		time.AfterFunc(foreignAnnounceDelay, func() { s.ann.observe(tc) })
 	}
 }
+
+// foreignAnnounceDelay is how long a replica that sees another's root change
+// waits before announcing it in the writer's stead.
+var foreignAnnounceDelay = 2 * time.Second
 
 // Check rotates the root when less than GracePercent of its life is left, and removes
 // old roots from the bundle once no leaf they signed can still be valid.
