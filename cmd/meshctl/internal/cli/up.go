@@ -79,11 +79,15 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	started = true
 	mu.Unlock()
 	go r.RefreshTokens(ctx)
-	select {
-	case <-ctx.Done():
-		return nil
-	case msg := <-r.Exited():
-		return fmt.Errorf("%s", msg)
+	// A service that exits is restarted (with backoff) as a pod's restartPolicy
+	// would; only Ctrl-C stops the stack.
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg := <-r.Exited():
+			fmt.Fprintf(env.Stderr, "meshctl: %s\n", msg)
+		}
 	}
 }
 

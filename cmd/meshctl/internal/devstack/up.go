@@ -101,7 +101,9 @@ func New(cfg Config, out io.Writer, log hclog.Logger) (*Runner, error) {
 		return nil, fmt.Errorf("-dir: %w", err)
 	}
 	cfg.Dir = abs
-	return &Runner{cfg: cfg, out: out, log: log}, nil
+	r := &Runner{cfg: cfg, out: out, log: log}
+	r.sup.Restart = true // a crashed service comes back, as under a pod's restartPolicy
+	return r, nil
 }
 
 // Start brings the stack up and writes stack.json. On error, what started is stopped.
@@ -502,6 +504,6 @@ func (r *Runner) Stop() {
 	}
 }
 
-// Exited yields a message for each child process that exits: the first one tells
-// that the stack is broken.
+// Exited yields a message for each exit of a child process, which the
+// supervisor restarts with backoff.
 func (r *Runner) Exited() <-chan string { return r.sup.Exited() }

@@ -1,7 +1,8 @@
 // Package supervisor runs the local stack's child processes (the service binaries
 // of meshctl up): it starts each with its output in a log file, waits for its
-// /readyz, reports the first one to exit, and stops them all in reverse order of
-// start, SIGTERM first and SIGKILL after a grace period. Children run in their own
+// /readyz, reports each exit and, with Restart, restarts the child with backoff as
+// a pod's restartPolicy Always would, and stops them all in reverse order of start,
+// SIGTERM first and SIGKILL after a grace period. Children run in their own
 // process group, so that Ctrl-C reaches meshctl only, and die with meshctl if it is
 // killed.
 package supervisor
@@ -25,9 +26,28 @@ import (
 
 // Supervisor holds the started children, in order of start.
 type Supervisor struct {
-	mu    sync.Mutex
-	procs []*Process
+	// Restart restarts a child that exits after it was ready, after a backoff
+	// (RestartBackoff doubling to MaxRestartBackoff, back to the start once a run
+	// lasted RestartReset), with its log appended to; Exited reports each exit.
+	// Without it a child that exits stays down, and Exited reports that.
+	Restart bool
+	// RestartBackoff is the first wait before a restart; DefaultRestartBackoff when zero.
+	RestartBackoff time.Duration
+
+	mu       sync.Mutex
+	procs    []*Process
+	stopping bool
+	exits    chan string
+	done     chan struct{} // closed by Stop: ends restart waits
 }
+
+// Restart backoff bounds.
+const (
+	DefaultRestartBackoff = time.Second
+	MaxRestartBackoff     = 30 * time.Second
+	// RestartReset: a run this long starts the backoff over.
+	RestartReset = time.Minute
+)
 
 // Process is one child: what to run, and its state once started.
 type Process struct {
@@ -37,22 +57,30 @@ type Process struct {
 	HTTP    string   // its health address (host:port): /readyz
 	LogPath string   // where its stdout and stderr go
 
-	cmd    *exec.Cmd
-	exited chan struct{}
-	err    error
+	mu       sync.Mutex // guards cmd, exited and err, which each (re)start replaces
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	err      error
+	restarts int
+	started  time.Time
 }
 
 // Start starts p, adds it to the children and waits up to readyWait for its
 // /readyz to answer 200. A child started is stopped by Stop even if it never gets
-// ready.
+// ready. From then on its exits are reported on Exited (and, with Restart, it is
+// restarted).
 func (s *Supervisor) Start(ctx context.Context, p *Process, readyWait time.Duration) error {
-	if err := p.start(); err != nil {
+	if err := p.start(false); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
-	return p.waitReady(ctx, readyWait)
+	if err := p.waitReady(ctx, readyWait); err != nil {
+		return err
+	}
+	go s.watch(p)
+	return nil
 }
 
 // Processes returns the children, in order of start.
@@ -63,40 +91,129 @@ func (s *Supervisor) Processes() []*Process {
 }
 
 // Stop stops the children in reverse order of start, each with grace to exit
-// after SIGTERM before it is killed.
+// after SIGTERM before it is killed. Nothing is restarted once Stop is called.
 func (s *Supervisor) Stop(grace time.Duration) {
+	s.chans()
+	s.mu.Lock()
+	if !s.stopping {
+		s.stopping = true
+		close(s.done)
+	}
+	s.mu.Unlock()
 	procs := s.Processes()
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].stop(grace)
 	}
 }
 
-// Exited yields a message for each child that exits (its error and last log
-// lines); the first one tells that the stack is broken.
-func (s *Supervisor) Exited() <-chan string {
-	procs := s.Processes()
-	ch := make(chan string, len(procs))
-	for _, p := range procs {
-		go func() {
-			<-p.exited
-			ch <- p.Name + " exited: " + strconv.Quote(fmt.Sprint(p.err)) + "\n" + p.tail(10)
-		}()
+// Exited yields a message for each exit of a child once it was ready (its error,
+// whether and when it is restarted, and its last log lines). Without Restart the
+// first one tells that the stack is broken.
+func (s *Supervisor) Exited() <-chan string { return s.chans().exits }
+
+// chans makes the supervisor's channels on first use (its zero value is ready).
+func (s *Supervisor) chans() *Supervisor {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exits == nil {
+		s.exits, s.done = make(chan string, 64), make(chan struct{})
 	}
-	return ch
+	return s
 }
 
-// PID is the child's process id (0 before it started).
+// report queues msg on Exited, dropping it if nobody reads and the queue is full.
+func (s *Supervisor) report(msg string) {
+	ch := s.chans().exits
+	select {
+	case ch <- msg:
+	default:
+	}
+}
+
+// watch reports each exit of p and, with Restart, restarts it, until Stop.
+func (s *Supervisor) watch(p *Process) {
+	first := s.RestartBackoff
+	if first <= 0 {
+		first = DefaultRestartBackoff
+	}
+	backoff := first
+	for {
+		started, exited := p.state()
+		<-exited
+		s.mu.Lock()
+		stopping := s.stopping
+		s.mu.Unlock()
+		if stopping {
+			return
+		}
+		p.mu.Lock()
+		err := p.err
+		p.mu.Unlock()
+		msg := p.Name + " exited: " + strconv.Quote(fmt.Sprint(err))
+		if !s.Restart {
+			s.report(msg + "\n" + p.tail(10))
+			return
+		}
+		if time.Since(started) >= RestartReset {
+			backoff = first
+		}
+		s.report(fmt.Sprintf("%s; restarting it in %s (restart %d)\n%s", msg, backoff, p.Restarts()+1, p.tail(10)))
+		select {
+		case <-s.chans().done:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, MaxRestartBackoff)
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			return
+		}
+		err = p.start(true)
+		s.mu.Unlock()
+		if err != nil {
+			s.report(fmt.Sprintf("%s: restart failed: %v", p.Name, err))
+			return
+		}
+	}
+}
+
+// Restarts is how many times the child was restarted.
+func (p *Process) Restarts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restarts
+}
+
+// state is when the current run started and the channel closed when it ends.
+func (p *Process) state() (time.Time, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.started, p.exited
+}
+
+// PID is the child's current process id (0 before it started).
 func (p *Process) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.cmd == nil || p.cmd.Process == nil {
 		return 0
 	}
 	return p.cmd.Process.Pid
 }
 
-func (p *Process) start() error {
-	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+// start starts the child: its log file truncated, or, for a restart, appended to.
+func (p *Process) start(restart bool) error {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if restart {
+		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	}
+	logf, err := os.OpenFile(p.LogPath, flags, 0o644)
 	if err != nil {
 		return fmt.Errorf("%s: log file: %w", p.Name, err)
+	}
+	if restart {
+		fmt.Fprintf(logf, "--- meshctl: restarting %s (restart %d) ---\n", p.Name, p.Restarts()+1)
 	}
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -107,32 +224,43 @@ func (p *Process) start() error {
 		_ = logf.Close()
 		return fmt.Errorf("start %s: %w", p.Name, err)
 	}
-	p.cmd = cmd
-	p.exited = make(chan struct{})
+	exited := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.exited, p.err, p.started = cmd, exited, nil, time.Now()
+	if restart {
+		p.restarts++
+	}
+	p.mu.Unlock()
 	go func() {
-		p.err = cmd.Wait()
+		err := cmd.Wait()
 		_ = logf.Close()
-		close(p.exited)
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(exited)
 	}()
 	return nil
 }
 
-// stop sends SIGTERM and waits up to grace before killing.
+// stop sends SIGTERM to the current run and waits up to grace before killing.
 func (p *Process) stop(grace time.Duration) {
-	if p.cmd == nil {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
 		return
 	}
 	select {
-	case <-p.exited:
+	case <-exited:
 		return
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.exited:
+	case <-exited:
 	case <-time.After(grace):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
@@ -149,9 +277,13 @@ func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 				return nil
 			}
 		}
+		_, exited := p.state()
 		select {
-		case <-p.exited:
-			return fmt.Errorf("%s exited before it was ready (%v); last log lines:\n%s", p.Name, p.err, p.tail(15))
+		case <-exited:
+			p.mu.Lock()
+			err := p.err
+			p.mu.Unlock()
+			return fmt.Errorf("%s exited before it was ready (%v); last log lines:\n%s", p.Name, err, p.tail(15))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // TestMain doubles as the child process: "child ADDR NAME STOPLOG" serves /readyz on
@@ -125,5 +127,47 @@ func TestFreeAddrsAreDistinct(t *testing.T) {
 	}
 	if len(addrs) != 3 || addrs[0] == addrs[1] || addrs[1] == addrs[2] || addrs[0] == addrs[2] {
 		t.Fatalf("addrs %v", addrs)
+	}
+}
+
+// TestRestartsACrashedChild: with Restart, a child killed after it was ready is
+// reported, restarted (its log appended to, its restarts counted) and serves
+// again; Stop then stops the new run, and nothing restarts after Stop.
+func TestRestartsACrashedChild(t *testing.T) {
+	dir := t.TempDir()
+	s := Supervisor{Restart: true, RestartBackoff: 10 * time.Millisecond}
+	defer s.Stop(time.Second)
+	p := newProcess(t, dir, "victim")
+	if err := s.Start(context.Background(), p, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	first := p.PID()
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-s.Exited():
+		if !strings.HasPrefix(msg, "victim exited: ") || !strings.Contains(msg, "restarting it in 10ms (restart 1)") {
+			t.Fatalf("exit message %q", msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit reported")
+	}
+	testkit.Eventually(t, "restarted", func() bool { return p.Restarts() == 1 })
+	if err := p.waitReady(context.Background(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if p.PID() == first || p.Restarts() != 1 {
+		t.Fatalf("pid %d (was %d), %d restarts: want a new run, 1 restart", p.PID(), first, p.Restarts())
+	}
+	if log, _ := os.ReadFile(p.LogPath); !strings.Contains(string(log), "restarting victim (restart 1)") {
+		t.Fatalf("log %q lacks the restart line", log)
+	}
+	s.Stop(5 * time.Second)
+	if data, err := os.ReadFile(filepath.Join(dir, "stopped")); err != nil || string(data) != "victim\n" {
+		t.Fatalf("stop log %q (%v): the restarted run was not stopped", data, err)
+	}
+	if p.Restarts() != 1 {
+		t.Fatal("restarted after Stop")
 	}
 }
