@@ -1,0 +1,282 @@
+//go:build compose
+
+package compose
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/faultcheck"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// strict turns the guarantees issue 10's fixes to sds-edge must deliver, and today's
+// sds-edge does not, from measured-and-logged into assertions:
+//   - no certificate served past its expiry while a signer is reachable by some path;
+//   - when none is, /readyz says so within a second of expiry;
+//   - no event dropped by its publisher (pod.up after every start of sds-edge).
+//
+// MESHAGENT_FAULTS_STRICT=1 sets it. The fix work flips it on by default
+// (docs/reliability.md). Without it the suite still asserts healing, no event lost
+// from the stream and a served chain to the current root.
+var strict = os.Getenv("MESHAGENT_FAULTS_STRICT") == "1"
+
+// probeEvery is how often the pod's /readyz and what it serves are sampled.
+const probeEvery = 250 * time.Millisecond
+
+// readyLagMax is the readiness guarantee plus the probe's resolution.
+const readyLagMax = time.Second + probeEvery
+
+// fault is one scenario: when it began and was lifted, when no signer was reachable
+// from the pod by any path, and what was measured.
+type fault struct {
+	name         string
+	start        time.Time
+	noSigner     []faultcheck.Window
+	serialBefore string
+	countsBefore map[string]int
+
+	heal     time.Duration // to a new, valid certificate served
+	healFrom string        // what heal counts from
+	expiry   faultcheck.Expiry
+	stream   string // events the stream gained
+	notes    []string
+}
+
+func (f *fault) note(format string, args ...any) {
+	f.notes = append(f.notes, fmt.Sprintf(format, args...))
+}
+
+// harness is the suite's view of its stack: the admin's connection, the pod probe,
+// the event ledger and the figures of every fault.
+type harness struct {
+	st     *stack
+	nc     *nats.Conn
+	probe  *faultcheck.PodWatch
+	ledger *faultcheck.Ledger
+	faults []*fault
+}
+
+// sync reads the event stream up to now.
+func (h *harness) sync(t *testing.T) {
+	t.Helper()
+	if err := h.ledger.Sync(2 * time.Minute); err != nil {
+		t.Fatalf("read the event stream: %v", err)
+	}
+}
+
+// begin starts a fault's record: the stream read up to now, the pod's serial.
+func (h *harness) begin(t *testing.T, name string) *fault {
+	t.Helper()
+	h.sync(t)
+	f := &fault{name: name, start: time.Now(), serialBefore: h.probe.Now().Cur.Serial(), countsBefore: h.ledger.Counts()}
+	h.faults = append(h.faults, f)
+	t.Logf("%s: begins, pod serves %s", name, f.serialBefore)
+	return f
+}
+
+// hold keeps a fault in place for d: the fault's duration, not a wait for a condition.
+func hold(d time.Duration) { time.Sleep(d) }
+
+// healed waits (up to limit) until the pod serves a certificate other than the one
+// it served when the fault began, unexpired, and records the time since from. nudge,
+// if not nil, runs every 5s meanwhile (a forced renewal).
+func (h *harness) healed(t *testing.T, f *fault, from time.Time, what string, limit time.Duration, nudge func()) faultcheck.Sample {
+	t.Helper()
+	var got faultcheck.Sample
+	last := time.Time{}
+	testkit.EventuallyWithin(t, limit, f.name+": a new certificate served", func() bool {
+		if nudge != nil && time.Since(last) > 5*time.Second {
+			nudge()
+			last = time.Now()
+		}
+		got = h.probe.Now()
+		return got.Up && got.Cur.Leaf != nil && got.Cur.Serial() != f.serialBefore && !got.Expired()
+	})
+	if at, ok := h.probe.FirstServed(from, got.Cur.Serial()); ok { // the first sample that showed it
+		got.At = at
+	}
+	f.heal, f.healFrom = got.At.Sub(from), what
+	t.Logf("%s: new certificate %s served %s after %s (expires %s)", f.name, got.Cur.Serial(),
+		f.heal.Round(10*time.Millisecond), what, got.Cur.Leaf.NotAfter.Format(time.TimeOnly))
+	return got
+}
+
+// signersBack waits until a signer answers on the bus and returns when.
+func (h *harness) signersBack(t *testing.T) time.Time {
+	t.Helper()
+	bundle(t, h.nc)
+	return time.Now()
+}
+
+// end checks what must hold after every fault and records the figures: every event
+// seen on the bus held by the stream, every certificate the pod served recorded
+// there, the served chain verifying to the current root; then expiry and readiness.
+func (h *harness) end(t *testing.T, f *fault) {
+	t.Helper()
+	samples := h.probe.Since(f.start)
+	served := map[string]bool{}
+	for _, s := range samples {
+		if sn := s.Cur.Serial(); sn != "" {
+			served[sn] = true
+		}
+	}
+	// A cert.issued the stream refused fails its CSR (the signer hands out no
+	// certificate it could not record): not lost, as long as nobody got it.
+	lost, excused, err := h.ledger.SettleLost(f.start, 30*time.Second, func(s faultcheck.Seen) bool {
+		return s.Type == events.TypeCertIssued && !served[s.Key]
+	})
+	if err != nil {
+		t.Fatalf("%s: read the event stream: %v", f.name, err)
+	}
+	if len(lost) > 0 {
+		t.Errorf("%s: events seen on the bus but not in the stream: %v", f.name, faultcheck.ByKind(lost))
+	}
+	if len(excused) > 0 {
+		f.note("%d cert.issued refused by the stream, their CSRs failed and retried", len(excused))
+	}
+	f.stream = faultcheck.Diff(f.countsBefore, h.ledger.Counts())
+	for sn := range served {
+		if !h.ledger.HasIssued(sn) {
+			t.Errorf("%s: the pod served %s, which has no cert.issued in the stream", f.name, sn)
+		}
+	}
+	h.checkChain(t, f)
+	f.expiry = faultcheck.MeasureExpiry(samples, f.noSigner)
+
+	e := f.expiry
+	msg := fmt.Sprintf("%s: heal %s (from %s); expired served %s (%s while a signer was reachable); readiness lag %s; stream %s",
+		f.name, f.heal.Round(10*time.Millisecond), f.healFrom, e.Served.Round(10*time.Millisecond),
+		e.Reachable.Round(10*time.Millisecond), lagText(e.ReadyLag), f.stream)
+	if len(f.notes) > 0 {
+		msg += "; " + strings.Join(f.notes, "; ")
+	}
+	t.Log(msg)
+	var gaps []string
+	if e.Reachable > 0 {
+		gaps = append(gaps, fmt.Sprintf("an expired certificate was served %s while a signer was reachable", e.Reachable.Round(10*time.Millisecond)))
+	}
+	if e.ReadyLag == faultcheck.Never || e.ReadyLag > readyLagMax {
+		gaps = append(gaps, fmt.Sprintf("readiness said nothing of the expired certificate within %s (%s)", readyLagMax, lagText(e.ReadyLag)))
+	}
+	for _, g := range gaps {
+		if strict {
+			t.Errorf("%s: %s", f.name, g)
+		} else {
+			t.Logf("%s: NOT YET GUARANTEED (issue 10; MESHAGENT_FAULTS_STRICT=1 fails on it): %s", f.name, g)
+		}
+	}
+}
+
+func lagText(d time.Duration) string {
+	switch {
+	case d == faultcheck.Never:
+		return "never (ready throughout)"
+	case d == 0:
+		return "-"
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
+// checkChain: the pod's served leaf verifies to a root of the current trust bundle,
+// and the pod's ROOTCA holds the bundle's newest root.
+func (h *harness) checkChain(t *testing.T, f *fault) {
+	t.Helper()
+	b := bundle(t, h.nc)
+	roots, err := pki.ParseCertPEMs(b.Roots)
+	if err != nil {
+		t.Fatalf("%s: bundle roots: %v", f.name, err)
+	}
+	var cur faultcheck.Sample
+	testkit.EventuallyWithin(t, 30*time.Second, f.name+": the pod's ROOTCA holds every root of the bundle", func() bool {
+		cur = h.probe.Now()
+		return cur.Cur.HoldsAll(roots)
+	})
+	if err := cur.Cur.ChainsTo(roots, time.Now()); err != nil {
+		t.Errorf("%s: the served certificate %s does not chain to the current roots: %v", f.name, cur.Cur.Serial(), err)
+	}
+}
+
+// streamLeader is the node leading the event stream.
+func (h *harness) streamLeader(t *testing.T) string {
+	t.Helper()
+	var leader string
+	testkit.EventuallyWithin(t, time.Minute, "the event stream's leader", func() bool {
+		info, err := h.streamInfo()
+		if err != nil || info.Cluster == nil {
+			return false
+		}
+		leader = info.Cluster.Leader
+		return leader != ""
+	})
+	return leader
+}
+
+func (h *harness) streamInfo() (*jetstream.StreamInfo, error) {
+	js, err := jetstream.New(h.nc)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return nil, err
+	}
+	return st.Info(ctx)
+}
+
+// clusterWhole waits until the event stream has a leader and two current replicas.
+func (h *harness) clusterWhole(t *testing.T) {
+	t.Helper()
+	testkit.EventuallyWithin(t, 2*time.Minute, "the event stream on three current nodes", func() bool {
+		info, err := h.streamInfo()
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+			return false
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// restarts is the sds-edge container's restart count and start time.
+func (h *harness) restarts(t *testing.T) string {
+	t.Helper()
+	return docker(t, "inspect", "-f", "{{.RestartCount}} {{.State.StartedAt}}", h.st.container(t, "sds-edge"))
+}
+
+// podUpSince reports whether the stream holds a pod.up of the pod published after t.
+func (h *harness) podUpSince(t *testing.T, since time.Time) bool {
+	t.Helper()
+	h.sync(t)
+	for _, s := range h.ledger.SeenSince(since) {
+		if s.Type == events.TypePodUp && h.ledger.Stored(s.ID) {
+			return true
+		}
+	}
+	return false
+}
+
+// report prints every fault's figures as one markdown table (docs/reliability.md).
+func (h *harness) report(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("\n| fault | heal | from | expired served (signer reachable) | readiness lag | stream gained | notes |\n|---|---|---|---|---|---|---|\n")
+	for _, f := range h.faults {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s (%s) | %s | %s | %s |\n", f.name, f.heal.Round(10*time.Millisecond), f.healFrom,
+			f.expiry.Served.Round(10*time.Millisecond), f.expiry.Reachable.Round(10*time.Millisecond), lagText(f.expiry.ReadyLag),
+			f.stream, strings.Join(f.notes, "; "))
+	}
+	t.Log(b.String())
+}
