@@ -3,7 +3,6 @@
 package compose
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // strict turns the guarantees issue 10's fixes to sds-edge must deliver, and today's
@@ -210,7 +208,7 @@ func (h *harness) streamLeader(t *testing.T) string {
 	t.Helper()
 	var leader string
 	testkit.EventuallyWithin(t, time.Minute, "the event stream's leader", func() bool {
-		info, err := h.streamInfo()
+		info, err := faultcheck.EventStream(h.nc)
 		if err != nil || info.Cluster == nil {
 			return false
 		}
@@ -220,34 +218,11 @@ func (h *harness) streamLeader(t *testing.T) string {
 	return leader
 }
 
-func (h *harness) streamInfo() (*jetstream.StreamInfo, error) {
-	js, err := jetstream.New(h.nc)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	st, err := js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return nil, err
-	}
-	return st.Info(ctx)
-}
-
 // clusterWhole waits until the event stream has a leader and two current replicas.
 func (h *harness) clusterWhole(t *testing.T) {
 	t.Helper()
 	testkit.EventuallyWithin(t, 2*time.Minute, "the event stream on three current nodes", func() bool {
-		info, err := h.streamInfo()
-		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-			return false
-		}
-		for _, r := range info.Cluster.Replicas {
-			if !r.Current || r.Offline {
-				return false
-			}
-		}
-		return true
+		return faultcheck.StreamWhole(h.nc, 2) == nil
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/faultcheck"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 )
@@ -220,15 +221,9 @@ func (s *stack) metaLeader(t *testing.T) string {
 	return leader
 }
 
-// forceRenew tells demo-0 to renew now, as `meshctl rotate pod` does.
+// forceRenew tells demo-0 to renew now.
 func forceRenew(t *testing.T, nc *nats.Conn) {
-	t.Helper()
-	subj, _ := events.PodRenewSubject(pod)
-	msg, err := events.NewMsg(subj, "fault-suite", events.RenewDue{Pod: pod, Resource: "default", Reason: events.RenewForced})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.PublishMsg(msg); err != nil {
+	if err := faultcheck.ForceRenew(nc, pod); err != nil {
 		t.Logf("force renewal: %v", err)
 	}
 }
@@ -238,18 +233,11 @@ func bundle(t *testing.T, nc *nats.Conn) events.BundleReply {
 	t.Helper()
 	var b events.BundleReply
 	testkit.EventuallyWithin(t, time.Minute, "the signers' trust bundle", func() bool {
-		req, err := events.NewMsg(events.SubjectTrustBundle, "fault-suite", events.BundleRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		resp, err := nc.RequestMsgWithContext(ctx, req)
-		if err != nil {
-			return false
-		}
-		b, _, err = events.Decode[events.BundleReply](resp)
-		return err == nil && b.Error == nil && len(b.Roots) > 0
+		var err error
+		b, err = faultcheck.Bundle(ctx, nc)
+		return err == nil
 	})
 	return b
 }
