@@ -141,11 +141,13 @@ func natsNodeKilled(t *testing.T, h *harness, role, node string) {
 	h.st.compose(t, "kill", node)
 	killed := time.Now()
 	h.healed(t, f, killed, "kill", 2*time.Minute, func() { forceRenew(t, h.nc) })
-	if role == "stream leader" {
-		f.note("new stream leader %s", h.streamLeader(t))
-	} else {
-		f.note("new meta leader %s", h.st.metaLeader(t))
+	leader := h.streamLeader
+	if role == "meta leader" {
+		leader = h.st.metaLeader
 	}
+	var next string
+	testkit.EventuallyWithin(t, time.Minute, "a new "+role, func() bool { next = leader(t); return next != node })
+	f.note("new %s %s", role, next)
 	h.st.compose(t, "start", node)
 	h.clusterWhole(t)
 	h.end(t, f)
@@ -189,7 +191,9 @@ func podPartitioned(t *testing.T, h *harness) {
 }
 
 // rootRotation: the admin rotates the root while the pod is watched; the pod must
-// serve old and new roots together, then a leaf under the new one, without a restart.
+// serve old and new roots together, then a new leaf under the new root, without a
+// restart. (The rotation keeps the root's key, as Istio's does: the old leaf verifies
+// under the new root too, so the figure is for a new leaf.)
 func rootRotation(t *testing.T, h *harness) {
 	f := h.begin(t, "root rotation under traffic")
 	before := h.restarts(t)
@@ -216,7 +220,7 @@ func rootRotation(t *testing.T, h *harness) {
 		if both.IsZero() && fps[reply.Fingerprint] && len(fps) >= 2 {
 			both = time.Now()
 		}
-		if leaf.IsZero() && s.Cur.Leaf != nil && s.Cur.ChainsTo(newRoots(t, reply.Roots, reply.Fingerprint), time.Now()) == nil {
+		if leaf.IsZero() && s.Cur.Serial() != f.serialBefore && s.Cur.ChainsTo(newRoots(t, reply.Roots, reply.Fingerprint), time.Now()) == nil {
 			leaf = time.Now()
 		}
 		return !both.IsZero() && !leaf.IsZero()
@@ -264,22 +268,19 @@ func composeStopStart(t *testing.T, h *harness) {
 	h.afterColdStart(t, f, began)
 }
 
-// afterColdStart: the restarted stack serves the pod a new certificate, its signers
-// answer again, and the restarted sds-edge's pod.up reaches the stream.
+// afterColdStart: the restarted stack serves the pod a new certificate and its
+// signers answer again; whether the restarted sds-edge's pod.up reached the stream
+// is noted (end counts it with every event dropped by its publisher).
 func (h *harness) afterColdStart(t *testing.T, f *fault, began time.Time) {
 	t.Helper()
 	h.healed(t, f, began, "start", 3*time.Minute, nil)
 	back := h.signersBack(t)
 	f.noSigner = append(f.noSigner, faultcheck.Window{From: began, To: back})
 	h.clusterWhole(t)
-	if !h.podUpSince(t, began) {
-		if strict {
-			t.Errorf("%s: no pod.up in the stream after sds-edge started again", f.name)
-		} else {
-			f.note("NOT YET GUARANTEED: pod.up missing from the stream")
-		}
-	} else {
+	if h.podUpSince(t, began) {
 		f.note("pod.up in the stream")
+	} else {
+		f.note("no pod.up in the stream")
 	}
 	h.end(t, f)
 }

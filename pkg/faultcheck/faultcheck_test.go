@@ -78,14 +78,14 @@ func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	issued("0b")
-	lost, excused, err := l.SettleLost(start, time.Second, nil)
+	lost, excused, err := l.SettleUnstored(start, time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(lost) != 1 || lost[0].Key != "0a" || len(excused) != 0 || ByKind(lost)["cert.issued"] != 1 {
 		t.Fatalf("lost %v (excused %v), want the cert.issued of 0a", lost, excused)
 	}
-	lost, excused, _ = l.SettleLost(start, time.Second, func(s Seen) bool { return s.Key == "0a" })
+	lost, excused, _ = l.SettleUnstored(start, time.Second, func(s Seen) bool { return s.Key == "0a" })
 	if len(lost) != 0 || len(excused) != 1 {
 		t.Fatalf("excusing 0a: lost %v, excused %v", lost, excused)
 	}
@@ -94,5 +94,18 @@ func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
 	}
 	if got := Diff(map[string]int{}, l.Counts()); got != "cert.issued +1" {
 		t.Fatalf("Diff = %q", got)
+	}
+	if err := l.Recheck(); err != nil {
+		t.Fatalf("recheck of an intact stream: %v", err)
+	}
+	st, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Recheck(); err == nil {
+		t.Fatal("recheck of a purged stream found nothing missing")
 	}
 }

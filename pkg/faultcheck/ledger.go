@@ -25,9 +25,11 @@ type Seen struct {
 
 // Ledger counts events twice: as they cross the bus (a core subscription to every
 // event subject, which sees a publish whether or not JetStream stores it) and as the
-// event stream holds them (read back by sequence, as meshagent's admin may). An
-// event seen on the bus that the stream does not hold once the stack has healed is
-// lost.
+// event stream holds them (read back by sequence, as meshagent's admin may). Two
+// different losses follow: a record the stream held and no longer holds (Recheck:
+// lost by the stream), and an event seen on the bus that the stream never stored
+// once the stack has healed (SettleUnstored: dropped by its publisher, which got no
+// acknowledgement and did not publish it again).
 type Ledger struct {
 	nc *nats.Conn
 
@@ -152,11 +154,12 @@ func (l *Ledger) Unstored(since time.Time) []Seen {
 	return out
 }
 
-// SettleLost syncs and looks for events seen on the bus since t that the stream does
-// not hold, until none is left or within passes: an event crosses the bus a moment
-// before the stream has stored it, and a publisher retries one the stream refused
-// (same id). Those excuse accepts are returned apart, as excused, and not waited for.
-func (l *Ledger) SettleLost(since time.Time, within time.Duration, excuse func(Seen) bool) (lost, excused []Seen, err error) {
+// SettleUnstored syncs and looks for events seen on the bus since t that the stream
+// does not hold, until none is left or within passes: an event crosses the bus a
+// moment before the stream has stored it, and a publisher retries one the stream
+// refused (same id). Those excuse accepts are returned apart, as excused, and not
+// waited for.
+func (l *Ledger) SettleUnstored(since time.Time, within time.Duration, excuse func(Seen) bool) (lost, excused []Seen, err error) {
 	deadline := time.Now().Add(within)
 	for {
 		err = l.Sync(within)
@@ -182,6 +185,38 @@ func ByKind(seen []Seen) map[string]int {
 		out[Kind(s.Subject)]++
 	}
 	return out
+}
+
+// Recheck reads again every record read so far and reports the first that the
+// stream no longer holds, or holds with another event id: a record lost by the
+// stream (JetStream's own durability, checked after each fault).
+func (l *Ledger) Recheck() error {
+	js, err := jetstream.New(l.nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	want := make(map[uint64]string, len(l.ids))
+	for id, seq := range l.ids {
+		want[seq] = id
+	}
+	l.mu.Unlock()
+	for _, seq := range slices.Sorted(maps.Keys(want)) {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			return fmt.Errorf("record %d (event %s): %w", seq, want[seq], err)
+		}
+		if id := m.Header.Get(events.HeaderID); id != want[seq] {
+			return fmt.Errorf("record %d: event %s, was %s", seq, id, want[seq])
+		}
+	}
+	return nil
 }
 
 // HasIssued reports whether the stream holds a cert.issued for serial.
