@@ -40,13 +40,16 @@ func TestComposeFaults(t *testing.T) {
 	p := faultcheck.WatchPod(ctx, st.sdsSocket(), "fault-suite~"+pod, st.podReady, probeEvery)
 	st.compose(t, "up", "-d")
 	t.Logf("docker-compose up -d: %s", time.Since(start).Round(time.Millisecond))
+	var first faultcheck.Sample
 	testkit.EventuallyWithin(t, 3*time.Minute, "the pod's first certificate over SDS", func() bool {
-		s := p.Now()
-		return s.Up && s.Cur.Leaf != nil
+		first = p.Now()
+		return first.Up && first.Cur.Leaf != nil
 	})
-	if at, ok := p.FirstServed(start, p.Now().Cur.Serial()); ok {
-		t.Logf("cold start: first certificate served over SDS %s after up began", at.Sub(start).Round(10*time.Millisecond))
+	if at, ok := p.FirstServed(first.Cur.Serial()); ok {
+		first.At = at
 	}
+	cold := &fault{name: "cold start (up -d)", heal: first.At.Sub(start), healFrom: "up"}
+	t.Logf("cold start: first certificate served over SDS %s after up began", cold.heal.Round(10*time.Millisecond))
 
 	nc, err := st.connect(t, "", "admin.nk", "_INBOX.admin", 90*time.Second)
 	if err != nil {
@@ -57,7 +60,7 @@ func TestComposeFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{st: st, nc: nc, probe: p, ledger: ledger}
+	h := &harness{st: st, nc: nc, probe: p, ledger: ledger, faults: []*fault{cold}}
 	t.Cleanup(func() { h.report(t) })
 
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, st, nc) })

@@ -83,12 +83,13 @@ type PodWatch struct {
 	cur     Served
 	up      bool
 	samples []Sample
+	first   map[string]time.Time // serial -> when it was first pushed
 }
 
 // WatchPod starts watching the SDS socket at socket as node id node, and readyURL
 // ("" for none), until ctx ends.
 func WatchPod(ctx context.Context, socket, node, readyURL string, every time.Duration) *PodWatch {
-	w := &PodWatch{Every: every, socket: socket, node: node, readyURL: readyURL}
+	w := &PodWatch{Every: every, socket: socket, node: node, readyURL: readyURL, first: map[string]time.Time{}}
 	go w.watch(ctx)
 	go w.sample(ctx)
 	return w
@@ -131,6 +132,9 @@ func (w *PodWatch) stream(ctx context.Context) {
 			case s.IsCertificate():
 				if cs, err := pki.ParseCertsPEM(s.CertChain); err == nil && len(cs) > 0 {
 					w.cur.Leaf, w.cur.Chain = cs[0], cs
+					if _, ok := w.first[w.cur.Serial()]; !ok {
+						w.first[w.cur.Serial()] = time.Now()
+					}
 				}
 			case s.IsValidationContext():
 				if cs, err := pki.ParseCertsPEM(s.TrustedCA); err == nil {
@@ -181,12 +185,30 @@ func (w *PodWatch) Since(t time.Time) []Sample {
 	return out
 }
 
-// FirstServed is when the samples since from first show serial served.
-func (w *PodWatch) FirstServed(from time.Time, serial string) (time.Time, bool) {
-	for _, s := range w.Since(from) {
-		if s.Cur.Serial() == serial {
-			return s.At, true
+// FirstServed is when serial was first pushed to the watch, if it was.
+func (w *PodWatch) FirstServed(serial string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.first[serial]
+	return at, ok
+}
+
+// ServedSince is the set of every serial first pushed from t on, even one replaced
+// before a sample saw it, and of the one served at t.
+func (w *PodWatch) ServedSince(t time.Time) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]bool{}
+	for sn, at := range w.first {
+		if !at.Before(t) {
+			out[sn] = true
 		}
 	}
-	return time.Time{}, false
+	for _, s := range w.samples {
+		if !s.At.Before(t) && s.Cur.Leaf != nil {
+			out[s.Cur.Serial()] = true
+			break
+		}
+	}
+	return out
 }

@@ -62,7 +62,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			last := time.Time{}
 			testkit.EventuallyWithin(t, time.Minute, "a new certificate served with "+node+" down", func() bool {
 				f.alive(t)
-				if time.Since(last) > 2*time.Second { // a renew-due, as the rotator would send
+				if time.Since(last) > time.Second { // a renew-due, as the rotator would send
 					_ = faultcheck.ForceRenew(nc, pod)
 					last = time.Now()
 				}
@@ -70,7 +70,7 @@ func TestClusterNodeLoss(t *testing.T) {
 				healed = s.At
 				return s.Up && s.Cur.Serial() != before && !s.Expired()
 			})
-			if at, ok := watch.FirstServed(start, watch.Now().Cur.Serial()); ok {
+			if at, ok := watch.FirstServed(watch.Now().Cur.Serial()); ok {
 				healed = at
 			}
 			c.start(node)
@@ -78,10 +78,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			f.alive(t)
 
 			samples := watch.Since(start)
-			served := map[string]bool{}
-			for _, s := range samples {
-				served[s.Cur.Serial()] = true
-			}
+			served := watch.ServedSince(start)
 			dropped, excused, err := ledger.SettleUnstored(start, 10*time.Second, func(s faultcheck.Seen) bool {
 				return s.Type == events.TypeCertIssued && !served[s.Key] // its CSR failed: nobody got it
 			})

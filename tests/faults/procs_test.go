@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,43 +39,29 @@ func TestMain(m *testing.M) {
 	}())
 }
 
-// proc is one service process; its output goes to a buffer shown when the test fails.
+// proc is one service process; its output goes to a file shown when the test fails.
 type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  syncBuffer
-	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
 }
 
 // run starts binary bin with env (on top of PATH and HOME only), stopped with SIGTERM
 // when the test ends.
 func run(t *testing.T, name, bin string, env ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
+	p := &proc{name: name, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	out, err := os.Create(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p.cmd = exec.Command(filepath.Join(binDir, bin))
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=debug"}, env...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	p.cmd.Stdout, p.cmd.Stderr = out, out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	go func() { _ = p.cmd.Wait(); _ = out.Close(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -87,17 +71,19 @@ func run(t *testing.T, name, bin string, env ...string) *proc {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("--- %s output (last 3000 bytes):\n%s", name, tail(p.out.String(), 3000))
+			t.Logf("--- %s output (the end):\n%s", name, p.output())
 		}
 	})
 	return p
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
+// output is the end of the process's output.
+func (p *proc) output() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
 	}
-	return s
+	return strings.TrimSpace(string(b))
 }
 
 // exited reports whether the process has ended.
@@ -167,7 +153,7 @@ func (f *fleet) alive(t *testing.T) {
 	t.Helper()
 	for _, p := range f.procs {
 		if p.exited() {
-			t.Fatalf("%s exited: %s", p.name, strings.TrimSpace(tail(p.out.String(), 2000)))
+			t.Fatalf("%s exited: %s", p.name, p.output())
 		}
 	}
 }
