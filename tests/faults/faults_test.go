@@ -34,6 +34,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
+	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool { return c.metaLeader() != "" })
 	ledger, err := faultcheck.NewLedger(nc)
 	if err != nil {
 		t.Fatal(err)
