@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/faultcheck"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
 )
 
 // TestComposeFaults runs the stack of compose.yaml under its own project name and
@@ -65,6 +66,7 @@ func TestComposeFaults(t *testing.T) {
 
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, st, nc) })
 	t.Run("routes are mutual TLS", func(t *testing.T) { checkRoutesTLS(t, st) })
+	t.Run("both signers sign under one root", func(t *testing.T) { signersAgree(t, nc) })
 
 	for _, sc := range []struct {
 		name string
@@ -72,8 +74,8 @@ func TestComposeFaults(t *testing.T) {
 	}{
 		{"one signer down 60s", oneSignerDown},
 		{"leading rotator killed", rotatorLeaderKilled},
-		{"stream leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "stream leader", h.streamLeader(t)) }},
-		{"meta leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "meta leader", h.st.metaLeader(t)) }},
+		{"stream leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "stream leader") }},
+		{"meta leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "meta leader") }},
 		{"both signers down", bothSignersDown},
 		{"pod cut off the bus 90s", podPartitioned},
 		{"root rotation under traffic", rootRotation},
@@ -83,6 +85,34 @@ func TestComposeFaults(t *testing.T) {
 		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, h) }) {
 			return // the faults share one stack: a broken one spoils the rest
 		}
+	}
+}
+
+// signersAgree forces renewals until both replicas of the queue group have signed,
+// and checks they sign under one root.
+func signersAgree(t *testing.T, nc *nats.Conn) {
+	issued := make(chan events.CertIssued, 64)
+	sub, err := nc.Subscribe(events.SubjectCertIssued, func(m *nats.Msg) {
+		if e, _, err := events.Decode[events.CertIssued](m); err == nil && e.Pod == pod {
+			issued <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	roots := map[string]string{}
+	testkit.EventuallyWithin(t, time.Minute, "a certificate from each signer", func() bool {
+		select {
+		case e := <-issued:
+			roots[e.Signer] = e.RootFingerprint
+		case <-time.After(time.Second):
+			forceRenew(t, nc)
+		}
+		return len(roots) == 2
+	})
+	if roots["signer-1"] == "" || roots["signer-1"] != roots["signer-2"] {
+		t.Fatalf("signers disagree on the root: %v", roots)
 	}
 }
 
@@ -135,19 +165,21 @@ func rotatorLeaderKilled(t *testing.T, h *harness) {
 	h.end(t, f)
 }
 
-// natsNodeKilled: node (the stream's or the meta leader) is killed; signing must
-// resume on the other two, then the node comes back and catches up.
-func natsNodeKilled(t *testing.T, h *harness, role, node string) {
+// natsNodeKilled: the node in role (the event stream's leader or the meta leader) is
+// killed; signing must resume on the other two, then the node comes back and the
+// stream is whole again.
+func natsNodeKilled(t *testing.T, h *harness, role string) {
+	leader := h.streamLeader
+	if role == "meta leader" {
+		leader = h.st.metaLeader
+	}
 	h.clusterWhole(t)
+	node := leader(t)
 	f := h.begin(t, role+" killed")
 	f.note("killed %s", node)
 	h.st.compose(t, "kill", node)
 	killed := time.Now()
 	h.healed(t, f, killed, "kill", 2*time.Minute, func() { forceRenew(t, h.nc) })
-	leader := h.streamLeader
-	if role == "meta leader" {
-		leader = h.st.metaLeader
-	}
 	var next string
 	testkit.EventuallyWithin(t, time.Minute, "a new "+role, func() bool { next = leader(t); return next != node })
 	f.note("new %s %s", role, next)
