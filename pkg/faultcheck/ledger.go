@@ -125,13 +125,7 @@ func (l *Ledger) Counts() map[string]int {
 func (l *Ledger) SeenSince(t time.Time) []Seen {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []Seen
-	for _, s := range l.bus {
-		if !s.At.Before(t) {
-			out = append(out, s)
-		}
-	}
-	return out
+	return from(l.bus, t, func(s Seen) time.Time { return s.At })
 }
 
 // Stored reports whether the stream (as read so far) holds the event with id.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -176,13 +177,13 @@ func (w *PodWatch) Now() Sample {
 func (w *PodWatch) Since(t time.Time) []Sample {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []Sample
-	for _, s := range w.samples {
-		if !s.At.Before(t) {
-			out = append(out, s)
-		}
-	}
-	return out
+	return from(w.samples, t, func(s Sample) time.Time { return s.At })
+}
+
+// from returns a copy of the items (in time order) taken at t or later.
+func from[T any](items []T, t time.Time, at func(T) time.Time) []T {
+	i, _ := slices.BinarySearchFunc(items, t, func(x T, t time.Time) int { return at(x).Compare(t) })
+	return slices.Clone(items[i:])
 }
 
 // FirstServed is when serial was first pushed to the watch, if it was.
