@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
@@ -21,36 +23,51 @@ import (
 func (c *testCA) failing() { c.failNext.Store(1 << 30) }
 func (c *testCA) back()    { c.failNext.Store(0) }
 
-// TestEnvoyAskingAgainRetriesAtOnce: with the CA back, a fresh SDS request for
-// `default` ends a long retry wait at once (after RetryMin), instead of the pod's
-// backoff deciding when `default` is served again.
-func TestEnvoyAskingAgainRetriesAtOnce(t *testing.T) {
-	v := newEnv(t)
-	clk := clock.NewFake(time.Now())
-	p := v.startPod(podOpt{clock: clk, args: []string{"-retry-min", "100ms", "-retry-max", "10m"}})
-	cc := p.dial(t)
-	st := p.open(t, cc, "default")
-	first := leafOf(t, recv(t, st).Secrets["default"])
-
-	v.ca.failing()
-	renew(t, v.nc, pki.SerialHex(first))
-	// Seven failures: the backoff is 6.4 s now. A wait has a timer, besides the
-	// expiry watch's.
-	for i := range 6 {
-		testkit.Eventually(t, "failed attempt and its wait", func() bool { return v.ca.requests.Load() == int32(2+i) && clk.Timers() == 2 })
-		clk.Add(100 * time.Millisecond << i)
+// TestRetryNowWhenEnvoyAsksOrTheBusIsBack: with the CA back, a fresh SDS request
+// for `default`, or the bus reconnecting, ends a long retry wait at once (after
+// RetryMin), instead of the pod's backoff deciding when `default` is served again.
+func TestRetryNowWhenEnvoyAsksOrTheBusIsBack(t *testing.T) {
+	tests := []struct {
+		name  string
+		retry func(t *testing.T, p *pod, cc *grpc.ClientConn)
+	}{
+		{"envoy asks again", func(t *testing.T, p *pod, cc *grpc.ClientConn) { p.open(t, cc, "default") }},
+		{"bus reconnects", func(t *testing.T, p *pod, _ *grpc.ClientConn) {
+			if err := p.nc.ForceReconnect(); err != nil {
+				t.Fatal(err)
+			}
+		}},
 	}
-	testkit.Eventually(t, "seventh failure and its wait", func() bool { return v.ca.requests.Load() == 8 && clk.Timers() == 2 })
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newEnv(t)
+			clk := clock.NewFake(time.Now())
+			p := v.startPod(podOpt{clock: clk, args: []string{"-retry-min", "100ms", "-retry-max", "10m"}})
+			cc := p.dial(t)
+			st := p.open(t, cc, "default")
+			first := leafOf(t, recv(t, st).Secrets["default"])
 
-	v.ca.back()
-	p.open(t, cc, "default") // Envoy asks again
-	clk.Add(100 * time.Millisecond)
-	next := leafOf(t, recv(t, st).Secrets["default"])
-	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
-		t.Fatal("the same certificate pushed again")
-	}
-	if got := v.ca.requests.Load(); got != 9 {
-		t.Fatalf("%d sign requests, want 9 (the retry Envoy's request prompted is the last)", got)
+			v.ca.failing()
+			renew(t, v.nc, pki.SerialHex(first))
+			// Seven failures: the backoff is 6.4 s now. A wait has a timer, besides
+			// the expiry watch's.
+			for i := range 6 {
+				testkit.Eventually(t, "failed attempt and its wait", func() bool { return v.ca.requests.Load() == int32(2+i) && clk.Timers() == 2 })
+				clk.Add(100 * time.Millisecond << i)
+			}
+			testkit.Eventually(t, "seventh failure and its wait", func() bool { return v.ca.requests.Load() == 8 && clk.Timers() == 2 })
+
+			v.ca.back()
+			tc.retry(t, p, cc)
+			clk.Add(100 * time.Millisecond)
+			next := leafOf(t, recv(t, st).Secrets["default"])
+			if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+				t.Fatal("the same certificate pushed again")
+			}
+			if got := v.ca.requests.Load(); got != 9 {
+				t.Fatalf("%d sign requests, want 9 (the prompted retry is the last)", got)
+			}
+		})
 	}
 }
 
