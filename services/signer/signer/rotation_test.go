@@ -253,3 +253,30 @@ func TestTrustChangedSurvivesAStreamOutage(t *testing.T) {
 		t.Error("metrics do not count the failed announcements")
 	}
 }
+
+// TestAForgedTrustChangedDoesNotSilenceTheRealOne: a replica announces a change
+// unless the stream's last trust.changed is that announcement; one that only
+// claims the generation (published with a leaked credential) does not count.
+func TestAForgedTrustChangedDoesNotSilenceTheRealOne(t *testing.T) {
+	e := newEnv(t)
+	c := e.config("signer-a")
+	c.CA.RotateMinInterval = 0
+	a := e.start(t, c)
+	gen := a.auth.Current().Generation
+	forged := events.TrustChanged{TrustDomain: c.TrustDomain, Roots: a.auth.Current().RootPEMs(), Generation: gen + 1, Reason: events.TrustReasonRotation}
+	msg, err := events.NewMsg(events.SubjectTrustChanged, "forger", forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	mat, err := a.source.Rotate(context.Background(), false)
+	if err != nil || mat.Generation != gen+1 {
+		t.Fatalf("rotate: generation %v, %v", mat, err)
+	}
+	testkit.EventuallyWithin(t, 10*time.Second, "the genuine trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 2 })
+	if tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged); tc.Generation != gen+1 || len(tc.Endorsements) == 0 {
+		t.Fatalf("last trust.changed %+v", tc)
+	}
+}

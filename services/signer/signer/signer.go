@@ -10,12 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
@@ -254,12 +256,15 @@ func (s *Signer) ensureStream(ctx context.Context) error {
 	})
 }
 
-// announcedAlready reports whether the stream's last trust.changed announces tc's
-// generation (or a newer one) of its trust domain already: each replica that sees
-// a change announces it if nobody has (the writer may have died before it could),
-// and the event id makes JetStream store it once, but pods subscribe to the
-// subject itself and would get every copy. When the stream cannot say, it is
-// published (a duplicate is harmless: pods ignore a generation they have).
+// announcedAlready reports whether the stream's last trust.changed is tc's
+// announcement already: each replica that sees a change announces it if nobody
+// has (the writer may have died before it could), and the event id makes
+// JetStream store it once, but pods subscribe to the subject itself and would get
+// every copy. It counts only as tc's if it carries the same trust domain,
+// generation and roots, endorsed by a key of those roots: anyone who may publish
+// on the subject (a leaked credential) must not be able to silence a change. When
+// the stream cannot say, tc is published (a duplicate is harmless: pods ignore a
+// generation they have).
 func (s *Signer) announcedAlready(ctx context.Context, tc events.TrustChanged) bool {
 	st, err := s.js.Stream(ctx, events.StreamEvents)
 	if err != nil {
@@ -272,7 +277,24 @@ func (s *Signer) announcedAlready(ctx context.Context, tc events.TrustChanged) b
 	msg := nats.NewMsg(raw.Subject)
 	msg.Header, msg.Data = raw.Header, raw.Data
 	last, _, err := events.Decode[events.TrustChanged](msg)
-	return err == nil && last.TrustDomain == tc.TrustDomain && last.Generation >= tc.Generation
+	if err != nil || last.TrustDomain != tc.TrustDomain || last.Generation != tc.Generation || !slices.Equal(last.Roots, tc.Roots) {
+		return false
+	}
+	roots, err := pki.ParseCertPEMs(tc.Roots)
+	if err != nil {
+		return false
+	}
+	signed, err := events.EndorsedBytes(last.TrustDomain, last.Generation, last.Roots)
+	if err != nil {
+		return false
+	}
+	for _, e := range last.Endorsements {
+		chain, err := pki.ParseCertPEMs(e.Chain)
+		if err == nil && pki.VerifyEndorsement(roots, signed, e.KeyID, e.Signature, chain) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Signer) mode() string {
