@@ -13,10 +13,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
-	"github.com/nats-io/nats.go"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/nats-io/nats.go"
 )
 
 func TestConfigFromEnvAndValidate(t *testing.T) {
