@@ -1,6 +1,7 @@
 package sdsedge
 
 import (
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -43,11 +44,12 @@ type identityObserver struct{ e *Edge }
 func (s identityObserver) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
 
 func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
-	if s.e.out == nil {
+	dir := s.e.cfg.Cert.OutputDir
+	if dir == "" {
 		return
 	}
-	if err := s.e.out.Write(keyPEM, chainPEM, rootsPEM); err != nil {
-		s.e.log.Error("cannot write output certificates", "dir", s.e.cfg.Cert.OutputDir, "error", err)
+	if err := certdir.Write(dir, keyPEM, chainPEM, rootsPEM); err != nil {
+		s.e.log.Error("cannot write output certificates", "dir", dir, "error", err)
 	}
 }
 
