@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"testing"
 	"time"
 )
@@ -45,5 +46,20 @@ func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
 	}
 	if s := SelfSigned(t, Spec{IsCA: true}); s.Cert.CheckSignatureFrom(s.Cert) != nil || !s.Cert.IsCA {
 		t.Fatal("self-signed CA does not sign itself")
+	}
+}
+
+func TestReissuedCAKeepsItsKeyAndIssues(t *testing.T) {
+	first := SelfSigned(t, Spec{IsCA: true})
+	again := SelfSigned(t, Spec{IsCA: true, Key: first.Key}).CA()
+	if again.Key != first.Key || again.Cert.Equal(first.Cert) || again.Cert.CheckSignatureFrom(first.Cert) != nil {
+		t.Fatal("a CA re-issued for its key is not a new certificate of the same key")
+	}
+	srv := again.Issue(t, Spec{DNS: []string{"istiod"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err := srv.Cert.VerifyHostname("127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if srv.Cert.CheckSignatureFrom(first.Cert) != nil {
+		t.Fatal("a leaf of the re-issued CA does not verify under the old certificate of the same key")
 	}
 }
