@@ -24,7 +24,9 @@ type Leaf struct {
 
 // Spec says what a leaf certifies; zero fields take the defaults.
 type Spec struct {
-	ID        string        // SPIFFE ID, the one URI SAN; "": none
+	Name      string        // subject CN; "": the ID, or else the first DNS name
+	ID        string        // SPIFFE ID, the first URI SAN; "": none
+	URIs      []string      // more URI SANs after ID (a certificate claiming several identities)
 	DNS       []string      // DNS SANs
 	IPs       []net.IP      // IP SANs (a TLS server on loopback)
 	Key       crypto.Signer // the key certified; nil: a fresh P-256 key (a new certificate for an old key: a CA re-issued)
@@ -90,15 +92,21 @@ func issue(t testing.TB, s Spec, parent *CA) *Leaf {
 	if s.IsCA {
 		tmpl.KeyUsage, tmpl.ExtKeyUsage = x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature, nil
 	}
-	if s.ID == "" && len(s.DNS) > 0 {
+	switch {
+	case s.Name != "":
+		tmpl.Subject.CommonName = s.Name
+	case s.ID == "" && len(s.DNS) > 0:
 		tmpl.Subject.CommonName = s.DNS[0]
 	}
-	if s.ID != "" {
-		u, err := url.Parse(s.ID)
-		if err != nil {
-			t.Fatalf("spiffe id %q: %v", s.ID, err)
+	for _, id := range append([]string{s.ID}, s.URIs...) {
+		if id == "" {
+			continue
 		}
-		tmpl.URIs = []*url.URL{u}
+		u, err := url.Parse(id)
+		if err != nil {
+			t.Fatalf("uri san %q: %v", id, err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	signer, signerKey := tmpl, key
 	if parent != nil {

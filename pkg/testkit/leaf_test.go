@@ -51,11 +51,17 @@ func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
 
 func TestReissuedCAKeepsItsKeyAndIssues(t *testing.T) {
 	first := SelfSigned(t, Spec{IsCA: true})
-	again := SelfSigned(t, Spec{IsCA: true, Key: first.Key}).CA()
+	again := SelfSigned(t, Spec{Name: "root 2", IsCA: true, Key: first.Key}).CA()
+	if again.Cert.Subject.CommonName != "root 2" {
+		t.Fatalf("named %q", again.Cert.Subject.CommonName)
+	}
 	if again.Key != first.Key || again.Cert.Equal(first.Cert) || again.Cert.CheckSignatureFrom(first.Cert) != nil {
 		t.Fatal("a CA re-issued for its key is not a new certificate of the same key")
 	}
-	srv := again.Issue(t, Spec{DNS: []string{"istiod"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	srv := again.Issue(t, Spec{ID: "spiffe://td/a", URIs: []string{"spiffe://td/b"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if len(srv.Cert.URIs) != 2 || srv.Cert.URIs[1].String() != "spiffe://td/b" || srv.Cert.Subject.CommonName != "spiffe://td/a" {
+		t.Fatalf("uri sans %v, cn %q", srv.Cert.URIs, srv.Cert.Subject.CommonName)
+	}
 	if err := srv.Cert.VerifyHostname("127.0.0.1"); err != nil {
 		t.Fatal(err)
 	}
