@@ -54,6 +54,16 @@ func (c *CA) PEM() string { return certPEM(c.Cert) }
 // PEM is the leaf certificate in PEM.
 func (l *Leaf) PEM() string { return certPEM(l.Cert) }
 
+// KeyPEM is the leaf's private key in PKCS#8 PEM ("PRIVATE KEY"), as a key file holds it.
+func (l *Leaf) KeyPEM(t testing.TB) string {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(l.Key)
+	if err != nil {
+		t.Fatalf("test leaf key: %v", err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
+
 // CA is a leaf made with IsCA as a CA that can issue.
 func (l *Leaf) CA() *CA { return &CA{Cert: l.Cert, Key: l.Key} }
 

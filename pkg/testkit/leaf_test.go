@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"math/big"
@@ -35,6 +36,9 @@ func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
 	}
 	if tc := l.TLS(); tc.Leaf != l.Cert || tc.PrivateKey != l.Key {
 		t.Fatal("TLS certificate is not the leaf")
+	}
+	if _, err := tls.X509KeyPair([]byte(l.PEM()), []byte(l.KeyPEM(t))); err != nil {
+		t.Fatalf("KeyPEM is not the leaf's key: %v", err)
 	}
 	for _, c := range []struct {
 		pem  string
