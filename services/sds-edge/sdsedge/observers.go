@@ -53,9 +53,13 @@ func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
 	}
 }
 
-func (s identityObserver) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+func (s identityObserver) TrustRejected(source string) {
+	s.e.m.TrustRejected.WithLabelValues(source).Inc()
+}
 
-func (s identityObserver) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+func (s identityObserver) TrustBootstrapped(mode string) {
+	s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1)
+}
 
 func (s identityObserver) CSR(err error, retry bool) {
 	m := s.e.m
