@@ -84,7 +84,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
-	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
 	store.SetResolver(e.files)
 	d.Health.AddReadyCheck("secrets", e.Ready)
 	return e, nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -26,8 +26,7 @@ type Config struct {
 		HTTP string // /healthz, /readyz, /metrics
 	}
 	Pod struct {
-		ID             string
-		RootDir        string // the pod's filesystem root; relative paths below are under it
+		pod.Config     // id and root (relative paths below are under it), as every pod-side process reads them
 		TrustDomain    string
 		Namespace      string
 		ServiceAccount string
@@ -70,7 +69,7 @@ func Default() Config {
 	var c Config
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Listen.HTTP = "127.0.0.1:15020"
-	c.Pod.RootDir = "."
+	c.Pod.RootDir = pod.DefaultRoot
 	c.Pod.TrustDomain = "cluster.local"
 	c.Pod.Namespace = "default"
 	c.Pod.ServiceAccount = "default"
@@ -99,8 +98,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Bus.Bind(fs)
 	var keyAlg, socketMode string
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id (required)")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory; relative paths are under it")
+	c.Pod.Bind(fs)
 	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "workload namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
@@ -138,22 +136,22 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		c.SDS.SocketMode = os.FileMode(m)
 	}
 	c.Bus.Name = "sds-edge/" + c.Pod.ID
-	c.CA.TokenFile = c.Under(c.CA.TokenFile)
+	c.CA.TokenFile = c.Pod.Path(c.CA.TokenFile)
 	c.Bus.AsPod(c.Pod.ID, c.CA.TokenFile)
 	if c.CA.RootCert != "" {
-		c.CA.RootCert = c.Under(c.CA.RootCert)
+		c.CA.RootCert = c.Pod.Path(c.CA.RootCert)
 	}
 	if c.CA.TrustAnchorsFile != "" {
-		c.CA.TrustAnchorsFile = c.Under(c.CA.TrustAnchorsFile)
-	} else if p := c.Under(DefaultTrustAnchors); fileExists(p) {
+		c.CA.TrustAnchorsFile = c.Pod.Path(c.CA.TrustAnchorsFile)
+	} else if p := c.Pod.Path(DefaultTrustAnchors); fileExists(p) {
 		c.CA.TrustAnchorsFile = p
 	}
 	if c.Cert.OutputDir != "" {
-		c.Cert.OutputDir = c.Under(c.Cert.OutputDir)
+		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
-	c.Cert.CredentialsDir = c.Under(c.Cert.CredentialsDir)
-	c.Cert.FileMountedDir = c.Under(c.Cert.FileMountedDir)
-	c.SDS.Socket = c.Under(c.SDS.Socket)
+	c.Cert.CredentialsDir = c.Pod.Path(c.Cert.CredentialsDir)
+	c.Cert.FileMountedDir = c.Pod.Path(c.Cert.FileMountedDir)
+	c.SDS.Socket = c.Pod.Path(c.SDS.Socket)
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return c, err
@@ -175,14 +173,6 @@ const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular()
-}
-
-// Under resolves p under the pod root unless it is absolute.
-func (c Config) Under(p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(c.Pod.RootDir, p)
 }
 
 // SPIFFEID is the identity this pod asks for.

@@ -14,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
@@ -36,11 +37,8 @@ type Config struct {
 	Listen struct {
 		HTTP string
 	}
-	Pod struct {
-		ID      string
-		RootDir string // relative paths below are under it
-	}
-	Socket   string // the ADS socket Envoy connects to
+	Pod      pod.Config // id and root (relative paths below are under it), as every pod-side process reads them
+	Socket   string     // the ADS socket Envoy connects to
 	Upstream struct {
 		Address        string
 		Mode           string
@@ -65,7 +63,7 @@ func Default() Config {
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Bus.URL = bus.DefaultURL
 	c.Listen.HTTP = "127.0.0.1:15022"
-	c.Pod.RootDir = "."
+	c.Pod.RootDir = pod.DefaultRoot
 	c.Socket = "etc/istio/proxy/XDS"
 	c.Upstream.Address = "istiod.istio-system.svc:15012"
 	c.Upstream.Mode = ModeAuto
@@ -92,8 +90,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory")
+	c.Pod.Bind(fs)
 	fs.String(&c.Socket, "socket", "XDS_SOCKET", c.Socket, "ADS socket Envoy connects to (under -pod-root if relative)")
 	fs.String(&c.Upstream.Address, "discovery-address", "DISCOVERY_ADDRESS", c.Upstream.Address, "upstream discovery server host:port")
 	fs.String(&c.Upstream.Mode, "xds-tls", "XDS_TLS", c.Upstream.Mode, "upstream security: auto, plaintext, tls or mtls (auto: plaintext on :15010, else mtls)")
@@ -108,19 +105,19 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		return c, err
 	}
 	c.Upstream.Headers = headers(environ, getenv)
-	c.Socket = c.under(c.Socket)
-	c.SDSSocket = c.under(c.SDSSocket)
+	c.Socket = c.Pod.Path(c.Socket)
+	c.SDSSocket = c.Pod.Path(c.SDSSocket)
 	if c.Upstream.TokenFile != "" {
-		c.Upstream.TokenFile = c.under(c.Upstream.TokenFile)
+		c.Upstream.TokenFile = c.Pod.Path(c.Upstream.TokenFile)
 	}
 	if c.Upstream.RootCA != "" && c.Upstream.RootCA != "SYSTEM" {
-		c.Upstream.RootCA = c.under(c.Upstream.RootCA)
+		c.Upstream.RootCA = c.Pod.Path(c.Upstream.RootCA)
 	}
 	c.Bus.Name = "xds-relay/" + c.Pod.ID
 	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
 	busToken := c.Upstream.TokenFile
 	if busToken == "" {
-		busToken = c.under(PodTokenFile)
+		busToken = c.Pod.Path(PodTokenFile)
 	}
 	c.Bus.AsPod(c.Pod.ID, busToken)
 	if c.Upstream.Mode == ModeAuto {
@@ -146,13 +143,6 @@ func headers(environ []string, getenv func(string) string) map[string]string {
 		}
 	}
 	return out
-}
-
-func (c Config) under(p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(c.Pod.RootDir, p)
 }
 
 // Validate reports every problem at once, naming the flag.
