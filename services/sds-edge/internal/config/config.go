@@ -186,37 +186,28 @@ func (c Config) SPIFFEID() (string, error) {
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(ok bool, format string, a ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, a...))
-		}
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
 	if c.Pod.ID == "" {
-		errs = append(errs, errors.New("-pod: required"))
+		p.Addf("-pod: required")
 	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		errs = append(errs, fmt.Errorf("-pod: %w", err))
+		p.Addf("-pod: %w", err)
 	}
 	if _, err := c.SPIFFEID(); err != nil {
-		errs = append(errs, fmt.Errorf("-trust-domain/-namespace/-service-account: %w", err))
+		p.Addf("-trust-domain/-namespace/-service-account: %w", err)
 	}
-	add(c.Listen.HTTP != "", "-http-addr: required")
-	add(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
-	add(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
-	add(c.Cert.RetryMin > 0, "-retry-min: must be positive")
-	add(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
-	add(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")
-	add(c.Cert.FileDebounce >= 0, "-file-debounce: must not be negative")
-	add(c.SDS.Socket != "", "-socket: required")
-	add(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
-	add(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
-	add(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
-	add(c.CA.TokenFile != "", "-token-file: required")
-	return errors.Join(errs...)
+	p.Check(c.Listen.HTTP != "", "-http-addr: required")
+	p.Check(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
+	p.Check(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
+	p.Check(c.Cert.RetryMin > 0, "-retry-min: must be positive")
+	p.Check(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
+	p.Check(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")
+	p.Check(c.Cert.FileDebounce >= 0, "-file-debounce: must not be negative")
+	p.Check(c.SDS.Socket != "", "-socket: required")
+	p.Check(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
+	p.Check(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
+	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
+	p.Check(c.CA.TokenFile != "", "-token-file: required")
+	return p.Err()
 }

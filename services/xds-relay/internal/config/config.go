@@ -2,8 +2,6 @@
 package config
 
 import (
-	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -147,44 +145,39 @@ func headers(environ []string, getenv func(string) string) map[string]string {
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
 	if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		add("-pod: %w", err)
+		p.Addf("-pod: %w", err)
 	}
 	if c.Listen.HTTP == "" {
-		add("-http-addr: required")
+		p.Addf("-http-addr: required")
 	}
 	if len(c.Socket) > 104 {
-		add("-socket: %q is longer than a unix socket path may be", c.Socket)
+		p.Addf("-socket: %q is longer than a unix socket path may be", c.Socket)
 	}
 	// The relay binds in a private temporary directory next to the socket
 	// (dir/.xrNNNNNNNNNN/s, up to 16 bytes more than dir) before linking it into place.
 	if d := filepath.Dir(c.Socket); len(d)+16 > 107 {
-		add("-socket: directory %q is too long (max 91 bytes): the socket is first bound in a temporary directory there", d)
+		p.Addf("-socket: directory %q is too long (max 91 bytes): the socket is first bound in a temporary directory there", d)
 	}
 	if _, _, err := net.SplitHostPort(c.Upstream.Address); err != nil {
-		add("-discovery-address: %q: want host:port", c.Upstream.Address)
+		p.Addf("-discovery-address: %q: want host:port", c.Upstream.Address)
 	}
 	switch c.Upstream.Mode {
 	case ModePlaintext, ModeTLS, ModeMTLS:
 	default:
-		add("-xds-tls: %q: want auto, plaintext, tls or mtls", c.Upstream.Mode)
+		p.Addf("-xds-tls: %q: want auto, plaintext, tls or mtls", c.Upstream.Mode)
 	}
 	if c.Upstream.Mode == ModePlaintext && c.Upstream.RootCA != "" {
-		add("-xds-root-ca: set but -xds-tls is plaintext")
+		p.Addf("-xds-root-ca: set but -xds-tls is plaintext")
 	}
 	if c.MaxMsgSize < 1<<20 {
-		add("-max-msg-size: %d is below 1 MiB", c.MaxMsgSize)
+		p.Addf("-max-msg-size: %d is below 1 MiB", c.MaxMsgSize)
 	}
 	if c.Upstream.ConnectTimeout <= 0 {
-		add("-connect-timeout: must be positive")
+		p.Addf("-connect-timeout: must be positive")
 	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {
@@ -193,10 +186,10 @@ func (c Config) Validate() error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !validKey(k) {
-			add("%s%s: %q is not a valid gRPC metadata key", HeaderEnvPrefix, strings.ToUpper(k), k)
+			p.Addf("%s%s: %q is not a valid gRPC metadata key", HeaderEnvPrefix, strings.ToUpper(k), k)
 		}
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 func validKey(k string) bool {
