@@ -9,12 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -86,14 +84,7 @@ func TestOutputCerts(t *testing.T) {
 // change, and looks for the keys the pod served in every message.
 func TestNoPrivateKeyOnBus(t *testing.T) {
 	v := newEnv(t)
-	var mu sync.Mutex
-	var msgs []*nats.Msg
-	sub, err := v.nc.Subscribe(">", func(m *nats.Msg) { mu.Lock(); msgs = append(msgs, m); mu.Unlock() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	_ = v.nc.Flush()
+	all := bustest.Record(t, v.nc, ">")
 	p := v.startPod(podOpt{args: []string{"-pkcs8"}})
 	st := p.open(t, p.dial(t), "default")
 	var keys [][]byte
@@ -118,10 +109,8 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 			needles = append(needles, []byte(line))
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	subjects := map[string]int{}
-	for _, m := range msgs {
+	for _, m := range all.Msgs() {
 		subjects[m.Subject]++
 		hay := append([]byte(nil), m.Data...)
 		for k, vs := range m.Header {

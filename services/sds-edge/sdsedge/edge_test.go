@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -25,7 +26,7 @@ import (
 
 func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	v := newEnv(t)
-	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
+	up := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventUp))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default", "ROOTCA")
 	u := recv(t, st)
@@ -64,7 +65,7 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 		t.Errorf("sign request = %+v", *req)
 	}
 	testkit.Eventually(t, "pod.up published", func() bool {
-		return len(find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
+		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
 	})
 	if got := p.metric("meshagent_sds_edge_csr_sent_total"); got < 1 {
 		t.Errorf("csr sent = %v", got)
@@ -73,7 +74,7 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 
 func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	v := newEnv(t)
-	pushed := collect(t, v.nc, events.PodEventWildcard(events.PodEventSecretPushed))
+	pushed := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventSecretPushed))
 	p := v.startPod(podOpt{})
 	cc := p.dial(t)
 	def := p.open(t, cc, "default")
@@ -91,7 +92,7 @@ func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 		t.Fatal("renewal kept the old key")
 	}
 	testkit.Eventually(t, "pushed event for default with one stream", func() bool {
-		return len(find(pushed, func(e events.SecretPushed) bool {
+		return len(bustest.Find(pushed, func(e events.SecretPushed) bool {
 			return e.Kind == "pushed" && e.Resource == "default" && e.Streams == 1 && e.Serial == pki.SerialHex(leafOf(t, next))
 		})) == 1
 	})
@@ -106,7 +107,7 @@ func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	if got := v.ca.requests.Load() - before; got != 1 {
 		t.Fatalf("%d CSRs after one stale and one current renew, want 1", got)
 	}
-	if n := len(find(pushed, func(e events.SecretPushed) bool { return e.Resource == "ROOTCA" && e.Version != rootsVersion })); n != 0 {
+	if n := len(bustest.Find(pushed, func(e events.SecretPushed) bool { return e.Resource == "ROOTCA" && e.Version != rootsVersion })); n != 0 {
 		t.Fatalf("ROOTCA pushed %d times without a trust change", n)
 	}
 }
@@ -174,7 +175,7 @@ func TestSafetyDeadlineRenewsWithoutRotator(t *testing.T) {
 
 func TestNackIsPublishedAndNotResent(t *testing.T) {
 	v := newEnv(t)
-	nacks := collect(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
+	nacks := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	resp, err := st.RecvRaw()
@@ -185,7 +186,7 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "sds.nack published", func() bool {
-		return len(find(nacks, func(e events.SDSNack) bool {
+		return len(bustest.Find(nacks, func(e events.SDSNack) bool {
 			return e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "bad certificate" && e.Version == resp.GetVersionInfo()
 		})) == 1
 	})

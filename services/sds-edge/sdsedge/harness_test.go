@@ -184,43 +184,6 @@ func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
 	return certs[0]
 }
 
-// collector records every event on a subject pattern.
-type collector struct {
-	mu   sync.Mutex
-	msgs []*nats.Msg
-}
-
-func collect(t testing.TB, nc *nats.Conn, subject string) *collector {
-	t.Helper()
-	c := &collector{}
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { c.mu.Lock(); c.msgs = append(c.msgs, m); c.mu.Unlock() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	return c
-}
-
-func (c *collector) all() []*nats.Msg {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]*nats.Msg(nil), c.msgs...)
-}
-
-// find returns the decoded events of type T that match.
-func find[T events.Payload](c *collector, match func(T) bool) []T {
-	var out []T
-	for _, m := range c.all() {
-		if ev, _, err := events.Decode[T](m); err == nil && match(ev) {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 func renew(t testing.TB, nc *nats.Conn, serial string) {
 	t.Helper()
 	subj, _ := events.PodRenewSubject(testPod)

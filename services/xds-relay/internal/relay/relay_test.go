@@ -12,6 +12,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
@@ -72,7 +73,7 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		})) == 1
 	})
 	testkit.Eventually(t, "connected event", func() bool {
-		return len(find(env.rec, func(e events.XDSConnected) bool {
+		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool {
 			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
 	})
@@ -84,7 +85,7 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 	}
 	cancel()
 	testkit.Eventually(t, "disconnected event", func() bool {
-		return len(find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
 	})
 	testkit.Eventually(t, "gauge back to 0", func() bool {
 		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
@@ -118,7 +119,7 @@ func TestDeltaVersionsAndNonces(t *testing.T) {
 		t.Fatalf("second delta response: %v", r2)
 	}
 	testkit.Eventually(t, "delta connected event", func() bool {
-		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
 	})
 }
 
@@ -139,7 +140,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "nack event", func() bool {
-		return len(find(env.rec, func(e events.XDSNack) bool {
+		return len(bustest.Find(env.rec, func(e events.XDSNack) bool {
 			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPod
 		})) == 1
 	})
@@ -178,7 +179,7 @@ func TestUpstreamRestartClosesDownstream(t *testing.T) {
 		t.Fatalf("after upstream restart: err = %v, want Unavailable", err)
 	}
 	testkit.Eventually(t, "disconnected with upstream reason", func() bool {
-		return len(find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
 	})
 	if v := metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 		t.Fatalf("terminations = %v", v)
