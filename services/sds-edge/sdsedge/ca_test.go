@@ -147,10 +147,10 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	recv(t, st)
-	if got := p.metric("meshagent_sds_edge_csr_failed_total"); got != 3 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_failed_total"); got != 3 {
 		t.Fatalf("csr failed = %v, want 3", got)
 	}
-	if got := p.metric("meshagent_sds_edge_csr_retried_total"); got != 3 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_retried_total"); got != 3 {
 		t.Fatalf("csr retried = %v, want 3", got)
 	}
 	// A burst of renew events never puts two CSRs in flight.
@@ -182,9 +182,9 @@ func TestFreshTokenReadForEveryCSR(t *testing.T) {
 	// (the CA, not the CSR, decides), which the pod refuses and retries: it serves
 	// only its own identity.
 	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
-	failed := p.metric("meshagent_sds_edge_csr_failed_total")
+	failed := p.metric(t, "meshagent_sds_edge_csr_failed_total")
 	renew(t, v.nc, "")
-	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= failed+2 })
+	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric(t, "meshagent_sds_edge_csr_failed_total") >= failed+2 })
 	writeToken(t, p.cfg.Pod.RootDir, fresh)
 	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
 		t.Fatalf("identity %s", id)
@@ -251,7 +251,7 @@ func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
-	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= 2 })
+	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric(t, "meshagent_sds_edge_csr_failed_total") >= 2 })
 	if v.ca.requests.Load() != 0 {
 		t.Fatal("a CSR reached a CA whose certificate we do not trust")
 	}

@@ -67,7 +67,7 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	testkit.Eventually(t, "pod.up published", func() bool {
 		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
 	})
-	if got := p.metric("meshagent_sds_edge_csr_sent_total"); got < 1 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_sent_total"); got < 1 {
 		t.Errorf("csr sent = %v", got)
 	}
 }
@@ -190,7 +190,7 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 			return e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "bad certificate" && e.Version == resp.GetVersionInfo()
 		})) == 1
 	})
-	testkit.Eventually(t, "nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") == 1 })
+	testkit.Eventually(t, "nack counted", func() bool { return p.metric(t, "meshagent_sds_edge_nacks_total") == 1 })
 	// No resend: the next response on the stream is the next certificate.
 	renew(t, v.nc, "")
 	next, err := st.RecvRaw()
@@ -306,11 +306,11 @@ func TestDeltaAndFetch(t *testing.T) {
 	}
 	// The request is in flight: renew only once the server has applied it.
 	testkit.Eventually(t, "default unsubscribed", func() bool { return p.e.Store().Watching("default") == 0 })
-	before := p.metric("meshagent_sds_edge_pushes_total")
+	before := p.metric(t, "meshagent_sds_edge_pushes_total")
 	serialBefore := p.serial(t, cc)
 	renew(t, v.nc, "")
 	testkit.Eventually(t, "renewed", func() bool { return p.serial(t, cc) != serialBefore })
-	if got := p.metric("meshagent_sds_edge_pushes_total") - before; got != 0 {
+	if got := p.metric(t, "meshagent_sds_edge_pushes_total") - before; got != 0 {
 		t.Fatalf("pushed to %v streams after unsubscribe", got)
 	}
 	bad, err := sdsclient.OpenDelta(ctx, cc, "n", "bogus")

@@ -20,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -197,19 +198,7 @@ func renew(t testing.TB, nc *nats.Conn, serial string) {
 }
 
 // metric sums every series of the named metric.
-func (p *pod) metric(name string) float64 {
-	mfs, err := p.reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+func (p *pod) metric(t testing.TB, name string) float64 {
+	t.Helper()
+	return obstest.Metric(t, p.reg, name, nil)
 }

@@ -53,8 +53,8 @@ func TestStaleNonceIgnored(t *testing.T) {
 	}
 	req(r1.GetNonce(), true) // stale
 	req(r2.GetNonce(), true) // current
-	testkit.Eventually(t, "current nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") >= 1 })
-	if got := p.metric("meshagent_sds_edge_nacks_total"); got != 1 {
+	testkit.Eventually(t, "current nack counted", func() bool { return p.metric(t, "meshagent_sds_edge_nacks_total") >= 1 })
+	if got := p.metric(t, "meshagent_sds_edge_nacks_total"); got != 1 {
 		t.Fatalf("nacks counted %v, want 1 (the stale one ignored)", got)
 	}
 }

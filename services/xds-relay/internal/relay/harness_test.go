@@ -271,35 +271,6 @@ func ads(t testing.TB, socket string) discoveryv3.AggregatedDiscoveryServiceClie
 	return discoveryv3.NewAggregatedDiscoveryServiceClient(dialUnix(t, socket))
 }
 
-// metric returns the value of the series name with the given labels.
-func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
 func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {

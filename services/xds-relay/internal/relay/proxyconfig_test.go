@@ -10,6 +10,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
@@ -50,7 +51,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
 		t.Fatalf("consumed nack metric = %v", v)
 	}
 	if n := len(bustest.Find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {

@@ -14,6 +14,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
@@ -77,10 +78,10 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
 		t.Fatalf("responses metric = %v, want 2", v)
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 		t.Fatalf("streams gauge = %v, want 1", v)
 	}
 	cancel()
@@ -88,7 +89,7 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
 	})
 	testkit.Eventually(t, "gauge back to 0", func() bool {
-		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+		return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -149,7 +150,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 			return r.GetErrorDetail().GetMessage() == "cluster a: bad thing" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
 		t.Fatalf("nacks metric = %v", v)
 	}
 }
@@ -181,7 +182,7 @@ func TestUpstreamRestartClosesDownstream(t *testing.T) {
 	testkit.Eventually(t, "disconnected with upstream reason", func() bool {
 		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 		t.Fatalf("terminations = %v", v)
 	}
 	// Envoy reconnects: a fresh stream gets the config again.
@@ -220,8 +221,8 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("err = %v, want Unavailable", err)
 		}
-		if v := metric(t, env.reg, "meshagent_xds_relay_upstream_connect_failures_total", nil) +
-			metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_connect_failures_total", nil) +
+			obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 			t.Fatalf("failures+terminations = %v, want 1", v)
 		}
 	})
@@ -236,12 +237,12 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 				return r.GetNode().GetId() == "nobody" && r.GetTypeUrl() == resource.ClusterType
 			})) == 1
 		})
-		if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 			t.Fatalf("streams = %v, want 1 while waiting", v)
 		}
 		cancel()
 		testkit.Eventually(t, "stream released", func() bool {
-			return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+			return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 		})
 	})
 }
@@ -280,12 +281,12 @@ func TestConcurrentStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
 		t.Fatalf("live streams = %v, want %d", v, n)
 	}
 	cancel()
 	testkit.Eventually(t, "all streams released", func() bool {
-		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+		return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -308,7 +309,7 @@ func TestLargeResponse(t *testing.T) {
 	if size := proto.Size(r); size < 10<<20 || len(r.GetResources()) != 10 {
 		t.Fatalf("got %d bytes, %d resources; want >= 10 MiB and 10", size, len(r.GetResources()))
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
 		t.Fatalf("response bytes metric = %v", v)
 	}
 }

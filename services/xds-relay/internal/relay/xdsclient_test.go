@@ -18,6 +18,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
@@ -110,7 +111,7 @@ func TestGRPCXDSClientResolvesThroughRelay(t *testing.T) {
 		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool { return e.Node == "grpc-client" })) >= 1
 	})
 	for _, typ := range []string{resource.ListenerType, resource.ClusterType, resource.EndpointType} {
-		if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
 			t.Errorf("no %s response relayed", typ)
 		}
 	}
