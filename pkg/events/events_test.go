@@ -44,6 +44,11 @@ var samples = []Payload{
 	XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "upstream closed"},
 	XDSNack{Pod: "web-0", Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "4", ErrorDetail: "bad cluster"},
 	TrustAnchors{Pod: "web-0", Roots: []string{pemCert}},
+	EnvoyStarted{Pod: "web-0", PID: 42, Version: "envoy  version: 1.36.0/Clean/RELEASE/BoringSSL", Binary: "/usr/local/bin/envoy",
+		Args: []string{"-c", "/etc/istio/proxy/envoy-rev.json", "--drain-time-s", "45"}},
+	EnvoyReady{Pod: "web-0", PID: 42, StartupMillis: 850},
+	EnvoyDraining{Pod: "web-0", PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
+	EnvoyExited{Pod: "web-0", PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
 }
 
 func fileName(typ string) string { return strings.TrimPrefix(typ, "io.meshagent.") + ".json" }

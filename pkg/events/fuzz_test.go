@@ -31,6 +31,10 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeXDSDisconnected: decodeAs[XDSDisconnected],
 	TypeXDSNack:         decodeAs[XDSNack],
 	TypeTrustAnchors:    decodeAs[TrustAnchors],
+	TypeEnvoyStarted:    decodeAs[EnvoyStarted],
+	TypeEnvoyReady:      decodeAs[EnvoyReady],
+	TypeEnvoyDraining:   decodeAs[EnvoyDraining],
+	TypeEnvoyExited:     decodeAs[EnvoyExited],
 }
 
 func decodeAs[T Payload](m *nats.Msg) (Payload, Meta, error) {

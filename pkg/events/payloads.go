@@ -26,6 +26,10 @@ const (
 	TypeXDSDisconnected = "io.meshagent.xds.disconnected.v1"
 	TypeXDSNack         = "io.meshagent.xds.nack.v1"
 	TypeTrustAnchors    = "io.meshagent.trust.anchors.v1"
+	TypeEnvoyStarted    = "io.meshagent.envoy.started.v1"
+	TypeEnvoyReady      = "io.meshagent.envoy.ready.v1"
+	TypeEnvoyDraining   = "io.meshagent.envoy.draining.v1"
+	TypeEnvoyExited     = "io.meshagent.envoy.exited.v1"
 )
 
 func init() {
@@ -46,6 +50,10 @@ func init() {
 	register[XDSDisconnected]()
 	register[XDSNack]()
 	register[TrustAnchors]()
+	register[EnvoyStarted]()
+	register[EnvoyReady]()
+	register[EnvoyDraining]()
+	register[EnvoyExited]()
 }
 
 // fields collects validation problems so that every one is reported at once.

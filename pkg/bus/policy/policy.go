@@ -22,7 +22,7 @@ const (
 	Admin   Role = "admin"   // an operator's meshctl
 	Audit   Role = "audit"   // read-only event consumers (audit, metrics)
 	Callout Role = "callout" // the auth-callout responder inside the signer
-	Pod     Role = "pod"     // one pod's sds-edge and xds-relay, admitted by the callout
+	Pod     Role = "pod"     // one pod's sds-edge, xds-relay and launcher, admitted by the callout
 )
 
 // Users are the roles that hold an nkey (every role but Pod, whose users the callout

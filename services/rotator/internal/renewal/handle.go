@@ -48,7 +48,7 @@ func (r *Replica) handle(ctx context.Context, msg jetstream.Msg) error {
 }
 
 func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
-	ev, _, err := events.Decode[events.CertIssued](nm)
+	ev, meta, err := events.Decode[events.CertIssued](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
 	}
@@ -72,8 +72,10 @@ func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	} else if err != nil {
 		return err
 	}
+	// The event's time is when the signer issued it: the grace ratio counts from there,
+	// as Istio's agent does, not from the backdated notBefore.
 	c := schedule.Cert{Pod: ev.Pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
-		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter}
+		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter, Issued: meta.Time}
 	for range 3 {
 		r.mu.Lock()
 		res, err := r.sched.Upsert(c, r.clk.Now())

@@ -101,9 +101,19 @@ func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return le
 
 func (h *harness) publish(subject string, p events.Payload) {
 	h.t.Helper()
+	h.publishAt(subject, p, time.Time{})
+}
+
+// publishAt publishes p as an event of time at (zero: now, by the wall clock, as
+// events.NewMsg stamps it).
+func (h *harness) publishAt(subject string, p events.Payload, at time.Time) {
+	h.t.Helper()
 	m, err := events.NewMsg(subject, "test", p)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if !at.IsZero() {
+		m.Header.Set(events.HeaderTime, at.UTC().Format(time.RFC3339Nano))
 	}
 	if err := bus.Publish(context.Background(), h.js, m); err != nil {
 		h.t.Fatal(err)
@@ -111,11 +121,12 @@ func (h *harness) publish(subject string, p events.Payload) {
 }
 
 // issue publishes a genuine cert.issued: a leaf with serial (hex) under the test
-// CA's root named root, its chain and the record that matches it.
+// CA's root named root, its chain and the record that matches it, issued at nb
+// (the event's time, from which the schedule counts).
 func (h *harness) issue(pod, serial string, nb time.Time, life time.Duration, root string) events.CertIssued {
 	h.t.Helper()
 	ev := h.ca.record(h.t, pod, serial, nb, life, root)
-	h.publish(events.SubjectCertIssued, ev)
+	h.publishAt(events.SubjectCertIssued, ev, nb)
 	return ev
 }
 

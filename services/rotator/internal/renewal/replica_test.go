@@ -280,3 +280,23 @@ func podSubject(t *testing.T, pod, kind string) string {
 	}
 	return s
 }
+
+// A signer backdates notBefore (clock skew); the grace ratio counts from issuance —
+// the cert.issued event's time — as Istio's agent does, not from notBefore.
+func TestScheduleCountsFromIssuance(t *testing.T) {
+	h, r := newLeader(t)
+	issued := h.clk.Now()
+	ev := h.ca.record(t, "web-0", "0c", issued.Add(-10*time.Minute), time.Hour, "root-a") // 50m left at issuance
+	h.publishAt(events.SubjectCertIssued, ev, issued)
+	waitScheduled(t, r, 1)
+	// From notBefore it would be due at +20m; from issuance, at +25m (half of 50m).
+	h.clk.Add(21 * time.Minute)
+	h.settle(r)
+	if got := h.sent(); len(got) != 0 {
+		t.Fatalf("due counted from the backdated notBefore: %+v", got)
+	}
+	h.clk.Add(5 * time.Minute)
+	if got := h.waitSent(1); got[0].Serial != "0c" {
+		t.Fatalf("renew-due %+v", got[0])
+	}
+}

@@ -1,8 +1,3 @@
-// Package standin is meshctl's stand-in for a pod's Envoy in the local demo: it
-// opens the same streams Envoy would — SDS for `default` and `ROOTCA` on sds-edge's
-// socket, ADS for clusters and listeners on xds-relay's socket — ACKs what it gets,
-// and reports each update, so that a person running meshctl up sees identity and
-// configuration arrive the way Envoy would receive them.
 package standin
 
 import (
@@ -30,18 +25,27 @@ const (
 	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
 )
 
-// Envoy watches one pod's sockets.
-type Envoy struct {
+// streams opens the streams Envoy would — SDS for `default` and `ROOTCA` on
+// sds-edge's socket, ADS for clusters and listeners on xds-relay's socket — ACKs
+// what it gets, and reports each update, so that a person running meshctl up sees
+// identity and configuration arrive the way Envoy would receive them.
+type streams struct {
 	Pod       string
 	NodeID    string
 	SDSSocket string
 	XDSSocket string
 	Report    func(line string)
+	// GotSecrets is called with each SDS update's names; GotConfig with each ADS
+	// response's type URL.
+	GotSecrets func(names []string)
+	GotConfig  func(typeURL string)
 }
 
-// Run keeps both streams open until ctx ends, redialling after failures.
-func (e *Envoy) Run(ctx context.Context) {
-	go e.loop(ctx, "sds", e.sds)
+// run keeps both streams open until ctx ends, redialling after failures.
+func (e *streams) run(ctx context.Context) {
+	if e.SDSSocket != "" {
+		go e.loop(ctx, "sds", e.sds)
+	}
 	if e.XDSSocket != "" {
 		go e.loop(ctx, "ads", e.ads)
 	}
@@ -50,7 +54,7 @@ func (e *Envoy) Run(ctx context.Context) {
 
 // loop reruns f after each failure, reporting a failure only when it differs from
 // the previous one, so that an unreachable upstream is one line, not one a second.
-func (e *Envoy) loop(ctx context.Context, what string, f func(context.Context) error) {
+func (e *streams) loop(ctx context.Context, what string, f func(context.Context) error) {
 	last := ""
 	for ctx.Err() == nil {
 		err := f(ctx)
@@ -68,7 +72,7 @@ func (e *Envoy) loop(ctx context.Context, what string, f func(context.Context) e
 	}
 }
 
-func (e *Envoy) sds(ctx context.Context) error {
+func (e *streams) sds(ctx context.Context) error {
 	cc, err := sdsclient.DialUnix(ctx, e.SDSSocket)
 	if err != nil {
 		return err
@@ -84,9 +88,12 @@ func (e *Envoy) sds(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		names := make([]string, 0, len(u.Secrets))
 		for _, s := range u.Secrets {
+			names = append(names, s.Name)
 			e.Report(fmt.Sprintf("envoy %s: sds %s version %s: %s", e.Pod, s.Name, u.Version, summarize(s)))
 		}
+		e.GotSecrets(names)
 	}
 }
 
@@ -109,7 +116,7 @@ func summarize(s sdsclient.Secret) string {
 	return fmt.Sprintf("%d root(s) %s", len(cs), strings.Join(fps, ","))
 }
 
-func (e *Envoy) ads(ctx context.Context) error {
+func (e *streams) ads(ctx context.Context) error {
 	cc, err := grpc.NewClient("unix://"+e.XDSSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -143,6 +150,7 @@ func (e *Envoy) ads(ctx context.Context) error {
 		}
 		short := resp.GetTypeUrl()[strings.LastIndex(resp.GetTypeUrl(), ".")+1:]
 		e.Report(fmt.Sprintf("envoy %s: ads %s version %s: %s", e.Pod, short, resp.GetVersionInfo(), strings.Join(names, ", ")))
+		e.GotConfig(resp.GetTypeUrl())
 	}
 }
 
