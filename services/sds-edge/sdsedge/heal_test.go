@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
@@ -79,7 +80,7 @@ func TestRetryNowWhenEnvoyAsksOrTheBusIsBack(t *testing.T) {
 func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 	v := newEnv(t)
 	clk := clock.NewFake(time.Now())
-	evs := collect(t, v.nc, "meshagent.evt.pod."+testPod+".cert.expiring")
+	evs := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventCertExpiring))
 	p := v.startPod(podOpt{clock: clk, args: []string{"-secret-ttl", "1h"}})
 	cc := p.dial(t)
 	st := p.open(t, cc, "default")
@@ -95,9 +96,9 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "renewal is failing")
 	})
 	testkit.Eventually(t, "cert.expiring (expiring) published", func() bool {
-		return len(find(evs, func(e events.CertExpiring) bool { return e.State == events.CertStateExpiring && e.Serial == serial })) == 1
+		return len(bustest.Find(evs, func(e events.CertExpiring) bool { return e.State == events.CertStateExpiring && e.Serial == serial })) == 1
 	})
-	if p.metric("meshagent_sds_edge_serving_expired") != 0 {
+	if p.metric(t, "meshagent_sds_edge_serving_expired") != 0 {
 		t.Fatal("serving_expired before expiry")
 	}
 
@@ -109,11 +110,11 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 	if err := p.e.Ready(); err == nil || !strings.Contains(err.Error(), "serving an expired certificate") {
 		t.Fatalf("at expiry readiness says %v", err)
 	}
-	if p.metric("meshagent_sds_edge_serving_expired") != 1 {
+	if p.metric(t, "meshagent_sds_edge_serving_expired") != 1 {
 		t.Fatal("serving_expired not 1 at expiry")
 	}
 	testkit.Eventually(t, "cert.expiring (expired) published", func() bool {
-		return len(find(evs, func(e events.CertExpiring) bool {
+		return len(bustest.Find(evs, func(e events.CertExpiring) bool {
 			return e.State == events.CertStateExpired && e.Serial == serial && e.Failures > 0 && e.LastError != ""
 		})) == 1
 	})
@@ -132,10 +133,10 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 		t.Fatal("the expired certificate pushed again")
 	}
 	testkit.Eventually(t, "ready after renewal", func() bool { return p.e.Ready() == nil })
-	if p.metric("meshagent_sds_edge_serving_expired") != 0 {
+	if p.metric(t, "meshagent_sds_edge_serving_expired") != 0 {
 		t.Fatal("serving_expired after renewal")
 	}
-	if n := len(find(evs, func(e events.CertExpiring) bool { return true })); n != 2 {
+	if n := len(bustest.Find(evs, func(e events.CertExpiring) bool { return true })); n != 2 {
 		t.Fatalf("%d cert.expiring events, want 2 (one per state)", n)
 	}
 }

@@ -3,6 +3,7 @@ package sdsedge
 import (
 	"slices"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -56,11 +57,12 @@ func (s identityObserver) Changed(en *secrets.Entry, streams int) {
 }
 
 func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
-	if s.e.out == nil {
+	dir := s.e.cfg.Cert.OutputDir
+	if dir == "" {
 		return
 	}
-	if err := s.e.out.Write(keyPEM, chainPEM, rootsPEM); err != nil {
-		s.e.log.Error("cannot write output certificates", "dir", s.e.cfg.Cert.OutputDir, "error", err)
+	if err := certdir.Write(dir, keyPEM, chainPEM, rootsPEM); err != nil {
+		s.e.log.Error("cannot write output certificates", "dir", dir, "error", err)
 	}
 }
 
