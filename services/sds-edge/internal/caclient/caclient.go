@@ -1,6 +1,7 @@
 // Package caclient sends sds-edge's signing requests to a certificate authority:
-// the signer over NATS request-reply (NATS), or an Istio-compatible CA over gRPC
-// (Istio, for CA_ADDR). Both take the one request type, events.SignRequest, and
+// the signer over NATS request-reply (NATS), an Istio-compatible CA over gRPC
+// (Istio, for CA_ADDR), or the bus with gRPC when the bus is unreachable (Fallback,
+// for CA_FALLBACK_ADDR). Both take the one request type, events.SignRequest, and
 // return the reply unchecked: the caller, which owns the key and knows the pod's
 // identity and trust, decides whether to believe it.
 package caclient

@@ -1,7 +1,9 @@
 // Package identity is sds-edge's CA flow: it owns the pod's private key, gets it
-// certified (one CSR in flight, retried with backoff and jitter), renews it on the
-// rotator's word or at its own safety deadline, and keeps `default` and `ROOTCA` in
-// the secret store current.
+// certified (one CSR in flight, retried with backoff and jitter on the injected
+// clock, never later than a quarter of the time the served certificate has left,
+// and at once when told a path to the CA may be open again), renews it on the
+// rotator's word or at its own safety deadline, keeps `default` and `ROOTCA` in the
+// secret store current, and reports how its signing goes (Status).
 package identity
 
 import (
