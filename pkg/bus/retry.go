@@ -18,13 +18,14 @@ const (
 	// AttemptTimeout bounds one attempt of Retry.
 	AttemptTimeout = 3 * time.Second
 	retryFirst     = 100 * time.Millisecond
-	retryMax       = 2 * time.Second
+	retryMax       = time.Second
 	// retryLogEvery is how often a long wait is logged again at INFO.
 	retryLogEvery = 10 * time.Second
 )
 
-// Retry calls op until it returns nil, giving each call at most AttemptTimeout and
-// waiting with backoff (100 ms doubling to 2 s) between calls, for as long as op
+// Retry calls op until it returns nil, giving each call at most AttemptTimeout (a
+// third of it the first time, two thirds the second: attemptLimit) and
+// waiting with backoff (100 ms doubling to 1 s) between calls, for as long as op
 // fails with a Transient error (or one wrapped by Pending) and ctx lasts. Any other
 // error is returned at once. what names what is waited for, in logs and errors
 // ("event stream MESHAGENT_EVENTS"). The first failure is logged at INFO, then
@@ -34,7 +35,7 @@ func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx conte
 	wait := retryFirst
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		actx, cancel := context.WithTimeout(ctx, attemptLimit(attempt))
 		err := op(actx)
 		cancel()
 		if err == nil {
@@ -68,6 +69,14 @@ func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx conte
 
 // attemptTimeout is AttemptTimeout; tests shorten it.
 var attemptTimeout = AttemptTimeout
+
+// attemptLimit bounds attempt n (from 1): a third of attemptTimeout for the
+// first, growing by as much each attempt up to attemptTimeout. A request lost to
+// an election (a cold cluster start) then costs a second, not three, while a
+// request that needs longer still gets its time from the third attempt on.
+func attemptLimit(n int) time.Duration {
+	return min(attemptTimeout, time.Duration(n)*attemptTimeout/3)
+}
 
 // pending marks an error as a state that is expected to pass.
 type pending struct{ err error }

@@ -136,3 +136,13 @@ func TestRetryRetriesPending(t *testing.T) {
 		t.Fatal("Pending/Transient")
 	}
 }
+
+// TestAttemptLimitGrows: the first attempts are short (an election loses them),
+// later ones get the whole AttemptTimeout.
+func TestAttemptLimitGrows(t *testing.T) {
+	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 3 * time.Second, 10: 3 * time.Second} {
+		if got := attemptLimit(n); got != want {
+			t.Errorf("attempt %d: %s, want %s", n, got, want)
+		}
+	}
+}
