@@ -255,7 +255,13 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 			return ctx.Err()
 		}
 		d := m.retryWait(backoff, err)
-		m.log.Warn("signing failed, will retry", "reason", reason, "attempt", attempt+1, "retry_in", d, "error", err)
+		// Probes a second apart would fill the log: the first few failures and
+		// then every tenth at WARN, the rest at DEBUG.
+		logf := m.log.Debug
+		if attempt < 3 || (attempt+1)%10 == 0 {
+			logf = m.log.Warn
+		}
+		logf("signing failed, will retry", "reason", reason, "attempt", attempt+1, "retry_in", d, "error", err)
 		if !m.wait(ctx, d) {
 			return ctx.Err()
 		}
