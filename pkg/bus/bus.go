@@ -265,12 +265,16 @@ func EnsureEventStream(ctx context.Context, js jetstream.JetStream, replicas int
 }
 
 // Publish sends one event to JetStream and waits for the stream's ack, retrying
-// while the stream has no leader (a cluster electing one after a node loss). The
-// event id is the dedup id, so a retry never stores an event twice.
+// while the stream has no leader (a cluster electing one after a node loss). Each
+// attempt waits at most PublishAttempt for its ack: a publish sent to a leader
+// that just died is never acknowledged, and the next attempt reaches the new one.
+// The event id is the dedup id, so a retry never stores an event twice.
 func Publish(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) error {
 	backoff := 50 * time.Millisecond
 	for {
-		_, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(msg.Header.Get(events.HeaderID)))
+		actx, cancel := context.WithTimeout(ctx, PublishAttempt)
+		_, err := js.PublishMsg(actx, msg, jetstream.WithMsgID(msg.Header.Get(events.HeaderID)))
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -285,6 +289,9 @@ func Publish(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) error {
 		backoff = min(2*backoff, time.Second)
 	}
 }
+
+// PublishAttempt bounds the wait for one publish's ack (Publish).
+const PublishAttempt = 2 * time.Second
 
 func retryable(err error) bool {
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
