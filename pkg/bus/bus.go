@@ -47,6 +47,10 @@ type Config struct {
 	Background bool
 }
 
+// PingInterval is how often a connection pings the server; two unanswered pings
+// end it (and start reconnecting).
+const PingInterval = 5 * time.Second
+
 // DefaultConnectWait is how long a service waits for the bus at start unless told.
 const DefaultConnectWait = 30 * time.Second
 
@@ -108,6 +112,13 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 		nats.Name(c.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A connection cut without a FIN (a partition, a network detached) looks
+		// alive until pings go unanswered: with nats' default of 2 minutes a pod
+		// cut off for 90 s never notices, keeps sending requests into a dead
+		// socket, and does not reconnect (and retry at once) when the network is
+		// back. 5 s pings, 2 unanswered: a dead connection is found in 10-15 s.
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(2),
 		nats.RetryOnFailedConnect(false),
 		nats.DrainTimeout(5 * time.Second), // shutdown stays bounded
 		// A pod's bus user expires with its token; keep reconnecting (with the token
