@@ -36,7 +36,6 @@ require (
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -80,6 +79,7 @@ replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
 require (
 	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+	github.com/prometheus/client_golang v1.25.0
 )
 
 replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile

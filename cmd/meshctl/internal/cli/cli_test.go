@@ -5,10 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
-	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
@@ -76,29 +74,6 @@ func TestUsageListsEveryCommand(t *testing.T) {
 	dev := strings.Index(out, "development stack")
 	if dev < 0 || strings.Index(out, "  status ") > dev || strings.Index(out, "  kubelet ") < dev {
 		t.Errorf("operator and development commands not grouped:\n%s", out)
-	}
-}
-
-func TestDescribeNamesWhatHappened(t *testing.T) {
-	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	tests := []struct {
-		p    events.Payload
-		want []string
-	}{
-		{events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: "demo-0", Signer: "s1", AuthSource: "jwt"},
-			[]string{"cert.issued", "demo-0", "spiffe://td/ns/a/sa/b", "serial=abcdef01", "expires in 1m0s"}},
-		{events.RenewDue{Pod: "demo-0", Reason: events.RenewForced, NotAfter: now.Add(time.Hour)}, []string{"rotation.renew_due", "renew default", "forced"}},
-		{events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.p.EventType(), func(t *testing.T) {
-			line := describe(tt.p, events.Meta{Type: tt.p.EventType(), Time: now}, now)
-			for _, w := range tt.want {
-				if !strings.Contains(line, w) {
-					t.Errorf("%q does not contain %q", line, w)
-				}
-			}
-		})
 	}
 }
 

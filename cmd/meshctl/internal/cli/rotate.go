@@ -6,6 +6,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/nats-io/nats.go"
@@ -14,12 +15,14 @@ import (
 func runRotate(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var newKey bool
+	var wait time.Duration
 	var bf busFlags
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
 	fs.AllowArgs()
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
+	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (from the inventory) until every pod holds the new root, at most this long")
 	// Flags may stand before, between or after the words (rotate -dir D pod ID).
 	var words []string
 	rest := args
@@ -49,6 +52,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer nc.Close()
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if words[0] == "pod" {
@@ -70,7 +74,51 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("signer refused: %w", reply.Error)
 	}
 	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
-	return nil
+	if wait <= 0 {
+		return nil
+	}
+	return followRoot(parent, nc, env, reply.Fingerprint, wait)
+}
+
+// followRoot reports, from the inventory, how many pods hold a certificate under the
+// new root, until all do or wait runs out.
+func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		snap, err := inventory.Read(ctx, nc)
+		if err == nil {
+			held, total := 0, 0
+			for _, c := range snap.Certs {
+				if c.Down || c.Pod == "" {
+					continue
+				}
+				total++
+				if c.Root == fp {
+					held++
+				}
+			}
+			line := fmt.Sprintf("%d/%d pod certificate(s) under the new root", held, total)
+			if line != last {
+				fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line)
+				last = line
+			}
+			if held == total {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("rotate root -wait: %w", err)
+			}
+			return fmt.Errorf("rotate root -wait: after %s, %s", wait, last)
+		case <-tick.C:
+		}
+	}
 }
 
 func rotatePod(nc *nats.Conn, env Env, pod string) error {
