@@ -242,7 +242,14 @@ func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if err := k.Fold(ctx, p, meta); err != nil {
-		k.log.Warn("inventory update failed, will retry", "subject", m.Subject(), "error", err)
+		md, _ := m.Metadata()
+		if errors.Is(err, errNotYet) && md != nil && md.NumDelivered >= 5 {
+			_ = m.Ack() // a push of a certificate the inventory never saw issued: nothing to record
+			return
+		}
+		if !errors.Is(err, errNotYet) {
+			k.log.Warn("inventory update failed, will retry", "subject", m.Subject(), "error", err)
+		}
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
@@ -303,6 +310,11 @@ func (k *Keeper) updateCert(ctx context.Context, key string, p events.Payload, m
 		if d, ok := p.(events.PodDown); ok && (cur == nil || cur.Pod != d.Pod) {
 			return nil, false, nil
 		}
+		// A push can be delivered before the cert.issued of what it pushed (keepers
+		// share the durable): come back to it once that certificate is in.
+		if sp, ok := p.(events.SecretPushed); ok && (cur == nil || !strings.EqualFold(cur.Serial, sp.Serial) && meta.Time.After(cur.Issued)) {
+			return nil, false, errNotYet
+		}
 		next, changed := Apply(cur, p, meta)
 		if !changed {
 			return nil, false, nil
@@ -343,6 +355,9 @@ func (k *Keeper) update(ctx context.Context, key string, fold func([]byte) ([]by
 		return err
 	}
 }
+
+// errNotYet: the event is about a certificate the inventory has not seen yet.
+var errNotYet = errors.New("certificate not in the inventory yet")
 
 // conflict reports a compare-and-set lost to another writer.
 func conflict(err error) bool {
