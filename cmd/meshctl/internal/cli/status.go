@@ -175,8 +175,10 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 			}
 			left := r.NotAfter.Sub(now)
 			row(k, "%s  %s  expires in %s", r.Fingerprint[:16], r.Subject, humanDuration(left))
-			if left < 30*24*time.Hour {
-				attention = append(attention, fmt.Sprintf("root %s expires in %s", r.Fingerprint[:16], humanDuration(left)))
+			// The signer rotates a root with a fifth of its life left (Istio's grace
+			// percentile): less than that means it has not.
+			if left < r.NotAfter.Sub(r.NotBefore)/5 {
+				attention = append(attention, fmt.Sprintf("root %s expires in %s and was not rotated", r.Fingerprint[:16], humanDuration(left)))
 			}
 		}
 	}
