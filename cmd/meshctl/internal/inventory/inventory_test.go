@@ -200,3 +200,18 @@ func TestKeepersShareTheDurable(t *testing.T) {
 		t.Fatalf("the inventory role was refused doing its job: %v", e)
 	}
 }
+
+// TestRenewalsWithinASecond: two certificates with the same notBefore (X.509 has
+// whole seconds) are told apart by when they were issued, whatever their serials.
+func TestRenewalsWithinASecond(t *testing.T) {
+	a, b := issued("p", 1), issued("p", 1)
+	a.Serial, b.Serial = "ff01", "0002" // the later one has the smaller serial
+	c, _ := inventory.Apply(nil, a, meta(t0))
+	c, changed := inventory.Apply(c, b, meta(t0.Add(300*time.Millisecond)))
+	if !changed || c.Serial != "0002" || c.Renewals != 1 {
+		t.Fatalf("the later renewal lost: %+v", c)
+	}
+	if _, changed := inventory.Apply(c, a, meta(t0)); changed {
+		t.Fatal("the earlier certificate came back")
+	}
+}

@@ -96,13 +96,17 @@ func KeyOf(p events.Payload) string {
 	return ""
 }
 
-// newer reports whether a certificate (serial s, notBefore nb) supersedes c's.
-func (c *Cert) newer(nb time.Time, s string) bool {
-	if c.Serial == "" {
+// newer reports whether a certificate (serial s, notBefore nb, announced at at)
+// supersedes c's. Two renewals within a second have the same notBefore (X.509 has
+// whole seconds), so the time of their cert.issued decides, then the serial.
+func (c *Cert) newer(nb, at time.Time, s string) bool {
+	switch {
+	case c.Serial == "":
 		return true
-	}
-	if !nb.Equal(c.NotBefore) {
+	case !nb.Equal(c.NotBefore):
 		return nb.After(c.NotBefore)
+	case !at.Equal(c.Issued):
+		return at.After(c.Issued)
 	}
 	return s > c.Serial
 }
@@ -117,7 +121,7 @@ func Apply(c *Cert, p events.Payload, meta events.Meta) (*Cert, bool) {
 	}
 	switch e := p.(type) {
 	case events.CertIssued:
-		if !cur.newer(e.NotBefore, e.Serial) {
+		if !cur.newer(e.NotBefore, meta.Time, e.Serial) {
 			return c, false
 		}
 		renewals := cur.Renewals

@@ -86,7 +86,7 @@ function render(before) {
 // (half its life), the renewals and renew requests the feed has seen for its pod.
 function timeline() {
   const svg = $("#timeline"), certs = (state.inv?.certificates || []).filter((c) => !c.down);
-  const W = svg.clientWidth || 900, lane = 22, top = 18, left = 110, right = 10;
+  const W = svg.clientWidth || 900, lane = 26, top = 18, left = 110, right = 10;
   const H = top + Math.max(1, certs.length) * lane + 8;
   svg.setAttribute("height", H);
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -98,16 +98,26 @@ function timeline() {
   const x = (ms) => left + ((ms - t0) / (t1 - t0)) * (W - left - right);
   const clamp = (v) => Math.max(left, Math.min(W - right, v));
   const out = [];
-  for (let i = 0; i <= 6; i++) {
-    const ms = t0 + ((t1 - t0) * i) / 6, X = x(ms);
+  const unit = span > 20 * 60e3 ? 60e3 : 1e3; // labels in whole minutes on a long axis
+  for (let i = 0; i < 6; i++) {
+    const ms = t0 + ((t1 - t0) * i) / 6, X = x(ms), d = Math.round(Math.abs(ms - t) / unit) * unit;
     out.push(`<line class="grid" x1="${X}" x2="${X}" y1="${top - 4}" y2="${H}"/>`);
-    out.push(`<text x="${X + 2}" y="11">${ms < t ? "-" + human(t - ms) : "+" + human(ms - t)}</text>`);
+    out.push(`<text x="${X + 2}" y="11">${ms < t ? "−" : "+"}${human(d)}</text>`);
   }
   certs.forEach((c, i) => {
     const y = top + i * lane, nb = Date.parse(c.not_before), na = Date.parse(c.not_after);
     const h = health(na - t, na - nb), x0 = clamp(x(nb)), x1 = clamp(x(na)), due = x(nb + (na - nb) / 2);
     out.push(`<text x="4" y="${y + 14}">${esc((c.pod || c.spiffe_id).slice(0, 16))}</text>`);
-    out.push(`<rect class="valid ${h}" x="${x0}" y="${y + 3}" width="${Math.max(1, x1 - x0)}" height="${lane - 8}" rx="3"><title>${esc(c.serial)}: ${new Date(nb).toLocaleTimeString()} – ${new Date(na).toLocaleTimeString()}</title></rect>`);
+    // The certificates it replaced, from the feed: a thin bar from each one's start
+    // to its replacement, so the renewals read as a chain.
+    const past = state.events.filter((e) => e.type === "cert.issued" && e.pod === c.pod && e.data && e.data.serial !== c.serial)
+      .sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+    past.forEach((e, j) => {
+      const end = j + 1 < past.length ? Date.parse(past[j + 1].time) : Date.parse(c.issued || c.not_before);
+      const a = clamp(x(Date.parse(e.data.not_before))), b = clamp(x(Math.min(end, Date.parse(e.data.not_after))));
+      if (b > a) out.push(`<rect class="past" x="${a}" y="${y + lane - 6}" width="${b - a}" height="3" rx="1"><title>${esc(e.data.serial)} (replaced)</title></rect>`);
+    });
+    out.push(`<rect class="valid ${h}" x="${x0}" y="${y + 2}" width="${Math.max(1, x1 - x0)}" height="${lane - 11}" rx="3"><title>${esc(c.serial)}: ${clock(nb)} – ${clock(na)}</title></rect>`);
     if (due > left && due < W - right) out.push(`<line class="due" x1="${due}" x2="${due}" y1="${y + 2}" y2="${y + lane - 3}"/>`);
     for (const e of state.events) {
       if (e.pod !== c.pod || Date.parse(e.time) < t0) continue;
@@ -121,6 +131,12 @@ function timeline() {
   svg.innerHTML = out.join("");
 }
 
+// clock: a time as HH:MM:SS, local.
+function clock(t) {
+  const d = new Date(t), p = (n) => String(n).padStart(2, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
 function feed(e) {
   if (e.id && state.seen.has(e.id)) return; // the backlog again, after a reconnect
   if (e.id) state.seen.add(e.id);
@@ -130,7 +146,7 @@ function feed(e) {
   const fail = /nack|down|disconnected/.test(e.type) || e.error;
   if (fail) li.className = "fail";
   li.dataset.type = e.type;
-  li.innerHTML = `<span class="t">${new Date(e.time).toLocaleTimeString()}</span><span class="k">${esc(e.type)}</span><span>${esc(e.text || e.error)}</span>`;
+  li.innerHTML = `<span class="t">${clock(e.time)}</span><span class="k">${esc(e.type)}</span><span>${esc(e.text || e.error)}</span>`;
   const list = $("#feed");
   list.prepend(li);
   while (list.children.length > 200) list.lastChild.remove();
