@@ -94,7 +94,7 @@ func TestDashboardInChromium(t *testing.T) {
 		return s
 	}
 	count := func(css string) int {
-		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('` + css + `').length`))
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('`+css+`').length`))
 		if err != nil {
 			t.Fatalf("count %s: %v", css, err)
 		}
