@@ -37,17 +37,33 @@ func (b *busFlags) connect(ctx context.Context, st *stackfile.Stack, name string
 }
 
 // bindRole adds -nats-role, for the commands that only read (events, certs,
-// status, inspect): they connect as audit unless told otherwise.
+// status, inspect): they need no more than the audit role.
 func (b *busFlags) bindRole(fs *flagenv.Set) {
-	fs.String(&b.role, "nats-role", "NATS_ROLE", string(policy.Audit), "bus role of the credential (its reply inbox): audit or admin")
+	fs.String(&b.role, "nats-role", "NATS_ROLE", "", "bus role of the credential, which sets its reply inbox: audit or admin "+
+		"(default: audit with the local stack's credential; with -nats-nkey, the role its file is named after (audit.nk, admin.nk), else admin)")
 }
 
-// reader dials the bus as the role -nats-role names (audit by default): reading the
-// events and the inventory needs nothing more.
+// readerRole is the role a reading command connects as (see bindRole).
+func (b *busFlags) readerRole() (policy.Role, error) {
+	switch {
+	case b.role != "":
+		if r := policy.Role(b.role); r == policy.Audit || r == policy.Admin {
+			return r, nil
+		}
+		return "", fmt.Errorf("-nats-role: %q, want audit or admin", b.role)
+	case b.nkey == "" && b.creds == "":
+		return policy.Audit, nil
+	case filepath.Base(b.nkey) == string(policy.Audit)+".nk":
+		return policy.Audit, nil
+	}
+	return policy.Admin, nil
+}
+
+// reader dials the bus as a reading command's role (readerRole).
 func (b *busFlags) reader(ctx context.Context, st *stackfile.Stack, name string) (*nats.Conn, error) {
-	r := policy.Role(b.role)
-	if r != policy.Audit && r != policy.Admin {
-		return nil, fmt.Errorf("-nats-role: %q, want audit or admin", b.role)
+	r, err := b.readerRole()
+	if err != nil {
+		return nil, err
 	}
 	return b.connectAs(ctx, st, name, r)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
@@ -83,6 +84,27 @@ func TestHelpAnywhereGivesTheCommandsFlags(t *testing.T) {
 		var b strings.Builder
 		if !flagenv.PrintHelp(err, &b) || !strings.Contains(b.String(), "Usage of "+args[0]) {
 			t.Errorf("%v: err %v, usage %q", args, err, b.String())
+		}
+	}
+}
+
+func TestReadersConnectAsAudit(t *testing.T) {
+	tests := []struct {
+		b    busFlags
+		want policy.Role
+		err  bool
+	}{
+		{busFlags{}, policy.Audit, false},
+		{busFlags{nkey: "/x/audit.nk"}, policy.Audit, false},
+		{busFlags{nkey: "/x/admin.nk"}, policy.Admin, false},
+		{busFlags{creds: "/x/op.creds"}, policy.Admin, false},
+		{busFlags{nkey: "/x/admin.nk", role: "audit"}, policy.Audit, false},
+		{busFlags{role: "signer"}, "", true},
+	}
+	for _, tt := range tests {
+		got, err := tt.b.readerRole()
+		if got != tt.want || (err != nil) != tt.err {
+			t.Errorf("%+v: %q, %v; want %q", tt.b, got, err, tt.want)
 		}
 	}
 }
