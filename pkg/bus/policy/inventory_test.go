@@ -31,20 +31,7 @@ func TestInventoryKeepsItsBucketAndAuditReadsIt(t *testing.T) {
 	if err != nil {
 		t.Fatalf("inventory creates its durable: %v", err)
 	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for msg := range batch.Messages() {
-		if err := msg.DoubleAck(ctx); err != nil {
-			t.Fatalf("ack: %v", err)
-		}
-		n++
-	}
-	if n != 1 {
-		t.Fatalf("fetched %d, want 1 (%v)", n, batch.Error())
-	}
+	fetchOne(ctx, t, cons)
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: policy.BucketInventory, History: 1})
 	if err != nil {
 		t.Fatalf("inventory creates its bucket: %v", err)

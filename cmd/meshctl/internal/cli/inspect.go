@@ -9,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -24,18 +23,9 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 	dirFlag(fs, &dir)
 	bf.bind(fs)
 	bf.bindRole(fs)
-	fs.AllowArgs()
-	var words []string
-	rest := args
-	for {
-		if err := command.Parse(fs, rest); err != nil {
-			return err
-		}
-		rest = fs.FS.Args()
-		if len(rest) == 0 {
-			break
-		}
-		words, rest = append(words, rest[0]), rest[1:]
+	words, err := parseWords(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(words) != 1 {
 		return fmt.Errorf("%w: meshctl inspect <pod | serial | PEM file>", errUsage)

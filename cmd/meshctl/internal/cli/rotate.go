@@ -20,21 +20,11 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
-	fs.AllowArgs()
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
 	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (from the inventory) until every pod holds the new root, at most this long")
-	// Flags may stand before, between or after the words (rotate -dir D pod ID).
-	var words []string
-	rest := args
-	for {
-		if err := command.Parse(fs, rest); err != nil {
-			return err
-		}
-		rest = fs.FS.Args()
-		if len(rest) == 0 {
-			break
-		}
-		words, rest = append(words, rest[0]), rest[1:]
+	words, err := parseWords(fs, args)
+	if err != nil {
+		return err
 	}
 	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
 	switch {
@@ -78,6 +68,24 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return nil
 	}
 	return followRoot(parent, nc, env, reply.Fingerprint, wait)
+}
+
+// parseWords parses a command's flags and returns its words: flags may stand
+// before, between or after them (rotate -dir D pod ID, inspect demo-0 -dir D).
+func parseWords(fs *flagenv.Set, args []string) ([]string, error) {
+	fs.AllowArgs()
+	var words []string
+	rest := args
+	for {
+		if err := command.Parse(fs, rest); err != nil {
+			return nil, err
+		}
+		rest = fs.FS.Args()
+		if len(rest) == 0 {
+			return words, nil
+		}
+		words, rest = append(words, rest[0]), rest[1:]
+	}
 }
 
 // followRoot reports, from the inventory, how many pods hold a certificate under the
