@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,14 +23,16 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -48,8 +51,8 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher"} {
-			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, svc), "github.com/meshagent/meshagent/services/"+svc)
+		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher", "launcher/cmd/envoy-standin"} {
+			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, filepath.Base(svc)), "github.com/meshagent/meshagent/services/"+svc)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "build %s: %v\n%s", svc, err, out)
@@ -98,7 +101,13 @@ func meshctl(t *testing.T, args ...string) (string, error) {
 
 func TestUpSignAndServe(t *testing.T) {
 	dir := testkit.ShortDir(t)
-	r := startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
+	var mu sync.Mutex
+	var seen []string // event types, in the order the bus delivered them
+	r := startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour, OnEvent: func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, m.Header.Get(events.HeaderType))
+	}})
 
 	st, err := stackfile.Read(dir)
 	if err != nil {
@@ -116,6 +125,35 @@ func TestUpSignAndServe(t *testing.T) {
 	if out, err := meshctl(t, "status", "-dir", dir); err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
+
+	t.Run("the launcher runs envoy and serves its status port", func(t *testing.T) {
+		pod := st.Pods[0]
+		// Envoy started only after the pod's certificate was issued and pushed.
+		testkit.Eventually(t, "envoy.ready", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Contains(seen, events.TypeEnvoyReady)
+		})
+		mu.Lock()
+		issued, started := slices.Index(seen, events.TypeCertIssued), slices.Index(seen, events.TypeEnvoyStarted)
+		mu.Unlock()
+		if issued < 0 || started < issued {
+			t.Fatalf("envoy started before the pod's certificate was issued: %v", seen)
+		}
+		if !strings.HasPrefix(pod.Envoy, "Envoy ") && !strings.HasPrefix(pod.Envoy, "stand-in ") {
+			t.Fatalf("stack.json says the launcher runs %q", pod.Envoy)
+		}
+		// Ready only once Envoy is LIVE: it got its certificates over SDS and its
+		// config through the relay.
+		if code, body := testkit.HTTPGet("http://" + pod.Status + "/healthz/ready"); code != 200 {
+			t.Fatalf("status port /healthz/ready: %d %s", code, body)
+		}
+		code, body := testkit.HTTPGet("http://" + pod.Status + "/stats/prometheus")
+		if code != 200 || !strings.Contains(body, "envoy_") || !strings.Contains(body, "meshagent_sds_edge_") ||
+			!strings.Contains(body, "meshagent_launcher_envoy_up 1") {
+			t.Fatalf("status port /stats/prometheus: %d\n%s", code, body)
+		}
+	})
 
 	t.Run("sign over nats and grpc", func(t *testing.T) {
 		for _, extra := range [][]string{nil, {"-grpc"}} {
@@ -166,7 +204,7 @@ func TestUpSignAndServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar~" + st.Pods[0].ID}, TypeUrl: standin.ClusterType})
+		err = ads.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar~" + st.Pods[0].ID}, TypeUrl: resourcev3.ClusterType})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,7 +212,7 @@ func TestUpSignAndServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.GetTypeUrl() != standin.ClusterType || len(resp.GetResources()) != 1 || resp.GetVersionInfo() == "" || resp.GetNonce() == "" {
+		if resp.GetTypeUrl() != resourcev3.ClusterType || len(resp.GetResources()) != 1 || resp.GetVersionInfo() == "" || resp.GetNonce() == "" {
 			t.Fatalf("relayed response: %v", resp)
 		}
 	})

@@ -47,6 +47,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
 replace (
@@ -65,7 +66,6 @@ require (
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/nkeys v0.4.16
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -12,11 +12,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
-	"net/http"
 	"os/exec"
 	"slices"
 	"strings"
@@ -58,43 +56,26 @@ func (a asyncErrs) want(t *testing.T, parts ...string) {
 	}
 }
 
-// bundle asks the signers for the trust bundle, as the admin.
-func bundle(t *testing.T, nc *nats.Conn) events.BundleReply {
-	t.Helper()
-	req, err := events.NewMsg(events.SubjectTrustBundle, "compose-test", events.BundleRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := nc.RequestMsg(req, 10*time.Second)
-	if err != nil {
-		t.Fatalf("trust bundle: %v", err)
-	}
-	b, _, err := events.Decode[events.BundleReply](resp)
-	if err != nil || b.Error != nil || len(b.Roots) == 0 {
-		t.Fatalf("trust bundle: %v %+v", err, b.Error)
-	}
-	return b
-}
-
 // checkRefusals: what a client without a credential, with a plaintext connection or
 // with the audit credential must not do, it cannot do, and nothing changes.
-func checkRefusals(t *testing.T, admin *nats.Conn) {
-	if nc, err := connect(t, "", "", 0); err == nil {
+func checkRefusals(t *testing.T, st *stack, admin *nats.Conn) {
+	nats1 := "tls://" + st.client["nats-1"]
+	if nc, err := st.connect(t, nats1, "", "", 0); err == nil {
 		nc.Close()
 		t.Error("a client without a credential was admitted")
 	} else {
 		t.Logf("no credential: %v", err)
 	}
-	if nc, err := connect(t, "", "", 0, nats.Token("not-a-service-account-token")); err == nil {
+	if nc, err := st.connect(t, nats1, "", "", 0, nats.Token("not-a-service-account-token")); err == nil {
 		nc.Close()
 		t.Error("a client with a garbage token was admitted")
 	} else {
 		t.Logf("garbage token: %v", err)
 	}
-	checkPlaintextRefused(t)
+	checkPlaintextRefused(t, st)
 
 	errs := asyncErrs(make(chan error, 16))
-	audit, err := connect(t, "audit.nk", "_INBOX.audit", 10*time.Second, nats.ErrorHandler(errs.handler))
+	audit, err := st.connect(t, nats1, "audit.nk", "_INBOX.audit", 10*time.Second, nats.ErrorHandler(errs.handler))
 	if err != nil {
 		t.Fatalf("audit cannot connect: %v", err)
 	}
@@ -174,8 +155,8 @@ func forgedRoot(t *testing.T) string {
 
 // checkPlaintextRefused speaks the NATS protocol in the clear to nats-1: the server
 // must demand TLS and never answer the PING.
-func checkPlaintextRefused(t *testing.T) {
-	conn, err := net.DialTimeout("tcp", "127.0.0.1:4222", 5*time.Second)
+func checkPlaintextRefused(t *testing.T, st *stack) {
+	conn, err := net.DialTimeout("tcp", st.client["nats-1"], 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,14 +193,14 @@ func checkPlaintextRefused(t *testing.T) {
 
 // checkRoutesTLS: nats-1's routes need TLS with verified certificates, it has its
 // two peers, and a node that speaks plaintext is not let into the cluster.
-func checkRoutesTLS(t *testing.T) {
+func checkRoutesTLS(t *testing.T, st *stack) {
 	var varz struct {
 		Cluster struct {
 			TLSRequired bool `json:"tls_required"`
 			TLSVerify   bool `json:"tls_verify"`
 		} `json:"cluster"`
 	}
-	monitor(t, "/varz", &varz)
+	monitor(t, st, "/varz", &varz)
 	if !varz.Cluster.TLSRequired || !varz.Cluster.TLSVerify {
 		t.Fatalf("cluster TLS: %+v", varz.Cluster)
 	}
@@ -229,7 +210,7 @@ func checkRoutesTLS(t *testing.T) {
 				RemoteName string `json:"remote_name"`
 			} `json:"routes"`
 		}
-		monitor(t, "/routez", &routez)
+		monitor(t, st, "/routez", &routez)
 		var names []string
 		for _, r := range routez.Routes {
 			if !slices.Contains(names, r.RemoteName) {
@@ -259,7 +240,7 @@ func checkRoutesTLS(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		logs := compose(t, "logs", "--no-color", "nats-1")
+		logs := st.compose(t, "logs", "--no-color", "nats-1")
 		if hit := slices.IndexFunc(strings.Split(logs, "\n"), func(l string) bool {
 			return strings.Contains(l, ip+":") && strings.Contains(l, "TLS") && strings.Contains(l, "handshake")
 		}); hit >= 0 {
@@ -276,15 +257,10 @@ func checkRoutesTLS(t *testing.T) {
 	}
 }
 
-// monitor reads one of nats-1's monitoring endpoints (published on the host's loopback).
-func monitor(t *testing.T, path string, v any) {
+// monitor reads one of nats-1's monitoring endpoints.
+func monitor(t *testing.T, st *stack, path string, v any) {
 	t.Helper()
-	resp, err := http.Get("http://127.0.0.1:8222" + path)
-	if err != nil {
+	if err := st.monitorGet("nats-1", path, v); err != nil {
 		t.Fatalf("nats-1 monitoring %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("nats-1 monitoring %s: %v", path, errors.Join(err, fmt.Errorf("status %s", resp.Status)))
 	}
 }

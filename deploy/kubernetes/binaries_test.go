@@ -80,9 +80,9 @@ func (e *listError) Error() string {
 	return "go list ./services/" + e.svc + " (the test needs the repository's go.work): " + e.stderr
 }
 
-var bindMethods = map[string]bool{"String": true, "Bool": true, "Int": true, "Float64": true, "Duration": true}
+var bindMethods = map[string]bool{"String": true, "Bool": true, "Int": true, "Float64": true, "Duration": true, "List": true}
 
-// scanBindings adds the flagenv bindings in one file: calls X.String/Bool/Int/
+// scanBindings adds the flagenv bindings in one file: calls X.String/Bool/Int/List/
 // Float64/Duration(ptr, "flag", "ENV", default, usage).
 func scanBindings(path string, b *binary) error {
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
@@ -130,7 +130,7 @@ func TestBindingsAreDerivedPerBinary(t *testing.T) {
 		"rotator":   {"ROTATOR_INSTANCE", "NATS_NKEY", "HTTP_ADDR"},
 		"sds-edge":  {"TRUST_ANCHORS_FILE", "TOKEN_FILE", "SDS_SOCKET", "NATS_TOKEN_FILE", "POD_NAME"},
 		"xds-relay": {"XDS_TOKEN_FILE", "DISCOVERY_ADDRESS", "NATS_URL"},
-		"launcher":  {"ENVOY_BINARY", "TERMINATION_DRAIN_DURATION", "SDS_SOCKET"},
+		"launcher":  {"ENVOY_BINARY", "TERMINATION_DRAIN_DURATION", "SDS_SOCKET", "NATS_URL", "TOKEN_FILE", "ISTIO_KUBE_APP_PROBERS"},
 	}
 	for svc, envs := range want {
 		for _, e := range envs {
@@ -139,7 +139,7 @@ func TestBindingsAreDerivedPerBinary(t *testing.T) {
 			}
 		}
 	}
-	for _, e := range []string{"NATS_URL", "CA_KEK_FILE", "TOKEN_FILE"} {
+	for _, e := range []string{"CA_KEK_FILE", "SECRET_TTL", "DISCOVERY_ADDRESS"} {
 		if b["launcher"].envs[e] != "" {
 			t.Errorf("launcher credited with %s, which it does not link", e)
 		}

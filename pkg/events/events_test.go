@@ -29,7 +29,7 @@ var samples = []Payload{
 	CertIssued{Serial: "1f2e", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web", NotBefore: t0, NotAfter: t0.Add(24 * time.Hour),
 		Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-a", Transport: "nats", RootFingerprint: "ab12"},
 	TrustChanged{TrustDomain: "cluster.local", Roots: []string{pemCert, pemCert}, Added: []string{"ab12"}, Reason: TrustReasonRotation, Generation: 2},
-	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"},
+	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTL: time.Hour, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"},
 	SignReply{CertChain: []string{pemCert, pemCert}, Roots: []string{pemCert}},
 	BundleRequest{},
 	BundleReply{TrustDomain: "cluster.local", Roots: []string{pemCert}, Generation: 1},
@@ -44,6 +44,11 @@ var samples = []Payload{
 	XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "upstream closed"},
 	XDSNack{Pod: "web-0", Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "4", ErrorDetail: "bad cluster"},
 	TrustAnchors{Pod: "web-0", Roots: []string{pemCert}},
+	EnvoyStarted{Pod: "web-0", PID: 42, Version: "envoy  version: 1.36.0/Clean/RELEASE/BoringSSL", Binary: "/usr/local/bin/envoy",
+		Args: []string{"-c", "/etc/istio/proxy/envoy-rev.json", "--drain-time-s", "45"}},
+	EnvoyReady{Pod: "web-0", PID: 42, StartupMillis: 850},
+	EnvoyDraining{Pod: "web-0", PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
+	EnvoyExited{Pod: "web-0", PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
 }
 
 func fileName(typ string) string { return strings.TrimPrefix(typ, "io.meshagent.") + ".json" }

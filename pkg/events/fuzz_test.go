@@ -31,6 +31,10 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeXDSDisconnected: decodeAs[XDSDisconnected],
 	TypeXDSNack:         decodeAs[XDSNack],
 	TypeTrustAnchors:    decodeAs[TrustAnchors],
+	TypeEnvoyStarted:    decodeAs[EnvoyStarted],
+	TypeEnvoyReady:      decodeAs[EnvoyReady],
+	TypeEnvoyDraining:   decodeAs[EnvoyDraining],
+	TypeEnvoyExited:     decodeAs[EnvoyExited],
 }
 
 func decodeAs[T Payload](m *nats.Msg) (Payload, Meta, error) {
@@ -111,6 +115,12 @@ func FuzzDecode(f *testing.F) {
 		{SpecVersion, TypeBundleRequest, "", "", " {\"x\":\"\\ud800\"} "},
 		{SpecVersion, TypeRotateRequest, "", "", `{"new_key":true,"reason":"<\u2028&>"}`},
 		{SpecVersion, TypePodDown, "", "", "{\"POD\":\"web-0\",\"Reason\":\"\xff\"}"},
+		// TTLs that must be refused at decode, not wrapped by a multiply.
+		{SpecVersion, TypeSignRequest, "", "", signReqJSON("9223372036854775807")},
+		{SpecVersion, TypeSignRequest, "", "", signReqJSON("9223372037")},
+		{SpecVersion, TypeSignRequest, "", "", signReqJSON("9223372036")},
+		{SpecVersion, TypeSignRequest, "", "", signReqJSON("-1")},
+		{SpecVersion, TypeSignRequest, "", "", signReqJSON("1.5")},
 		// Bodies within the limit whose encoding is not (see the property below).
 		{SpecVersion, TypePodDown, "", "", `{"pod":"web-0","reason":"` + strings.Repeat("<", 11000) + `"}`},
 		{SpecVersion, TypePodDown, "", "", `{"pod":"web-0","reason":"` + strings.Repeat("\xff", 22000) + `"}`},

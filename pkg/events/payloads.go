@@ -26,6 +26,10 @@ const (
 	TypeXDSDisconnected = "io.meshagent.xds.disconnected.v1"
 	TypeXDSNack         = "io.meshagent.xds.nack.v1"
 	TypeTrustAnchors    = "io.meshagent.trust.anchors.v1"
+	TypeEnvoyStarted    = "io.meshagent.envoy.started.v1"
+	TypeEnvoyReady      = "io.meshagent.envoy.ready.v1"
+	TypeEnvoyDraining   = "io.meshagent.envoy.draining.v1"
+	TypeEnvoyExited     = "io.meshagent.envoy.exited.v1"
 )
 
 func init() {
@@ -46,6 +50,10 @@ func init() {
 	register[XDSDisconnected]()
 	register[XDSNack]()
 	register[TrustAnchors]()
+	register[EnvoyStarted]()
+	register[EnvoyReady]()
+	register[EnvoyDraining]()
+	register[EnvoyExited]()
 }
 
 // fields collects validation problems so that every one is reported at once.
@@ -146,79 +154,6 @@ func (e TrustChanged) Validate() error {
 	f.nonEmpty(e.TrustDomain, "trust_domain")
 	f.pems(e.Roots, "roots", 1)
 	f.nonEmpty(e.Reason, "reason")
-	return f.err()
-}
-
-// SignRequest asks a signer for a certificate. The identity is taken from the
-// credential, never from the CSR: either Token (a JWT) or CertChain plus Proof, a
-// still-valid meshagent certificate and a signature with its key over the SHA-256 of
-// the CSR's DER bytes (base64, ASN.1 for ECDSA, PKCS#1 v1.5 for RSA).
-type SignRequest struct {
-	CSR        string   `json:"csr"`
-	Token      string   `json:"token,omitempty"`
-	CertChain  []string `json:"cert_chain,omitempty"`
-	Proof      string   `json:"proof,omitempty"`
-	TTLSeconds int64    `json:"ttl_seconds,omitempty"` // <= 0: the signer's default
-	Pod        string   `json:"pod,omitempty"`
-	Resource   string   `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
-	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
-	// checks it against the CSR.
-	KeyAlgorithm string `json:"key_algorithm,omitempty"`
-	// CertSigner names the signer the caller wants (Istio's CertSigner metadata);
-	// empty means the signer's default. A signer rejects names it does not serve.
-	CertSigner string `json:"cert_signer,omitempty"`
-}
-
-func (SignRequest) EventType() string { return TypeSignRequest }
-func (e SignRequest) Validate() error {
-	var f fields
-	f.need(strings.Contains(e.CSR, "-----BEGIN CERTIFICATE REQUEST-----"), "csr", "not a PEM certificate request")
-	f.need(e.Token != "" || len(e.CertChain) > 0, "token", "a token or a cert_chain is required")
-	f.need(len(e.CertChain) == 0 || e.Proof != "", "proof", "required with cert_chain")
-	f.pod(e.Pod, "pod", false)
-	f.resource(e.Resource, "resource")
-	return f.err()
-}
-
-// Reply error codes, named after the gRPC codes they map to.
-const (
-	CodeInvalidArgument   = "invalid_argument"
-	CodeUnauthenticated   = "unauthenticated"
-	CodePermissionDenied  = "permission_denied"
-	CodeResourceExhausted = "resource_exhausted"
-	CodeUnavailable       = "unavailable"
-	CodeInternal          = "internal"
-)
-
-// ReplyError is the error half of every reply.
-type ReplyError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func (e *ReplyError) Error() string { return e.Code + ": " + e.Message }
-
-// SignReply answers a SignRequest: the chain leaf first, root last (at least two
-// PEMs, as Istio returns it) and the whole trust bundle, endorsed as in TrustChanged
-// so that a pod can follow a root rotation it has not heard of yet; or an error.
-type SignReply struct {
-	CertChain    []string      `json:"cert_chain,omitempty"`
-	Roots        []string      `json:"roots,omitempty"`
-	TrustDomain  string        `json:"trust_domain,omitempty"`
-	Generation   uint64        `json:"generation,omitempty"`
-	Endorsements []Endorsement `json:"endorsements,omitempty"`
-	Error        *ReplyError   `json:"error,omitempty"`
-}
-
-func (SignReply) EventType() string { return TypeSignReply }
-func (e SignReply) Validate() error {
-	var f fields
-	if e.Error != nil {
-		f.nonEmpty(e.Error.Code, "error.code")
-		return f.err()
-	}
-	f.pems(e.CertChain, "cert_chain", 2)
-	f.pems(e.Roots, "roots", 1)
 	return f.err()
 }
 

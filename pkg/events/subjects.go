@@ -89,6 +89,10 @@ const (
 	PodEventXDSConnected    = "xds.connected"
 	PodEventXDSDisconnected = "xds.disconnected"
 	PodEventXDSNack         = "xds.nack"
+	PodEventEnvoyStarted    = "envoy.started"
+	PodEventEnvoyReady      = "envoy.ready"
+	PodEventEnvoyDraining   = "envoy.draining"
+	PodEventEnvoyExited     = "envoy.exited"
 )
 
 // podEventPrefix starts every pod event subject.

@@ -97,16 +97,33 @@ func Main(name string, run func(ctx context.Context, args []string, getenv func(
 
 // exitCode reports err the way Main does and returns the process's exit code.
 func exitCode(name string, err error, stdout, stderr io.Writer) int {
+	var exit *ExitError
 	switch {
 	case err == nil:
 		return 0
 	case flagenv.PrintHelp(err, stdout):
 		return 0 // -h: the flags, their env vars and defaults
+	case errors.As(err, &exit):
+		if exit.Code != 0 {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		}
+		return exit.Code
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}
 }
+
+// ExitError ends the process with its own exit code: a service that stops because
+// a child it supervises ended (the launcher when Envoy crashes: the same code, so
+// the pod restarts), or because it was asked to (Code 0: /quitquitquit). Returned
+// from Run it also stops the process's other tasks, which a nil return does not.
+type ExitError struct {
+	Code   int
+	Reason string
+}
+
+func (e *ExitError) Error() string { return e.Reason }
 
 // Serve is a service's whole life: Load its config, connect to the bus if it has
 // one, build it with New, and run it beside the health and metrics server until

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -202,6 +203,8 @@ func TestExitCode(t *testing.T) {
 		{"clean", nil, 0, "", ""},
 		{"help lists every flag with its env var", helpErr, 0, "NATS_CONNECT_WAIT", ""},
 		{"failure", errors.New("listen: busy"), 1, "", "toy: listen: busy\n"},
+		{"a child's exit code", fmt.Errorf("run: %w", &ExitError{Code: 139, Reason: "envoy crashed"}), 139, "", "toy: run: envoy crashed\n"},
+		{"asked to stop", &ExitError{Code: 0, Reason: "quitquitquit"}, 0, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errw bytes.Buffer

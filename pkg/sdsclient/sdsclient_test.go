@@ -331,3 +331,24 @@ func TestDeltaStream(t *testing.T) {
 		t.Fatalf("delta update = %+v", u)
 	}
 }
+
+// WatchUnix dials in Run, so it may start before the server, and closes its
+// connection when Run returns (TestMain checks for leaks).
+func TestWatchUnixDialsInRunAndClosesOnReturn(t *testing.T) {
+	path := sockPath(t)
+	w := sdsclient.WatchUnix(path, "node-u", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	up := startUpstream(t, path)
+	d1, r1 := secrets(t, "one")
+	up.set(t, "node-u", "v1", d1, r1)
+	testkit.Eventually(t, "the watcher to reach the late server", func() bool {
+		c, err := w.Certificate()
+		return err == nil && c.Leaf.Subject.CommonName == "one"
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil on cancel", err)
+	}
+}

@@ -22,9 +22,10 @@ var ErrNotReady = errors.New("sdsclient: secret not received yet")
 // concurrent use; use Certificate in tls.Config.GetCertificate/GetClientCertificate
 // so that every handshake uses the current key.
 type Watcher struct {
-	cc   grpc.ClientConnInterface
-	node string
-	log  hclog.Logger
+	cc     grpc.ClientConnInterface
+	socket string // when set, Run dials it instead of using cc
+	node   string
+	log    hclog.Logger
 
 	// MinBackoff and MaxBackoff bound the reconnect delay (defaults 50ms and 5s).
 	MinBackoff, MaxBackoff time.Duration
@@ -47,12 +48,30 @@ func NewWatcher(cc grpc.ClientConnInterface, nodeID string, log hclog.Logger) *W
 		changed: make(chan struct{}), ready: make(chan struct{})}
 }
 
+// WatchUnix returns a Watcher of the SDS server on the unix socket at path for
+// node nodeID. It does nothing until Run, which dials the socket (the server need
+// not be up yet: streams retry) and closes the connection when it returns.
+func WatchUnix(path, nodeID string, log hclog.Logger) *Watcher {
+	w := NewWatcher(nil, nodeID, log)
+	w.socket = path
+	return w
+}
+
 // Run streams `default` and `ROOTCA` until ctx ends, reconnecting with exponential
 // backoff and jitter. It returns nil on cancellation.
 func (w *Watcher) Run(ctx context.Context) error {
+	cc := w.cc
+	if w.socket != "" {
+		conn, err := DialUnix(ctx, w.socket)
+		if err != nil {
+			return fmt.Errorf("sds server at %s: %w", w.socket, err)
+		}
+		defer conn.Close()
+		cc = conn
+	}
 	backoff := w.MinBackoff
 	for {
-		got, err := w.once(ctx)
+		got, err := w.once(ctx, cc)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -73,8 +92,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 }
 
 // once runs one stream; got reports whether anything was received.
-func (w *Watcher) once(ctx context.Context) (got bool, err error) {
-	st, err := Open(ctx, w.cc, w.node, ResourceDefault, ResourceRootCA)
+func (w *Watcher) once(ctx context.Context, cc grpc.ClientConnInterface) (got bool, err error) {
+	st, err := Open(ctx, cc, w.node, ResourceDefault, ResourceRootCA)
 	if err != nil {
 		return false, err
 	}

@@ -7,6 +7,7 @@
 package trustbundle
 
 import (
+	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -202,6 +203,25 @@ func (s *Set) Check(b Bundle) (Update, error) {
 func (s *Set) Endorsed(b Bundle) error {
 	_, err := endorsed(s.Roots(), b)
 	return err
+}
+
+// Endorse signs the bundle (trustDomain, gen, roots) with each key: the
+// endorsements a receiver's Check verifies. A CA key makes them (the signer keeps
+// its own variant, with the intermediate's chain); tests make them for their CAs.
+func Endorse(trustDomain string, gen uint64, roots []string, keys ...crypto.Signer) ([]events.Endorsement, error) {
+	msg, err := events.EndorsedBytes(trustDomain, gen, roots)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]events.Endorsement, 0, len(keys))
+	for _, k := range keys {
+		id, sig, err := pki.Endorse(k, msg)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, events.Endorsement{KeyID: id, Signature: sig})
+	}
+	return out, nil
 }
 
 // endorsed returns the key id of the first endorsement of b that verifies under trusted.

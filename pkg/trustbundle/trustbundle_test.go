@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -69,16 +68,12 @@ func root(t *testing.T, name string) *authority {
 func bundle(t *testing.T, gen uint64, roots []*x509.Certificate, by []crypto.Signer, chain ...*x509.Certificate) Bundle {
 	t.Helper()
 	b := Bundle{TrustDomain: td, Generation: gen, Roots: pki.CertPEMs(roots)}
-	msg, err := events.EndorsedBytes(td, gen, b.Roots)
-	if err != nil {
+	var err error
+	if b.Endorsements, err = Endorse(td, gen, b.Roots, by...); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range by {
-		id, sig, err := pki.Endorse(k, msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Endorsements = append(b.Endorsements, events.Endorsement{KeyID: id, Signature: sig, Chain: pki.CertPEMs(chain)})
+	for i := range b.Endorsements {
+		b.Endorsements[i].Chain = pki.CertPEMs(chain)
 	}
 	return b
 }

@@ -12,11 +12,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/services/rotator/internal/rotator"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/rotator/internal/renewal"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func envFloat(name string, def float64) float64 {
@@ -161,13 +160,13 @@ func BenchmarkFailover(b *testing.B) {
 			}
 			fillBucket(b, js, "bench_sched", entries)
 		}
-		start := func(name string) (*rotator.Rotator, func(), func()) {
+		start := func(name string) (*renewal.Replica, func(), func()) {
 			nc := bustest.Conn(b, srv)
-			opts := rotator.Options{
+			opts := renewal.Options{
 				Schedule: schedule.Config{GraceRatio: 0.5, RetryAfter: time.Minute, RetryMax: time.Hour, Rate: 500, Burst: 50},
 				Instance: name, LeaseTTL: ttl, Consumer: "rotator", Bucket: "bench_sched", LeaseBucket: "bench_lease", Replicas: 1,
 			}
-			r, err := rotator.New(opts, nc, clock.Real{}, prometheus.NewRegistry(), hclog.NewNullLogger())
+			r, err := renewal.New(opts, lifecycle.Deps{Bus: nc}.WithDefaults())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -28,6 +28,7 @@ require (
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/meshagent/meshagent/pkg/clock v0.0.0
+	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
@@ -56,3 +57,5 @@ replace (
 replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
+
+replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle

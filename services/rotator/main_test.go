@@ -19,42 +19,22 @@ func TestRunServesReadyAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testkit.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, func(string) string { return "" })
-	}()
+	stop := testkit.Background(t, func(ctx context.Context) error {
+		return run(ctx, []string{"-nats-url", srv.ClientURL(), "-http-addr", addr, "-instance", "main-test", "-log-level", "warn"}, testkit.Env(nil))
+	})
 	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if code, _ := get("/readyz"); code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			_, body := get("/readyz")
-			t.Fatalf("not ready: %s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, "/readyz 200", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
 	_, metrics := get("/metrics")
 	for _, m := range []string{"meshagent_rotator_leader 1", "meshagent_rotator_scheduled 0", "meshagent_rotator_min_time_to_expiry_seconds +Inf"} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %q", m)
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run returned %v on cancellation", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not stop")
-	}
+	stop()
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-instance", "x", "-rate", "-1"}, func(string) string { return "" })
+	err := run(context.Background(), []string{"-instance", "x", "-rate", "-1"}, testkit.Env(nil))
 	if err == nil || !strings.Contains(err.Error(), "-rate") {
 		t.Fatalf("got %v", err)
 	}

@@ -9,6 +9,7 @@ require (
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
+	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
@@ -17,7 +18,6 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sync v0.24.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -75,3 +75,5 @@ replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
 
 replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
+
+replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle

@@ -21,7 +21,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-// TestRunServesHealthAndSecrets runs the whole binary's run() in file-mounted mode
+// TestRunServesHealthAndSecrets runs the whole binary's run() (lifecycle.Serve with
+// package sdsedge) in file-mounted mode
 // (no CA needed) and checks /healthz, /readyz, /metrics and the socket.
 func TestRunServesHealthAndSecrets(t *testing.T) {
 	ns := bustest.Server(t)
@@ -57,17 +58,7 @@ func TestRunServesHealthAndSecrets(t *testing.T) {
 	go func() { done <- run(ctx, nil, func(k string) string { return env[k] }) }()
 
 	get := func(path string) (int, string) { return testkit.HTTPGet("http://" + addr + path) }
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if code, _ := get("/readyz"); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			code, body := get("/readyz")
-			t.Fatalf("not ready: %d %s", code, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, "/readyz answers 200", func() bool { code, _ := get("/readyz"); return code == 200 })
 	if code, _ := get("/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
 	}

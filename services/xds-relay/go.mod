@@ -15,11 +15,15 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sync v0.24.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1
+)
+
+require (
+	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 )
 
 require (
@@ -38,6 +42,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/udsock v0.0.0
@@ -75,3 +80,7 @@ replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
 
 replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
+
+replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+
+replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock

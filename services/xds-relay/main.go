@@ -5,33 +5,14 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
-	"github.com/meshagent/meshagent/pkg/flagenv"
-	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/service"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/xds-relay/xdsrelay"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Environ()); err != nil {
-		if flagenv.PrintHelp(err, os.Stdout) {
-			return // -h: the flags, their env vars and defaults
-		}
-		fmt.Fprintln(os.Stderr, "xds-relay:", err)
-		os.Exit(1)
-	}
-}
+func main() { lifecycle.Main("xds-relay", run) }
 
-func run(ctx context.Context, args []string, getenv func(string) string, environ []string) error {
-	cfg, err := config.Load(args, getenv, environ)
-	if err != nil {
-		return err
-	}
-	return service.Run(ctx, cfg, obs.NewLogger("xds-relay", cfg.Log, os.Stderr))
+// run is the whole process: Load → Connect → New → Run (pkg/lifecycle).
+func run(ctx context.Context, args []string, getenv func(string) string) error {
+	return lifecycle.Serve(ctx, args, getenv, xdsrelay.Load, xdsrelay.New)
 }

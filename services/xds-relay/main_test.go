@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -17,30 +16,17 @@ import (
 // bound, with no upstream reachable (as Istio), and returns nil on cancellation.
 func TestRunServesAndStops(t *testing.T) {
 	ns := bustest.Server(t)
-	root, err := os.MkdirTemp("", "xrm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := testkit.ShortDir(t)
 	httpAddr := testkit.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
+	stop := testkit.Background(t, func(ctx context.Context) error {
+		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
-			func(string) string { return "" }, nil)
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+			testkit.Env(nil))
+	})
+	testkit.Eventually(t, "/readyz 200", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		if code == http.StatusOK && strings.Contains(body, "ready") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready: %d %q", code, body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return code == http.StatusOK && strings.Contains(body, "ready")
+	})
 	fi, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS"))
 	if err != nil {
 		t.Fatal(err)
@@ -51,19 +37,11 @@ func TestRunServesAndStops(t *testing.T) {
 	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") {
 		t.Fatal("relay metrics missing from /metrics")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("run did not stop")
-	}
+	stop()
 }
 
 func TestRunRejectsBadConfig(t *testing.T) {
-	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, func(string) string { return "" }, nil)
+	err := run(context.Background(), []string{"-xds-tls", "carrier-pigeon"}, testkit.Env(nil))
 	if err == nil || !strings.Contains(err.Error(), "-xds-tls") || !strings.Contains(err.Error(), "-pod") {
 		t.Fatalf("err = %v", err)
 	}

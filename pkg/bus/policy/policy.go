@@ -25,7 +25,7 @@ const (
 	// events through its own durable and writes its own bucket, which audit may read.
 	Inventory Role = "inventory"
 	Callout   Role = "callout" // the auth-callout responder inside the signer
-	Pod       Role = "pod"     // one pod's sds-edge and xds-relay, admitted by the callout
+	Pod       Role = "pod"     // one pod's sds-edge, xds-relay and launcher, admitted by the callout
 )
 
 // Users are the roles that hold an nkey (every role but Pod, whose users the callout

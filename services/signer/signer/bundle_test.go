@@ -26,7 +26,7 @@ import (
 func signOK(t *testing.T, e *env) events.SignReply {
 	t.Helper()
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 60})
+	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Minute})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}

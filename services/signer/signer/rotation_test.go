@@ -22,7 +22,7 @@ import (
 func rootOf(t *testing.T, e *env, nc *nats.Conn) string {
 	t.Helper()
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSign(t, nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 60})
+	rep := natsSign(t, nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Minute})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}

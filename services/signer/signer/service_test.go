@@ -71,9 +71,10 @@ func badInputs(t *testing.T, e *env) []badInput {
 		// Over NATS the event contract itself refuses a request without a credential.
 		{"no credential", csr, "", 0, "", inv, codes.Unauthenticated, "credential", "a token or a cert_chain is required"},
 		{"TTL above max", csr, good, int64((91 * 24 * time.Hour).Seconds()), "", inv, codes.InvalidArgument, "max allowed TTL", ""},
-		// Seconds times time.Second would wrap negative and silently become the default TTL.
-		{"TTL that overflows a duration", csr, good, math.MaxInt64/int64(time.Second) + 1, "", inv, codes.InvalidArgument, "max allowed TTL", ""},
-		{"largest TTL", csr, good, math.MaxInt64, "", inv, codes.InvalidArgument, "max allowed TTL", ""},
+		// Seconds times time.Second would wrap negative and silently become the default
+		// TTL: refused where the seconds become a Duration (decode, or Istio's request).
+		{"TTL that overflows a duration", csr, good, math.MaxInt64/int64(time.Second) + 1, "", inv, codes.InvalidArgument, "more than a TTL can be", ""},
+		{"largest TTL", csr, good, math.MaxInt64, "", inv, codes.InvalidArgument, "more than a TTL can be", ""},
 		{"request over 64 KiB", huge, good, 0, "", events.CodeResourceExhausted, codes.ResourceExhausted, "", ""},
 		{"unknown cert signer", csr, good, 0, "kubernetes.io/legacy-unknown", inv, codes.InvalidArgument, "unknown cert signer", ""},
 	}
@@ -90,12 +91,15 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	t.Run("nats", func(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
-				req := events.SignRequest{CSR: string(tc.csr), Token: tc.token, TTLSeconds: tc.ttl, CertSigner: tc.signer, Pod: "web-0"}
+				req := events.SignRequest{CSR: string(tc.csr), Token: tc.token, TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: "web-0"}
 				var rep events.SignReply
 				if tc.token == "" {
 					// SignRequest.Validate refuses a request without a credential before it
 					// is sent; send it anyway, raw, as a hostile client would.
 					rep = natsRaw(t, e.nc, rawSign(t, `{"csr":"`+strings.ReplaceAll(string(tc.csr), "\n", `\n`)+`"}`))
+				} else if tc.ttl > events.MaxTTLSeconds {
+					// A Duration cannot hold it: send the seconds raw.
+					rep = natsRaw(t, e.nc, rawSign(t, `{"csr":"`+strings.ReplaceAll(string(tc.csr), "\n", `\n`)+`","token":"`+tc.token+`","ttl_seconds":`+strconv.FormatInt(tc.ttl, 10)+`}`))
 				} else if len(tc.csr) > events.MaxEventSize {
 					rep = natsRaw(t, e.nc, rawSign(t, `{"csr":"`+strings.ReplaceAll(string(tc.csr), "\n", `\n`)+`","token":"`+tc.token+`"}`))
 				} else {
@@ -177,7 +181,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// JWT over NATS: the identity comes from the token, not from the CSR.
 	key, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTLSeconds: 3600, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Hour, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}

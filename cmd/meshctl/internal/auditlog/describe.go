@@ -49,6 +49,15 @@ func Describe(p events.Payload, now time.Time) string {
 		what = fmt.Sprintf("%-8s ads stream %s closed: %s", e.Pod, e.Stream, e.Reason)
 	case events.XDSNack:
 		what = fmt.Sprintf("%-8s NACK %s nonce=%s: %s", e.Pod, e.TypeURL, e.Nonce, e.ErrorDetail)
+	case events.EnvoyStarted:
+		what = fmt.Sprintf("%-8s envoy started pid=%d %s", e.Pod, e.PID, orDash(e.Version))
+	case events.EnvoyReady:
+		what = fmt.Sprintf("%-8s envoy ready pid=%d after %dms", e.Pod, e.PID, e.StartupMillis)
+	case events.EnvoyDraining:
+		what = fmt.Sprintf("%-8s envoy draining pid=%d (%s, deadline %dms, %s)", e.Pod, e.PID, e.Strategy, e.DeadlineMillis, orDash(e.Reason))
+	case events.EnvoyExited:
+		what = fmt.Sprintf("%-8s envoy exited pid=%d code=%d signal=%s crashed=%t drain=%s active=%d", e.Pod, e.PID, e.Code,
+			orDash(e.Signal), e.Crashed, e.Drain, e.ActiveConnections)
 	default:
 		what = fmt.Sprintf("%+v", p)
 	}

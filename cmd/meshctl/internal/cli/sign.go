@@ -74,7 +74,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if useGRPC {
 		chain, err = signGRPC(ctx, st, string(csr), tok, ttl)
 	} else {
-		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTLSeconds: int64(ttl.Seconds()), KeyAlgorithm: string(ka)})
+		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTL: ttl, KeyAlgorithm: string(ka)})
 	}
 	if err != nil {
 		return err

@@ -12,7 +12,6 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/standin"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -84,11 +83,6 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	started = true
 	mu.Unlock()
 	go r.RefreshTokens(ctx)
-	for _, p := range r.Stack.Pods {
-		e := &standin.Envoy{Pod: p.ID, NodeID: "sidecar~" + p.ID, SDSSocket: p.SDSSocket, XDSSocket: p.XDSSocket,
-			Report: func(line string) { fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line) }}
-		go e.Run(ctx)
-	}
 	select {
 	case <-ctx.Done():
 		return nil
@@ -117,6 +111,8 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 		fmt.Fprintf(w, "      SDS socket              %s\n", p.SDSSocket)
 		fmt.Fprintf(w, "      xDS socket              %s\n", p.XDSSocket)
 		fmt.Fprintf(w, "      certs (OUTPUT_CERTS)    %s\n", p.OutputCerts)
+		fmt.Fprintf(w, "      envoy                   %s\n", p.Envoy)
+		fmt.Fprintf(w, "      status port             http://%s/healthz/ready, /stats/prometheus (node %s)\n", p.Status, p.NodeID)
 	}
 	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stackfile.FileName)
 	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")

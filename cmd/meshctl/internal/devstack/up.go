@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -224,9 +225,7 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 	if err != nil {
 		return nil, err
 	}
-	if bin != "launcher" { // the launcher does not use the bus (yet)
-		args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
-	}
+	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
 	p := &supervisor.Process{
 		Name: name, Bin: path, HTTP: httpAddr,
 		Args:    append([]string{"-http-addr", httpAddr}, args...),
@@ -359,7 +358,21 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.HTTP["xds-relay"] = relay.HTTP
-	l, err := r.spawn(ctx, id+"/launcher", "launcher", append(common, "-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket)...)
+	envoyBin, envoyKind, err := r.envoy()
+	if err != nil {
+		return err
+	}
+	addrs, err := supervisor.FreeAddrs(3)
+	if err != nil {
+		return err
+	}
+	pod.Envoy, pod.Status, pod.NodeID = envoyKind, addrs[0], NodeID(id, ns)
+	l, err := r.spawn(ctx, id+"/launcher", "launcher", onBus(
+		"-namespace", ns, "-service-account", sa, "-instance-ip", "127.0.0.1",
+		"-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket, "-relay-ready-url", "http://"+relay.HTTP+"/readyz",
+		"-envoy-binary", envoyBin, "-status-addr", addrs[0], "-envoy-admin", addrs[1], "-envoy-stats-addr", addrs[2],
+		"-output-certs", pod.OutputCerts, "-drain-time", "1s",
+		"-pod-metrics-urls", "http://"+sds.HTTP+"/metrics,http://"+relay.HTTP+"/metrics")...)
 	if err != nil {
 		return err
 	}
@@ -368,12 +381,32 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	return nil
 }
 
+// NodeID is the Envoy node id the launcher gives a demo pod: Istio's
+// type~ip~pod.namespace~domain, with the loopback address meshctl up gives every pod.
+func NodeID(pod, ns string) string {
+	return "sidecar~127.0.0.1~" + pod + "." + ns + "~" + ns + ".svc.cluster.local"
+}
+
+// envoy returns the Envoy the launchers run and how to say it: a real Envoy when
+// one is on PATH, else the stand-in built beside the services (bin/envoy-standin).
+func (r *Runner) envoy() (path, kind string, err error) {
+	if p, err := exec.LookPath("envoy"); err == nil {
+		return p, "Envoy " + p, nil
+	}
+	p, err := supervisor.FindBinary(r.cfg.BinDir, "envoy-standin")
+	if err != nil {
+		return "", "", fmt.Errorf("no envoy on PATH, and the stand-in: %w", err)
+	}
+	return p, "stand-in " + p + " (no envoy on PATH)", nil
+}
+
 // startControlPlane runs the demo xDS server in meshctl's own process: it stands for
 // istiod, which the pods' relays connect to.
 func (r *Runner) startControlPlane(ctx context.Context) error {
-	nodes := make([]string, r.cfg.Pods)
-	for i := range nodes {
-		nodes[i] = fmt.Sprintf("sidecar~demo-%d", i)
+	var nodes []string
+	for i := range r.cfg.Pods {
+		id := fmt.Sprintf("demo-%d", i)
+		nodes = append(nodes, "sidecar~"+id, NodeID(id, "default"))
 	}
 	cp := democp.New(democp.Config{Addr: "127.0.0.1:0", NodeIDs: nodes}, r.log.Named("democp"))
 	cpctx, cancel := context.WithCancel(context.Background())

@@ -76,6 +76,13 @@ type Pod struct {
 	TokenFile      string            `json:"token_file"`
 	OutputCerts    string            `json:"output_certs"`
 	HTTP           map[string]string `json:"http"`
+	// Envoy is what the launcher runs: Envoy from PATH, or the stand-in.
+	Envoy string `json:"envoy"`
+	// Status is the launcher's status port (Istio's 15020): /healthz/ready,
+	// /stats/prometheus, /quitquitquit, /drain.
+	Status string `json:"status"`
+	// NodeID is the pod's Envoy node id, as Istio builds it.
+	NodeID string `json:"node_id"`
 }
 
 // Process is one child process.

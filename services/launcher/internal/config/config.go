@@ -1,34 +1,94 @@
-// Package config reads the launcher's configuration: flags, then env vars, then defaults.
+// Package config reads the launcher's configuration: flags, then env vars, then
+// defaults. Where Istio's pilot-agent has a name for the same knob, the env var (or,
+// for knobs Istio sets only by flag or ProxyConfig, the help text) uses it.
 package config
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+)
+
+// Proxy types, as Istio's `pilot-agent proxy <type>`.
+const (
+	Sidecar = "sidecar"
+	Router  = "router"
 )
 
 // Config is the launcher's whole configuration.
 type Config struct {
 	Log    obs.LogConfig
+	Bus    bus.Config
 	Listen struct {
-		HTTP string // /healthz, /readyz, /metrics
+		HTTP   string // /healthz, /readyz, /metrics of the launcher itself
+		Status string // Istio's status port: /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health
 	}
 	Pod struct {
-		ID      string
-		RootDir string // the pod's filesystem root; relative paths below are under it
+		ID             string
+		RootDir        string // the pod's filesystem root; relative paths below are under it
+		Namespace      string
+		ServiceAccount string
+		ClusterID      string
+		MeshID         string
+		DNSDomain      string   // default <namespace>.svc.cluster.local
+		IPs            []string // INSTANCE_IP, then the rest of INSTANCE_IPS
+		Labels         map[string]string
+		Type           string // sidecar or router
+		TokenFile      string // the pod's service-account token: its bus identity
 	}
 	Envoy struct {
-		Binary        string // empty or missing: write the bootstrap and wait, do not start Envoy
-		BootstrapPath string
-		AdminAddr     string
-		DrainTime     time.Duration
+		Binary          string // path, or a name looked up on PATH; not found: proxyless
+		Disabled        bool   // DISABLE_ENVOY: proxyless even when Envoy is there
+		BootstrapPath   string
+		CustomBootstrap string // used as is instead of the generated bootstrap
+		Template        string // Go text/template rendered into the bootstrap
+		AdminAddr       string
+		StatsAddr       string // Envoy's own Prometheus listener (Istio: 15090)
+		LogLevel        string
+		ComponentLevel  string
+		Concurrency     int
+		DrainDuration   time.Duration // --drain-time-s
+		ParentShutdown  time.Duration // --parent-shutdown-time-s
+		UID, GID        int           // -1: keep the launcher's
+		ExtraArgs       []string
 	}
-	SDSSocket string
-	XDSSocket string
-	// WaitFor bounds how long to wait for the SDS and xDS sockets before giving up.
+	Drain struct {
+		// Duration is TERMINATION_DRAIN_DURATION: how long Envoy drains on SIGTERM.
+		Duration time.Duration
+		// ExitOnZero: drain until no downstream connection is left
+		// (EXIT_ON_ZERO_ACTIVE_CONNECTIONS), after at least MinDuration.
+		ExitOnZero   bool
+		MinDuration  time.Duration
+		PollInterval time.Duration
+		// Deadline bounds the whole drain; Envoy is killed after it.
+		Deadline time.Duration
+	}
+	Status struct {
+		// AppProbers is ISTIO_KUBE_APP_PROBERS: the app's probes, served under
+		// /app-health/<container>/<probe>.
+		AppProbers string
+		// MetricsURLs are the pod services' /metrics, merged into /stats/prometheus.
+		MetricsURLs []string
+		MaxScrape   int // bytes per scraped source
+	}
+	SDSSocket     string
+	XDSSocket     string
+	RelayReadyURL string // xds-relay's /readyz; empty: only dial its socket
+	OutputCerts   string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
+	GRPCBootstrap string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
+	// CertRefresh is how often a proxyless app re-reads OUTPUT_CERTS.
+	CertRefresh time.Duration
+	// WaitFor bounds how long to wait for sds-edge's certificates and the relay.
 	WaitFor time.Duration
 }
 
@@ -37,12 +97,34 @@ func Default() Config {
 	var c Config
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Listen.HTTP = "127.0.0.1:15021"
+	c.Listen.Status = ":15020"
 	c.Pod.RootDir = "."
+	c.Pod.Namespace = "default"
+	c.Pod.ServiceAccount = "default"
+	c.Pod.ClusterID = "Kubernetes"
+	c.Pod.Type = Sidecar
+	c.Pod.TokenFile = "var/run/secrets/tokens/istio-token"
+	c.Envoy.Binary = "envoy"
 	c.Envoy.BootstrapPath = "etc/istio/proxy/envoy-rev.json"
 	c.Envoy.AdminAddr = "127.0.0.1:15000"
-	c.Envoy.DrainTime = 45 * time.Second
+	c.Envoy.StatsAddr = "0.0.0.0:15090"
+	c.Envoy.LogLevel = "warning"
+	c.Envoy.ComponentLevel = "misc:error"
+	c.Envoy.Concurrency = 2
+	c.Envoy.DrainDuration = 45 * time.Second
+	c.Envoy.ParentShutdown = 60 * time.Second
+	c.Envoy.UID, c.Envoy.GID = -1, -1
+	c.Drain.Duration = 5 * time.Second
+	c.Drain.MinDuration = 5 * time.Second
+	c.Drain.PollInterval = time.Second
+	c.Drain.Deadline = 60 * time.Second
+	c.Status.MaxScrape = 8 << 20
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.XDSSocket = "etc/istio/proxy/XDS"
+	c.RelayReadyURL = "http://127.0.0.1:15022/readyz"
+	c.OutputCerts = "etc/istio-output-certs"
+	c.GRPCBootstrap = "etc/istio/proxy/grpc-bootstrap.json"
+	c.CertRefresh = 15 * time.Minute
 	c.WaitFor = 2 * time.Minute
 	return c
 }
@@ -52,23 +134,92 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Default()
 	fs := flagenv.New("launcher", getenv)
 	c.Log.Bind(fs)
-	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory")
-	fs.String(&c.Envoy.Binary, "envoy-binary", "ENVOY_BINARY", c.Envoy.Binary, "path to envoy; empty: only write the bootstrap")
-	fs.String(&c.Envoy.BootstrapPath, "bootstrap", "ENVOY_BOOTSTRAP", c.Envoy.BootstrapPath, "where to write Envoy's bootstrap")
-	fs.String(&c.Envoy.AdminAddr, "envoy-admin", "ENVOY_ADMIN_ADDR", c.Envoy.AdminAddr, "Envoy admin address")
-	fs.Duration(&c.Envoy.DrainTime, "drain-time", "TERMINATION_DRAIN_DURATION", c.Envoy.DrainTime, "how long Envoy drains on shutdown")
+	c.Bus.Bind(fs)
+	var labels, extra string
+	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "the launcher's own health and metrics listen address")
+	fs.String(&c.Listen.Status, "status-addr", "STATUS_ADDR", c.Listen.Status,
+		"status server (Istio: --statusPort 15020): /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health; empty: off")
+	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id (required)")
+	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory; relative paths are under it")
+	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "pod namespace")
+	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "pod service account (node metadata)")
+	fs.String(&c.Pod.ClusterID, "cluster-id", "ISTIO_META_CLUSTER_ID", c.Pod.ClusterID, "cluster id (node metadata CLUSTER_ID)")
+	fs.String(&c.Pod.MeshID, "mesh-id", "ISTIO_META_MESH_ID", c.Pod.MeshID, "mesh id (node metadata MESH_ID)")
+	fs.String(&c.Pod.DNSDomain, "domain", "DNS_DOMAIN", c.Pod.DNSDomain, "DNS domain of the node id (Istio: --domain); default <namespace>.svc.cluster.local")
+	fs.List(&c.Pod.IPs, "instance-ip", "INSTANCE_IP", nil, "pod IP(s), comma-separated, first is the node id's (Istio: INSTANCE_IP; node metadata INSTANCE_IPS); default 127.0.0.1")
+	fs.String(&labels, "labels", "ISTIO_METAJSON_LABELS", "", "pod labels as a JSON object (node metadata LABELS)")
+	fs.String(&c.Pod.Type, "proxy-type", "PROXY_TYPE", c.Pod.Type, "sidecar or router (Istio: pilot-agent proxy <type>)")
+	fs.String(&c.Pod.TokenFile, "token-file", "TOKEN_FILE", c.Pod.TokenFile, "the pod's service-account token: the launcher's bus identity, as sds-edge's")
+	fs.String(&c.Envoy.Binary, "envoy-binary", "ENVOY_BINARY", c.Envoy.Binary, "Envoy: a path or a name on PATH (Istio: --binaryPath); not found: proxyless mode")
+	fs.Bool(&c.Envoy.Disabled, "disable-envoy", "DISABLE_ENVOY", c.Envoy.Disabled, "proxyless mode: write a gRPC xDS bootstrap, start no Envoy (Istio: DISABLE_ENVOY)")
+	fs.String(&c.Envoy.BootstrapPath, "bootstrap", "ENVOY_BOOTSTRAP", c.Envoy.BootstrapPath, "where to write Envoy's bootstrap (Istio: envoy-rev.json)")
+	fs.String(&c.Envoy.CustomBootstrap, "custom-bootstrap", "CUSTOM_BOOTSTRAP", c.Envoy.CustomBootstrap, "use this bootstrap file as is (Istio: ProxyConfig customConfigFile)")
+	fs.String(&c.Envoy.Template, "bootstrap-template", "ISTIO_BOOTSTRAP", c.Envoy.Template, "render this Go text/template into the bootstrap instead of building it (Istio: ISTIO_BOOTSTRAP)")
+	fs.String(&c.Envoy.AdminAddr, "envoy-admin", "ENVOY_ADMIN_ADDR", c.Envoy.AdminAddr, "Envoy admin address (Istio: ProxyConfig proxyAdminPort 15000, loopback)")
+	fs.String(&c.Envoy.StatsAddr, "envoy-stats-addr", "ENVOY_PROMETHEUS_ADDR", c.Envoy.StatsAddr, "Envoy's Prometheus stats listener (Istio: 15090); empty: none")
+	fs.String(&c.Envoy.LogLevel, "proxy-log-level", "PROXY_LOG_LEVEL", c.Envoy.LogLevel, "Envoy -l (Istio: --proxyLogLevel)")
+	fs.String(&c.Envoy.ComponentLevel, "proxy-component-log-level", "PROXY_COMPONENT_LOG_LEVEL", c.Envoy.ComponentLevel, "Envoy --component-log-level (Istio: --proxyComponentLogLevel)")
+	fs.Int(&c.Envoy.Concurrency, "concurrency", "ISTIO_META_CONCURRENCY", c.Envoy.Concurrency, "Envoy --concurrency, 0: one per CPU (Istio: ProxyConfig concurrency, --concurrency)")
+	fs.Duration(&c.Envoy.DrainDuration, "drain-duration", "DRAIN_DURATION", c.Envoy.DrainDuration, "Envoy --drain-time-s (Istio: ProxyConfig drainDuration)")
+	fs.Duration(&c.Envoy.ParentShutdown, "parent-shutdown-duration", "PARENT_SHUTDOWN_DURATION", c.Envoy.ParentShutdown, "Envoy --parent-shutdown-time-s (Istio: ProxyConfig parentShutdownDuration)")
+	fs.Int(&c.Envoy.UID, "envoy-uid", "ENVOY_UID", c.Envoy.UID, "run Envoy as this uid, e.g. 1337 as Istio's proxy (needs CAP_SETUID); -1: the launcher's")
+	fs.Int(&c.Envoy.GID, "envoy-gid", "ENVOY_GID", c.Envoy.GID, "run Envoy as this gid, e.g. 1337; -1: the launcher's")
+	fs.String(&extra, "envoy-extra-args", "ENVOY_EXTRA_ARGS", "", "more Envoy arguments, space-separated")
+	fs.Duration(&c.Drain.Duration, "drain-time", "TERMINATION_DRAIN_DURATION", c.Drain.Duration, "on SIGTERM, drain Envoy this long, then stop it (Istio: TERMINATION_DRAIN_DURATION)")
+	fs.Bool(&c.Drain.ExitOnZero, "exit-on-zero-active-connections", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", c.Drain.ExitOnZero,
+		"on SIGTERM, drain until Envoy has no downstream connection left instead of a fixed time (Istio: EXIT_ON_ZERO_ACTIVE_CONNECTIONS)")
+	fs.Duration(&c.Drain.MinDuration, "minimum-drain-duration", "MINIMUM_DRAIN_DURATION", c.Drain.MinDuration, "with -exit-on-zero-active-connections: drain at least this long (Istio: MINIMUM_DRAIN_DURATION)")
+	fs.Duration(&c.Drain.PollInterval, "drain-poll-interval", "DRAIN_POLL_INTERVAL", c.Drain.PollInterval, "how often to read downstream_cx_active while draining to zero")
+	fs.Duration(&c.Drain.Deadline, "drain-deadline", "DRAIN_DEADLINE", c.Drain.Deadline, "hard bound on the whole drain; Envoy is killed after it (Istio: the pod's terminationGracePeriodSeconds)")
+	fs.String(&c.Status.AppProbers, "app-probers", "ISTIO_KUBE_APP_PROBERS", c.Status.AppProbers, "the app's probes as JSON, served on the status port under their paths (Istio: ISTIO_KUBE_APP_PROBERS)")
+	fs.List(&c.Status.MetricsURLs, "pod-metrics-urls", "POD_METRICS_URLS", nil, "the pod services' /metrics URLs, comma-separated, merged into /stats/prometheus (Istio: the agent's and app's metrics)")
+	fs.Int(&c.Status.MaxScrape, "stats-max-bytes", "STATS_MAX_BYTES", c.Status.MaxScrape, "largest body read from one stats source for /stats/prometheus")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "sds-edge's socket")
 	fs.String(&c.XDSSocket, "xds-socket", "XDS_SOCKET", c.XDSSocket, "xds-relay's socket")
-	fs.Duration(&c.WaitFor, "wait-for", "LAUNCHER_WAIT", c.WaitFor, "how long to wait for the sockets")
+	fs.String(&c.RelayReadyURL, "relay-ready-url", "XDS_RELAY_READY_URL", c.RelayReadyURL, "xds-relay's /readyz; empty: only dial its socket")
+	fs.String(&c.OutputCerts, "output-certs", "OUTPUT_CERTS", c.OutputCerts, "sds-edge's certificate files (key.pem, cert-chain.pem, root-cert.pem), for proxyless gRPC (Istio: OUTPUT_CERTS)")
+	fs.String(&c.GRPCBootstrap, "grpc-xds-bootstrap", "GRPC_XDS_BOOTSTRAP", c.GRPCBootstrap, "where proxyless mode writes the gRPC xDS bootstrap (Istio: GRPC_XDS_BOOTSTRAP)")
+	fs.Duration(&c.CertRefresh, "grpc-cert-refresh", "GRPC_CERT_REFRESH_INTERVAL", c.CertRefresh, "how often a proxyless app re-reads the certificate files (file_watcher refresh_interval; Istio: 15m)")
+	fs.Duration(&c.WaitFor, "wait-for", "LAUNCHER_WAIT", c.WaitFor, "how long to wait for sds-edge's certificates and the relay before giving up")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	var errs []error
+	if len(c.Pod.IPs) == 0 {
+		c.Pod.IPs = []string{"127.0.0.1"}
+	}
+	for _, ip := range c.Pod.IPs {
+		if net.ParseIP(ip) == nil {
+			errs = append(errs, fmt.Errorf("-instance-ip: %q is not an IP address", ip))
+		}
+	}
+	if labels != "" {
+		if err := json.Unmarshal([]byte(labels), &c.Pod.Labels); err != nil {
+			errs = append(errs, fmt.Errorf("-labels: want a JSON object of strings: %v", err))
+		}
+	}
+	c.Envoy.ExtraArgs = strings.Fields(extra)
+	if c.Pod.DNSDomain == "" {
+		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
 	}
 	c.SDSSocket = c.under(c.SDSSocket)
 	c.XDSSocket = c.under(c.XDSSocket)
 	c.Envoy.BootstrapPath = c.under(c.Envoy.BootstrapPath)
-	return c, c.Validate()
+	c.OutputCerts = c.under(c.OutputCerts)
+	c.GRPCBootstrap = c.under(c.GRPCBootstrap)
+	c.Pod.TokenFile = c.under(c.Pod.TokenFile)
+	if c.Envoy.CustomBootstrap != "" {
+		c.Envoy.CustomBootstrap = c.under(c.Envoy.CustomBootstrap)
+	}
+	if c.Envoy.Template != "" {
+		c.Envoy.Template = c.under(c.Envoy.Template)
+	}
+	c.Bus.Name = "launcher/" + c.Pod.ID
+	c.Bus.AsPod(c.Pod.ID, c.Pod.TokenFile)
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return c, errors.Join(errs...)
 }
 
 func (c Config) under(p string) string {
@@ -78,23 +229,84 @@ func (c Config) under(p string) string {
 	return filepath.Join(c.Pod.RootDir, p)
 }
 
+// Process is what the lifecycle needs: the launcher is on the bus as its pod.
+func (c Config) Process() lifecycle.Process {
+	b := c.Bus
+	return lifecycle.Process{Name: "launcher", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &b}
+}
+
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
 	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Pod.ID == "" {
-		errs = append(errs, errors.New("-pod: required"))
+		add("-pod: required")
+	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
+		add("-pod: %v", err)
 	}
 	if c.Listen.HTTP == "" {
-		errs = append(errs, errors.New("-http-addr: required"))
+		add("-http-addr: required")
 	}
-	if c.Envoy.DrainTime < 0 {
-		errs = append(errs, errors.New("-drain-time: must not be negative"))
+	if c.Listen.Status != "" {
+		if _, _, err := net.SplitHostPort(c.Listen.Status); err != nil {
+			add("-status-addr: %q: want host:port", c.Listen.Status)
+		}
+	}
+	if c.Pod.Type != Sidecar && c.Pod.Type != Router {
+		add("-proxy-type: %q: want sidecar or router", c.Pod.Type)
+	}
+	if _, _, err := net.SplitHostPort(c.Envoy.AdminAddr); err != nil {
+		add("-envoy-admin: %q: want host:port", c.Envoy.AdminAddr)
+	}
+	if c.Envoy.StatsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.Envoy.StatsAddr); err != nil {
+			add("-envoy-stats-addr: %q: want host:port", c.Envoy.StatsAddr)
+		}
+	}
+	if c.Envoy.CustomBootstrap != "" && c.Envoy.Template != "" {
+		add("-custom-bootstrap, -bootstrap-template: set at most one")
+	}
+	if c.Envoy.Concurrency < 0 {
+		add("-concurrency: must not be negative")
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"-drain-duration", c.Envoy.DrainDuration}, {"-parent-shutdown-duration", c.Envoy.ParentShutdown},
+		{"-drain-time", c.Drain.Duration}, {"-minimum-drain-duration", c.Drain.MinDuration}} {
+		if d.v < 0 {
+			add("%s: must not be negative", d.flag)
+		}
+	}
+	if c.Drain.PollInterval <= 0 {
+		add("-drain-poll-interval: must be positive")
+	}
+	if c.Drain.Deadline <= 0 {
+		add("-drain-deadline: must be positive")
+	}
+	if c.Envoy.UID < -1 || c.Envoy.GID < -1 {
+		add("-envoy-uid, -envoy-gid: -1 or a uid/gid")
+	}
+	if c.Status.MaxScrape <= 0 {
+		add("-stats-max-bytes: must be positive")
+	}
+	if c.Status.AppProbers != "" {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(c.Status.AppProbers), &m); err != nil {
+			add("-app-probers: want a JSON object: %v", err)
+		}
+	}
+	if c.CertRefresh <= 0 {
+		add("-grpc-cert-refresh: must be positive")
 	}
 	if c.WaitFor <= 0 {
-		errs = append(errs, errors.New("-wait-for: must be positive"))
+		add("-wait-for: must be positive")
 	}
 	return errors.Join(errs...)
 }

@@ -1,29 +1,83 @@
 package config
 
 import (
+	"bytes"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
-func TestLoadResolvesPathsUnderPodRoot(t *testing.T) {
-	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, func(string) string { return "" })
+func none(string) string { return "" }
+
+func TestLoadResolvesPathsUnderPodRootAndJoinsTheBusAsThePod(t *testing.T) {
+	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, none)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.SDSSocket != filepath.Join("/pods/web-0", "var/run/secrets/workload-spiffe-uds/socket") {
-		t.Fatalf("sds socket %s", c.SDSSocket)
+	if c.SDSSocket != filepath.Join("/pods/web-0", "var/run/secrets/workload-spiffe-uds/socket") ||
+		c.OutputCerts != "/pods/web-0/etc/istio-output-certs" || c.GRPCBootstrap != "/pods/web-0/etc/istio/proxy/grpc-bootstrap.json" {
+		t.Fatalf("paths %s %s %s", c.SDSSocket, c.OutputCerts, c.GRPCBootstrap)
+	}
+	p := c.Process()
+	if p.Bus == nil || p.Bus.InboxPrefix != "_INBOX.pod.web-0" || p.Name != "launcher" || p.HTTP != "127.0.0.1:15021" {
+		t.Fatalf("process %+v bus %+v", p, p.Bus)
+	}
+	if c.Pod.DNSDomain != "default.svc.cluster.local" || c.Pod.IPs[0] != "127.0.0.1" || c.Listen.Status != ":15020" {
+		t.Fatalf("pod %+v status %s", c.Pod, c.Listen.Status)
+	}
+}
+
+func TestIstioEnvNames(t *testing.T) {
+	env := map[string]string{
+		"POD_NAME": "web-0", "POD_NAMESPACE": "shop", "INSTANCE_IP": "10.0.0.7,fd00::7",
+		"ISTIO_METAJSON_LABELS": `{"app":"web"}`, "TERMINATION_DRAIN_DURATION": "7s", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS": "true",
+		"MINIMUM_DRAIN_DURATION": "3s", "DISABLE_ENVOY": "true", "OUTPUT_CERTS": "/certs", "GRPC_XDS_BOOTSTRAP": "/b.json",
+		"ISTIO_KUBE_APP_PROBERS": `{"/app-health/web/livez":{"tcpSocket":{"port":8080}}}`, "CUSTOM_BOOTSTRAP": "/custom.json",
+	}
+	c, err := Load(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pod.Namespace != "shop" || c.Pod.DNSDomain != "shop.svc.cluster.local" || len(c.Pod.IPs) != 2 || c.Pod.Labels["app"] != "web" ||
+		c.Drain.Duration.String() != "7s" || !c.Drain.ExitOnZero || c.Drain.MinDuration.String() != "3s" || !c.Envoy.Disabled ||
+		c.OutputCerts != "/certs" || c.GRPCBootstrap != "/b.json" || c.Status.AppProbers == "" || c.Envoy.CustomBootstrap != "/custom.json" {
+		t.Fatalf("config %+v", c)
 	}
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	_, err := Load([]string{"-drain-time", "-1s", "-wait-for", "0s", "-log-level", "loud"}, func(string) string { return "" })
+	_, err := Load([]string{"-drain-time", "-1s", "-wait-for", "0s", "-log-level", "loud", "-instance-ip", "nope",
+		"-proxy-type", "gateway", "-labels", "[1]", "-app-probers", "{", "-drain-deadline", "0s",
+		"-custom-bootstrap", "a", "-bootstrap-template", "b", "-envoy-admin", "15000"}, none)
 	if err == nil {
 		t.Fatal("want error")
 	}
-	for _, f := range []string{"-pod", "-drain-time", "-wait-for", "-log-level"} {
+	for _, f := range []string{"-pod", "-drain-time", "-wait-for", "-log-level", "-instance-ip", "-proxy-type", "-labels",
+		"-app-probers", "-drain-deadline", "-custom-bootstrap", "-envoy-admin"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}
+	}
+}
+
+// -h lists every knob with its env var; those Istio has name it.
+func TestHelpNamesIstiosKnobs(t *testing.T) {
+	_, err := Load([]string{"-h"}, none)
+	var out bytes.Buffer
+	if !flagenv.PrintHelp(err, &out) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, w := range []string{"TERMINATION_DRAIN_DURATION", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION",
+		"ISTIO_KUBE_APP_PROBERS", "DISABLE_ENVOY", "OUTPUT_CERTS", "GRPC_XDS_BOOTSTRAP", "CUSTOM_BOOTSTRAP", "ISTIO_BOOTSTRAP",
+		"INSTANCE_IP", "POD_NAMESPACE", "ISTIO_METAJSON_LABELS", "ISTIO_META_CLUSTER_ID", "--statusPort", "--proxyLogLevel",
+		"--proxyComponentLogLevel", "--concurrency", "drainDuration", "parentShutdownDuration", "--binaryPath", "1337"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("-h lacks %s", w)
+		}
+	}
+	if n, e := strings.Count(out.String(), "\n  -"), strings.Count(out.String(), "\tenv "); n != e {
+		t.Errorf("%d flags, %d env lines", n, e)
 	}
 }

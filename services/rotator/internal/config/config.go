@@ -10,6 +10,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
 
@@ -128,4 +129,10 @@ func (c Config) Validate() error {
 	bad(!namePattern.MatchString(c.Store.Consumer), "-consumer: want [A-Za-z0-9_-]+")
 	bad(c.Store.Replicas < 1 || c.Store.Replicas > 5, "-js-replicas: must be 1 to 5")
 	return errors.Join(errs...)
+}
+
+// Process is what the lifecycle reads: the logger, the health and metrics
+// address, and the bus.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "rotator", Log: c.Log, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }

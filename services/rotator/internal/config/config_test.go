@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
 
 func TestLoad(t *testing.T) {
 	tests := []struct {
@@ -47,7 +47,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := Load(tc.args, env(tc.env))
+			c, err := Load(tc.args, testkit.Env(tc.env))
 			if len(tc.wantErr) > 0 {
 				if err == nil {
 					t.Fatal("no error")
@@ -64,5 +64,16 @@ func TestLoad(t *testing.T) {
 			}
 			tc.check(t, c)
 		})
+	}
+}
+
+func TestProcessIsWhatTheLifecycleReads(t *testing.T) {
+	c, err := Load([]string{"-instance", "r0", "-http-addr", "127.0.0.1:9"}, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Process()
+	if p.Name != "rotator" || p.HTTP != "127.0.0.1:9" || p.Bus == nil || p.Bus.Name != "rotator/r0" || p.Log != c.Log {
+		t.Fatalf("process %+v", p)
 	}
 }

@@ -15,6 +15,7 @@ type Record struct {
 	Root      string `json:"rt"`
 	NotBefore int64  `json:"nb"` // unix nanoseconds
 	NotAfter  int64  `json:"na"`
+	Issued    int64  `json:"is,omitempty"` // unix nanoseconds; 0: not known (a record written before it was kept)
 	Attempt   int    `json:"at,omitempty"` // renew-due sent so far for this certificate
 	SentAt    int64  `json:"sa,omitempty"` // unix nanoseconds of the last one
 	// Rev is the revision of the record in the durable store (not stored in it).
@@ -30,7 +31,7 @@ func (s *Schedule) Record(pod, resource string) (Record, bool) {
 	e := &s.entries[i]
 	p, r := splitKey(e.key)
 	return Record{Pod: p, Resource: r, Serial: e.serial, Root: s.roots[e.root],
-		NotBefore: e.notBefore, NotAfter: e.notAfter, Attempt: int(e.attempt), SentAt: e.sentAt, Rev: e.rev}, true
+		NotBefore: e.notBefore, NotAfter: e.notAfter, Issued: e.issued, Attempt: int(e.attempt), SentAt: e.sentAt, Rev: e.rev}, true
 }
 
 // Restore loads a record read back from durable state (r.Rev is its revision there).
@@ -41,6 +42,9 @@ func (s *Schedule) Restore(r Record, now time.Time) (Result, error) {
 	}
 	c := Cert{Pod: r.Pod, Resource: r.Resource, Serial: r.Serial, Root: r.Root,
 		NotBefore: time.Unix(0, r.NotBefore), NotAfter: time.Unix(0, r.NotAfter)}
+	if r.Issued != 0 {
+		c.Issued = time.Unix(0, r.Issued)
+	}
 	sentAt := r.SentAt
 	if r.Attempt == 0 {
 		sentAt = 0

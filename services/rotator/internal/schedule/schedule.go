@@ -37,6 +37,12 @@ type Cert struct {
 	Pod, Resource, Serial string
 	Root                  string // fingerprint of the root the chain ends at
 	NotBefore, NotAfter   time.Time
+	// Issued is when the signer issued it: the cert.issued event's time. The grace
+	// ratio counts from it, as Istio's agent counts from when it got the certificate:
+	// NotBefore is backdated (by the signer's 10 s, for clock skew), and counting from
+	// it renews a 30 s certificate 10 s after issuance instead of 15 s. Zero, or
+	// outside [NotBefore, NotAfter): NotBefore.
+	Issued time.Time
 }
 
 // Result says what Upsert did.
@@ -87,6 +93,7 @@ type entry struct {
 	serial     string
 	notBefore  int64
 	notAfter   int64
+	issued     int64 // 0: not known (Cert.Issued)
 	due        int64
 	sentAt     int64
 	rev        uint64 // durable (KV) revision of the entry; 0 when not stored yet
@@ -160,15 +167,34 @@ func (s *Schedule) intern(root string) uint32 {
 	return id
 }
 
-// RenewAt is when cert c is due: notBefore + (1 - ratio) * lifetime, where ratio is
-// cfg.GraceRatio plus a jitter in [-cfg.Jitter, +cfg.Jitter) drawn from a hash of
-// the certificate, so every replica and every restart computes the same time.
+// RenewAt is when cert c is due: issued + (1 - ratio) * (notAfter - issued), where
+// issued is c.Issued (else notBefore) and ratio is cfg.GraceRatio plus a jitter in
+// [-cfg.Jitter, +cfg.Jitter) drawn from a hash of the certificate, so every replica
+// and every restart computes the same time.
 func RenewAt(cfg Config, c Cert) time.Time {
 	nb, na := c.NotBefore.UnixNano(), c.NotAfter.UnixNano()
-	return time.Unix(0, dueOf(cfg, c.Serial, key(c.Pod, c.Resource), nb, na))
+	return time.Unix(0, dueOf(cfg, c.Serial, key(c.Pod, c.Resource), countFrom(nb, issuedNanos(c.Issued), na), na))
 }
 
-func dueOf(cfg Config, serial, k string, nb, na int64) int64 {
+// issuedNanos is t in unix nanoseconds, 0 for the zero time.
+func issuedNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// countFrom is where a certificate's renewal time counts from: its issuance when
+// known and within its validity, else its notBefore.
+func countFrom(nb, issued, na int64) int64 {
+	if issued >= nb && issued < na {
+		return issued
+	}
+	return nb
+}
+
+// dueOf is from + (1 - ratio) * (na - from), ratio jittered per certificate.
+func dueOf(cfg Config, serial, k string, from, na int64) int64 {
 	r := cfg.GraceRatio
 	if cfg.Jitter > 0 {
 		h := fnv.New64a()
@@ -179,7 +205,7 @@ func dueOf(cfg Config, serial, k string, nb, na int64) int64 {
 		r += (2*u - 1) * cfg.Jitter
 	}
 	r = math.Min(1, math.Max(0, r))
-	return nb + int64((1-r)*float64(na-nb))
+	return from + int64((1-r)*float64(na-from))
 }
 
 func (s *Schedule) backoff(attempt uint16) int64 {
@@ -255,7 +281,7 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, rev uint64, now 
 		}
 	}
 	e := &s.entries[i]
-	*e = entry{key: k, serial: c.Serial, notBefore: nb, notAfter: na, sentAt: sentAt,
+	*e = entry{key: k, serial: c.Serial, notBefore: nb, notAfter: na, issued: issuedNanos(c.Issued), sentAt: sentAt,
 		rev: rev, root: s.intern(c.Root), attempt: attempt, hidx: -1}
 	s.enqueue(i, now.UnixNano())
 	return res, nil
@@ -269,9 +295,9 @@ func (s *Schedule) enqueue(i int32, now int64) {
 		e.due = e.sentAt + s.backoff(e.attempt)
 	case s.oldRoot[e.root]:
 		e.flags |= fRootRotation
-		e.due = min(now, dueOf(s.cfg, e.serial, e.key, e.notBefore, e.notAfter))
+		e.due = min(now, dueOf(s.cfg, e.serial, e.key, countFrom(e.notBefore, e.issued, e.notAfter), e.notAfter))
 	default:
-		e.due = dueOf(s.cfg, e.serial, e.key, e.notBefore, e.notAfter)
+		e.due = dueOf(s.cfg, e.serial, e.key, countFrom(e.notBefore, e.issued, e.notAfter), e.notAfter)
 	}
 	s.pending.push(i)
 }

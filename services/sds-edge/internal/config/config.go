@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -160,6 +161,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
+// Process is what the lifecycle reads from the config (pkg/lifecycle): sds-edge
+// logs with its pod on every line and always has a bus connection for now. Bus is
+// a pointer so that a config that needs none can say so with nil.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
+}
+
 // DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
 // root; used as -trust-anchors-file when it exists.
 const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
@@ -209,7 +217,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("-trust-domain/-namespace/-service-account: %w", err))
 	}
 	add(c.Listen.HTTP != "", "-http-addr: required")
-	add(c.Cert.TTL > 0, "-secret-ttl: must be positive")
+	add(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
 	add(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
 	add(c.Cert.RetryMin > 0, "-retry-min: must be positive")
 	add(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")

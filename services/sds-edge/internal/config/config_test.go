@@ -115,3 +115,12 @@ func TestTrustAnchorsFile(t *testing.T) {
 		t.Fatalf("env: %q", got)
 	}
 }
+
+// The CA counts the TTL in whole seconds: a shorter one is refused here, naming the
+// flag, rather than refused on every CSR.
+func TestSecretTTLUnderASecondIsRefused(t *testing.T) {
+	_, err := Load([]string{"-pod", "p", "-secret-ttl", "500ms"}, env(nil))
+	if err == nil || !strings.Contains(err.Error(), "-secret-ttl: must be at least 1s") {
+		t.Fatalf("-secret-ttl 500ms: %v", err)
+	}
+}

@@ -25,7 +25,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/ca"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
@@ -54,8 +54,19 @@ const (
 	SourceSignReply    = "sign-reply"
 )
 
-// Sink hears about every change the manager makes.
-type Sink interface {
+// Signer sends one signing request to a CA and returns its reply, unchecked
+// (caclient.NATS, caclient.Istio).
+type Signer interface {
+	Sign(ctx context.Context, req events.SignRequest) (caclient.Response, error)
+}
+
+var (
+	_ Signer = (*caclient.NATS)(nil)
+	_ Signer = (*caclient.Istio)(nil)
+)
+
+// Observer hears about every change the manager makes.
+type Observer interface {
 	// Changed: resource e now has a new value, woken streams watch it.
 	Changed(e *secrets.Entry, streams int)
 	// Files: the key, chain and roots to write out (OUTPUT_CERTS).
@@ -71,9 +82,9 @@ type Sink interface {
 // Manager runs the CA flow.
 type Manager struct {
 	cfg    Config
-	signer ca.Signer
+	signer Signer
 	store  *secrets.Store
-	sink   Sink
+	obs    Observer
 	clock  clock.Clock
 	log    hclog.Logger
 
@@ -90,8 +101,8 @@ type Manager struct {
 }
 
 // New returns a manager. It does nothing until Run.
-func New(cfg Config, signer ca.Signer, store *secrets.Store, sink Sink, clk clock.Clock, log hclog.Logger) *Manager {
-	return &Manager{cfg: cfg, signer: signer, store: store, sink: sink, clock: clk, log: log,
+func New(cfg Config, signer Signer, store *secrets.Store, obs Observer, clk clock.Clock, log hclog.Logger) *Manager {
+	return &Manager{cfg: cfg, signer: signer, store: store, obs: obs, clock: clk, log: log,
 		renew: make(chan events.RenewDue, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk.Now)}}
 }
 
@@ -159,7 +170,7 @@ func (m *Manager) deadline() time.Time {
 // not after the current leaf's. A renew-due naming a newer certificate the pod
 // never got (the signer recorded it, but its reply was lost) is not stale: the
 // rotator tracks that one now, and every renewal it asks for must be obeyed.
-// Repeats of one event are dropped by event id, in busio.
+// Repeats of one event are dropped by event id, in podfeed.
 func (m *Manager) stale(r events.RenewDue) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -181,26 +192,13 @@ func (m *Manager) Serial() string {
 	return pki.SerialHex(m.chain[0])
 }
 
-// Roots returns the CA roots, to verify a gRPC CA's TLS: the trusted bundle, or
-// before the first one the anchors; nil when there are neither.
-func (m *Manager) Roots() *x509.CertPool {
-	if m.trust.ca.Bootstrapped() || len(m.cfg.Anchors) == 0 {
-		return m.trust.ca.Pool()
-	}
-	p := x509.NewCertPool()
-	for _, a := range m.cfg.Anchors {
-		p.AddCert(a)
-	}
-	return p
-}
-
 // issue gets a new certificate, retrying with exponential backoff and full jitter
 // until it succeeds or ctx ends. Only Run calls it: one CSR is in flight at a time.
 func (m *Manager) issue(ctx context.Context, reason string) error {
 	backoff := m.cfg.RetryMin
 	for attempt := 0; ; attempt++ {
 		commit, err := m.issueOnce(ctx)
-		m.sink.CSR(err, attempt > 0)
+		m.obs.CSR(err, attempt > 0)
 		if err == nil {
 			commit()
 			m.log.Info("certificate issued", "reason", reason, "serial", m.Serial(), "attempt", attempt+1)
@@ -223,6 +221,7 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 }
 
 // issueOnce makes one signing attempt; on success commit installs the result.
+// The request it sends (events.SignRequest) is the one the signer's issuer reads.
 func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	key, err := pki.GenerateKey(m.cfg.KeyAlg)
 	if err != nil {
@@ -232,8 +231,8 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	req := ca.Request{CSR: csrPEM, SPIFFEID: m.cfg.SPIFFEID, TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
-	if err := m.credential(&req); err != nil {
+	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
+	if err := m.credential(&req, csrPEM); err != nil {
 		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
@@ -242,10 +241,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if !publicKeysEqual(resp.Chain[0].PublicKey, key.Public()) {
-		return nil, errors.New("signed certificate is not for our key")
-	}
-	u, err := m.checkReply(resp)
+	chain, u, err := m.checkReply(resp, key)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +251,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	}
 	return func() {
 		m.mu.Lock()
-		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, resp.Chain, resp.ChainPEM
+		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, chain, resp.ChainPEM
 		m.mu.Unlock()
 		// A new root in the reply is a trust change, like trust.changed.
 		rootsChanged := m.apply(u)
@@ -265,7 +261,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 
 // credential fills a fresh token from the token file; when it cannot be read, a
 // still-valid certificate proves who we are instead (CertChain + Proof).
-func (m *Manager) credential(req *ca.Request) error {
+func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	tok, terr := os.ReadFile(m.cfg.TokenFile)
 	if terr == nil && len(strings.TrimSpace(string(tok))) > 0 {
 		req.Token = strings.TrimSpace(string(tok))
@@ -280,7 +276,7 @@ func (m *Manager) credential(req *ca.Request) error {
 	if key == nil || m.clock.Now().After(chain[0].NotAfter) {
 		return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
 	}
-	b, _ := pem.Decode(req.CSR)
+	b, _ := pem.Decode(csrPEM)
 	proof, err := pki.SignProof(key, b.Bytes)
 	if err != nil {
 		return err
@@ -291,21 +287,6 @@ func (m *Manager) credential(req *ca.Request) error {
 }
 
 func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }
-
-// SetAnchors applies this pod's extra trust anchors.
-func (m *Manager) SetAnchors(ev events.TrustAnchors) error {
-	roots, err := pki.ParseCertPEMs(ev.Roots)
-	if err != nil {
-		return fmt.Errorf("trust anchors: %w", err)
-	}
-	m.mu.Lock()
-	changed := m.trust.setAnchors(roots)
-	m.mu.Unlock()
-	if changed {
-		m.publish(false, true)
-	}
-	return nil
-}
 
 // publish stores `default` and/or `ROOTCA` and writes the files.
 func (m *Manager) publish(cert, roots bool) {
@@ -323,7 +304,7 @@ func (m *Manager) publish(cert, roots bool) {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
 	}
 	if haveCert {
-		m.sink.Files(keyPEM, chainPEM, rootsPEM)
+		m.obs.Files(keyPEM, chainPEM, rootsPEM)
 	}
 }
 
@@ -333,7 +314,7 @@ func (m *Manager) set(s sdsclient.Secret) {
 		m.log.Error("cannot store secret", "resource", s.Name, "error", err)
 		return
 	}
-	m.sink.Changed(e, n)
+	m.obs.Changed(e, n)
 }
 
 func trimAll(ss []string) []string {
@@ -342,6 +323,86 @@ func trimAll(ss []string) []string {
 		out[i] = strings.TrimSpace(s)
 	}
 	return out
+}
+
+// checkReply decides whether a signing reply may be installed for key and returns
+// the parsed chain and the bundle update to apply with it. The chain must be leaf
+// first, each certificate signed by the next, and the leaf must carry key and
+// exactly the pod's SPIFFE ID (so that no responder can hand the pod another
+// identity). An endorsed bundle in the reply (or, before any, the first one, see
+// trustbundle.Set.Check) may add roots; then the leaf must verify to a root trusted
+// now or just endorsed. An unendorsed reply (Istio's) adds nothing after the
+// first: its leaf must verify to the roots trusted already.
+func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509.Certificate, trustbundle.Update, error) {
+	u := trustbundle.Update{Stale: true}
+	chain, err := checkChain(resp.ChainPEM, m.cfg.SPIFFEID)
+	if err != nil {
+		return nil, u, err
+	}
+	if !publicKeysEqual(chain[0].PublicKey, key.Public()) {
+		return nil, u, errors.New("signed certificate is not for our key")
+	}
+	b := resp.Bundle
+	if b.TrustDomain == "" {
+		b.TrustDomain = m.cfg.TrustDomain
+	}
+	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
+		if u, err = m.trust.ca.Check(b); err != nil {
+			m.obs.TrustRejected(SourceSignReply)
+			return nil, u, fmt.Errorf("sign reply: %w", err)
+		}
+	}
+	var extra []*x509.Certificate
+	if !u.Stale {
+		extra = u.Roots
+	}
+	// A CA clock a little ahead of ours must not fail a fresh leaf.
+	at := m.clock.Now()
+	if nb := chain[0].NotBefore; at.Before(nb) {
+		at = nb
+	}
+	if err := m.trust.ca.VerifyChain(chain, extra, at); err != nil {
+		m.obs.TrustRejected(SourceSignReply)
+		return nil, u, fmt.Errorf("signed certificate: %w", err)
+	}
+	return chain, u, nil
+}
+
+// checkChain parses and checks a reply chain: at least leaf and root, each signed by
+// the next, and a leaf for exactly id. Whether the root is one the pod trusts is
+// checkReply's next step.
+func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
+	if len(pems) < 2 {
+		return nil, fmt.Errorf("chain has %d certificate(s): want leaf and root at least", len(pems))
+	}
+	chain, err := pki.ParseCertPEMs(pems)
+	if err != nil {
+		return nil, fmt.Errorf("parse chain: %w", err)
+	}
+	for i := 0; i+1 < len(chain); i++ {
+		if err := chain[i].CheckSignatureFrom(chain[i+1]); err != nil {
+			return nil, fmt.Errorf("chain[%d] not signed by chain[%d]: %w", i, i+1, err)
+		}
+	}
+	if err := checkLeafID(chain[0], id); err != nil {
+		return nil, err
+	}
+	return chain, nil
+}
+
+// checkLeafID checks that leaf's one URI SAN is exactly id.
+func checkLeafID(leaf *x509.Certificate, id string) error {
+	if id == "" {
+		return errors.New("no spiffe id to check the signed certificate against")
+	}
+	uris := make([]string, len(leaf.URIs))
+	for i, u := range leaf.URIs {
+		uris[i] = u.String()
+	}
+	if len(uris) != 1 || uris[0] != id {
+		return fmt.Errorf("signed certificate is for %v, not %s", uris, id)
+	}
+	return nil
 }
 
 func publicKeysEqual(a, b crypto.PublicKey) bool {

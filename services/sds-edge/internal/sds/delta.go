@@ -15,8 +15,8 @@ import (
 // DeltaSecrets is the incremental stream: clients subscribe and unsubscribe by name
 // and get only the resources whose version changed since they last got them.
 func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecretsServer) error {
-	s.hooks.Stream("delta", 1)
-	defer s.hooks.Stream("delta", -1)
+	s.obs.Stream("delta", 1)
+	defer s.obs.Stream("delta", -1)
 	ctx := stream.Context()
 	reqs := make(chan *discoveryv3.DeltaDiscoveryRequest)
 	errc := make(chan error, 1)
@@ -55,7 +55,7 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 		var sentNames []string
 		for _, e := range changed {
 			if served {
-				s.hooks.Served(node, e)
+				s.obs.Served(node, e)
 			}
 			sent[e.Name] = e.Version
 			sentNames = append(sentNames, e.Name)
@@ -90,7 +90,7 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 				if d := req.GetErrorDetail(); d != nil {
 					if names, ok := nonces[nonce]; ok {
 						s.log.Warn("secret nacked", "node", node, "names", names, "nonce", nonce, "error", d.GetMessage())
-						s.hooks.Nacked(node, names, "", nonce, d.GetMessage())
+						s.obs.Nacked(node, names, "", nonce, d.GetMessage())
 					}
 				}
 			}

@@ -39,16 +39,16 @@ func (r fuzzResolver) Resolve(name string) error {
 	return err
 }
 
-// fuzzHooks counts open streams, so that a test can see one left behind.
-type fuzzHooks struct{ open atomic.Int64 }
+// fuzzObserver counts open streams, so that a test can see one left behind.
+type fuzzObserver struct{ open atomic.Int64 }
 
-func (*fuzzHooks) Served(string, *secrets.Entry)                   {}
-func (*fuzzHooks) Nacked(string, []string, string, string, string) {}
-func (h *fuzzHooks) Stream(_ string, delta int)                    { h.open.Add(int64(delta)) }
+func (*fuzzObserver) Served(string, *secrets.Entry)                   {}
+func (*fuzzObserver) Nacked(string, []string, string, string, string) {}
+func (h *fuzzObserver) Stream(_ string, delta int)                    { h.open.Add(int64(delta)) }
 
 // fuzzServer runs the SDS server on a unix socket in a temp dir, with default, ROOTCA
 // and fuzzFileRoot servable, and returns a client connection to it.
-func fuzzServer(f *testing.F) (secretv3.SecretDiscoveryServiceClient, *fuzzHooks) {
+func fuzzServer(f *testing.F) (secretv3.SecretDiscoveryServiceClient, *fuzzObserver) {
 	f.Helper()
 	store := secrets.New(nil)
 	store.SetResolver(fuzzResolver{store})
@@ -60,7 +60,7 @@ func fuzzServer(f *testing.F) (secretv3.SecretDiscoveryServiceClient, *fuzzHooks
 			f.Fatal(err)
 		}
 	}
-	hooks := &fuzzHooks{}
+	hooks := &fuzzObserver{}
 	path := filepath.Join(f.TempDir(), "sds.sock")
 	l := NewListener(path, 0o600, New(store, hooks, hclog.NewNullLogger()), hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())

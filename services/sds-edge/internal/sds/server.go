@@ -29,8 +29,8 @@ import (
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
-// Hooks hear what the server does, for events and metrics. Calls must not block.
-type Hooks interface {
+// Observer hears what the server does, for events and metrics. Calls must not block.
+type Observer interface {
 	// Served: a stream (or fetch) got resource e in answer to its request.
 	Served(node string, e *secrets.Entry)
 	// Nacked: a client rejected a response.
@@ -43,7 +43,7 @@ type Hooks interface {
 type Server struct {
 	secretv3.UnimplementedSecretDiscoveryServiceServer
 	store *secrets.Store
-	hooks Hooks
+	obs   Observer
 	log   hclog.Logger
 	nonce atomic.Uint64
 }
@@ -51,8 +51,8 @@ type Server struct {
 var _ secretv3.SecretDiscoveryServiceServer = (*Server)(nil)
 
 // New returns a server over store.
-func New(store *secrets.Store, hooks Hooks, log hclog.Logger) *Server {
-	return &Server{store: store, hooks: hooks, log: log}
+func New(store *secrets.Store, obs Observer, log hclog.Logger) *Server {
+	return &Server{store: store, obs: obs, log: log}
 }
 
 // Register adds the service to g.
@@ -82,8 +82,8 @@ func (s *Server) checkNames(names []string) error {
 
 // FetchSecrets answers one request with the current value of every named resource.
 func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
-	s.hooks.Stream("fetch", 1)
-	defer s.hooks.Stream("fetch", -1)
+	s.obs.Stream("fetch", 1)
+	defer s.obs.Stream("fetch", -1)
 	node := req.GetNode().GetId()
 	if node == "" {
 		return nil, status.Error(codes.InvalidArgument, "node id required")
@@ -104,7 +104,7 @@ func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryReq
 	resp := &discoveryv3.DiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), VersionInfo: versionOf(entries)}
 	for _, e := range entries {
 		resp.Resources = append(resp.Resources, e.Any)
-		s.hooks.Served(node, e)
+		s.obs.Served(node, e)
 	}
 	return resp, nil
 }

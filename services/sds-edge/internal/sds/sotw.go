@@ -17,8 +17,8 @@ import (
 // is not the last one sent is stale and ignored; one with error_detail is a NACK: it
 // is reported and nothing is resent until the resource changes again.
 func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
-	s.hooks.Stream("stream", 1)
-	defer s.hooks.Stream("stream", -1)
+	s.obs.Stream("stream", 1)
+	defer s.obs.Stream("stream", -1)
 	ctx := stream.Context()
 	reqs := make(chan *discoveryv3.DiscoveryRequest)
 	errc := make(chan error, 1)
@@ -51,7 +51,7 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 		}
 		for _, e := range entries {
 			if sent[e.Name] != e.Version && served {
-				s.hooks.Served(node, e)
+				s.obs.Served(node, e)
 			}
 			sent[e.Name] = e.Version
 		}
@@ -83,7 +83,7 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 				}
 				if d := req.GetErrorDetail(); d != nil {
 					s.log.Warn("secret nacked", "node", node, "names", names, "version", lastVer, "nonce", nonce, "error", d.GetMessage())
-					s.hooks.Nacked(node, names, lastVer, nonce, d.GetMessage())
+					s.obs.Nacked(node, names, lastVer, nonce, d.GetMessage())
 					continue
 				}
 			}

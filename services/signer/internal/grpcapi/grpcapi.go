@@ -115,12 +115,19 @@ func (s *Server) Run(ctx context.Context) error {
 // request names no pod: cert.issued names the pod of a pod-bound token, else none.
 func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	r := issuer.Request{
-		CSR:        []byte(req.GetCsr()),
-		TTLSeconds: req.GetValidityDuration(),
-		CertSigner: req.GetMetadata().GetFields()[CertSignerKey].GetStringValue(),
-		Transport:  issuer.TransportGRPC,
+	// Istio's request, on the one request type. ValidityDuration <= 0 asks for the
+	// default, as in Istio's CA; one too large for a Duration is refused, not wrapped.
+	ttl, err := events.TTLFromSeconds(max(req.GetValidityDuration(), 0))
+	if err != nil {
+		s.iss.Malformed(issuer.TransportGRPC, false)
+		return nil, status.Errorf(codes.InvalidArgument, "validity_duration: %v", err)
 	}
+	r := events.SignRequest{
+		CSR:        req.GetCsr(),
+		TTL:        ttl,
+		CertSigner: req.GetMetadata().GetFields()[CertSignerKey].GetStringValue(),
+	}
+	via := issuer.Via{Transport: issuer.TransportGRPC}
 	if auth := md.Get("authorization"); len(auth) > 0 {
 		scheme, tok, ok := strings.Cut(auth[0], " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
@@ -130,10 +137,10 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 		r.Token = strings.TrimSpace(tok)
 	} else if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			r.PeerChain = ti.State.PeerCertificates
+			via.PeerChain = ti.State.PeerCertificates
 		}
 	}
-	res, err := s.iss.Issue(ctx, r)
+	res, err := s.iss.Issue(ctx, r, via)
 	if err != nil {
 		return nil, toStatus(err)
 	}

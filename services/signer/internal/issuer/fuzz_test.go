@@ -178,13 +178,13 @@ func FuzzIssue(f *testing.F) {
 	for i, csr := range csrSeeds(f) {
 		cred := uint8(i % credCount)
 		f.Add(csr, int64(0), cred, "", "", "")
-		f.Add(csr, int64(3600), uint8(credToken), "EC-P256", "default", tokenPod)
-		f.Add(csr, int64(3600), uint8(credCertProof), "", "", "")
+		f.Add(csr, int64(time.Hour), uint8(credToken), "EC-P256", "default", tokenPod)
+		f.Add(csr, int64(time.Hour), uint8(credCertProof), "", "", "")
 	}
 	good := csrSeeds(f)[0]
 	// The harness must reach the issuing path, or the properties below check nothing.
 	for cred := range credNone {
-		req := Request{CSR: good, Transport: TransportNATS}
+		req, via := events.SignRequest{CSR: string(good)}, Via{Transport: TransportNATS}
 		switch cred {
 		case credToken:
 			req.Token = fi.token
@@ -193,20 +193,24 @@ func FuzzIssue(f *testing.F) {
 			sig, _ := pki.SignProof(fi.clientKey, csr.Raw)
 			req.CertChain, req.Proof = fi.clientPEMs, base64.StdEncoding.EncodeToString(sig)
 		case credPeer:
-			req.PeerChain = fi.clientPeer
+			via.PeerChain = fi.clientPeer
 		}
-		if _, err := fi.iss.Issue(context.Background(), req); err != nil {
+		if _, err := fi.iss.Issue(context.Background(), req, via); err != nil {
 			f.Fatalf("good CSR with credential %d: %v", cred, err)
 		}
 	}
-	f.Add(good, int64(maxTTL/time.Second)+1, uint8(credToken), "", "", "")
+	f.Add(good, int64(maxTTL+time.Second), uint8(credToken), "", "", "")
 	f.Add(good, int64(1<<62), uint8(credPeer), "", "", "")
-	f.Add(good, int64(-1), uint8(credPeer), "rsa", "ROOTCA", "web-1")
-	f.Add(good, int64(1), uint8(credToken), "", "default", "web-1")
+	f.Add(good, int64(-time.Second), uint8(credPeer), "rsa", "ROOTCA", "web-1")
+	f.Add(good, int64(time.Second), uint8(credToken), "", "default", "web-1")
+	f.Add(good, int64(1), uint8(credToken), "", "", "")
 
-	f.Fuzz(func(t *testing.T, csrPEM []byte, ttl int64, cred uint8, keyAlg, resource, pod string) {
+	// ttl is a time.Duration: the issuer gets durations, whatever the wire did.
+	f.Fuzz(func(t *testing.T, csrPEM []byte, ttlNanos int64, cred uint8, keyAlg, resource, pod string) {
 		fi.published = fi.published[:0]
-		req := Request{CSR: csrPEM, TTLSeconds: ttl, KeyAlgorithm: keyAlg, Resource: resource, Pod: pod, Transport: TransportNATS}
+		ttl := time.Duration(ttlNanos)
+		req := events.SignRequest{CSR: string(csrPEM), TTL: ttl, KeyAlgorithm: keyAlg, Resource: resource, Pod: pod}
+		via := Via{Transport: TransportNATS}
 		csr, csrErr := pki.ParseCSR(csrPEM)
 		wantID := ""
 		switch cred % credCount {
@@ -223,10 +227,10 @@ func FuzzIssue(f *testing.F) {
 				req.Proof = base64.StdEncoding.EncodeToString(sig)
 			}
 		case credPeer:
-			req.PeerChain, wantID = fi.clientPeer, certID
+			via.PeerChain, wantID = fi.clientPeer, certID
 		}
 
-		res, err := fi.iss.Issue(context.Background(), req)
+		res, err := fi.iss.Issue(context.Background(), req, via)
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || e.Code == "" {
@@ -262,11 +266,11 @@ func FuzzIssue(f *testing.F) {
 		if pub, ok := leaf.PublicKey.(equaler); !ok || !pub.Equal(csr.PublicKey) {
 			t.Fatal("leaf key is not the CSR's key")
 		}
-		if ttl > int64(maxTTL/time.Second) {
-			t.Fatalf("issued for TTL %ds over the max %s", ttl, maxTTL)
+		if ttl > maxTTL {
+			t.Fatalf("issued for TTL %s over the max %s", ttl, maxTTL)
 		}
-		if leaf.NotAfter.After(fuzzNow.Add(maxTTL)) || (ttl > 0 && leaf.NotAfter.After(fuzzNow.Add(time.Duration(ttl)*time.Second))) {
-			t.Fatalf("leaf not_after %s: longer than TTL %ds allows", leaf.NotAfter, ttl)
+		if leaf.NotAfter.After(fuzzNow.Add(maxTTL)) || (ttl > 0 && leaf.NotAfter.After(fuzzNow.Add(ttl))) {
+			t.Fatalf("leaf not_after %s: longer than TTL %s allows", leaf.NotAfter, ttl)
 		}
 		roots, inters := x509.NewCertPool(), x509.NewCertPool()
 		roots.AddCert(fi.root)

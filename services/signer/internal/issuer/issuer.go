@@ -1,7 +1,8 @@
 // Package issuer is the transport-independent core of the signer: it checks a
 // request, authenticates the caller, signs the CSR's key for the caller's SPIFFE ID
-// and records the certificate with a cert.issued event. The NATS and gRPC front ends
-// only translate to and from it.
+// and records the certificate with a cert.issued event. It takes the one request
+// type, events.SignRequest: the NATS front end passes on what it decoded, the gRPC
+// front end maps Istio's request onto it; each adds what its transport proved (Via).
 package issuer
 
 import (
@@ -10,7 +11,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -31,37 +31,16 @@ const (
 // DefaultResource is the only SDS resource name the CA issues certificates for.
 const DefaultResource = "default"
 
-// secondsString formats s seconds like a time.Duration when it fits in one.
-func secondsString(s int64) string {
-	if s <= int64(math.MaxInt64/time.Second) {
-		return (time.Duration(s) * time.Second).String()
-	}
-	return fmt.Sprintf("%ds", s)
-}
-
-// Request is one signing request, whichever way it came.
-type Request struct {
-	CSR []byte // PEM
-	// Exactly one credential is used: Token if set, else PeerChain (the mTLS client
-	// chain; the handshake proved its key), else CertChain with Proof.
-	Token     string
+// Via is what the transport itself proved about a request, beside what the
+// request says (events.SignRequest, the one request type from sds-edge to here).
+type Via struct {
+	Transport string // TransportNATS or TransportGRPC
+	// PeerChain is the mTLS client chain; the handshake proved its key. It is the
+	// credential when the request carries no token.
 	PeerChain []*x509.Certificate
-	CertChain []string
-	Proof     string // base64 signature over the SHA-256 of the CSR's DER
-	// TTLSeconds is the requested lifetime in seconds; <= 0 asks for the default.
-	// Seconds, not a Duration: a huge value must be refused, not wrapped by a multiply.
-	TTLSeconds int64
-	// Pod is the pod the caller says it is. It must be proved: by BusPod or by a
-	// pod-bound token; a request naming a pod that neither proves is refused.
-	Pod string
 	// BusPod is the pod the bus vouches for: the pod sign subject the request came
 	// on, which NATS permissions let only that pod publish to.
-	BusPod   string
-	Resource string
-	// CertSigner is Istio's CertSigner: empty for the default signer.
-	CertSigner   string
-	KeyAlgorithm string
-	Transport    string
+	BusPod string
 }
 
 // Result is an issued certificate.
@@ -131,10 +110,13 @@ func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher
 // Source is the CloudEvents source of this signer's events.
 func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
 
-// Issue checks, authenticates and signs req. Any error leaves no trace but metrics
-// and a log line: no certificate is returned and no event is published.
-func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
-	t := req.Transport
+// Issue checks, authenticates and signs req, which came via the transport named in
+// via. Exactly one credential is used: req.Token if set, else via.PeerChain, else
+// req.CertChain with req.Proof. req.Pod must be proved, by via.BusPod or by a
+// pod-bound token. A TTL <= 0 asks for the default. Any error leaves no trace but
+// metrics and a log line: no certificate is returned and no event is published.
+func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Result, error) {
+	t := via.Transport
 	i.metrics.Received.WithLabelValues(t).Inc()
 	reject := func(reason string, err *Error) (Result, error) {
 		i.metrics.Rejected.WithLabelValues(t, reason).Inc()
@@ -148,13 +130,8 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 		return reject("unknown_signer", errf(events.CodeInvalidArgument, "unknown cert signer %q", req.CertSigner))
 	}
 	ttl := i.cfg.DefaultTTL
-	if req.TTLSeconds > 0 {
-		// Compare in seconds before multiplying: time.Duration(s)*time.Second wraps
-		// for s > ~292 years and would turn a huge request into the default TTL.
-		if req.TTLSeconds > int64(i.cfg.MaxTTL/time.Second) {
-			return reject("ttl", errf(events.CodeInvalidArgument, "requested TTL %s is greater than the max allowed TTL %s", secondsString(req.TTLSeconds), i.cfg.MaxTTL))
-		}
-		ttl = time.Duration(req.TTLSeconds) * time.Second
+	if req.TTL > 0 {
+		ttl = req.TTL
 	}
 	if ttl > i.cfg.MaxTTL {
 		return reject("ttl", errf(events.CodeInvalidArgument, "requested TTL %s is greater than the max allowed TTL %s", ttl, i.cfg.MaxTTL))
@@ -172,7 +149,7 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	if mat == nil {
 		return reject("not_ready", errf(events.CodeUnavailable, "CA not loaded yet"))
 	}
-	csr, err := pki.ParseCSR(req.CSR)
+	csr, err := pki.ParseCSR([]byte(req.CSR))
 	if err != nil {
 		i.metrics.ParseFail.WithLabelValues(t).Inc()
 		return reject("csr", errf(events.CodeInvalidArgument, "%v", err))
@@ -187,7 +164,7 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 			return reject("key_algorithm", errf(events.CodeInvalidArgument, "key_algorithm %q does not match the CSR's %s key", req.KeyAlgorithm, alg))
 		}
 	}
-	caller, err := i.authenticate(req, csr, mat)
+	caller, err := i.authenticate(req, via.PeerChain, csr, mat)
 	if errors.Is(err, authn.ErrUnavailable) {
 		// No verdict on the token (the API server did not answer): the caller retries.
 		return reject("auth_unavailable", errf(events.CodeUnavailable, "%v", err))
@@ -198,9 +175,9 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	}
 	// The rotator keys its schedule on (pod, resource), so a certificate recorded
 	// for the wrong pod would replace that pod's entry: every pod named must be proved.
-	pod, perr := provePod(req, caller)
+	pod, perr := provePod(req.Pod, via.BusPod, caller)
 	if perr != nil {
-		i.log.Warn("pod not proved", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "bus_pod", req.BusPod, "token_pod", caller.Pod)
+		i.log.Warn("pod not proved", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "bus_pod", via.BusPod, "token_pod", caller.Pod)
 		return reject("pod_mismatch", perr)
 	}
 	now := i.now()
@@ -237,15 +214,15 @@ func (i *Issuer) Issue(ctx context.Context, req Request) (Result, error) {
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
 }
 
-func (i *Issuer) authenticate(req Request, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
+func (i *Issuer) authenticate(req events.SignRequest, peer []*x509.Certificate, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
 	switch {
 	case req.Token != "":
 		if i.tokens == nil {
 			return authn.Caller{}, fmt.Errorf("%w: bearer tokens are not accepted: no JWKS or TokenReview configured", authn.ErrUnauthenticated)
 		}
 		return i.tokens.Verify(req.Token)
-	case len(req.PeerChain) > 0:
-		return authn.VerifyCert(req.PeerChain, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})
+	case len(peer) > 0:
+		return authn.VerifyCert(peer, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})
 	case len(req.CertChain) > 0:
 		chain, err := pki.ParseCertPEMs(req.CertChain)
 		if err != nil {
@@ -288,19 +265,19 @@ func (i *Issuer) Malformed(transport string, tooLarge bool) {
 // provePod returns the pod a certificate is recorded for: the one the bus subject
 // proves, else the one a pod-bound token proves, else none. A pod named by the
 // request, or by the token, that disagrees with what is proved is refused.
-func provePod(req Request, caller authn.Caller) (string, *Error) {
-	proved := req.BusPod
+func provePod(reqPod, busPod string, caller authn.Caller) (string, *Error) {
+	proved := busPod
 	if caller.Pod != "" {
 		if proved != "" && proved != caller.Pod {
 			return "", errf(events.CodePermissionDenied, "request came on pod %q's subject but the token was issued for pod %q", proved, caller.Pod)
 		}
 		proved = caller.Pod
 	}
-	if req.Pod != "" && req.Pod != proved {
+	if reqPod != "" && reqPod != proved {
 		if proved == "" {
-			return "", errf(events.CodePermissionDenied, "request names pod %q, which neither its bus subject nor its token proves", req.Pod)
+			return "", errf(events.CodePermissionDenied, "request names pod %q, which neither its bus subject nor its token proves", reqPod)
 		}
-		return "", errf(events.CodePermissionDenied, "request names pod %q but its credentials prove pod %q", req.Pod, proved)
+		return "", errf(events.CodePermissionDenied, "request names pod %q but its credentials prove pod %q", reqPod, proved)
 	}
 	return proved, nil
 }

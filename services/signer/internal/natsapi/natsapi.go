@@ -227,11 +227,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
 		return
 	}
-	res, err := a.iss.Issue(ctx, issuer.Request{
-		CSR: []byte(req.CSR), Token: req.Token, CertChain: req.CertChain, Proof: req.Proof,
-		TTLSeconds: req.TTLSeconds, Pod: req.Pod, BusPod: busPod, Resource: req.Resource,
-		CertSigner: req.CertSigner, KeyAlgorithm: req.KeyAlgorithm, Transport: issuer.TransportNATS,
-	})
+	res, err := a.iss.Issue(ctx, req, issuer.Via{Transport: issuer.TransportNATS, BusPod: busPod})
 	if err != nil {
 		a.respond(m, events.SignReply{Error: replyError(err)})
 		return

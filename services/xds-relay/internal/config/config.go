@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
 
@@ -74,9 +76,17 @@ func Default() Config {
 	return c
 }
 
-// Load reads flags and env vars (environ supplies the XDS_HEADER_* variables) over
-// the defaults, resolves paths under the pod root and validates the result.
-func Load(args []string, getenv func(string) string, environ []string) (Config, error) {
+// Load reads flags and env vars over the defaults, resolves paths under the pod
+// root and validates the result. The XDS_HEADER_* variables are read through
+// getenv like every other knob; since getenv cannot list names, which of them
+// exist is taken from the process environment (os.Environ), and one whose value
+// getenv reports empty is left out.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return load(args, getenv, os.Environ())
+}
+
+// load is Load with the environment that lists the XDS_HEADER_* names.
+func load(args []string, getenv func(string) string, environ []string) (Config, error) {
 	c := Default()
 	fs := flagenv.New("xds-relay", getenv)
 	c.Log.Bind(fs)
@@ -90,14 +100,14 @@ func Load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.String(&c.Upstream.RootCA, "xds-root-ca", "XDS_ROOT_CA", c.Upstream.RootCA, "PEM file of the upstream's CA, SYSTEM, or empty for the mesh ROOTCA from sds-edge")
 	fs.String(&c.Upstream.ServerName, "xds-server-name", "XDS_SERVER_NAME", c.Upstream.ServerName, "name to verify in the upstream's certificate (default: host of -discovery-address)")
 	fs.String(&c.Upstream.TokenFile, "token-file", "XDS_TOKEN_FILE", c.Upstream.TokenFile, "bearer token file sent upstream, re-read per connection (under -pod-root if relative)")
-	fs.String(&c.Upstream.ClusterID, "cluster-id", "CLUSTER_ID", c.Upstream.ClusterID, "ClusterID metadata sent upstream; empty: none")
+	fs.String(&c.Upstream.ClusterID, "cluster-id", "CLUSTER_ID", c.Upstream.ClusterID, "ClusterID metadata sent upstream; empty: none (and each XDS_HEADER_<NAME>=<value> in the environment sends <name>: <value>)")
 	fs.Duration(&c.Upstream.ConnectTimeout, "connect-timeout", "XDS_CONNECT_TIMEOUT", c.Upstream.ConnectTimeout, "bound on one upstream connection attempt")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "the pod's sds-edge socket (under -pod-root if relative)")
 	fs.Int(&c.MaxMsgSize, "max-msg-size", "XDS_MAX_MSG_SIZE", c.MaxMsgSize, "largest ADS message in bytes, both directions")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	c.Upstream.Headers = headers(environ)
+	c.Upstream.Headers = headers(environ, getenv)
 	c.Socket = c.under(c.Socket)
 	c.SDSSocket = c.under(c.SDSSocket)
 	if c.Upstream.TokenFile != "" {
@@ -122,14 +132,18 @@ func Load(args []string, getenv func(string) string, environ []string) (Config, 
 	return c, c.Validate()
 }
 
-func headers(environ []string) map[string]string {
+// headers are the upstream metadata of the XDS_HEADER_* variables environ names,
+// with their values from getenv.
+func headers(environ []string, getenv func(string) string) map[string]string {
 	out := map[string]string{}
 	for _, kv := range environ {
-		k, v, ok := strings.Cut(kv, "=")
+		k, _, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(k, HeaderEnvPrefix) || len(k) == len(HeaderEnvPrefix) {
 			continue
 		}
-		out[strings.ToLower(strings.TrimPrefix(k, HeaderEnvPrefix))] = v
+		if v := getenv(k); v != "" {
+			out[strings.ToLower(strings.TrimPrefix(k, HeaderEnvPrefix))] = v
+		}
 	}
 	return out
 }
@@ -211,4 +225,10 @@ func validKey(k string) bool {
 // certificate for mtls, or the mesh roots when no root CA file is given.
 func (c Config) NeedsSDS() bool {
 	return c.Upstream.Mode == ModeMTLS || (c.Upstream.Mode == ModeTLS && c.Upstream.RootCA == "")
+}
+
+// Process is what the lifecycle reads: the logger (every line names the pod), the
+// health and metrics address, and the bus.
+func (c Config) Process() lifecycle.Process {
+	return lifecycle.Process{Name: "xds-relay", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }

@@ -1,12 +1,13 @@
 package config
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
 
 func TestLoad(t *testing.T) {
 	tests := []struct {
@@ -42,7 +43,8 @@ func TestLoad(t *testing.T) {
 				}
 			}},
 		{"flags beat env; headers from environ", []string{"-pod", "p", "-cluster-id", "flag"},
-			map[string]string{"CLUSTER_ID": "env", "POD_NAME": "q"}, []string{"XDS_HEADER_FOO=bar", "XDS_HEADER_ISTIO_VERSION=1.31", "OTHER=x"},
+			map[string]string{"CLUSTER_ID": "env", "POD_NAME": "q", "XDS_HEADER_FOO": "bar", "XDS_HEADER_ISTIO_VERSION": "1.31", "OTHER": "x"},
+			[]string{"XDS_HEADER_FOO=bar", "XDS_HEADER_ISTIO_VERSION=1.31", "XDS_HEADER_GONE=x", "OTHER=x"},
 			func(t *testing.T, c Config) {
 				if c.Upstream.ClusterID != "flag" || c.Pod.ID != "p" {
 					t.Fatalf("cluster id %s pod %s", c.Upstream.ClusterID, c.Pod.ID)
@@ -54,7 +56,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := Load(tt.args, env(tt.env), tt.environ)
+			c, err := load(tt.args, testkit.Env(tt.env), tt.environ)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,8 +66,8 @@ func TestLoad(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
-	_, err := Load([]string{"-discovery-address", "nohost", "-xds-tls", "maybe", "-max-msg-size", "10",
-		"-connect-timeout", "0s", "-log-level", "loud", "-socket", "/" + strings.Repeat("d", 95) + "/XDS"}, env(nil), []string{"XDS_HEADER_BAD!=x"})
+	_, err := load([]string{"-discovery-address", "nohost", "-xds-tls", "maybe", "-max-msg-size", "10",
+		"-connect-timeout", "0s", "-log-level", "loud", "-socket", "/" + strings.Repeat("d", 95) + "/XDS"}, testkit.Env(map[string]string{"XDS_HEADER_BAD!": "x"}), []string{"XDS_HEADER_BAD!=x"})
 	if err == nil {
 		t.Fatal("want error")
 	}
@@ -73,5 +75,33 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}
+	}
+}
+
+// Load takes the XDS_HEADER_* names from the process environment and their values
+// through getenv, as every other knob.
+func TestLoadHeadersFromTheProcessEnvironment(t *testing.T) {
+	t.Setenv("XDS_HEADER_TRACE_ID", "t-1")
+	c, err := Load([]string{"-pod", "p"}, os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.Headers["trace_id"] != "t-1" {
+		t.Fatalf("headers %v", c.Upstream.Headers)
+	}
+	if c, err = Load([]string{"-pod", "p"}, testkit.Env(nil)); err != nil || len(c.Upstream.Headers) != 0 {
+		t.Fatalf("a getenv that knows no header gave %v (%v)", c.Upstream.Headers, err)
+	}
+}
+
+func TestProcessNamesThePodOnEveryLogLine(t *testing.T) {
+	c, err := Load([]string{"-pod", "web-0"}, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Process()
+	if p.Name != "xds-relay" || p.Bus == nil || p.Bus.Name != "xds-relay/web-0" || p.HTTP != c.Listen.HTTP ||
+		len(p.LogWith) != 2 || p.LogWith[0] != "pod" || p.LogWith[1] != "web-0" {
+		t.Fatalf("process %+v", p)
 	}
 }

@@ -29,8 +29,9 @@ type Sender interface {
 	PublishMsg(*nats.Msg) error
 }
 
-// AnchorSink takes the anchors for the relay's own upstream verification.
-type AnchorSink interface {
+// UpstreamTLS is the relay's own upstream verification, which takes the anchors
+// too (*upstream.Dialer implements it).
+type UpstreamTLS interface {
 	SetAnchors([]*x509.Certificate) error
 }
 
@@ -39,20 +40,20 @@ type Handler struct {
 	pod     string
 	subject string
 	bus     Sender
-	sink    AnchorSink
+	tls     UpstreamTLS
 	log     hclog.Logger
 
 	mu   sync.Mutex
 	last []string // the anchors last handed on, nil before the first
 }
 
-// New returns the handler for pod. sink may be nil.
-func New(pod string, bus Sender, sink AnchorSink, log hclog.Logger) (*Handler, error) {
+// New returns the handler for pod. tls may be nil: the anchors then reach only sds-edge.
+func New(pod string, bus Sender, tls UpstreamTLS, log hclog.Logger) (*Handler, error) {
 	subj, err := events.PodAnchorsSubject(pod)
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{pod: pod, subject: subj, bus: bus, sink: sink, log: log}, nil
+	return &Handler{pod: pod, subject: subj, bus: bus, tls: tls, log: log}, nil
 }
 
 // TypeURL implements relay.Handler.
@@ -108,8 +109,8 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 		return nil
 	}
 	// Only a change rebuilds the relay's own upstream TLS (which retires its connection).
-	if h.sink != nil {
-		if err := h.sink.SetAnchors(certs); err != nil {
+	if h.tls != nil {
+		if err := h.tls.SetAnchors(certs); err != nil {
 			// The anchors reached sds-edge; the relay's own TLS keeps its old pool.
 			h.log.Warn("cannot apply trust anchors to upstream tls", "error", err)
 		}

@@ -2,12 +2,7 @@ package proxyconfig
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"sync"
 	"testing"
 	"time"
@@ -15,32 +10,20 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
-func cert(t *testing.T, isCA bool) string {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "c"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: isCA, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return string(pki.EncodeCertPEM(c))
-}
-
-type sink struct {
+// upstreamTLS counts the anchors handed to the relay's own upstream TLS.
+type upstreamTLS struct {
 	mu    sync.Mutex
 	calls int
 }
 
-func (s *sink) SetAnchors([]*x509.Certificate) error {
+func (s *upstreamTLS) SetAnchors([]*x509.Certificate) error {
 	s.mu.Lock()
 	s.calls++
 	s.mu.Unlock()
@@ -66,23 +49,23 @@ func TestHandle(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	s := &sink{}
+	s := &upstreamTLS{}
 	h, err := New("web-0", nc, s, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	anchor := cert(t, true)
+	anchor := testkit.NewCA(t, "anchor", nil, time.Now(), time.Hour).PEM()
 	notAny, _ := anypb.New(wrapperspb.String("x"))
 	tests := []struct {
 		name      string
 		res       []*anypb.Any
 		wantErr   bool
 		wantRoots int // -1: nothing published
-		sinkCalls int // cumulative
+		tlsCalls  int // cumulative
 	}{
 		{"anchors published and applied", []*anypb.Any{pc(t, anchor, anchor)}, false, 1, 1},
 		{"repeat published, not re-applied", []*anypb.Any{pc(t, anchor)}, false, 1, 1},
-		{"leaf certificate rejected", []*anypb.Any{pc(t, cert(t, false))}, true, -1, 1},
+		{"leaf certificate rejected", []*anypb.Any{pc(t, testkit.SelfSigned(t, testkit.Spec{}).PEM())}, true, -1, 1},
 		{"garbage rejected", []*anypb.Any{pc(t, "-----BEGIN CERTIFICATE-----\nAA\n-----END CERTIFICATE-----\n")}, true, -1, 1},
 		{"wrong type rejected", []*anypb.Any{notAny}, true, -1, 1},
 		{"empty set removes anchors", nil, false, 0, 2},
@@ -115,8 +98,8 @@ func TestHandle(t *testing.T) {
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if s.calls != tt.sinkCalls {
-				t.Fatalf("sink calls %d, want %d", s.calls, tt.sinkCalls)
+			if s.calls != tt.tlsCalls {
+				t.Fatalf("upstream tls given anchors %d times, want %d", s.calls, tt.tlsCalls)
 			}
 		})
 	}

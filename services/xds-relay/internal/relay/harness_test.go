@@ -350,3 +350,16 @@ func openCDS(t testing.TB, ctx context.Context, socket, id string) discoveryv3.A
 	}
 	return st
 }
+
+// openDeltaCDS is openCDS for an incremental (delta) ADS stream.
+func openDeltaCDS(t testing.TB, ctx context.Context, socket, id string) discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
+	t.Helper()
+	st, err := ads(t, socket).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(id), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}

@@ -77,26 +77,18 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- srv.Run(ctx) }()
+			stop := testkit.Background(t, srv.Run) // reports what Run returned
 			select {
 			case <-srv.Bound():
-			case err := <-done:
-				cancel()
-				t.Fatalf("relay did not start over a stale socket: %v", err)
-			case <-time.After(5 * time.Second):
-				cancel()
-				t.Fatal("relay did not bind")
+			case <-time.After(testkit.Timeout):
+				t.Fatal("relay did not bind over a stale socket")
 			}
 			fi, err := os.Lstat(path)
 			if err != nil || fi.Mode().Perm() != relay.DefaultSocketMode {
-				cancel()
 				t.Fatalf("socket %v %v", fi, err)
 			}
 			c, err := net.DialTimeout("unix", path, time.Second)
 			if err != nil {
-				cancel()
 				t.Fatalf("relay socket does not answer: %v", err)
 			}
 			c.Close()
@@ -104,10 +96,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 				_ = os.Remove(path)
 				testkit.StaleSocket(t, path)
 			}
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("run: %v", err)
-			}
+			stop()
 			_, err = os.Lstat(path)
 			if tt.replaced && err != nil {
 				t.Fatalf("shutdown removed a socket that was not its own: %v", err)

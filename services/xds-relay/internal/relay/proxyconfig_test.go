@@ -2,12 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"testing"
 	"time"
 
@@ -15,38 +9,16 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
-func selfSignedCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, key
-}
-
 func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	ca, _ := selfSignedCA(t, "extra anchor")
-	anchor := string(pki.EncodeCertPEM(ca))
+	anchor := testkit.NewCA(t, "extra anchor", nil, time.Now(), time.Hour).PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}
@@ -98,21 +70,14 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 func TestProxyConfigOnDeltaStream(t *testing.T) {
 	up := startUpstream(t)
 	up.setClusters("n1", "v1", "a")
-	ca, _ := selfSignedCA(t, "delta anchor")
-	anchor := string(pki.EncodeCertPEM(ca))
+	anchor := testkit.NewCA(t, "delta anchor", nil, time.Now(), time.Hour).PEM()
 	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
 		t.Fatal(err)
 	}
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openDeltaCDS(t, ctx, env.socket, "n1")
 	if r, err := st.Recv(); err != nil || r.GetTypeUrl() != resource.ClusterType {
 		t.Fatalf("first delta response: %v %v", r.GetTypeUrl(), err)
 	}

@@ -97,13 +97,7 @@ func TestDeltaVersionsAndNonces(t *testing.T) {
 	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := ads(t, env.socket).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	st := openDeltaCDS(t, ctx, env.socket, "n1")
 	r1, err := st.Recv()
 	if err != nil {
 		t.Fatal(err)

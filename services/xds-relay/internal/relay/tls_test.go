@@ -2,15 +2,10 @@ package relay_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -28,7 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/trust"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -39,30 +34,6 @@ import (
 
 const workloadID = "spiffe://cluster.local/ns/default/sa/web"
 
-func leaf(t testing.TB, ca *x509.Certificate, caKey *ecdsa.PrivateKey, dns string, uri string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: dns + uri},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	if dns != "" {
-		tmpl.DNSNames = []string{dns}
-	}
-	if uri != "" {
-		u, _ := url.Parse(uri)
-		tmpl.URIs = []*url.URL{u}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: c}
-}
-
 // startSDS serves `default` and `ROOTCA` for node with a real go-control-plane SDS
 // server on a unix socket, as sds-edge does.
 // The returned func serves a new workload certificate (a rotation).
@@ -71,7 +42,7 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 	sc := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
 	version := 0
 	set := func(w tls.Certificate) {
-		keyPEM, err := pki.EncodeKeyPEM(w.PrivateKey.(*ecdsa.PrivateKey), true)
+		keyPEM, err := pki.EncodeKeyPEM(w.PrivateKey.(crypto.Signer), true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,13 +72,12 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 }
 
 func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
-	ca1, ca1Key := selfSignedCA(t, "root 1")
-	ca2, ca2Key := selfSignedCA(t, "root 2")
+	ca1, ca2 := testkit.NewCA(t, "root 1", nil, time.Now(), time.Hour), testkit.NewCA(t, "root 2", nil, time.Now(), time.Hour)
 	var serverCert atomic.Pointer[tls.Certificate]
-	c1 := leaf(t, ca1, ca1Key, "xds.test", "")
+	c1 := ca1.Issue(t, testkit.Spec{DNS: []string{"xds.test"}}).TLS()
 	serverCert.Store(&c1)
 	clientCAs := x509.NewCertPool()
-	clientCAs.AddCert(ca1)
+	clientCAs.AddCert(ca1.Cert)
 	up := startUpstream(t, grpc.Creds(credentials.NewTLS(&tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serverCert.Load(), nil },
 		ClientAuth:     tls.RequireAndVerifyClientCert, ClientCAs: clientCAs,
@@ -128,13 +98,8 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	up.setClusters("n1", "v1", "a")
 
 	const nodeID = "xds-relay~" + testPod
-	sdsPath, rotate := startSDS(t, nodeID, leaf(t, ca1, ca1Key, "", workloadID), ca1)
-	sdsCC, err := sdsclient.DialUnix(t.Context(), sdsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sdsCC.Close() })
-	w := sdsclient.NewWatcher(sdsCC, nodeID, testLog(t))
+	sdsPath, rotate := startSDS(t, nodeID, ca1.Issue(t, testkit.Spec{ID: workloadID}).TLS(), ca1.Cert)
+	w := sdsclient.WatchUnix(sdsPath, nodeID, testLog(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -142,13 +107,13 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	go func() { defer wg.Done(); _ = w.Run(ctx) }()
 	select {
 	case <-w.Ready():
-	case <-time.After(10 * time.Second):
+	case <-time.After(testkit.Timeout):
 		t.Fatal("sds watcher not ready")
 	}
 
 	env := startRelay(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = trust.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
+	go func() { defer wg.Done(); _ = tlsrefresh.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
 	client := ads(t, env.socket)
 	open := func() (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse, error) {
 		st, err := client.StreamAggregatedResources(ctx)
@@ -178,7 +143,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	// connection, so only a rebuild makes the relay handshake again: a reload
 	// without the new root (generation 2) fails new streams, the rotation that
 	// brings it (generation 3) lets them through.
-	c2 := leaf(t, ca2, ca2Key, "xds.test", "")
+	c2 := ca2.Issue(t, testkit.Spec{DNS: []string{"xds.test"}}).TLS()
 	serverCert.Store(&c2)
 	publishTrust := func(gen uint64, roots ...*x509.Certificate) {
 		msg, err := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "cluster.local",
@@ -190,12 +155,12 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	publishTrust(2, ca1)
+	publishTrust(2, ca1.Cert)
 	testkit.Eventually(t, "new stream rejects the untrusted upstream", func() bool {
 		_, _, err := open()
 		return status.Code(err) == codes.Unavailable
 	})
-	publishTrust(3, ca2)
+	publishTrust(3, ca2.Cert)
 	testkit.Eventually(t, "new stream trusts the new root", func() bool {
 		_, r, err := open()
 		return err == nil && r.GetVersionInfo() == "v1"
@@ -211,7 +176,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	}
 
 	// sds-edge rotates the workload certificate: new upstream streams present it.
-	rotated := leaf(t, ca1, ca1Key, "", workloadID)
+	rotated := ca1.Issue(t, testkit.Spec{ID: workloadID}).TLS()
 	rotate(rotated)
 	want := pki.SerialHex(rotated.Leaf)
 	testkit.Eventually(t, "rotated workload certificate reaches the upstream", func() bool {

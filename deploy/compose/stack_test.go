@@ -1,0 +1,243 @@
+//go:build compose
+
+package compose
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/faultcheck"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
+)
+
+// project is the suite's own compose project: `make compose-up` (project "compose")
+// runs beside it.
+const project = "meshagent-faults"
+
+// secretTTL is the demo pod's certificate lifetime in the suite: short, so that
+// expiry is reachable within a fault (issue 10 measured with 1m).
+const secretTTL = time.Minute
+
+// pod is the demo pod of compose.yaml.
+const pod = "demo-0"
+
+// natsNodes are the compose services of the NATS cluster.
+var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
+
+// stack is the suite's compose stack: free host ports, the pod's filesystem in a host
+// directory (its SDS socket reachable from here), the operator's credentials in
+// another.
+type stack struct {
+	secrets  string            // MESHAGENT_SECRETS_DIR
+	podDir   string            // MESHAGENT_POD_DIR
+	client   map[string]string // node -> host address of its client port
+	monitor  map[string]string // node -> host address of its monitoring port
+	podReady string            // sds-edge's /readyz URL
+	env      []string
+}
+
+// newStack chooses the stack's host ports and directories; nothing runs yet.
+func newStack(t *testing.T) *stack {
+	s := &stack{secrets: mkdir(t, "mfs"), podDir: mkdir(t, "mfp"),
+		client: map[string]string{}, monitor: map[string]string{}}
+	env := map[string]string{"MESHAGENT_SECRETS_DIR": s.secrets, "MESHAGENT_POD_DIR": s.podDir,
+		"MESHAGENT_SECRET_TTL": secretTTL.String()}
+	port := func(name string) string {
+		addr := testkit.FreeAddr(t)
+		_, p, _ := net.SplitHostPort(addr)
+		env[name] = p
+		return addr
+	}
+	for i, n := range natsNodes {
+		suffix := fmt.Sprintf("_%d", i+1)
+		if i == 0 {
+			suffix = ""
+		}
+		s.client[n] = port("MESHAGENT_NATS" + suffix + "_PORT")
+		s.monitor[n] = port("MESHAGENT_NATS" + suffix + "_MONITOR_PORT")
+	}
+	port("MESHAGENT_CA_PORT")
+	s.podReady = "http://" + port("MESHAGENT_POD_HTTP_PORT") + "/readyz"
+	s.env = os.Environ()
+	for k, v := range env {
+		s.env = append(s.env, k+"="+v)
+	}
+	return s
+}
+
+// mkdir makes a short directory under the system's temporary one (the pod's SDS
+// socket path must stay under 108 bytes). The containers write into it as root, so
+// it is removed after `down`, by whoever can.
+func mkdir(t *testing.T, prefix string) string {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// sdsSocket is the demo pod's SDS socket on the host.
+func (s *stack) sdsSocket() string {
+	return filepath.Join(s.podDir, "var/run/secrets/workload-spiffe-uds/socket")
+}
+
+// compose runs docker-compose (or $COMPOSE) on the suite's project.
+func (s *stack) compose(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := s.tryCompose(args...)
+	if err != nil {
+		t.Fatalf("compose %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+func (s *stack) tryCompose(args ...string) (string, error) {
+	bin := strings.Fields(os.Getenv("COMPOSE"))
+	if len(bin) == 0 {
+		bin = []string{"docker-compose"}
+	}
+	full := append(bin[1:], append([]string{"-p", project, "-f", "compose.yaml"}, args...)...)
+	cmd := exec.Command(bin[0], full...)
+	cmd.Env = s.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// container is the id of service's container.
+func (s *stack) container(t *testing.T, service string) string {
+	t.Helper()
+	id := strings.TrimSpace(s.compose(t, "ps", "-q", service))
+	if id == "" {
+		t.Fatalf("no container for %s", service)
+	}
+	return id
+}
+
+// docker runs the docker CLI.
+func docker(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("docker", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// down removes the stack and its volumes.
+func (s *stack) down(t *testing.T) {
+	if out, err := s.tryCompose("down", "-v", "--remove-orphans"); err != nil {
+		t.Errorf("compose down: %v\n%s", err, out)
+	}
+}
+
+// removeDirs removes the host directories (after down).
+func (s *stack) removeDirs(t *testing.T) {
+	for _, d := range []string{s.secrets, s.podDir} {
+		if err := os.RemoveAll(d); err != nil {
+			t.Logf("leaving %s (written by the containers as root): %v", d, err)
+		}
+	}
+}
+
+// urls is every node's client address, for a connection that survives the loss of any.
+func (s *stack) urls() string {
+	var u []string
+	for _, n := range natsNodes {
+		u = append(u, "tls://"+s.client[n])
+	}
+	return strings.Join(u, ",")
+}
+
+// connect dials the cluster from the host over TLS with a credential from the
+// secrets directory ("" for none), retrying until limit. url "" means every node.
+func (s *stack) connect(t *testing.T, url, seed, inbox string, limit time.Duration, opts ...nats.Option) (*nats.Conn, error) {
+	t.Helper()
+	if url == "" {
+		url = s.urls()
+	}
+	opts = append(opts, nats.RootCAs(filepath.Join(s.secrets, "ca.pem")), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond))
+	if seed != "" {
+		o, err := nats.NkeyOptionFromSeed(filepath.Join(s.secrets, seed))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, o, nats.CustomInboxPrefix(inbox))
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		nc, err := nats.Connect(url, opts...)
+		if err == nil || time.Now().After(deadline) {
+			return nc, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// monitorGet reads one of node's monitoring endpoints (published on the host's loopback).
+func (s *stack) monitorGet(node, path string, v any) error {
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get("http://" + s.monitor[node] + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return errors.Join(err, fmt.Errorf("status %s", resp.Status))
+	}
+	return nil
+}
+
+// metaLeader is the JetStream meta leader as the first live node sees it.
+func (s *stack) metaLeader(t *testing.T) string {
+	t.Helper()
+	var leader string
+	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool {
+		for _, n := range natsNodes {
+			var jsz struct {
+				Meta struct {
+					Leader string `json:"leader"`
+				} `json:"meta_cluster"`
+			}
+			if s.monitorGet(n, "/jsz", &jsz) == nil && jsz.Meta.Leader != "" {
+				leader = jsz.Meta.Leader
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+// forceRenew tells demo-0 to renew now.
+func forceRenew(t *testing.T, nc *nats.Conn) {
+	if err := faultcheck.ForceRenew(nc, pod); err != nil {
+		t.Logf("force renewal: %v", err)
+	}
+}
+
+// bundle asks the signers for the trust bundle, as the admin, until they answer.
+func bundle(t *testing.T, nc *nats.Conn) events.BundleReply {
+	t.Helper()
+	var b events.BundleReply
+	testkit.EventuallyWithin(t, time.Minute, "the signers' trust bundle", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		b, err = faultcheck.Bundle(ctx, nc)
+		return err == nil
+	})
+	return b
+}

@@ -1,0 +1,132 @@
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// SignRequest asks a signer for a certificate. The identity is taken from the
+// credential, never from the CSR: either Token (a JWT) or CertChain plus Proof, a
+// still-valid meshagent certificate and a signature with its key over the SHA-256 of
+// the CSR's DER bytes (base64, ASN.1 for ECDSA, PKCS#1 v1.5 for RSA).
+type SignRequest struct {
+	CSR       string   `json:"csr"`
+	Token     string   `json:"token,omitempty"`
+	CertChain []string `json:"cert_chain,omitempty"`
+	Proof     string   `json:"proof,omitempty"`
+	// TTL is the requested lifetime; 0 asks for the signer's default. It stays a
+	// Duration everywhere in Go and travels as whole seconds, ttl_seconds (see
+	// MarshalJSON): a sub-second remainder is dropped, and a negative value or one
+	// too large for a Duration is refused when decoded, never wrapped.
+	TTL      time.Duration `json:"ttl_seconds,omitempty"`
+	Pod      string        `json:"pod,omitempty"`
+	Resource string        `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
+	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
+	// checks it against the CSR.
+	KeyAlgorithm string `json:"key_algorithm,omitempty"`
+	// CertSigner names the signer the caller wants (Istio's CertSigner metadata);
+	// empty means the signer's default. A signer rejects names it does not serve.
+	CertSigner string `json:"cert_signer,omitempty"`
+}
+
+func (SignRequest) EventType() string { return TypeSignRequest }
+func (e SignRequest) Validate() error {
+	var f fields
+	f.need(strings.Contains(e.CSR, "-----BEGIN CERTIFICATE REQUEST-----"), "csr", "not a PEM certificate request")
+	f.need(e.Token != "" || len(e.CertChain) > 0, "token", "a token or a cert_chain is required")
+	f.need(len(e.CertChain) == 0 || e.Proof != "", "proof", "required with cert_chain")
+	f.need(e.TTL >= 0, "ttl_seconds", "must not be negative")
+	f.need(e.TTL == 0 || e.TTL >= time.Second, "ttl_seconds", "a TTL under a second cannot be sent: the wire counts whole seconds")
+	f.pod(e.Pod, "pod", false)
+	f.resource(e.Resource, "resource")
+	return f.err()
+}
+
+// signRequestJSON is SignRequest with its own JSON methods left out, so that the
+// methods below can use the standard encoding: the same fields, in the same order.
+type signRequestJSON SignRequest
+
+// MarshalJSON writes TTL as ttl_seconds, in whole seconds.
+func (e SignRequest) MarshalJSON() ([]byte, error) {
+	w := signRequestJSON(e)
+	w.TTL = e.TTL / time.Second // the field carries the count of seconds on the wire
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON reads ttl_seconds into TTL. A negative count, or one that does not
+// fit in a Duration, is refused: multiplying it would wrap.
+func (e *SignRequest) UnmarshalJSON(b []byte) error {
+	var w signRequestJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	ttl, err := TTLFromSeconds(int64(w.TTL))
+	if err != nil {
+		return fmt.Errorf("ttl_seconds: %w", err)
+	}
+	w.TTL = ttl
+	*e = SignRequest(w)
+	return nil
+}
+
+// MaxTTLSeconds is the largest TTL, in seconds, that a time.Duration holds (about
+// 292 years).
+const MaxTTLSeconds = int64(math.MaxInt64 / time.Second)
+
+// TTLFromSeconds turns a count of seconds from the wire (ttl_seconds, Istio's
+// ValidityDuration) into a Duration. A negative count or one over MaxTTLSeconds is
+// an error rather than a wrapped value.
+func TTLFromSeconds(s int64) (time.Duration, error) {
+	switch {
+	case s < 0:
+		return 0, fmt.Errorf("%d seconds is negative", s)
+	case s > MaxTTLSeconds:
+		return 0, fmt.Errorf("%d seconds is more than a TTL can be (%d)", s, MaxTTLSeconds)
+	}
+	return time.Duration(s) * time.Second, nil
+}
+
+// Reply error codes, named after the gRPC codes they map to.
+const (
+	CodeInvalidArgument   = "invalid_argument"
+	CodeUnauthenticated   = "unauthenticated"
+	CodePermissionDenied  = "permission_denied"
+	CodeResourceExhausted = "resource_exhausted"
+	CodeUnavailable       = "unavailable"
+	CodeInternal          = "internal"
+)
+
+// ReplyError is the error half of every reply.
+type ReplyError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *ReplyError) Error() string { return e.Code + ": " + e.Message }
+
+// SignReply answers a SignRequest: the chain leaf first, root last (at least two
+// PEMs, as Istio returns it) and the whole trust bundle, endorsed as in TrustChanged
+// so that a pod can follow a root rotation it has not heard of yet; or an error.
+type SignReply struct {
+	CertChain    []string      `json:"cert_chain,omitempty"`
+	Roots        []string      `json:"roots,omitempty"`
+	TrustDomain  string        `json:"trust_domain,omitempty"`
+	Generation   uint64        `json:"generation,omitempty"`
+	Endorsements []Endorsement `json:"endorsements,omitempty"`
+	Error        *ReplyError   `json:"error,omitempty"`
+}
+
+func (SignReply) EventType() string { return TypeSignReply }
+func (e SignReply) Validate() error {
+	var f fields
+	if e.Error != nil {
+		f.nonEmpty(e.Error.Code, "error.code")
+		return f.err()
+	}
+	f.pems(e.CertChain, "cert_chain", 2)
+	f.pems(e.Roots, "roots", 1)
+	return f.err()
+}

@@ -1,0 +1,101 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+const testCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"
+
+// signReqJSON is a sign request body with ttl_seconds set to the JSON number n.
+func signReqJSON(n string) string {
+	return `{"csr":` + quote(testCSR) + `,"token":"eyJ.x.y","ttl_seconds":` + n + `}`
+}
+
+func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// TestSignRequestTTLOnTheWire: TTL is a Duration in Go and whole seconds on the
+// wire, under the name every released sds-edge and signer use (ttl_seconds), so an
+// old peer's request decodes. That an old peer reads a new one's is pinned by the
+// golden file (testdata/golden/sign.request.v1.json), unchanged by the Duration.
+func TestSignRequestTTLOnTheWire(t *testing.T) {
+	tests := []struct {
+		name    string
+		ttl     string // ttl_seconds as sent; "" leaves it out
+		want    time.Duration
+		wantErr string
+	}{
+		{name: "a day, as an old sds-edge sends it", ttl: "86400", want: 24 * time.Hour},
+		{name: "absent: the signer's default", want: 0},
+		{name: "zero: the signer's default", ttl: "0", want: 0},
+		{name: "the largest a Duration holds", ttl: "9223372036", want: 9223372036 * time.Second},
+		{name: "one more would wrap", ttl: "9223372037", wantErr: "ttl_seconds"},
+		{name: "max int64 would wrap", ttl: "9223372036854775807", wantErr: "ttl_seconds"},
+		{name: "beyond int64", ttl: "1e30", wantErr: "ttl_seconds"},
+		{name: "negative", ttl: "-1", wantErr: "ttl_seconds"},
+		{name: "not whole seconds", ttl: "1.5", wantErr: "ttl_seconds"},
+		{name: "a string", ttl: `"3600"`, wantErr: "ttl_seconds"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"csr":` + quote(testCSR) + `,"token":"eyJ.x.y"}`
+			if tc.ttl != "" {
+				body = signReqJSON(tc.ttl)
+			}
+			m := nats.NewMsg("s")
+			m.Header.Set(HeaderSpecVersion, SpecVersion)
+			m.Header.Set(HeaderID, "id1")
+			m.Header.Set(HeaderSource, "test")
+			m.Header.Set(HeaderType, TypeSignRequest)
+			m.Data = []byte(body)
+			got, _, err := Decode[SignRequest](m)
+			if tc.wantErr != "" {
+				if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("decode ttl_seconds %s: %v, want an ErrInvalid naming %q", tc.ttl, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got.TTL != tc.want {
+				t.Fatalf("decode ttl_seconds %s = %v, %v; want %v", tc.ttl, got.TTL, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSignRequestEncodesWholeSeconds(t *testing.T) {
+	tests := []struct {
+		ttl  time.Duration
+		want string // the ttl_seconds member, "" for none
+	}{
+		{ttl: 24 * time.Hour, want: `"ttl_seconds":86400`},
+		{ttl: 90*time.Second + 500*time.Millisecond, want: `"ttl_seconds":90`},
+		{ttl: 0, want: ""},
+	}
+	for _, tc := range tests {
+		b, err := json.Marshal(SignRequest{CSR: testCSR, Token: "t", TTL: tc.ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.want == "" && strings.Contains(string(b), "ttl") || tc.want != "" && !strings.Contains(string(b), tc.want) {
+			t.Fatalf("TTL %v encodes as %s, want %q", tc.ttl, b, tc.want)
+		}
+		var back SignRequest
+		if err := json.Unmarshal(b, &back); err != nil || back.TTL != tc.ttl.Truncate(time.Second) {
+			t.Fatalf("TTL %v comes back as %v, %v", tc.ttl, back.TTL, err)
+		}
+	}
+}
+
+func TestSignRequestRefusesTTLsTheWireCannotCarry(t *testing.T) {
+	for _, ttl := range []time.Duration{-time.Second, 500 * time.Millisecond} {
+		if _, err := NewMsg("s", "test", SignRequest{CSR: testCSR, Token: "t", TTL: ttl}); err == nil || !strings.Contains(err.Error(), "ttl_seconds") {
+			t.Fatalf("encode TTL %v: %v, want an error naming ttl_seconds", ttl, err)
+		}
+	}
+}
+

@@ -1,0 +1,111 @@
+package faultcheck
+
+import (
+	"context"
+	"crypto/x509"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var t0 = time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+
+// samples is one sample a second from t0 serving a leaf that expires at notAfter,
+// /readyz saying ready[i].
+func samples(notAfter time.Time, ready ...int) []Sample {
+	leaf := &x509.Certificate{NotAfter: notAfter}
+	var out []Sample
+	for i, r := range ready {
+		out = append(out, Sample{At: t0.Add(time.Duration(i) * time.Second), Cur: Served{Leaf: leaf}, Up: true, Ready: r})
+	}
+	return out
+}
+
+func TestMeasureExpiry(t *testing.T) {
+	exp := t0.Add(2 * time.Second) // samples 2, 3, 4 show it expired
+	tests := []struct {
+		name        string
+		samples     []Sample
+		unreachable []Window
+		want        Expiry
+	}{
+		{"nothing expired", samples(t0.Add(time.Hour), 200, 200, 200), nil, Expiry{}},
+		{"ready throughout", samples(exp, 200, 200, 200, 200, 200), nil,
+			Expiry{Served: 2 * time.Second, Reachable: 2 * time.Second, ReadyLag: Never}},
+		{"not ready a second after expiry", samples(exp, 200, 200, 200, 503, 503), nil,
+			Expiry{Served: 2 * time.Second, Reachable: 2 * time.Second, ReadyLag: time.Second}},
+		{"no signer reachable", samples(exp, 200, 200, 503, 503, 503), []Window{{t0, t0.Add(time.Hour)}},
+			Expiry{Served: 2 * time.Second, ReadyLag: 0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := MeasureExpiry(tc.samples, tc.unreachable); got != tc.want {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// An event published before the stream existed crossed the bus but is not stored:
+// lost. One published into the stream is not.
+func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
+	nc := bustest.Conn(t, bustest.Server(t))
+	l, err := NewLedger(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	issued := func(serial string) {
+		t.Helper()
+		m, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: "test", Subject: serial}, events.CertIssued{Serial: serial, SPIFFEID: "spiffe://td/ns/a/sa/b",
+			NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	issued("0a")
+	js := bustest.JetStream(t, nc)
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: events.StreamEvents, Subjects: []string{events.EventsWildcard}}); err != nil {
+		t.Fatal(err)
+	}
+	issued("0b")
+	lost, excused, err := l.SettleUnstored(start, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lost) != 1 || lost[0].Key != "0a" || len(excused) != 0 || ByKind(lost)["cert.issued"] != 1 {
+		t.Fatalf("lost %v (excused %v), want the cert.issued of 0a", lost, excused)
+	}
+	lost, excused, _ = l.SettleUnstored(start, time.Second, func(s Seen) bool { return s.Key == "0a" })
+	if len(lost) != 0 || len(excused) != 1 {
+		t.Fatalf("excusing 0a: lost %v, excused %v", lost, excused)
+	}
+	if l.HasIssued("0a") || !l.HasIssued("0b") {
+		t.Fatal("the stream's cert.issued serials are wrong")
+	}
+	if got := Diff(map[string]int{}, l.Counts()); got != "cert.issued +1" {
+		t.Fatalf("Diff = %q", got)
+	}
+	if err := l.Recheck(); err != nil {
+		t.Fatalf("recheck of an intact stream: %v", err)
+	}
+	st, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Recheck(); err == nil {
+		t.Fatal("recheck of a purged stream found nothing missing")
+	}
+}

@@ -1,0 +1,198 @@
+// Package gate holds Envoy back until the pod can serve: sds-edge holds the
+// workload certificate (`default`) and the trust bundle (`ROOTCA`) — asked over
+// SDS, not merely dialled — and xds-relay is up with its upstream. It waits a
+// bounded time, says at INFO what it is still waiting for, and fails naming what
+// is missing.
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+)
+
+// The SDS resources Envoy needs before it can serve mTLS, as Istio names them.
+const (
+	CertName = "default"
+	RootName = "ROOTCA"
+)
+
+// Config says what to wait for.
+type Config struct {
+	Pod       string
+	SDSSocket string
+	XDSSocket string
+	// RelayReadyURL is xds-relay's /readyz; empty: only dial its socket.
+	RelayReadyURL string
+	// SkipRelay: no relay to wait for (proxyless mode still needs it: leave false).
+	SkipRelay bool
+	Wait      time.Duration // the bound on the whole wait
+	Every     time.Duration // between attempts; 0: 200ms
+	Report    time.Duration // between INFO lines while waiting; 0: 5s
+}
+
+// Gate answers "may Envoy start?".
+type Gate struct {
+	cfg   Config
+	clock clock.Clock
+	log   hclog.Logger
+	http  *http.Client
+
+	mu      sync.Mutex
+	checked time.Time // when last is from
+	last    []string
+}
+
+// Recent is Missing, answered from the last check (Wait's, while it waits) when it
+// is younger than maxAge: readiness probes come every few seconds, and each SDS
+// fetch is an answer (and an event) in sds-edge.
+func (g *Gate) Recent(ctx context.Context, maxAge time.Duration) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now := g.clock.Now(); g.checked.IsZero() || now.Sub(g.checked) >= maxAge {
+		g.last, g.checked = g.Missing(ctx), now
+	}
+	return g.last
+}
+
+// New returns a gate; it does nothing until Wait or Check.
+func New(cfg Config, clk clock.Clock, log hclog.Logger) *Gate {
+	if cfg.Every <= 0 {
+		cfg.Every = 200 * time.Millisecond
+	}
+	if cfg.Report <= 0 {
+		cfg.Report = 5 * time.Second
+	}
+	return &Gate{cfg: cfg, clock: clk, log: log, http: &http.Client{Timeout: 2 * time.Second}}
+}
+
+// Missing lists what the pod does not have yet, empty when Envoy may start.
+func (g *Gate) Missing(ctx context.Context) []string {
+	var missing []string
+	missing = append(missing, g.secrets(ctx)...)
+	if !g.cfg.SkipRelay {
+		if m := g.relay(ctx); m != "" {
+			missing = append(missing, m)
+		}
+	}
+	return missing
+}
+
+// secrets asks sds-edge for default and ROOTCA once. The answer's private key is
+// dropped at once: the launcher only needs to know it is there.
+func (g *Gate) secrets(ctx context.Context) []string {
+	both := []string{"sds-edge certificate " + CertName + " (" + g.cfg.SDSSocket + ")", "sds-edge trust bundle " + RootName}
+	if err := dialUnix(ctx, g.cfg.SDSSocket); err != nil {
+		return []string{fmt.Sprintf("sds-edge socket %s (%v)", g.cfg.SDSSocket, err)}
+	}
+	cc, err := sdsclient.DialUnix(ctx, g.cfg.SDSSocket)
+	if err != nil {
+		return both
+	}
+	defer cc.Close()
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	got, err := sdsclient.Fetch(fctx, cc, "launcher~"+g.cfg.Pod, CertName, RootName)
+	if err != nil {
+		return both
+	}
+	var missing []string
+	if s, ok := got[CertName]; !ok || !s.IsCertificate() {
+		missing = append(missing, both[0])
+	}
+	if s, ok := got[RootName]; !ok || !s.IsValidationContext() {
+		missing = append(missing, both[1])
+	}
+	for k := range got {
+		delete(got, k)
+	}
+	return missing
+}
+
+// relay checks xds-relay: its socket answers and its /readyz says it is ready.
+func (g *Gate) relay(ctx context.Context) string {
+	if err := dialUnix(ctx, g.cfg.XDSSocket); err != nil {
+		return fmt.Sprintf("xds-relay socket %s (%v)", g.cfg.XDSSocket, err)
+	}
+	if g.cfg.RelayReadyURL == "" {
+		return ""
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.cfg.RelayReadyURL, nil)
+	if err != nil {
+		return fmt.Sprintf("xds-relay readiness %s (%v)", g.cfg.RelayReadyURL, err)
+	}
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return fmt.Sprintf("xds-relay readiness %s (%v)", g.cfg.RelayReadyURL, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Sprintf("xds-relay upstream (%s: %d %s)", g.cfg.RelayReadyURL, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	return ""
+}
+
+func dialUnix(ctx context.Context, path string) error {
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := d.DialContext(dctx, "unix", path)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			return op.Err
+		}
+		return err
+	}
+	return c.Close()
+}
+
+// ErrNotReady is what Wait returns (wrapped, naming what is missing) when the
+// bound passes.
+var ErrNotReady = errors.New("pod not ready for envoy")
+
+// Wait polls until nothing is missing, ctx ends (ctx.Err()) or the bound passes
+// (ErrNotReady naming what is missing).
+func (g *Gate) Wait(ctx context.Context) error {
+	start := g.clock.Now()
+	deadline := g.clock.NewTimer(g.cfg.Wait)
+	defer deadline.Stop()
+	lastReport, first := start, true
+	var missing []string
+	for {
+		missing = g.Missing(ctx)
+		g.mu.Lock()
+		g.last, g.checked = missing, g.clock.Now()
+		g.mu.Unlock()
+		if len(missing) == 0 {
+			g.log.Info("pod ready for envoy", "waited", g.clock.Now().Sub(start).Round(time.Millisecond))
+			return nil
+		}
+		if now := g.clock.Now(); first || now.Sub(lastReport) >= g.cfg.Report {
+			g.log.Info("waiting before starting envoy", "missing", strings.Join(missing, "; "),
+				"waited", now.Sub(start).Round(time.Second), "limit", g.cfg.Wait)
+			lastReport, first = now, false
+		}
+		every := g.clock.NewTimer(g.cfg.Every)
+		select {
+		case <-ctx.Done():
+			every.Stop()
+			return ctx.Err()
+		case <-deadline.C():
+			every.Stop()
+			return fmt.Errorf("%w after %s: missing %s", ErrNotReady, g.cfg.Wait, strings.Join(missing, "; "))
+		case <-every.C():
+		}
+	}
+}

@@ -1,0 +1,302 @@
+package renewal
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
+	h, r := newLeader(t)
+	now := h.clk.Now()
+	h.issue("web-0", "0a", now, time.Hour, "root-a") // due at +30m
+	h.issue("web-1", "0b", now, 2*time.Hour, "root-a")
+	waitScheduled(t, r, 2)
+
+	h.clk.Add(29 * time.Minute)
+	h.settle(r)
+	if got := h.sent(); len(got) != 0 {
+		t.Fatalf("sent before due: %+v", got)
+	}
+	h.clk.Add(2 * time.Minute)
+	got := h.waitSent(1)
+	rd := got[0]
+	if rd.Pod != "web-0" || rd.Serial != "0a" || rd.Reason != events.RenewScheduled || rd.Attempt != 1 || rd.Resource != "default" {
+		t.Fatalf("renew-due %+v", rd)
+	}
+	// The audit copy is in the stream.
+	testkit.Eventually(t, "renew_sent in the stream", func() bool {
+		m, err := h.js.Stream(context.Background(), events.StreamEvents)
+		if err != nil {
+			return false
+		}
+		raw, err := m.GetLastMsgForSubject(context.Background(), events.SubjectRenewSent)
+		if err != nil {
+			return false
+		}
+		a, _, err := events.Decode[events.RenewDue](&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		return err == nil && a.Pod == "web-0"
+	})
+	if v := counter(t, r.m.sent.WithLabelValues(events.RenewScheduled)); v != 1 {
+		t.Fatalf("sent counter %v", v)
+	}
+}
+
+func TestReplacementOverTheBus(t *testing.T) {
+	h, r := newLeader(t)
+	now := h.clk.Now()
+	h.issue("web-0", "02", now, time.Hour, "root-a")
+	h.issue("web-0", "01", now.Add(-time.Minute), time.Hour, "root-a") // older, arrives late
+	h.issue("web-0", "02", now, time.Hour, "root-a")                   // duplicate
+	waitScheduled(t, r, 1)
+	testkit.Eventually(t, "stale and duplicate counted", func() bool {
+		return counter(t, r.m.events.WithLabelValues("cert.issued", "stale")) == 1 &&
+			counter(t, r.m.events.WithLabelValues("cert.issued", "duplicate")) == 1
+	})
+	if rec, _ := r.Record("web-0", "default"); rec.Serial != "02" {
+		t.Fatalf("older cert replaced the newer: %+v", rec)
+	}
+	h.issue("web-0", "03", now.Add(time.Minute), time.Hour, "root-a")
+	testkit.Eventually(t, "newer cert replaces", func() bool {
+		rec, _ := r.Record("web-0", "default")
+		return rec.Serial == "03"
+	})
+	h.clk.Add(40 * time.Minute)
+	h.waitSent(1)
+	h.settle(r)
+	if got := h.sent(); len(got) != 1 || got[0].Serial != "03" {
+		t.Fatalf("renewals %+v, want one for serial 03", got)
+	}
+}
+
+func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
+	h, r := newLeader(t)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, time.Hour, "root-a")
+	h.issue("web-1", "02", now, time.Hour, "root-a")
+	h.issue("", "03", now, time.Hour, "root-a")                        // an Istio agent over gRPC
+	h.issue("web-2", "04", now.Add(-2*time.Hour), time.Hour, "root-a") // history: expired already
+	waitScheduled(t, r, 2)
+	testkit.Eventually(t, "expired cert counted", func() bool {
+		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
+	})
+	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: "web-0", Reason: "deleted"})
+	waitScheduled(t, r, 1)
+	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {
+		t.Fatalf("unscheduled = %v", v)
+	}
+	testkit.Eventually(t, "retired entry deleted from the bucket", func() bool {
+		_, ok, err := r.store.Get(context.Background(), "web-0", "default")
+		return err == nil && !ok
+	})
+	h.clk.Add(45 * time.Minute)
+	h.waitSent(1)
+	h.settle(r)
+	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
+		t.Fatalf("renewals %+v, want only web-1", got)
+	}
+}
+
+func TestResendWhenNoNewCert(t *testing.T) {
+	h := newHarness(t)
+	opts := testOptions("r0")
+	opts.Schedule.RetryAfter, opts.Schedule.RetryMax = time.Minute, 4*time.Minute
+	r := h.start(opts)
+	waitLeader(t, r)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, 10*time.Hour, "root-a")
+	waitScheduled(t, r, 1)
+	h.clk.Add(5 * time.Hour)
+	h.waitSent(1)
+	for i, step := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute} {
+		h.clk.Add(step)
+		got := h.waitSent(i + 2)
+		last := got[len(got)-1]
+		if last.Reason != events.RenewRetry || last.Attempt != i+2 || last.Serial != "01" {
+			t.Fatalf("retry %d: %+v", i+1, last)
+		}
+	}
+	if v := counter(t, r.m.retries); v != 3 {
+		t.Fatalf("retries = %v", v)
+	}
+	// A new certificate stops the retries.
+	h.issue("web-0", "02", h.clk.Now(), 10*time.Hour, "root-a")
+	testkit.Eventually(t, "replaced", func() bool { rec, _ := r.Record("web-0", ""); return rec.Serial == "02" })
+	h.clk.Add(30 * time.Minute)
+	h.settle(r)
+	if got := h.sent(); len(got) != 4 {
+		t.Fatalf("%d renew-due after the new certificate came, want 4", len(got))
+	}
+}
+
+func TestGarbledEventsChangeNothing(t *testing.T) {
+	h, r := newLeader(t)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, time.Hour, "root-a")
+	waitScheduled(t, r, 1)
+
+	valid, _ := events.NewMsg(events.SubjectCertIssued, "test", events.CertIssued{Serial: "1", SPIFFEID: "spiffe://x/y",
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "r"})
+	tests := []struct {
+		name    string
+		subject string
+		msg     func() *nats.Msg
+	}{
+		{"no headers", events.SubjectCertIssued, func() *nats.Msg { return &nats.Msg{Data: []byte(`{"serial":"1"}`)} }},
+		{"not json", events.SubjectCertIssued, func() *nats.Msg { m := copyMsg(valid); m.Data = []byte("garbage"); return m }},
+		{"wrong type on subject", events.SubjectCertIssued, func() *nats.Msg {
+			m, _ := events.NewMsg(events.SubjectCertIssued, "test", events.PodDown{Pod: "web-0"})
+			return m
+		}},
+		{"invalid payload", events.SubjectCertIssued, func() *nats.Msg {
+			m := copyMsg(valid)
+			m.Data = []byte(`{"serial":"1","spiffe_id":"nope","not_before":"2026-01-01T00:00:00Z","not_after":"2025-01-01T00:00:00Z"}`)
+			return m
+		}},
+		{"pod down without pod", podSubject(t, "web-0", events.PodEventDown), func() *nats.Msg {
+			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			m.Data = []byte(`{"pod":""}`)
+			return m
+		}},
+		{"pod down for another pod", podSubject(t, "web-1", events.PodEventDown), func() *nats.Msg {
+			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			return m
+		}},
+		{"trust changed with bad roots", events.SubjectTrustChanged, func() *nats.Msg {
+			m, _ := events.NewMsg(events.SubjectTrustChanged, "test", events.TrustChanged{TrustDomain: "td", Reason: "x",
+				Roots: []string{"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}})
+			return m
+		}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tc.msg()
+			m.Subject = tc.subject
+			if _, err := h.js.PublishMsg(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			testkit.Eventually(t, "rejection counted", func() bool { return rejected(t, r) == float64(i+1) })
+			if st, _ := r.Stats(); st.Scheduled != 1 {
+				t.Fatalf("schedule changed: %d entries", st.Scheduled)
+			}
+			if rec, ok := r.Record("web-0", "default"); !ok || rec.Serial != "01" {
+				t.Fatalf("entry changed: %+v", rec)
+			}
+		})
+	}
+	if tr := r.sched.Trust(); tr.Current != "" {
+		t.Fatalf("trust view changed: %+v", tr)
+	}
+	// And the consumer carries on.
+	h.issue("web-1", "02", now, time.Hour, "root-a")
+	waitScheduled(t, r, 2)
+}
+
+func rejected(t *testing.T, r *replica) float64 {
+	var n float64
+	for _, k := range []string{"cert.issued", "pod.down", "trust.changed"} {
+		n += counter(t, r.m.events.WithLabelValues(k, "rejected"))
+	}
+	return n
+}
+
+func copyMsg(m *nats.Msg) *nats.Msg {
+	c := nats.NewMsg(m.Subject)
+	for k, v := range m.Header {
+		c.Header[k] = append([]string(nil), v...)
+	}
+	c.Data = append([]byte(nil), m.Data...)
+	return c
+}
+
+func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
+	h := newHarness(t)
+	opts := testOptions("r0")
+	opts.Schedule.Rate, opts.Schedule.Burst = 10, 1
+	r := h.start(opts)
+	waitLeader(t, r)
+	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 1, "root A"))
+	now := h.clk.Now()
+	for i := range 5 {
+		// Expiries in reverse order of issue: old-4 is the most urgent.
+		h.issue(fmt.Sprintf("old-%d", i), fmt.Sprint(i+1), now, time.Duration(20-i)*time.Hour, "root A")
+	}
+	h.issue("new-0", "99", now, time.Hour, "root B")
+	waitScheduled(t, r, 6)
+	h.publish(events.SubjectTrustChanged, h.ca.trustChanged(t, 2, "root B", "root A"))
+	testkit.Eventually(t, "trust applied", func() bool { return counter(t, r.m.events.WithLabelValues("trust.changed", "applied")) == 2 })
+	// One token every 100 ms at 10/s: step the clock until all five went out. (A
+	// step can land before the dispatcher re-armed its timer; the next one wakes it.)
+	for i := 0; len(h.sent()) < 5 && i < 500; i++ {
+		n := len(h.sent())
+		h.clk.Add(100 * time.Millisecond)
+		for j := 0; j < 20 && len(h.sent()) == n; j++ {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	h.settle(r)
+	got := h.sent()
+	if len(got) != 5 {
+		t.Fatalf("renewals %+v, want the 5 old-root leaves", got)
+	}
+	for i, rd := range got {
+		if want := fmt.Sprintf("old-%d", 4-i); rd.Pod != want || rd.Reason != events.RenewRootRotation {
+			t.Fatalf("renewal %d: %s %s, want %s root-rotation (most urgent first)", i, rd.Pod, rd.Reason, want)
+		}
+	}
+	if _, fpB := h.ca.root("root B"); r.sched.Trust().Current != fpB || r.sched.Trust().Generation != 2 {
+		t.Fatalf("trust view %+v", r.sched.Trust())
+	}
+}
+
+func TestReadyAfterCatchingUp(t *testing.T) {
+	h := newHarness(t)
+	now := h.clk.Now()
+	// History written before any rotator runs (the stream is the signer's too).
+	if _, err := h.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: events.StreamEvents, Subjects: []string{events.EventsWildcard}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		h.issue(fmt.Sprintf("p-%d", i), fmt.Sprint(i+1), now, time.Hour, "root-a")
+	}
+	r := h.start(testOptions("r0"))
+	waitLeader(t, r)
+	if st, _ := r.Stats(); st.Scheduled != 50 {
+		t.Fatalf("ready with %d of 50 entries", st.Scheduled)
+	}
+}
+
+func podSubject(t *testing.T, pod, kind string) string {
+	t.Helper()
+	s, err := events.PodEventSubject(pod, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A signer backdates notBefore (clock skew); the grace ratio counts from issuance —
+// the cert.issued event's time — as Istio's agent does, not from notBefore.
+func TestScheduleCountsFromIssuance(t *testing.T) {
+	h, r := newLeader(t)
+	issued := h.clk.Now()
+	ev := h.ca.record(t, "web-0", "0c", issued.Add(-10*time.Minute), time.Hour, "root-a") // 50m left at issuance
+	h.publishAt(events.SubjectCertIssued, ev, issued)
+	waitScheduled(t, r, 1)
+	// From notBefore it would be due at +20m; from issuance, at +25m (half of 50m).
+	h.clk.Add(21 * time.Minute)
+	h.settle(r)
+	if got := h.sent(); len(got) != 0 {
+		t.Fatalf("due counted from the backdated notBefore: %+v", got)
+	}
+	h.clk.Add(5 * time.Minute)
+	if got := h.waitSent(1); got[0].Serial != "0c" {
+		t.Fatalf("renew-due %+v", got[0])
+	}
+}

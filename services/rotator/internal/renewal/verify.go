@@ -1,0 +1,150 @@
+package renewal
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+)
+
+// Reasons a cert.issued record is rejected (meshagent_rotator_cert_rejected_total).
+const (
+	reasonNoChain   = "no_chain"
+	reasonBadChain  = "bad_chain"
+	reasonMismatch  = "mismatch"
+	reasonUntrusted = "untrusted"
+)
+
+// bundleTimeout bounds one trust bundle request.
+const bundleTimeout = 5 * time.Second
+
+// verifyRecord checks a cert.issued record against its own chain and the trust
+// bundle: the leaf's serial, SPIFFE ID and validity are the record's, the chain
+// verifies (at the leaf's NotBefore) to a trusted root, and that root is the one
+// the record names. A record naming a root the rotator does not know yet (it may
+// come before its trust.changed) makes it ask for the bundle once. It returns the
+// reason for a rejection, or an error that is not errRejected when the bus failed.
+func (r *Replica) verifyRecord(ctx context.Context, ev events.CertIssued) (string, error) {
+	if len(ev.CertChain) == 0 {
+		return reasonNoChain, errors.New("record has no cert_chain")
+	}
+	chain, err := pki.ParseCertPEMs(ev.CertChain)
+	if err != nil {
+		return reasonBadChain, fmt.Errorf("cert_chain: %w", err)
+	}
+	if err := matches(chain[0], ev); err != nil {
+		return reasonMismatch, err
+	}
+	if !r.trust.Has(ev.RootFingerprint) || r.trust.VerifyChain(chain, nil, chain[0].NotBefore) != nil {
+		if err := r.refreshBundle(ctx, "record under unknown root"); err != nil {
+			return "", err
+		}
+	}
+	if err := r.trust.VerifyChain(chain, nil, chain[0].NotBefore); err != nil {
+		return reasonUntrusted, err
+	}
+	if root := r.rootOf(chain); root != ev.RootFingerprint {
+		return reasonMismatch, fmt.Errorf("record names root %.16s, the chain ends at %.16s", ev.RootFingerprint, root)
+	}
+	return "", nil
+}
+
+// matches checks that leaf is the certificate the record describes.
+func matches(leaf *x509.Certificate, ev events.CertIssued) error {
+	serial, ok := new(big.Int).SetString(ev.Serial, 16)
+	if !ok || serial.Cmp(leaf.SerialNumber) != 0 {
+		return fmt.Errorf("record serial %q, leaf serial %s", ev.Serial, pki.SerialHex(leaf))
+	}
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != ev.SPIFFEID {
+		return fmt.Errorf("record for %s, leaf for %v", ev.SPIFFEID, leaf.URIs)
+	}
+	if !leaf.NotBefore.Equal(ev.NotBefore) || !leaf.NotAfter.Equal(ev.NotAfter) {
+		return fmt.Errorf("record valid %s to %s, leaf %s to %s", ev.NotBefore, ev.NotAfter, leaf.NotBefore, leaf.NotAfter)
+	}
+	return nil
+}
+
+// rootOf is the fingerprint of the trusted root chain ends at.
+func (r *Replica) rootOf(chain []*x509.Certificate) string {
+	last := chain[len(chain)-1]
+	for _, root := range r.trust.Roots() {
+		if last.Equal(root) || last.CheckSignatureFrom(root) == nil {
+			return pki.Fingerprint(root)
+		}
+	}
+	return ""
+}
+
+// refreshBundle asks a signer for the trust bundle and applies it if it verifies
+// (on first use, or under a trusted root). It asks at most once per
+// Options.BundleRefresh; a bundle that does not verify is counted and changes
+// nothing. The error is the request's: the bus or no signer.
+func (r *Replica) refreshBundle(ctx context.Context, why string) error {
+	r.refreshMu.Lock()
+	defer r.refreshMu.Unlock()
+	if !r.lastRefresh.IsZero() && r.clk.Now().Sub(r.lastRefresh) < r.opts.BundleRefresh {
+		return nil
+	}
+	fctx, cancel := context.WithTimeout(ctx, bundleTimeout)
+	defer cancel()
+	reply, err := trustbundle.Fetch(fctx, r.nc, "rotator/"+r.opts.Instance)
+	if err != nil {
+		return fmt.Errorf("refresh trust bundle: %w", err)
+	}
+	r.lastRefresh = r.clk.Now()
+	u, changed, err := r.trust.Accept(trustbundle.FromBundleReply(reply))
+	if err != nil {
+		r.m.events.WithLabelValues("trust.bundle", "rejected").Inc()
+		r.log.Warn("trust bundle rejected", "why", why, "error", err)
+		return nil
+	}
+	r.bootstrapped(u)
+	r.log.Debug("trust bundle refreshed", "why", why, "generation", reply.Generation, "changed", changed)
+	return nil
+}
+
+// bootstrapped logs, once, how the first bundle came to be trusted.
+func (r *Replica) bootstrapped(u trustbundle.Update) {
+	if !r.trust.Bootstrapped() {
+		return
+	}
+	r.bootOnce.Do(func() {
+		mode := r.trust.Mode()
+		r.m.trustBootstrap.WithLabelValues(string(mode)).Set(1)
+		if mode == trustbundle.FirstUse {
+			r.log.Warn("trusting the first trust bundle on first use: no trust anchors configured", "generation", u.Generation, "roots", len(u.Roots))
+		}
+	})
+}
+
+// checkTrustChanged decides whether a trust.changed may reach the schedule: a
+// newer bundle must be endorsed under a trusted root (and is then trusted), an
+// older one (the stream's history, or a bundle already learned by a request)
+// must still verify under the roots trusted now. Before the first bundle the
+// rotator asks for one rather than trust an event on first use.
+func (r *Replica) checkTrustChanged(ctx context.Context, ev events.TrustChanged) error {
+	if !r.trust.Bootstrapped() {
+		if err := r.refreshBundle(ctx, "trust.changed before the first bundle"); err != nil {
+			return err
+		}
+		if !r.trust.Bootstrapped() {
+			return fmt.Errorf("%w: no trusted bundle to check trust.changed against", errRejected)
+		}
+	}
+	b := trustbundle.FromTrustChanged(ev)
+	u, err := r.trust.Check(b)
+	if err == nil && u.Stale {
+		err = r.trust.Endorsed(b)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: trust.changed: %w", errRejected, err)
+	}
+	r.trust.Apply(u)
+	return nil
+}

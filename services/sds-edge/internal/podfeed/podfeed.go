@@ -1,0 +1,131 @@
+// Package podfeed feeds sds-edge what the bus tells its pod: the subscriptions that
+// deliver renewals, trust changes and anchors to their handlers, and a reconnect
+// hook. Events go out through pkg/outbox.
+package podfeed
+
+import (
+	"fmt"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+// Handlers receive the events sds-edge acts on. Any may be nil.
+type Handlers struct {
+	Renew   func(events.RenewDue)
+	Trust   func(events.TrustChanged) error
+	Anchors func(events.TrustAnchors) error
+}
+
+// Subscribe subscribes pod's renew and anchors subjects and the trust subject on nc.
+// Malformed events and events for another pod are logged and dropped. The returned
+// function unsubscribes.
+func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(), error) {
+	renewSubj, err := events.PodRenewSubject(pod)
+	if err != nil {
+		return nil, err
+	}
+	anchorSubj, err := events.PodAnchorsSubject(pod)
+	if err != nil {
+		return nil, err
+	}
+	var subs []*nats.Subscription
+	unsub := func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}
+	add := func(subject string, fn nats.MsgHandler) error {
+		s, err := nc.Subscribe(subject, fn)
+		if err != nil {
+			unsub()
+			return fmt.Errorf("subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, s)
+		return nil
+	}
+	if h.Renew != nil {
+		seen := newRecent(64)
+		if err := add(renewSubj, func(m *nats.Msg) {
+			ev, meta, err := events.Decode[events.RenewDue](m)
+			if err == nil && !seen.add(meta.ID) {
+				log.Debug("dropping repeated renew event", "id", meta.ID)
+				return
+			}
+			if err == nil && ev.Pod != pod {
+				err = fmt.Errorf("renew for pod %q, not %q", ev.Pod, pod)
+			}
+			if err == nil && ev.Resource != "" && ev.Resource != "default" {
+				err = fmt.Errorf("renew for resource %q: only default is issued here", ev.Resource)
+			}
+			if err != nil {
+				log.Warn("dropping renew event", "error", err)
+				return
+			}
+			log.Debug("renew due", "reason", ev.Reason, "serial", ev.Serial)
+			h.Renew(ev)
+			if m.Reply != "" {
+				_ = m.Respond(nil)
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if h.Trust != nil {
+		if err := add(events.SubjectTrustChanged, func(m *nats.Msg) {
+			ev, _, err := events.Decode[events.TrustChanged](m)
+			if err == nil {
+				err = h.Trust(ev)
+			}
+			if err != nil {
+				log.Warn("dropping trust.changed event", "error", err)
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if h.Anchors != nil {
+		if err := add(anchorSubj, func(m *nats.Msg) {
+			ev, _, err := events.Decode[events.TrustAnchors](m)
+			if err == nil && ev.Pod != pod {
+				err = fmt.Errorf("anchors for pod %q, not %q", ev.Pod, pod)
+			}
+			if err == nil {
+				err = h.Anchors(ev)
+			}
+			if err != nil {
+				log.Warn("dropping trust anchors event", "error", err)
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return unsub, nil
+}
+
+// recent remembers the last n event ids, to drop repeats (several rotator replicas
+// send the same renewal with the same id).
+type recent struct {
+	ids  map[string]bool
+	ring []string
+	next int
+}
+
+func newRecent(n int) *recent { return &recent{ids: map[string]bool{}, ring: make([]string, n)} }
+
+// add reports whether id is new, remembering it.
+func (r *recent) add(id string) bool {
+	if id == "" {
+		return true
+	}
+	if r.ids[id] {
+		return false
+	}
+	delete(r.ids, r.ring[r.next])
+	r.ring[r.next] = id
+	r.ids[id] = true
+	r.next = (r.next + 1) % len(r.ring)
+	return true
+}

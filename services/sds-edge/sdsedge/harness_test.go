@@ -1,0 +1,252 @@
+package sdsedge_test
+
+import (
+	"context"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
+)
+
+const testPod = "web-0"
+
+// env is one test's bus and CA.
+type env struct {
+	t  testing.TB
+	ns *server.Server
+	nc *nats.Conn
+	ca *testCA
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	ns := bustest.Server(t)
+	nc := bustest.Conn(t, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := bus.EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	ca := newTestCA(t)
+	ca.serveNATS(t, nc)
+	return &env{t: t, ns: ns, nc: nc, ca: ca}
+}
+
+// pod is one running sds-edge.
+type pod struct {
+	e    *sdsedge.Edge
+	cfg  sdsedge.Config
+	reg  *prometheus.Registry
+	nc   *nats.Conn
+	clk  *clock.Fake
+	stop func() error
+}
+
+type podOpt struct {
+	args  []string
+	root  string // pod root; "" makes one
+	clock *clock.Fake
+	noTok bool
+}
+
+// startPod writes a token under a fresh pod root and runs sds-edge in process.
+func (v *env) startPod(o podOpt) *pod {
+	t := v.t
+	t.Helper()
+	root := o.root
+	if root == "" {
+		root = testkit.ShortDir(t)
+	}
+	if !o.noTok {
+		writeToken(t, root, v.ca.token("default", "web", time.Hour))
+	}
+	args := append([]string{"-pod", testPod, "-pod-root", root, "-nats-url", v.ns.ClientURL(), "-namespace", "default",
+		"-service-account", "web", "-socket", "sds.sock", "-http-addr", "127.0.0.1:0", "-retry-min", "20ms", "-retry-max", "200ms"}, o.args...)
+	cfg, err := sdsedge.Load(args, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := bustest.Conn(t, v.ns) // its own connection, as a separate process has
+	p := &pod{cfg: cfg, reg: prometheus.NewRegistry(), nc: nc}
+	deps := lifecycle.Deps{Bus: nc, Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Metrics: p.reg}
+	if o.clock != nil {
+		p.clk, deps.Clock = o.clock, o.clock
+	}
+	e, err := sdsedge.New(cfg, deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.e = e
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	p.stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	t.Cleanup(func() {
+		if err := p.stop(); err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	})
+	select {
+	case <-e.Bound():
+	case err := <-done:
+		t.Fatalf("sds-edge ended before binding: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("sds-edge did not bind")
+	}
+	return p
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func writeToken(t testing.TB, root, tok string) {
+	t.Helper()
+	p := filepath.Join(root, "var/run/secrets/tokens/istio-token")
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(tok), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *pod) dial(t testing.TB) *grpc.ClientConn {
+	t.Helper()
+	cc, err := sdsclient.DialUnix(context.Background(), p.cfg.SDS.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func (p *pod) open(t testing.TB, cc grpc.ClientConnInterface, names ...string) *sdsclient.Stream {
+	t.Helper()
+	st, err := sdsclient.Open(context.Background(), cc, "sidecar~10.0.0.1~"+testPod+".default~default.svc.cluster.local", names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// recv waits for the next update on st.
+func recv(t testing.TB, st *sdsclient.Stream) sdsclient.Update {
+	t.Helper()
+	type res struct {
+		u   sdsclient.Update
+		err error
+	}
+	c := make(chan res, 1)
+	go func() { u, err := st.Recv(); c <- res{u, err} }()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatalf("recv: %v", r.err)
+		}
+		return r.u
+	case <-time.After(15 * time.Second):
+		t.Fatal("no sds response in 15s")
+	}
+	return sdsclient.Update{}
+}
+
+func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
+	t.Helper()
+	certs, err := pki.ParseCertsPEM(s.CertChain)
+	if err != nil || len(certs) == 0 {
+		t.Fatalf("secret %q has no certificate: %v", s.Name, err)
+	}
+	return certs[0]
+}
+
+// collector records every event on a subject pattern.
+type collector struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func collect(t testing.TB, nc *nats.Conn, subject string) *collector {
+	t.Helper()
+	c := &collector{}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { c.mu.Lock(); c.msgs = append(c.msgs, m); c.mu.Unlock() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return c
+}
+
+func (c *collector) all() []*nats.Msg {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*nats.Msg(nil), c.msgs...)
+}
+
+// find returns the decoded events of type T that match.
+func find[T events.Payload](c *collector, match func(T) bool) []T {
+	var out []T
+	for _, m := range c.all() {
+		if ev, _, err := events.Decode[T](m); err == nil && match(ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func renew(t testing.TB, nc *nats.Conn, serial string) {
+	t.Helper()
+	subj, _ := events.PodRenewSubject(testPod)
+	msg, err := events.NewMsg(subj, "test-rotator", events.RenewDue{Pod: testPod, Serial: serial, Reason: events.RenewScheduled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// metric sums every series of the named metric.
+func (p *pod) metric(name string) float64 {
+	mfs, err := p.reg.Gather()
+	if err != nil {
+		panic(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}

@@ -1,0 +1,67 @@
+package sdsedge
+
+import (
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+)
+
+// sdsObserver turns what the SDS server does into events and metrics.
+type sdsObserver struct{ e *Edge }
+
+func (h sdsObserver) Served(node string, en *secrets.Entry) {
+	h.e.m.Served.WithLabelValues(en.Name).Inc()
+	h.e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: h.e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+		Version: en.Version, Streams: 1, Kind: "served"})
+}
+
+func (h sdsObserver) Nacked(node string, names []string, version, nonce, msg string) {
+	if len(names) == 0 {
+		names = []string{""}
+	}
+	for _, n := range names {
+		h.e.m.Nacks.WithLabelValues(n).Inc()
+		h.e.publish(events.PodEventSDSNack, events.SDSNack{Pod: h.e.cfg.Pod.ID, Node: node, Resource: n,
+			Version: version, Nonce: nonce, Error: truncate(msg, 1024)})
+	}
+}
+
+func (h sdsObserver) Stream(rpc string, delta int) {
+	h.e.m.Connections.WithLabelValues(rpc).Add(float64(delta))
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// identityObserver turns the CA flow's changes into events, files (OUTPUT_CERTS)
+// and metrics.
+type identityObserver struct{ e *Edge }
+
+func (s identityObserver) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
+
+func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
+	if s.e.out == nil {
+		return
+	}
+	if err := s.e.out.Write(keyPEM, chainPEM, rootsPEM); err != nil {
+		s.e.log.Error("cannot write output certificates", "dir", s.e.cfg.Cert.OutputDir, "error", err)
+	}
+}
+
+func (s identityObserver) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+
+func (s identityObserver) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+
+func (s identityObserver) CSR(err error, retry bool) {
+	m := s.e.m
+	m.CSRSent.Inc()
+	if retry {
+		m.CSRRetried.Inc()
+	}
+	if err != nil {
+		m.CSRFailed.Inc()
+	}
+}

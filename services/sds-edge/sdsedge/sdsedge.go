@@ -1,0 +1,312 @@
+// Package sdsedge is sds-edge as a service of the one lifecycle (pkg/lifecycle):
+// Load its config, New to build it on the bus connection, Run to serve. It chooses
+// how the pod gets its identity (another provider's socket, mounted files, or the
+// CA flow), serves `default` and `ROOTCA` over SDS on a unix socket, and publishes
+// what it does on the pod's event subjects.
+package sdsedge
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/outbox"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/identitymode"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/metrics"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/output"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/podfeed"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/sds"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+)
+
+// Config is sds-edge's configuration: flags, env vars and defaults (see Load).
+type Config = config.Config
+
+// Load reads the config from flags, then env vars, then defaults, and validates it.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return config.Load(args, getenv)
+}
+
+// Edge is one pod's sds-edge.
+type Edge struct {
+	cfg      Config
+	spiffeID string
+	d        lifecycle.Deps
+	log      hclog.Logger
+	store    *secrets.Store
+	pub      *outbox.Outbox
+	files    *filecerts.Files
+	out      *output.Writer
+
+	m *metrics.Metrics
+
+	mode      atomic.Value // string
+	bound     chan struct{}
+	readyOnce sync.Once
+	// reconnected wakes the task that fetches the trust bundle after a bus outage.
+	reconnected chan struct{}
+}
+
+// New builds an Edge on d.Bus, registering its metrics on d.Metrics and its
+// readiness check on d.Health. It neither listens nor starts anything until Run.
+func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
+	d = d.WithDefaults()
+	id, err := cfg.SPIFFEID()
+	if err != nil {
+		return nil, err
+	}
+	if d.Bus == nil {
+		return nil, errors.New("sds-edge needs a bus connection")
+	}
+	js, err := jetstream.New(d.Bus)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	store := secrets.New(nil)
+	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
+		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1)}
+	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
+	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
+		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
+		return nil, err
+	}
+	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	store.SetResolver(e.files)
+	if cfg.Cert.OutputDir != "" {
+		e.out = output.New(cfg.Cert.OutputDir)
+	}
+	d.Health.AddReadyCheck("secrets", e.Ready)
+	return e, nil
+}
+
+// Store is the secret store (for metrics).
+func (e *Edge) Store() *secrets.Store { return e.store }
+
+// Mode is the start-up decision, "" before it is made.
+func (e *Edge) Mode() string { m, _ := e.mode.Load().(string); return m }
+
+// Bound is closed when the SDS socket accepts connections (or external mode is chosen).
+func (e *Edge) Bound() <-chan struct{} { return e.bound }
+
+// Ready is the readiness check: the socket bound with `default` and `ROOTCA` in
+// hand, or external mode.
+func (e *Edge) Ready() error {
+	switch e.Mode() {
+	case "":
+		return errors.New("starting")
+	case identitymode.External:
+		return nil
+	}
+	select {
+	case <-e.bound:
+	default:
+		return errors.New("sds socket not bound yet")
+	}
+	var missing []error
+	for _, n := range []string{secrets.Default, secrets.RootCA} {
+		if _, ok := e.store.Get(n); !ok {
+			missing = append(missing, fmt.Errorf("%s not available yet", n))
+		}
+	}
+	return errors.Join(missing...)
+}
+
+// Run decides the mode and serves until ctx ends. It returns nil on cancellation.
+// The event outbox outlives the serving task, so that pod.down, queued as that task
+// stops, still reaches the bus.
+func (e *Edge) Run(ctx context.Context) error {
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	return lifecycle.Tasks(ctx,
+		func(ctx context.Context) error { defer stopPub(); return e.serve(ctx) },
+		func(context.Context) error { return e.pub.Run(pubCtx) })
+}
+
+// serve decides the mode, announces the pod, and runs what the mode needs until
+// ctx ends.
+func (e *Edge) serve(ctx context.Context) error {
+	dec, err := identitymode.Decide(ctx, identitymode.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,
+		CredentialsDir: e.cfg.Cert.CredentialsDir, FileMounted: e.cfg.Cert.FileMounted, FileMountedDir: e.cfg.Cert.FileMountedDir},
+		e.log.Named("startup"))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	e.mode.Store(dec.Mode)
+	e.log.Info("identity mode chosen", "mode", dec.Mode, "spiffe_id", e.spiffeID, "socket", e.cfg.SDS.Socket)
+	e.publish(events.PodEventUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
+	defer e.publish(events.PodEventDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
+
+	if dec.Mode == identitymode.External {
+		close(e.bound)
+		e.log.Info("ready: another sds server owns the socket", "socket", e.cfg.SDS.Socket)
+		<-ctx.Done()
+		return nil
+	}
+	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, sdsObserver{e}, e.log.Named("sds")), e.log.Named("sds"))
+	tasks := []func(context.Context) error{ln.Run, e.files.Run, func(ctx context.Context) error {
+		select {
+		case <-ln.Bound():
+			close(e.bound)
+			e.logReady()
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	switch dec.Mode {
+	case identitymode.File:
+		if err := e.files.Mount(dec.Dir); err != nil {
+			return fmt.Errorf("mounted certificates in %s: %w", dec.Dir, err)
+		}
+	case identitymode.CA:
+		mgr, closeSigner, err := e.manager()
+		if err != nil {
+			return err
+		}
+		defer closeSigner()
+		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.Pod.ID, podfeed.Handlers{
+			Renew: mgr.Renew, Trust: mgr.TrustChanged, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
+		if err != nil {
+			return err
+		}
+		defer unsub()
+		// trust.changed is not durable for us: after a bus outage, ask for the bundle.
+		podfeed.OnReconnect(e.d.Bus, func() {
+			select {
+			case e.reconnected <- struct{}{}:
+			default: // a refresh is already due
+			}
+		})
+		tasks = append(tasks, mgr.Run, func(ctx context.Context) error { return e.refreshOnReconnect(ctx, mgr) })
+	}
+	err = lifecycle.Tasks(ctx, tasks...)
+	e.log.Info("stopped", "error", err)
+	return err
+}
+
+// manager builds the CA flow with the NATS or the gRPC client; closeSigner
+// releases a client it made (the gRPC connection), once the manager has stopped.
+func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
+	c := e.cfg
+	seed, err := readRoots("-ca-root-cert", c.CA.RootCert)
+	if err != nil {
+		return nil, nil, err
+	}
+	anchors, err := readRoots("-trust-anchors-file", c.CA.TrustAnchorsFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	closeSigner = func() {}
+	var signer identity.Signer
+	if c.CA.Addr != "" {
+		istio := caclient.NewIstio(c.CA.Addr, c.CA.ClusterID, c.CA.Plaintext, func() *x509.CertPool {
+			if len(seed) > 0 {
+				p := x509.NewCertPool()
+				for _, r := range seed {
+					p.AddCert(r)
+				}
+				return p
+			}
+			return mgr.Roots()
+		})
+		signer, closeSigner = istio, func() { _ = istio.Close() }
+	} else {
+		signer = caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
+	}
+	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
+		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+	return mgr, closeSigner, nil
+}
+
+// readRoots reads the PEM certificates in path (none for ""); flag names the
+// setting in errors.
+func readRoots(flag, path string) ([]*x509.Certificate, error) {
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	certs, err := pki.ParseCertsPEM(data)
+	if err != nil || len(certs) == 0 {
+		return nil, fmt.Errorf("%s: %s holds no certificates: %v", flag, path, err)
+	}
+	return certs, nil
+}
+
+// Changed publishes a change of a resource and counts the push.
+func (e *Edge) Changed(en *secrets.Entry, streams int) {
+	e.logReady()
+	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
+	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+		Version: en.Version, Streams: streams, Kind: "pushed"})
+}
+
+// logReady logs readiness once, when it is reached.
+func (e *Edge) logReady() {
+	if e.Ready() == nil {
+		e.readyOnce.Do(func() { e.log.Info("ready: default and ROOTCA in hand", "socket", e.cfg.SDS.Socket) })
+	}
+}
+
+// refreshOnReconnect refreshes the trust bundle each time the bus connection comes
+// back, until ctx ends.
+func (e *Edge) refreshOnReconnect(ctx context.Context, mgr *identity.Manager) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-e.reconnected:
+			e.refreshBundle(ctx, mgr)
+		}
+	}
+}
+
+// refreshBundle applies the signer's current bundle, as if trust.changed had come
+// (checked the same way).
+func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
+	defer cancel()
+	r, err := trustbundle.Fetch(ctx, e.d.Bus, "sds-edge/"+e.cfg.Pod.ID)
+	if err == nil {
+		if r.TrustDomain == "" {
+			r.TrustDomain = e.cfg.Pod.TrustDomain
+		}
+		err = mgr.ApplyBundle(identity.SourceBundle, trustbundle.FromBundleReply(r))
+	}
+	if err != nil {
+		e.log.Warn("cannot refresh the trust bundle after reconnecting", "error", err)
+		return
+	}
+	e.log.Info("trust bundle refreshed after reconnecting", "roots", len(r.Roots), "generation", r.Generation)
+}
+
+// publish queues one of the pod's events (kind: events.PodEvent*) on its pod subject.
+func (e *Edge) publish(kind string, p events.Payload) {
+	subject, err := events.PodEventSubject(e.cfg.Pod.ID, kind)
+	if err != nil {
+		e.log.Warn("dropping event", "kind", kind, "error", err)
+		return
+	}
+	e.pub.Publish(subject, p)
+}

@@ -1,0 +1,101 @@
+// Package xdsrelay is the xds-relay service, importable: it relays Envoy's ADS
+// stream from a unix socket in the pod to the upstream discovery server with the
+// workload certificate from sds-edge, keeps the upstream TLS current as the mesh's
+// roots change, hands ProxyConfig's trust anchors to sds-edge, and reports what it
+// relays as events. It is built and run the one way every meshagent service is
+// (pkg/lifecycle): Load → New(cfg, Deps) → Run.
+package xdsrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/outbox"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config is xds-relay's whole configuration.
+type Config = config.Config
+
+// Load reads the configuration from flags and env vars over the defaults,
+// resolves paths under the pod root and validates it (config.Load says where the
+// XDS_HEADER_* variables come from).
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return config.Load(args, getenv)
+}
+
+// Relay is one pod's xds-relay.
+type Relay struct {
+	sds    *sdsclient.Watcher // nil: the upstream needs nothing from sds-edge
+	dialer *upstream.Dialer
+	events *outbox.Outbox
+	tls    *tlsrefresh.Refresher
+	relay  *relay.Server
+}
+
+// New builds the relay on d.Bus (required): it registers its metrics on
+// d.Metrics and its readiness (the ADS socket bound) on d.Health, and neither
+// dials sds-edge nor binds the socket until Run.
+func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
+	d = d.WithDefaults()
+	if d.Bus == nil {
+		return nil, errors.New("xds-relay: no bus connection")
+	}
+	js, err := jetstream.New(d.Bus)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	x := &Relay{}
+	var (
+		mat     upstream.Material
+		changes tlsrefresh.Changes
+	)
+	if cfg.NeedsSDS() {
+		x.sds = sdsclient.WatchUnix(cfg.SDSSocket, "xds-relay~"+cfg.Pod.ID, d.Log.Named("sds"))
+		mat, changes = x.sds, x.sds
+	}
+	x.dialer, err = upstream.New(upstream.Config{Address: cfg.Upstream.Address, Mode: cfg.Upstream.Mode,
+		RootCAFile: cfg.Upstream.RootCA, ServerName: cfg.Upstream.ServerName, TokenFile: cfg.Upstream.TokenFile,
+		ClusterID: cfg.Upstream.ClusterID, Headers: cfg.Upstream.Headers, MaxMsgSize: cfg.MaxMsgSize,
+		ConnectTimeout: cfg.Upstream.ConnectTimeout}, mat, d.Log.Named("upstream"))
+	if err != nil {
+		return nil, err
+	}
+	pc, err := proxyconfig.New(cfg.Pod.ID, d.Bus, x.dialer, d.Log.Named("proxyconfig"))
+	if err != nil {
+		return nil, err
+	}
+	x.events, err = outbox.New(js, outbox.Options{Source: "xds-relay/" + cfg.Pod.ID, Metric: relay.EventsDropped,
+		Registry: d.Metrics, Log: d.Log.Named("events")})
+	if err != nil {
+		return nil, err
+	}
+	x.relay, err = relay.New(relay.Config{Pod: cfg.Pod.ID, Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
+		x.dialer, []relay.Handler{pc}, x.events, d.Metrics, d.Log.Named("relay"))
+	if err != nil {
+		return nil, err
+	}
+	x.tls = tlsrefresh.New(d.Bus, x.dialer, changes, d.Log.Named("trust"))
+	d.Health.AddReadyCheck("xds-socket", x.relay.Ready)
+	return x, nil
+}
+
+// Run follows sds-edge (when the upstream needs its certificate or roots), serves
+// the ADS socket, publishes events and keeps the upstream TLS current, until ctx
+// ends; it returns nil then.
+func (x *Relay) Run(ctx context.Context) error {
+	defer x.dialer.Close()
+	tasks := []func(context.Context) error{x.events.Run, x.tls.Run, x.relay.Run}
+	if x.sds != nil {
+		tasks = append(tasks, x.sds.Run)
+	}
+	return lifecycle.Tasks(ctx, tasks...)
+}

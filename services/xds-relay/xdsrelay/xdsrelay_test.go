@@ -1,0 +1,57 @@
+package xdsrelay_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/xds-relay/xdsrelay"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// New binds nothing and dials nothing; Run binds the ADS socket (ready even with
+// no sds-edge and no upstream yet, as Istio's agent) and returns nil when
+// cancelled, having closed its sds-edge connection (TestMain checks for leaks).
+func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
+	ns := bustest.Server(t)
+	root := testkit.ShortDir(t)
+	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
+		"-xds-tls", "mtls"}, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := obs.NewServer("", hclog.NewNullLogger())
+	x, err := xdsrelay.New(cfg, lifecycle.Deps{Bus: bustest.Conn(t, ns), Health: health}.WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
+		t.Fatalf("socket after New: %v, want none yet", err)
+	}
+	if health.Ready() == nil {
+		t.Fatal("ready before Run")
+	}
+	stop := testkit.Background(t, x.Run)
+	testkit.Eventually(t, "the ADS socket bound", func() bool { return health.Ready() == nil })
+	stop()
+	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
+		t.Fatalf("socket after Run returned: %v, want it removed", err)
+	}
+}
+
+func TestNewWithoutBusIsAnError(t *testing.T) {
+	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-xds-tls", "plaintext"}, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := xdsrelay.New(cfg, lifecycle.Deps{}.WithDefaults()); err == nil {
+		t.Fatal("built a relay with no bus")
+	}
+}

@@ -1,0 +1,164 @@
+package faults
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/devtoken"
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
+
+// binDir holds the service binaries: $MESHAGENT_BIN (make's bin/) or built by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		if binDir = os.Getenv("MESHAGENT_BIN"); binDir != "" {
+			return m.Run()
+		}
+		dir, err := os.MkdirTemp("", "faultsbin")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if err := testkit.BuildServices(dir, "signer", "rotator", "sds-edge"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		binDir = dir
+		return m.Run()
+	}())
+}
+
+// proc is one service process; its output goes to a file shown when the test fails.
+type proc struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+// run starts binary bin with env (on top of PATH and HOME only), stopped with SIGTERM
+// when the test ends.
+func run(t *testing.T, name, bin string, env ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	out, err := os.Create(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(filepath.Join(binDir, bin))
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=debug"}, env...)
+	p.cmd.Stdout, p.cmd.Stderr = out, out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); _ = out.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("--- %s output (the end):\n%s", name, p.output())
+		}
+	})
+	return p
+}
+
+// output is the end of the process's output.
+func (p *proc) output() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// exited reports whether the process has ended.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// fleet is the services on the cluster: a signer, a rotator and one pod's sds-edge,
+// configured through their environment as deploy/compose/compose.yaml does.
+type fleet struct {
+	podRoot, socket string
+	procs           []*proc
+}
+
+const (
+	pod       = "demo-0"
+	secretTTL = time.Minute
+)
+
+func startFleet(t *testing.T, c *cluster) *fleet {
+	t.Helper()
+	dir := t.TempDir()
+	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kek := filepath.Join(dir, "ca-kek")
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	if err := os.WriteFile(kek, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{podRoot: testkit.ShortDir(t)}
+	f.socket = filepath.Join(f.podRoot, "var/run/secrets/workload-spiffe-uds/socket")
+	token := filepath.Join(f.podRoot, "var/run/secrets/tokens/istio-token")
+	tok, err := iss.MintForPod("default", "demo", pod, devtoken.DefaultAudience, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(token), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(token, []byte(tok), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bus := []string{"NATS_URL=" + c.urls(), "TRUST_DOMAIN=cluster.local"}
+	f.procs = append(f.procs,
+		run(t, "signer", "signer", append(bus, "SIGNER_INSTANCE=signer-1", "CA_KEK_FILE="+kek,
+			"JWKS_FILE="+devtoken.JWKSPath(filepath.Join(dir, "issuer")), "TOKEN_ISSUER="+iss.Name,
+			"TOKEN_AUDIENCE="+devtoken.DefaultAudience, "CA_KV_REPLICAS=3", "EVENTS_REPLICAS=3",
+			"GRPC_ADDR="+testkit.FreeAddr(t), "HTTP_ADDR="+testkit.FreeAddr(t))...),
+		run(t, "rotator", "rotator", append(bus, "ROTATOR_INSTANCE=rotator-1", "ROTATOR_JS_REPLICAS=3",
+			"HTTP_ADDR="+testkit.FreeAddr(t))...),
+		run(t, "sds-edge", "sds-edge", append(bus, "POD_NAME="+pod, "POD_ROOT="+f.podRoot, "POD_NAMESPACE=default",
+			"SERVICE_ACCOUNT=demo", "SECRET_TTL="+secretTTL.String(), "HTTP_ADDR="+testkit.FreeAddr(t))...),
+	)
+	return f
+}
+
+// alive fails the test when a service has exited: a fault must not take a process down.
+func (f *fleet) alive(t *testing.T) {
+	t.Helper()
+	for _, p := range f.procs {
+		if p.exited() {
+			t.Fatalf("%s exited: %s", p.name, p.output())
+		}
+	}
+}
+
+// bundleCtx is a short deadline for one bus request.
+func bundleCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 3*time.Second)
+}
