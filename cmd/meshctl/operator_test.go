@@ -54,7 +54,7 @@ func podCert(t *testing.T, dir, pod string, not ...string) inventory.Cert {
 
 func TestOperatorView(t *testing.T) {
 	dir := testkit.ShortDir(t)
-	startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour})
+	startStack(t, devstack.Config{Dir: dir, Pods: 1, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin})
 	st, err := stackfile.Read(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +137,22 @@ func TestOperatorView(t *testing.T) {
 		out, _ := meshctl(t, "events", "-dir", dir, "-since", "10m", "-pod", "demo-0", "-type", "sds.pushed")
 		if !strings.Contains(out, "serial="+next.Serial[:8]) {
 			t.Fatalf("the new certificate's push is not in the log:\n%s", out)
+		}
+	})
+
+	t.Run("a root rotation followed across the fleet", func(t *testing.T) {
+		var out string
+		var err error
+		testkit.EventuallyWithin(t, 3*rotateMin+5*time.Second, "rotate root: still too soon", func() bool {
+			out, err = meshctl(t, "rotate", "-dir", dir, "root", "-wait", "20s")
+			return err == nil || !strings.Contains(err.Error(), "allowed at")
+		})
+		if err != nil || !strings.Contains(out, "1/1 pod certificate(s) under the new root") {
+			t.Fatalf("rotate root -wait: %v\n%s", err, out)
+		}
+		fp := strings.TrimSuffix(strings.Fields(strings.TrimPrefix(out, "new root sha256 "))[0], ";")
+		if c := podCert(t, dir, "demo-0"); c.Root != fp {
+			t.Fatalf("demo-0's certificate is under %s, not the new root %s", c.Root, fp)
 		}
 	})
 

@@ -28,7 +28,7 @@ var operator = []command.Command{
 	{Name: "serve", Usage: "keep the certificate inventory and serve the dashboard and fleet metrics: serve [-http-addr A]", Run: runServe},
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-out DIR] [-grpc]", Run: runSign},
 	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", Run: runSDS},
-	{Name: "rotate", Usage: "rotate root [-new-key] | rotate pod ID", Run: runRotate},
+	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod ID", Run: runRotate},
 	{Name: "token", Usage: "mint a dev service-account token: token -ns NS -sa SA [-ttl D]", Run: runToken},
 	{Name: "bus-auth", Usage: "generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", Run: runBusAuth},
 }

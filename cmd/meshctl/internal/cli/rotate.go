@@ -26,7 +26,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
+	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-wait D] | meshctl rotate pod ID", errUsage)
 	switch {
 	case len(words) == 1 && words[0] == "root":
 	case len(words) == 2 && words[0] == "pod" && !newKey:
