@@ -10,7 +10,6 @@ import (
 	"image/png"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -23,7 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-var updateScreenshot = flag.Bool("update-screenshot", false, "write the dashboard's screenshot to docs/dashboard.png")
+var screenshot = flag.String("screenshot", "", "write the dashboard test's screenshot (PNG) to this file")
 
 // chromium finds the browser. Without one the test cannot run: it says so loudly,
 // and fails instead of skipping where MESHAGENT_REQUIRE_CHROMIUM is set (.ci/run
@@ -139,8 +138,8 @@ func TestDashboardInChromium(t *testing.T) {
 	if err != nil || img.Bounds().Dx() < 1000 {
 		t.Fatalf("screenshot: %v %v", err, img)
 	}
-	if *updateScreenshot {
-		if err := os.WriteFile(filepath.Join("..", "..", "docs", "dashboard.png"), shot, 0o644); err != nil {
+	if *screenshot != "" {
+		if err := os.WriteFile(*screenshot, shot, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

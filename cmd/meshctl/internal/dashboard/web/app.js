@@ -91,10 +91,14 @@ function timeline() {
   svg.setAttribute("height", H);
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   const t = now();
-  let span = 10 * 60e3;
-  for (const c of certs) span = Math.max(span, Date.parse(c.not_after) - t, t - Date.parse(c.not_before));
-  span = Math.min(span, 7 * 86400e3);
-  const t0 = t - span * 0.6, t1 = t + span * 1.05;
+  // The future up to the last expiry; the past one and a half times as long (at least
+  // five minutes), so that the renewals that led here show.
+  let future = 60e3;
+  for (const c of certs) future = Math.max(future, Date.parse(c.not_after) - t);
+  future = Math.min(future, 7 * 86400e3);
+  const past = Math.max(5 * 60e3, future * 1.5);
+  const span = past + future;
+  const t0 = t - past, t1 = t + future * 1.04;
   const x = (ms) => left + ((ms - t0) / (t1 - t0)) * (W - left - right);
   const clamp = (v) => Math.max(left, Math.min(W - right, v));
   const out = [];
@@ -115,7 +119,7 @@ function timeline() {
     past.forEach((e, j) => {
       const end = j + 1 < past.length ? Date.parse(past[j + 1].time) : Date.parse(c.issued || c.not_before);
       const a = clamp(x(Date.parse(e.data.not_before))), b = clamp(x(Math.min(end, Date.parse(e.data.not_after))));
-      if (b > a) out.push(`<rect class="past" x="${a}" y="${y + lane - 6}" width="${b - a}" height="3" rx="1"><title>${esc(e.data.serial)} (replaced)</title></rect>`);
+      if (b - 2 > a) out.push(`<rect class="past" x="${a}" y="${y + lane - 7}" width="${b - a - 2}" height="3" rx="1"><title>${esc(e.data.serial)} (replaced)</title></rect>`);
     });
     out.push(`<rect class="valid ${h}" x="${x0}" y="${y + 2}" width="${Math.max(1, x1 - x0)}" height="${lane - 11}" rx="3"><title>${esc(c.serial)}: ${clock(nb)} – ${clock(na)}</title></rect>`);
     if (due > left && due < W - right) out.push(`<line class="due" x1="${due}" x2="${due}" y1="${y + 2}" y2="${y + lane - 3}"/>`);
