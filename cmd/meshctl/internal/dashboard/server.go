@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,63 +90,50 @@ func (s *Server) Bound() <-chan struct{} { return s.bound }
 // Addr is the bound HTTP address (after Bound).
 func (s *Server) Addr() net.Addr { return s.addr }
 
-// Run keeps the inventory, follows the events and serves HTTP until ctx ends.
+// Run keeps the inventory, follows the events and serves HTTP until ctx ends; it
+// returns nil on cancellation. Its tasks run under lifecycle.Tasks: the first to
+// fail stops the others.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
 	}
-	s.addr = ln.Addr()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 4)
-	var wg sync.WaitGroup
-	run := func(name string, f func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(ctx); err != nil && ctx.Err() == nil {
-				errc <- fmt.Errorf("%s: %w", name, err)
-				cancel()
-			}
-		}()
+	defer func() { _ = ln.Close() }()
+	if s.cfg.Sink != nil {
+		defer func() { _ = s.cfg.Sink.Close() }()
 	}
-	s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, s.log.Named("inventory"))
-	if err != nil {
-		_ = ln.Close()
+	s.addr = ln.Addr()
+	if s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, s.log.Named("inventory")); err != nil {
 		return err
 	}
 	if err := s.follow(ctx); err != nil {
-		_ = ln.Close()
 		return err
 	}
-	run("inventory", s.keeper.Run)
-	run("watch", s.watch)
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-		defer c()
-		_ = srv.Shutdown(sctx)
-	}()
 	close(s.bound)
 	s.log.Info("dashboard listening", "addr", s.addr.String())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		cancel()
-		wg.Wait()
-		return err
-	}
-	cancel()
-	wg.Wait()
-	if s.cfg.Sink != nil {
-		_ = s.cfg.Sink.Close()
-	}
+	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch, func(ctx context.Context) error { return s.serve(ctx, ln) })
+}
+
+// serve answers HTTP on ln until ctx ends, then shuts down within five seconds.
+func (s *Server) serve(ctx context.Context, ln net.Listener) error {
+	// Requests live in ctx: the event streams end when it does, so Shutdown need
+	// not wait for pages that stay open.
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return err
-	default:
-		return nil
+		return fmt.Errorf("serve http: %w", err)
+	case <-ctx.Done():
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown http: %w", err)
+	}
+	<-errc
+	return nil
 }
 
 // follow replays the recent history into the feed, then follows the live events.
