@@ -267,6 +267,8 @@ func EnsureEventStreamRetention(ctx context.Context, js jetstream.JetStream, rep
 		MaxAge:      r.MaxAge,
 		MaxBytes:    r.MaxBytes,
 		Discard:     jetstream.DiscardOld,
+		// Readers (audit) read by sequence, in batches: direct gets, no consumer.
+		AllowDirect: true,
 		MaxMsgSize:  events.MaxEventSize + 4096,
 		Duplicates:  2 * time.Minute,
 	})

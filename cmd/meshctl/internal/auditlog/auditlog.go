@@ -174,28 +174,21 @@ func (l *Log) SeqAt(ctx context.Context, b Bounds, t time.Time) (uint64, error) 
 }
 
 // Replay calls fn for each stored event from seq from to seq upto (inclusive) that
-// passes f, in order.
+// passes f, in order (batched direct gets where the stream allows them: Scan).
 func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(Entry) error) error {
-	for seq := from; seq <= upto; {
-		m, err := l.next(ctx, seq)
-		if err != nil {
-			return err
-		}
-		if m == nil || m.Sequence > upto {
-			return nil
-		}
+	if upto < from {
+		return nil
+	}
+	return Scan(ctx, l.nc, l.st, events.EventsWildcard, from, upto, func(m *jetstream.RawStreamMsg) error {
 		e := decode(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Sequence)
 		if e.Meta.Time.IsZero() {
 			e.Meta.Time = m.Time
 		}
-		if f.Match(e) {
-			if err := fn(e); err != nil {
-				return err
-			}
+		if !f.Match(e) {
+			return nil
 		}
-		seq = m.Sequence + 1
-	}
-	return nil
+		return fn(e)
+	})
 }
 
 func decode(m *nats.Msg, seq uint64) Entry {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
@@ -83,14 +84,7 @@ func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 	}
 	prefix := "$KV." + policy.BucketInventory + "."
 	values := map[string][]byte{}
-	for seq := uint64(1); ; {
-		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(prefix+">"))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return Snapshot{}, fmt.Errorf("read inventory: %w", err)
-		}
+	err = auditlog.Scan(ctx, nc, st, prefix+">", 1, 0, func(m *jetstream.RawStreamMsg) error {
 		key := strings.TrimPrefix(m.Subject, prefix)
 		switch m.Header.Get("KV-Operation") {
 		case "DEL", "PURGE":
@@ -98,7 +92,10 @@ func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 		default:
 			values[key] = m.Data
 		}
-		seq = m.Sequence + 1
+		return nil
+	})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("read inventory: %w", err)
 	}
 	return Decode(values)
 }
