@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,29 +112,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	close(s.bound)
 	s.log.Info("dashboard listening", "addr", s.addr.String())
-	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch, func(ctx context.Context) error { return s.serve(ctx, ln) })
-}
-
-// serve answers HTTP on ln until ctx ends, then shuts down within five seconds.
-func (s *Server) serve(ctx context.Context, ln net.Listener) error {
-	// Requests live in ctx: the event streams end when it does, so Shutdown need
-	// not wait for pages that stay open.
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve http: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown http: %w", err)
-	}
-	<-errc
-	return nil
+	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch, func(ctx context.Context) error { return obs.Serve(ctx, ln, s.Handler()) })
 }
 
 // follow replays the recent history into the feed, then follows the live events.
