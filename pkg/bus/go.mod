@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/events v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -31,3 +32,5 @@ require (
 replace github.com/meshagent/meshagent/pkg/events => ../events
 
 replace github.com/meshagent/meshagent/pkg/flagenv => ../flagenv
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../testkit

@@ -12,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,10 +73,7 @@ func TestRetryWaitsForJetStream(t *testing.T) {
 	<-swallowed
 	_ = sub.Unsubscribe() // now: no responder at all (JetStream not up)
 	_ = mute.Flush()
-	deadline := time.Now().Add(10 * time.Second)
-	for attempts.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, "three attempts", func() bool { return attempts.Load() >= 3 })
 	start()
 	if err := <-done; err != nil {
 		t.Fatalf("retry: %v", err)

@@ -2,14 +2,8 @@ package bus
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,34 +12,27 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-// testCA is a CA that writes PEM files for the bus flags.
+// testCA is a test CA (pkg/testkit) that writes PEM files for the bus flags.
 type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	dir  string
+	*testkit.CA
+	dir string
 }
 
 func newTestCA(t *testing.T, name string) *testCA {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{cert: cert, key: key, dir: t.TempDir()}
-	ca.write(t, "ca.pem", "CERTIFICATE", der)
+	ca := &testCA{CA: testkit.NewCA(t, name, nil, time.Now(), time.Hour), dir: t.TempDir()}
+	ca.write(t, "ca.pem", ca.PEM())
 	return ca
 }
 
-func (ca *testCA) write(t *testing.T, name, typ string, der []byte) string {
+func (ca *testCA) write(t *testing.T, name, pem string) string {
 	t.Helper()
 	p := filepath.Join(ca.dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(pem), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -54,16 +41,8 @@ func (ca *testCA) write(t *testing.T, name, typ string, der []byte) string {
 // issue writes name-cert.pem and name-key.pem for a server and client certificate.
 func (ca *testCA) issue(t *testing.T, name string) (certFile, keyFile string) {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{"localhost"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(key)
-	return ca.write(t, name+"-cert.pem", "CERTIFICATE", der), ca.write(t, name+"-key.pem", "PRIVATE KEY", kder)
+	l := ca.Issue(t, testkit.Spec{Name: name, DNS: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+	return ca.write(t, name+"-cert.pem", l.PEM()), ca.write(t, name+"-key.pem", l.KeyPEM(t))
 }
 
 // TestConnectOverTLSAndMutualTLS drives Connect's -nats-tls-* flags against a real
@@ -78,7 +57,7 @@ func TestConnectOverTLSAndMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(bus.cert)
+	pool.AddCert(bus.Cert)
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
 		TLS: true, TLSVerify: true, TLSTimeout: 2,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}})

@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 )
 
 // Defaults shared with the signer's dev configuration.
@@ -46,7 +48,7 @@ func KeyPath(dir string) string  { return filepath.Join(dir, keyFile) }
 func JWKSPath(dir string) string { return filepath.Join(dir, jwksFile) }
 
 // LoadOrCreate loads the issuer key from dir, or makes one (0600) and writes the
-// public JWKS beside it.
+// public JWKS beside it, both atomically (pkg/atomicfile).
 func LoadOrCreate(dir string) (*Issuer, error) {
 	data, err := os.ReadFile(KeyPath(dir))
 	switch {
@@ -66,7 +68,7 @@ func LoadOrCreate(dir string) (*Issuer, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("issuer dir: %w", err)
 	}
-	if err := os.WriteFile(KeyPath(dir), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+	if err := atomicfile.Write(KeyPath(dir), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		return nil, fmt.Errorf("write issuer key: %w", err)
 	}
 	iss, err := newIssuer(key)
@@ -77,7 +79,7 @@ func LoadOrCreate(dir string) (*Issuer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(JWKSPath(dir), jwks, 0o644); err != nil {
+	if err := atomicfile.Write(JWKSPath(dir), jwks, 0o644); err != nil {
 		return nil, fmt.Errorf("write jwks: %w", err)
 	}
 	return iss, nil

@@ -230,3 +230,27 @@ func PrintHelp(err error, w io.Writer) bool {
 	fmt.Fprint(w, h.Usage)
 	return true
 }
+
+// Problems collects what a config's Validate finds, so that it reports every
+// problem at once (errors.Join), each naming its flag. The zero value is ready.
+type Problems struct{ errs []error }
+
+// Check records the problem format describes unless ok.
+func (p *Problems) Check(ok bool, format string, a ...any) {
+	if !ok {
+		p.errs = append(p.errs, fmt.Errorf(format, a...))
+	}
+}
+
+// Addf records the problem format describes.
+func (p *Problems) Addf(format string, a ...any) { p.errs = append(p.errs, fmt.Errorf(format, a...)) }
+
+// Add records err unless it is nil (what a part's own Validate found).
+func (p *Problems) Add(err error) {
+	if err != nil {
+		p.errs = append(p.errs, err)
+	}
+}
+
+// Err is every problem recorded, joined; nil when there is none.
+func (p *Problems) Err() error { return errors.Join(p.errs...) }

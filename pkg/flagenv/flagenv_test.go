@@ -157,3 +157,20 @@ func TestListSplitsAndKeepsPrecedence(t *testing.T) {
 		})
 	}
 }
+
+func TestProblemsReportsEveryOneRecorded(t *testing.T) {
+	var p Problems
+	if p.Err() != nil {
+		t.Fatal("no problem recorded, yet an error")
+	}
+	inner := errors.New("-log-level: bad")
+	p.Check(true, "-a: never")
+	p.Check(false, "-b: %d is too small", 1)
+	p.Addf("-c: %w", inner)
+	p.Add(nil)
+	p.Add(errors.New("-d: bad"))
+	err := p.Err()
+	if err == nil || !errors.Is(err, inner) || err.Error() != "-b: 1 is too small\n-c: -log-level: bad\n-d: bad" {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -42,3 +42,5 @@ replace (
 	github.com/meshagent/meshagent/pkg/events => ../events
 	github.com/meshagent/meshagent/pkg/flagenv => ../flagenv
 )
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../testkit

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +11,8 @@ import (
 	"math/big"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 func TestKeysRoundTripEveryAlgAndEncoding(t *testing.T) {
@@ -126,13 +129,7 @@ func TestParseCertsPEM(t *testing.T) {
 	if _, err := ParseCertsPEM(nil); err == nil {
 		t.Fatal("empty accepted")
 	}
-	k, _ := GenerateKey(ECP256)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(0xabc), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
+	c := testkit.SelfSigned(t, testkit.Spec{IsCA: true, Serial: big.NewInt(0xabc)}).Cert
 	bundle := EncodeCertsPEM([]*x509.Certificate{c, c})
 	got, err := ParseCertsPEM(bundle)
 	if err != nil || len(got) != 2 || Fingerprint(got[1]) != Fingerprint(c) || SerialHex(got[0]) != "abc" {
@@ -177,21 +174,8 @@ func TestEndorsement(t *testing.T) {
 }
 
 // testRoot makes a self-signed P-256 CA certificate.
-func testRoot(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
+func testRoot(t *testing.T) (*x509.Certificate, crypto.Signer) {
 	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign, NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, k
+	ca := testkit.NewCA(t, "root", nil, time.Now(), time.Hour)
+	return ca.Cert, ca.Key
 }

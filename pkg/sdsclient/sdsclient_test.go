@@ -2,14 +2,8 @@ package sdsclient_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -88,29 +82,12 @@ func sockPath(t *testing.T) string {
 	return filepath.Join(dir, "sds.sock")
 }
 
-// identity makes a self-signed root and a leaf under it, as PEM.
+// identity makes a root and a leaf under it, as PEM.
 func identity(t *testing.T, cn string) (root, chain, key []byte) {
 	t.Helper()
-	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	rt := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root-" + cn}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	rder, err := x509.CreateCertificate(rand.Reader, rt, rt, rk.Public(), rk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, _ := x509.ParseCertificate(rder)
-	lk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	lt := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	lder, err := x509.CreateCertificate(rand.Reader, lt, rc, lk.Public(), rk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(lk)
-	root = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rder})
-	chain = append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: lder}), root...)
-	key = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
-	return
+	ca := testkit.NewCA(t, "root-"+cn, nil, time.Now(), time.Hour)
+	leaf := ca.Issue(t, testkit.Spec{Name: cn})
+	return []byte(ca.PEM()), []byte(leaf.PEM() + ca.PEM()), []byte(leaf.KeyPEM(t))
 }
 
 func secrets(t *testing.T, cn string) (def, ca sdsclient.Secret) {

@@ -10,12 +10,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"net/url"
 	"testing"
 	"time"
 )
 
-// Leaf is a certificate a test CA issued (or a self-signed one) and its P-256 key.
+// Leaf is a certificate a test CA issued (or a self-signed one) and its key.
 type Leaf struct {
 	Cert *x509.Certificate
 	Key  crypto.Signer
@@ -23,15 +24,19 @@ type Leaf struct {
 
 // Spec says what a leaf certifies; zero fields take the defaults.
 type Spec struct {
-	ID        string        // SPIFFE ID, the one URI SAN; "": none
+	Name      string        // subject CN; "": the ID, or else the first DNS name
+	ID        string        // SPIFFE ID, the first URI SAN; "": none
+	URIs      []string      // more URI SANs after ID (a certificate claiming several identities)
 	DNS       []string      // DNS SANs
+	IPs       []net.IP      // IP SANs (a TLS server on loopback)
+	Key       crypto.Signer // the key certified; nil: a fresh P-256 key (a new certificate for an old key: a CA re-issued)
 	Serial    *big.Int      // nil: random
 	NotBefore time.Time     // zero: an hour ago
 	Life      time.Duration // zero: two hours (so an hour left)
 	IsCA      bool          // a CA certificate instead of a TLS client and server one
 }
 
-// Issue makes a fresh key and a certificate for it as s says, signed by c.
+// Issue makes a certificate as s says (for a fresh key unless s.Key), signed by c.
 func (c *CA) Issue(t testing.TB, s Spec) *Leaf {
 	t.Helper()
 	return issue(t, s, c)
@@ -49,6 +54,19 @@ func (c *CA) PEM() string { return certPEM(c.Cert) }
 // PEM is the leaf certificate in PEM.
 func (l *Leaf) PEM() string { return certPEM(l.Cert) }
 
+// KeyPEM is the leaf's private key in PKCS#8 PEM ("PRIVATE KEY"), as a key file holds it.
+func (l *Leaf) KeyPEM(t testing.TB) string {
+	t.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(l.Key)
+	if err != nil {
+		t.Fatalf("test leaf key: %v", err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
+
+// CA is a leaf made with IsCA as a CA that can issue.
+func (l *Leaf) CA() *CA { return &CA{Cert: l.Cert, Key: l.Key} }
+
 // TLS is the leaf as a TLS certificate (the leaf alone, no chain).
 func (l *Leaf) TLS() tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{l.Cert.Raw}, PrivateKey: l.Key, Leaf: l.Cert}
@@ -57,10 +75,15 @@ func (l *Leaf) TLS() tls.Certificate {
 // issue makes the certificate s describes, signed by parent (nil: by itself).
 func issue(t testing.TB, s Spec, parent *CA) *Leaf {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatalf("test leaf key: %v", err)
+	key := s.Key
+	if key == nil {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatalf("test leaf key: %v", err)
+		}
+		key = k
 	}
+	var err error
 	nb, life, serial := s.NotBefore, s.Life, s.Serial
 	if nb.IsZero() {
 		nb = time.Now().Add(-time.Hour)
@@ -73,23 +96,29 @@ func issue(t testing.TB, s Spec, parent *CA) *Leaf {
 			t.Fatalf("test leaf serial: %v", err)
 		}
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: s.ID}, DNSNames: s.DNS,
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: s.ID}, DNSNames: s.DNS, IPAddresses: s.IPs,
 		NotBefore: nb, NotAfter: nb.Add(life), BasicConstraintsValid: true, IsCA: s.IsCA,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
 	if s.IsCA {
 		tmpl.KeyUsage, tmpl.ExtKeyUsage = x509.KeyUsageCertSign|x509.KeyUsageDigitalSignature, nil
 	}
-	if s.ID == "" && len(s.DNS) > 0 {
+	switch {
+	case s.Name != "":
+		tmpl.Subject.CommonName = s.Name
+	case s.ID == "" && len(s.DNS) > 0:
 		tmpl.Subject.CommonName = s.DNS[0]
 	}
-	if s.ID != "" {
-		u, err := url.Parse(s.ID)
-		if err != nil {
-			t.Fatalf("spiffe id %q: %v", s.ID, err)
+	for _, id := range append([]string{s.ID}, s.URIs...) {
+		if id == "" {
+			continue
 		}
-		tmpl.URIs = []*url.URL{u}
+		u, err := url.Parse(id)
+		if err != nil {
+			t.Fatalf("uri san %q: %v", id, err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
-	signer, signerKey := tmpl, crypto.Signer(key)
+	signer, signerKey := tmpl, key
 	if parent != nil {
 		signer, signerKey = parent.Cert, parent.Key
 	}

@@ -2,9 +2,11 @@ package testkit
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"testing"
 	"time"
 )
@@ -35,6 +37,9 @@ func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
 	if tc := l.TLS(); tc.Leaf != l.Cert || tc.PrivateKey != l.Key {
 		t.Fatal("TLS certificate is not the leaf")
 	}
+	if _, err := tls.X509KeyPair([]byte(l.PEM()), []byte(l.KeyPEM(t))); err != nil {
+		t.Fatalf("KeyPEM is not the leaf's key: %v", err)
+	}
 	for _, c := range []struct {
 		pem  string
 		cert *x509.Certificate
@@ -45,5 +50,26 @@ func TestIssuedLeafVerifiesUnderItsCAOnly(t *testing.T) {
 	}
 	if s := SelfSigned(t, Spec{IsCA: true}); s.Cert.CheckSignatureFrom(s.Cert) != nil || !s.Cert.IsCA {
 		t.Fatal("self-signed CA does not sign itself")
+	}
+}
+
+func TestReissuedCAKeepsItsKeyAndIssues(t *testing.T) {
+	first := SelfSigned(t, Spec{IsCA: true})
+	again := SelfSigned(t, Spec{Name: "root 2", IsCA: true, Key: first.Key}).CA()
+	if again.Cert.Subject.CommonName != "root 2" {
+		t.Fatalf("named %q", again.Cert.Subject.CommonName)
+	}
+	if again.Key != first.Key || again.Cert.Equal(first.Cert) || again.Cert.CheckSignatureFrom(first.Cert) != nil {
+		t.Fatal("a CA re-issued for its key is not a new certificate of the same key")
+	}
+	srv := again.Issue(t, Spec{ID: "spiffe://td/a", URIs: []string{"spiffe://td/b"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if len(srv.Cert.URIs) != 2 || srv.Cert.URIs[1].String() != "spiffe://td/b" || srv.Cert.Subject.CommonName != "spiffe://td/a" {
+		t.Fatalf("uri sans %v, cn %q", srv.Cert.URIs, srv.Cert.Subject.CommonName)
+	}
+	if err := srv.Cert.VerifyHostname("127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	if srv.Cert.CheckSignatureFrom(first.Cert) != nil {
+		t.Fatal("a leaf of the re-issued CA does not verify under the old certificate of the same key")
 	}
 }

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 )
 
@@ -20,4 +21,5 @@ require (
 replace (
 	github.com/meshagent/meshagent/pkg/events => ../events
 	github.com/meshagent/meshagent/pkg/pki => ../pki
+	github.com/meshagent/meshagent/pkg/testkit => ../testkit
 )

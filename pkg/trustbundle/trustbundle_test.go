@@ -2,65 +2,20 @@ package trustbundle
 
 import (
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 const td = "cluster.local"
 
-type authority struct {
-	cert *x509.Certificate
-	key  crypto.Signer
-}
-
-var serialN int64
-
-func mint(t *testing.T, name string, parent *authority, key crypto.Signer, ca bool, uri string, life time.Duration) *authority {
-	t.Helper()
-	if key == nil {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		key = k
-	}
-	serialN++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serialN), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(life), IsCA: ca, BasicConstraintsValid: true}
-	if ca {
-		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
-	}
-	if uri != "" {
-		u, _ := url.Parse(uri)
-		tmpl.URIs = []*url.URL{u}
-	}
-	signer, signerKey := tmpl, key
-	if parent != nil {
-		signer, signerKey = parent.cert, parent.key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, key.Public(), signerKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &authority{cert: c, key: key}
-}
-
-func root(t *testing.T, name string) *authority {
-	return mint(t, name, nil, nil, true, "", 24*time.Hour)
+// root is a self-signed test root valid for a day.
+func root(t *testing.T, name string) *testkit.CA {
+	return testkit.NewCA(t, name, nil, time.Now(), 24*time.Hour)
 }
 
 // bundle builds a bundle of roots at gen, endorsed by each of by (chain: the
@@ -78,18 +33,18 @@ func bundle(t *testing.T, gen uint64, roots []*x509.Certificate, by []crypto.Sig
 	return b
 }
 
-func certs(as ...*authority) []*x509.Certificate {
+func certs(as ...*testkit.CA) []*x509.Certificate {
 	out := make([]*x509.Certificate, len(as))
 	for i, a := range as {
-		out[i] = a.cert
+		out[i] = a.Cert
 	}
 	return out
 }
 
-func keys(as ...*authority) []crypto.Signer {
+func keys(as ...*testkit.CA) []crypto.Signer {
 	out := make([]crypto.Signer, len(as))
 	for i, a := range as {
-		out[i] = a.key
+		out[i] = a.Key
 	}
 	return out
 }
@@ -102,7 +57,7 @@ func fps(cs []*x509.Certificate) []string {
 	return out
 }
 
-func equalRoots(t *testing.T, s *Set, want ...*authority) {
+func equalRoots(t *testing.T, s *Set, want ...*testkit.CA) {
 	t.Helper()
 	got, w := fps(s.Roots()), fps(certs(want...))
 	if len(got) != len(w) {
@@ -160,7 +115,7 @@ func TestRotations(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Same key, new certificate.
-	r1 := mint(t, "r1", nil, r0.key, true, "", 24*time.Hour)
+	r1 := testkit.SelfSigned(t, testkit.Spec{IsCA: true, Key: r0.Key, Life: 24 * time.Hour}).CA()
 	if _, changed, err := s.Accept(bundle(t, 2, certs(r1, r0), keys(r1))); err != nil || !changed {
 		t.Fatalf("same-key rotation: changed %v err %v", changed, err)
 	}
@@ -186,25 +141,25 @@ func TestRotations(t *testing.T) {
 
 func TestIntermediateEndorses(t *testing.T) {
 	r0 := root(t, "r0")
-	mid := mint(t, "intermediate", r0, nil, true, "", 12*time.Hour)
+	mid := testkit.NewCA(t, "intermediate", r0, time.Now(), 12*time.Hour)
 	s := New(td, certs(r0), nil)
 	if s.Mode() != Anchors {
 		t.Fatalf("mode %s", s.Mode())
 	}
-	if _, _, err := s.Accept(bundle(t, 1, certs(r0), keys(mid), mid.cert)); err != nil {
+	if _, _, err := s.Accept(bundle(t, 1, certs(r0), keys(mid), mid.Cert)); err != nil {
 		t.Fatal(err)
 	}
 	other := root(t, "other")
-	otherMid := mint(t, "intermediate", other, nil, true, "", 12*time.Hour)
-	if _, _, err := s.Accept(bundle(t, 2, certs(other, r0), keys(otherMid), otherMid.cert)); !errors.Is(err, ErrRejected) {
+	otherMid := testkit.NewCA(t, "intermediate", other, time.Now(), 12*time.Hour)
+	if _, _, err := s.Accept(bundle(t, 2, certs(other, r0), keys(otherMid), otherMid.Cert)); !errors.Is(err, ErrRejected) {
 		t.Fatalf("an intermediate of another root endorsed: %v", err)
 	}
-	leaf := mint(t, "leaf", mid, nil, false, "spiffe://cluster.local/ns/a/sa/b", time.Hour)
-	if err := s.VerifyChain(certs(leaf, mid, r0), nil, time.Now()); err != nil {
+	leaf := mid.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/a/sa/b"})
+	if err := s.VerifyChain([]*x509.Certificate{leaf.Cert, mid.Cert, r0.Cert}, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	evilLeaf := mint(t, "leaf", otherMid, nil, false, "spiffe://cluster.local/ns/a/sa/b", time.Hour)
-	if err := s.VerifyChain(certs(evilLeaf, otherMid, other), nil, time.Now()); !errors.Is(err, ErrUntrustedChain) {
+	evilLeaf := otherMid.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/a/sa/b"})
+	if err := s.VerifyChain([]*x509.Certificate{evilLeaf.Cert, otherMid.Cert, other.Cert}, nil, time.Now()); !errors.Is(err, ErrUntrustedChain) {
 		t.Fatalf("leaf under an untrusted root verified: %v", err)
 	}
 }
@@ -233,7 +188,7 @@ func TestAnchorsBootstrap(t *testing.T) {
 
 func TestExpiredRootsAreDropped(t *testing.T) {
 	r0 := root(t, "r0")
-	short := mint(t, "short", nil, nil, true, "", time.Minute)
+	short := testkit.NewCA(t, "short", nil, time.Now(), time.Minute)
 	now := time.Now()
 	s := New(td, nil, func() time.Time { return now })
 	if _, _, err := s.Accept(bundle(t, 1, certs(r0, short), nil)); err != nil {
@@ -241,7 +196,7 @@ func TestExpiredRootsAreDropped(t *testing.T) {
 	}
 	now = now.Add(2 * time.Minute)
 	equalRoots(t, s, r0)
-	if s.Has(pki.Fingerprint(short.cert)) {
+	if s.Has(pki.Fingerprint(short.Cert)) {
 		t.Fatal("expired root still trusted")
 	}
 	// An expired root endorses nothing.

@@ -6,6 +6,7 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/hashicorp/go-hclog v1.6.3
+	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
@@ -59,6 +60,7 @@ require (
 )
 
 replace (
+	github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
 	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
 	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv

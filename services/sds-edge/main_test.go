@@ -2,12 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,12 +34,9 @@ func TestRunServesHealthAndSecrets(t *testing.T) {
 	if err := os.MkdirAll(creds, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "self"}, IsCA: true, BasicConstraintsValid: true,
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
-	c, _ := x509.ParseCertificate(der)
-	key, _ := pki.EncodeKeyPEM(k, false)
+	self := testkit.SelfSigned(t, testkit.Spec{Name: "self", IsCA: true})
+	c := self.Cert
+	key, _ := pki.EncodeKeyPEM(self.Key, false)
 	for n, b := range map[string][]byte{"cert-chain.pem": pki.EncodeCertPEM(c), "key.pem": key, "root-cert.pem": pki.EncodeCertPEM(c)} {
 		if err := os.WriteFile(filepath.Join(creds, n), b, 0o600); err != nil {
 			t.Fatal(err)

@@ -23,7 +23,10 @@ require (
 	istio.io/api v1.31.1
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
@@ -68,3 +71,5 @@ replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
 
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+
+replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile

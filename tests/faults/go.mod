@@ -24,6 +24,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -43,6 +44,7 @@ require (
 )
 
 replace (
+	github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
 	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
 	github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
 	github.com/meshagent/meshagent/pkg/events => ../../pkg/events

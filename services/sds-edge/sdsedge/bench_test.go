@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-
+	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 )
 

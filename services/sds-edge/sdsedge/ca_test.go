@@ -9,12 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -86,14 +84,7 @@ func TestOutputCerts(t *testing.T) {
 // change, and looks for the keys the pod served in every message.
 func TestNoPrivateKeyOnBus(t *testing.T) {
 	v := newEnv(t)
-	var mu sync.Mutex
-	var msgs []*nats.Msg
-	sub, err := v.nc.Subscribe(">", func(m *nats.Msg) { mu.Lock(); msgs = append(msgs, m); mu.Unlock() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	_ = v.nc.Flush()
+	all := bustest.Record(t, v.nc, ">")
 	p := v.startPod(podOpt{args: []string{"-pkcs8"}})
 	st := p.open(t, p.dial(t), "default")
 	var keys [][]byte
@@ -118,10 +109,8 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 			needles = append(needles, []byte(line))
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	subjects := map[string]int{}
-	for _, m := range msgs {
+	for _, m := range all.Msgs() {
 		subjects[m.Subject]++
 		hay := append([]byte(nil), m.Data...)
 		for k, vs := range m.Header {
@@ -158,10 +147,10 @@ func TestRetriesWithOneCSRInFlight(t *testing.T) {
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	recv(t, st)
-	if got := p.metric("meshagent_sds_edge_csr_failed_total"); got != 3 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_failed_total"); got != 3 {
 		t.Fatalf("csr failed = %v, want 3", got)
 	}
-	if got := p.metric("meshagent_sds_edge_csr_retried_total"); got != 3 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_retried_total"); got != 3 {
 		t.Fatalf("csr retried = %v, want 3", got)
 	}
 	// A burst of renew events never puts two CSRs in flight.
@@ -193,9 +182,9 @@ func TestFreshTokenReadForEveryCSR(t *testing.T) {
 	// (the CA, not the CSR, decides), which the pod refuses and retries: it serves
 	// only its own identity.
 	writeToken(t, p.cfg.Pod.RootDir, v.ca.token("default", "other", time.Hour))
-	failed := p.metric("meshagent_sds_edge_csr_failed_total")
+	failed := p.metric(t, "meshagent_sds_edge_csr_failed_total")
 	renew(t, v.nc, "")
-	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= failed+2 })
+	testkit.Eventually(t, "certificate for another identity refused", func() bool { return p.metric(t, "meshagent_sds_edge_csr_failed_total") >= failed+2 })
 	writeToken(t, p.cfg.Pod.RootDir, fresh)
 	if id := leafOf(t, recv(t, st).Secrets["default"]).URIs[0].String(); id != "spiffe://cluster.local/ns/default/sa/web" {
 		t.Fatalf("identity %s", id)
@@ -262,7 +251,7 @@ func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
-	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric("meshagent_sds_edge_csr_failed_total") >= 2 })
+	testkit.Eventually(t, "tls failures counted", func() bool { return p.metric(t, "meshagent_sds_edge_csr_failed_total") >= 2 })
 	if v.ca.requests.Load() != 0 {
 		t.Fatal("a CSR reached a CA whose certificate we do not trust")
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -25,7 +26,7 @@ import (
 
 func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	v := newEnv(t)
-	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
+	up := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventUp))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default", "ROOTCA")
 	u := recv(t, st)
@@ -64,16 +65,16 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 		t.Errorf("sign request = %+v", *req)
 	}
 	testkit.Eventually(t, "pod.up published", func() bool {
-		return len(find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
+		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
 	})
-	if got := p.metric("meshagent_sds_edge_csr_sent_total"); got < 1 {
+	if got := p.metric(t, "meshagent_sds_edge_csr_sent_total"); got < 1 {
 		t.Errorf("csr sent = %v", got)
 	}
 }
 
 func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	v := newEnv(t)
-	pushed := collect(t, v.nc, events.PodEventWildcard(events.PodEventSecretPushed))
+	pushed := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventSecretPushed))
 	p := v.startPod(podOpt{})
 	cc := p.dial(t)
 	def := p.open(t, cc, "default")
@@ -91,7 +92,7 @@ func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 		t.Fatal("renewal kept the old key")
 	}
 	testkit.Eventually(t, "pushed event for default with one stream", func() bool {
-		return len(find(pushed, func(e events.SecretPushed) bool {
+		return len(bustest.Find(pushed, func(e events.SecretPushed) bool {
 			return e.Kind == "pushed" && e.Resource == "default" && e.Streams == 1 && e.Serial == pki.SerialHex(leafOf(t, next))
 		})) == 1
 	})
@@ -106,7 +107,7 @@ func TestRenewDuePushesOnlyToWatchers(t *testing.T) {
 	if got := v.ca.requests.Load() - before; got != 1 {
 		t.Fatalf("%d CSRs after one stale and one current renew, want 1", got)
 	}
-	if n := len(find(pushed, func(e events.SecretPushed) bool { return e.Resource == "ROOTCA" && e.Version != rootsVersion })); n != 0 {
+	if n := len(bustest.Find(pushed, func(e events.SecretPushed) bool { return e.Resource == "ROOTCA" && e.Version != rootsVersion })); n != 0 {
 		t.Fatalf("ROOTCA pushed %d times without a trust change", n)
 	}
 }
@@ -174,7 +175,7 @@ func TestSafetyDeadlineRenewsWithoutRotator(t *testing.T) {
 
 func TestNackIsPublishedAndNotResent(t *testing.T) {
 	v := newEnv(t)
-	nacks := collect(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
+	nacks := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	resp, err := st.RecvRaw()
@@ -185,11 +186,11 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "sds.nack published", func() bool {
-		return len(find(nacks, func(e events.SDSNack) bool {
+		return len(bustest.Find(nacks, func(e events.SDSNack) bool {
 			return e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "bad certificate" && e.Version == resp.GetVersionInfo()
 		})) == 1
 	})
-	testkit.Eventually(t, "nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") == 1 })
+	testkit.Eventually(t, "nack counted", func() bool { return p.metric(t, "meshagent_sds_edge_nacks_total") == 1 })
 	// No resend: the next response on the stream is the next certificate.
 	renew(t, v.nc, "")
 	next, err := st.RecvRaw()
@@ -305,11 +306,11 @@ func TestDeltaAndFetch(t *testing.T) {
 	}
 	// The request is in flight: renew only once the server has applied it.
 	testkit.Eventually(t, "default unsubscribed", func() bool { return p.e.Store().Watching("default") == 0 })
-	before := p.metric("meshagent_sds_edge_pushes_total")
+	before := p.metric(t, "meshagent_sds_edge_pushes_total")
 	serialBefore := p.serial(t, cc)
 	renew(t, v.nc, "")
 	testkit.Eventually(t, "renewed", func() bool { return p.serial(t, cc) != serialBefore })
-	if got := p.metric("meshagent_sds_edge_pushes_total") - before; got != 0 {
+	if got := p.metric(t, "meshagent_sds_edge_pushes_total") - before; got != 0 {
 		t.Fatalf("pushed to %v streams after unsubscribe", got)
 	}
 	bad, err := sdsclient.OpenDelta(ctx, cc, "n", "bogus")

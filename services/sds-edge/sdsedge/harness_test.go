@@ -19,10 +19,11 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 )
 
@@ -184,43 +185,6 @@ func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
 	return certs[0]
 }
 
-// collector records every event on a subject pattern.
-type collector struct {
-	mu   sync.Mutex
-	msgs []*nats.Msg
-}
-
-func collect(t testing.TB, nc *nats.Conn, subject string) *collector {
-	t.Helper()
-	c := &collector{}
-	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { c.mu.Lock(); c.msgs = append(c.msgs, m); c.mu.Unlock() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	return c
-}
-
-func (c *collector) all() []*nats.Msg {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]*nats.Msg(nil), c.msgs...)
-}
-
-// find returns the decoded events of type T that match.
-func find[T events.Payload](c *collector, match func(T) bool) []T {
-	var out []T
-	for _, m := range c.all() {
-		if ev, _, err := events.Decode[T](m); err == nil && match(ev) {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 func renew(t testing.TB, nc *nats.Conn, serial string) {
 	t.Helper()
 	subj, _ := events.PodRenewSubject(testPod)
@@ -234,19 +198,7 @@ func renew(t testing.TB, nc *nats.Conn, serial string) {
 }
 
 // metric sums every series of the named metric.
-func (p *pod) metric(name string) float64 {
-	mfs, err := p.reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+func (p *pod) metric(t testing.TB, name string) float64 {
+	t.Helper()
+	return obstest.Metric(t, p.reg, name, nil)
 }

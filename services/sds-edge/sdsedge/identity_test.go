@@ -67,7 +67,7 @@ func TestSignReplyForAnotherIdentityIsRejected(t *testing.T) {
 	p := v.startPod(podOpt{})
 	st := p.open(t, p.dial(t), "default")
 	testkit.Eventually(t, "rogue replies rejected and retried", func() bool {
-		return v.ca.requests.Load() >= 3 && p.metric("meshagent_sds_edge_csr_failed_total") >= 2 && p.metric("meshagent_sds_edge_csr_retried_total") >= 1
+		return v.ca.requests.Load() >= 3 && p.metric(t, "meshagent_sds_edge_csr_failed_total") >= 2 && p.metric(t, "meshagent_sds_edge_csr_retried_total") >= 1
 	})
 	v.ca.rogueID.Store(nil)
 	leaf := leafOf(t, recv(t, st).Secrets["default"])

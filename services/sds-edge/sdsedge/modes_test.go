@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
@@ -21,7 +22,7 @@ import (
 
 func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 	v := newEnv(t)
-	up := collect(t, v.nc, events.PodEventWildcard(events.PodEventUp))
+	up := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventUp))
 	root := testkit.ShortDir(t)
 	sock := filepath.Join(root, "sds.sock")
 	lis, err := net.Listen("unix", sock)
@@ -40,7 +41,7 @@ func TestExistingSDSServerMeansExternalMode(t *testing.T) {
 		t.Fatalf("external mode not ready: %v", err)
 	}
 	testkit.Eventually(t, "pod.up external", func() bool {
-		return len(find(up, func(e events.PodUp) bool { return e.Mode == "external" })) == 1
+		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Mode == "external" })) == 1
 	})
 	if c, err := net.Dial("unix", sock); err != nil {
 		t.Fatalf("the other provider's socket was disturbed: %v", err)
@@ -193,7 +194,7 @@ func TestFileResources(t *testing.T) {
 
 func TestSocketModeAndPodDown(t *testing.T) {
 	v := newEnv(t)
-	down := collect(t, v.nc, events.PodEventWildcard(events.PodEventDown))
+	down := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventDown))
 	root := testkit.ShortDir(t)
 	p := v.startPod(podOpt{root: root, args: []string{"-socket", "deep/er/sds.sock", "-socket-mode", "0660"}})
 	fi, err := os.Stat(filepath.Join(root, "deep/er/sds.sock"))
@@ -204,7 +205,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "pod.down published", func() bool {
-		return len(find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
+		return len(bustest.Find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
 	})
 	if _, err := os.Stat(filepath.Join(root, "deep/er/sds.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind after shutdown: %v", err)

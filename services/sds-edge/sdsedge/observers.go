@@ -1,6 +1,7 @@
 package sdsedge
 
 import (
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -43,17 +44,22 @@ type identityObserver struct{ e *Edge }
 func (s identityObserver) Changed(en *secrets.Entry, streams int) { s.e.Changed(en, streams) }
 
 func (s identityObserver) Files(keyPEM, chainPEM, rootsPEM []byte) {
-	if s.e.out == nil {
+	dir := s.e.cfg.Cert.OutputDir
+	if dir == "" {
 		return
 	}
-	if err := s.e.out.Write(keyPEM, chainPEM, rootsPEM); err != nil {
-		s.e.log.Error("cannot write output certificates", "dir", s.e.cfg.Cert.OutputDir, "error", err)
+	if err := certdir.Write(dir, keyPEM, chainPEM, rootsPEM); err != nil {
+		s.e.log.Error("cannot write output certificates", "dir", dir, "error", err)
 	}
 }
 
-func (s identityObserver) TrustRejected(source string) { s.e.m.TrustRejected.WithLabelValues(source).Inc() }
+func (s identityObserver) TrustRejected(source string) {
+	s.e.m.TrustRejected.WithLabelValues(source).Inc()
+}
 
-func (s identityObserver) TrustBootstrapped(mode string) { s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1) }
+func (s identityObserver) TrustBootstrapped(mode string) {
+	s.e.m.TrustBootstrap.WithLabelValues(mode).Set(1)
+}
 
 func (s identityObserver) CSR(err error, retry bool) {
 	m := s.e.m

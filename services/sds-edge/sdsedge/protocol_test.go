@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -52,8 +53,8 @@ func TestStaleNonceIgnored(t *testing.T) {
 	}
 	req(r1.GetNonce(), true) // stale
 	req(r2.GetNonce(), true) // current
-	testkit.Eventually(t, "current nack counted", func() bool { return p.metric("meshagent_sds_edge_nacks_total") >= 1 })
-	if got := p.metric("meshagent_sds_edge_nacks_total"); got != 1 {
+	testkit.Eventually(t, "current nack counted", func() bool { return p.metric(t, "meshagent_sds_edge_nacks_total") >= 1 })
+	if got := p.metric(t, "meshagent_sds_edge_nacks_total"); got != 1 {
 		t.Fatalf("nacks counted %v, want 1 (the stale one ignored)", got)
 	}
 }
@@ -78,7 +79,7 @@ func TestWrongTypeURLRejected(t *testing.T) {
 
 func TestDeltaNackPublished(t *testing.T) {
 	v := newEnv(t)
-	nacks := collect(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
+	nacks := bustest.Record(t, v.nc, events.PodEventWildcard(events.PodEventSDSNack))
 	p := v.startPod(podOpt{})
 	ds, err := sdsclient.OpenDelta(context.Background(), p.dial(t), "delta-node", "default")
 	if err != nil {
@@ -93,7 +94,7 @@ func TestDeltaNackPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "delta nack published", func() bool {
-		return len(find(nacks, func(e events.SDSNack) bool {
+		return len(bustest.Find(nacks, func(e events.SDSNack) bool {
 			return e.Node == "delta-node" && e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "rejected"
 		})) == 1
 	})

@@ -59,7 +59,7 @@ func TestThousandConcurrentStreams(t *testing.T) {
 	if len(first) != 1 || t.Failed() {
 		t.Fatalf("first responses: %v", first)
 	}
-	testkit.Eventually(t, "1000 streams counted", func() bool { return p.metric("meshagent_sds_edge_sds_connections") == conns*perConn })
+	testkit.Eventually(t, "1000 streams counted", func() bool { return p.metric(t, "meshagent_sds_edge_sds_connections") == conns*perConn })
 	var old string
 	for s := range first {
 		old = s

@@ -29,7 +29,6 @@ import (
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identitymode"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/metrics"
-	"github.com/meshagent/meshagent/services/sds-edge/internal/output"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/podfeed"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/sds"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
@@ -52,7 +51,6 @@ type Edge struct {
 	store    *secrets.Store
 	pub      *outbox.Outbox
 	files    *filecerts.Files
-	out      *output.Writer
 
 	m *metrics.Metrics
 
@@ -86,11 +84,8 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
-	e.files = filecerts.New(store, cfg.Under, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
 	store.SetResolver(e.files)
-	if cfg.Cert.OutputDir != "" {
-		e.out = output.New(cfg.Cert.OutputDir)
-	}
 	d.Health.AddReadyCheck("secrets", e.Ready)
 	return e, nil
 }

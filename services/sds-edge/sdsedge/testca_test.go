@@ -3,14 +3,11 @@ package sdsedge_test
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -34,6 +31,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
 
@@ -72,8 +70,7 @@ func newTestCA(tb testing.TB) *testCA {
 
 // rotate adds a new root with a new key; the bundle keeps the old ones (newest first).
 func (c *testCA) rotate(tb testing.TB) *x509.Certificate {
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	return c.rotateWith(tb, k)
+	return c.add(testkit.NewCA(tb, rootName(), nil, time.Now().Add(-time.Hour), 10*24*time.Hour))
 }
 
 // rotateSameKey adds a new root certificate for the current key.
@@ -81,24 +78,19 @@ func (c *testCA) rotateSameKey(tb testing.TB) *x509.Certificate {
 	c.mu.Lock()
 	k := c.keys[0]
 	c.mu.Unlock()
-	return c.rotateWith(tb, k)
+	return c.add(testkit.SelfSigned(tb, testkit.Spec{Name: rootName(), IsCA: true, Key: k, Life: 10 * 24 * time.Hour}).CA())
 }
 
-func (c *testCA) rotateWith(tb testing.TB, k crypto.Signer) *x509.Certificate {
-	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{Organization: []string{"test"}, CommonName: fmt.Sprintf("root %d", time.Now().UnixNano())},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(10 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	root, _ := x509.ParseCertificate(der)
+func rootName() string { return fmt.Sprintf("root %d", time.Now().UnixNano()) }
+
+// add makes root the newest root, a generation after the last.
+func (c *testCA) add(root *testkit.CA) *x509.Certificate {
 	c.mu.Lock()
-	c.roots = append([]*x509.Certificate{root}, c.roots...)
-	c.keys = append([]crypto.Signer{k}, c.keys...)
+	c.roots = append([]*x509.Certificate{root.Cert}, c.roots...)
+	c.keys = append([]crypto.Signer{root.Key}, c.keys...)
 	c.gen++
 	c.mu.Unlock()
-	return root
+	return root.Cert
 }
 
 func (c *testCA) bundle() []string {
@@ -320,17 +312,11 @@ func (c *testCA) proofIdentity(req events.SignRequest) (string, error) {
 // serveGRPC serves IstioCertificateService over TLS on loopback and returns its
 // address. The server certificate is issued by the current root for 127.0.0.1.
 func (c *testCA) serveGRPC(tb testing.TB) string {
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	c.mu.Lock()
-	root, rk := c.roots[0], c.keys[0]
+	root := &testkit.CA{Cert: c.roots[0], Key: c.keys[0]}
 	c.mu.Unlock()
-	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "istiod"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, k.Public(), rk)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: k}}})))
+	cert := root.Issue(tb, testkit.Spec{Name: "istiod", IPs: []net.IP{net.ParseIP("127.0.0.1")}}).TLS()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
 	pb.RegisterIstioCertificateServiceServer(srv, istioServer{c: c})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

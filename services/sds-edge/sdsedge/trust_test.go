@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -36,18 +37,7 @@ func (p *pod) fetch(t testing.TB, names ...string) map[string]sdsclient.Secret {
 // rejected is meshagent_sds_edge_trust_rejected_total of source.
 func (p *pod) rejected(t testing.TB, source string) float64 {
 	t.Helper()
-	mfs, _ := p.reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != "meshagent_sds_edge_trust_rejected_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == source {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return obstest.Metric(t, p.reg, "meshagent_sds_edge_trust_rejected_total", map[string]string{"source": source})
 }
 
 // bootstrapMode is the mode label of meshagent_sds_edge_trust_bootstrap set to 1.

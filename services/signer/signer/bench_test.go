@@ -3,11 +3,8 @@ package signer
 import (
 	"context"
 	"crypto"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"net/url"
 	"runtime"
 	"slices"
@@ -223,17 +220,7 @@ func (c *ceiling) run(b *testing.B, withJWT bool) result {
 }
 
 func selfSign(b *testing.B, key crypto.Signer) *x509.Certificate {
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{"cluster.local"}},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return c
+	return testkit.SelfSigned(b, testkit.Spec{Name: "bench root", IsCA: true, Key: key, Life: 24 * time.Hour}).Cert
 }
 
 // endToEnd is an in-process embedded NATS (no TCP) with signer replicas on it and

@@ -2,11 +2,15 @@ package signer
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
@@ -17,7 +21,13 @@ import (
 func TestRepliesGoOnlyToInboxes(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("signer-a")
-	e.start(t, cfg)
+	// The signer logs each request it drops, in the subscription's callback, before
+	// anything else could happen for it: the log says when every one was handled.
+	logs := &testkit.Buffer{}
+	s := e.build(t, cfg, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Warn}))
+	s.run(t)
+	testkit.Eventually(t, "signer ready", func() bool { return s.ready() == nil })
+	const dropped = "request dropped: its reply subject is no requester's inbox"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	caStream, err := e.js.Stream(ctx, "KV_"+cfg.CA.KVBucket)
@@ -41,8 +51,9 @@ func TestRepliesGoOnlyToInboxes(t *testing.T) {
 		{events.SubjectSignAny, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}},
 		{events.SubjectRootRotate, events.RotateRequest{}},
 	}
-	for _, reply := range []string{"$KV." + cfg.CA.KVBucket + ".root", events.SubjectTrustChanged, events.SubjectCertIssued,
-		"$JS.API.STREAM.UPDATE." + events.StreamEvents, "_INBOX.signer.x"} {
+	replies := []string{"$KV." + cfg.CA.KVBucket + ".root", events.SubjectTrustChanged, events.SubjectCertIssued,
+		"$JS.API.STREAM.UPDATE." + events.StreamEvents, "_INBOX.signer.x"}
+	for _, reply := range replies {
 		for _, r := range requests {
 			m, err := events.NewMsg(r.subject, "test", r.p)
 			if err != nil {
@@ -54,11 +65,11 @@ func TestRepliesGoOnlyToInboxes(t *testing.T) {
 			}
 		}
 	}
-	// Answered in order per worker: a round of bundle requests comes after them all.
-	for range cfg.Workers {
-		bundle(t, e.nc)
+	want := len(replies) * len(requests)
+	testkit.Eventually(t, "every request dropped", func() bool { return strings.Count(logs.String(), dropped) >= want })
+	if n := strings.Count(logs.String(), dropped); n != want {
+		t.Fatalf("%d requests dropped, want %d", n, want)
 	}
-	time.Sleep(100 * time.Millisecond)
 	if got := caSeq(); got != before {
 		t.Fatalf("the CA bucket moved from sequence %d to %d", before, got)
 	}

@@ -8,13 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
@@ -34,8 +34,7 @@ type Config struct {
 		Status string // Istio's status port: /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health
 	}
 	Pod struct {
-		ID             string
-		RootDir        string // the pod's filesystem root; relative paths below are under it
+		pod.Config     // -pod, -pod-root: relative paths below are under the pod root
 		Namespace      string
 		ServiceAccount string
 		ClusterID      string
@@ -139,8 +138,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "the launcher's own health and metrics listen address")
 	fs.String(&c.Listen.Status, "status-addr", "STATUS_ADDR", c.Listen.Status,
 		"status server (Istio: --statusPort 15020): /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health; empty: off")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id (required)")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory; relative paths are under it")
+	c.Pod.Config.Bind(fs)
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "pod namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "pod service account (node metadata)")
 	fs.String(&c.Pod.ClusterID, "cluster-id", "ISTIO_META_CLUSTER_ID", c.Pod.ClusterID, "cluster id (node metadata CLUSTER_ID)")
@@ -202,17 +200,17 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if c.Pod.DNSDomain == "" {
 		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
 	}
-	c.SDSSocket = c.under(c.SDSSocket)
-	c.XDSSocket = c.under(c.XDSSocket)
-	c.Envoy.BootstrapPath = c.under(c.Envoy.BootstrapPath)
-	c.OutputCerts = c.under(c.OutputCerts)
-	c.GRPCBootstrap = c.under(c.GRPCBootstrap)
-	c.Pod.TokenFile = c.under(c.Pod.TokenFile)
+	c.SDSSocket = c.Pod.Path(c.SDSSocket)
+	c.XDSSocket = c.Pod.Path(c.XDSSocket)
+	c.Envoy.BootstrapPath = c.Pod.Path(c.Envoy.BootstrapPath)
+	c.OutputCerts = c.Pod.Path(c.OutputCerts)
+	c.GRPCBootstrap = c.Pod.Path(c.GRPCBootstrap)
+	c.Pod.TokenFile = c.Pod.Path(c.Pod.TokenFile)
 	if c.Envoy.CustomBootstrap != "" {
-		c.Envoy.CustomBootstrap = c.under(c.Envoy.CustomBootstrap)
+		c.Envoy.CustomBootstrap = c.Pod.Path(c.Envoy.CustomBootstrap)
 	}
 	if c.Envoy.Template != "" {
-		c.Envoy.Template = c.under(c.Envoy.Template)
+		c.Envoy.Template = c.Pod.Path(c.Envoy.Template)
 	}
 	c.Bus.Name = "launcher/" + c.Pod.ID
 	c.Bus.AsPod(c.Pod.ID, c.Pod.TokenFile)
@@ -220,13 +218,6 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
-}
-
-func (c Config) under(p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(c.Pod.RootDir, p)
 }
 
 // Process is what the lifecycle needs: the launcher is on the bus as its pod.
@@ -237,14 +228,10 @@ func (c Config) Process() lifecycle.Process {
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	var p flagenv.Problems
+	add := p.Addf
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
 	if c.Pod.ID == "" {
 		add("-pod: required")
 	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
@@ -308,5 +295,5 @@ func (c Config) Validate() error {
 	if c.WaitFor <= 0 {
 		add("-wait-for: must be positive")
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }

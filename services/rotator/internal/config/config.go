@@ -2,7 +2,6 @@
 package config
 
 import (
-	"errors"
 	"os"
 	"regexp"
 	"time"
@@ -101,34 +100,25 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(cond bool, msg string) {
-		if cond {
-			errs = append(errs, errors.New(msg))
-		}
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	bad(c.Listen.HTTP == "", "-http-addr: required")
-	bad(!(c.Renew.GraceRatio > 0 && c.Renew.GraceRatio < 1), "-grace-ratio: must be between 0 and 1 (exclusive)")
-	bad(!(c.Renew.GraceJitter >= 0 && c.Renew.GraceJitter < 1), "-grace-jitter: must be in [0, 1)")
-	bad(!(c.Renew.Rate > 0), "-rate: must be positive")
-	bad(c.Renew.Burst < 1, "-burst: must be at least 1")
-	bad(c.Renew.RetryAfter <= 0, "-retry-after: must be positive")
-	bad(c.Renew.RetryMax < c.Renew.RetryAfter, "-retry-max: must be at least -retry-after")
-	bad(c.HA.Instance == "", "-instance: required (no hostname to default to)")
-	bad(len(c.HA.Instance) > 128, "-instance: at most 128 characters")
-	bad(c.HA.LeaseTTL < 500*time.Millisecond, "-lease-ttl: must be at least 500ms")
-	bad(!namePattern.MatchString(c.HA.LeaseBucket), "-lease-bucket: want [A-Za-z0-9_-]+")
-	bad(!namePattern.MatchString(c.Store.Bucket), "-bucket: want [A-Za-z0-9_-]+")
-	bad(c.Store.Bucket == c.HA.LeaseBucket, "-bucket and -lease-bucket: must differ")
-	bad(!namePattern.MatchString(c.Store.Consumer), "-consumer: want [A-Za-z0-9_-]+")
-	bad(c.Store.Replicas < 1 || c.Store.Replicas > 5, "-js-replicas: must be 1 to 5")
-	return errors.Join(errs...)
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
+	p.Check(c.Listen.HTTP != "", "-http-addr: required")
+	p.Check(c.Renew.GraceRatio > 0 && c.Renew.GraceRatio < 1, "-grace-ratio: must be between 0 and 1 (exclusive)")
+	p.Check(c.Renew.GraceJitter >= 0 && c.Renew.GraceJitter < 1, "-grace-jitter: must be in [0, 1)")
+	p.Check(c.Renew.Rate > 0, "-rate: must be positive")
+	p.Check(c.Renew.Burst >= 1, "-burst: must be at least 1")
+	p.Check(c.Renew.RetryAfter > 0, "-retry-after: must be positive")
+	p.Check(c.Renew.RetryMax >= c.Renew.RetryAfter, "-retry-max: must be at least -retry-after")
+	p.Check(c.HA.Instance != "", "-instance: required (no hostname to default to)")
+	p.Check(len(c.HA.Instance) <= 128, "-instance: at most 128 characters")
+	p.Check(c.HA.LeaseTTL >= 500*time.Millisecond, "-lease-ttl: must be at least 500ms")
+	p.Check(namePattern.MatchString(c.HA.LeaseBucket), "-lease-bucket: want [A-Za-z0-9_-]+")
+	p.Check(namePattern.MatchString(c.Store.Bucket), "-bucket: want [A-Za-z0-9_-]+")
+	p.Check(c.Store.Bucket != c.HA.LeaseBucket, "-bucket and -lease-bucket: must differ")
+	p.Check(namePattern.MatchString(c.Store.Consumer), "-consumer: want [A-Za-z0-9_-]+")
+	p.Check(c.Store.Replicas >= 1 && c.Store.Replicas <= 5, "-js-replicas: must be 1 to 5")
+	return p.Err()
 }
 
 // Process is what the lifecycle reads: the logger, the health and metrics

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,8 +32,7 @@ type harness struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
-	mu       sync.Mutex
-	renewals []events.RenewDue
+	renewals *bustest.Recorder // renew-due as the rotator sent them
 
 	ca *testCA
 }
@@ -51,23 +49,7 @@ func newHarness(t *testing.T) *harness {
 	h.ca = newTestCA(t)
 	h.ca.root("root-a")
 	h.ca.serveBundle(t, h.nc)
-	sub, err := h.nc.Subscribe(events.PodRenewWildcard, func(m *nats.Msg) {
-		rd, _, err := events.Decode[events.RenewDue](m)
-		if err != nil {
-			t.Errorf("renew-due does not decode: %v", err)
-			return
-		}
-		h.mu.Lock()
-		h.renewals = append(h.renewals, rd)
-		h.mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := h.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	h.renewals = bustest.Record(t, h.nc, events.PodRenewWildcard)
 	return h
 }
 
@@ -148,10 +130,18 @@ func (h *harness) issue(pod, serial string, nb time.Time, life time.Duration, ro
 	return ev
 }
 
+// sent is every renew-due sent so far; one that does not decode fails the test.
 func (h *harness) sent() []events.RenewDue {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]events.RenewDue(nil), h.renewals...)
+	var out []events.RenewDue
+	for _, m := range h.renewals.Msgs() {
+		rd, _, err := events.Decode[events.RenewDue](m)
+		if err != nil {
+			h.t.Errorf("renew-due does not decode: %v", err)
+			continue
+		}
+		out = append(out, rd)
+	}
+	return out
 }
 
 // perPod counts renew-due by pod and attempt.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -26,8 +26,7 @@ type Config struct {
 		HTTP string // /healthz, /readyz, /metrics
 	}
 	Pod struct {
-		ID             string
-		RootDir        string // the pod's filesystem root; relative paths below are under it
+		pod.Config     // id and root (relative paths below are under it), as every pod-side process reads them
 		TrustDomain    string
 		Namespace      string
 		ServiceAccount string
@@ -70,7 +69,7 @@ func Default() Config {
 	var c Config
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Listen.HTTP = "127.0.0.1:15020"
-	c.Pod.RootDir = "."
+	c.Pod.RootDir = pod.DefaultRoot
 	c.Pod.TrustDomain = "cluster.local"
 	c.Pod.Namespace = "default"
 	c.Pod.ServiceAccount = "default"
@@ -99,8 +98,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Bus.Bind(fs)
 	var keyAlg, socketMode string
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id (required)")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory; relative paths are under it")
+	c.Pod.Bind(fs)
 	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "workload namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
@@ -138,22 +136,22 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		c.SDS.SocketMode = os.FileMode(m)
 	}
 	c.Bus.Name = "sds-edge/" + c.Pod.ID
-	c.CA.TokenFile = c.Under(c.CA.TokenFile)
+	c.CA.TokenFile = c.Pod.Path(c.CA.TokenFile)
 	c.Bus.AsPod(c.Pod.ID, c.CA.TokenFile)
 	if c.CA.RootCert != "" {
-		c.CA.RootCert = c.Under(c.CA.RootCert)
+		c.CA.RootCert = c.Pod.Path(c.CA.RootCert)
 	}
 	if c.CA.TrustAnchorsFile != "" {
-		c.CA.TrustAnchorsFile = c.Under(c.CA.TrustAnchorsFile)
-	} else if p := c.Under(DefaultTrustAnchors); fileExists(p) {
+		c.CA.TrustAnchorsFile = c.Pod.Path(c.CA.TrustAnchorsFile)
+	} else if p := c.Pod.Path(DefaultTrustAnchors); fileExists(p) {
 		c.CA.TrustAnchorsFile = p
 	}
 	if c.Cert.OutputDir != "" {
-		c.Cert.OutputDir = c.Under(c.Cert.OutputDir)
+		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
-	c.Cert.CredentialsDir = c.Under(c.Cert.CredentialsDir)
-	c.Cert.FileMountedDir = c.Under(c.Cert.FileMountedDir)
-	c.SDS.Socket = c.Under(c.SDS.Socket)
+	c.Cert.CredentialsDir = c.Pod.Path(c.Cert.CredentialsDir)
+	c.Cert.FileMountedDir = c.Pod.Path(c.Cert.FileMountedDir)
+	c.SDS.Socket = c.Pod.Path(c.SDS.Socket)
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return c, err
@@ -177,14 +175,6 @@ func fileExists(p string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// Under resolves p under the pod root unless it is absolute.
-func (c Config) Under(p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(c.Pod.RootDir, p)
-}
-
 // SPIFFEID is the identity this pod asks for.
 func (c Config) SPIFFEID() (string, error) {
 	id, err := pki.WorkloadID(c.Pod.TrustDomain, c.Pod.Namespace, c.Pod.ServiceAccount)
@@ -196,37 +186,28 @@ func (c Config) SPIFFEID() (string, error) {
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(ok bool, format string, a ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, a...))
-		}
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
 	if c.Pod.ID == "" {
-		errs = append(errs, errors.New("-pod: required"))
+		p.Addf("-pod: required")
 	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		errs = append(errs, fmt.Errorf("-pod: %w", err))
+		p.Addf("-pod: %w", err)
 	}
 	if _, err := c.SPIFFEID(); err != nil {
-		errs = append(errs, fmt.Errorf("-trust-domain/-namespace/-service-account: %w", err))
+		p.Addf("-trust-domain/-namespace/-service-account: %w", err)
 	}
-	add(c.Listen.HTTP != "", "-http-addr: required")
-	add(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
-	add(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
-	add(c.Cert.RetryMin > 0, "-retry-min: must be positive")
-	add(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
-	add(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")
-	add(c.Cert.FileDebounce >= 0, "-file-debounce: must not be negative")
-	add(c.SDS.Socket != "", "-socket: required")
-	add(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
-	add(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
-	add(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
-	add(c.CA.TokenFile != "", "-token-file: required")
-	return errors.Join(errs...)
+	p.Check(c.Listen.HTTP != "", "-http-addr: required")
+	p.Check(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
+	p.Check(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
+	p.Check(c.Cert.RetryMin > 0, "-retry-min: must be positive")
+	p.Check(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
+	p.Check(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")
+	p.Check(c.Cert.FileDebounce >= 0, "-file-debounce: must not be negative")
+	p.Check(c.SDS.Socket != "", "-socket: required")
+	p.Check(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
+	p.Check(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
+	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
+	p.Check(c.CA.TokenFile != "", "-token-file: required")
+	return p.Err()
 }

@@ -8,12 +8,11 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
 func TestDefaultsResolveUnderPodRoot(t *testing.T) {
-	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, env(nil))
+	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +35,7 @@ func TestDefaultsResolveUnderPodRoot(t *testing.T) {
 }
 
 func TestIstioEnvNames(t *testing.T) {
-	c, err := Load(nil, env(map[string]string{
+	c, err := Load(nil, testkit.Env(map[string]string{
 		"POD_NAME": "p", "TRUST_DOMAIN": "example.org", "POD_NAMESPACE": "shop", "SERVICE_ACCOUNT": "cart",
 		"CA_ADDR": "istiod:15010", "SECRET_TTL": "1h", "OUTPUT_CERTS": "/out", "FILE_MOUNTED_CERTS": "true", "CLUSTER_ID": "east",
 		"SDS_SOCKET_MODE": "0660",
@@ -51,7 +50,7 @@ func TestIstioEnvNames(t *testing.T) {
 		t.Errorf("config %+v", c)
 	}
 	// A flag beats the env var.
-	c, err = Load([]string{"-secret-ttl", "2h"}, env(map[string]string{"POD_NAME": "p", "SECRET_TTL": "1h"}))
+	c, err = Load([]string{"-secret-ttl", "2h"}, testkit.Env(map[string]string{"POD_NAME": "p", "SECRET_TTL": "1h"}))
 	if err != nil || c.Cert.TTL != 2*time.Hour {
 		t.Errorf("flag over env: %v %v", c.Cert.TTL, err)
 	}
@@ -60,7 +59,7 @@ func TestIstioEnvNames(t *testing.T) {
 func TestValidateReportsEveryProblem(t *testing.T) {
 	long := "/" + strings.Repeat("x", 120)
 	_, err := Load([]string{"-pod", "Bad Pod!", "-key-alg", "dsa", "-socket-mode", "0777", "-secret-ttl", "0s",
-		"-safety-ratio", "1.5", "-socket", long, "-log-level", "loud", "-retry-min", "0s", "-namespace", ""}, env(nil))
+		"-safety-ratio", "1.5", "-socket", long, "-log-level", "loud", "-retry-min", "0s", "-namespace", ""}, testkit.Env(nil))
 	if err == nil {
 		t.Fatal("want error")
 	}
@@ -69,14 +68,14 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}
 	}
-	if _, err := Load(nil, env(nil)); err == nil || !strings.Contains(err.Error(), "-pod: required") {
+	if _, err := Load(nil, testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), "-pod: required") {
 		t.Errorf("missing pod: %v", err)
 	}
 }
 
 func TestRelativePathsAndAbsolute(t *testing.T) {
 	dir := t.TempDir()
-	c, err := Load([]string{"-pod", "p", "-pod-root", dir, "-token-file", "/abs/tok", "-output-certs", "out"}, env(nil))
+	c, err := Load([]string{"-pod", "p", "-pod-root", dir, "-token-file", "/abs/tok", "-output-certs", "out"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +88,7 @@ func TestTrustAnchorsFile(t *testing.T) {
 	root := t.TempDir()
 	load := func(args []string, e map[string]string) string {
 		t.Helper()
-		c, err := Load(append([]string{"-pod", "web-0", "-pod-root", root}, args...), env(e))
+		c, err := Load(append([]string{"-pod", "web-0", "-pod-root", root}, args...), testkit.Env(e))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +118,7 @@ func TestTrustAnchorsFile(t *testing.T) {
 // The CA counts the TTL in whole seconds: a shorter one is refused here, naming the
 // flag, rather than refused on every CSR.
 func TestSecretTTLUnderASecondIsRefused(t *testing.T) {
-	_, err := Load([]string{"-pod", "p", "-secret-ttl", "500ms"}, env(nil))
+	_, err := Load([]string{"-pod", "p", "-secret-ttl", "500ms"}, testkit.Env(nil))
 	if err == nil || !strings.Contains(err.Error(), "-secret-ttl: must be at least 1s") {
 		t.Fatalf("-secret-ttl 500ms: %v", err)
 	}

@@ -1,46 +1,24 @@
 package identity
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"math/big"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // chainFor returns the PEMs of a leaf with the given URI SANs and its root.
 func chainFor(t *testing.T, uris ...string) []string {
 	t.Helper()
-	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	now := time.Now()
-	rt := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	rder, err := x509.CreateCertificate(rand.Reader, rt, rt, rk.Public(), rk)
-	if err != nil {
-		t.Fatal(err)
+	root := testkit.NewCA(t, "root", nil, time.Now(), time.Hour)
+	spec := testkit.Spec{Name: "leaf"}
+	if len(uris) > 0 {
+		spec.ID, spec.URIs = uris[0], uris[1:]
 	}
-	root, _ := x509.ParseCertificate(rder)
-	lt := &x509.Certificate{SerialNumber: big.NewInt(2), NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
-	for _, u := range uris {
-		pu, err := url.Parse(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lt.URIs = append(lt.URIs, pu)
-	}
-	lk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	lder, err := x509.CreateCertificate(rand.Reader, lt, root, lk.Public(), rk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, _ := x509.ParseCertificate(lder)
-	return pki.CertPEMs([]*x509.Certificate{leaf, root})
+	return pki.CertPEMs([]*x509.Certificate{root.Issue(t, spec).Cert, root.Cert})
 }
 
 func TestCheckChainWantsExactlyOurSPIFFEID(t *testing.T) {

@@ -2,11 +2,8 @@ package ca
 
 import (
 	"crypto"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -14,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // fuzzCANow is the fixed time of every fuzz iteration, so that a saved crasher replays.
@@ -22,26 +20,11 @@ var fuzzCANow = time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
 // fuzzCert makes a certificate for key signed by parent (self-signed when nil).
 func fuzzCert(f *testing.F, name string, key crypto.Signer, parent *x509.Certificate, parentKey crypto.Signer, isCA bool, from, to time.Time) *x509.Certificate {
 	f.Helper()
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name, Organization: []string{"cluster.local"}},
-		NotBefore: from, NotAfter: to, IsCA: isCA, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-	}
-	if !isCA {
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	}
+	s := testkit.Spec{Name: name, Key: key, IsCA: isCA, NotBefore: from, Life: to.Sub(from)}
 	if parent == nil {
-		parent, parentKey = tmpl, key
+		return testkit.SelfSigned(f, s).Cert
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
-	if err != nil {
-		f.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		f.Fatal(err)
-	}
-	return c
+	return (&testkit.CA{Cert: parent, Key: parentKey}).Issue(f, s).Cert
 }
 
 // FuzzLoadDir writes fuzzed contents as an Istio cacerts directory (ca-cert.pem,

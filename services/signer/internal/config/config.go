@@ -204,67 +204,58 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(ok bool, format string, a ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, a...))
-		}
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	add(c.Instance != "", "-instance: required")
-	add(c.Listen.HTTP != "", "-http-addr: required")
-	add(c.Listen.GRPC != "", "-grpc-addr: required")
-	add(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
+	p.Check(c.Instance != "", "-instance: required")
+	p.Check(c.Listen.HTTP != "", "-http-addr: required")
+	p.Check(c.Listen.GRPC != "", "-grpc-addr: required")
+	p.Check(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
 	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
-		errs = append(errs, fmt.Errorf("-trust-domain: %w", err))
+		p.Addf("-trust-domain: %w", err)
 	}
 	if c.CA.Dir == "" {
-		add(c.CA.KVBucket != "", "-kv-bucket: required in self-signed mode")
-		add(c.CA.KVReplicas >= 1, "-kv-replicas: must be at least 1")
-		add(c.CA.RootTTL >= time.Minute, "-root-ttl: must be at least 1m")
-		add(c.CA.CheckInterval > 0, "-root-check-interval: must be positive")
-		add(c.CA.GracePercent > 0 && c.CA.GracePercent < 100, "-root-grace-percent: must be between 1 and 99")
-		add(c.CA.KEKFile != "", "-ca-kek-file: required in self-signed mode (32 random bytes sealing the root key in KV; e.g. head -c 32 /dev/urandom > ca-kek; chmod 600 ca-kek)")
-		add(c.CA.RotateMinInterval >= 0, "-root-rotate-min-interval: must not be negative")
+		p.Check(c.CA.KVBucket != "", "-kv-bucket: required in self-signed mode")
+		p.Check(c.CA.KVReplicas >= 1, "-kv-replicas: must be at least 1")
+		p.Check(c.CA.RootTTL >= time.Minute, "-root-ttl: must be at least 1m")
+		p.Check(c.CA.CheckInterval > 0, "-root-check-interval: must be positive")
+		p.Check(c.CA.GracePercent > 0 && c.CA.GracePercent < 100, "-root-grace-percent: must be between 1 and 99")
+		p.Check(c.CA.KEKFile != "", "-ca-kek-file: required in self-signed mode (32 random bytes sealing the root key in KV; e.g. head -c 32 /dev/urandom > ca-kek; chmod 600 ca-kek)")
+		p.Check(c.CA.RotateMinInterval >= 0, "-root-rotate-min-interval: must not be negative")
 	} else {
-		add(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
+		p.Check(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
 	}
-	add(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
-	add(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
+	p.Check(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
+	p.Check(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
 	sources := 0
 	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {
 		if set {
 			sources++
 		}
 	}
-	add(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery, -token-review: set one, not several")
-	add(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
-	add(c.Auth.JWKSMinRefresh >= 0, "-jwks-min-refresh: must not be negative")
+	p.Check(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery, -token-review: set one, not several")
+	p.Check(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
+	p.Check(c.Auth.JWKSMinRefresh >= 0, "-jwks-min-refresh: must not be negative")
 	if sources > 0 {
-		add(c.Auth.Issuer != "" || c.Auth.TokenReview, "-token-issuer: required with a JWKS")
-		add(c.Auth.Audience != "", "-token-audience: required to verify bearer tokens")
+		p.Check(c.Auth.Issuer != "" || c.Auth.TokenReview, "-token-issuer: required with a JWKS")
+		p.Check(c.Auth.Audience != "", "-token-audience: required to verify bearer tokens")
 	}
 	if c.Auth.TokenReview {
-		add(strings.HasPrefix(c.Auth.TokenReviewURL, "https://"), "-token-review-url: must be an https URL with -token-review, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Auth.TokenReviewURL)
-		add(c.Auth.TokenReviewCache >= 0 && c.Auth.TokenReviewCache <= 5*time.Minute, "-token-review-cache: must be between 0 and 5m (a deleted pod's token is honoured that long)")
+		p.Check(strings.HasPrefix(c.Auth.TokenReviewURL, "https://"), "-token-review-url: must be an https URL with -token-review, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Auth.TokenReviewURL)
+		p.Check(c.Auth.TokenReviewCache >= 0 && c.Auth.TokenReviewCache <= 5*time.Minute, "-token-review-cache: must be between 0 and 5m (a deleted pod's token is honoured that long)")
 	}
 	if c.Auth.Discover {
-		add(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)
+		p.Check(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)
 	}
-	add(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url, -token-issuer-discovery or -token-review")
+	p.Check(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url, -token-issuer-discovery or -token-review")
 	if c.BusCallout.IssuerSeed != "" {
-		add(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
-		add(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review to verify pods' tokens")
+		p.Check(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
+		p.Check(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review to verify pods' tokens")
 	} else {
-		add(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
+		p.Check(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 	}
-	add(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
-	add(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
-	add(c.Workers >= 1, "-workers: must be at least 1")
-	return errors.Join(errs...)
+	p.Check(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
+	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
+	p.Check(c.Workers >= 1, "-workers: must be at least 1")
+	return p.Err()
 }

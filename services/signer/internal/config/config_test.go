@@ -6,12 +6,11 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
-func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-
 func TestDefaults(t *testing.T) {
-	c, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}, env(nil))
+	c, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,7 +24,7 @@ func TestDefaults(t *testing.T) {
 }
 
 func TestIstioEnvNamesAndFlagsWin(t *testing.T) {
-	c, err := Load([]string{"-root-ttl", "5m", "-key-alg", "rsa-4096"}, env(map[string]string{
+	c, err := Load([]string{"-root-ttl", "5m", "-key-alg", "rsa-4096"}, testkit.Env(map[string]string{
 		"TRUST_DOMAIN":                                          "example.org",
 		"CITADEL_SELF_SIGNED_CA_CERT_TTL":                       "1h",
 		"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL":          "30s",
@@ -52,7 +51,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	_, err := Load([]string{
 		"-instance", "s", "-trust-domain", "Not A Domain", "-key-alg", "dsa", "-root-ttl", "1s", "-root-grace-percent", "100",
 		"-default-ttl", "48h", "-max-ttl", "24h", "-jwks-file", "a", "-jwks-url", "http://b", "-grpc-ips", "nope", "-workers", "0", "-root-rotate-min-interval", "-1s",
-	}, env(map[string]string{"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL": "3600"}))
+	}, testkit.Env(map[string]string{"CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL": "3600"}))
 	if err == nil {
 		t.Fatal("want error")
 	}
@@ -65,10 +64,10 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 
 // Plugged-in mode needs no KEK: the operator's directory holds the key.
 func TestKEKRequiredOnlyInSelfSignedMode(t *testing.T) {
-	if _, err := Load([]string{"-instance", "s"}, env(nil)); err == nil || !strings.Contains(err.Error(), "-ca-kek-file: required in self-signed mode") {
+	if _, err := Load([]string{"-instance", "s"}, testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), "-ca-kek-file: required in self-signed mode") {
 		t.Fatalf("self-signed without a KEK: %v", err)
 	}
-	if _, err := Load([]string{"-instance", "s", "-cacerts-dir", "/etc/cacerts"}, env(nil)); err != nil {
+	if _, err := Load([]string{"-instance", "s", "-cacerts-dir", "/etc/cacerts"}, testkit.Env(nil)); err != nil {
 		t.Fatalf("plugged-in without a KEK: %v", err)
 	}
 }
@@ -93,7 +92,7 @@ func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
 // discovery document, over the cluster CA, with its own token.
 func TestTokenIssuerDiscovery(t *testing.T) {
 	base := []string{"-instance", "s", "-ca-kek-file", "kek"}
-	c, err := Load(base, env(map[string]string{
+	c, err := Load(base, testkit.Env(map[string]string{
 		"TOKEN_ISSUER_DISCOVERY":   "true",
 		"TOKEN_ISSUER":             "https://kubernetes.default.svc.cluster.local",
 		"TOKEN_ISSUER_CA_FILE":     "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
@@ -125,9 +124,9 @@ func TestTokenIssuerDiscovery(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := env(nil)
+			e := testkit.Env(nil)
 			if tt.args == nil {
-				e = env(map[string]string{"TOKEN_ISSUER_DISCOVERY": "maybe"})
+				e = testkit.Env(map[string]string{"TOKEN_ISSUER_DISCOVERY": "maybe"})
 			}
 			if _, err := Load(append(append([]string{}, base...), tt.args...), e); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
@@ -135,7 +134,7 @@ func TestTokenIssuerDiscovery(t *testing.T) {
 		})
 	}
 	// The callout accepts discovery as its verifier.
-	if _, err := Load(append(base, "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk", "-token-issuer-discovery", "-token-issuer", "https://k"), env(nil)); err != nil {
+	if _, err := Load(append(base, "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk", "-token-issuer-discovery", "-token-issuer", "https://k"), testkit.Env(nil)); err != nil {
 		t.Fatalf("callout with discovery: %v", err)
 	}
 }
@@ -145,7 +144,7 @@ func TestTokenIssuerDiscovery(t *testing.T) {
 func TestTokenReview(t *testing.T) {
 	base := []string{"-instance", "s", "-ca-kek-file", "kek"}
 	inPod := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-	c, err := Load(append(base, "-token-review", "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk"), env(inPod))
+	c, err := Load(append(base, "-token-review", "-bus-callout-seed", "i.nk", "-bus-callout-nkey", "c.nk"), testkit.Env(inPod))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +153,7 @@ func TestTokenReview(t *testing.T) {
 		t.Fatalf("auth %+v", c.Auth)
 	}
 	withEnv := map[string]string{"TOKEN_REVIEW": "true", "TOKEN_REVIEW_URL": "https://api.example:6443", "TOKEN_ISSUER_CA_FILE": "/etc/k8s/ca.crt", "TOKEN_REVIEW_CACHE": "30s"}
-	if c, err = Load(base, env(withEnv)); err != nil || c.Auth.TokenReviewURL != "https://api.example:6443" || c.Auth.CAFile != "/etc/k8s/ca.crt" || c.Auth.TokenReviewCache != 30*time.Second {
+	if c, err = Load(base, testkit.Env(withEnv)); err != nil || c.Auth.TokenReviewURL != "https://api.example:6443" || c.Auth.CAFile != "/etc/k8s/ca.crt" || c.Auth.TokenReviewCache != 30*time.Second {
 		t.Fatalf("from env: %+v, %v", c.Auth, err)
 	}
 	tests := []struct {
@@ -171,7 +170,7 @@ func TestTokenReview(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := Load(append(append([]string{}, base...), tt.args...), env(tt.env)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			if _, err := Load(append(append([]string{}, base...), tt.args...), testkit.Env(tt.env)); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
 			}
 		})
@@ -182,7 +181,7 @@ func TestTokenReview(t *testing.T) {
 // health address and the bus, as the flags set them.
 func TestProcess(t *testing.T) {
 	c, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek", "-http-addr", "127.0.0.1:9999",
-		"-log-level", "debug", "-nats-url", "nats://bus:4222"}, env(nil))
+		"-log-level", "debug", "-nats-url", "nats://bus:4222"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

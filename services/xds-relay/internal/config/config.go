@@ -2,8 +2,6 @@
 package config
 
 import (
-	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 )
@@ -36,11 +35,8 @@ type Config struct {
 	Listen struct {
 		HTTP string
 	}
-	Pod struct {
-		ID      string
-		RootDir string // relative paths below are under it
-	}
-	Socket   string // the ADS socket Envoy connects to
+	Pod      pod.Config // id and root (relative paths below are under it), as every pod-side process reads them
+	Socket   string     // the ADS socket Envoy connects to
 	Upstream struct {
 		Address        string
 		Mode           string
@@ -65,7 +61,7 @@ func Default() Config {
 	c.Log = obs.LogConfig{Level: "info"}
 	c.Bus.URL = bus.DefaultURL
 	c.Listen.HTTP = "127.0.0.1:15022"
-	c.Pod.RootDir = "."
+	c.Pod.RootDir = pod.DefaultRoot
 	c.Socket = "etc/istio/proxy/XDS"
 	c.Upstream.Address = "istiod.istio-system.svc:15012"
 	c.Upstream.Mode = ModeAuto
@@ -92,8 +88,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	fs.String(&c.Pod.ID, "pod", "POD_NAME", c.Pod.ID, "pod id")
-	fs.String(&c.Pod.RootDir, "pod-root", "POD_ROOT", c.Pod.RootDir, "pod root directory")
+	c.Pod.Bind(fs)
 	fs.String(&c.Socket, "socket", "XDS_SOCKET", c.Socket, "ADS socket Envoy connects to (under -pod-root if relative)")
 	fs.String(&c.Upstream.Address, "discovery-address", "DISCOVERY_ADDRESS", c.Upstream.Address, "upstream discovery server host:port")
 	fs.String(&c.Upstream.Mode, "xds-tls", "XDS_TLS", c.Upstream.Mode, "upstream security: auto, plaintext, tls or mtls (auto: plaintext on :15010, else mtls)")
@@ -108,19 +103,19 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		return c, err
 	}
 	c.Upstream.Headers = headers(environ, getenv)
-	c.Socket = c.under(c.Socket)
-	c.SDSSocket = c.under(c.SDSSocket)
+	c.Socket = c.Pod.Path(c.Socket)
+	c.SDSSocket = c.Pod.Path(c.SDSSocket)
 	if c.Upstream.TokenFile != "" {
-		c.Upstream.TokenFile = c.under(c.Upstream.TokenFile)
+		c.Upstream.TokenFile = c.Pod.Path(c.Upstream.TokenFile)
 	}
 	if c.Upstream.RootCA != "" && c.Upstream.RootCA != "SYSTEM" {
-		c.Upstream.RootCA = c.under(c.Upstream.RootCA)
+		c.Upstream.RootCA = c.Pod.Path(c.Upstream.RootCA)
 	}
 	c.Bus.Name = "xds-relay/" + c.Pod.ID
 	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
 	busToken := c.Upstream.TokenFile
 	if busToken == "" {
-		busToken = c.under(PodTokenFile)
+		busToken = c.Pod.Path(PodTokenFile)
 	}
 	c.Bus.AsPod(c.Pod.ID, busToken)
 	if c.Upstream.Mode == ModeAuto {
@@ -148,53 +143,41 @@ func headers(environ []string, getenv func(string) string) map[string]string {
 	return out
 }
 
-func (c Config) under(p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(c.Pod.RootDir, p)
-}
-
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
-	var errs []error
-	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Bus.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	var p flagenv.Problems
+	p.Add(c.Log.Validate())
+	p.Add(c.Bus.Validate())
 	if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		add("-pod: %w", err)
+		p.Addf("-pod: %w", err)
 	}
 	if c.Listen.HTTP == "" {
-		add("-http-addr: required")
+		p.Addf("-http-addr: required")
 	}
 	if len(c.Socket) > 104 {
-		add("-socket: %q is longer than a unix socket path may be", c.Socket)
+		p.Addf("-socket: %q is longer than a unix socket path may be", c.Socket)
 	}
 	// The relay binds in a private temporary directory next to the socket
 	// (dir/.xrNNNNNNNNNN/s, up to 16 bytes more than dir) before linking it into place.
 	if d := filepath.Dir(c.Socket); len(d)+16 > 107 {
-		add("-socket: directory %q is too long (max 91 bytes): the socket is first bound in a temporary directory there", d)
+		p.Addf("-socket: directory %q is too long (max 91 bytes): the socket is first bound in a temporary directory there", d)
 	}
 	if _, _, err := net.SplitHostPort(c.Upstream.Address); err != nil {
-		add("-discovery-address: %q: want host:port", c.Upstream.Address)
+		p.Addf("-discovery-address: %q: want host:port", c.Upstream.Address)
 	}
 	switch c.Upstream.Mode {
 	case ModePlaintext, ModeTLS, ModeMTLS:
 	default:
-		add("-xds-tls: %q: want auto, plaintext, tls or mtls", c.Upstream.Mode)
+		p.Addf("-xds-tls: %q: want auto, plaintext, tls or mtls", c.Upstream.Mode)
 	}
 	if c.Upstream.Mode == ModePlaintext && c.Upstream.RootCA != "" {
-		add("-xds-root-ca: set but -xds-tls is plaintext")
+		p.Addf("-xds-root-ca: set but -xds-tls is plaintext")
 	}
 	if c.MaxMsgSize < 1<<20 {
-		add("-max-msg-size: %d is below 1 MiB", c.MaxMsgSize)
+		p.Addf("-max-msg-size: %d is below 1 MiB", c.MaxMsgSize)
 	}
 	if c.Upstream.ConnectTimeout <= 0 {
-		add("-connect-timeout: must be positive")
+		p.Addf("-connect-timeout: must be positive")
 	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {
@@ -203,10 +186,10 @@ func (c Config) Validate() error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if !validKey(k) {
-			add("%s%s: %q is not a valid gRPC metadata key", HeaderEnvPrefix, strings.ToUpper(k), k)
+			p.Addf("%s%s: %q is not a valid gRPC metadata key", HeaderEnvPrefix, strings.ToUpper(k), k)
 		}
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 func validKey(k string) bool {

@@ -191,31 +191,6 @@ func cluster(name string) *clusterv3.Cluster {
 			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}}}}
 }
 
-// recorder keeps every event and trust-anchors message seen on the bus.
-type recorder struct {
-	mu   sync.Mutex
-	msgs []*nats.Msg
-}
-
-func (r *recorder) add(m *nats.Msg) { r.mu.Lock(); r.msgs = append(r.msgs, m); r.mu.Unlock() }
-
-func find[T events.Payload](r *recorder, f func(T) bool) []T {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []T
-	var zero T
-	for _, m := range r.msgs {
-		if m.Header.Get(events.HeaderType) != zero.EventType() {
-			continue
-		}
-		p, _, err := events.Decode[T](m)
-		if err == nil && f(p) {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // relayEnv is a running relay on a real unix socket with a real embedded bus.
 type relayEnv struct {
 	srv    *relay.Server
@@ -223,7 +198,7 @@ type relayEnv struct {
 	reg    *prometheus.Registry
 	dialer *upstream.Dialer
 	nc     *nats.Conn
-	rec    *recorder
+	rec    *bustest.Recorder
 }
 
 func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *relayEnv {
@@ -235,12 +210,7 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 	if _, err := bus.EnsureEventStream(ctx, js, 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
-	for _, subj := range []string{events.EventsWildcard, events.Prefix + ".pod.*.anchors"} {
-		if _, err := nc.Subscribe(subj, rec.add); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rec := bustest.Record(t, nc, events.EventsWildcard, events.Prefix+".pod.*.anchors")
 	if ucfg.Mode == "" {
 		ucfg.Mode = upstream.Plaintext
 	}
@@ -299,35 +269,6 @@ func dialUnix(t testing.TB, socket string) *grpc.ClientConn {
 
 func ads(t testing.TB, socket string) discoveryv3.AggregatedDiscoveryServiceClient {
 	return discoveryv3.NewAggregatedDiscoveryServiceClient(dialUnix(t, socket))
-}
-
-// metric returns the value of the series name with the given labels.
-func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 func writeFile(t testing.TB, path, content string) {

@@ -8,7 +8,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
@@ -31,7 +33,7 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 		t.Fatalf("first response: %v %v", r1.GetTypeUrl(), err)
 	}
 	testkit.Eventually(t, "trust anchors published", func() bool {
-		return len(find(env.rec, func(e events.TrustAnchors) bool {
+		return len(bustest.Find(env.rec, func(e events.TrustAnchors) bool {
 			return e.Pod == testPod && len(e.Roots) == 1 && e.Roots[0] == anchor
 		})) == 1
 	})
@@ -49,10 +51,10 @@ func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
 			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
 		t.Fatalf("consumed nack metric = %v", v)
 	}
-	if n := len(find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {
+	if n := len(bustest.Find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {
 		t.Fatalf("%d trust anchors events, want 1 (the bad config must change nothing)", n)
 	}
 
@@ -82,7 +84,7 @@ func TestProxyConfigOnDeltaStream(t *testing.T) {
 		t.Fatalf("first delta response: %v %v", r.GetTypeUrl(), err)
 	}
 	testkit.Eventually(t, "trust anchors published", func() bool {
-		return len(find(env.rec, func(e events.TrustAnchors) bool { return len(e.Roots) == 1 && e.Roots[0] == anchor })) == 1
+		return len(bustest.Find(env.rec, func(e events.TrustAnchors) bool { return len(e.Roots) == 1 && e.Roots[0] == anchor })) == 1
 	})
 	testkit.Eventually(t, "delta ack of proxyconfig upstream", func() bool {
 		up.mu.Lock()

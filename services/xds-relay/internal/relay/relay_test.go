@@ -12,7 +12,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
@@ -72,22 +74,22 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 		})) == 1
 	})
 	testkit.Eventually(t, "connected event", func() bool {
-		return len(find(env.rec, func(e events.XDSConnected) bool {
+		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool {
 			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
 		t.Fatalf("responses metric = %v, want 2", v)
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 		t.Fatalf("streams gauge = %v, want 1", v)
 	}
 	cancel()
 	testkit.Eventually(t, "disconnected event", func() bool {
-		return len(find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return e.Reason == "downstream closed" })) == 1
 	})
 	testkit.Eventually(t, "gauge back to 0", func() bool {
-		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+		return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -118,7 +120,7 @@ func TestDeltaVersionsAndNonces(t *testing.T) {
 		t.Fatalf("second delta response: %v", r2)
 	}
 	testkit.Eventually(t, "delta connected event", func() bool {
-		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool { return e.Mode == "delta" && e.Node == "n1" })) == 1
 	})
 }
 
@@ -139,7 +141,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "nack event", func() bool {
-		return len(find(env.rec, func(e events.XDSNack) bool {
+		return len(bustest.Find(env.rec, func(e events.XDSNack) bool {
 			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPod
 		})) == 1
 	})
@@ -148,7 +150,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 			return r.GetErrorDetail().GetMessage() == "cluster a: bad thing" && r.GetResponseNonce() == r1.GetNonce()
 		})) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_nacks_total", map[string]string{"type": resource.ClusterType}); v != 1 {
 		t.Fatalf("nacks metric = %v", v)
 	}
 }
@@ -178,9 +180,9 @@ func TestUpstreamRestartClosesDownstream(t *testing.T) {
 		t.Fatalf("after upstream restart: err = %v, want Unavailable", err)
 	}
 	testkit.Eventually(t, "disconnected with upstream reason", func() bool {
-		return len(find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
+		return len(bustest.Find(env.rec, func(e events.XDSDisconnected) bool { return strings.HasPrefix(e.Reason, "upstream") })) == 1
 	})
-	if v := metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 		t.Fatalf("terminations = %v", v)
 	}
 	// Envoy reconnects: a fresh stream gets the config again.
@@ -219,8 +221,8 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 		if status.Code(err) != codes.Unavailable {
 			t.Fatalf("err = %v, want Unavailable", err)
 		}
-		if v := metric(t, env.reg, "meshagent_xds_relay_upstream_connect_failures_total", nil) +
-			metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_connect_failures_total", nil) +
+			obstest.Metric(t, env.reg, "meshagent_xds_relay_upstream_terminations_total", nil); v != 1 {
 			t.Fatalf("failures+terminations = %v, want 1", v)
 		}
 	})
@@ -235,12 +237,12 @@ func TestUpstreamNeverAnswers(t *testing.T) {
 				return r.GetNode().GetId() == "nobody" && r.GetTypeUrl() == resource.ClusterType
 			})) == 1
 		})
-		if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != 1 {
 			t.Fatalf("streams = %v, want 1 while waiting", v)
 		}
 		cancel()
 		testkit.Eventually(t, "stream released", func() bool {
-			return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+			return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 		})
 	})
 }
@@ -279,12 +281,12 @@ func TestConcurrentStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}); v != n {
 		t.Fatalf("live streams = %v, want %d", v, n)
 	}
 	cancel()
 	testkit.Eventually(t, "all streams released", func() bool {
-		return metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
+		return obstest.Metric(t, env.reg, "meshagent_xds_relay_streams", map[string]string{"mode": "sotw"}) == 0
 	})
 }
 
@@ -307,7 +309,7 @@ func TestLargeResponse(t *testing.T) {
 	if size := proto.Size(r); size < 10<<20 || len(r.GetResources()) != 10 {
 		t.Fatalf("got %d bytes, %d resources; want >= 10 MiB and 10", size, len(r.GetResources()))
 	}
-	if v := metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
+	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
 		t.Fatalf("response bytes metric = %v", v)
 	}
 }

@@ -16,7 +16,9 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"google.golang.org/grpc"
@@ -106,10 +108,10 @@ func TestGRPCXDSClientResolvesThroughRelay(t *testing.T) {
 	}
 	// The configuration came through the relay.
 	testkit.Eventually(t, "grpc client connected via relay", func() bool {
-		return len(find(env.rec, func(e events.XDSConnected) bool { return e.Node == "grpc-client" })) >= 1
+		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool { return e.Node == "grpc-client" })) >= 1
 	})
 	for _, typ := range []string{resource.ListenerType, resource.ClusterType, resource.EndpointType} {
-		if v := metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
+		if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": typ}); v < 1 {
 			t.Errorf("no %s response relayed", typ)
 		}
 	}
