@@ -1,19 +1,14 @@
 package relay_test
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -23,11 +18,10 @@ import (
 
 // reach is a Reachability running on its own Dialer, with its log and gauge.
 type reach struct {
-	r      *upstream.Reachability
-	d      *upstream.Dialer
-	log    *testkit.Buffer
-	gauge  func() float64
-	cancel context.CancelFunc
+	r     *upstream.Reachability
+	d     *upstream.Dialer
+	log   *testkit.Buffer
+	gauge func() float64
 }
 
 func startReach(t *testing.T, cfg upstream.Config, mat upstream.Material) *reach {
@@ -47,16 +41,8 @@ func startReach(t *testing.T, cfg upstream.Config, mat upstream.Material) *reach
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reachability run: %v", err)
-		}
-		d.Close()
-	})
+	t.Cleanup(d.Close) // after Run has returned: cleanups run last first
+	testkit.Background(t, r.Run)
 	gauge := func() float64 {
 		mfs, err := reg.Gather()
 		if err != nil || len(mfs) != 1 || mfs[0].GetName() != upstream.ConnectedMetric {
@@ -64,15 +50,7 @@ func startReach(t *testing.T, cfg upstream.Config, mat upstream.Material) *reach
 		}
 		return mfs[0].GetMetric()[0].GetGauge().GetValue()
 	}
-	return &reach{r: r, d: d, log: buf, gauge: gauge, cancel: cancel}
-}
-
-// lateUpstream is an upstream server on addr that is not started yet.
-func lateUpstream(t *testing.T, addr string, opts ...grpc.ServerOption) *upstreamServer {
-	u := &upstreamServer{t: t, addr: addr, opts: opts,
-		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
-		pcs:  cache.NewLinearCache(proxyconfig.TypeURL)}
-	return u
+	return &reach{r: r, d: d, log: buf, gauge: gauge}
 }
 
 // The relay reports its upstream unreachable until a real discovery server
@@ -89,7 +67,7 @@ func TestReachabilityFollowsALateUpstream(t *testing.T) {
 		t.Fatal("connected with no server")
 	}
 
-	up := lateUpstream(t, addr)
+	up := newUpstream(t, addr)
 	up.start()
 	stopped := false
 	t.Cleanup(func() {
@@ -137,19 +115,7 @@ func TestReachabilityMTLSNeedsSDSCertificate(t *testing.T) {
 
 	const nodeID = "xds-relay~" + testPod
 	sdsPath, rotate := startSDS(t, nodeID, other.Issue(t, testkit.Spec{ID: workloadID}).TLS(), ca1.Cert)
-	w := sdsclient.WatchUnix(sdsPath, nodeID, testLog(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = w.Run(ctx) }()
-	select {
-	case <-w.Ready():
-	case <-time.After(testkit.Timeout):
-		t.Fatal("sds watcher not ready")
-	}
-
-	x := startReach(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
+	x := startReach(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, watchSDS(t, sdsPath, nodeID))
 	testkit.Eventually(t, "refused without a trusted workload certificate", func() bool {
 		err := x.r.Ready()
 		return err != nil && strings.Contains(err.Error(), "not reachable (TRANSIENT_FAILURE)")
@@ -176,4 +142,3 @@ func TestReachabilityMTLSNeedsSDSCertificate(t *testing.T) {
 		t.Fatalf("%d connected lines, want 1:\n%s", n, x.log.String())
 	}
 }
-
