@@ -85,7 +85,7 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	x.reach, err = upstream.NewReachability(x.dialer, d.Metrics, d.Log.Named("upstream"))
+	x.reach, err = upstream.NewReachability(x.dialer, d.Metrics, d.Clock, d.Log.Named("upstream"))
 	if err != nil {
 		return nil, err
 	}

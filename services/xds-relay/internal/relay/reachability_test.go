@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +38,7 @@ func startReach(t *testing.T, cfg upstream.Config, mat upstream.Material) *reach
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	r, err := upstream.NewReachability(d, reg, log)
+	r, err := upstream.NewReachability(d, reg, clock.Real{}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

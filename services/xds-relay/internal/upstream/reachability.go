@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
@@ -24,6 +25,7 @@ type Reachability struct {
 	d     *Dialer
 	log   hclog.Logger
 	gauge prometheus.Gauge
+	clock clock.Clock
 	retry time.Duration // between attempts when no connection can be built
 
 	mu        sync.Mutex
@@ -32,14 +34,15 @@ type Reachability struct {
 	once      bool // connected at least once since start
 }
 
-// NewReachability registers the gauge on reg; nothing runs until Run.
-func NewReachability(d *Dialer, reg prometheus.Registerer, log hclog.Logger) (*Reachability, error) {
+// NewReachability registers the gauge on reg; nothing runs until Run. clk times
+// the retries while no connection can be built (gRPC times its own).
+func NewReachability(d *Dialer, reg prometheus.Registerer, clk clock.Clock, log hclog.Logger) (*Reachability, error) {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: ConnectedMetric,
 		Help: "1 while the connection to the discovery server is established (TLS and HTTP/2 included), else 0."})
 	if err := reg.Register(g); err != nil {
 		return nil, fmt.Errorf("register %s: %w", ConnectedMetric, err)
 	}
-	return &Reachability{d: d, log: log, gauge: g, retry: time.Second, state: "not dialled"}, nil
+	return &Reachability{d: d, log: log, gauge: g, clock: clk, retry: time.Second, state: "not dialled"}, nil
 }
 
 // Connected says whether the upstream connection is READY now.
@@ -72,10 +75,10 @@ func (r *Reachability) Run(ctx context.Context) error {
 			// No TLS configuration yet (sds-edge has no certificate or roots):
 			// nothing gRPC can retry; try again shortly.
 			r.set(false, err.Error(), true)
-			t := time.NewTimer(r.retry)
+			t := r.clock.NewTimer(r.retry)
 			select {
 			case <-ctx.Done():
-			case <-t.C:
+			case <-t.C():
 			}
 			t.Stop()
 			continue
