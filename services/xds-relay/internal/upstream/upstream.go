@@ -7,6 +7,8 @@
 // (trust change, new workload certificate, new anchors) retires the current
 // connection, so new streams dial with the new configuration while the streams on
 // the old one run on; the old connection closes when its last stream ends.
+// Reachability keeps the current connection connected before any stream and
+// reports whether the discovery server is reachable.
 package upstream
 
 import (
@@ -226,8 +228,8 @@ func (d *Dialer) currentLocked() (*tls.Config, error) {
 }
 
 // Dial returns the connection for one relayed stream, the metadata to send on it
-// and a release func to call when the stream has ended. The connection is lazy:
-// the first stream opened on it connects.
+// and a release func to call when the stream has ended. gRPC connects it on the
+// first stream, or earlier when Reachability asks it to (the relay's Run does).
 func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, func(), error) {
 	md, err := d.metadata()
 	if err != nil {
