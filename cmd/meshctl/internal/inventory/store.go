@@ -160,7 +160,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	}
 	cons, err := k.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
 		Durable: policy.InventoryConsumer, Description: "meshagent certificate inventory",
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 10,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: maxDeliver,
 		DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubjects: Subjects,
 	})
 	if err != nil {
@@ -239,15 +239,21 @@ func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if err := k.Fold(ctx, p, meta); err != nil {
-		md, _ := m.Metadata()
-		if errors.Is(err, errNotYet) && md != nil && md.NumDelivered >= 5 {
-			_ = m.Ack() // a push of a certificate the inventory never saw issued: nothing to record
+		var n uint64 = 1
+		if md, err := m.Metadata(); err == nil {
+			n = md.NumDelivered
+		}
+		if errors.Is(err, errNotYet) && n >= maxDeliver-1 {
+			// A push of a certificate the inventory never saw issued, after ~2 minutes
+			// of waiting for its cert.issued (which another keeper, or a slow one, may
+			// still be folding): nothing to record.
+			_ = m.Ack()
 			return
 		}
 		if !errors.Is(err, errNotYet) {
 			k.log.Warn("inventory update failed, will retry", "subject", m.Subject(), "error", err)
 		}
-		_ = m.NakWithDelay(time.Second)
+		_ = m.NakWithDelay(redeliverAfter(n))
 		return
 	}
 	_ = m.Ack()
@@ -351,6 +357,17 @@ func (k *Keeper) update(ctx context.Context, key string, fold func([]byte) ([]by
 		}
 		return err
 	}
+}
+
+// maxDeliver is how often the inventory's consumer offers one event.
+const maxDeliver = 10
+
+// redeliverAfter is the wait before the n+1st delivery of an event that could not be
+// folded yet: 1 s doubling to 30 s, so that a push whose cert.issued is still being
+// folded (by another keeper, on a loaded machine) waits minutes, not seconds.
+func redeliverAfter(n uint64) time.Duration {
+	d := time.Second << min(n-1, 5)
+	return min(d, 30*time.Second)
 }
 
 // errNotYet: the event is about a certificate the inventory has not seen yet.
