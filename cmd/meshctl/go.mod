@@ -25,6 +25,7 @@ require (
 	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0 // indirect
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/fatih/color v1.13.0 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -36,7 +37,6 @@ require (
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
@@ -78,8 +78,11 @@ replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
 
 require (
+	github.com/chromedp/cdproto v0.159.0
+	github.com/chromedp/chromedp v0.23.0
 	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+	github.com/prometheus/client_golang v1.25.0
 )
 
 replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile

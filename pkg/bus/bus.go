@@ -252,12 +252,46 @@ func readToken(path string) (string, error) {
 	return tok, nil
 }
 
+// Default retention of the event history (the audit log): seven days, at most 1 GiB
+// (the oldest events go first).
+const (
+	DefaultEventStreamMaxAge   = 7 * 24 * time.Hour
+	DefaultEventStreamMaxBytes = int64(1) << 30
+)
+
+// Retention bounds the event history. Zero values take the defaults; MaxBytes < 0
+// removes the size bound.
+type Retention struct {
+	MaxAge   time.Duration
+	MaxBytes int64
+}
+
 // EnsureEventStream creates or updates the JetStream stream that keeps the event
 // history (events.StreamEvents over events.EventsWildcard). replicas is 1 on an
-// embedded server, 3 on a fleet's cluster; maxAge bounds the history.
+// embedded server, 3 on a fleet's cluster; maxAge bounds the history. Its size bound
+// is the one the stream already has (an operator may set it with the nats CLI), else
+// DefaultEventStreamMaxBytes.
 func EnsureEventStream(ctx context.Context, js jetstream.JetStream, replicas int, maxAge time.Duration) (jetstream.Stream, error) {
+	r := Retention{MaxAge: maxAge}
+	if st, err := js.Stream(ctx, events.StreamEvents); err == nil && st.CachedInfo() != nil {
+		r.MaxBytes = st.CachedInfo().Config.MaxBytes
+	}
+	return EnsureEventStreamRetention(ctx, js, replicas, r)
+}
+
+// EnsureEventStreamRetention is EnsureEventStream with both bounds given.
+func EnsureEventStreamRetention(ctx context.Context, js jetstream.JetStream, replicas int, r Retention) (jetstream.Stream, error) {
 	if replicas <= 0 {
 		replicas = 1
+	}
+	if r.MaxAge <= 0 {
+		r.MaxAge = DefaultEventStreamMaxAge
+	}
+	switch {
+	case r.MaxBytes == 0:
+		r.MaxBytes = DefaultEventStreamMaxBytes
+	case r.MaxBytes < 0:
+		r.MaxBytes = -1
 	}
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        events.StreamEvents,
@@ -265,7 +299,11 @@ func EnsureEventStream(ctx context.Context, js jetstream.JetStream, replicas int
 		Subjects:    []string{events.EventsWildcard},
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
-		MaxAge:      maxAge,
+		MaxAge:      r.MaxAge,
+		MaxBytes:    r.MaxBytes,
+		Discard:     jetstream.DiscardOld,
+		// Readers (audit) read by sequence, in batches: direct gets, no consumer.
+		AllowDirect: true,
 		MaxMsgSize:  events.MaxEventSize + 4096,
 		Duplicates:  2 * time.Minute,
 	})

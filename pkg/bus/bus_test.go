@@ -166,3 +166,29 @@ func TestConnectInBackground(t *testing.T) {
 		t.Fatal("subscription made before connecting got nothing")
 	}
 }
+
+// TestEventStreamRetention: the audit log keeps 7 days / 1 GiB unless told, and a
+// size bound an operator set on the stream survives the signer's next start.
+func TestEventStreamRetention(t *testing.T) {
+	s := bustest.Server(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := bustest.JetStream(t, bustest.Conn(t, s))
+	st, err := EnsureEventStreamRetention(ctx, js, 1, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; c.MaxAge != 7*24*time.Hour || c.MaxBytes != 1<<30 {
+		t.Fatalf("default retention %s / %d bytes, want 168h / 1 GiB", c.MaxAge, c.MaxBytes)
+	}
+	if _, err := EnsureEventStreamRetention(ctx, js, 1, Retention{MaxAge: time.Hour, MaxBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	st, err = EnsureEventStream(ctx, js, 1, 48*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; c.MaxAge != 48*time.Hour || c.MaxBytes != 64<<20 {
+		t.Fatalf("retention %s / %d bytes, want 48h / the 64 MiB already set", c.MaxAge, c.MaxBytes)
+	}
+}

@@ -113,7 +113,15 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("http listening", "addr", ln.Addr().String())
-	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 5 * time.Second}
+	return Serve(ctx, ln, s.handler())
+}
+
+// Serve answers HTTP on ln with h until ctx is done, then shuts down within five
+// seconds. Requests live in ctx, so long ones (an event stream) end with it instead
+// of holding the shutdown up.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

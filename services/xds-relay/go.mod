@@ -7,6 +7,7 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
+	github.com/meshagent/meshagent/pkg/clock v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
@@ -21,10 +22,7 @@ require (
 	istio.io/api v1.31.1
 )
 
-require (
-	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
-	golang.org/x/sync v0.24.0 // indirect
-)
+require golang.org/x/sync v0.24.0 // indirect
 
 require (
 	cel.dev/expr v0.25.3 // indirect

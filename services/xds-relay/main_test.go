@@ -2,27 +2,49 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"google.golang.org/grpc"
 )
 
-// TestRunServesAndStops runs the real binary's run: it is ready once the socket is
-// bound, with no upstream reachable (as Istio), and returns nil on cancellation.
+// TestRunServesAndStops runs the real binary's run: it binds the socket at once
+// (as Istio), is not ready until a real discovery server that starts late is
+// reached, and returns nil on cancellation.
 func TestRunServesAndStops(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
-	httpAddr := testkit.FreeAddr(t)
+	httpAddr, xdsAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	stop := testkit.Background(t, func(ctx context.Context) error {
-		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
+		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", xdsAddr,
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
 			testkit.Env(nil))
 	})
+	testkit.Eventually(t, "/readyz 503 naming the upstream", func() bool {
+		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "upstream: "+xdsAddr+" not reachable (")
+	})
+	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connected 0") {
+		t.Fatal("upstream gauge not 0 before the server is up")
+	}
+	ln, err := net.Listen("tcp", xdsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs,
+		xdsserver.NewServer(context.Background(), cache.NewSnapshotCache(true, cache.IDHash{}, nil), nil))
+	go func() { _ = gs.Serve(ln) }()
+	defer gs.Stop()
 	testkit.Eventually(t, "/readyz 200", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "ready")
@@ -34,7 +56,8 @@ func TestRunServesAndStops(t *testing.T) {
 	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode %v, want a 0600 socket", fi.Mode())
 	}
-	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") {
+	if _, body := testkit.HTTPGet("http://" + httpAddr + "/metrics"); !strings.Contains(body, "meshagent_xds_relay_upstream_connect_failures_total") ||
+		!strings.Contains(body, "meshagent_xds_relay_upstream_connected 1") {
 		t.Fatal("relay metrics missing from /metrics")
 	}
 	stop()

@@ -21,13 +21,16 @@ const (
 	Rotator Role = "rotator" // the renewal schedule
 	Admin   Role = "admin"   // an operator's meshctl
 	Audit   Role = "audit"   // read-only event consumers (audit, metrics)
-	Callout Role = "callout" // the auth-callout responder inside the signer
-	Pod     Role = "pod"     // one pod's sds-edge, xds-relay and launcher, admitted by the callout
+	// Inventory keeps the fleet's certificate inventory (meshctl serve): it reads the
+	// events through its own durable and writes its own bucket, which audit may read.
+	Inventory Role = "inventory"
+	Callout   Role = "callout" // the auth-callout responder inside the signer
+	Pod       Role = "pod"     // one pod's sds-edge, xds-relay and launcher, admitted by the callout
 )
 
 // Users are the roles that hold an nkey (every role but Pod, whose users the callout
 // creates per connection).
-var Users = []Role{Signer, Rotator, Admin, Audit, Callout}
+var Users = []Role{Signer, Rotator, Admin, Audit, Callout, Inventory}
 
 // Accounts. Every service and every pod lives in Mesh; the callout responder alone
 // lives in Auth, so that it sees connect requests and nothing else.
@@ -42,6 +45,8 @@ const (
 	BucketRotator      = "meshagent_rotator"
 	BucketRotatorLease = "meshagent_rotator_lease"
 	RotatorConsumer    = "rotator"
+	BucketInventory    = "meshagent_inventory"
+	InventoryConsumer  = "inventory"
 )
 
 // AuthCalloutSubject is where nats-server sends connect requests to the callout.
@@ -112,12 +117,25 @@ func For(r Role) (Permissions, error) {
 				// Read only: whoever may update the stream could make it capture sign
 				// requests (bearer tokens) or source the CA bucket. The signer creates it.
 				streamRead(events.StreamEvents),
+				streamRead("KV_"+BucketInventory),
 			),
 			Subscribe: []string{events.EventsWildcard},
 		}
 	case Audit:
 		p = Permissions{
-			Publish:   streamRead(events.StreamEvents),
+			// The events, the inventory (read by sequence, like the events) and the
+			// trust bundle (public roots, as any pod may ask).
+			Publish:   cat([]string{events.SubjectTrustBundle}, streamRead(events.StreamEvents), streamRead("KV_"+BucketInventory)),
+			Subscribe: []string{events.EventsWildcard},
+		}
+	case Inventory:
+		p = Permissions{
+			Publish: cat(
+				[]string{events.SubjectTrustBundle},
+				streamRead(events.StreamEvents),
+				durable(events.StreamEvents, InventoryConsumer),
+				kvBucket(BucketInventory),
+			),
 			Subscribe: []string{events.EventsWildcard},
 		}
 	case Callout:

@@ -155,20 +155,7 @@ func TestRotatorConsumesAndKeepsItsSchedule(t *testing.T) {
 	if _, err := cons.Info(ctx); err != nil {
 		t.Fatalf("consumer info: %v", err)
 	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for msg := range batch.Messages() {
-		if err := msg.DoubleAck(ctx); err != nil {
-			t.Fatalf("ack: %v", err)
-		}
-		n++
-	}
-	if n != 1 {
-		t.Fatalf("fetched %d messages, want 1 (%v)", n, batch.Error())
-	}
+	fetchOne(ctx, t, cons)
 	for _, b := range []string{policy.BucketRotator, policy.BucketRotatorLease} {
 		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b})
 		if err != nil {
@@ -368,4 +355,23 @@ func violated(errs *bustest.Errors, subject string) bool {
 		}
 	}
 	return false
+}
+
+// fetchOne pulls one message from a durable and acks it.
+func fetchOne(ctx context.Context, t *testing.T, cons jetstream.Consumer) {
+	t.Helper()
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for msg := range batch.Messages() {
+		if err := msg.DoubleAck(ctx); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("fetched %d messages, want 1 (%v)", n, batch.Error())
+	}
 }

@@ -95,9 +95,10 @@ func newPod(t *testing.T) *pod {
 		discoveryv3.RegisterAggregatedDiscoveryServiceServer(s, serverv3.NewServer(ctx, p.ads, nil))
 	})
 	relay := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	// xds-relay's own check, as it words it (upstream.Reachability).
 	relay.AddReadyCheck("upstream", func() error {
 		if !p.relayReady.Load() {
-			return errors.New("no upstream yet")
+			return errors.New("istiod.istio-system.svc:15012 not reachable (TRANSIENT_FAILURE)")
 		}
 		return nil
 	})

@@ -31,7 +31,7 @@ func TestEnvoyStartsOnlyWhenCertificatesAndRelayAreThere(t *testing.T) {
 	testkit.Eventually(t, "status port up and not ready", func() bool {
 		code, body := status()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "certificate default") &&
-			strings.Contains(body, "ROOTCA") && strings.Contains(body, "xds-relay")
+			strings.Contains(body, "ROOTCA") && strings.Contains(body, "xds-relay has no upstream")
 	})
 	testkit.Eventually(t, "an INFO line saying what the launcher waits for", func() bool {
 		return strings.Contains(p.log.String(), "[INFO]  gate: waiting before starting envoy: missing=")

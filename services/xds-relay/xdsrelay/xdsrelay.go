@@ -36,14 +36,16 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 type Relay struct {
 	sds    *sdsclient.Watcher // nil: the upstream needs nothing from sds-edge
 	dialer *upstream.Dialer
+	reach  *upstream.Reachability
 	events *outbox.Outbox
 	tls    *tlsrefresh.Refresher
 	relay  *relay.Server
 }
 
 // New builds the relay on d.Bus (required): it registers its metrics on
-// d.Metrics and its readiness (the ADS socket bound) on d.Health, and neither
-// dials sds-edge nor binds the socket until Run.
+// d.Metrics and its readiness on d.Health (the ADS socket bound, and the
+// discovery server reached once: upstream.Reachability), and neither dials
+// sds-edge or the upstream nor binds the socket until Run.
 func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	d = d.WithDefaults()
 	if d.Bus == nil {
@@ -83,17 +85,23 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	x.reach, err = upstream.NewReachability(x.dialer, d.Metrics, d.Clock, d.Log.Named("upstream"))
+	if err != nil {
+		return nil, err
+	}
 	x.tls = tlsrefresh.New(d.Bus, x.dialer, changes, d.Log.Named("trust"))
 	d.Health.AddReadyCheck("xds-socket", x.relay.Ready)
+	d.Health.AddReadyCheck("upstream", x.reach.Ready)
 	return x, nil
 }
 
 // Run follows sds-edge (when the upstream needs its certificate or roots), serves
-// the ADS socket, publishes events and keeps the upstream TLS current, until ctx
-// ends; it returns nil then.
+// the ADS socket, keeps the upstream connected and reports whether it is,
+// publishes events and keeps the upstream TLS current, until ctx ends; it
+// returns nil then.
 func (x *Relay) Run(ctx context.Context) error {
 	defer x.dialer.Close()
-	tasks := []func(context.Context) error{x.events.Run, x.tls.Run, x.relay.Run}
+	tasks := []func(context.Context) error{x.events.Run, x.tls.Run, x.relay.Run, x.reach.Run}
 	if x.sds != nil {
 		tasks = append(tasks, x.sds.Run)
 	}

@@ -3,6 +3,7 @@ package xdsrelay_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,13 +17,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// New binds nothing and dials nothing; Run binds the ADS socket (ready even with
-// no sds-edge and no upstream yet, as Istio's agent) and returns nil when
-// cancelled, having closed its sds-edge connection (TestMain checks for leaks).
+// New binds nothing and dials nothing; Run binds the ADS socket (serving Envoy
+// even with no sds-edge and no upstream yet, as Istio's agent, but not ready
+// until the upstream is reached) and returns nil when cancelled, having closed
+// its sds-edge and upstream connections (TestMain checks for leaks).
 func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
-	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-pod-root", root, "-discovery-address", testkit.FreeAddr(t),
+	addr := testkit.FreeAddr(t)
+	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-pod-root", root, "-discovery-address", addr,
 		"-xds-tls", "mtls"}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +42,13 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 		t.Fatal("ready before Run")
 	}
 	stop := testkit.Background(t, x.Run)
-	testkit.Eventually(t, "the ADS socket bound", func() bool { return health.Ready() == nil })
+	testkit.Eventually(t, "the ADS socket bound, the upstream not reachable", func() bool {
+		err := health.Ready()
+		return err != nil && !strings.Contains(err.Error(), "xds-socket") && strings.Contains(err.Error(), "upstream: "+addr+" not reachable")
+	})
+	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); err != nil {
+		t.Fatalf("socket: %v", err)
+	}
 	stop()
 	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); !os.IsNotExist(err) {
 		t.Fatalf("socket after Run returned: %v, want it removed", err)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -20,7 +21,7 @@ func TestBusAuthWritesAConfigNATSServerLoads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats-server rejects the config: %v", err)
 	}
-	if opts.AuthCallout == nil || len(opts.AuthCallout.AuthUsers) != 5 || len(opts.Nkeys) != 5 {
+	if opts.AuthCallout == nil || len(opts.AuthCallout.AuthUsers) != len(policy.Users) || len(opts.Nkeys) != len(policy.Users) {
 		t.Fatalf("config: callout %+v, %d nkey users", opts.AuthCallout, len(opts.Nkeys))
 	}
 	first, _ := os.ReadFile(conf)

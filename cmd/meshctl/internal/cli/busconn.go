@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -19,6 +20,7 @@ import (
 type busFlags struct {
 	url, nkey, creds string
 	tlsCA            string
+	role             string // the reading commands' -nats-role
 }
 
 func (b *busFlags) bind(fs *flagenv.Set) {
@@ -31,17 +33,62 @@ func (b *busFlags) bind(fs *flagenv.Set) {
 // connect dials the bus as meshctl: with the admin role's inbox, so that replies to
 // its requests reach it on a secured bus. st may be nil when the flags say it all.
 func (b *busFlags) connect(ctx context.Context, st *stackfile.Stack, name string) (*nats.Conn, error) {
+	return b.connectAs(ctx, st, name, policy.Admin)
+}
+
+// bindRole adds -nats-role, for the commands that only read (events, certs,
+// status, inspect): they need no more than the audit role.
+func (b *busFlags) bindRole(fs *flagenv.Set) {
+	fs.String(&b.role, "nats-role", "NATS_ROLE", "", "bus role of the credential, which sets its reply inbox: audit or admin "+
+		"(default: audit with the local stack's credential; with -nats-nkey, the role its file is named after (audit.nk, admin.nk), else admin)")
+}
+
+// readerRole is the role a reading command connects as (see bindRole).
+func (b *busFlags) readerRole() (policy.Role, error) {
+	switch {
+	case b.role != "":
+		if r := policy.Role(b.role); r == policy.Audit || r == policy.Admin {
+			return r, nil
+		}
+		return "", fmt.Errorf("-nats-role: %q, want audit or admin", b.role)
+	case b.nkey == "" && b.creds == "":
+		return policy.Audit, nil
+	case filepath.Base(b.nkey) == string(policy.Audit)+".nk":
+		return policy.Audit, nil
+	}
+	return policy.Admin, nil
+}
+
+// reader dials the bus as a reading command's role (readerRole).
+func (b *busFlags) reader(ctx context.Context, st *stackfile.Stack, name string) (*nats.Conn, error) {
+	r, err := b.readerRole()
+	if err != nil {
+		return nil, err
+	}
+	return b.connectAs(ctx, st, name, r)
+}
+
+// connectAs dials the bus with role's inbox and, for a local stack, role's seed
+// (stack.json names the admin and audit seeds; the others live beside them).
+func (b *busFlags) connectAs(ctx context.Context, st *stackfile.Stack, name string, role policy.Role) (*nats.Conn, error) {
 	if b.nkey != "" && b.creds != "" {
 		return nil, errors.New("-nats-nkey, -nats-creds: set one, not both")
 	}
-	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(policy.Admin, ""),
+	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(role, ""),
 		TLS: bus.TLSConfig{CAFile: b.tlsCA}, ConnectWait: 2 * time.Second}
 	if st != nil {
 		if cfg.URL == "" {
 			cfg.URL = st.NATSURL
 		}
 		if cfg.NKeyFile == "" && cfg.CredsFile == "" {
-			cfg.NKeyFile = st.NATSAdminNKey
+			switch role {
+			case policy.Admin:
+				cfg.NKeyFile = st.NATSAdminNKey
+			case policy.Audit:
+				cfg.NKeyFile = st.NATSAuditNKey
+			default:
+				cfg.NKeyFile = filepath.Join(filepath.Dir(st.NATSAdminNKey), string(role)+".nk")
+			}
 		}
 	}
 	if cfg.URL == "" {

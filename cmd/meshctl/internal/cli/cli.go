@@ -21,11 +21,14 @@ type Env = command.Env
 // operator are the operator's commands, in the order meshctl -h lists them.
 var operator = []command.Command{
 	{Name: "up", Usage: "start the local stack (embedded NATS, signer, rotator, demo pods) until Ctrl-C", Run: runUp},
-	{Name: "status", Usage: "show each service's readiness and each pod's certificates", Run: runStatus},
-	{Name: "events", Usage: "print every event on the bus as it happens", Run: runEvents},
+	{Name: "status", Usage: "summarise the stack and the fleet; exits non-zero when something needs attention", Run: runStatus},
+	{Name: "events", Usage: "replay and follow the audit log: events [-follow] [-since 1h|RFC3339] [-pod P] [-type T] [-o json]", Run: runEvents},
+	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json]", Run: runCerts},
+	{Name: "inspect", Usage: "show a certificate and whether it verifies: inspect <pod | serial | PEM file>", Run: runInspect},
+	{Name: "serve", Usage: "keep the certificate inventory and serve the dashboard and fleet metrics: serve [-http-addr A]", Run: runServe},
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-out DIR] [-grpc]", Run: runSign},
 	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", Run: runSDS},
-	{Name: "rotate", Usage: "rotate root [-new-key] | rotate pod ID", Run: runRotate},
+	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod ID", Run: runRotate},
 	{Name: "token", Usage: "mint a dev service-account token: token -ns NS -sa SA [-ttl D]", Run: runToken},
 	{Name: "bus-auth", Usage: "generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", Run: runBusAuth},
 }

@@ -5,10 +5,9 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
-	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
@@ -79,35 +78,33 @@ func TestUsageListsEveryCommand(t *testing.T) {
 	}
 }
 
-func TestDescribeNamesWhatHappened(t *testing.T) {
-	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	tests := []struct {
-		p    events.Payload
-		want []string
-	}{
-		{events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: "demo-0", Signer: "s1", AuthSource: "jwt"},
-			[]string{"cert.issued", "demo-0", "spiffe://td/ns/a/sa/b", "serial=abcdef01", "expires in 1m0s"}},
-		{events.RenewDue{Pod: "demo-0", Reason: events.RenewForced, NotAfter: now.Add(time.Hour)}, []string{"rotation.renew_due", "renew default", "forced"}},
-		{events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.p.EventType(), func(t *testing.T) {
-			line := describe(tt.p, events.Meta{Type: tt.p.EventType(), Time: now}, now)
-			for _, w := range tt.want {
-				if !strings.Contains(line, w) {
-					t.Errorf("%q does not contain %q", line, w)
-				}
-			}
-		})
-	}
-}
-
 func TestHelpAnywhereGivesTheCommandsFlags(t *testing.T) {
 	for _, args := range [][]string{{"rotate", "-h"}, {"rotate", "pod", "demo-0", "-h"}, {"kubelet", "--help"}} {
 		_, err := run(t, args...)
 		var b strings.Builder
 		if !flagenv.PrintHelp(err, &b) || !strings.Contains(b.String(), "Usage of "+args[0]) {
 			t.Errorf("%v: err %v, usage %q", args, err, b.String())
+		}
+	}
+}
+
+func TestReadersConnectAsAudit(t *testing.T) {
+	tests := []struct {
+		b    busFlags
+		want policy.Role
+		err  bool
+	}{
+		{busFlags{}, policy.Audit, false},
+		{busFlags{nkey: "/x/audit.nk"}, policy.Audit, false},
+		{busFlags{nkey: "/x/admin.nk"}, policy.Admin, false},
+		{busFlags{creds: "/x/op.creds"}, policy.Admin, false},
+		{busFlags{nkey: "/x/admin.nk", role: "audit"}, policy.Audit, false},
+		{busFlags{role: "signer"}, "", true},
+	}
+	for _, tt := range tests {
+		got, err := tt.b.readerRole()
+		if got != tt.want || (err != nil) != tt.err {
+			t.Errorf("%+v: %q, %v; want %q", tt.b, got, err, tt.want)
 		}
 	}
 }

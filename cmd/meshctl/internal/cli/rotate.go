@@ -6,6 +6,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/nats-io/nats.go"
@@ -14,26 +15,18 @@ import (
 func runRotate(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var newKey bool
+	var wait time.Duration
 	var bf busFlags
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
-	fs.AllowArgs()
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
-	// Flags may stand before, between or after the words (rotate -dir D pod ID).
-	var words []string
-	rest := args
-	for {
-		if err := command.Parse(fs, rest); err != nil {
-			return err
-		}
-		rest = fs.FS.Args()
-		if len(rest) == 0 {
-			break
-		}
-		words, rest = append(words, rest[0]), rest[1:]
+	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (from the inventory) until every pod holds the new root, at most this long")
+	words, err := parseWords(fs, args)
+	if err != nil {
+		return err
 	}
-	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] | meshctl rotate pod ID", errUsage)
+	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-wait D] | meshctl rotate pod ID", errUsage)
 	switch {
 	case len(words) == 1 && words[0] == "root":
 	case len(words) == 2 && words[0] == "pod" && !newKey:
@@ -49,6 +42,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer nc.Close()
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if words[0] == "pod" {
@@ -70,7 +64,69 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("signer refused: %w", reply.Error)
 	}
 	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
-	return nil
+	if wait <= 0 {
+		return nil
+	}
+	return followRoot(parent, nc, env, reply.Fingerprint, wait)
+}
+
+// parseWords parses a command's flags and returns its words: flags may stand
+// before, between or after them (rotate -dir D pod ID, inspect demo-0 -dir D).
+func parseWords(fs *flagenv.Set, args []string) ([]string, error) {
+	fs.AllowArgs()
+	var words []string
+	rest := args
+	for {
+		if err := command.Parse(fs, rest); err != nil {
+			return nil, err
+		}
+		rest = fs.FS.Args()
+		if len(rest) == 0 {
+			return words, nil
+		}
+		words, rest = append(words, rest[0]), rest[1:]
+	}
+}
+
+// followRoot reports, from the inventory, how many pods hold a certificate under the
+// new root, until all do or wait runs out.
+func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		snap, err := inventory.Read(ctx, nc)
+		if err == nil {
+			held, total := 0, 0
+			for _, c := range snap.Certs {
+				if c.Down || c.Pod == "" {
+					continue
+				}
+				total++
+				if c.Root == fp {
+					held++
+				}
+			}
+			line := fmt.Sprintf("%d/%d pod certificate(s) under the new root", held, total)
+			if line != last {
+				fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line)
+				last = line
+			}
+			if held == total {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("rotate root -wait: %w", err)
+			}
+			return fmt.Errorf("rotate root -wait: after %s, %s", wait, last)
+		case <-tick.C:
+		}
+	}
 }
 
 func rotatePod(nc *nats.Conn, env Env, pod string) error {

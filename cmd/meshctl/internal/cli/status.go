@@ -3,48 +3,82 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/nats-io/nats.go"
 )
 
+// runStatus summarises the local stack's processes (when there is one) and the
+// fleet — signers, rotators, pods, roots, renewals due, failures — from the
+// inventory and the last hour of events, and fails when something needs attention.
 func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
+	var bf busFlags
 	fs := flagenv.New("status", env.Getenv)
 	dirFlag(fs, &dir)
+	bf.bind(fs)
+	bf.bindRole(fs)
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
-	st, err := stackfile.Read(dir)
+	st, err := bf.stackFor(dir)
 	if err != nil {
 		return err
 	}
+	var attention []string
+	if st != nil {
+		attention = append(attention, stackStatus(ctx, env.Stdout, st)...)
+	}
+	attention = append(attention, fleetStatus(ctx, env.Stdout, &bf, st, time.Now())...)
+	if len(attention) == 0 {
+		fmt.Fprintln(env.Stdout, "\nall well")
+		return nil
+	}
+	fmt.Fprintln(env.Stdout, "\nNEEDS ATTENTION")
+	for _, a := range attention {
+		fmt.Fprintf(env.Stdout, "  - %s\n", a)
+	}
+	return fmt.Errorf("%d thing(s) need attention", len(attention))
+}
+
+// stackStatus prints each child process's readiness and each demo pod's files.
+func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string {
+	var attention []string
 	client := &http.Client{Timeout: 2 * time.Second}
-	fmt.Fprintf(env.Stdout, "NATS %s\n\n%-22s %-7s %-22s %s\n", st.NATSURL, "SERVICE", "PID", "HTTP", "READY")
-	notReady := 0
+	fmt.Fprintf(w, "NATS %s\n", st.NATSURL)
+	if st.Dashboard != "" {
+		fmt.Fprintf(w, "dashboard http://%s/\n", st.Dashboard)
+	}
+	fmt.Fprintf(w, "\n%-22s %-7s %-22s %s\n", "SERVICE", "PID", "HTTP", "READY")
 	for _, p := range st.Processes {
 		ready := readyz(ctx, client, p.HTTP)
 		if ready != "ready" {
-			notReady++
+			attention = append(attention, fmt.Sprintf("%s is %s (log %s)", p.Name, ready, p.Log))
 		}
-		fmt.Fprintf(env.Stdout, "%-22s %-7d %-22s %s\n", p.Name, p.PID, p.HTTP, ready)
+		fmt.Fprintf(w, "%-22s %-7d %-22s %s\n", p.Name, p.PID, p.HTTP, ready)
 	}
-	fmt.Fprintf(env.Stdout, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES", "ROOT (sha256)")
+	fmt.Fprintf(w, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES (OUTPUT_CERTS)", "ROOT (sha256)")
 	for _, p := range st.Pods {
 		serial, expires, root := "-", "-", "-"
 		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, certdir.ChainFile)); err == nil {
 			if cs, err := pki.ParseCertsPEM(data); err == nil {
 				serial = pki.SerialHex(cs[0])
-				expires = fmt.Sprintf("%s (in %s)", cs[0].NotAfter.Local().Format("15:04:05"), time.Until(cs[0].NotAfter).Round(time.Second))
+				expires = fmt.Sprintf("%s (in %s)", cs[0].NotAfter.Local().Format("15:04:05"), humanDuration(time.Until(cs[0].NotAfter)))
 			}
 		}
 		if data, err := os.ReadFile(filepath.Join(p.OutputCerts, certdir.RootFile)); err == nil {
@@ -56,12 +90,177 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 				root = strings.Join(fps, ",")
 			}
 		}
-		fmt.Fprintf(env.Stdout, "%-10s %-18s %-26s %s\n", p.ID, short(serial, 16), expires, root)
+		fmt.Fprintf(w, "%-10s %-18s %-26s %s\n", p.ID, short(serial, 16), expires, root)
 	}
-	if notReady > 0 {
-		return fmt.Errorf("%d service(s) not ready", notReady)
+	return attention
+}
+
+// fleetStatus prints the fleet's summary from the bus and returns what needs attention.
+func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.Stack, now time.Time) []string {
+	fmt.Fprintln(w, "\nFLEET")
+	nc, err := bf.reader(ctx, st, "meshctl status")
+	if err != nil {
+		return []string{fmt.Sprintf("bus: %v", err)}
 	}
-	return nil
+	defer nc.Close()
+	var attention []string
+	row := func(k, f string, a ...any) { fmt.Fprintf(w, "  %-14s %s\n", k, fmt.Sprintf(f, a...)) }
+
+	// Signers: one must answer; who issued lately is in the events.
+	var bundle []inventory.Root
+	if reply, err := askBundle(ctx, nc); err != nil {
+		row("signers", "NOT ANSWERING (%v)", err)
+		attention = append(attention, "signers: no signer answers a trust bundle request")
+	} else {
+		row("signers", "answering (trust bundle generation %d, %d root(s))", reply.Generation, len(reply.Roots))
+		bundle = inventory.RootsFromPEM(reply.Roots)
+	}
+	// The last hour of events: renewals, failures, who acted.
+	hour := lastHour(ctx, nc, now)
+	if hour.err != nil {
+		attention = append(attention, fmt.Sprintf("event history: %v", hour.err))
+	}
+	row("", "issuing in the last hour: %s", orNone(keys(hour.signers)))
+	row("rotators", "renewals sent in the last hour: %d%s, by %s", hour.renewals, byReason(hour.reasons), orNone(keys(hour.rotators)))
+
+	snap, err := inventory.Read(ctx, nc)
+	if err != nil {
+		row("inventory", "%v", err)
+		attention = append(attention, fmt.Sprintf("inventory: %v", err))
+		return attention
+	}
+	up, down := map[string]bool{}, map[string]bool{}
+	dueHour, expired, overdue := 0, 0, 0
+	for _, c := range snap.Certs {
+		if c.Pod != "" {
+			if c.Down {
+				down[c.Pod] = true
+			} else {
+				up[c.Pod] = true
+			}
+		}
+		if c.Down {
+			continue
+		}
+		if c.RenewsBy().Before(now.Add(time.Hour)) && c.NotAfter.After(now) {
+			dueHour++
+		}
+		for _, warn := range c.Warnings(now, snap.Trust) {
+			switch warn {
+			case "expired":
+				expired++
+			case "renewal overdue":
+				overdue++
+			}
+			attention = append(attention, fmt.Sprintf("certificate of %s (%s, serial %s): %s", orDash(c.Pod), c.SPIFFEID, short(c.Serial, 16), warn))
+		}
+	}
+	for p := range down {
+		if up[p] {
+			delete(down, p)
+		}
+	}
+	row("pods", "%d up, %d down", len(up), len(down))
+	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)
+	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
+		bundle = snap.Trust.Roots
+	}
+	if bundle == nil {
+		row("roots", "unknown (no signer answers, no trust.changed in the inventory)")
+	} else {
+		for i, r := range bundle {
+			k := ""
+			if i == 0 {
+				k = "roots"
+			}
+			left := r.NotAfter.Sub(now)
+			row(k, "%s  %s  expires in %s", r.Fingerprint[:16], r.Subject, humanDuration(left))
+			// The signer rotates a root with a fifth of its life left (Istio's grace
+			// percentile): less than that means it has not.
+			if left < r.NotAfter.Sub(r.NotBefore)/5 {
+				attention = append(attention, fmt.Sprintf("root %s expires in %s and was not rotated", r.Fingerprint[:16], humanDuration(left)))
+			}
+		}
+	}
+	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.sdsNacks, hour.xdsNacks, hour.retries)
+	if n := hour.sdsNacks + hour.xdsNacks + hour.retries; n > 0 {
+		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
+	}
+	return attention
+}
+
+func countDown(s inventory.Snapshot) int {
+	n := 0
+	for _, c := range s.Certs {
+		if c.Down {
+			n++
+		}
+	}
+	return n
+}
+
+type hourSummary struct {
+	signers, rotators           map[string]bool
+	reasons                     map[string]int
+	renewals                    int
+	sdsNacks, xdsNacks, retries int
+	err                         error
+}
+
+// lastHour reads the last hour of the event history.
+func lastHour(ctx context.Context, nc *nats.Conn, now time.Time) hourSummary {
+	h := hourSummary{signers: map[string]bool{}, rotators: map[string]bool{}, reasons: map[string]int{}}
+	l, err := auditlog.Open(ctx, nc)
+	if err != nil {
+		h.err = err
+		return h
+	}
+	h.err = l.Read(ctx, auditlog.Filter{Since: now.Add(-time.Hour)}, false, nil, func(e auditlog.Entry) error {
+		switch p := e.Payload.(type) {
+		case events.CertIssued:
+			h.signers[p.Signer] = true
+		case events.RenewDue:
+			h.renewals++
+			h.reasons[p.Reason]++
+			h.rotators[strings.TrimPrefix(e.Meta.Source, "rotator/")] = true
+			if p.Reason == events.RenewRetry {
+				h.retries++
+			}
+		case events.SDSNack:
+			h.sdsNacks++
+		case events.XDSNack:
+			h.xdsNacks++
+		}
+		return nil
+	})
+	return h
+}
+
+func byReason(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range keys(m) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func keys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return slices.Clip(out)
+}
+
+func orNone(ks []string) string {
+	if len(ks) == 0 {
+		return "none"
+	}
+	return strings.Join(ks, ", ")
 }
 
 func readyz(ctx context.Context, c *http.Client, addr string) string {

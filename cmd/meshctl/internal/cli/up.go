@@ -9,8 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -36,6 +38,8 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.Duration(&cfg.RootCheck, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", time.Hour, "how often the signer checks the root's remaining life")
 	fs.Int(&cfg.NATSPort, "nats-port", "MESHAGENT_NATS_PORT", -1, "embedded NATS port (-1: any free port)")
 	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
+	fs.Duration(&cfg.EventsMaxAge, "events-max-age", "EVENTS_MAX_AGE", bus.DefaultEventStreamMaxAge, "how long the event history (the audit log) is kept; its size is bounded at 1 GiB")
+	fs.String(&cfg.DashboardAddr, "dashboard-addr", "MESHAGENT_DASHBOARD_ADDR", "127.0.0.1:9080", "listen address of the dashboard, its API and the fleet metrics (meshctl serve, in this process)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -103,6 +107,9 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 		fmt.Fprintf(w, "  demo control plane          xDS %s\n", s.ControlPlane.XDSAddr)
 	}
 	fmt.Fprintf(w, "  trust bundle                %s\n", s.TrustBundle)
+	if s.Dashboard != "" {
+		fmt.Fprintf(w, "  dashboard                   http://%s/  (fleet metrics: http://%s/metrics)\n", s.Dashboard, s.Dashboard)
+	}
 	for _, p := range s.Pods {
 		fmt.Fprintf(w, "  pod %-23s %s\n", p.ID, p.SPIFFEID)
 		fmt.Fprintf(w, "      SDS socket              %s\n", p.SDSSocket)
@@ -113,6 +120,7 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 	}
 	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stackfile.FileName)
 	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")
+	fmt.Fprintf(w, "        bin/meshctl certs | bin/meshctl events -since 10m -pod demo-0 | bin/meshctl inspect demo-0\n")
 	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
 }
 
@@ -120,10 +128,6 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 func printer(out func(string)) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		p, meta, err := events.DecodeAny(m)
-		if err != nil {
-			out(fmt.Sprintf("%s  (undecodable event on %s: %v)", time.Now().Format("15:04:05"), m.Subject, err))
-			return
-		}
-		out(describe(p, meta, time.Now()))
+		out(auditlog.Entry{Subject: m.Subject, Meta: meta, Payload: p, Err: err}.Line(time.Now()))
 	}
 }

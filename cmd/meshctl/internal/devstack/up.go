@@ -7,6 +7,7 @@
 package devstack
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -53,6 +54,10 @@ type Config struct {
 	// OnEvent, when set, receives every event from the moment the bus is up, so that
 	// what happens during start-up (the pods' first certificates) is seen too.
 	OnEvent nats.MsgHandler
+	// DashboardAddr is where meshctl serve's page listens; empty: any free port.
+	DashboardAddr string
+	// EventsMaxAge is how long the event history (the audit log) is kept; 0: 7 days.
+	EventsMaxAge time.Duration
 }
 
 // Runner is a started stack.
@@ -66,6 +71,8 @@ type Runner struct {
 	kube   kubelet.Kubelet     // the pods' tokens
 	creds  *policy.Credentials // the bus credential set, under Dir/secrets
 	stopCP func()
+	// stopDashboard stops meshctl serve's server (dashboard.go).
+	stopDashboard func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
@@ -168,6 +175,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err := r.writeBundle(ctx); err != nil {
 		return err
 	}
+	if err := r.startDashboard(ctx); err != nil {
+		return err
+	}
 	if err := r.startControlPlane(ctx); err != nil {
 		return err
 	}
@@ -223,9 +233,13 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 		Args:    append([]string{"-http-addr", httpAddr}, args...),
 		LogPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
 	}
+	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", name)
+	began := time.Now()
 	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
+		fmt.Fprintln(r.out, " failed")
 		return nil, err
 	}
+	fmt.Fprintf(r.out, " ready (%s)\n", time.Since(began).Round(time.Millisecond))
 	r.log.Debug("service ready", "name", name, "http", httpAddr)
 	return p, nil
 }
@@ -245,7 +259,7 @@ func (r *Runner) startSigner(ctx context.Context) error {
 		"-trust-domain", r.cfg.TrustDomain,
 		"-root-ttl", r.cfg.RootTTL.String(),
 		"-root-check-interval", r.cfg.RootCheck.String(),
-		"-stream-max-age", (24 * time.Hour).String(),
+		"-stream-max-age", cmp.Or(r.cfg.EventsMaxAge, bus.DefaultEventStreamMaxAge).String(),
 		"-grpc-addr", grpcAddr,
 		"-jwks-file", r.Stack.TokenIssuer.JWKS,
 		"-token-issuer", r.Stack.TokenIssuer.Issuer,
@@ -490,6 +504,9 @@ func (r *Runner) Stop() {
 	r.sup.Stop(10 * time.Second)
 	if r.stopCP != nil {
 		r.stopCP()
+	}
+	if r.stopDashboard != nil {
+		r.stopDashboard()
 	}
 	if r.nc != nil {
 		_ = r.nc.Drain()

@@ -33,8 +33,10 @@ type Stack struct {
 	Signer        Signer        `json:"signer"`
 	Rotator       Service       `json:"rotator"`
 	ControlPlane  *ControlPlane `json:"control_plane,omitempty"`
-	Pods          []Pod         `json:"pods"`
-	Processes     []Process     `json:"processes"`
+	// Dashboard is the HTTP address of meshctl serve's page, API and fleet metrics.
+	Dashboard string    `json:"dashboard,omitempty"`
+	Pods      []Pod     `json:"pods"`
+	Processes []Process `json:"processes"`
 }
 
 // TokenIssuer is the local issuer whose tokens the signer accepts.

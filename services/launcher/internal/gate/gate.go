@@ -119,7 +119,8 @@ func (g *Gate) secrets(ctx context.Context) []string {
 	return missing
 }
 
-// relay checks xds-relay: its socket answers and its /readyz says it is ready.
+// relay checks xds-relay: its socket answers and its /readyz says it is ready,
+// which it is once it has reached its discovery server (the upstream check).
 func (g *Gate) relay(ctx context.Context) string {
 	if err := dialUnix(ctx, g.cfg.XDSSocket); err != nil {
 		return fmt.Sprintf("xds-relay socket %s (%v)", g.cfg.XDSSocket, err)
@@ -138,7 +139,13 @@ func (g *Gate) relay(ctx context.Context) string {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Sprintf("xds-relay upstream (%s: %d %s)", g.cfg.RelayReadyURL, resp.StatusCode, strings.TrimSpace(string(body)))
+		// xds-relay's /readyz names each failing check; "upstream" is its
+		// discovery server not reached yet.
+		what := "xds-relay not ready"
+		if strings.Contains(string(body), "upstream") {
+			what = "xds-relay has no upstream"
+		}
+		return fmt.Sprintf("%s (%s: %d %s)", what, g.cfg.RelayReadyURL, resp.StatusCode, strings.TrimSpace(string(body)))
 	}
 	return ""
 }

@@ -219,13 +219,20 @@ func (s *Schedule) backoff(attempt uint16) int64 {
 	return int64(d)
 }
 
-// newer compares certificate (nb, na, serial) with entry e: >0 newer, 0 same, <0 older.
-func newer(nb, na int64, serial string, e *entry) int {
+// newer compares certificate (nb, na, issued, serial) with entry e: >0 newer, 0 same,
+// <0 older. X.509 validity has whole seconds, so two renewals within one second tie on
+// notBefore and notAfter: the issuance time (the cert.issued event's, in nanoseconds)
+// tells them apart when both are known; the serial is only the last, arbitrary word.
+func newer(nb, na, issued int64, serial string, e *entry) int {
 	switch {
 	case nb != e.notBefore:
 		return cmp(nb, e.notBefore)
 	case na != e.notAfter:
 		return cmp(na, e.notAfter)
+	case serial == e.serial:
+		return 0
+	case issued != 0 && e.issued != 0 && issued != e.issued:
+		return cmp(issued, e.issued)
 	case len(serial) != len(e.serial):
 		return cmp(len(serial), len(e.serial))
 	default:
@@ -246,7 +253,8 @@ func cmp[T int | int64](a, b T) int {
 var errBadCert = errors.New("schedule: certificate needs a pod, a serial and notAfter after notBefore")
 
 // Upsert schedules c, replacing the entry of the same pod and resource when c is
-// newer (later notBefore, then later notAfter, then the larger serial).
+// newer (later notBefore, then later notAfter, then issued later, then the larger
+// serial).
 func (s *Schedule) Upsert(c Cert, now time.Time) (Result, error) {
 	return s.upsert(c, 0, 0, 0, now)
 }
@@ -261,7 +269,7 @@ func (s *Schedule) upsert(c Cert, attempt uint16, sentAt int64, rev uint64, now 
 	i, ok := s.index.get(k)
 	if ok {
 		e := &s.entries[i]
-		switch n := newer(nb, na, c.Serial, e); {
+		switch n := newer(nb, na, issuedNanos(c.Issued), c.Serial, e); {
 		case n == 0:
 			return Duplicate, nil
 		case n < 0:

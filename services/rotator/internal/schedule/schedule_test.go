@@ -96,6 +96,14 @@ func TestRenewAtIsDeterministic(t *testing.T) {
 func TestReplacement(t *testing.T) {
 	const life = time.Hour
 	base := cert("web-0", "0a", t0, life)
+	base.Issued = t0.Add(100 * time.Millisecond)
+	// Renewed within the same second: same notBefore and notAfter (X.509 has whole
+	// seconds); the serials are random, so only the issuance time tells which is newer.
+	sameSecond := func(serial string, issued time.Duration) Cert {
+		c := cert("web-0", serial, t0, life)
+		c.Issued = t0.Add(issued)
+		return c
+	}
 	tests := []struct {
 		name       string
 		next       Cert
@@ -106,6 +114,9 @@ func TestReplacement(t *testing.T) {
 		{"older notBefore does not", cert("web-0", "09", t0.Add(-time.Minute), life), Stale, "0a"},
 		{"same cert is a duplicate", base, Duplicate, "0a"},
 		{"same notBefore, later notAfter replaces", cert("web-0", "0c", t0, 2*life), Replaced, "0c"},
+		{"same second, issued later, smaller serial replaces", sameSecond("01", 900*time.Millisecond), Replaced, "01"},
+		{"same second, issued earlier, larger serial does not", sameSecond("ff", 50*time.Millisecond), Stale, "0a"},
+		{"same serial issued again is a duplicate", sameSecond("0a", 900*time.Millisecond), Duplicate, "0a"},
 		{"other resource is a new entry", Cert{Pod: "web-0", Resource: "file-cert", Serial: "0d", Root: "r", NotBefore: t0, NotAfter: t0.Add(life)}, Added, "0a"},
 		{"other pod is a new entry", cert("web-1", "0e", t0, life), Added, "0a"},
 	}

@@ -63,12 +63,17 @@ type upstreamServer struct {
 }
 
 func startUpstream(t testing.TB, opts ...grpc.ServerOption) *upstreamServer {
-	u := &upstreamServer{t: t, addr: "127.0.0.1:0", opts: opts,
-		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
-		pcs:  cache.NewLinearCache(proxyconfig.TypeURL)}
+	u := newUpstream(t, "127.0.0.1:0", opts...)
 	u.start()
 	t.Cleanup(u.stop)
 	return u
+}
+
+// newUpstream is an upstream server for addr that start starts (a late one).
+func newUpstream(t testing.TB, addr string, opts ...grpc.ServerOption) *upstreamServer {
+	return &upstreamServer{t: t, addr: addr, opts: opts,
+		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
+		pcs:  cache.NewLinearCache(proxyconfig.TypeURL)}
 }
 
 func (u *upstreamServer) start() {

@@ -71,6 +71,20 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 	return path, set
 }
 
+// watchSDS follows the SDS server at path as node, as xds-relay follows
+// sds-edge, until the test ends; it returns once the first secrets are in.
+func watchSDS(t testing.TB, path, node string) *sdsclient.Watcher {
+	t.Helper()
+	w := sdsclient.WatchUnix(path, node, testLog(t))
+	testkit.Background(t, func(ctx context.Context) error { _ = w.Run(ctx); return nil })
+	select {
+	case <-w.Ready():
+	case <-time.After(testkit.Timeout):
+		t.Fatal("sds watcher not ready")
+	}
+	return w
+}
+
 func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 	ca1, ca2 := testkit.NewCA(t, "root 1", nil, time.Now(), time.Hour), testkit.NewCA(t, "root 2", nil, time.Now(), time.Hour)
 	var serverCert atomic.Pointer[tls.Certificate]
@@ -99,17 +113,10 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 
 	const nodeID = "xds-relay~" + testPod
 	sdsPath, rotate := startSDS(t, nodeID, ca1.Issue(t, testkit.Spec{ID: workloadID}).TLS(), ca1.Cert)
-	w := sdsclient.WatchUnix(sdsPath, nodeID, testLog(t))
+	w := watchSDS(t, sdsPath, nodeID)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = w.Run(ctx) }()
-	select {
-	case <-w.Ready():
-	case <-time.After(testkit.Timeout):
-		t.Fatal("sds watcher not ready")
-	}
 
 	env := startRelay(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
 	wg.Add(1)

@@ -7,6 +7,8 @@
 // (trust change, new workload certificate, new anchors) retires the current
 // connection, so new streams dial with the new configuration while the streams on
 // the old one run on; the old connection closes when its last stream ends.
+// Reachability keeps the current connection connected before any stream and
+// reports whether the discovery server is reachable.
 package upstream
 
 import (
@@ -81,6 +83,7 @@ type sharedConn struct {
 	cc      *grpc.ClientConn
 	refs    int
 	retired bool
+	gone    chan struct{} // closed when retired
 }
 
 // New returns a Dialer. mat may be nil unless the mode needs the workload
@@ -201,6 +204,7 @@ func (d *Dialer) retireLocked() {
 		return
 	}
 	d.conn.retired = true
+	close(d.conn.gone)
 	if d.conn.refs == 0 {
 		_ = d.conn.cc.Close()
 	}
@@ -224,21 +228,43 @@ func (d *Dialer) currentLocked() (*tls.Config, error) {
 }
 
 // Dial returns the connection for one relayed stream, the metadata to send on it
-// and a release func to call when the stream has ended. The connection is lazy:
-// the first stream opened on it connects.
+// and a release func to call when the stream has ended. gRPC connects it on the
+// first stream, or earlier when Reachability asks it to (the relay's Run does).
 func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, func(), error) {
 	md, err := d.metadata()
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	sc, release, err := d.take()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return sc.cc, md, release, nil
+}
+
+// Shared returns the connection new streams get (as Dial, without the per-stream
+// metadata), a channel closed when the Dialer retires it (a TLS rebuild, Close)
+// and a release func to call when done with it. Holding it keeps the connection
+// open, as a stream does.
+func (d *Dialer) Shared() (*grpc.ClientConn, <-chan struct{}, func(), error) {
+	sc, release, err := d.take()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return sc.cc, sc.gone, release, nil
+}
+
+// take returns the current connection, dialling one if there is none, with one
+// more reference on it.
+func (d *Dialer) take() (*sharedConn, func(), error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.conn == nil {
 		cc, err := d.dialLocked()
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		d.conn = &sharedConn{cc: cc}
+		d.conn = &sharedConn{cc: cc, gone: make(chan struct{})}
 	}
 	sc := d.conn
 	sc.refs++
@@ -253,7 +279,7 @@ func (d *Dialer) Dial(context.Context) (*grpc.ClientConn, metadata.MD, func(), e
 			}
 		})
 	}
-	return sc.cc, md, release, nil
+	return sc, release, nil
 }
 
 func (d *Dialer) dialLocked() (*grpc.ClientConn, error) {
@@ -270,6 +296,9 @@ func (d *Dialer) dialLocked() (*grpc.ClientConn, error) {
 	cc, err := grpc.NewClient(d.cfg.Address,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: d.cfg.ConnectTimeout}),
+		// Never idle: the reachability watch holds the connection warm for
+		// Envoy's first stream and reports on it (reachability.go).
+		grpc.WithIdleTimeout(0),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(d.cfg.MaxMsgSize), grpc.MaxCallSendMsgSize(d.cfg.MaxMsgSize)),
 	)
 	if err != nil {

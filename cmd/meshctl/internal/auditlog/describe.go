@@ -1,16 +1,26 @@
-package cli
+package auditlog
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
-// describe renders one event as a short line for a person watching the stack.
-func describe(p events.Payload, meta events.Meta, now time.Time) string {
-	short := strings.TrimSuffix(strings.TrimPrefix(meta.Type, "io.meshagent."), ".v1")
+// Line renders an entry as one line for a person watching the stack: time, type, what.
+func (e Entry) Line(now time.Time) string {
+	t := e.Meta.Time
+	if t.IsZero() {
+		t = now
+	}
+	if e.Err != nil {
+		return fmt.Sprintf("%s  (undecodable event on %s: %v)", t.Local().Format("15:04:05"), e.Subject, e.Err)
+	}
+	return fmt.Sprintf("%s  %-22s %s", t.Local().Format("15:04:05"), ShortType(e.Meta.Type), Describe(e.Payload, now))
+}
+
+// Describe says what an event is about in a few words.
+func Describe(p events.Payload, now time.Time) string {
 	var what string
 	switch e := p.(type) {
 	case events.CertIssued:
@@ -19,8 +29,12 @@ func describe(p events.Payload, meta events.Meta, now time.Time) string {
 	case events.TrustChanged:
 		what = fmt.Sprintf("%d root(s) in bundle, generation %d, reason %s", len(e.Roots), e.Generation, e.Reason)
 	case events.RenewDue:
-		what = fmt.Sprintf("%-8s renew %s (%s, attempt %d, cert expires in %s)", e.Pod, orDefault(e.Resource), e.Reason, e.Attempt,
-			e.NotAfter.Sub(now).Round(time.Second))
+		// A forced renewal (meshctl rotate pod) names no certificate: no expiry to show.
+		expires := "current cert"
+		if !e.NotAfter.IsZero() {
+			expires = "cert expires in " + e.NotAfter.Sub(now).Round(time.Second).String()
+		}
+		what = fmt.Sprintf("%-8s renew %s (%s, attempt %d, %s)", e.Pod, orDefault(e.Resource), e.Reason, e.Attempt, expires)
 	case events.SecretPushed:
 		what = fmt.Sprintf("%-8s %s %s version=%s serial=%s to %d stream(s)", e.Pod, e.Kind, e.Resource, e.Version, short8(e.Serial), e.Streams)
 	case events.SDSNack:
@@ -47,7 +61,7 @@ func describe(p events.Payload, meta events.Meta, now time.Time) string {
 	default:
 		what = fmt.Sprintf("%+v", p)
 	}
-	return fmt.Sprintf("%s  %-22s %s", meta.Time.Local().Format("15:04:05"), short, what)
+	return what
 }
 
 func short8(s string) string {

@@ -1,0 +1,157 @@
+package main
+
+// The dashboard in a real headless Chromium (Debian's chromium package), driven over
+// the DevTools protocol with chromedp, against a running stack of the real binaries.
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"image/png"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
+
+var screenshot = flag.String("screenshot", "", "write the dashboard test's screenshot (PNG) to this file")
+
+// chromium finds the browser. Without one the test cannot run: it says so loudly,
+// and fails instead of skipping where MESHAGENT_REQUIRE_CHROMIUM is set (.ci/run
+// installs chromium and sets it).
+func chromium(t *testing.T) string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "NO CHROMIUM: the dashboard test needs a headless Chromium (Debian: apt-get install -y chromium); the dashboard was NOT tested"
+	if os.Getenv("MESHAGENT_REQUIRE_CHROMIUM") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+func TestDashboardInChromium(t *testing.T) {
+	browser := chromium(t)
+	dir := testkit.ShortDir(t)
+	startStack(t, devstack.Config{Dir: dir, Pods: 3, LeafTTL: time.Hour})
+	st, err := stackfile.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serials := map[string]string{}
+	for _, p := range st.Pods {
+		serials[p.ID] = podCert(t, dir, p.ID).Serial
+	}
+	// Renewals before the page opens, so the feed and the timeline have some.
+	for range 2 {
+		if out, err := meshctl(t, "rotate", "-dir", dir, "pod", "demo-1"); err != nil {
+			t.Fatalf("rotate pod: %v\n%s", err, out)
+		}
+		serials["demo-1"] = podCert(t, dir, "demo-1", serials["demo-1"]).Serial
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	actx, cancelA := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1400, 1000),
+		chromedp.Flag("disable-dev-shm-usage", true))...)
+	defer cancelA()
+	bctx, cancelB := chromedp.NewContext(actx)
+	defer cancelB()
+	base := "http://" + st.Dashboard + "/"
+	var mu sync.Mutex
+	var requested []string
+	err = chromedp.Listen(bctx, func(ev any) {
+		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
+			mu.Lock()
+			requested = append(requested, e.Request.URL)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	if err := chromedp.Do(bctx, chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`#conn.live`))); err != nil {
+		t.Fatalf("open the dashboard: %v", err)
+	}
+
+	// The page shows this stack's certificates: one row per pod, with the serial the
+	// inventory holds.
+	serialOnPage := func(pod string) string {
+		s, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector('tr[data-pod="`+pod+`"]')||{dataset:{}}).dataset.serial||""`))
+		return s
+	}
+	count := func(css string) int {
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('`+css+`').length`))
+		if err != nil {
+			t.Fatalf("count %s: %v", css, err)
+		}
+		return n
+	}
+	for _, p := range st.Pods {
+		want := serials[p.ID]
+		testkit.Eventually(t, "the page shows "+p.ID+"'s certificate", func() bool { return serialOnPage(p.ID) == want })
+	}
+	text, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(`body`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{st.Pods[0].SPIFFEID, "cert.issued", "expires in", "3certificates"} {
+		if !strings.Contains(strings.ReplaceAll(text, "\n", ""), want) {
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+	bars, lanes, roots := count(`#certs .bar i`), count(`#timeline rect.valid`), count(`#roots .root`)
+	if bars != 3 || lanes != 3 || roots != 1 {
+		t.Errorf("expiry bars %d, timeline lanes %d, roots %d; want 3, 3, 1", bars, lanes, roots)
+	}
+
+	// It updates when a certificate rotates, without a reload.
+	before := serialOnPage("demo-0")
+	if out, err := meshctl(t, "rotate", "-dir", dir, "pod", "demo-0"); err != nil {
+		t.Fatalf("rotate pod: %v\n%s", err, out)
+	}
+	after := podCert(t, dir, "demo-0", before).Serial
+	testkit.Eventually(t, "the page shows demo-0's new certificate", func() bool { return serialOnPage("demo-0") == after })
+	var feedTop string
+	testkit.Eventually(t, "the live feed shows the new certificate", func() bool {
+		feedTop, _ = chromedp.Run(bctx, chromedp.Evaluate[string](`[...document.querySelectorAll('#feed li')].map(li => li.textContent).join("\n")`))
+		return strings.Contains(feedTop, after[:8])
+	})
+
+	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil || img.Bounds().Dx() < 1000 {
+		t.Fatalf("screenshot: %v %v", err, img)
+	}
+	if *screenshot != "" {
+		if err := os.WriteFile(*screenshot, shot, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Nothing fetched from elsewhere.
+	mu.Lock()
+	defer mu.Unlock()
+	for _, u := range requested {
+		if !strings.HasPrefix(u, base) {
+			t.Errorf("the page fetched %s, not from the dashboard", u)
+		}
+	}
+	if len(requested) < 4 {
+		t.Errorf("only %d requests seen: %v", len(requested), requested)
+	}
+}

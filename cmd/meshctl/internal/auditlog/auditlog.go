@@ -1,0 +1,267 @@
+// Package auditlog reads the event history — the JetStream stream MESHAGENT_EVENTS,
+// which is the mesh's audit log — the way an auditor needs it: from a point in time,
+// filtered by pod and type, then live. It needs nothing but the audit role's rights
+// (reading messages by sequence and subscribing to events): no consumer is created,
+// so a reader can never disturb another role's durable. Sink writes the events it is
+// given to a JSON-lines file with size-based rotation.
+package auditlog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Entry is one event from the history (Seq > 0) or from the live feed (Seq 0).
+type Entry struct {
+	Seq     uint64
+	Subject string
+	Meta    events.Meta
+	Payload events.Payload // nil when Err is set
+	Err     error          // the event could not be decoded
+}
+
+// Pod is the pod an entry is about: the one its subject names, else its payload's.
+func (e Entry) Pod() string {
+	if p, ok := events.PodFromSubject(e.Subject); ok {
+		return p
+	}
+	switch p := e.Payload.(type) {
+	case events.CertIssued:
+		return p.Pod
+	case events.RenewDue:
+		return p.Pod
+	}
+	return ""
+}
+
+// ShortType is the event type without its namespace and version ("cert.issued").
+func ShortType(t string) string {
+	t = strings.TrimPrefix(t, "io.meshagent.")
+	if i := strings.LastIndex(t, ".v"); i > 0 {
+		t = t[:i]
+	}
+	return t
+}
+
+// JSON is the entry as one JSON object (one line of a JSON-lines log).
+func (e Entry) JSON() ([]byte, error) {
+	out := struct {
+		Seq     uint64         `json:"seq,omitempty"`
+		Time    time.Time      `json:"time"`
+		Type    string         `json:"type"`
+		Source  string         `json:"source"`
+		ID      string         `json:"id"`
+		Subject string         `json:"subject"`
+		Pod     string         `json:"pod,omitempty"`
+		Data    events.Payload `json:"data,omitempty"`
+		Error   string         `json:"error,omitempty"`
+	}{Seq: e.Seq, Time: e.Meta.Time.UTC(), Type: e.Meta.Type, Source: e.Meta.Source, ID: e.Meta.ID,
+		Subject: e.Subject, Pod: e.Pod(), Data: e.Payload}
+	if e.Err != nil {
+		out.Error = e.Err.Error()
+	}
+	return json.Marshal(out)
+}
+
+// Filter selects entries. Zero values select everything.
+type Filter struct {
+	Pod   string
+	Types []string // short ("cert.issued") or full type names
+	Since time.Time
+}
+
+// Match reports whether e passes the filter.
+func (f Filter) Match(e Entry) bool {
+	if f.Pod != "" && e.Pod() != f.Pod {
+		return false
+	}
+	if !f.Since.IsZero() && e.Meta.Time.Before(f.Since) {
+		return false
+	}
+	if len(f.Types) == 0 {
+		return true
+	}
+	for _, t := range f.Types {
+		if t == e.Meta.Type || t == ShortType(e.Meta.Type) {
+			return true
+		}
+	}
+	return false
+}
+
+// Log is the event stream, opened for reading.
+type Log struct {
+	nc *nats.Conn
+	st jetstream.Stream
+}
+
+// Open looks the event stream up.
+func Open(ctx context.Context, nc *nats.Conn) (*Log, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("event stream %s: %w", events.StreamEvents, err)
+	}
+	return &Log{nc: nc, st: st}, nil
+}
+
+// Bounds describes what the stream holds now.
+type Bounds struct {
+	First, Last uint64
+	FirstTime   time.Time
+	Messages    uint64
+	Bytes       uint64
+	MaxAge      time.Duration
+	MaxBytes    int64
+}
+
+// Bounds asks the server what the stream holds.
+func (l *Log) Bounds(ctx context.Context) (Bounds, error) {
+	info, err := l.st.Info(ctx)
+	if err != nil {
+		return Bounds{}, fmt.Errorf("event stream info: %w", err)
+	}
+	s := info.State
+	return Bounds{First: s.FirstSeq, Last: s.LastSeq, FirstTime: s.FirstTime, Messages: s.Msgs, Bytes: s.Bytes,
+		MaxAge: info.Config.MaxAge, MaxBytes: info.Config.MaxBytes}, nil
+}
+
+// next returns the first message at or after seq, or nil past the end.
+func (l *Log) next(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+	m, err := l.st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(events.EventsWildcard))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read event %d: %w", seq, err)
+	}
+	return m, nil
+}
+
+// SeqAt is the first sequence stored at or after t (b.Last+1 when none), found by
+// bisection: a few reads, whatever the stream's size.
+func (l *Log) SeqAt(ctx context.Context, b Bounds, t time.Time) (uint64, error) {
+	if b.Last == 0 || b.Last < b.First || !b.FirstTime.Before(t) {
+		return b.First, nil
+	}
+	var err error
+	lo, hi := b.First, b.Last+1
+	// sort.Search over [lo, hi): the first seq whose message is not before t.
+	n := sort.Search(int(hi-lo), func(i int) bool {
+		if err != nil {
+			return true
+		}
+		m, e := l.next(ctx, lo+uint64(i))
+		if e != nil {
+			err = e
+			return true
+		}
+		return m == nil || !m.Time.Before(t)
+	})
+	return lo + uint64(n), err
+}
+
+// Replay calls fn for each stored event from seq from to seq upto (inclusive) that
+// passes f, in order (batched direct gets where the stream allows them: Scan).
+func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(Entry) error) error {
+	if upto < from {
+		return nil
+	}
+	return Scan(ctx, l.nc, l.st, events.EventsWildcard, from, upto, func(m *jetstream.RawStreamMsg) error {
+		e := decode(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Sequence)
+		if e.Meta.Time.IsZero() {
+			e.Meta.Time = m.Time
+		}
+		if !f.Match(e) {
+			return nil
+		}
+		return fn(e)
+	})
+}
+
+func decode(m *nats.Msg, seq uint64) Entry {
+	p, meta, err := events.DecodeAny(m)
+	return Entry{Seq: seq, Subject: m.Subject, Meta: meta, Payload: p, Err: err}
+}
+
+// Start says where a Read begins, for the reader to tell its user.
+type Start struct {
+	Seq    uint64    // first sequence read
+	Last   uint64    // last sequence stored when the replay began
+	Oldest time.Time // the oldest event the stream still holds
+	Bounds Bounds
+}
+
+// Read replays the history from f.Since (all of it when zero) and then, if follow,
+// the live events until ctx ends. started is called once, before the first entry.
+// The live subscription opens before the replay, and an event seen in both is given
+// once, so nothing between the two is lost or doubled.
+func (l *Log) Read(ctx context.Context, f Filter, follow bool, started func(Start), fn func(Entry) error) error {
+	var live chan *nats.Msg
+	if follow {
+		live = make(chan *nats.Msg, 4096)
+		sub, err := l.nc.ChanSubscribe(events.EventsWildcard, live)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", events.EventsWildcard, err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := l.nc.Flush(); err != nil {
+			return err
+		}
+	}
+	b, err := l.Bounds(ctx)
+	if err != nil {
+		return err
+	}
+	from := b.First
+	if !f.Since.IsZero() {
+		if from, err = l.SeqAt(ctx, b, f.Since); err != nil {
+			return err
+		}
+	}
+	if started != nil {
+		started(Start{Seq: from, Last: b.Last, Oldest: b.FirstTime, Bounds: b})
+	}
+	seen := map[string]bool{}
+	err = l.Replay(ctx, from, b.Last, Filter{}, func(e Entry) error {
+		if follow {
+			seen[e.Meta.ID] = true
+		}
+		if !f.Match(e) {
+			return nil
+		}
+		return fn(e)
+	})
+	if err != nil || !follow {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-live:
+			e := decode(m, 0)
+			if e.Meta.ID != "" && seen[e.Meta.ID] {
+				delete(seen, e.Meta.ID)
+				continue
+			}
+			if f.Match(e) {
+				if err := fn(e); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}

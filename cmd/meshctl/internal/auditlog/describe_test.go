@@ -1,0 +1,44 @@
+package auditlog
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+)
+
+func TestLineNamesWhatHappened(t *testing.T) {
+	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name string
+		p    events.Payload
+		want []string
+		not  []string
+	}{
+		{"issued", events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: "demo-0", Signer: "s1", AuthSource: "jwt"},
+			[]string{"cert.issued", "demo-0", "spiffe://td/ns/a/sa/b", "serial=abcdef01", "expires in 1m0s"}, nil},
+		{"renew scheduled", events.RenewDue{Pod: "demo-0", Reason: events.RenewScheduled, NotAfter: now.Add(time.Hour)},
+			[]string{"rotation.renew_due", "renew default", "scheduled", "cert expires in 1h0m0s"}, nil},
+		// meshctl rotate pod names no certificate: no made-up expiry (was -2562047h47m16s).
+		{"renew forced", events.RenewDue{Pod: "demo-0", Reason: events.RenewForced},
+			[]string{"renew default", "forced", "current cert"}, []string{"expires in", "-2562047"}},
+		{"pushed", events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			line := Entry{Meta: events.Meta{Type: tt.p.EventType(), Time: now}, Payload: tt.p}.Line(now)
+			for _, w := range tt.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("%q does not contain %q", line, w)
+				}
+			}
+			what := Describe(tt.p, now)
+			for _, w := range tt.not {
+				if strings.Contains(what, w) {
+					t.Errorf("%q contains %q", what, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,323 @@
+// Package dashboard is meshctl serve: the operator's view of a fleet. It keeps the
+// certificate inventory current (inventory.Keeper), serves it as a web page (HTML,
+// CSS and JS embedded in the binary, nothing fetched from elsewhere) with a live
+// event feed over server-sent events, serves fleet metrics computed from the events
+// in Prometheus format, and optionally writes every event it sees to a JSON-lines
+// file (auditlog.Sink).
+package dashboard
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+//go:embed web
+var web embed.FS
+
+// Config is what a Server needs besides its bus connection.
+type Config struct {
+	Addr     string         // HTTP listen address
+	Replicas int            // of the inventory bucket
+	Sink     *auditlog.Sink // optional JSON-lines copy of every event seen live
+	// History is how far back the feed starts for a new page (replayed from the
+	// stream); 0 means 30 minutes.
+	History time.Duration
+}
+
+// Server is one replica of meshctl serve.
+type Server struct {
+	cfg     Config
+	nc      *nats.Conn
+	log     hclog.Logger
+	keeper  *inventory.Keeper
+	metrics *fleetMetrics
+	reg     *prometheus.Registry
+
+	mu      sync.Mutex
+	values  map[string][]byte // the bucket, as the watch last saw it
+	snap    inventory.Snapshot
+	synced  bool
+	recent  []feedItem // the last events, oldest first
+	clients map[chan feedItem]struct{}
+
+	bound chan struct{}
+	addr  net.Addr
+}
+
+// feedItem is one message of the live feed.
+type feedItem struct {
+	Kind string // "ev" or "inventory"
+	Data []byte
+}
+
+const recentMax = 300
+
+// New builds a server; nothing runs until Run.
+func New(cfg Config, nc *nats.Conn, log hclog.Logger) (*Server, error) {
+	if cfg.Addr == "" {
+		return nil, errors.New("-http-addr: required")
+	}
+	if cfg.History <= 0 {
+		cfg.History = 30 * time.Minute
+	}
+	s := &Server{cfg: cfg, nc: nc, log: log, reg: prometheus.NewRegistry(), values: map[string][]byte{},
+		clients: map[chan feedItem]struct{}{}, bound: make(chan struct{})}
+	s.metrics = newFleetMetrics(s.reg, s.snapshot)
+	return s, nil
+}
+
+// Bound is closed once the HTTP listener is bound.
+func (s *Server) Bound() <-chan struct{} { return s.bound }
+
+// Addr is the bound HTTP address (after Bound).
+func (s *Server) Addr() net.Addr { return s.addr }
+
+// Run keeps the inventory, follows the events and serves HTTP until ctx ends; it
+// returns nil on cancellation. Its tasks run under lifecycle.Tasks: the first to
+// fail stops the others.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
+	}
+	defer func() { _ = ln.Close() }()
+	if s.cfg.Sink != nil {
+		defer func() { _ = s.cfg.Sink.Close() }()
+	}
+	s.addr = ln.Addr()
+	if s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, s.log.Named("inventory")); err != nil {
+		return err
+	}
+	if err := s.follow(ctx); err != nil {
+		return err
+	}
+	close(s.bound)
+	s.log.Info("dashboard listening", "addr", s.addr.String())
+	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch, func(ctx context.Context) error { return obs.Serve(ctx, ln, s.Handler()) })
+}
+
+// follow replays the recent history into the feed, then follows the live events.
+func (s *Server) follow(ctx context.Context) error {
+	l, err := auditlog.Open(ctx, s.nc)
+	if err != nil {
+		return err
+	}
+	start := make(chan struct{})
+	go func() {
+		err := l.Read(ctx, auditlog.Filter{Since: time.Now().Add(-s.cfg.History)}, true, func(auditlog.Start) { close(start) },
+			func(e auditlog.Entry) error {
+				s.event(e)
+				return nil
+			})
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("event feed stopped", "error", err)
+		}
+	}()
+	select {
+	case <-start:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// event takes one event into the feed, the metrics and the sink.
+func (s *Server) event(e auditlog.Entry) {
+	if e.Seq == 0 { // live: counted and written once, replays are not
+		s.metrics.observe(e)
+		if s.cfg.Sink != nil {
+			if err := s.cfg.Sink.Write(e); err != nil {
+				s.log.Error("audit file", "error", err)
+			}
+		}
+	}
+	item := feedEvent{ID: e.Meta.ID, Seq: e.Seq, Time: e.Meta.Time, Type: auditlog.ShortType(e.Meta.Type), Pod: e.Pod(), Data: e.Payload}
+	if e.Err != nil {
+		item.Error = e.Err.Error()
+	} else {
+		item.Text = auditlog.Describe(e.Payload, time.Now())
+	}
+	if item.Time.IsZero() {
+		item.Time = time.Now()
+	}
+	b, err := json.Marshal(item)
+	if err != nil {
+		return
+	}
+	s.broadcast(feedItem{Kind: "ev", Data: b}, true)
+}
+
+type feedEvent struct {
+	ID    string         `json:"id"`
+	Seq   uint64         `json:"seq,omitempty"`
+	Time  time.Time      `json:"time"`
+	Type  string         `json:"type"`
+	Pod   string         `json:"pod,omitempty"`
+	Text  string         `json:"text,omitempty"`
+	Error string         `json:"error,omitempty"`
+	Data  events.Payload `json:"data,omitempty"`
+}
+
+func (s *Server) broadcast(it feedItem, keep bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if keep {
+		s.recent = append(s.recent, it)
+		if len(s.recent) > recentMax {
+			s.recent = s.recent[len(s.recent)-recentMax:]
+		}
+	}
+	for c := range s.clients {
+		select {
+		case c <- it:
+		default: // a slow page misses an event rather than stalling the feed
+		}
+	}
+}
+
+// watch mirrors the bucket into memory and tells the pages when it changes.
+func (s *Server) watch(ctx context.Context) error {
+	w, err := s.keeper.Bucket().WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch inventory: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("inventory watch closed")
+			}
+			s.mu.Lock()
+			if e == nil {
+				s.synced = true
+			} else if e.Operation() == jetstream.KeyValuePut {
+				s.values[e.Key()] = e.Value()
+			} else {
+				delete(s.values, e.Key())
+			}
+			synced := s.synced
+			if synced {
+				snap, err := inventory.Decode(s.values)
+				if err != nil {
+					s.log.Warn("inventory record unreadable", "error", err)
+				}
+				s.snap = snap
+			}
+			s.mu.Unlock()
+			if synced {
+				s.broadcast(feedItem{Kind: "inventory", Data: []byte("{}")}, false)
+			}
+		}
+	}
+}
+
+func (s *Server) snapshot() (inventory.Snapshot, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snap, s.synced
+}
+
+// Handler serves the page, its API, the metrics and health.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(web, "web")
+	mux.Handle("GET /", http.FileServerFS(static))
+	mux.HandleFunc("GET /api/inventory", s.serveInventory)
+	mux.HandleFunc("GET /api/events", s.serveEvents)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if _, ok := s.snapshot(); !ok {
+			http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {
+	snap, ok := s.snapshot()
+	if !ok {
+		http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(struct {
+		Now time.Time `json:"now"`
+		inventory.Snapshot
+	}{time.Now().UTC(), snap})
+}
+
+// serveEvents is the live feed (server-sent events): the recent events first, then
+// every new one ("ev"), and "inventory" whenever the inventory changed.
+func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	c := make(chan feedItem, 256)
+	s.mu.Lock()
+	backlog := append([]feedItem(nil), s.recent...)
+	s.clients[c] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.clients, c)
+		s.mu.Unlock()
+	}()
+	send := func(it feedItem) bool {
+		_, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", it.Kind, it.Data)
+		return err == nil
+	}
+	for _, it := range backlog {
+		if !send(it) {
+			return
+		}
+	}
+	fl.Flush()
+	ping := time.NewTicker(15 * time.Second)
+	defer ping.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case it := <-c:
+			if !send(it) {
+				return
+			}
+			fl.Flush()
+		case <-ping.C:
+			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+		}
+	}
+}

@@ -1,0 +1,176 @@
+// meshctl serve's page: the inventory (/api/inventory) and the live event feed
+// (/api/events, server-sent events). No libraries: everything is drawn here.
+"use strict";
+
+const state = { inv: null, skew: 0, events: [], seen: new Set() };
+const $ = (s) => document.querySelector(s);
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const now = () => Date.now() + state.skew;
+
+// human: a duration in ms as "3d 4h", "12m 5s", "-2m 1s".
+function human(ms) {
+  const neg = ms < 0; ms = Math.abs(ms);
+  const s = Math.floor(ms / 1000), units = [["y", 31536000], ["d", 86400], ["h", 3600], ["m", 60], ["s", 1]];
+  const parts = [];
+  let rest = s;
+  for (const [u, n] of units) {
+    if (rest >= n || (u === "s" && parts.length === 0)) { parts.push(Math.floor(rest / n) + u); rest %= n; }
+    if (parts.length === 2) break;
+  }
+  return (neg ? "-" : "") + parts.join(" ");
+}
+// health: ok / warn / bad by the fraction of lifetime left.
+function health(left, life) {
+  if (left <= 0) return "bad";
+  const f = left / life;
+  return f < 0.2 ? "bad" : f < 0.5 ? "warn" : "ok";
+}
+
+async function load() {
+  try {
+    const r = await fetch("api/inventory", { cache: "no-store" });
+    if (!r.ok) throw new Error(await r.text());
+    const inv = await r.json();
+    state.skew = Date.parse(inv.now) - Date.now();
+    const before = new Set((state.inv?.certificates || []).map((c) => c.serial));
+    state.inv = inv;
+    render(before);
+  } catch (e) {
+    $("#summary").innerHTML = `<span class="chip bad">inventory: ${esc(e.message)}</span>`;
+  }
+}
+
+function render(before) {
+  const inv = state.inv, t = now();
+  const certs = inv.certificates || [];
+  const live = certs.filter((c) => !c.down);
+  const soon = live.filter((c) => Date.parse(c.not_after) - t < 3600e3).length;
+  const expired = live.filter((c) => Date.parse(c.not_after) <= t).length;
+  const pods = new Set(live.map((c) => c.pod).filter(Boolean)).size;
+  const roots = inv.trust?.roots || [];
+  const chip = (n, label, cls = "") => `<span class="chip ${cls}"><b>${n}</b>${label}</span>`;
+  $("#summary").innerHTML = chip(live.length, "certificates") + chip(pods, "pods") +
+    chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
+    chip(roots.length, "roots") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "");
+
+  const body = $("#certs tbody");
+  body.innerHTML = certs.map((c) => {
+    const nb = Date.parse(c.not_before), na = Date.parse(c.not_after), life = na - nb, left = na - t;
+    const h = health(left, life), pct = Math.max(0, Math.min(100, (100 * left) / life));
+    const cls = (c.down ? "down " : "") + (before && before.size && !before.has(c.serial) ? "flash" : "");
+    return `<tr class="${cls}" data-pod="${esc(c.pod)}" data-serial="${esc(c.serial)}">
+      <td>${esc(c.pod || "—")}${c.down ? ' <span class="muted">(down)</span>' : ""}</td>
+      <td class="id mono" title="${esc(c.spiffe_id)}">${esc(c.spiffe_id)}</td>
+      <td class="mono" title="${esc(c.serial)}">${esc(c.serial.slice(0, 12))}</td>
+      <td><div class="bar" title="${pct.toFixed(0)}% of ${human(life)} left"><i class="${h}" style="width:${pct}%"></i><s style="left:50%"></s></div></td>
+      <td class="${h}">${left > 0 ? human(left) : "expired " + human(-left) + " ago"}</td>
+      <td>${esc(c.signer)}</td>
+      <td class="mono" title="${esc(c.root)}">${esc(c.root.slice(0, 12))}</td>
+      <td>${c.sds_streams || 0} stream(s)</td>
+      <td>${c.renewals}</td></tr>`;
+  }).join("");
+  $("#nocerts").hidden = certs.length > 0;
+
+  $("#roots").innerHTML = roots.map((r) => {
+    const nb = Date.parse(r.not_before), na = Date.parse(r.not_after), left = na - t, h = health(left, na - nb);
+    const pct = Math.max(0, Math.min(100, (100 * left) / (na - nb)));
+    return `<div class="root" data-root="${esc(r.fingerprint)}">
+      <div><span class="mono">${esc(r.fingerprint.slice(0, 16))}</span> <span class="muted">${esc(r.subject)}</span></div>
+      <div class="bar"><i class="${h}" style="width:${pct}%"></i></div>
+      <div class="${h}">expires in ${human(left)} <span class="muted">(${new Date(na).toISOString().slice(0, 10)})</span></div></div>`;
+  }).join("") || '<p class="muted">No trust.changed seen yet.</p>';
+  timeline();
+}
+
+// timeline draws one lane per current certificate: its validity, its renew-due mark
+// (half its life), the renewals and renew requests the feed has seen for its pod.
+function timeline() {
+  const svg = $("#timeline"), certs = (state.inv?.certificates || []).filter((c) => !c.down);
+  const W = svg.clientWidth || 900, lane = 26, top = 18, left = 110, right = 10;
+  const H = top + Math.max(1, certs.length) * lane + 8;
+  svg.setAttribute("height", H);
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  const t = now();
+  // The future up to the last expiry; the past one and a half times as long (at least
+  // five minutes), so that the renewals that led here show.
+  let future = 60e3;
+  for (const c of certs) future = Math.max(future, Date.parse(c.not_after) - t);
+  future = Math.min(future, 7 * 86400e3);
+  const past = Math.max(5 * 60e3, future * 1.5);
+  const span = past + future;
+  const t0 = t - past, t1 = t + future * 1.04;
+  const x = (ms) => left + ((ms - t0) / (t1 - t0)) * (W - left - right);
+  const clamp = (v) => Math.max(left, Math.min(W - right, v));
+  const out = [];
+  const unit = span > 20 * 60e3 ? 60e3 : 1e3; // labels in whole minutes on a long axis
+  for (let i = 0; i < 6; i++) {
+    const ms = t0 + ((t1 - t0) * i) / 6, X = x(ms), d = Math.round(Math.abs(ms - t) / unit) * unit;
+    out.push(`<line class="grid" x1="${X}" x2="${X}" y1="${top - 4}" y2="${H}"/>`);
+    out.push(`<text x="${X + 2}" y="11">${ms < t ? "−" : "+"}${human(d)}</text>`);
+  }
+  certs.forEach((c, i) => {
+    const y = top + i * lane, nb = Date.parse(c.not_before), na = Date.parse(c.not_after);
+    const h = health(na - t, na - nb), x0 = clamp(x(nb)), x1 = clamp(x(na)), due = x(nb + (na - nb) / 2);
+    out.push(`<text x="4" y="${y + 14}">${esc((c.pod || c.spiffe_id).slice(0, 16))}</text>`);
+    // The certificates it replaced, from the feed: a thin bar from each one's start
+    // to its replacement, so the renewals read as a chain.
+    const past = state.events.filter((e) => e.type === "cert.issued" && e.pod === c.pod && e.data && e.data.serial !== c.serial)
+      .sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+    past.forEach((e, j) => {
+      const end = j + 1 < past.length ? Date.parse(past[j + 1].time) : Date.parse(c.issued || c.not_before);
+      const a = clamp(x(Date.parse(e.data.not_before))), b = clamp(x(Math.min(end, Date.parse(e.data.not_after))));
+      if (b - 2 > a) out.push(`<rect class="past" x="${a}" y="${y + lane - 7}" width="${b - a - 2}" height="3" rx="1"><title>${esc(e.data.serial)} (replaced)</title></rect>`);
+    });
+    out.push(`<rect class="valid ${h}" x="${x0}" y="${y + 2}" width="${Math.max(1, x1 - x0)}" height="${lane - 11}" rx="3"><title>${esc(c.serial)}: ${clock(nb)} – ${clock(na)}</title></rect>`);
+    if (due > left && due < W - right) out.push(`<line class="due" x1="${due}" x2="${due}" y1="${y + 2}" y2="${y + lane - 3}"/>`);
+    for (const e of state.events) {
+      if (e.pod !== c.pod || Date.parse(e.time) < t0) continue;
+      const ex = x(Date.parse(e.time));
+      if (e.type === "cert.issued") out.push(`<circle class="issued" cx="${ex}" cy="${y + lane / 2 - 1}" r="4"><title>issued ${esc(e.data?.serial)}</title></circle>`);
+      if (e.type === "rotation.renew_due") out.push(`<path class="renew" d="M${ex - 4},${y + lane - 4} l4,-8 l4,8 z"><title>renew (${esc(e.data?.reason)})</title></path>`);
+    }
+  });
+  const nx = x(t);
+  out.push(`<line class="now" x1="${nx}" x2="${nx}" y1="${top - 4}" y2="${H}"/>`);
+  svg.innerHTML = out.join("");
+}
+
+// clock: a time as HH:MM:SS, local.
+function clock(t) {
+  const d = new Date(t), p = (n) => String(n).padStart(2, "0");
+  return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
+function feed(e) {
+  if (e.id && state.seen.has(e.id)) return; // the backlog again, after a reconnect
+  if (e.id) state.seen.add(e.id);
+  state.events.push(e);
+  if (state.events.length > 500) state.events.shift();
+  const li = document.createElement("li");
+  const fail = /nack|down|disconnected/.test(e.type) || e.error;
+  if (fail) li.className = "fail";
+  li.dataset.type = e.type;
+  li.innerHTML = `<span class="t">${clock(e.time)}</span><span class="k">${esc(e.type)}</span><span>${esc(e.text || e.error)}</span>`;
+  const list = $("#feed");
+  list.prepend(li);
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+function connect() {
+  const es = new EventSource("api/events");
+  const conn = $("#conn");
+  es.onopen = () => { conn.textContent = "live"; conn.className = "conn live"; };
+  es.onerror = () => { conn.textContent = "reconnecting…"; conn.className = "conn down"; };
+  es.addEventListener("ev", (m) => { feed(JSON.parse(m.data)); timeline(); });
+  let pending = false;
+  es.addEventListener("inventory", () => {
+    if (pending) return;
+    pending = true;
+    setTimeout(() => { pending = false; load(); }, 150);
+  });
+}
+
+load();
+connect();
+setInterval(() => state.inv && render(null), 5000);
+window.addEventListener("resize", timeline);

@@ -1,0 +1,217 @@
+package inventory_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"math/big"
+	mrand "math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
+)
+
+var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+func issued(pod string, gen int) events.CertIssued {
+	nb := t0.Add(time.Duration(gen) * time.Minute)
+	return events.CertIssued{Serial: fmt.Sprintf("%s%02x", "abcdef", gen), SPIFFEID: "spiffe://td/ns/default/sa/" + pod, NotBefore: nb,
+		NotAfter: nb.Add(2 * time.Minute), Pod: pod, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt",
+		Signer: "signer-0", RootFingerprint: "root1"}
+}
+
+func meta(at time.Time) events.Meta {
+	return events.Meta{ID: events.NewID(), Type: "t", Source: "s", Time: at}
+}
+
+func TestApplyIsIdempotentAndKeepsTheNewest(t *testing.T) {
+	var c *inventory.Cert
+	var changed bool
+	c, changed = inventory.Apply(c, issued("p", 1), meta(t0))
+	if !changed || c.Serial != "abcdef01" || c.Renewals != 0 {
+		t.Fatalf("first certificate: %+v %v", c, changed)
+	}
+	if _, changed = inventory.Apply(c, issued("p", 1), meta(t0)); changed {
+		t.Fatal("the same cert.issued twice changed the record")
+	}
+	c, _ = inventory.Apply(c, issued("p", 3), meta(t0.Add(3*time.Minute)))
+	if _, changed = inventory.Apply(c, issued("p", 2), meta(t0.Add(2*time.Minute))); changed {
+		t.Fatal("an older certificate replaced a newer one")
+	}
+	if c.Serial != "abcdef03" || c.Renewals != 1 {
+		t.Fatalf("after a renewal: %+v", c)
+	}
+	push := events.SecretPushed{Pod: "p", Resource: "default", Serial: "ABCDEF03", Version: "7", Streams: 2, Kind: "pushed"}
+	c, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute)))
+	if !changed || c.Streams != 2 || c.Version != "7" {
+		t.Fatalf("push not recorded: %+v", c)
+	}
+	if _, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute))); changed {
+		t.Fatal("the same push twice changed the record")
+	}
+	c, changed = inventory.Apply(c, events.PodDown{Pod: "p", Reason: "shutdown"}, meta(t0.Add(5*time.Minute)))
+	if !changed || !c.Down {
+		t.Fatalf("pod.down not recorded: %+v", c)
+	}
+	if w := c.Warnings(t0.Add(time.Hour), nil); len(w) != 0 {
+		t.Fatalf("a pod that stopped needs no attention, got %v", w)
+	}
+	c.Down = false
+	if w := c.Warnings(t0.Add(time.Hour), nil); len(w) != 1 || w[0] != "expired" {
+		t.Fatalf("warnings of an expired certificate: %v", w)
+	}
+	if w := c.Warnings(c.NotBefore.Add(100*time.Second), &inventory.Trust{Roots: []inventory.Root{{Fingerprint: "root2"}}}); len(w) != 2 {
+		t.Fatalf("want overdue and root not in bundle, got %v", w)
+	}
+}
+
+func selfSigned(t *testing.T) (string, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test root"}, NotBefore: t0,
+		NotAfter: t0.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return string(pki.EncodeCertPEM(c)), pki.Fingerprint(c)
+}
+
+func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload, at time.Time) {
+	t.Helper()
+	m := events.Meta{ID: events.NewID(), Source: "test", Time: at}
+	msg, err := events.Encode(subject, m, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := bus.Publish(ctx, bustest.JetStream(t, nc), msg); err != nil {
+		t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// TestKeepersShareTheDurable: two keepers (two meshctl serve replicas) on the secured
+// bus, as the inventory role, fold events published out of order; the inventory an
+// auditor reads ends as if one keeper had read them in order.
+func TestKeepersShareTheDurable(t *testing.T) {
+	m := bustest.SecureServer(t)
+	m.ServeCallout(t, bustest.PodTokens)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	signer := m.Conn(t, policy.Signer, nil)
+	if _, err := bus.EnsureEventStream(ctx, bustest.JetStream(t, signer), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rootPEM, rootFP := selfSigned(t)
+	if _, err := signer.QueueSubscribe(events.SubjectTrustBundle, events.SignerQueue, func(msg *nats.Msg) {
+		r, _ := events.NewMsg(msg.Reply, "signer", events.BundleReply{TrustDomain: "td", Roots: []string{rootPEM}, Generation: 3})
+		_ = signer.PublishMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Five pods, four certificates each, published in a random order.
+	type ev struct {
+		p  events.CertIssued
+		at time.Time
+	}
+	var all []ev
+	for i := range 5 {
+		for gen := 1; gen <= 4; gen++ {
+			c := issued(fmt.Sprintf("pod-%d", i), gen)
+			all = append(all, ev{c, c.NotBefore})
+		}
+	}
+	mrand.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	var errs bustest.Errors
+	for i := range 2 {
+		nc := m.Conn(t, policy.Inventory, &errs)
+		k, err := inventory.NewKeeper(ctx, nc, 1, hclog.NewNullLogger().Named(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatalf("keeper %d: %v %v", i, err, errs.All())
+		}
+		kctx, kcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- k.Run(kctx) }()
+		t.Cleanup(func() {
+			kcancel()
+			if err := <-done; err != nil {
+				t.Errorf("keeper %d: %v", i, err)
+			}
+		})
+	}
+	for _, e := range all {
+		publish(t, signer, events.SubjectCertIssued, e.p, e.at)
+	}
+	// pod-0 pushes its newest certificate and stops: pod events come from the pod.
+	pod, err := m.PodConn(t, "pod-0", "pod:pod-0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushed, _ := events.PodEventSubject("pod-0", events.PodEventSecretPushed)
+	down, _ := events.PodEventSubject("pod-0", events.PodEventDown)
+	publish(t, pod, pushed, events.SecretPushed{Pod: "pod-0", Resource: "default", Serial: "abcdef04", Version: "9", Streams: 1, Kind: "pushed"}, t0.Add(5*time.Minute))
+	publish(t, pod, down, events.PodDown{Pod: "pod-0", Reason: "shutdown"}, t0.Add(6*time.Minute))
+
+	auditor := m.Conn(t, policy.Audit, nil)
+	var snap inventory.Snapshot
+	testkit.Eventually(t, "the inventory holds every pod's newest certificate and pod-0's push and stop", func() bool {
+		snap, err = inventory.Read(ctx, auditor)
+		if err != nil || len(snap.Certs) != 5 || snap.Trust == nil {
+			return false
+		}
+		for _, c := range snap.Certs {
+			if c.Serial != "abcdef04" || c.Renewals > 3 {
+				return false
+			}
+			if c.Pod == "pod-0" && (c.Streams != 1 || !c.Down) {
+				return false
+			}
+		}
+		return true
+	})
+	if snap.Trust.Generation != 3 || len(snap.Trust.Roots) != 1 || snap.Trust.Roots[0].Fingerprint != rootFP {
+		t.Fatalf("trust record from the bundle request: %+v", snap.Trust)
+	}
+	if got := snap.Find("pod-3"); len(got) != 1 || got[0].SPIFFEID != "spiffe://td/ns/default/sa/pod-3" {
+		t.Fatalf("find by pod: %+v", got)
+	}
+	if got := snap.Find("ABCDEF04"); len(got) != 5 {
+		t.Fatalf("find by serial prefix: %d records", len(got))
+	}
+	if e := errs.All(); len(e) > 0 {
+		t.Fatalf("the inventory role was refused doing its job: %v", e)
+	}
+}
+
+// TestRenewalsWithinASecond: two certificates with the same notBefore (X.509 has
+// whole seconds) are told apart by when they were issued, whatever their serials.
+func TestRenewalsWithinASecond(t *testing.T) {
+	a, b := issued("p", 1), issued("p", 1)
+	a.Serial, b.Serial = "ff01", "0002" // the later one has the smaller serial
+	c, _ := inventory.Apply(nil, a, meta(t0))
+	c, changed := inventory.Apply(c, b, meta(t0.Add(300*time.Millisecond)))
+	if !changed || c.Serial != "0002" || c.Renewals != 1 {
+		t.Fatalf("the later renewal lost: %+v", c)
+	}
+	if _, changed := inventory.Apply(c, a, meta(t0)); changed {
+		t.Fatal("the earlier certificate came back")
+	}
+}

@@ -1,0 +1,382 @@
+package inventory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Snapshot is the whole inventory at one moment.
+type Snapshot struct {
+	Certs []Cert `json:"certificates"` // by expiry, soonest first
+	Trust *Trust `json:"trust,omitempty"`
+}
+
+// Find returns the certificates held by pod, or with a serial starting with what
+// (case-insensitive, at least 6 hex digits).
+func (s Snapshot) Find(what string) []Cert {
+	var out []Cert
+	for _, c := range s.Certs {
+		if c.Pod == what || len(what) >= 6 && strings.HasPrefix(strings.ToLower(c.Serial), strings.ToLower(what)) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (s *Snapshot) sort() {
+	sort.Slice(s.Certs, func(i, j int) bool {
+		a, b := s.Certs[i], s.Certs[j]
+		if !a.NotAfter.Equal(b.NotAfter) {
+			return a.NotAfter.Before(b.NotAfter)
+		}
+		return a.Pod < b.Pod
+	})
+}
+
+// Decode builds a snapshot from the bucket's current values by key.
+func Decode(values map[string][]byte) (Snapshot, error) {
+	var s Snapshot
+	for k, v := range values {
+		if k == TrustKey {
+			var t Trust
+			if err := json.Unmarshal(v, &t); err != nil {
+				return s, fmt.Errorf("inventory %s: %w", k, err)
+			}
+			s.Trust = &t
+			continue
+		}
+		var c Cert
+		if err := json.Unmarshal(v, &c); err != nil {
+			return s, fmt.Errorf("inventory %s: %w", k, err)
+		}
+		s.Certs = append(s.Certs, c)
+	}
+	s.sort()
+	return s, nil
+}
+
+// Read loads the inventory with read-only rights (the audit role): the bucket's
+// stream read message by message, the last value of each key winning. No consumer is
+// created.
+func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	st, err := js.Stream(ctx, "KV_"+policy.BucketInventory)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return Snapshot{}, fmt.Errorf("no inventory on this bus yet (bucket %s): is meshctl serve running?", policy.BucketInventory)
+	}
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("inventory bucket: %w", err)
+	}
+	prefix := "$KV." + policy.BucketInventory + "."
+	values := map[string][]byte{}
+	err = auditlog.Scan(ctx, nc, st, prefix+">", 1, 0, func(m *jetstream.RawStreamMsg) error {
+		key := strings.TrimPrefix(m.Subject, prefix)
+		switch m.Header.Get("KV-Operation") {
+		case "DEL", "PURGE":
+			delete(values, key)
+		default:
+			values[key] = m.Data
+		}
+		return nil
+	})
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("read inventory: %w", err)
+	}
+	return Decode(values)
+}
+
+// Keeper keeps the bucket current from the event stream through the durable
+// consumer "inventory". Several keepers may run: they share the durable, and every
+// write is a compare-and-set of a fold that is idempotent, so any order of delivery
+// and any redelivery ends in the same records.
+type Keeper struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	log hclog.Logger
+	// Applied is called after each event is folded in (tests, metrics); may be nil.
+	Applied func(events.Payload)
+}
+
+// Subjects the keeper consumes.
+var Subjects = []string{
+	events.SubjectCertIssued, events.SubjectTrustChanged, events.SubjectRenewSent,
+	events.PodEventWildcard(events.PodEventSecretPushed), events.PodEventWildcard(events.PodEventDown),
+}
+
+// NewKeeper opens (or creates) the bucket. Replicas is the bucket's replica count.
+func NewKeeper(ctx context.Context, nc *nats.Conn, replicas int, log hclog.Logger) (*Keeper, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := OpenBucket(ctx, js, replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Keeper{nc: nc, js: js, kv: kv, log: log}, nil
+}
+
+// OpenBucket creates or opens the inventory bucket.
+func OpenBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, policy.BucketInventory)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: policy.BucketInventory, History: 1,
+			Description: "meshagent certificate inventory (meshctl serve)", Replicas: max(replicas, 1), Storage: jetstream.FileStorage})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, policy.BucketInventory)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inventory bucket %s: %w", policy.BucketInventory, err)
+	}
+	return kv, nil
+}
+
+// Bucket is the keeper's bucket (for a live view: Watch).
+func (k *Keeper) Bucket() jetstream.KeyValue { return k.kv }
+
+// Run consumes until ctx ends. It first asks the signers for the trust bundle, so
+// that the roots are known even when the stream holds no trust.changed (a bundle
+// older than the history).
+func (k *Keeper) Run(ctx context.Context) error {
+	if err := k.bootstrapTrust(ctx); err != nil {
+		k.log.Warn("trust bundle not known until the next trust.changed", "error", err)
+	}
+	cons, err := k.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
+		Durable: policy.InventoryConsumer, Description: "meshagent certificate inventory",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: maxDeliver,
+		DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubjects: Subjects,
+	})
+	if err != nil {
+		return fmt.Errorf("inventory consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(64))
+	if err != nil {
+		return fmt.Errorf("inventory consumer: %w", err)
+	}
+	go func() {
+		<-ctx.Done()
+		it.Stop()
+	}()
+	for {
+		m, err := it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			k.log.Warn("inventory fetch", "error", err)
+			if err := sleep(ctx, time.Second); err != nil {
+				return nil
+			}
+			continue
+		}
+		k.handle(ctx, m)
+	}
+}
+
+func (k *Keeper) bootstrapTrust(ctx context.Context) error {
+	req, err := events.NewMsg(events.SubjectTrustBundle, "meshctl-serve", events.BundleRequest{})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := k.nc.RequestMsgWithContext(rctx, req)
+	if err != nil {
+		return fmt.Errorf("trust bundle: %w", err)
+	}
+	reply, meta, err := events.Decode[events.BundleReply](resp)
+	if err != nil {
+		return fmt.Errorf("trust bundle: %w", err)
+	}
+	if reply.Error != nil {
+		return fmt.Errorf("trust bundle: %w", reply.Error)
+	}
+	if meta.Time.IsZero() {
+		meta.Time = time.Now()
+	}
+	return k.Fold(ctx, events.TrustChanged{TrustDomain: reply.TrustDomain, Roots: reply.Roots, Generation: reply.Generation,
+		Reason: "bundle-request"}, meta)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
+	p, meta, err := events.DecodeAny(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+	if err != nil {
+		k.log.Warn("inventory: undecodable event dropped", "subject", m.Subject(), "error", err)
+		_ = m.Term()
+		return
+	}
+	if meta.Time.IsZero() {
+		if md, err := m.Metadata(); err == nil {
+			meta.Time = md.Timestamp
+		}
+	}
+	if err := k.Fold(ctx, p, meta); err != nil {
+		var n uint64 = 1
+		if md, err := m.Metadata(); err == nil {
+			n = md.NumDelivered
+		}
+		if errors.Is(err, errNotYet) && n >= maxDeliver-1 {
+			// A push of a certificate the inventory never saw issued, after ~2 minutes
+			// of waiting for its cert.issued (which another keeper, or a slow one, may
+			// still be folding): nothing to record.
+			_ = m.Ack()
+			return
+		}
+		if !errors.Is(err, errNotYet) {
+			k.log.Warn("inventory update failed, will retry", "subject", m.Subject(), "error", err)
+		}
+		_ = m.NakWithDelay(redeliverAfter(n))
+		return
+	}
+	_ = m.Ack()
+	if k.Applied != nil {
+		k.Applied(p)
+	}
+}
+
+// Fold applies one event to the bucket.
+func (k *Keeper) Fold(ctx context.Context, p events.Payload, meta events.Meta) error {
+	key := KeyOf(p)
+	switch {
+	case key == "":
+		return nil
+	case key == TrustKey:
+		tc := p.(events.TrustChanged)
+		return k.update(ctx, key, func(v []byte) ([]byte, bool, error) {
+			var cur *Trust
+			if v != nil {
+				cur = &Trust{}
+				if err := json.Unmarshal(v, cur); err != nil {
+					cur = nil
+				}
+			}
+			next, changed := ApplyTrust(cur, tc, meta)
+			if !changed {
+				return nil, false, nil
+			}
+			b, err := json.Marshal(next)
+			return b, true, err
+		})
+	case strings.HasSuffix(key, "."): // pod.down: every record of the pod
+		keys, err := k.kv.ListKeysFiltered(ctx, key+">")
+		if err != nil {
+			return err
+		}
+		for name := range keys.Keys() {
+			if err := k.updateCert(ctx, name, p, meta); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return k.updateCert(ctx, key, p, meta)
+	}
+}
+
+func (k *Keeper) updateCert(ctx context.Context, key string, p events.Payload, meta events.Meta) error {
+	return k.update(ctx, key, func(v []byte) ([]byte, bool, error) {
+		var cur *Cert
+		if v != nil {
+			cur = &Cert{}
+			if err := json.Unmarshal(v, cur); err != nil {
+				cur = nil
+			}
+		}
+		if d, ok := p.(events.PodDown); ok && (cur == nil || cur.Pod != d.Pod) {
+			return nil, false, nil
+		}
+		// A push can be delivered before the cert.issued of what it pushed (keepers
+		// share the durable): come back to it once that certificate is in.
+		if sp, ok := p.(events.SecretPushed); ok && (cur == nil || !strings.EqualFold(cur.Serial, sp.Serial) && meta.Time.After(cur.Issued)) {
+			return nil, false, errNotYet
+		}
+		next, changed := Apply(cur, p, meta)
+		if !changed {
+			return nil, false, nil
+		}
+		b, err := json.Marshal(next)
+		return b, true, err
+	})
+}
+
+// update is a compare-and-set loop: read, fold, write at the read revision.
+func (k *Keeper) update(ctx context.Context, key string, fold func([]byte) ([]byte, bool, error)) error {
+	for attempt := 0; ; attempt++ {
+		var cur []byte
+		var rev uint64
+		e, err := k.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			cur, rev = e.Value(), e.Revision()
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return err
+		}
+		next, changed, err := fold(cur)
+		if err != nil || !changed {
+			return err
+		}
+		if rev == 0 {
+			_, err = k.kv.Create(ctx, key, next)
+		} else {
+			_, err = k.kv.Update(ctx, key, next, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if conflict(err) && attempt < 20 {
+			continue // another keeper wrote first: fold again on its record
+		}
+		return err
+	}
+}
+
+// maxDeliver is how often the inventory's consumer offers one event.
+const maxDeliver = 10
+
+// redeliverAfter is the wait before the n+1st delivery of an event that could not be
+// folded yet: 1 s doubling to 30 s, so that a push whose cert.issued is still being
+// folded (by another keeper, on a loaded machine) waits minutes, not seconds.
+func redeliverAfter(n uint64) time.Duration {
+	d := time.Second << min(n-1, 5)
+	return min(d, 30*time.Second)
+}
+
+// errNotYet: the event is about a certificate the inventory has not seen yet.
+var errNotYet = errors.New("certificate not in the inventory yet")
+
+// conflict reports a compare-and-set lost to another writer.
+func conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}

@@ -1,0 +1,37 @@
+package inventory
+
+import (
+	"slices"
+	"time"
+)
+
+// OverdueRatio is the fraction of a certificate's life after which its renewal is
+// overdue: sds-edge renews by itself at 0.8 (-safety-ratio) when no renew-due came,
+// so a certificate older than that was renewed by nobody.
+const OverdueRatio = 0.8
+
+// Warnings says what about c needs an operator's attention at now, given the trust
+// bundle t (nil when unknown). A pod that said it stopped needs none.
+func (c Cert) Warnings(now time.Time, t *Trust) []string {
+	if c.Down {
+		return nil
+	}
+	var w []string
+	life := c.NotAfter.Sub(c.NotBefore)
+	switch {
+	case !now.Before(c.NotAfter):
+		w = append(w, "expired")
+	case now.After(c.NotBefore.Add(time.Duration(float64(life) * OverdueRatio))):
+		w = append(w, "renewal overdue")
+	}
+	if t != nil && len(t.Roots) > 0 && !slices.ContainsFunc(t.Roots, func(r Root) bool { return r.Fingerprint == c.Root }) {
+		w = append(w, "root not in bundle")
+	}
+	return w
+}
+
+// RenewsBy is when c is due for renewal (half its life: the rotator's default
+// SECRET_GRACE_PERIOD_RATIO, without jitter).
+func (c Cert) RenewsBy() time.Time {
+	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
+}

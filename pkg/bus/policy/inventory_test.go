@@ -1,0 +1,93 @@
+package policy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestInventoryKeepsItsBucketAndAuditReadsIt: the inventory role (meshctl serve)
+// consumes the events through its own durable and writes its own bucket; audit and
+// admin read that bucket by sequence but cannot write it; the inventory role cannot
+// take the rotator's durable or read CA state.
+func TestInventoryKeepsItsBucketAndAuditReadsIt(t *testing.T) {
+	m := newMesh(t)
+	ctx := ctxT(t)
+	var errs bustest.Errors
+	nc := m.Conn(t, policy.Inventory, &errs)
+	js := bustest.JetStream(t, nc)
+	if err := bus.Publish(ctx, bustest.JetStream(t, m.signer), rawEvent(events.SubjectCertIssued)); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
+		Durable: policy.InventoryConsumer, AckPolicy: jetstream.AckExplicitPolicy, FilterSubjects: []string{events.SubjectCertIssued},
+	})
+	if err != nil {
+		t.Fatalf("inventory creates its durable: %v", err)
+	}
+	fetchOne(ctx, t, cons)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: policy.BucketInventory, History: 1})
+	if err != nil {
+		t.Fatalf("inventory creates its bucket: %v", err)
+	}
+	rev, err := kv.Create(ctx, "pod.a.64", []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, "pod.a.64", []byte("v2"), rev); err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatalf("inventory watches its bucket: %v", err)
+	}
+	if e := <-w.Updates(); e == nil || string(e.Value()) != "v2" {
+		t.Fatalf("watch gave %v", e)
+	}
+	_ = w.Stop()
+	if got := request(t, nc, events.SubjectTrustBundle); !strings.HasPrefix(got, "ok ") {
+		t.Fatalf("bundle reply %q", got)
+	}
+	if e := errs.All(); len(e) > 0 {
+		t.Fatalf("inventory refused doing its job: %v", e)
+	}
+
+	// Readers: by sequence, read only.
+	for _, r := range []policy.Role{policy.Audit, policy.Admin} {
+		var rerrs bustest.Errors
+		rc := m.Conn(t, r, &rerrs)
+		st, err := bustest.JetStream(t, rc).Stream(ctx, "KV_"+policy.BucketInventory)
+		if err != nil {
+			t.Fatalf("%s looks up the inventory: %v", r, err)
+		}
+		msg, err := st.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("$KV."+policy.BucketInventory+".>"))
+		if err != nil || string(msg.Data) != "v2" {
+			t.Fatalf("%s reads the inventory: %v", r, err)
+		}
+		if err := rc.Publish("$KV."+policy.BucketInventory+".pod.a.64", []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+		flushed(t, rc)
+		// The server reports the violation asynchronously.
+		eventually(t, func() bool { return violated(&rerrs, "$KV."+policy.BucketInventory+".pod.a.64") })
+	}
+	if e, err := kv.Get(ctx, "pod.a.64"); err != nil || string(e.Value()) != "v2" {
+		t.Fatalf("inventory changed by a reader: %v", err)
+	}
+
+	// Not the rotator's durable, not the CA bucket.
+	short, cancel := contextTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateConsumer(short, events.StreamEvents, jetstream.ConsumerConfig{Durable: policy.RotatorConsumer, AckPolicy: jetstream.AckExplicitPolicy}); err == nil {
+		t.Fatal("inventory created the rotator's durable")
+	}
+	if _, err := js.KeyValue(short, policy.BucketCA); err == nil {
+		t.Fatal("inventory opened the CA bucket")
+	}
+}
