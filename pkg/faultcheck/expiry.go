@@ -66,13 +66,12 @@ func MeasureExpiry(samples []Sample, unreachable []Window) Expiry {
 	return e
 }
 
-// StrictEnv is the switch that makes the fault suites assert what issue 10's fixes
-// to sds-edge must deliver and today's sds-edge does not (docs/reliability.md): no
-// certificate served past expiry while a signer is reachable by some path,
-// readiness saying so within a second when none is, no event dropped by its
-// publisher. Unset, the suites measure and log these as NOT YET GUARANTEED. The fix
-// work turns it on by default.
+// StrictEnv switches off (=0) the fault suites' assertions of what issue 10
+// delivered (docs/reliability.md): no certificate served past expiry while a signer
+// is reachable by some path, readiness saying so within a second when none is, no
+// event dropped by its publisher. They are on by default; MESHAGENT_FAULTS_STRICT=0
+// only measures and logs them, to see figures on a build that breaks them.
 const StrictEnv = "MESHAGENT_FAULTS_STRICT"
 
-// Strict reports whether StrictEnv is "1".
-func Strict() bool { return os.Getenv(StrictEnv) == "1" }
+// Strict reports whether the guarantees are asserted: unless StrictEnv is "0".
+func Strict() bool { return os.Getenv(StrictEnv) != "0" }
