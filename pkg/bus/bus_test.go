@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 )
 
@@ -145,11 +146,7 @@ func TestConnectInBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected() || !connected.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the background connection never came up")
-		}
-	}
+	testkit.Eventually(t, "the background connection", func() bool { return nc.IsConnected() && connected.Load() })
 	other := bustest.Conn(t, s)
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // TestMain fails the package if a test leaves goroutines behind.
@@ -183,18 +184,10 @@ func TestHoldsEventsUntilTheStreamIsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testkit.Eventually(t, "the stream holding the 2 held events", func() bool {
 		info, err := st.Info(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State.Msgs == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream holds %d events, want the 2 held", info.State.Msgs)
-		}
-	}
+		return err == nil && info.State.Msgs == 2
+	})
 	m, err := st.GetMsg(context.Background(), 1)
 	if err != nil || m.Subject != "meshagent.evt.pod.web-0.up" {
 		t.Fatalf("first event %v (%v), want pod.up", m, err)
