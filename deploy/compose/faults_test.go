@@ -287,6 +287,7 @@ func newRoots(t *testing.T, pems []string, fp string) []*x509.Certificate {
 // composeRestart: every container restarted at once, as `docker-compose restart` does.
 func composeRestart(t *testing.T, h *harness) {
 	f := h.begin(t, "docker-compose restart")
+	f.busDown = true
 	began := time.Now()
 	h.st.compose(t, "restart")
 	f.note("restart command took %s", time.Since(began).Round(100*time.Millisecond))
