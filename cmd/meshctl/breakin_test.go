@@ -69,10 +69,13 @@ func TestBreakIn(t *testing.T) {
 
 // breakin is the shared stack, the attackers' connections and the observers.
 type breakin struct {
-	dir   string
-	st    *stackfile.Stack
-	iss   *devtoken.Issuer
-	admin *nats.Conn
+	dir string
+	st  *stackfile.Stack
+	// meshctlLog is meshctl's own log (warnings and up): its trust-bundle writer
+	// says there when it refuses a trust.changed.
+	meshctlLog *testkit.Buffer
+	iss        *devtoken.Issuer
+	admin      *nats.Conn
 	// audit and pod are the attackers: the audit credential, and demo-1's token.
 	audit, pod         *nats.Conn
 	auditErrs, podErrs *violations
@@ -95,8 +98,8 @@ type breakin struct {
 func newBreakin(t *testing.T) *breakin {
 	dir := testkit.ShortDir(t)
 	tap := &wiretap{}
-	r := startStack(t, devstack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
-	h := &breakin{dir: dir, st: &r.Stack, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}
+	r, logs := startStackLogged(t, devstack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
+	h := &breakin{dir: dir, st: &r.Stack, meshctlLog: logs, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}
 	var err error
 	if h.iss, err = devtoken.Load(dir + "/issuer"); err != nil {
 		t.Fatal(err)

@@ -54,7 +54,6 @@ func (h *breakin) replyIntoState(t *testing.T) {
 	for range 8 {
 		h.bundle(t)
 	}
-	time.Sleep(200 * time.Millisecond)
 	if got := h.caState(t); got != ca {
 		t.Errorf("the CA bucket moved from sequence %d to %d", ca, got)
 	}
@@ -163,6 +162,7 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 			edgeBefore[p.ID] = metric(t, p.HTTP["sds-edge"], rejected)
 		}
 		rotBefore := metric(t, h.st.Rotator.HTTP, rotRejected)
+		refusedBefore := strings.Count(h.meshctlLog.String(), "trust.changed refused")
 		for _, f := range forgeries {
 			publish(t, h.signer, events.SubjectTrustChanged, f)
 		}
@@ -173,7 +173,10 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 			})
 		}
 		testkit.EventuallyWithin(t, 10*time.Second, "the rotator did not refuse the forged trust.changed", func() bool { return metric(t, h.st.Rotator.HTTP, rotRejected) >= rotBefore+float64(len(forgeries)) })
-		time.Sleep(200 * time.Millisecond) // meshctl's own bundle writer, if it believed them
+		// meshctl's own bundle writer has judged them all once it has refused as many.
+		testkit.EventuallyWithin(t, 10*time.Second, "meshctl's bundle writer refusing the forged trust.changed", func() bool {
+			return strings.Count(h.meshctlLog.String(), "trust.changed refused") >= refusedBefore+len(forgeries)
+		})
 		if now, err := os.ReadFile(h.st.TrustBundle); err != nil || !bytes.Equal(now, bundleFile) {
 			t.Errorf("meshctl's trust-bundle.pem changed on a forged trust.changed (%v)", err)
 		}

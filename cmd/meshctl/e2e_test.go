@@ -67,6 +67,14 @@ func TestMain(m *testing.M) {
 
 func startStack(t *testing.T, cfg devstack.Config) *devstack.Runner {
 	t.Helper()
+	r, _ := startStackLogged(t, cfg)
+	return r
+}
+
+// startStackLogged is startStack with meshctl's own log (what `make run` logs on
+// stderr) kept for the test to read.
+func startStackLogged(t *testing.T, cfg devstack.Config) (*devstack.Runner, *testkit.Buffer) {
+	t.Helper()
 	cfg.BinDir = binDir
 	if cfg.TrustDomain == "" {
 		cfg.TrustDomain = "cluster.local"
@@ -77,7 +85,8 @@ func startStack(t *testing.T, cfg devstack.Config) *devstack.Runner {
 	if cfg.NATSPort == 0 {
 		cfg.NATSPort = -1 // any free port: 4222 may be taken (a compose stack)
 	}
-	r, err := devstack.New(cfg, &bytes.Buffer{}, hclog.NewNullLogger())
+	logs := &testkit.Buffer{}
+	r, err := devstack.New(cfg, &bytes.Buffer{}, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +96,7 @@ func startStack(t *testing.T, cfg devstack.Config) *devstack.Runner {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Stop)
-	return r
+	return r, logs
 }
 
 func meshctl(t *testing.T, args ...string) (string, error) {

@@ -177,12 +177,14 @@ func (s *stack) connect(t *testing.T, url, seed, inbox string, limit time.Durati
 		opts = append(opts, o, nats.CustomInboxPrefix(inbox))
 	}
 	deadline := time.Now().Add(limit)
+	retry := time.NewTicker(500 * time.Millisecond)
+	defer retry.Stop()
 	for {
 		nc, err := nats.Connect(url, opts...)
 		if err == nil || time.Now().After(deadline) {
 			return nc, err
 		}
-		time.Sleep(500 * time.Millisecond)
+		<-retry.C
 	}
 }
 

@@ -77,12 +77,14 @@ func (l *Ledger) Sync(within time.Duration) error {
 		return err
 	}
 	deadline := time.Now().Add(within)
+	retry := time.NewTicker(250 * time.Millisecond)
+	defer retry.Stop()
 	for {
 		err := l.read(js)
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(250 * time.Millisecond)
+		<-retry.C
 	}
 }
 
@@ -155,6 +157,8 @@ func (l *Ledger) Unstored(since time.Time) []Seen {
 // waited for.
 func (l *Ledger) SettleUnstored(since time.Time, within time.Duration, excuse func(Seen) bool) (lost, excused []Seen, err error) {
 	deadline := time.Now().Add(within)
+	retry := time.NewTicker(500 * time.Millisecond)
+	defer retry.Stop()
 	for {
 		err = l.Sync(within)
 		lost, excused = nil, nil
@@ -168,7 +172,7 @@ func (l *Ledger) SettleUnstored(since time.Time, within time.Duration, excuse fu
 		if (err == nil && len(lost) == 0) || time.Now().After(deadline) {
 			return lost, excused, err
 		}
-		time.Sleep(500 * time.Millisecond)
+		<-retry.C
 	}
 }
 

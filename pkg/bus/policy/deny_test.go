@@ -239,8 +239,10 @@ func TestConnectRefused(t *testing.T) {
 func TestPodReconnectsWithRefreshedToken(t *testing.T) {
 	s := bustest.SecureServer(t)
 	var calls atomic.Int64
+	var lastToken atomic.Value
 	s.ServeCallout(t, func(token string) (string, time.Time, error) {
 		calls.Add(1)
+		lastToken.Store(token)
 		pod, err := strings.CutPrefix(token, "short:")
 		if err {
 			return pod, time.Now().Add(2 * time.Second), nil
@@ -258,8 +260,11 @@ func TestPodReconnectsWithRefreshedToken(t *testing.T) {
 	defer nc.Close()
 	writeFile(t, tokenFile, "pod:pod-a") // the kubelet refreshes the projected token
 	eventually(t, func() bool { return nc.Stats().Reconnects >= 1 && nc.IsConnected() })
-	// Still connected a while after the short user's expiry: the new user is the long one.
-	time.Sleep(2500 * time.Millisecond)
+	// The reconnect was admitted on the refreshed token: the new user is the long one,
+	// not another short one that would expire again.
+	if tok, _ := lastToken.Load().(string); tok != "pod:pod-a" {
+		t.Fatalf("reconnected on token %q, want the refreshed pod:pod-a", tok)
+	}
 	if !nc.IsConnected() || nc.Stats().Reconnects != 1 {
 		t.Fatalf("connected %v after %d reconnects, want 1", nc.IsConnected(), nc.Stats().Reconnects)
 	}
