@@ -40,7 +40,8 @@ type signBench struct {
 // crypto ceiling (CSR parse and verify, certificate, PEM) in the same run, rounds
 // times alternating; medians. ratio-wall is CSRs/s over the ceiling's; ratio-cpu is
 // the ceiling's CPU per CSR over the signer process's (from /proc/<pid>/stat), the
-// robust one on a shared machine. Binaries come from MESHAGENT_BIN (make bench), else
+// robust one on a shared machine; ratio-cpu-jwt is the same against the ceiling plus
+// the per-request ES256 token verification the bus path still does. Binaries come from MESHAGENT_BIN (make bench), else
 // are built. Run with -benchtime 1x.
 func BenchmarkSignRealBinary(b *testing.B) {
 	bin := benchBinaries(b)
@@ -104,9 +105,11 @@ func BenchmarkSignRealBinary(b *testing.B) {
 	}
 	c := newCeiling(b, pki.ECP256, realCSRs)
 	var runs []signBench
-	var wall, cpu, ceilRate, ceilCPU []float64
+	var wall, cpu, cpuJWT, ceilRate, ceilCPU, jwtCPU []float64
 	for range rounds {
-		ceil, r := c.run(b, false), load()
+		ceil, withJWT, r := c.run(b, false), c.run(b, true), load()
+		jwtCPU = append(jwtCPU, float64(withJWT.cpuPerCSR().Microseconds()))
+		cpuJWT = append(cpuJWT, float64(withJWT.cpuPerCSR())/float64(time.Duration(r.CPUMicro*1e3)))
 		runs = append(runs, r)
 		ceilRate = append(ceilRate, ceil.rate())
 		ceilCPU = append(ceilCPU, float64(ceil.cpuPerCSR().Microseconds()))
@@ -124,9 +127,11 @@ func BenchmarkSignRealBinary(b *testing.B) {
 	b.ReportMetric(med(ceilCPU), "ceiling-cpu-µs/CSR")
 	b.ReportMetric(med(wall), "ratio-wall")
 	b.ReportMetric(med(cpu), "ratio-cpu")
+	b.ReportMetric(med(jwtCPU), "ceiling-jwt-cpu-µs/CSR")
+	b.ReportMetric(med(cpuJWT), "ratio-cpu-jwt")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("real signer over TCP NATS, P-256, %d in flight, n=%d per run, %d rounds: %.0f CSRs/s (p50 %dµs, p99 %dµs, signer CPU %.0fµs/CSR); ceiling %.0f CSRs/s, %.0fµs/CSR; median ratios wall %.2f, CPU %.2f",
-		clients, realCSRs, rounds, m.Rate, m.P50Micro, m.P99Micro, m.CPUMicro, med(ceilRate), med(ceilCPU), med(wall), med(cpu))
+	b.Logf("real signer over TCP NATS, P-256, %d in flight, n=%d per run, %d rounds: %.0f CSRs/s (p50 %dµs, p99 %dµs, signer CPU %.0fµs/CSR); ceiling %.0f CSRs/s, %.0fµs/CSR; median ratios wall %.2f, CPU %.2f; ceiling with the ES256 token verified %.0fµs/CSR, CPU ratio to it %.2f",
+		clients, realCSRs, rounds, m.Rate, m.P50Micro, m.P99Micro, m.CPUMicro, med(ceilRate), med(ceilCPU), med(wall), med(cpu), med(jwtCPU), med(cpuJWT))
 }
 
 // benchBinaries returns MESHAGENT_BIN (make bench builds it), or a directory with
