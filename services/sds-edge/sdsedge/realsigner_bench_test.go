@@ -28,10 +28,8 @@ func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	bin := os.Getenv("MESHAGENT_BIN")
 	if bin == "" {
 		bin = b.TempDir()
-		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(bin, "signer"), "github.com/meshagent/meshagent/services/signer")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build signer: %v\n%s", err, out)
+		if err := testkit.BuildServices(bin, "signer"); err != nil {
+			b.Fatal(err)
 		}
 	}
 	ns := bustest.Server(b)
@@ -55,12 +53,8 @@ func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
 	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
+		return code == http.StatusOK
 	})
 	tok, err := iss.MintForPod("default", "web", testPod, "", 2*time.Hour, time.Now())
 	if err != nil {

@@ -64,12 +64,8 @@ func BenchmarkSignRealBinary(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
 	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
+		return code == http.StatusOK
 	})
 	// Pre-minted tokens, one service account each, as a fleet holds them.
 	var toks strings.Builder
@@ -141,12 +137,13 @@ func benchBinaries(b *testing.B) string {
 		return d
 	}
 	dir := b.TempDir()
-	for name, pkg := range map[string]string{"signer": "github.com/meshagent/meshagent/services/signer", "meshctl": "github.com/meshagent/meshagent/cmd/meshctl"} {
-		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, name), pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", name, err, out)
-		}
+	if err := testkit.BuildServices(dir, "signer"); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, "meshctl"), "github.com/meshagent/meshagent/cmd/meshctl")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build meshctl: %v\n%s", err, out)
 	}
 	return dir
 }
