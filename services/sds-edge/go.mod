@@ -8,6 +8,7 @@ require (
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
+	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
@@ -24,6 +25,8 @@ require (
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1
 )
+
+require github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
@@ -79,3 +82,5 @@ replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
 replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
 
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+
+replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
