@@ -68,4 +68,3 @@ func (o gatewayObserver) Stream(rpc string, delta int) {
 }
 
 var _ sds.Observer = gatewayObserver{}
-

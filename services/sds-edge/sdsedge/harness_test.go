@@ -2,8 +2,8 @@ package sdsedge_test
 
 import (
 	"context"
-	"io"
 	"crypto/x509"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
