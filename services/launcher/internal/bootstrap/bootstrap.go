@@ -54,8 +54,8 @@ type Params struct {
 	// CredentialSocket, when set (a router), gets the static cluster
 	// CredentialCluster: the gateway credential SDS server.
 	CredentialSocket string
-	AdminAddr string // host:port
-	StatsAddr string // host:port of the Prometheus listener; "" for none
+	AdminAddr        string // host:port
+	StatsAddr        string // host:port of the Prometheus listener; "" for none
 }
 
 // Node is the pod as Istio's agent describes it to Envoy and the control plane.

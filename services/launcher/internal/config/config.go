@@ -81,14 +81,14 @@ type Config struct {
 		MetricsURLs []string
 		MaxScrape   int // bytes per scraped source
 	}
-	SDSSocket     string
-	XDSSocket     string
+	SDSSocket string
+	XDSSocket string
 	// CredentialSocket is a router's gateway credential socket (sds-edge's
 	// -credential-socket); a router's bootstrap has a cluster for it.
 	CredentialSocket string
-	RelayReadyURL string // xds-relay's /readyz; empty: only dial its socket
-	OutputCerts   string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
-	GRPCBootstrap string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
+	RelayReadyURL    string // xds-relay's /readyz; empty: only dial its socket
+	OutputCerts      string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
+	GRPCBootstrap    string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
 	// CertRefresh is how often a proxyless app re-reads OUTPUT_CERTS.
 	CertRefresh time.Duration
 	// WaitFor bounds how long to wait for sds-edge's certificates and the relay.
