@@ -16,7 +16,7 @@ func (l *Launcher) node() bootstrap.Node {
 	c := l.cfg
 	return bootstrap.Node{Type: c.Pod.Type, IPs: c.Pod.IPs, Pod: c.Pod.ID, Namespace: c.Pod.Namespace,
 		DNSDomain: c.Pod.DNSDomain, ServiceAccount: c.Pod.ServiceAccount, ClusterID: c.Pod.ClusterID,
-		MeshID: c.Pod.MeshID, Labels: c.Pod.Labels}
+		MeshID: c.Pod.MeshID, Labels: c.Pod.Labels, RouterMode: c.Pod.RouterMode}
 }
 
 // NodeID is the Envoy node id the launcher gives this pod (Istio's
@@ -25,9 +25,13 @@ func (l *Launcher) NodeID() string { return l.node().ID() }
 
 func (l *Launcher) bootstrapParams() bootstrap.Params {
 	n := l.node()
-	return bootstrap.Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(),
+	p := bootstrap.Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(),
 		SDSSocket: l.cfg.SDSSocket, XDSSocket: l.cfg.XDSSocket, AdminAddr: l.cfg.Envoy.AdminAddr,
 		StatsAddr: l.cfg.Envoy.StatsAddr}
+	if l.cfg.Pod.Type == config.Router {
+		p.CredentialSocket = l.cfg.CredentialSocket
+	}
+	return p
 }
 
 // writeBootstrap writes Envoy's bootstrap: the user's own (CUSTOM_BOOTSTRAP), a

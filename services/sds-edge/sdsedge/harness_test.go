@@ -3,6 +3,7 @@ package sdsedge_test
 import (
 	"context"
 	"crypto/x509"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -59,7 +60,11 @@ type pod struct {
 	nc   *nats.Conn
 	clk  *clock.Fake
 	stop func() error
+	log  testkit.Buffer // what it logged (warnings and worse)
 }
+
+// logs is what the pod has logged so far.
+func (p *pod) logs() string { return p.log.String() }
 
 type podOpt struct {
 	args  []string
@@ -87,7 +92,7 @@ func (v *env) startPod(o podOpt) *pod {
 	}
 	nc := bustest.Conn(t, v.ns) // its own connection, as a separate process has
 	p := &pod{cfg: cfg, reg: prometheus.NewRegistry(), nc: nc}
-	deps := lifecycle.Deps{Bus: nc, Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: testWriter{t}}), Metrics: p.reg}
+	deps := lifecycle.Deps{Bus: nc, Log: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn, Output: io.MultiWriter(testWriter{t}, &p.log)}), Metrics: p.reg}
 	if o.clock != nil {
 		p.clk, deps.Clock = o.clock, o.clock
 	}

@@ -52,6 +52,8 @@ type Edge struct {
 	store    *secrets.Store
 	pub      *outbox.Outbox
 	files    *filecerts.Files
+	// gateway serves gateway credentials on their own socket (nil: off).
+	gateway *gatewayServer
 
 	m *metrics.Metrics
 
@@ -91,6 +93,11 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	}
 	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
 	store.SetResolver(e.files)
+	if cfg.Gateway.Dir != "" {
+		if e.gateway, err = newGatewayServer(e); err != nil {
+			return nil, err
+		}
+	}
 	d.Health.AddReadyCheck("secrets", e.Ready)
 	return e, nil
 }
@@ -137,9 +144,13 @@ func (e *Edge) Ready() error {
 func (e *Edge) Run(ctx context.Context) error {
 	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopPub()
-	return lifecycle.Tasks(ctx,
+	tasks := []func(context.Context) error{
 		func(ctx context.Context) error { defer stopPub(); return e.serve(ctx) },
-		func(context.Context) error { return e.pub.Run(pubCtx) })
+		func(context.Context) error { return e.pub.Run(pubCtx) }}
+	if e.gateway != nil {
+		tasks = append(tasks, e.gateway.run)
+	}
+	return lifecycle.Tasks(ctx, tasks...)
 }
 
 // serve decides the mode, announces the pod, and runs what the mode needs until

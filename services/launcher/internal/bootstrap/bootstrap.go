@@ -35,6 +35,9 @@ import (
 const (
 	SDSCluster = "sds-grpc"
 	XDSCluster = "xds-grpc"
+	// CredentialCluster is a router's gateway credential SDS server, named as
+	// Istio names the cluster of its credential socket.
+	CredentialCluster = "sds-external"
 )
 
 // StatsCluster is the static cluster the Prometheus listener forwards to: Envoy's
@@ -48,8 +51,11 @@ type Params struct {
 	Metadata  map[string]any // node metadata (Istio's NAME, NAMESPACE, CLUSTER_ID, LABELS, ...)
 	SDSSocket string
 	XDSSocket string
-	AdminAddr string // host:port
-	StatsAddr string // host:port of the Prometheus listener; "" for none
+	// CredentialSocket, when set (a router), gets the static cluster
+	// CredentialCluster: the gateway credential SDS server.
+	CredentialSocket string
+	AdminAddr        string // host:port
+	StatsAddr        string // host:port of the Prometheus listener; "" for none
 }
 
 // Node is the pod as Istio's agent describes it to Envoy and the control plane.
@@ -62,6 +68,7 @@ type Node struct {
 	ClusterID      string
 	MeshID         string
 	Labels         map[string]string
+	RouterMode     string // a router's ROUTER_MODE (standard, sni-dnat)
 }
 
 // ID is Istio's node id: type~ip~pod.namespace~domain.
@@ -107,6 +114,15 @@ func (n Node) Metadata() map[string]any {
 	if app := n.Labels["app"]; app != "" {
 		m["WORKLOAD_NAME"] = app
 	}
+	if n.Type == "router" {
+		// A gateway: how it routes (Istio's ISTIO_META_ROUTER_MODE), and that its
+		// credentials come from the gateway credential server, not the workload's.
+		mode := n.RouterMode
+		if mode == "" {
+			mode = "standard"
+		}
+		m["ROUTER_MODE"] = mode
+	}
 	return m
 }
 
@@ -139,6 +155,13 @@ func Build(p Params) (*bootstrapv3.Bootstrap, error) {
 		return nil, fmt.Errorf("node metadata: %w", err)
 	}
 	static := &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{sds, xds}}
+	if p.CredentialSocket != "" {
+		cred, err := unixCluster(CredentialCluster, p.CredentialSocket)
+		if err != nil {
+			return nil, err
+		}
+		static.Clusters = append(static.Clusters, cred)
+	}
 	if p.StatsAddr != "" {
 		l, c, err := statsListener(p.StatsAddr, host, uint32(port))
 		if err != nil {

@@ -113,3 +113,48 @@ func TestCustomBootstrapAndTemplate(t *testing.T) {
 		t.Fatalf("bad bootstrap: %v", err)
 	}
 }
+
+// A router's bootstrap: Istio's router node id, ROUTER_MODE metadata, and a static
+// cluster on the gateway credential socket; a sidecar's has neither.
+func TestRouterBootstrap(t *testing.T) {
+	n := Node{Type: "router", IPs: []string{"10.0.0.9"}, Pod: "ingress-0", Namespace: "istio-system", DNSDomain: "istio-system.svc.cluster.local", RouterMode: "sni-dnat"}
+	b, err := Build(Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock",
+		CredentialSocket: "/p/credential-socket", AdminAddr: "127.0.0.1:15000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	if id := b.GetNode().GetId(); id != "router~10.0.0.9~ingress-0.istio-system~istio-system.svc.cluster.local" {
+		t.Fatalf("node id %q", id)
+	}
+	if m := b.GetNode().GetMetadata().GetFields()["ROUTER_MODE"].GetStringValue(); m != "sni-dnat" {
+		t.Fatalf("ROUTER_MODE %q", m)
+	}
+	pipes := map[string]string{}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		for _, e := range c.GetLoadAssignment().GetEndpoints() {
+			for _, lb := range e.GetLbEndpoints() {
+				pipes[c.GetName()] = lb.GetEndpoint().GetAddress().GetPipe().GetPath()
+			}
+		}
+	}
+	if pipes[CredentialCluster] != "/p/credential-socket" || pipes[SDSCluster] != "/p/sds.sock" {
+		t.Fatalf("clusters' sockets %v", pipes)
+	}
+
+	side := Node{Type: "sidecar", IPs: []string{"10.0.0.7"}, Pod: "web-0", Namespace: "shop", DNSDomain: "shop.svc.cluster.local"}
+	b, err = Build(Params{NodeID: side.ID(), Metadata: side.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock", AdminAddr: "127.0.0.1:15000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.GetNode().GetMetadata().GetFields()["ROUTER_MODE"]; ok {
+		t.Fatal("a sidecar has ROUTER_MODE")
+	}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() == CredentialCluster {
+			t.Fatal("a sidecar has the gateway credential cluster")
+		}
+	}
+}

@@ -43,6 +43,7 @@ type Config struct {
 		IPs            []string // INSTANCE_IP, then the rest of INSTANCE_IPS
 		Labels         map[string]string
 		Type           string // sidecar or router
+		RouterMode     string // a router's ROUTER_MODE metadata: standard or sni-dnat
 		TokenFile      string // the pod's service-account token: its bus identity
 	}
 	Envoy struct {
@@ -80,11 +81,14 @@ type Config struct {
 		MetricsURLs []string
 		MaxScrape   int // bytes per scraped source
 	}
-	SDSSocket     string
-	XDSSocket     string
-	RelayReadyURL string // xds-relay's /readyz; empty: only dial its socket
-	OutputCerts   string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
-	GRPCBootstrap string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
+	SDSSocket string
+	XDSSocket string
+	// CredentialSocket is a router's gateway credential socket (sds-edge's
+	// -credential-socket); a router's bootstrap has a cluster for it.
+	CredentialSocket string
+	RelayReadyURL    string // xds-relay's /readyz; empty: only dial its socket
+	OutputCerts      string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
+	GRPCBootstrap    string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
 	// CertRefresh is how often a proxyless app re-reads OUTPUT_CERTS.
 	CertRefresh time.Duration
 	// WaitFor bounds how long to wait for sds-edge's certificates and the relay.
@@ -119,6 +123,8 @@ func Default() Config {
 	c.Drain.Deadline = 60 * time.Second
 	c.Status.MaxScrape = 8 << 20
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
+	c.CredentialSocket = "var/run/secrets/workload-spiffe-uds/credential-socket"
+	c.Pod.RouterMode = "standard"
 	c.XDSSocket = "etc/istio/proxy/XDS"
 	c.RelayReadyURL = "http://127.0.0.1:15022/readyz"
 	c.OutputCerts = "etc/istio-output-certs"
@@ -131,6 +137,10 @@ func Default() Config {
 // Load reads flags and env vars over the defaults and validates the result.
 func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Default()
+	args, proxyType, err := proxyCommand(args)
+	if err != nil {
+		return c, err
+	}
 	fs := flagenv.New("launcher", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
@@ -146,7 +156,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Pod.DNSDomain, "domain", "DNS_DOMAIN", c.Pod.DNSDomain, "DNS domain of the node id (Istio: --domain); default <namespace>.svc.cluster.local")
 	fs.List(&c.Pod.IPs, "instance-ip", "INSTANCE_IP", nil, "pod IP(s), comma-separated, first is the node id's (Istio: INSTANCE_IP; node metadata INSTANCE_IPS); default 127.0.0.1")
 	fs.String(&labels, "labels", "ISTIO_METAJSON_LABELS", "", "pod labels as a JSON object (node metadata LABELS)")
-	fs.String(&c.Pod.Type, "proxy-type", "PROXY_TYPE", c.Pod.Type, "sidecar or router (Istio: pilot-agent proxy <type>)")
+	fs.String(&c.Pod.Type, "proxy-type", "PROXY_TYPE", c.Pod.Type, "sidecar or router (Istio: pilot-agent proxy <type>; also taken as leading arguments `proxy router`)")
+	fs.String(&c.Pod.RouterMode, "router-mode", "ISTIO_META_ROUTER_MODE", c.Pod.RouterMode, "a router's mode, node metadata ROUTER_MODE: standard or sni-dnat")
+	fs.String(&c.CredentialSocket, "credential-socket", "CREDENTIAL_SOCKET", c.CredentialSocket,
+		"a router's gateway credential socket (sds-edge -gateway-credentials-dir), Envoy's cluster sds-external")
 	fs.String(&c.Pod.TokenFile, "token-file", "TOKEN_FILE", c.Pod.TokenFile, "the pod's service-account token: the launcher's bus identity, as sds-edge's")
 	fs.String(&c.Envoy.Binary, "envoy-binary", "ENVOY_BINARY", c.Envoy.Binary, "Envoy: a path or a name on PATH (Istio: --binaryPath); not found: proxyless mode")
 	fs.Bool(&c.Envoy.Disabled, "disable-envoy", "DISABLE_ENVOY", c.Envoy.Disabled, "proxyless mode: write a gRPC xDS bootstrap, start no Envoy (Istio: DISABLE_ENVOY)")
@@ -183,6 +196,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	var errs []error
+	if proxyType != "" {
+		c.Pod.Type = proxyType
+	}
 	if len(c.Pod.IPs) == 0 {
 		c.Pod.IPs = []string{"127.0.0.1"}
 	}
@@ -201,6 +217,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
 	}
 	c.SDSSocket = c.Pod.Path(c.SDSSocket)
+	c.CredentialSocket = c.Pod.Path(c.CredentialSocket)
 	c.XDSSocket = c.Pod.Path(c.XDSSocket)
 	c.Envoy.BootstrapPath = c.Pod.Path(c.Envoy.BootstrapPath)
 	c.OutputCerts = c.Pod.Path(c.OutputCerts)
@@ -218,6 +235,18 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
+}
+
+// proxyCommand takes Istio's leading arguments `proxy <type>` (pilot-agent proxy
+// router) off args, returning the rest and the type ("" when not given).
+func proxyCommand(args []string) (rest []string, proxyType string, err error) {
+	if len(args) == 0 || args[0] != "proxy" {
+		return args, "", nil
+	}
+	if len(args) < 2 || (args[1] != Sidecar && args[1] != Router) {
+		return nil, "", fmt.Errorf("proxy: want `proxy sidecar` or `proxy router` before the flags, got %q", strings.Join(args[:min(len(args), 2)], " "))
+	}
+	return args[2:], args[1], nil
 }
 
 // Process is what the lifecycle needs: the launcher is on the bus as its pod.
@@ -247,6 +276,9 @@ func (c Config) Validate() error {
 	}
 	if c.Pod.Type != Sidecar && c.Pod.Type != Router {
 		add("-proxy-type: %q: want sidecar or router", c.Pod.Type)
+	}
+	if c.Pod.Type == Router && c.Pod.RouterMode != "standard" && c.Pod.RouterMode != "sni-dnat" {
+		add("-router-mode: %q: want standard or sni-dnat", c.Pod.RouterMode)
 	}
 	if _, _, err := net.SplitHostPort(c.Envoy.AdminAddr); err != nil {
 		add("-envoy-admin: %q: want host:port", c.Envoy.AdminAddr)

@@ -81,3 +81,24 @@ func TestHelpNamesIstiosKnobs(t *testing.T) {
 		t.Errorf("%d flags, %d env lines", n, e)
 	}
 }
+
+// Istio's `pilot-agent proxy router` form sets the proxy type; anything else after
+// `proxy` is refused, naming what was given; a router's mode is checked.
+func TestProxyCommandAndRouterMode(t *testing.T) {
+	c, err := Load([]string{"proxy", "router", "-pod", "ingress-0"}, none)
+	if err != nil || c.Pod.Type != Router || c.Pod.RouterMode != "standard" {
+		t.Fatalf("proxy router: %+v %v", c.Pod, err)
+	}
+	if c.CredentialSocket != filepath.Join(c.Pod.RootDir, "var/run/secrets/workload-spiffe-uds/credential-socket") {
+		t.Fatalf("credential socket %q", c.CredentialSocket)
+	}
+	if c, err = Load([]string{"proxy", "sidecar", "-pod", "web-0"}, none); err != nil || c.Pod.Type != Sidecar {
+		t.Fatalf("proxy sidecar: %v %v", c.Pod.Type, err)
+	}
+	if _, err := Load([]string{"proxy", "gateway", "-pod", "x"}, none); err == nil || !strings.Contains(err.Error(), `want `+"`proxy sidecar`") {
+		t.Fatalf("proxy gateway: %v", err)
+	}
+	if _, err := Load([]string{"proxy", "router", "-pod", "x", "-router-mode", "fast"}, none); err == nil || !strings.Contains(err.Error(), "-router-mode") {
+		t.Fatalf("bad router mode: %v", err)
+	}
+}

@@ -65,6 +65,12 @@ type Config struct {
 		SocketMode   os.FileMode
 		ExternalWait time.Duration // wait this long for another provider's socket
 	}
+	// Gateway is the gateway credential server (router mode): `kubernetes://NAME`
+	// resources from secret directories, on a socket of their own.
+	Gateway struct {
+		Dir    string // one directory per secret; empty: no gateway credential server
+		Socket string
+	}
 }
 
 // Default returns the defaults, laid out as Istio lays out a pod.
@@ -89,6 +95,7 @@ func Default() Config {
 	c.Cert.FileDebounce = 100 * time.Millisecond
 	c.SDS.Socket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.SDS.SocketMode = 0o600
+	c.Gateway.Socket = "var/run/secrets/workload-spiffe-uds/credential-socket"
 	return c
 }
 
@@ -125,6 +132,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Cert.FileDebounce, "file-debounce", "FILE_DEBOUNCE", c.Cert.FileDebounce, "quiet time before reloading changed certificate files")
 	fs.String(&c.SDS.Socket, "socket", "SDS_SOCKET", c.SDS.Socket, "SDS unix socket")
 	fs.String(&socketMode, "socket-mode", "SDS_SOCKET_MODE", "0600", "socket file mode (0600 or 0660)")
+	fs.String(&c.Gateway.Dir, "gateway-credentials-dir", "GATEWAY_CREDENTIALS_DIR", c.Gateway.Dir,
+		"serve kubernetes://NAME gateway credentials from NAME's secret directory here (tls.crt, tls.key, ca.crt), on -credential-socket; empty: off")
+	fs.String(&c.Gateway.Socket, "credential-socket", "CREDENTIAL_SOCKET", c.Gateway.Socket, "SDS unix socket of the gateway credentials (Istio's credential socket)")
 	fs.Duration(&c.SDS.ExternalWait, "external-wait", "EXTERNAL_SDS_WAIT", c.SDS.ExternalWait, "wait this long for another SDS provider's socket before serving")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -157,6 +167,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Cert.CredentialsDir = c.Pod.Path(c.Cert.CredentialsDir)
 	c.Cert.FileMountedDir = c.Pod.Path(c.Cert.FileMountedDir)
 	c.SDS.Socket = c.Pod.Path(c.SDS.Socket)
+	c.Gateway.Socket = c.Pod.Path(c.Gateway.Socket)
+	if c.Gateway.Dir != "" {
+		c.Gateway.Dir = c.Pod.Path(c.Gateway.Dir)
+	}
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
 	// With a CA reachable without the bus, serving must not wait for the bus.
 	c.Bus.Background = c.CA.Addr != "" || c.CA.FallbackAddr != ""
@@ -215,6 +229,10 @@ func (c Config) Validate() error {
 	p.Check(c.SDS.Socket != "", "-socket: required")
 	p.Check(len(c.SDS.Socket) < 108, "-socket: path %q is longer than a unix socket allows (107 bytes)", c.SDS.Socket)
 	p.Check(c.SDS.SocketMode == 0o600 || c.SDS.SocketMode == 0o660, "-socket-mode: must be 0600 or 0660, got %#o", c.SDS.SocketMode)
+	if c.Gateway.Dir != "" {
+		p.Check(len(c.Gateway.Socket) < 108, "-credential-socket: path %q is longer than a unix socket allows (107 bytes)", c.Gateway.Socket)
+		p.Check(c.Gateway.Socket != c.SDS.Socket, "-credential-socket: must not be the workload's -socket %q", c.SDS.Socket)
+	}
 	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	p.Check(c.CA.TokenFile != "", "-token-file: required")
 	p.Check(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")

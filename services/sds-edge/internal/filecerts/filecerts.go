@@ -89,6 +89,18 @@ func (f *Files) Resolve(name string) error {
 	return f.add(s)
 }
 
+// AddCert loads a certificate chain and its key from files and serves them as name,
+// reloading when the files' directories change. The paths are used as given.
+func (f *Files) AddCert(name, cert, key string) error {
+	return f.add(source{name: name, cert: cert, key: key})
+}
+
+// AddRoots loads PEM roots from a file and serves them as name (a validation
+// context), reloading when the file's directory changes. The path is used as given.
+func (f *Files) AddRoots(name, path string) error {
+	return f.add(source{name: name, root: path})
+}
+
 func (f *Files) add(s source) error {
 	sec, err := load(s)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,8 +45,27 @@ type Entry struct {
 	NotAfter time.Time // earliest expiry among its certificates
 }
 
+// Names says which resource names a store serves: fixed names, set by their owner
+// and never resolved, and names with a dynamic prefix, made available on first ask
+// by the store's Resolver. Any other name is unknown.
+type Names struct {
+	Fixed    []string
+	Prefixes []string
+	// Want describes the accepted names in errors ("want ...").
+	Want string
+}
+
+// WorkloadNames are the names of the workload SDS server: `default`, `ROOTCA` and
+// the file-cert:/file-root: resources.
+var WorkloadNames = Names{
+	Fixed:    []string{Default, RootCA},
+	Prefixes: []string{FileCertPrefix, FileRootPrefix},
+	Want:     fmt.Sprintf("%q, %q, %s<cert>~<key> or %s<path>", Default, RootCA, FileCertPrefix, FileRootPrefix),
+}
+
 // Store holds every resource. It is safe for concurrent use.
 type Store struct {
+	names    Names
 	mu       sync.RWMutex
 	gen      uint64
 	entries  map[string]*Entry
@@ -53,9 +73,14 @@ type Store struct {
 	resolver Resolver
 }
 
-// New returns an empty store. resolver may be nil (no file resources).
-func New(resolver Resolver) *Store {
-	return &Store{entries: map[string]*Entry{}, watches: map[*Watch]struct{}{}, resolver: resolver}
+// New returns an empty store of the workload's names (WorkloadNames). resolver may
+// be nil (no file resources).
+func New(resolver Resolver) *Store { return NewFor(WorkloadNames, resolver) }
+
+// NewFor returns an empty store that serves names, resolving dynamic ones with
+// resolver (nil: none).
+func NewFor(names Names, resolver Resolver) *Store {
+	return &Store{names: names, entries: map[string]*Entry{}, watches: map[*Watch]struct{}{}, resolver: resolver}
 }
 
 // SetResolver sets the resolver of dynamic names.
@@ -68,27 +93,26 @@ func (s *Store) SetResolver(r Resolver) {
 // Check reports whether name can be served, resolving dynamic names. Unknown names
 // wrap ErrUnknown.
 func (s *Store) Check(name string) error {
-	switch {
-	case name == Default || name == RootCA:
+	if slices.Contains(s.names.Fixed, name) {
 		return nil
-	case strings.HasPrefix(name, FileCertPrefix), strings.HasPrefix(name, FileRootPrefix):
-		s.mu.RLock()
-		_, ok := s.entries[name]
-		r := s.resolver
-		s.mu.RUnlock()
-		if ok {
-			return nil
-		}
-		if r == nil {
-			return fmt.Errorf("%w %q: file resources are not enabled", ErrUnknown, name)
-		}
-		if err := r.Resolve(name); err != nil {
-			return fmt.Errorf("%w %q: %v", ErrUnknown, name, err)
-		}
-		return nil
-	default:
-		return fmt.Errorf("%w %q: want %q, %q, %s<cert>~<key> or %s<path>", ErrUnknown, name, Default, RootCA, FileCertPrefix, FileRootPrefix)
 	}
+	if !slices.ContainsFunc(s.names.Prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+		return fmt.Errorf("%w %q: want %s", ErrUnknown, name, s.names.Want)
+	}
+	s.mu.RLock()
+	_, ok := s.entries[name]
+	r := s.resolver
+	s.mu.RUnlock()
+	if ok {
+		return nil
+	}
+	if r == nil {
+		return fmt.Errorf("%w %q: file resources are not enabled", ErrUnknown, name)
+	}
+	if err := r.Resolve(name); err != nil {
+		return fmt.Errorf("%w %q: %v", ErrUnknown, name, err)
+	}
+	return nil
 }
 
 // Set stores sec under its name with a new version and wakes every watch on it. It
