@@ -2,6 +2,7 @@ package events
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -9,8 +10,19 @@ import (
 // TypeTrustFederated: a signer followed a foreign trust domain's bundle.
 const TypeTrustFederated = "io.meshagent.trust.federated.v1"
 
-// SubjectTrustFederated carries TrustFederated events.
-const SubjectTrustFederated = Prefix + ".evt.trust.federated"
+// TrustFederatedWildcard matches the trust.federated subjects of every foreign
+// domain: one subject per domain, so the stream's last message per subject is
+// the current news of each (meshctl trust reads them so).
+const TrustFederatedWildcard = Prefix + ".evt.trust.federated.>"
+
+// TrustFederatedSubject is the subject of foreign trust domain td's news ('.'
+// becomes '~', as in pod subjects).
+func TrustFederatedSubject(td string) (string, error) {
+	if td == "" || !allIn(td, ".-_") {
+		return "", fmt.Errorf("invalid trust domain %q for a subject", td)
+	}
+	return Prefix + ".evt.trust.federated." + strings.ReplaceAll(td, ".", "~"), nil
+}
 
 func init() { register[TrustFederated]() }
 
