@@ -25,9 +25,10 @@ type Config struct {
 	MinRefresh, MaxRefresh, DefaultRefresh time.Duration
 	// FetchTimeout bounds one fetch.
 	FetchTimeout time.Duration
-	// OnChange, if set, is called (outside locks) when a domain's bundle
-	// changes; b is nil when the domain is no longer followed.
-	OnChange func(td spiffeid.TrustDomain, b *spiffebundle.Bundle)
+	// OnBundle, if set, is called (outside locks) after every good fetch of a
+	// domain's bundle, changed or not, so that listeners that came late catch
+	// up within one refresh; b is nil when the domain is no longer followed.
+	OnBundle func(td spiffeid.TrustDomain, b *spiffebundle.Bundle)
 }
 
 // Status is what is known about one followed trust domain.
@@ -118,9 +119,9 @@ func (f *Follower) Follow(srcs []Source) error {
 	}
 	f.sources = next
 	f.mu.Unlock()
-	if f.cfg.OnChange != nil {
+	if f.cfg.OnBundle != nil {
 		for _, td := range dropped {
-			f.cfg.OnChange(td, nil)
+			f.cfg.OnBundle(td, nil)
 		}
 	}
 	select {
@@ -242,13 +243,10 @@ func (f *Follower) record(s Source, b *spiffebundle.Bundle, err error) {
 		return
 	}
 	st := f.status[s.TrustDomain]
-	changed := false
 	if err != nil {
 		st.Err = err.Error()
 		st.NextRefresh = now.Add(f.cfg.MinRefresh)
 	} else {
-		old := f.bundles[s.TrustDomain]
-		changed = old == nil || !old.Equal(b)
 		f.bundles[s.TrustDomain] = b
 		hint, ok := b.RefreshHint()
 		if !ok {
@@ -260,7 +258,7 @@ func (f *Follower) record(s Source, b *spiffebundle.Bundle, err error) {
 		st.Err, st.Roots, st.Sequence, st.FetchedAt, st.NextRefresh = "", len(b.X509Authorities()), seq, now, now.Add(hint)
 	}
 	f.mu.Unlock()
-	if changed && f.cfg.OnChange != nil {
-		f.cfg.OnChange(s.TrustDomain, b.Clone())
+	if err == nil && f.cfg.OnBundle != nil {
+		f.cfg.OnBundle(s.TrustDomain, b.Clone())
 	}
 }
