@@ -129,12 +129,12 @@ func (f *fed) serve(ctx context.Context) error {
 	f.addr.Store(&addr)
 	srv := &http.Server{Handler: f.handler, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: f.s.log.Named("bundle-endpoint").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}), TLSConfig: &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-			return &c, err
-		},
-	}}
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+				return &c, err
+			},
+		}}
 	f.s.log.Info("SPIFFE bundle endpoint serving", "addr", addr.String())
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(ln, "", "") }()
