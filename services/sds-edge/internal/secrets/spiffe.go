@@ -84,3 +84,21 @@ func (s *Store) SetSecret(sec *tlsv3.Secret) (*Entry, int, error) {
 	}
 	return e, n, nil
 }
+
+// WithAliases returns bundles plus home's roots under each trust domain alias
+// (Istio's TRUST_DOMAIN_ALIASES): a peer whose ID names an alias is verified
+// against this domain's own roots, so it is accepted as this domain. An alias
+// that is also a followed foreign domain keeps the foreign roots: aliasing
+// never widens what a foreign domain's roots may vouch for.
+func WithAliases(bundles map[string][]byte, home string, aliases []string) map[string][]byte {
+	out := make(map[string][]byte, len(bundles)+len(aliases))
+	for k, v := range bundles {
+		out[k] = v
+	}
+	for _, a := range aliases {
+		if _, ok := out[a]; !ok && a != "" {
+			out[a] = bundles[home]
+		}
+	}
+	return out
+}

@@ -51,3 +51,19 @@ func TestSPIFFEValidationKeepsDomainsApart(t *testing.T) {
 		}
 	}
 }
+
+func TestAliasesTakeTheHomeRoots(t *testing.T) {
+	home := testkit.NewCA(t, "home", nil, time.Now(), time.Hour)
+	west := testkit.NewCA(t, "west", nil, time.Now(), time.Hour)
+	b := WithAliases(map[string][]byte{"cluster.local": []byte(home.PEM()), "west.example": []byte(west.PEM())},
+		"cluster.local", []string{"old.local", "west.example"})
+	if string(b["old.local"]) != home.PEM() {
+		t.Fatal("alias lacks the home roots")
+	}
+	if string(b["west.example"]) != west.PEM() {
+		t.Fatal("an alias overrode a foreign domain's roots")
+	}
+	if _, err := SPIFFEValidation(b); err != nil {
+		t.Fatal(err)
+	}
+}
