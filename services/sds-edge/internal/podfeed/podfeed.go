@@ -14,11 +14,11 @@ import (
 
 // Handlers receive the events sds-edge acts on. Any may be nil.
 type Handlers struct {
-	Renew   func(events.RenewDue)
-	Trust   func(events.TrustChanged) error
+	Renew func(events.RenewDue)
+	Trust func(events.TrustChanged) error
 	// Federated takes a foreign trust domain's bundle (trust.federated).
 	Federated func(events.TrustFederated) error
-	Anchors func(events.TrustAnchors) error
+	Anchors   func(events.TrustAnchors) error
 }
 
 // Subscribe subscribes pod's renew and anchors subjects and the trust subject on nc.
