@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -63,25 +62,7 @@ func (s *Store) SetSecret(sec *tlsv3.Secret) (*Entry, int, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("encode secret %q: %w", sec.GetName(), err)
 	}
-	e := &Entry{Name: sec.GetName(), Any: a}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.entries[e.Name]; ok && string(old.Any.GetValue()) == string(a.GetValue()) {
-		return old, 0, nil
-	}
-	s.gen++
-	e.Version = strconv.FormatUint(s.gen, 10)
-	s.entries[e.Name] = e
-	n := 0
-	for w := range s.watches {
-		if w.names[e.Name] {
-			n++
-			select {
-			case w.c <- struct{}{}:
-			default:
-			}
-		}
-	}
+	e, n := s.put(&Entry{Name: sec.GetName(), Any: a})
 	return e, n, nil
 }
 
