@@ -49,6 +49,8 @@ var samples = []Payload{
 	EnvoyReady{Pod: "web-0", PID: 42, StartupMillis: 850},
 	EnvoyDraining{Pod: "web-0", PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
 	EnvoyExited{Pod: "web-0", PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
+	TrustFederated{TrustDomain: "cluster.local", Foreign: "west.example", Roots: []string{pemCert}, Version: 1763892000000000000,
+		Source: "https://west.example/bundle", Sequence: 3, RefreshHint: 5 * time.Minute, FetchedAt: t0},
 	CertExpiring{Pod: "web-0", Resource: "default", Serial: "1f2e", NotAfter: t0.Add(time.Hour), State: CertStateExpired,
 		Failures: 7, LastError: "sign request: nats: no responders available for request"},
 }

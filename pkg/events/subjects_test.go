@@ -35,3 +35,15 @@ func TestPodSubjectsRoundTrip(t *testing.T) {
 		t.Fatalf("wildcard %s", w)
 	}
 }
+
+func TestTrustFederatedSubject(t *testing.T) {
+	s, err := TrustFederatedSubject("west.example")
+	if err != nil || s != "meshagent.evt.trust.federated.west~example" {
+		t.Fatalf("subject = %q, %v", s, err)
+	}
+	for _, bad := range []string{"", "a b", "a.>", "a*"} {
+		if _, err := TrustFederatedSubject(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}

@@ -11,6 +11,7 @@ require (
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
+	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -73,3 +74,5 @@ replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
 
 replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
+
+replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle

@@ -87,7 +87,7 @@ func For(r Role) (Permissions, error) {
 	case Signer:
 		p = Permissions{
 			Publish: cat(
-				[]string{events.SubjectCertIssued, events.SubjectTrustChanged},
+				[]string{events.SubjectCertIssued, events.SubjectTrustChanged, events.TrustFederatedWildcard},
 				streamManage(events.StreamEvents),
 				// Reads the last trust.changed, so that a change is announced once.
 				streamRead(events.StreamEvents)[1:],
@@ -161,7 +161,7 @@ func ForPod(pod string) (Permissions, error) {
 	own := strings.TrimSuffix(renew, "renew") + ">"
 	return Permissions{
 		Publish:   []string{sign, events.SubjectTrustBundle, evts, anchors},
-		Subscribe: []string{own, events.SubjectTrustChanged, Inbox(Pod, pod) + ".>"},
+		Subscribe: []string{own, events.SubjectTrustChanged, events.TrustFederatedWildcard, Inbox(Pod, pod) + ".>"},
 	}, nil
 }
 

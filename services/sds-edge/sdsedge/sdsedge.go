@@ -198,7 +198,7 @@ func (e *Edge) serve(ctx context.Context) error {
 		}
 		defer closeSigner()
 		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.Pod.ID, podfeed.Handlers{
-			Renew: mgr.Renew, Trust: mgr.TrustChanged, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
+			Renew: mgr.Renew, Trust: mgr.TrustChanged, Federated: mgr.Federated, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
 			return err
 		}

@@ -70,6 +70,7 @@ type Signer struct {
 	callout *buscallout.Responder
 	nats    *natsapi.API
 	grpc    *grpcapi.Server
+	fed     *fed // SPIFFE bundle endpoint and foreign-bundle follower (federation.go)
 }
 
 var _ lifecycle.Service = (*Signer)(nil)
@@ -124,6 +125,9 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))
+	if err := s.newFederation(); err != nil {
+		return nil, fmt.Errorf("federation: %w", err)
+	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)
 	d.Health.AddReadyCheck("nats", s.nats.Ready)
 	d.Health.AddReadyCheck("grpc", s.grpc.Ready)
@@ -210,7 +214,7 @@ func (s *Signer) serveCA(ctx context.Context) error {
 	mat := s.auth.Current()
 	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
 		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
-	return lifecycle.Tasks(ctx, s.source.Run, s.nats.Run, s.grpc.Run)
+	return lifecycle.Tasks(ctx, append([]func(context.Context) error{s.source.Run, s.nats.Run, s.grpc.Run}, s.fed.tasks()...)...)
 }
 
 // loadCA makes sure the event stream exists and loads the CA material.

@@ -102,6 +102,7 @@ type Manager struct {
 	chain    []*x509.Certificate
 	chainPEM []string
 	trust    *trust
+	foreign  *trustbundle.Foreign // followed trust domains' roots (federated.go)
 
 	bootOnce sync.Once
 	woken    bool // the last wait was ended by RetryNow (only Run's goroutine uses it)
@@ -415,6 +416,7 @@ func (m *Manager) publish(cert, roots bool) {
 	m.mu.Unlock()
 	if roots && len(rootsPEM) > 0 {
 		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: rootsPEM})
+		m.publishSPIFFE(rootsPEM)
 	}
 	if cert && haveCert {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})

@@ -14,9 +14,11 @@ import (
 
 // Handlers receive the events sds-edge acts on. Any may be nil.
 type Handlers struct {
-	Renew   func(events.RenewDue)
-	Trust   func(events.TrustChanged) error
-	Anchors func(events.TrustAnchors) error
+	Renew func(events.RenewDue)
+	Trust func(events.TrustChanged) error
+	// Federated takes a foreign trust domain's bundle (trust.federated).
+	Federated func(events.TrustFederated) error
+	Anchors   func(events.TrustAnchors) error
 }
 
 // Subscribe subscribes pod's renew and anchors subjects and the trust subject on nc.
@@ -81,6 +83,19 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 			}
 			if err != nil {
 				log.Warn("dropping trust.changed event", "error", err)
+			}
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if h.Federated != nil {
+		if err := add(events.TrustFederatedWildcard, func(m *nats.Msg) {
+			ev, _, err := events.Decode[events.TrustFederated](m)
+			if err == nil {
+				err = h.Federated(ev)
+			}
+			if err != nil {
+				log.Warn("dropping trust.federated event", "error", err)
 			}
 		}); err != nil {
 			return nil, err

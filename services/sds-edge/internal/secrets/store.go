@@ -58,9 +58,9 @@ type Names struct {
 // WorkloadNames are the names of the workload SDS server: `default`, `ROOTCA` and
 // the file-cert:/file-root: resources.
 var WorkloadNames = Names{
-	Fixed:    []string{Default, RootCA},
+	Fixed:    []string{Default, RootCA, SPIFFERootCA},
 	Prefixes: []string{FileCertPrefix, FileRootPrefix},
-	Want:     fmt.Sprintf("%q, %q, %s<cert>~<key> or %s<path>", Default, RootCA, FileCertPrefix, FileRootPrefix),
+	Want:     fmt.Sprintf("%q, %q, %q, %s<cert>~<key> or %s<path>", Default, RootCA, SPIFFERootCA, FileCertPrefix, FileRootPrefix),
 }
 
 // Store holds every resource. It is safe for concurrent use.
@@ -139,17 +139,24 @@ func (s *Store) Set(sec sdsclient.Secret) (*Entry, int, error) {
 			}
 		}
 	}
+	e, n := s.put(e)
+	return e, n, nil
+}
+
+// put stores e (Name and Any set) with a new version and wakes every watch on it,
+// unless the value is the current one: then it returns the current entry and 0.
+func (s *Store) put(e *Entry) (*Entry, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.entries[sec.Name]; ok && string(old.Any.GetValue()) == string(a.GetValue()) {
-		return old, 0, nil
+	if old, ok := s.entries[e.Name]; ok && string(old.Any.GetValue()) == string(e.Any.GetValue()) {
+		return old, 0
 	}
 	s.gen++
 	e.Version = strconv.FormatUint(s.gen, 10)
-	s.entries[sec.Name] = e
+	s.entries[e.Name] = e
 	n := 0
 	for w := range s.watches {
-		if w.names[sec.Name] {
+		if w.names[e.Name] {
 			n++
 			select {
 			case w.c <- struct{}{}:
@@ -157,7 +164,7 @@ func (s *Store) Set(sec sdsclient.Secret) (*Entry, int, error) {
 			}
 		}
 	}
-	return e, n, nil
+	return e, n
 }
 
 func parseAll(data []byte) []*x509.Certificate {

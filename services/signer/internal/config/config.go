@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/services/signer/internal/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -80,6 +81,18 @@ type Config struct {
 		MaxAge   time.Duration
 	}
 	Workers int // concurrent NATS sign requests per replica
+	// Federation: this domain's SPIFFE bundle endpoint and the foreign domains followed.
+	Federation struct {
+		Listen      string        // bundle endpoint listen address; "": not served
+		CertFile    string        // web-PKI serving certificate of the bundle endpoint
+		KeyFile     string        // its key
+		RefreshHint time.Duration // spiffe_refresh_hint served
+		Endpoints   string        // Istio's SPIFFE_BUNDLE_ENDPOINTS: td|url||td2|url2
+		Files       string        // static bundle files: td|path||td2|path2
+		CAFile      string        // web-PKI roots for fetching bundle endpoints; "": system roots
+		MinRefresh  time.Duration
+		MaxRefresh  time.Duration
+	}
 }
 
 // Process is what the lifecycle reads: the name, the root logger's settings, the
@@ -117,6 +130,9 @@ func Default() Config {
 	c.Stream.Replicas = 1
 	c.Stream.MaxAge = 7 * 24 * time.Hour
 	c.Workers = 64
+	c.Federation.RefreshHint = 5 * time.Minute
+	c.Federation.MinRefresh = 10 * time.Second
+	c.Federation.MaxRefresh = time.Hour
 	return c
 }
 
@@ -164,6 +180,15 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Int(&c.Stream.Replicas, "stream-replicas", "EVENTS_REPLICAS", c.Stream.Replicas, "replicas of the event stream, if the signer creates it")
 	fs.Duration(&c.Stream.MaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Stream.MaxAge, "history of the event stream, if the signer creates it")
 	fs.Int(&c.Workers, "workers", "SIGNER_WORKERS", c.Workers, "concurrent NATS sign requests")
+	fs.String(&c.Federation.Listen, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "", "serve this trust domain's SPIFFE bundle over HTTPS (web-PKI) on this address; empty: not served")
+	fs.String(&c.Federation.CertFile, "bundle-endpoint-cert", "BUNDLE_ENDPOINT_CERT", "", "web-PKI certificate (PEM chain) of the bundle endpoint")
+	fs.String(&c.Federation.KeyFile, "bundle-endpoint-key", "BUNDLE_ENDPOINT_KEY", "", "key of -bundle-endpoint-cert")
+	fs.Duration(&c.Federation.RefreshHint, "bundle-refresh-hint", "BUNDLE_REFRESH_HINT", c.Federation.RefreshHint, "spiffe_refresh_hint of the served bundle")
+	fs.String(&c.Federation.Endpoints, "spiffe-bundle-endpoints", "SPIFFE_BUNDLE_ENDPOINTS", "", "foreign trust domains to follow, as Istio: td|https://url||td2|https://url2")
+	fs.String(&c.Federation.Files, "spiffe-bundle-files", "SPIFFE_BUNDLE_FILES", "", "foreign trust domains from static SPIFFE bundle files: td|/path||td2|/path2")
+	fs.String(&c.Federation.CAFile, "spiffe-bundle-ca-file", "SPIFFE_BUNDLE_CA_FILE", "", "PEM roots authenticating foreign bundle endpoints (web-PKI); empty: system roots")
+	fs.Duration(&c.Federation.MinRefresh, "spiffe-bundle-min-refresh", "SPIFFE_BUNDLE_MIN_REFRESH", c.Federation.MinRefresh, "floor on a foreign bundle's refresh hint, and the retry after a failed fetch")
+	fs.Duration(&c.Federation.MaxRefresh, "spiffe-bundle-max-refresh", "SPIFFE_BUNDLE_MAX_REFRESH", c.Federation.MaxRefresh, "ceiling on a foreign bundle's refresh hint")
 	perr := fs.Parse(args)
 	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
 	c.Certs.Signers = flagenv.SplitList(signers)
@@ -257,5 +282,16 @@ func (c Config) Validate() error {
 	p.Check(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
 	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
 	p.Check(c.Workers >= 1, "-workers: must be at least 1")
+	if c.Federation.Listen != "" {
+		p.Check(c.Federation.CertFile != "" && c.Federation.KeyFile != "", "-bundle-endpoint-cert, -bundle-endpoint-key: required with -bundle-endpoint-addr")
+		p.Check(c.Federation.RefreshHint >= time.Second, "-bundle-refresh-hint: must be at least 1s")
+	}
+	if _, err := federation.ParseEndpoints(c.Federation.Endpoints); err != nil {
+		p.Addf("-spiffe-bundle-endpoints: %w", err)
+	}
+	if _, err := federation.ParseFiles(c.Federation.Files); err != nil {
+		p.Addf("-spiffe-bundle-files: %w", err)
+	}
+	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
 	return p.Err()
 }

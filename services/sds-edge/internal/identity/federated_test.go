@@ -1,0 +1,78 @@
+package identity
+
+import (
+	"crypto/x509"
+	"testing"
+	"time"
+
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
+)
+
+type nopObserver struct{ rejected int }
+
+func (*nopObserver) Changed(*secrets.Entry, int) {}
+func (*nopObserver) Files(_, _, _ []byte)        {}
+func (*nopObserver) CSR(error, bool)             {}
+func (o *nopObserver) TrustRejected(string)      { o.rejected++ }
+func (*nopObserver) TrustBootstrapped(string)    {}
+
+// A pod serves ROOTCA_SPIFFE with its own roots and each followed domain's under
+// its own name, taking a foreign bundle only when its own CA endorsed it.
+func TestFederatedBundlesReachTheSPIFFEValidationContext(t *testing.T) {
+	home := testkit.NewCA(t, "home", nil, time.Now(), time.Hour)
+	west := testkit.NewCA(t, "west", nil, time.Now(), time.Hour)
+	mallory := testkit.NewCA(t, "mallory", nil, time.Now(), time.Hour)
+	store := secrets.New(nil)
+	obs := &nopObserver{}
+	m := New(Config{TrustDomain: "cluster.local", Anchors: []*x509.Certificate{home.Cert}}, nil, store, obs, clock.Real{}, hclog.NewNullLogger())
+	roots := pki.CertPEMs([]*x509.Certificate{home.Cert})
+	es, err := trustbundle.Endorse("cluster.local", 1, roots, home.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ApplyBundle(SourceTrustChanged, trustbundle.Bundle{TrustDomain: "cluster.local", Generation: 1, Roots: roots, Endorsements: es}); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(by *testkit.CA) events.TrustFederated {
+		e := events.TrustFederated{TrustDomain: "cluster.local", Foreign: "west.example", Roots: pki.CertPEMs([]*x509.Certificate{west.Cert}), Version: 1}
+		e.Endorsements, err = trustbundle.EndorseFederated(e.TrustDomain, e.Foreign, e.Version, e.Roots, by.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	if err := m.Federated(ev(mallory)); err == nil || obs.rejected != 1 {
+		t.Fatalf("a foreign bundle endorsed by another key: err %v, rejected %d", err, obs.rejected)
+	}
+	if err := m.Federated(ev(home)); err != nil {
+		t.Fatal(err)
+	}
+	e, ok := store.Get(secrets.SPIFFERootCA)
+	if !ok {
+		t.Fatal("no ROOTCA_SPIFFE")
+	}
+	var sec tlsv3.Secret
+	var cfg tlsv3.SPIFFECertValidatorConfig
+	if err := e.Any.UnmarshalTo(&sec); err != nil {
+		t.Fatal(err)
+	}
+	if err := sec.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	tds := cfg.GetTrustDomains()
+	if len(tds) != 2 || tds[0].GetName() != "cluster.local" || tds[1].GetName() != "west.example" ||
+		string(tds[1].GetTrustBundle().GetInlineBytes()) != west.PEM() {
+		t.Fatalf("trust domains = %v", tds)
+	}
+	if rootca, _ := store.Get(secrets.RootCA); rootca == nil {
+		t.Fatal("plain ROOTCA gone")
+	}
+}

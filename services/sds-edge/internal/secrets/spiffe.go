@@ -1,0 +1,85 @@
+package secrets
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// SPIFFERootCA names the validation context that verifies a peer against the
+// roots of the peer's own trust domain (Envoy's SPIFFE certificate validator):
+// this domain's roots, each followed foreign domain's roots, and this domain's
+// roots again under each trust domain alias. Plain ROOTCA (one PEM bundle)
+// stays for clients that do not know the validator.
+const SPIFFERootCA = "ROOTCA_SPIFFE"
+
+// SPIFFEValidatorName is Envoy's name of the SPIFFE certificate validator.
+const SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
+
+// SPIFFEValidation builds the SPIFFERootCA secret from PEM roots by trust
+// domain. Every name must be a trust domain and every bundle non-empty.
+func SPIFFEValidation(bundles map[string][]byte) (*tlsv3.Secret, error) {
+	if len(bundles) == 0 {
+		return nil, errors.New("spiffe validation: no trust domain")
+	}
+	names := make([]string, 0, len(bundles))
+	for n := range bundles {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	cfg := &tlsv3.SPIFFECertValidatorConfig{}
+	var errs []error
+	for _, n := range names {
+		if _, err := spiffeid.TrustDomainFromString(n); err != nil || len(parseAll(bundles[n])) == 0 {
+			errs = append(errs, fmt.Errorf("trust domain %q: a valid name and PEM roots are required", n))
+			continue
+		}
+		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
+			Name: n, TrustBundle: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: bundles[n]}},
+		})
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	typed, err := anypb.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &tlsv3.Secret{Name: SPIFFERootCA, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+		CustomValidatorConfig: &corev3.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: typed},
+	}}}, nil
+}
+
+// SetSecret stores an already built secret (the SPIFFE validation context)
+// under its name, as Set does for the PEM secrets.
+func (s *Store) SetSecret(sec *tlsv3.Secret) (*Entry, int, error) {
+	a, err := anypb.New(sec)
+	if err != nil {
+		return nil, 0, fmt.Errorf("encode secret %q: %w", sec.GetName(), err)
+	}
+	e, n := s.put(&Entry{Name: sec.GetName(), Any: a})
+	return e, n, nil
+}
+
+// WithAliases returns bundles plus home's roots under each trust domain alias
+// (Istio's TRUST_DOMAIN_ALIASES): a peer whose ID names an alias is verified
+// against this domain's own roots, so it is accepted as this domain. An alias
+// that is also a followed foreign domain keeps the foreign roots: aliasing
+// never widens what a foreign domain's roots may vouch for.
+func WithAliases(bundles map[string][]byte, home string, aliases []string) map[string][]byte {
+	out := make(map[string][]byte, len(bundles)+len(aliases))
+	for k, v := range bundles {
+		out[k] = v
+	}
+	for _, a := range aliases {
+		if _, ok := out[a]; !ok && a != "" {
+			out[a] = bundles[home]
+		}
+	}
+	return out
+}

@@ -1,0 +1,248 @@
+package signer
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/signer/internal/federation"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// fed is the signer's part in federation: the bundle endpoint of this trust
+// domain and the follower of foreign ones. Every replica follows on its own and
+// publishes what it fetched on trust.federated, endorsed by the CA key; pods
+// take it from the bus and never fetch from the internet.
+type fed struct {
+	s        *Signer
+	handler  http.Handler
+	follower *federation.Follower
+	addr     atomic.Pointer[net.Addr]
+}
+
+// newFederation builds the endpoint and the follower from the config; nothing runs.
+func (s *Signer) newFederation() error {
+	cfg := s.cfg.Federation
+	td, err := spiffeid.TrustDomainFromString(s.cfg.TrustDomain)
+	if err != nil {
+		return err
+	}
+	f := &fed{s: s}
+	if cfg.Listen != "" {
+		if f.handler, err = federation.Handler(td, s.currentRoots, cfg.RefreshHint); err != nil {
+			return err
+		}
+	}
+	eps, err := federation.ParseEndpoints(cfg.Endpoints)
+	if err != nil {
+		return fmt.Errorf("-spiffe-bundle-endpoints: %w", err)
+	}
+	files, err := federation.ParseFiles(cfg.Files)
+	if err != nil {
+		return fmt.Errorf("-spiffe-bundle-files: %w", err)
+	}
+	if srcs := append(eps, files...); len(srcs) > 0 {
+		var roots *x509.CertPool
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return fmt.Errorf("-spiffe-bundle-ca-file: %w", err)
+			}
+			roots = x509.NewCertPool()
+			if !roots.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("-spiffe-bundle-ca-file: no PEM certificate in %s", cfg.CAFile)
+			}
+		}
+		f.follower, err = federation.NewFollower(federation.Config{Self: td, WebPKIRoots: roots,
+			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, OnBundle: f.publish})
+		if err != nil {
+			return err
+		}
+		if err := f.follower.Follow(srcs); err != nil {
+			return err
+		}
+	}
+	s.fed = f
+	return nil
+}
+
+// currentRoots is this domain's bundle now (nil before the CA is loaded).
+func (s *Signer) currentRoots() ([]*x509.Certificate, uint64) {
+	m := s.auth.Current()
+	if m == nil {
+		return nil, 0
+	}
+	return m.Roots, m.Generation
+}
+
+// BundleEndpointAddr is the bound address of the SPIFFE bundle endpoint, nil
+// before Run binds it or when it is not served.
+func (s *Signer) BundleEndpointAddr() net.Addr {
+	if s.fed == nil {
+		return nil
+	}
+	if a := s.fed.addr.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
+
+// tasks are what runs once the CA is loaded.
+func (f *fed) tasks() []func(context.Context) error {
+	out := []func(context.Context) error{f.retireUnfollowed}
+	if f.handler != nil {
+		out = append(out, f.serve)
+	}
+	if f.follower != nil {
+		out = append(out, f.follower.Run)
+	}
+	return out
+}
+
+// serve answers the bundle endpoint over HTTPS with the configured web-PKI
+// certificate (re-read on each handshake, so a renewed file is picked up).
+func (f *fed) serve(ctx context.Context) error {
+	cfg := f.s.cfg.Federation
+	if _, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile); err != nil {
+		return fmt.Errorf("bundle endpoint: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("bundle endpoint: %w", err)
+	}
+	addr := ln.Addr()
+	f.addr.Store(&addr)
+	srv := &http.Server{Handler: f.handler, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: f.s.log.Named("bundle-endpoint").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}), TLSConfig: &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+				return &c, err
+			},
+		}}
+	f.s.log.Info("SPIFFE bundle endpoint serving", "addr", addr.String())
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("bundle endpoint: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// publish announces a foreign bundle (b nil: no longer followed) on its
+// trust.federated subject, endorsed by the current CA key, after every fetch:
+// a pod that started since hears it within one refresh hint (pods ignore a
+// version they have and never read the stream).
+func (f *fed) publish(td spiffeid.TrustDomain, b *spiffebundle.Bundle) {
+	var st followedStatus
+	for _, s := range f.follower.Status() {
+		if s.TrustDomain == td.Name() {
+			st = followedStatus(s)
+		}
+	}
+	f.announce(td, b, st)
+}
+
+type followedStatus federation.Status
+
+func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st followedStatus) {
+	m := f.s.auth.Current()
+	if m == nil {
+		f.s.log.Warn("foreign bundle not announced: CA not loaded", "trust_domain", td.Name())
+		return
+	}
+	now := time.Now()
+	ev := events.TrustFederated{TrustDomain: f.s.cfg.TrustDomain, Foreign: td.Name(), Version: uint64(now.UnixNano()), Removed: b == nil}
+	ev.Source, ev.Sequence, ev.RefreshHint, ev.FetchedAt = st.Where, st.Sequence, st.RefreshHint, st.FetchedAt
+	if b != nil {
+		ev.Roots = pki.CertPEMs(b.X509Authorities())
+	}
+	es, err := trustbundle.EndorseFederated(ev.TrustDomain, ev.Foreign, ev.Version, ev.Roots, m.Key)
+	if err != nil {
+		f.s.log.Error("foreign bundle not endorsed", "trust_domain", td.Name(), "error", err)
+		return
+	}
+	if len(m.Chain) > 1 {
+		for i := range es {
+			es[i].Chain = m.IntermediatePEMs()
+		}
+	}
+	ev.Endorsements = es
+	subj, err := events.TrustFederatedSubject(ev.Foreign)
+	if err != nil {
+		f.s.log.Error("foreign bundle not announced", "error", err)
+		return
+	}
+	msg, err := events.Encode(subj, events.Meta{Source: "meshagent/signer/" + f.s.cfg.Instance}, ev)
+	if err != nil {
+		f.s.log.Error("foreign bundle not announced", "trust_domain", td.Name(), "error", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := bus.Publish(ctx, f.s.js, msg); err != nil {
+		f.s.log.Warn("foreign bundle announcement failed (the next refresh announces again only if it changed)", "trust_domain", td.Name(), "error", err)
+		return
+	}
+	f.s.log.Info("foreign trust domain bundle announced", "trust_domain", td.Name(), "roots", len(ev.Roots), "removed", ev.Removed, "source", ev.Source)
+}
+
+// retireUnfollowed announces as removed every foreign domain whose last news
+// on the stream is a bundle but which this signer no longer follows (dropped
+// from the config since): pods stop trusting it without an operator's step.
+func (f *fed) retireUnfollowed(ctx context.Context) error {
+	followed := map[string]bool{}
+	if f.follower != nil {
+		for _, st := range f.follower.Status() {
+			followed[st.TrustDomain] = true
+		}
+	}
+	st, err := f.s.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		return nil // no history: nothing was announced
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(events.TrustFederatedWildcard))
+	if err != nil {
+		f.s.log.Warn("cannot list foreign trust domains announced before", "error", err)
+		return nil
+	}
+	for subj := range info.State.Subjects {
+		raw, err := st.GetLastMsgForSubject(ctx, subj)
+		if err != nil {
+			continue
+		}
+		last, _, err := events.Decode[events.TrustFederated](&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil || last.Removed || last.TrustDomain != f.s.cfg.TrustDomain || followed[last.Foreign] {
+			continue
+		}
+		td, err := spiffeid.TrustDomainFromString(last.Foreign)
+		if err != nil {
+			continue
+		}
+		f.announce(td, nil, followedStatus{Where: last.Source})
+	}
+	return nil
+}
