@@ -22,7 +22,9 @@ import (
 	"sort"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // TypeURL is the name table's type, as istiod sends it and Istio's agent asks for it.
@@ -80,6 +82,16 @@ func Marshal(t Table) []byte {
 // Any wraps t for an xDS response.
 func Any(t Table) *anypb.Any {
 	return &anypb.Any{TypeUrl: TypeURL, Value: Marshal(t)}
+}
+
+// Message is t as a proto.Message, for servers that take messages (such as
+// go-control-plane's caches, which wrap it in an Any of the requested type URL):
+// an empty message carrying t as its unknown fields, which marshal to exactly
+// NameTable's wire form.
+func Message(t Table) proto.Message {
+	m := &emptypb.Empty{}
+	m.ProtoReflect().SetUnknown(Marshal(t))
+	return m
 }
 
 // Unmarshal decodes the wire form of NameTable. Unknown fields are skipped, as

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -19,6 +20,17 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(in, out) {
 		t.Fatalf("round trip:\n got %#v\nwant %#v", out, in)
+	}
+}
+
+func TestMessageMarshalsToTheWireForm(t *testing.T) {
+	in := Table{"a.b": {IPs: []string{"1.2.3.4"}, Registry: "Kubernetes"}}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(Message(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := Unmarshal(b); err != nil || !reflect.DeepEqual(in, out) {
+		t.Fatalf("got %#v (%v)", out, err)
 	}
 }
 
