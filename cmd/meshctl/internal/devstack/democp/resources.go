@@ -29,9 +29,9 @@ const (
 	// resolves it by its short name through its DNS proxy.
 	BackendHost      = "demo-backend.default.svc.cluster.local"
 	BackendShortName = "demo-backend"
-	ListenerName = "demo-http"
-	RouteName    = "demo-route"
-	ClusterName  = "demo-backend"
+	ListenerName     = "demo-http"
+	RouteName        = "demo-route"
+	ClusterName      = "demo-backend"
 )
 
 func ads() *corev3.ConfigSource {
