@@ -83,6 +83,7 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 )
 
