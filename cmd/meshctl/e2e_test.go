@@ -164,6 +164,24 @@ func TestUpSignAndServe(t *testing.T) {
 		}
 	})
 
+	t.Run("the pod's DNS proxy answers from the demo name table", func(t *testing.T) {
+		pod := st.Pods[0]
+		if pod.DNS == "" {
+			t.Fatal("stack.json names no DNS proxy for the pod")
+		}
+		// The relay asks for the name table once Envoy connects; poll until it is in.
+		var out string
+		testkit.Eventually(t, "demo-backend answered from the name table", func() bool {
+			var err error
+			out, err = meshctl(t, "dns", "-dir", dir, "demo-backend")
+			return err == nil && strings.Contains(out, "demo-backend. A 127.0.0.1 (from the mesh's name table")
+		})
+		if out, err := meshctl(t, "dns", "-dir", dir, "-tcp", "demo-backend.default.svc.cluster.local"); err != nil ||
+			!strings.Contains(out, "A 127.0.0.1 (from the mesh's name table") {
+			t.Fatalf("over tcp: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("sign over nats and grpc", func(t *testing.T) {
 		for _, extra := range [][]string{nil, {"-grpc"}} {
 			out, err := meshctl(t, append([]string{"sign", "-dir", dir, "-ns", "prod", "-sa", "web", "-out", filepath.Join(dir, "out")}, extra...)...)

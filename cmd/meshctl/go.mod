@@ -8,6 +8,7 @@ require (
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
+	github.com/meshagent/meshagent/pkg/nds v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
@@ -82,6 +83,7 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 )
 
@@ -90,3 +92,5 @@ replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
 
 replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
+
+replace github.com/meshagent/meshagent/pkg/nds => ../../pkg/nds

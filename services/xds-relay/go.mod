@@ -10,9 +10,11 @@ require (
 	github.com/meshagent/meshagent/pkg/clock v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
+	github.com/meshagent/meshagent/pkg/nds v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
 	github.com/meshagent/meshagent/pkg/pki v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
+	github.com/miekg/dns v1.1.73
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
@@ -82,3 +84,5 @@ replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
 
 replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
+
+replace github.com/meshagent/meshagent/pkg/nds => ../../pkg/nds

@@ -2,7 +2,8 @@
 // stream from a unix socket in the pod to the upstream discovery server with the
 // workload certificate from sds-edge, keeps the upstream TLS current as the mesh's
 // roots change, hands ProxyConfig's trust anchors to sds-edge, and reports what it
-// relays as events. It is built and run the one way every meshagent service is
+// relays as events. With DNS capture (ISTIO_META_DNS_CAPTURE) it also takes the
+// control plane's name table and serves the pod's DNS proxy from it. It is built and run the one way every meshagent service is
 // (pkg/lifecycle): Load → New(cfg, Deps) → Run.
 package xdsrelay
 
@@ -15,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/dnsproxy"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
@@ -40,6 +42,7 @@ type Relay struct {
 	events *outbox.Outbox
 	tls    *tlsrefresh.Refresher
 	relay  *relay.Server
+	dns    *dnsproxy.Server // nil without DNS capture
 }
 
 // New builds the relay on d.Bus (required): it registers its metrics on
@@ -80,8 +83,19 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	handlers := []relay.Handler{pc}
+	if cfg.DNS.Capture {
+		// The relay hosts the DNS proxy because it holds the name table: the table
+		// arrives on its ADS stream, and a second process would need it passed on.
+		x.dns, err = dnsproxy.New(dnsproxy.Config{Addr: cfg.DNS.Addr, ResolvConf: cfg.DNS.ResolvConf,
+			Namespace: cfg.DNS.Namespace}, d.Metrics, d.Log.Named("dns"))
+		if err != nil {
+			return nil, err
+		}
+		handlers = append(handlers, x.dns.Handler())
+	}
 	x.relay, err = relay.New(relay.Config{Pod: cfg.Pod.ID, Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
-		x.dialer, []relay.Handler{pc}, x.events, d.Metrics, d.Log.Named("relay"))
+		x.dialer, handlers, x.events, d.Metrics, d.Log.Named("relay"))
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +106,9 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	x.tls = tlsrefresh.New(d.Bus, x.dialer, changes, d.Log.Named("trust"))
 	d.Health.AddReadyCheck("xds-socket", x.relay.Ready)
 	d.Health.AddReadyCheck("upstream", x.reach.Ready)
+	if x.dns != nil {
+		d.Health.AddReadyCheck("dns-proxy", x.dns.Ready)
+	}
 	return x, nil
 }
 
@@ -104,6 +121,9 @@ func (x *Relay) Run(ctx context.Context) error {
 	tasks := []func(context.Context) error{x.events.Run, x.tls.Run, x.relay.Run, x.reach.Run}
 	if x.sds != nil {
 		tasks = append(tasks, x.sds.Run)
+	}
+	if x.dns != nil {
+		tasks = append(tasks, x.dns.Run)
 	}
 	return lifecycle.Tasks(ctx, tasks...)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -75,7 +76,8 @@ func runUp(ctx context.Context, env Env, args []string) error {
 		r.Stop()
 		fmt.Fprintln(env.Stdout, "meshctl: stopped")
 	}()
-	printSummary(env.Stdout, &r.Stack, time.Since(start))
+	took := time.Since(start)
+	printSummary(env.Stdout, &r.Stack, took, demoLookups(ctx, &r.Stack, democp.BackendShortName, 15*time.Second))
 	mu.Lock()
 	for _, line := range early {
 		fmt.Fprintln(env.Stdout, line)
@@ -95,7 +97,9 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	}
 }
 
-func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
+// printSummary prints the stack; dns is each pod's DNS proxy's answer for the
+// demo backend's short name.
+func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[string]string) {
 	fmt.Fprintf(w, "\nmeshagent is up (%s). State in %s\n\n", took.Round(time.Millisecond), s.Dir)
 	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s, loopback only\n", s.NATSURL)
 	fmt.Fprintf(w, "      authenticated           each service its own nkey, pods their service-account token (signer's auth callout)\n")
@@ -117,10 +121,14 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration) {
 		fmt.Fprintf(w, "      certs (OUTPUT_CERTS)    %s\n", p.OutputCerts)
 		fmt.Fprintf(w, "      envoy                   %s\n", p.Envoy)
 		fmt.Fprintf(w, "      status port             http://%s/healthz/ready, /stats/prometheus (node %s)\n", p.Status, p.NodeID)
+		if p.DNS != "" {
+			fmt.Fprintf(w, "      DNS proxy               %s udp+tcp: %s\n", p.DNS, dns[p.ID])
+		}
 	}
 	fmt.Fprintf(w, "\n  logs: %s/logs/   machine-readable: %s/%s\n", s.Dir, s.Dir, stackfile.FileName)
 	fmt.Fprintf(w, "  try:  bin/meshctl status | bin/meshctl sign -ns default -sa web | bin/meshctl rotate pod demo-0\n")
 	fmt.Fprintf(w, "        bin/meshctl certs | bin/meshctl events -since 10m -pod demo-0 | bin/meshctl inspect demo-0\n")
+	fmt.Fprintf(w, "        bin/meshctl dns %s | bin/meshctl dns -type AAAA example.com\n", democp.BackendShortName)
 	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
 }
 

@@ -354,8 +354,16 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.HTTP["sds-edge"] = sds.HTTP
+	// The relay serves the pod's DNS proxy from the control plane's name table
+	// (Istio's DNS capture), on a port of its own since the demo pods share loopback.
+	dnsAddr, err := supervisor.FreeAddrs(1)
+	if err != nil {
+		return err
+	}
+	pod.DNS = dnsAddr[0]
 	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", onBus(
-		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext")...)
+		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
+		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns)...)
 	if err != nil {
 		return err
 	}

@@ -83,6 +83,8 @@ type Pod struct {
 	Status string `json:"status"`
 	// NodeID is the pod's Envoy node id, as Istio builds it.
 	NodeID string `json:"node_id"`
+	// DNS is the pod's DNS proxy (xds-relay's, UDP and TCP); empty: none.
+	DNS string `json:"dns,omitempty"`
 }
 
 // Process is one child process.

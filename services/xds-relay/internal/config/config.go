@@ -49,6 +49,14 @@ type Config struct {
 	}
 	SDSSocket  string // the pod's sds-edge, for the workload certificate and ROOTCA
 	MaxMsgSize int
+	// DNS is the pod's DNS proxy (Istio's DNS capture): when Capture is set the
+	// relay asks the control plane for the name table and serves DNS from it.
+	DNS struct {
+		Capture    bool
+		Addr       string
+		ResolvConf string
+		Namespace  string
+	}
 }
 
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
@@ -69,6 +77,9 @@ func Default() Config {
 	c.Upstream.ConnectTimeout = 10 * time.Second
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.MaxMsgSize = 64 << 20
+	c.DNS.Addr = "127.0.0.1:15053"
+	c.DNS.ResolvConf = "/etc/resolv.conf"
+	c.DNS.Namespace = "default"
 	return c
 }
 
@@ -99,12 +110,17 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.Duration(&c.Upstream.ConnectTimeout, "connect-timeout", "XDS_CONNECT_TIMEOUT", c.Upstream.ConnectTimeout, "bound on one upstream connection attempt")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "the pod's sds-edge socket (under -pod-root if relative)")
 	fs.Int(&c.MaxMsgSize, "max-msg-size", "XDS_MAX_MSG_SIZE", c.MaxMsgSize, "largest ADS message in bytes, both directions")
+	fs.Bool(&c.DNS.Capture, "dns-capture", "ISTIO_META_DNS_CAPTURE", c.DNS.Capture, "serve the pod's DNS proxy from the control plane's name table (Istio's DNS capture)")
+	fs.String(&c.DNS.Addr, "dns-addr", "DNS_PROXY_ADDR", c.DNS.Addr, "DNS proxy address, UDP and TCP")
+	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
+	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: its services answer to their short names")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	c.Upstream.Headers = headers(environ, getenv)
 	c.Socket = c.Pod.Path(c.Socket)
 	c.SDSSocket = c.Pod.Path(c.SDSSocket)
+	c.DNS.ResolvConf = c.Pod.Path(c.DNS.ResolvConf)
 	if c.Upstream.TokenFile != "" {
 		c.Upstream.TokenFile = c.Pod.Path(c.Upstream.TokenFile)
 	}
@@ -178,6 +194,17 @@ func (c Config) Validate() error {
 	}
 	if c.Upstream.ConnectTimeout <= 0 {
 		p.Addf("-connect-timeout: must be positive")
+	}
+	if c.DNS.Capture {
+		if _, _, err := net.SplitHostPort(c.DNS.Addr); err != nil {
+			p.Addf("-dns-addr: %q: want host:port", c.DNS.Addr)
+		}
+		if c.DNS.ResolvConf == "" {
+			p.Addf("-dns-resolv-conf: required with -dns-capture")
+		}
+		if c.DNS.Namespace == "" {
+			p.Addf("-pod-namespace: required with -dns-capture")
+		}
 	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {

@@ -105,3 +105,23 @@ func TestProcessNamesThePodOnEveryLogLine(t *testing.T) {
 		t.Fatalf("process %+v", p)
 	}
 }
+
+func TestDNSCaptureKnobs(t *testing.T) {
+	c, err := Load([]string{"-pod", "p", "-pod-root", "/pods/p", "-dns-resolv-conf", "etc/resolv.conf"},
+		testkit.Env(map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": "127.0.0.1:5353", "POD_NAMESPACE": "shop"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.DNS.Capture || c.DNS.Addr != "127.0.0.1:5353" || c.DNS.Namespace != "shop" || c.DNS.ResolvConf != "/pods/p/etc/resolv.conf" {
+		t.Fatalf("dns %+v", c.DNS)
+	}
+	if c, err = Load([]string{"-pod", "p"}, testkit.Env(nil)); err != nil || c.DNS.Capture || c.DNS.Addr != "127.0.0.1:15053" || c.DNS.ResolvConf != "/etc/resolv.conf" {
+		t.Fatalf("defaults %+v (%v)", c.DNS, err)
+	}
+	_, err = Load([]string{"-pod", "p", "-dns-capture", "-dns-addr", "nope", "-dns-resolv-conf", "", "-pod-namespace", ""}, testkit.Env(nil))
+	for _, f := range []string{"-dns-addr", "-dns-resolv-conf", "-pod-namespace"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/nds"
 	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
@@ -47,6 +48,8 @@ type upstreamServer struct {
 	addr string
 	snap cache.SnapshotCache
 	pcs  *cache.LinearCache
+	nds  *cache.LinearCache // Istio's name table
+	misc *cache.LinearCache // a type nobody in the relay knows (unknownType)
 	opts []grpc.ServerOption
 	// onOpen, if set, sees the context of every stream the upstream opens.
 	onOpen func(context.Context)
@@ -73,7 +76,8 @@ func startUpstream(t testing.TB, opts ...grpc.ServerOption) *upstreamServer {
 func newUpstream(t testing.TB, addr string, opts ...grpc.ServerOption) *upstreamServer {
 	return &upstreamServer{t: t, addr: addr, opts: opts,
 		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
-		pcs:  cache.NewLinearCache(proxyconfig.TypeURL)}
+		pcs:  cache.NewLinearCache(proxyconfig.TypeURL),
+		nds:  cache.NewLinearCache(nds.TypeURL), misc: cache.NewLinearCache(unknownType)}
 }
 
 func (u *upstreamServer) start() {
@@ -86,7 +90,7 @@ func (u *upstreamServer) start() {
 	mux := &cache.MuxCache{
 		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
-		Caches:        map[string]cache.Cache{"snap": u.snap, "pc": u.pcs},
+		Caches:        map[string]cache.Cache{"snap": u.snap, "pc": u.pcs, "nds": u.nds, "misc": u.misc},
 	}
 	cb := xdsserver.CallbackFuncs{
 		StreamOpenFunc:      func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
@@ -123,9 +127,17 @@ func (u *upstreamServer) start() {
 	go func() { _ = gs.Serve(ln) }()
 }
 
+// unknownType is a type URL the relay has no handler for.
+const unknownType = "type.googleapis.com/example.v1.Unknown"
+
 func classify(typeURL string) string {
-	if typeURL == proxyconfig.TypeURL {
+	switch typeURL {
+	case proxyconfig.TypeURL:
 		return "pc"
+	case nds.TypeURL:
+		return "nds"
+	case unknownType:
+		return "misc"
 	}
 	return "snap"
 }
@@ -208,6 +220,12 @@ type relayEnv struct {
 
 func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *relayEnv {
 	t.Helper()
+	return startRelayWith(t, ucfg, mat)
+}
+
+// startRelayWith is startRelay with more agent-consumed handlers than ProxyConfig's.
+func startRelayWith(t testing.TB, ucfg upstream.Config, mat upstream.Material, more ...relay.Handler) *relayEnv {
+	t.Helper()
 	ns := bustest.Server(t)
 	nc := bustest.Conn(t, ns)
 	js := bustest.JetStream(t, nc)
@@ -240,7 +258,7 @@ func startRelay(t testing.TB, ucfg upstream.Config, mat upstream.Material) *rela
 		t.Fatal(err)
 	}
 	socket := filepath.Join(testkit.ShortDir(t), "XDS")
-	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, []relay.Handler{pc}, pub, reg, log)
+	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, append([]relay.Handler{pc}, more...), pub, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

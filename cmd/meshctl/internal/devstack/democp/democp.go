@@ -1,7 +1,9 @@
 // Package democp is meshctl's demo control plane: a small go-control-plane ADS
 // server (snapshot cache, plaintext TCP) that serves the demo pod a listener with
 // its route and a cluster with its endpoints, so that a new user sees
-// configuration flow from a discovery server through xds-relay to Envoy.
+// configuration flow from a discovery server through xds-relay to Envoy, and
+// Istio's name table (NDS) naming the demo backend, which the relay keeps for the
+// pod's DNS proxy.
 package democp
 
 import (
@@ -17,6 +19,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/nds"
 	"google.golang.org/grpc"
 )
 
@@ -44,6 +47,7 @@ type Server struct {
 	cfg   Config
 	log   hclog.Logger
 	cache cache.SnapshotCache
+	names *cache.LinearCache // the name table, the same for every node
 	ids   map[string]bool
 
 	bound chan struct{}
@@ -74,7 +78,8 @@ func New(cfg Config, log hclog.Logger) *Server {
 		ids[id] = true
 	}
 	return &Server{cfg: cfg, log: log, ids: ids, bound: make(chan struct{}),
-		cache: cache.NewSnapshotCache(true, nodeHash{ids: ids}, nil)}
+		cache: cache.NewSnapshotCache(true, nodeHash{ids: ids}, nil),
+		names: cache.NewLinearCache(nds.TypeURL)}
 }
 
 // Bound is closed once the listener is bound.
@@ -102,12 +107,25 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("demo snapshot for %s: %w", id, err)
 		}
 	}
+	names, err := NameTable(s.cfg.BackendAddr)
+	if err != nil {
+		return err
+	}
+	// One resource without a name, as istiod sends the table.
+	if err := s.names.UpdateResource("", nds.Message(names)); err != nil {
+		return fmt.Errorf("demo name table: %w", err)
+	}
+	mux := &cache.MuxCache{
+		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
+		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
+		Caches:        map[string]cache.Cache{"snap": s.cache, "nds": s.names},
+	}
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listen demo control plane %s: %w", s.cfg.Addr, err)
 	}
 	gs := grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xdsserver.NewServer(ctx, s.cache, s.callbacks()))
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xdsserver.NewServer(ctx, mux, s.callbacks()))
 	s.mu.Lock()
 	s.addr = ln.Addr()
 	s.mu.Unlock()
@@ -132,6 +150,13 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("serve demo control plane: %w", err)
 	}
 	return nil
+}
+
+func classify(typeURL string) string {
+	if typeURL == nds.TypeURL {
+		return "nds"
+	}
+	return "snap"
 }
 
 func (s *Server) callbacks() xdsserver.Callbacks {

@@ -11,6 +11,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/nds"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
@@ -83,6 +84,21 @@ func TestServesListenerAndCluster(t *testing.T) {
 			if l.GetName() != ListenerName || l.GetAddress().GetSocketAddress().GetPortValue() != DefaultListenerPort {
 				t.Fatalf("listener %q at %v", l.GetName(), l.GetAddress())
 			}
+			// The name table, as Istio's agent asks for it: no resource names.
+			if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: nds.TypeURL}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := st.Recv()
+			if err != nil || r.GetTypeUrl() != nds.TypeURL || len(r.GetResources()) != 1 {
+				t.Fatalf("name table: %v, %d resources, %v", r.GetTypeUrl(), len(r.GetResources()), err)
+			}
+			nt, err := nds.Unmarshal(r.GetResources()[0].GetValue())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := nt[BackendHost]; len(e.IPs) != 1 || e.IPs[0] != "127.0.0.1" || e.Shortname != BackendShortName || e.Namespace != "default" {
+				t.Fatalf("name table %#v", nt)
+			}
 		})
 	}
 }
@@ -90,5 +106,8 @@ func TestServesListenerAndCluster(t *testing.T) {
 func TestSnapshotRejectsBadBackend(t *testing.T) {
 	if _, err := Snapshot("1", 1, "nohostport"); err == nil {
 		t.Fatal("want error for a backend without a port")
+	}
+	if _, err := NameTable("backend.example:80"); err == nil {
+		t.Fatal("want error for a name table of a backend without an address")
 	}
 }

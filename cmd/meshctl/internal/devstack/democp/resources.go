@@ -16,6 +16,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/meshagent/meshagent/pkg/nds"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -23,9 +24,14 @@ import (
 
 // Names of the demo resources.
 const (
-	ListenerName = "demo-http"
-	RouteName    = "demo-route"
-	ClusterName  = "demo-backend"
+	// BackendHost is the demo backend's name in the name table: a Kubernetes
+	// service demo-backend in namespace default, so a demo pod (in default)
+	// resolves it by its short name through its DNS proxy.
+	BackendHost      = "demo-backend.default.svc.cluster.local"
+	BackendShortName = "demo-backend"
+	ListenerName     = "demo-http"
+	RouteName        = "demo-route"
+	ClusterName      = "demo-backend"
 )
 
 func ads() *corev3.ConfigSource {
@@ -99,4 +105,17 @@ func Snapshot(version string, port uint32, backend string) (*cache.Snapshot, err
 		return nil, fmt.Errorf("demo snapshot: %w", err)
 	}
 	return snap, nil
+}
+
+// NameTable is the demo's name table (Istio's NDS): BackendHost at the backend's
+// address, as istiod lists a Kubernetes service.
+func NameTable(backend string) (nds.Table, error) {
+	host, _, err := net.SplitHostPort(backend)
+	if err != nil {
+		return nil, fmt.Errorf("demo backend %q: %w", backend, err)
+	}
+	if net.ParseIP(host) == nil {
+		return nil, fmt.Errorf("demo backend %q: want an IP address", backend)
+	}
+	return nds.Table{BackendHost: {IPs: []string{host}, Registry: "Kubernetes", Shortname: BackendShortName, Namespace: "default"}}, nil
 }
