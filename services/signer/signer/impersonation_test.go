@@ -15,11 +15,11 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
-	pb "istio.io/api/security/v1alpha1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	pb "istio.io/api/security/v1alpha1"
 )
 
 // podAPI is a stand-in for the Kubernetes API server's pod reads, over TLS: it wants

@@ -41,6 +41,9 @@ type Via struct {
 	// BusPod is the pod the bus vouches for: the pod sign subject the request came
 	// on, which NATS permissions let only that pod publish to.
 	BusPod string
+	// Impersonate is the identity the caller asks for instead of its own (Istio's
+	// ImpersonatedIdentity request metadata): only a trusted node agent gets it.
+	Impersonate string
 }
 
 // Result is an issued certificate.
@@ -72,7 +75,17 @@ type Config struct {
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
 	Signers     []string // accepted CertSigner names besides ""
+	// Nodes authorizes impersonation by trusted node agents; nil: nobody may.
+	Nodes NodeAuthorizer
 }
+
+// NodeAuthorizer decides whether an authenticated caller may have target's identity
+// (authn.NodeAuthorizer: a trusted node agent, for a workload on its node).
+type NodeAuthorizer interface {
+	Authorize(ctx context.Context, caller authn.Caller, target string) (authn.Caller, error)
+}
+
+var _ NodeAuthorizer = (*authn.NodeAuthorizer)(nil)
 
 // Publisher records an event durably (bus.Publish in production).
 type Publisher func(ctx context.Context, msg *nats.Msg) error
@@ -172,6 +185,21 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	if err != nil {
 		i.metrics.AuthFailures.WithLabelValues(t).Inc()
 		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
+	}
+	if via.Impersonate != "" {
+		if i.cfg.Nodes == nil {
+			return reject("impersonation", errf(events.CodePermissionDenied, "%s may not impersonate %q: no node agent is trusted to (CA_TRUSTED_NODE_ACCOUNTS is empty)", caller.ID, via.Impersonate))
+		}
+		target, err := i.cfg.Nodes.Authorize(ctx, caller, via.Impersonate)
+		if errors.Is(err, authn.ErrUnavailable) {
+			return reject("auth_unavailable", errf(events.CodeUnavailable, "%v", err))
+		}
+		if err != nil {
+			i.log.Warn("impersonation refused", "transport", t, "spiffe_id", caller.ID.String(), "impersonate", via.Impersonate, "error", err)
+			return reject("impersonation", errf(events.CodePermissionDenied, "%v", err))
+		}
+		i.log.Info("impersonation", "transport", t, "node_agent", caller.ID.String(), "spiffe_id", target.ID.String())
+		caller = target
 	}
 	// The rotator keys its schedule on (pod, resource), so a certificate recorded
 	// for the wrong pod would replace that pod's entry: every pod named must be proved.
