@@ -122,6 +122,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
+		Named: ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",

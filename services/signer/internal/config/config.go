@@ -55,6 +55,9 @@ type Config struct {
 		DefaultTTL time.Duration
 		MaxTTL     time.Duration
 		Signers    []string // accepted CertSigner names besides the empty default
+		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
+		// default: -cacerts-dir.
+		SignersDir string
 	}
 	Auth struct {
 		JWKSFile    string
@@ -174,6 +177,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
+	fs.String(&c.Certs.SignersDir, "cert-signers-dir", "CERT_SIGNERS_DIR", "", "directory of the named signers' CA material, <dir>/<signer>/ with Istio's cacerts file names (default: -cacerts-dir)")
 	fs.String(&c.Auth.JWKSFile, "jwks-file", "JWKS_FILE", "", "JWKS file to verify bearer tokens")
 	fs.String(&c.Auth.JWKSURL, "jwks-url", "JWKS_URL", "", "JWKS URL to verify bearer tokens, re-fetched every -jwks-refresh")
 	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS (the key cache's lifetime)")
@@ -219,6 +223,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
 	c.Certs.Signers = flagenv.SplitList(signers)
+	if c.Certs.SignersDir == "" {
+		c.Certs.SignersDir = c.CA.Dir
+	}
 	var errs []error
 	if perr != nil {
 		errs = append(errs, perr)

@@ -75,6 +75,9 @@ type Config struct {
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
 	Signers     []string // accepted CertSigner names besides ""
+	// Named holds the material of the named signers; nil: a CertSigner is only
+	// checked against Signers and signed by the mesh CA.
+	Named *ca.NamedSigners
 	// Nodes authorizes impersonation by trusted node agents; nil: nobody may.
 	Nodes NodeAuthorizer
 }
@@ -209,7 +212,17 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		return reject("pod_mismatch", perr)
 	}
 	now := i.now()
-	leaf, err := mat.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
+	// A named signer signs with its own chain; the caller was authenticated against
+	// the mesh's roots above.
+	signing := mat
+	if req.CertSigner != "" && i.cfg.Named != nil {
+		named, err := i.cfg.Named.Material(req.CertSigner, now)
+		if err != nil {
+			return reject("signer_material", errf(events.CodeInvalidArgument, "%v", err))
+		}
+		signing = named
+	}
+	leaf, err := signing.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
 	if err != nil {
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("sign failed", "spiffe_id", caller.ID.String(), "error", err)
@@ -221,8 +234,8 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	ev := events.CertIssued{
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
-		Signer: i.cfg.Instance, Transport: t, RootFingerprint: mat.RootFingerprint(),
-		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, mat.IntermediatePEMs()...),
+		Signer: i.cfg.Instance, Transport: t, RootFingerprint: signing.RootFingerprint(),
+		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, signing.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	if err == nil {
@@ -238,7 +251,7 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
-	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
+	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, signing.ChainPEMs()...)
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
 }
 
