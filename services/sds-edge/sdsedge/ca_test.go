@@ -242,6 +242,38 @@ func TestIstioGRPCCA(t *testing.T) {
 	}
 }
 
+// Over Istio's gRPC API, a pod whose token is gone renews over mTLS with its still-
+// valid certificate (istiod's x509 authenticator, the VM flow), and keeps its identity.
+func TestIstioGRPCRenewalByCertificate(t *testing.T) {
+	v := newEnv(t)
+	addr := v.ca.serveGRPC(t)
+	root := testkit.ShortDir(t)
+	rootFile := filepath.Join(root, "ca-root.pem")
+	if err := os.WriteFile(rootFile, []byte(v.ca.bundle()[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
+	st := p.open(t, p.dial(t), "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.certAuth.Load() != 0 {
+		t.Fatal("first certificate by client certificate: there was none")
+	}
+	if err := os.Remove(p.cfg.CA.TokenFile); err != nil {
+		t.Fatal(err)
+	}
+	renew(t, v.nc, "")
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.certAuth.Load() != 1 {
+		t.Fatalf("%d requests authenticated by client certificate, want 1", v.ca.certAuth.Load())
+	}
+	if md := *v.ca.lastMD.Load(); len(md.Get("authorization")) != 0 {
+		t.Fatal("renewal by certificate sent an authorization header")
+	}
+	if next.SerialNumber.Cmp(first.SerialNumber) == 0 || next.URIs[0].String() != first.URIs[0].String() {
+		t.Fatal("renewal by certificate did not issue a new certificate for the same identity")
+	}
+}
+
 func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)

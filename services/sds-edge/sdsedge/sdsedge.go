@@ -7,6 +7,7 @@ package sdsedge
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -247,6 +248,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			}
 			return mgr.Roots()
 		})
+		istio.SetClientCert(func() (*tls.Certificate, error) { return mgr.ClientCertificate() })
 		closeSigner = func() { _ = istio.Close() }
 		return istio
 	}

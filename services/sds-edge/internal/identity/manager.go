@@ -9,6 +9,7 @@ package identity
 import (
 	"context"
 	"crypto"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
@@ -401,6 +402,28 @@ func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	m.log.Warn("token unreadable, renewing with the current certificate", "error", terr)
 	req.CertChain, req.Proof = chainPEM, base64.StdEncoding.EncodeToString(proof)
 	return nil
+}
+
+// ClientCertificate is the current certificate with its key, for renewal by
+// certificate over mTLS (the key stays in this process); an error when there is none
+// or it has expired.
+func (m *Manager) ClientCertificate() (*tls.Certificate, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.key == nil {
+		return nil, errors.New("no certificate yet")
+	}
+	if now := m.clock.Now(); now.After(m.chain[0].NotAfter) {
+		return nil, fmt.Errorf("the current certificate expired at %s", m.chain[0].NotAfter.Format(time.RFC3339))
+	}
+	c := &tls.Certificate{PrivateKey: m.key, Leaf: m.chain[0]}
+	for _, x := range m.chain {
+		if x.IsCA && x.CheckSignatureFrom(x) == nil {
+			continue // the root: the CA has it
+		}
+		c.Certificate = append(c.Certificate, x.Raw)
+	}
+	return c, nil
 }
 
 func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }
