@@ -48,6 +48,10 @@ type Config struct {
 	// Anchors are the roots trusted before any bundle (-trust-anchors-file): the
 	// first bundle must be endorsed by one of them. None: trust on first use.
 	Anchors []*x509.Certificate
+	// CertCredential: the signer presents a certificate of its own (PROV_CERT)
+	// when there is neither a token nor a still-valid certificate, so a request may
+	// go without either.
+	CertCredential bool
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -392,6 +396,10 @@ func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	key, chain, chainPEM := m.key, m.chain, m.chainPEM
 	m.mu.Unlock()
 	if key == nil || m.clock.Now().After(chain[0].NotAfter) {
+		if m.cfg.CertCredential {
+			m.log.Warn("token unreadable and no valid certificate, renewing with the provisioned certificate", "error", terr)
+			return nil
+		}
 		return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
 	}
 	b, _ := pem.Decode(csrPEM)
