@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 
@@ -124,33 +122,16 @@ func (n *NodeAuthorizer) get(ctx context.Context, path string, out any) error {
 	if err != nil {
 		return unavailable("%v", err)
 	}
-	req.Header.Set("Accept", "application/json")
-	if n.BearerFile != "" {
-		tok, err := os.ReadFile(n.BearerFile)
-		if err != nil {
-			return unavailable("the signer's own token: %v", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	c := n.Client
-	if c == nil {
-		c = &http.Client{Timeout: reviewTimeout}
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return unavailable("%v", err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxPodsBody+1))
+	code, st, raw, err := callAPI(n.Client, n.BearerFile, req, maxPodsBody)
 	switch {
 	case err != nil:
-		return unavailable("read answer: %v", err)
-	case resp.StatusCode == http.StatusNotFound:
+		return unavailable("%v", err)
+	case code == http.StatusNotFound:
 		return deny("%s: not found", path)
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return unavailable("%s: the signer's service account may not get and list pods", resp.Status)
-	case resp.StatusCode != http.StatusOK:
-		return unavailable("%s", resp.Status)
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		return unavailable("%s: the signer's service account may not get and list pods", st)
+	case code != http.StatusOK:
+		return unavailable("%s", st)
 	case len(raw) > maxPodsBody:
 		return unavailable("answer larger than %d bytes", maxPodsBody)
 	}
