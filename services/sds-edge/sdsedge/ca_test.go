@@ -242,6 +242,83 @@ func TestIstioGRPCCA(t *testing.T) {
 	}
 }
 
+// Over Istio's gRPC API, a pod whose token is gone renews over mTLS with its still-
+// valid certificate (istiod's x509 authenticator, the VM flow), and keeps its identity.
+func TestIstioGRPCRenewalByCertificate(t *testing.T) {
+	v := newEnv(t)
+	addr := v.ca.serveGRPC(t)
+	root := testkit.ShortDir(t)
+	rootFile := filepath.Join(root, "ca-root.pem")
+	if err := os.WriteFile(rootFile, []byte(v.ca.bundle()[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := v.startPod(podOpt{root: root, args: []string{"-ca-addr", addr, "-ca-root-cert", rootFile}})
+	st := p.open(t, p.dial(t), "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.certAuth.Load() != 0 {
+		t.Fatal("first certificate by client certificate: there was none")
+	}
+	if err := os.Remove(p.cfg.CA.TokenFile); err != nil {
+		t.Fatal(err)
+	}
+	renew(t, v.nc, "")
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.certAuth.Load() != 1 {
+		t.Fatalf("%d requests authenticated by client certificate, want 1", v.ca.certAuth.Load())
+	}
+	if md := *v.ca.lastMD.Load(); len(md.Get("authorization")) != 0 {
+		t.Fatal("renewal by certificate sent an authorization header")
+	}
+	if next.SerialNumber.Cmp(first.SerialNumber) == 0 || next.URIs[0].String() != first.URIs[0].String() {
+		t.Fatal("renewal by certificate did not issue a new certificate for the same identity")
+	}
+}
+
+// A VM with no token at all gets its identity over mTLS with the provisioned
+// certificate (Istio's PROV_CERT: cert-chain.pem and key.pem), then renews with its own.
+func TestIstioGRPCProvisionedCertificate(t *testing.T) {
+	v := newEnv(t)
+	addr := v.ca.serveGRPC(t)
+	root := testkit.ShortDir(t)
+	if err := os.WriteFile(filepath.Join(root, "ca-root.pem"), []byte(v.ca.bundle()[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v.ca.mu.Lock()
+	ca := &testkit.CA{Cert: v.ca.roots[0], Key: v.ca.keys[0]}
+	v.ca.mu.Unlock()
+	prov := ca.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/default/sa/web"})
+	keyPEM, err := pki.EncodeKeyPEM(prov.Key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "etc", "certs")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cert-chain.pem"), pki.EncodeCertPEM(prov.Cert), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "key.pem"), keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := v.startPod(podOpt{root: root, noTok: true, args: []string{"-ca-addr", addr, "-ca-root-cert", "ca-root.pem", "-prov-cert", "etc/certs"}})
+	st := p.open(t, p.dial(t), "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	if first.URIs[0].String() != "spiffe://cluster.local/ns/default/sa/web" || first.SerialNumber.Cmp(prov.Cert.SerialNumber) == 0 {
+		t.Fatalf("first certificate %v", first.URIs)
+	}
+	if v.ca.certAuth.Load() != 1 {
+		t.Fatalf("%d requests authenticated by client certificate, want 1", v.ca.certAuth.Load())
+	}
+	renew(t, v.nc, "")
+	if next := leafOf(t, recv(t, st).Secrets["default"]); next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("no renewal")
+	}
+	if v.ca.certAuth.Load() != 2 {
+		t.Fatalf("%d requests authenticated by client certificate, want 2", v.ca.certAuth.Load())
+	}
+}
+
 func TestIstioGRPCCARejectsUntrustedServer(t *testing.T) {
 	v := newEnv(t)
 	addr := v.ca.serveGRPC(t)

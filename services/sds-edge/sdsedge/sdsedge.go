@@ -7,10 +7,12 @@ package sdsedge
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,6 +249,13 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			}
 			return mgr.Roots()
 		})
+		istio.SetClientCert(func() (*tls.Certificate, error) {
+			cert, err := mgr.ClientCertificate()
+			if err != nil && c.CA.ProvCert != "" {
+				return provCert(c.CA.ProvCert, e.d.Clock.Now())
+			}
+			return cert, err
+		})
 		closeSigner = func() { _ = istio.Close() }
 		return istio
 	}
@@ -261,7 +270,8 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
-		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
+		CertCredential: c.CA.ProvCert != ""}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }
 
@@ -337,4 +347,22 @@ func (e *Edge) publish(kind string, p events.Payload) {
 		return
 	}
 	e.pub.Publish(subject, p)
+}
+
+// provCert reads Istio's PROV_CERT directory (cert-chain.pem, key.pem), re-read at
+// each use so a re-provisioned certificate is taken up; an expired one is refused here.
+func provCert(dir string, now time.Time) (*tls.Certificate, error) {
+	c, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"))
+	if err != nil {
+		return nil, fmt.Errorf("-prov-cert: %w", err)
+	}
+	if c.Leaf == nil {
+		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("-prov-cert: %w", err)
+		}
+	}
+	if now.After(c.Leaf.NotAfter) {
+		return nil, fmt.Errorf("-prov-cert: %s/cert-chain.pem expired at %s", dir, c.Leaf.NotAfter.Format(time.RFC3339))
+	}
+	return &c, nil
 }

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	pb "istio.io/api/security/v1alpha1"
 
@@ -60,6 +61,7 @@ type testCA struct {
 	lastMD    atomic.Pointer[metadata.MD]
 	rogueID   atomic.Pointer[string] // when set, sign for this identity instead (a rogue responder)
 	silent    atomic.Bool            // when set, sign requests get no answer (a rogue answers alone)
+	certAuth  atomic.Int32           // gRPC requests authenticated by a client certificate
 }
 
 func newTestCA(tb testing.TB) *testCA {
@@ -316,7 +318,7 @@ func (c *testCA) serveGRPC(tb testing.TB) string {
 	root := &testkit.CA{Cert: c.roots[0], Key: c.keys[0]}
 	c.mu.Unlock()
 	cert := root.Issue(tb, testkit.Spec{Name: "istiod", IPs: []net.IP{net.ParseIP("127.0.0.1")}}).TLS()
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequestClientCert})))
 	pb.RegisterIstioCertificateServiceServer(srv, istioServer{c: c})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -337,10 +339,18 @@ func (s istioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertifi
 	md, _ := metadata.FromIncomingContext(ctx)
 	s.c.lastMD.Store(&md)
 	auth := md.Get("authorization")
-	if len(auth) != 1 || !strings.HasPrefix(auth[0], "Bearer ") {
-		return nil, status.Error(codes.Unauthenticated, "no bearer token")
+	var id string
+	var err error
+	switch {
+	case len(auth) == 1 && strings.HasPrefix(auth[0], "Bearer "):
+		id, err = s.c.identity(strings.TrimPrefix(auth[0], "Bearer "))
+	case len(auth) == 0:
+		// As istiod's x509 authenticator: a still-valid client certificate chaining to
+		// the roots, the identity its SPIFFE URI.
+		id, err = s.c.peerIdentity(ctx)
+	default:
+		err = errors.New("authorization metadata must be one \"Bearer <token>\"")
 	}
-	id, err := s.c.identity(strings.TrimPrefix(auth[0], "Bearer "))
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
@@ -349,4 +359,34 @@ func (s istioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertifi
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return &pb.IstioCertificateResponse{CertChain: chain}, nil
+}
+
+// peerIdentity authenticates the caller by its mTLS client certificate.
+func (c *testCA) peerIdentity(ctx context.Context) (string, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", errors.New("no peer")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return "", errors.New("no bearer token and no client certificate")
+	}
+	chain := ti.State.PeerCertificates
+	opts := x509.VerifyOptions{Roots: x509.NewCertPool(), Intermediates: x509.NewCertPool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	c.mu.Lock()
+	for _, r := range c.roots {
+		opts.Roots.AddCert(r)
+	}
+	c.mu.Unlock()
+	for _, x := range chain[1:] {
+		opts.Intermediates.AddCert(x)
+	}
+	if _, err := chain[0].Verify(opts); err != nil {
+		return "", fmt.Errorf("client certificate: %w", err)
+	}
+	if len(chain[0].URIs) != 1 {
+		return "", errors.New("client certificate has no single SPIFFE URI")
+	}
+	c.certAuth.Add(1)
+	return chain[0].URIs[0].String(), nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,4 +51,19 @@ func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registe
 	dial := func(ctx context.Context) (*nats.Conn, error) { return bus.Connect(ctx, bc, log) }
 	s.callout = buscallout.New(issuer, verifier, dial, reg, log, now)
 	return nil
+}
+
+// newNodeAuthorizer builds what lets trusted node agents impersonate workloads on
+// their node; nil (nobody may) without -trusted-node-accounts.
+func (s *Signer) newNodeAuthorizer() (issuer.NodeAuthorizer, error) {
+	n := s.cfg.Nodes
+	if len(n.TrustedAccounts) == 0 {
+		return nil, nil
+	}
+	client, err := authn.NewHTTPClient(n.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("-node-api-ca-file: %w", err)
+	}
+	return &authn.NodeAuthorizer{URL: n.APIURL, Client: client, BearerFile: n.BearerFile,
+		Trusted: n.TrustedAccounts, TrustDomain: s.cfg.TrustDomain}, nil
 }

@@ -113,11 +113,16 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if verifier != nil {
 		tokens = verifier
 	}
+	nodes, err := s.newNodeAuthorizer()
+	if err != nil {
+		return nil, err
+	}
 	metrics := issuer.NewMetrics(d.Metrics, s.auth, now)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
-		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers,
+		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
+		Named: ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",

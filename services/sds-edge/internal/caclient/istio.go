@@ -29,6 +29,9 @@ type Istio struct {
 	clusterID string
 	plaintext bool
 	roots     func() *x509.CertPool // read at every dial, so a new bundle is used
+	// clientCert is the certificate presented for renewal by certificate (the
+	// pod's current one, or PROV_CERT's); nil: never.
+	clientCert func() (*tls.Certificate, error)
 
 	mu sync.Mutex
 	cc *grpc.ClientConn
@@ -39,6 +42,11 @@ type Istio struct {
 func NewIstio(addr, clusterID string, plaintext bool, roots func() *x509.CertPool) *Istio {
 	return &Istio{addr: addr, clusterID: clusterID, plaintext: plaintext, roots: roots}
 }
+
+// SetClientCert makes the client renew over mTLS with the certificate f returns
+// when a request has no token, or its token is refused (Istio's PROV_CERT and VM
+// flow: the CA takes the identity from the certificate). Call before the first Sign.
+func (c *Istio) SetClientCert(f func() (*tls.Certificate, error)) { c.clientCert = f }
 
 func (c *Istio) conn() (*grpc.ClientConn, error) {
 	c.mu.Lock()
@@ -78,22 +86,25 @@ func (c *Istio) reset() {
 func (c *Istio) Close() error { c.reset(); return nil }
 
 // Sign calls CreateCertificate with req mapped onto Istio's request: the CSR, the
-// TTL in seconds (ValidityDuration) and the token as metadata. Renewal by proof is
-// not part of Istio's API: a request without a token is refused here.
+// TTL in seconds (ValidityDuration) and the token as metadata. Without a token, or
+// when the CA refuses it, the request goes over mTLS with the client certificate
+// (SetClientCert) instead; Istio's API has no proof field, so the TLS handshake is
+// the proof of the key.
 func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
-	if req.Token == "" {
-		return Response{}, fmt.Errorf("%w: the gRPC CA needs a token", ErrRejected)
+	if req.Token == "" && c.clientCert == nil {
+		return Response{}, fmt.Errorf("%w: the gRPC CA needs a token or a client certificate", ErrRejected)
 	}
-	cc, err := c.conn()
-	if err != nil {
-		return Response{}, err
+	var resp *pb.IstioCertificateResponse
+	var err error
+	if req.Token != "" {
+		resp, err = c.create(ctx, req, nil)
+		if status.Code(err) == codes.Unauthenticated && c.clientCert != nil {
+			resp, err = c.byCert(ctx, req)
+		}
+	} else {
+		resp, err = c.byCert(ctx, req)
 	}
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+req.Token, "ClusterID", c.clusterID)
-	resp, err := pb.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &pb.IstioCertificateRequest{
-		Csr: req.CSR, ValidityDuration: int64(req.TTL / time.Second),
-	})
 	if err != nil {
-		c.reset()
 		if status.Code(err) == codes.Unavailable {
 			return Response{}, fmt.Errorf("create certificate: %w: %w", ErrUnreachable, err)
 		}
@@ -105,4 +116,55 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 		return Response{}, errors.New("create certificate: empty cert chain")
 	}
 	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}}, nil
+}
+
+// create sends one CreateCertificate on cc, or on the shared connection when cc is
+// nil, with the token as metadata when req has one.
+func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.ClientConn) (*pb.IstioCertificateResponse, error) {
+	shared := cc == nil
+	if shared {
+		var err error
+		if cc, err = c.conn(); err != nil {
+			return nil, err
+		}
+	}
+	md := []string{"ClusterID", c.clusterID}
+	if req.Token != "" {
+		md = append(md, "authorization", "Bearer "+req.Token)
+	}
+	ctx = metadata.AppendToOutgoingContext(ctx, md...)
+	resp, err := pb.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &pb.IstioCertificateRequest{
+		Csr: req.CSR, ValidityDuration: int64(req.TTL / time.Second),
+	})
+	if err != nil && shared {
+		c.reset()
+	}
+	return resp, err
+}
+
+// byCert sends req without a token over a connection of its own that presents the
+// client certificate, closed after the one call: the next renewal presents the
+// certificate current then, not the one this connection was made with.
+func (c *Istio) byCert(ctx context.Context, req events.SignRequest) (*pb.IstioCertificateResponse, error) {
+	if c.plaintext {
+		return nil, status.Error(codes.FailedPrecondition, "renewal by certificate needs TLS to the CA (not port 15010)")
+	}
+	cert, err := c.clientCert()
+	if err != nil {
+		return nil, status.Errorf(codes.Unauthenticated, "no token and no client certificate: %v", err)
+	}
+	pool := c.roots()
+	if pool == nil {
+		return nil, errors.New("no roots to verify the ca's tls certificate: set -ca-root-cert")
+	}
+	cc, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		RootCAs: pool, MinVersion: tls.VersionTLS12,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
+	})))
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "dial ca %s: %v", c.addr, err)
+	}
+	defer cc.Close()
+	req.Token = ""
+	return c.create(ctx, req, cc)
 }

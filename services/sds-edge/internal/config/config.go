@@ -45,6 +45,10 @@ type Config struct {
 		// to anyone: the first trust bundle must be endorsed by one of them. Empty:
 		// trust on first use.
 		TrustAnchorsFile string
+		// ProvCert is Istio's PROV_CERT: a directory with cert-chain.pem and key.pem
+		// of a provisioned certificate (a VM's), presented over mTLS to -ca-addr
+		// when there is neither a token nor a still-valid certificate of our own.
+		ProvCert string
 	}
 	Cert struct {
 		TTL            time.Duration
@@ -119,6 +123,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
+	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate, presented over mTLS to -ca-addr when there is no token (a VM); empty: none")
 	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
 	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
 	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
@@ -155,6 +160,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Bus.AsPod(c.Pod.ID, c.CA.TokenFile)
 	if c.CA.RootCert != "" {
 		c.CA.RootCert = c.Pod.Path(c.CA.RootCert)
+	}
+	if c.CA.ProvCert != "" {
+		c.CA.ProvCert = c.Pod.Path(c.CA.ProvCert)
 	}
 	if c.CA.TrustAnchorsFile != "" {
 		c.CA.TrustAnchorsFile = c.Pod.Path(c.CA.TrustAnchorsFile)
@@ -235,6 +243,7 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	p.Check(c.CA.TokenFile != "", "-token-file: required")
+	p.Check(c.CA.ProvCert == "" || c.CA.Addr != "", "-prov-cert: needs -ca-addr (it is presented over mTLS to the gRPC CA)")
 	p.Check(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
 	return p.Err()
 }

@@ -9,6 +9,7 @@ package identity
 import (
 	"context"
 	"crypto"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
@@ -47,6 +48,10 @@ type Config struct {
 	// Anchors are the roots trusted before any bundle (-trust-anchors-file): the
 	// first bundle must be endorsed by one of them. None: trust on first use.
 	Anchors []*x509.Certificate
+	// CertCredential: the signer presents a certificate of its own (PROV_CERT)
+	// when there is neither a token nor a still-valid certificate, so a request may
+	// go without either.
+	CertCredential bool
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -391,6 +396,10 @@ func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	key, chain, chainPEM := m.key, m.chain, m.chainPEM
 	m.mu.Unlock()
 	if key == nil || m.clock.Now().After(chain[0].NotAfter) {
+		if m.cfg.CertCredential {
+			m.log.Warn("token unreadable and no valid certificate, renewing with the provisioned certificate", "error", terr)
+			return nil
+		}
 		return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
 	}
 	b, _ := pem.Decode(csrPEM)
@@ -401,6 +410,28 @@ func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	m.log.Warn("token unreadable, renewing with the current certificate", "error", terr)
 	req.CertChain, req.Proof = chainPEM, base64.StdEncoding.EncodeToString(proof)
 	return nil
+}
+
+// ClientCertificate is the current certificate with its key, for renewal by
+// certificate over mTLS (the key stays in this process); an error when there is none
+// or it has expired.
+func (m *Manager) ClientCertificate() (*tls.Certificate, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.key == nil {
+		return nil, errors.New("no certificate yet")
+	}
+	if now := m.clock.Now(); now.After(m.chain[0].NotAfter) {
+		return nil, fmt.Errorf("the current certificate expired at %s", m.chain[0].NotAfter.Format(time.RFC3339))
+	}
+	c := &tls.Certificate{PrivateKey: m.key, Leaf: m.chain[0]}
+	for _, x := range m.chain {
+		if x.IsCA && x.CheckSignatureFrom(x) == nil {
+			continue // the root: the CA has it
+		}
+		c.Certificate = append(c.Certificate, x.Raw)
+	}
+	return c, nil
 }
 
 func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }

@@ -4,8 +4,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -31,4 +33,32 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 		tr.TLSClientConfig.RootCAs = pool
 	}
 	return &http.Client{Transport: tr, Timeout: 10 * time.Second}, nil
+}
+
+// callAPI sends req to the API server as the signer: with its own token from
+// bearerFile (re-read each time: the kubelet rotates it) and c (nil: a plain client
+// with reviewTimeout). It returns the status and at most limit+1 bytes of the body;
+// an error is no answer at all.
+func callAPI(c *http.Client, bearerFile string, req *http.Request, limit int64) (int, string, []byte, error) {
+	req.Header.Set("Accept", "application/json")
+	if bearerFile != "" {
+		tok, err := os.ReadFile(bearerFile)
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("the signer's own token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	if c == nil {
+		c = &http.Client{Timeout: reviewTimeout}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return 0, "", nil, fmt.Errorf("read answer: %w", err)
+	}
+	return resp.StatusCode, resp.Status, raw, nil
 }

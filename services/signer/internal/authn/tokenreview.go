@@ -6,10 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -172,32 +170,15 @@ func (v *TokenReviewer) review(ctx context.Context, token string) (reviewStatus,
 		return unavailable("%v", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	if v.BearerFile != "" {
-		tok, err := os.ReadFile(v.BearerFile)
-		if err != nil {
-			return unavailable("the signer's own token: %v", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	c := v.Client
-	if c == nil {
-		c = &http.Client{Timeout: reviewTimeout}
-	}
-	resp, err := c.Do(req)
+	code, st, raw, err := callAPI(v.Client, v.BearerFile, req, maxReviewBody)
 	if err != nil {
 		return unavailable("%v", err)
 	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReviewBody+1))
-	if err != nil {
-		return unavailable("read answer: %v", err)
-	}
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return unavailable("%s: the signer's service account may not create tokenreviews (bind the ClusterRole system:auth-delegator to it)", resp.Status)
-	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated:
-		return unavailable("%s", resp.Status)
+	case code == http.StatusUnauthorized || code == http.StatusForbidden:
+		return unavailable("%s: the signer's service account may not create tokenreviews (bind the ClusterRole system:auth-delegator to it)", st)
+	case code != http.StatusOK && code != http.StatusCreated:
+		return unavailable("%s", st)
 	case len(raw) > maxReviewBody:
 		return unavailable("answer larger than %d bytes", maxReviewBody)
 	}

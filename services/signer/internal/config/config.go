@@ -55,6 +55,9 @@ type Config struct {
 		DefaultTTL time.Duration
 		MaxTTL     time.Duration
 		Signers    []string // accepted CertSigner names besides the empty default
+		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
+		// default: -cacerts-dir.
+		SignersDir string
 	}
 	Auth struct {
 		JWKSFile    string
@@ -75,6 +78,15 @@ type Config struct {
 		TokenReview      bool
 		TokenReviewURL   string        // API server; default: in-cluster (KUBERNETES_SERVICE_HOST/PORT)
 		TokenReviewCache time.Duration // longest a verdict is reused (never past the token's exp)
+	}
+	// Nodes: trusted node agents that may ask for the identity of a workload on
+	// their own node (Istio's CA_TRUSTED_NODE_ACCOUNTS and ImpersonatedIdentity),
+	// checked against the API server's pods.
+	Nodes struct {
+		TrustedAccounts []string // <ns>/<sa>
+		APIURL          string   // API server; default: in-cluster
+		CAFile          string   // its roots; default with TrustedAccounts in a pod: the in-cluster CA
+		BearerFile      string   // the signer's token (get/list pods); default likewise
 	}
 	Stream struct {
 		Replicas int
@@ -165,6 +177,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
+	fs.String(&c.Certs.SignersDir, "cert-signers-dir", "CERT_SIGNERS_DIR", "", "directory of the named signers' CA material, <dir>/<signer>/ with Istio's cacerts file names (default: -cacerts-dir)")
 	fs.String(&c.Auth.JWKSFile, "jwks-file", "JWKS_FILE", "", "JWKS file to verify bearer tokens")
 	fs.String(&c.Auth.JWKSURL, "jwks-url", "JWKS_URL", "", "JWKS URL to verify bearer tokens, re-fetched every -jwks-refresh")
 	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS (the key cache's lifetime)")
@@ -189,9 +202,30 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Federation.CAFile, "spiffe-bundle-ca-file", "SPIFFE_BUNDLE_CA_FILE", "", "PEM roots authenticating foreign bundle endpoints (web-PKI); empty: system roots")
 	fs.Duration(&c.Federation.MinRefresh, "spiffe-bundle-min-refresh", "SPIFFE_BUNDLE_MIN_REFRESH", c.Federation.MinRefresh, "floor on a foreign bundle's refresh hint, and the retry after a failed fetch")
 	fs.Duration(&c.Federation.MaxRefresh, "spiffe-bundle-max-refresh", "SPIFFE_BUNDLE_MAX_REFRESH", c.Federation.MaxRefresh, "ceiling on a foreign bundle's refresh hint")
+	var trusted string
+	fs.String(&trusted, "trusted-node-accounts", "CA_TRUSTED_NODE_ACCOUNTS", "", "node agents (<ns>/<sa>, comma-separated) that may ask for the identity of a workload on their own node (ImpersonatedIdentity); checked by reading pods from the API server")
+	fs.String(&c.Nodes.APIURL, "node-api-url", "NODE_API_URL", authn.InClusterURL(getenv), "API server read for -trusted-node-accounts (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	fs.String(&c.Nodes.CAFile, "node-api-ca-file", "NODE_API_CA_FILE", "", "PEM roots of -node-api-url (default with -trusted-node-accounts: "+authn.InClusterCAFile+")")
+	fs.String(&c.Nodes.BearerFile, "node-api-bearer-file", "NODE_API_BEARER_FILE", "", "the signer's token for -node-api-url, which must allow get and list pods (default with -trusted-node-accounts: "+authn.InClusterTokenFile+")")
 	perr := fs.Parse(args)
+	if accts, err := authn.ParseTrustedAccounts(trusted); err != nil {
+		perr = errors.Join(perr, fmt.Errorf("-trusted-node-accounts: %w", err))
+	} else {
+		c.Nodes.TrustedAccounts = accts
+	}
+	if len(c.Nodes.TrustedAccounts) > 0 {
+		if c.Nodes.CAFile == "" {
+			c.Nodes.CAFile = authn.InClusterCAFile
+		}
+		if c.Nodes.BearerFile == "" {
+			c.Nodes.BearerFile = authn.InClusterTokenFile
+		}
+	}
 	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
 	c.Certs.Signers = flagenv.SplitList(signers)
+	if c.Certs.SignersDir == "" {
+		c.Certs.SignersDir = c.CA.Dir
+	}
 	var errs []error
 	if perr != nil {
 		errs = append(errs, perr)
@@ -268,6 +302,9 @@ func (c Config) Validate() error {
 	if c.Auth.TokenReview {
 		p.Check(strings.HasPrefix(c.Auth.TokenReviewURL, "https://"), "-token-review-url: must be an https URL with -token-review, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Auth.TokenReviewURL)
 		p.Check(c.Auth.TokenReviewCache >= 0 && c.Auth.TokenReviewCache <= 5*time.Minute, "-token-review-cache: must be between 0 and 5m (a deleted pod's token is honoured that long)")
+	}
+	if len(c.Nodes.TrustedAccounts) > 0 {
+		p.Check(strings.HasPrefix(c.Nodes.APIURL, "https://"), "-node-api-url: must be an https URL with -trusted-node-accounts, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Nodes.APIURL)
 	}
 	if c.Auth.Discover {
 		p.Check(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)

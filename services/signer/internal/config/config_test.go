@@ -191,3 +191,30 @@ func TestProcess(t *testing.T) {
 		t.Fatalf("process %+v (bus %+v)", p, p.Bus)
 	}
 }
+
+// CA_TRUSTED_NODE_ACCOUNTS as Istio spells it; in a pod the API server and the
+// service account's files are the defaults; a malformed entry or no https API server
+// is refused naming the flag. CERT_SIGNERS_DIR defaults to -cacerts-dir.
+func TestTrustedNodeAccountsAndSignersDir(t *testing.T) {
+	base := []string{"-instance", "s", "-ca-kek-file", "kek"}
+	inPod := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+		"CA_TRUSTED_NODE_ACCOUNTS": "istio-system/ztunnel, kube-system/agent"}
+	c, err := Load(base, testkit.Env(inPod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.Nodes.TrustedAccounts, "|") != "istio-system/ztunnel|kube-system/agent" || c.Nodes.APIURL != "https://10.96.0.1:443" ||
+		c.Nodes.CAFile != "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt" || c.Nodes.BearerFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
+		t.Fatalf("nodes %+v", c.Nodes)
+	}
+	if _, err := Load(base, testkit.Env(map[string]string{"CA_TRUSTED_NODE_ACCOUNTS": "ztunnel"})); err == nil || !strings.Contains(err.Error(), "-trusted-node-accounts: want <namespace>/<serviceaccount>") {
+		t.Fatalf("malformed: %v", err)
+	}
+	if _, err := Load(base, testkit.Env(map[string]string{"CA_TRUSTED_NODE_ACCOUNTS": "a/b"})); err == nil || !strings.Contains(err.Error(), "-node-api-url: must be an https URL") {
+		t.Fatalf("no API server: %v", err)
+	}
+	c, err = Load(append(base, "-cacerts-dir", "/etc/cacerts", "-cert-signers", "partner"), testkit.Env(nil))
+	if err != nil || c.Certs.SignersDir != "/etc/cacerts" {
+		t.Fatalf("signers dir %q, %v", c.Certs.SignersDir, err)
+	}
+}

@@ -28,6 +28,10 @@ import (
 // CertSignerKey is the request metadata field naming the signer (Istio's security.CertSigner).
 const CertSignerKey = "CertSigner"
 
+// ImpersonatedIdentityKey is the request metadata field naming the identity a
+// trusted node agent asks for (Istio's security.ImpersonatedIdentity).
+const ImpersonatedIdentityKey = "ImpersonatedIdentity"
+
 // Server is the Istio CA gRPC server.
 type Server struct {
 	pb.UnimplementedIstioCertificateServiceServer
@@ -127,7 +131,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 		TTL:        ttl,
 		CertSigner: req.GetMetadata().GetFields()[CertSignerKey].GetStringValue(),
 	}
-	via := issuer.Via{Transport: issuer.TransportGRPC}
+	via := issuer.Via{Transport: issuer.TransportGRPC, Impersonate: req.GetMetadata().GetFields()[ImpersonatedIdentityKey].GetStringValue()}
 	if auth := md.Get("authorization"); len(auth) > 0 {
 		scheme, tok, ok := strings.Cut(auth[0], " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {

@@ -41,6 +41,9 @@ type Via struct {
 	// BusPod is the pod the bus vouches for: the pod sign subject the request came
 	// on, which NATS permissions let only that pod publish to.
 	BusPod string
+	// Impersonate is the identity the caller asks for instead of its own (Istio's
+	// ImpersonatedIdentity request metadata): only a trusted node agent gets it.
+	Impersonate string
 }
 
 // Result is an issued certificate.
@@ -72,7 +75,20 @@ type Config struct {
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
 	Signers     []string // accepted CertSigner names besides ""
+	// Named holds the material of the named signers; nil: a CertSigner is only
+	// checked against Signers and signed by the mesh CA.
+	Named *ca.NamedSigners
+	// Nodes authorizes impersonation by trusted node agents; nil: nobody may.
+	Nodes NodeAuthorizer
 }
+
+// NodeAuthorizer decides whether an authenticated caller may have target's identity
+// (authn.NodeAuthorizer: a trusted node agent, for a workload on its node).
+type NodeAuthorizer interface {
+	Authorize(ctx context.Context, caller authn.Caller, target string) (authn.Caller, error)
+}
+
+var _ NodeAuthorizer = (*authn.NodeAuthorizer)(nil)
 
 // Publisher records an event durably (bus.Publish in production).
 type Publisher func(ctx context.Context, msg *nats.Msg) error
@@ -173,6 +189,21 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		i.metrics.AuthFailures.WithLabelValues(t).Inc()
 		return reject("auth", errf(events.CodeUnauthenticated, "%v", err))
 	}
+	if via.Impersonate != "" {
+		if i.cfg.Nodes == nil {
+			return reject("impersonation", errf(events.CodePermissionDenied, "%s may not impersonate %q: no node agent is trusted to (CA_TRUSTED_NODE_ACCOUNTS is empty)", caller.ID, via.Impersonate))
+		}
+		target, err := i.cfg.Nodes.Authorize(ctx, caller, via.Impersonate)
+		if errors.Is(err, authn.ErrUnavailable) {
+			return reject("auth_unavailable", errf(events.CodeUnavailable, "%v", err))
+		}
+		if err != nil {
+			i.log.Warn("impersonation refused", "transport", t, "spiffe_id", caller.ID.String(), "impersonate", via.Impersonate, "error", err)
+			return reject("impersonation", errf(events.CodePermissionDenied, "%v", err))
+		}
+		i.log.Info("impersonation", "transport", t, "node_agent", caller.ID.String(), "spiffe_id", target.ID.String())
+		caller = target
+	}
 	// The rotator keys its schedule on (pod, resource), so a certificate recorded
 	// for the wrong pod would replace that pod's entry: every pod named must be proved.
 	pod, perr := provePod(req.Pod, via.BusPod, caller)
@@ -181,7 +212,17 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		return reject("pod_mismatch", perr)
 	}
 	now := i.now()
-	leaf, err := mat.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
+	// A named signer signs with its own chain; the caller was authenticated against
+	// the mesh's roots above.
+	signing := mat
+	if req.CertSigner != "" && i.cfg.Named != nil {
+		named, err := i.cfg.Named.Material(req.CertSigner, now)
+		if err != nil {
+			return reject("signer_material", errf(events.CodeInvalidArgument, "%v", err))
+		}
+		signing = named
+	}
+	leaf, err := signing.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
 	if err != nil {
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("sign failed", "spiffe_id", caller.ID.String(), "error", err)
@@ -193,8 +234,8 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	ev := events.CertIssued{
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
-		Signer: i.cfg.Instance, Transport: t, RootFingerprint: mat.RootFingerprint(),
-		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, mat.IntermediatePEMs()...),
+		Signer: i.cfg.Instance, Transport: t, RootFingerprint: signing.RootFingerprint(),
+		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, signing.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	if err == nil {
@@ -210,7 +251,7 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
-	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, mat.ChainPEMs()...)
+	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, signing.ChainPEMs()...)
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
 }
 

@@ -1,0 +1,211 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/devtoken"
+	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	securityv1 "istio.io/api/security/v1alpha1"
+)
+
+// csrFlags is one CreateCertificate, as an Istio agent (or ztunnel) sends it.
+type csrFlags struct {
+	addr, serverName, rootFile string
+	token, ns, sa              string
+	certFile, keyFile          string
+	impersonate, signer        string
+	id, alg                    string
+	ttl                        time.Duration
+}
+
+// runCSR sends one CreateCertificate over the Istio gRPC API and prints the chain it
+// got: with a token (minted from the local stack for -ns/-sa, or -token), or over
+// mTLS with -cert/-key (renewal by certificate, no token); -impersonate asks for a
+// workload's identity as a trusted node agent does, -signer names a CertSigner.
+func runCSR(ctx context.Context, env Env, args []string) error {
+	var dir string
+	var f csrFlags
+	fs := flagenv.New("csr", env.Getenv)
+	dirFlag(fs, &dir)
+	fs.String(&f.addr, "ca-addr", "CA_ADDR", "", "CA gRPC address (default: the local stack's signer)")
+	fs.String(&f.serverName, "ca-server-name", "", "", "TLS server name of the CA (default: the local stack's, else the host of -ca-addr)")
+	fs.String(&f.rootFile, "ca-root-cert", "", "", "PEM roots to verify the CA (default: the local stack's trust bundle)")
+	fs.String(&f.token, "token", "", "", "bearer token file; default: a token minted from the local stack for -ns/-sa")
+	fs.String(&f.ns, "ns", "POD_NAMESPACE", "", "namespace of the minted token's service account")
+	fs.String(&f.sa, "sa", "SERVICE_ACCOUNT", "", "service account of the minted token")
+	fs.String(&f.certFile, "cert", "", "", "renew by certificate: present this PEM chain over mTLS instead of a token (Istio's PROV_CERT / VM flow)")
+	fs.String(&f.keyFile, "key", "", "", "key of -cert")
+	fs.String(&f.impersonate, "impersonate", "", "", "ask for this SPIFFE ID instead of the caller's own (ImpersonatedIdentity; only trusted node accounts may)")
+	fs.String(&f.signer, "signer", "", "", "CertSigner to sign with (one of the CA's CERT_SIGNERS)")
+	fs.String(&f.id, "id", "", "", "SPIFFE ID the CSR asks for (the CA decides; default spiffe://<td>/ns/<ns>/sa/<sa>)")
+	fs.String(&f.alg, "key-alg", "", string(pki.ECP256), "key algorithm")
+	fs.Duration(&f.ttl, "ttl", "", time.Hour, "requested certificate TTL")
+	if err := command.Parse(fs, args); err != nil {
+		return err
+	}
+	if (f.certFile == "") != (f.keyFile == "") {
+		return errors.New("-cert and -key: set both or neither")
+	}
+	var st *stackfile.Stack
+	if f.addr == "" || f.rootFile == "" || (f.certFile == "" && f.token == "") {
+		s, err := stackfile.Read(dir)
+		if err != nil {
+			return fmt.Errorf("%w (or set -ca-addr, -ca-root-cert and -token or -cert/-key)", err)
+		}
+		st = s
+	}
+	var tok string
+	switch {
+	case f.certFile != "":
+	case f.token != "":
+		b, err := os.ReadFile(f.token)
+		if err != nil {
+			return fmt.Errorf("-token: %w", err)
+		}
+		tok = strings.TrimSpace(string(b))
+	default:
+		if f.ns == "" || f.sa == "" {
+			return errors.New("-ns and -sa: required to mint a token (or give -token, or -cert/-key)")
+		}
+		iss, err := devtoken.Load(filepath.Join(dir, "issuer"))
+		if err != nil {
+			return err
+		}
+		if tok, err = iss.Mint(f.ns, f.sa, st.TokenIssuer.Audience, 10*time.Minute, time.Now()); err != nil {
+			return err
+		}
+	}
+	if f.addr == "" {
+		f.addr = st.Signer.GRPCAddr
+		if f.serverName == "" {
+			f.serverName = st.Signer.GRPCServerName
+		}
+	}
+	if f.rootFile == "" {
+		f.rootFile = st.TrustBundle
+	}
+	if f.id == "" {
+		td := "cluster.local"
+		if st != nil {
+			td = st.TrustDomain
+		}
+		ns, sa := f.ns, f.sa
+		if ns == "" || sa == "" {
+			ns, sa = "default", "default"
+		}
+		id, err := pki.WorkloadID(td, ns, sa)
+		if err != nil {
+			return err
+		}
+		f.id = id.String()
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	chain, err := createCertificate(ctx, f, tok)
+	if err != nil {
+		return err
+	}
+	return printChain(env.Stdout, chain)
+}
+
+// createCertificate makes a key and CSR and sends them with f's credential and metadata.
+func createCertificate(ctx context.Context, f csrFlags, tok string) ([]*x509.Certificate, error) {
+	roots, err := os.ReadFile(f.rootFile)
+	if err != nil {
+		return nil, fmt.Errorf("-ca-root-cert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(roots) {
+		return nil, fmt.Errorf("-ca-root-cert: %s holds no certificate", f.rootFile)
+	}
+	tc := &tls.Config{RootCAs: pool, ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+	if f.certFile != "" {
+		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("-cert/-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	alg, err := pki.ParseKeyAlg(f.alg)
+	if err != nil {
+		return nil, fmt.Errorf("-key-alg: %w", err)
+	}
+	key, err := pki.GenerateKey(alg)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := pki.NewCSR(key, f.id)
+	if err != nil {
+		return nil, fmt.Errorf("-id: %w", err)
+	}
+	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", f.addr, err)
+	}
+	defer cc.Close()
+	md := metadata.Pairs("ClusterID", "Kubernetes")
+	if tok != "" {
+		md.Set("authorization", "Bearer "+tok)
+	}
+	req := &securityv1.IstioCertificateRequest{Csr: string(csr), ValidityDuration: int64(f.ttl.Seconds())}
+	fields := map[string]*structpb.Value{}
+	if f.impersonate != "" {
+		fields["ImpersonatedIdentity"] = structpb.NewStringValue(f.impersonate)
+	}
+	if f.signer != "" {
+		fields["CertSigner"] = structpb.NewStringValue(f.signer)
+	}
+	if len(fields) > 0 {
+		req.Metadata = &structpb.Struct{Fields: fields}
+	}
+	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	if err != nil {
+		return nil, fmt.Errorf("CreateCertificate: %w", err)
+	}
+	certs, err := pki.ParseCertPEMs(resp.GetCertChain())
+	if err != nil {
+		return nil, fmt.Errorf("reply chain: %w", err)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("reply chain is empty")
+	}
+	return certs, nil
+}
+
+// printChain shows the identity and each certificate of the chain, leaf first.
+func printChain(w io.Writer, certs []*x509.Certificate) error {
+	leaf := certs[0]
+	uri := "-"
+	if len(leaf.URIs) > 0 {
+		uri = leaf.URIs[0].String()
+	}
+	fmt.Fprintf(w, "identity   %s\nvalid      %s .. %s\nchain      %d certificates\n", uri,
+		leaf.NotBefore.Format(time.RFC3339), leaf.NotAfter.Format(time.RFC3339), len(certs))
+	for i, c := range certs {
+		fmt.Fprintf(w, "  [%d] %-30s issuer %-30s sha256 %s\n", i, c.Subject.CommonName+uriOf(c), c.Issuer.CommonName, pki.Fingerprint(c)[:16])
+	}
+	return nil
+}
+
+func uriOf(c *x509.Certificate) string {
+	if len(c.URIs) == 0 {
+		return ""
+	}
+	return " " + c.URIs[0].String()
+}

@@ -1,0 +1,78 @@
+package signer
+
+import (
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A request naming a signer (Istio's CertSigner metadata, allowed by CERT_SIGNERS)
+// gets that signer's chain, from its own cacerts directory; one not allowed, or
+// allowed but without material, gets a clear refusal; no CertSigner gets the mesh CA.
+func TestNamedSignerChains(t *testing.T) {
+	now := time.Now()
+	meshRoot, _, dir := pluggedCADir(t, now)
+	partnerRoot := testkit.NewCA(t, "partner-root", nil, now, 48*time.Hour)
+	partner := testkit.NewCA(t, "partner-inter", partnerRoot, now, 24*time.Hour)
+	if err := os.Mkdir(filepath.Join(dir, "partner"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	signertest.WriteCACerts(t, filepath.Join(dir, "partner"), partner, []*x509.Certificate{partnerRoot.Cert}, partnerRoot.Cert)
+
+	e := newEnv(t)
+	cfg := e.config("signer-a")
+	cfg.CA.Dir, cfg.Certs.SignersDir = dir, dir
+	cfg.Certs.Signers = []string{"partner", "empty"}
+	s := e.start(t, cfg)
+	meshPEM := string(pki.EncodeCertPEM(meshRoot.Cert))
+	c := istioClient(t, s, []string{meshPEM}, nil, time.Now)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	tok := e.token(t, "shop", "web")
+
+	got, err := istioCreate(c, tok, "partner", csr, 3600)
+	if err != nil {
+		t.Fatalf("named signer: %v", err)
+	}
+	partnerPEM := string(pki.EncodeCertPEM(partnerRoot.Cert))
+	if last := got.CertChain[len(got.CertChain)-1]; last != partnerPEM {
+		t.Fatalf("chain ends at %q, want the partner signer's root", last)
+	}
+	leaf := verifyChain(t, got.CertChain, []string{partnerPEM}, time.Now())
+	if leaf.URIs[0].String() != "spiffe://cluster.local/ns/shop/sa/web" {
+		t.Fatalf("leaf %v", leaf.URIs)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(meshRoot.Cert), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err == nil {
+		t.Fatal("the partner signer's leaf verifies under the mesh root")
+	}
+
+	def, err := istioCreate(c, tok, "", csr, 3600)
+	if err != nil || def.CertChain[len(def.CertChain)-1] != meshPEM {
+		t.Fatalf("default signer: %v", err)
+	}
+	for _, tc := range []struct{ signer, want string }{
+		{"kubernetes.io/legacy-unknown", "unknown cert signer"},
+		{"empty", `cert signer "empty": CA material in ` + filepath.Join(dir, "empty")},
+	} {
+		_, err := istioCreate(c, tok, tc.signer, csr, 3600)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.want) {
+			t.Errorf("signer %q: got %v, want InvalidArgument naming %q", tc.signer, err, tc.want)
+		}
+	}
+}
+
+func pool(certs ...*x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, c := range certs {
+		p.AddCert(c)
+	}
+	return p
+}
