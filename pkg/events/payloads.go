@@ -100,7 +100,7 @@ type CertIssued struct {
 	Pod          string    `json:"pod,omitempty"`                                                              // from a pod-bound token, else as the request named it; empty when neither does
 	Resource     string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // SDS resource the cert is for, "default" unless said
 	KeyAlgorithm string    `json:"key_algorithm"`                                                              // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
-	AuthSource   string    `json:"auth_source"`                                                                // "jwt" or "x509"
+	AuthSource   string    `json:"auth_source"`                                                                // "jwt", "x509" or "bus" (an identity sign subject)
 	Signer       string    `json:"signer"`                                                                     // signer instance id
 	Transport    string    `json:"transport,omitempty"`
 	// RootFingerprint is the SHA-256 (hex) of the root the chain ends at, so that

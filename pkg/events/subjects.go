@@ -160,3 +160,65 @@ func PodEventKind(subject string) (string, bool) {
 	_, kind, ok := strings.Cut(rest, ".")
 	return kind, ok && kind != ""
 }
+
+// Signing by identity (docs/security.md, "Authenticating bus sign requests once per
+// connection"). The bus auth callout lets a pod publish on
+//
+//	meshagent.rpc.sign.id.<namespace>.<service account>.<pod>
+//
+// computed from the token it verified when it admitted the connection, and no other
+// role may publish there; so a signer told so (-bus-sign-id) takes the caller's
+// identity from the subject (IdentityFromSignSubject) instead of verifying the token
+// of every request. The trust domain is the signer's own.
+const (
+	// SignIDWildcard matches every identity sign subject.
+	SignIDWildcard = Prefix + ".rpc.sign.id.*.*.*"
+	// SignPodWildcard matches every pod sign subject.
+	SignPodWildcard = Prefix + ".rpc.sign.pod.*"
+	signIDPrefix    = Prefix + ".rpc.sign.id."
+)
+
+// ValidateIdentityToken reports whether name (a namespace or a service account) can
+// be one subject token as it is: 1-253 of [A-Za-z0-9_-], starting and ending
+// alphanumeric. Kubernetes namespaces (DNS labels) always can; a name that cannot
+// is refused, never escaped, so that two identities never share a subject.
+func ValidateIdentityToken(name string) error {
+	ok := len(name) >= 1 && len(name) <= 253 && isAlnum(name[0]) && isAlnum(name[len(name)-1]) && allIn(name, "_-")
+	if !ok {
+		return fmt.Errorf("name %q cannot be one subject token: want 1-253 of [A-Za-z0-9_-], starting and ending alphanumeric", name)
+	}
+	return nil
+}
+
+// IdentitySignSubject is where a pod admitted by the auth callout as namespace ns,
+// service account sa and pod podID sends its sign requests.
+func IdentitySignSubject(ns, sa, podID string) (string, error) {
+	if err := ValidateIdentityToken(ns); err != nil {
+		return "", fmt.Errorf("namespace: %w", err)
+	}
+	if err := ValidateIdentityToken(sa); err != nil {
+		return "", fmt.Errorf("service account: %w", err)
+	}
+	if err := ValidatePodID(podID); err != nil {
+		return "", err
+	}
+	return signIDPrefix + ns + "." + sa + "." + podToken(podID), nil
+}
+
+// IdentityFromSignSubject is IdentitySignSubject's inverse: the namespace, service
+// account and pod an identity sign subject names, and false for any other subject.
+func IdentityFromSignSubject(subject string) (ns, sa, podID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, signIDPrefix)
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	ns, sa, podID = parts[0], parts[1], strings.ReplaceAll(parts[2], "~", ".")
+	if ValidateIdentityToken(ns) != nil || ValidateIdentityToken(sa) != nil || ValidatePodID(podID) != nil {
+		return "", "", "", false
+	}
+	return ns, sa, podID, true
+}

@@ -36,6 +36,30 @@ func TestPodSubjectsRoundTrip(t *testing.T) {
 	}
 }
 
+func TestIdentitySignSubjectRoundTrip(t *testing.T) {
+	s, err := IdentitySignSubject("shop", "web", "web-0.shop")
+	if err != nil || s != "meshagent.rpc.sign.id.shop.web.web-0~shop" {
+		t.Fatalf("got %q, %v", s, err)
+	}
+	if ns, sa, pod, ok := IdentityFromSignSubject(s); !ok || ns != "shop" || sa != "web" || pod != "web-0.shop" {
+		t.Fatalf("round trip: %q %q %q %v", ns, sa, pod, ok)
+	}
+	// Names that are no single token are refused, never escaped.
+	for _, bad := range [][3]string{{"sh.op", "web", "p"}, {"shop", "w.eb", "p"}, {"shop", "*", "p"}, {"shop", ">", "p"}, {"", "web", "p"}, {"shop", "web", "p~"}, {"shop", "a b", "p"}} {
+		if s, err := IdentitySignSubject(bad[0], bad[1], bad[2]); err == nil {
+			t.Errorf("%q: got subject %q, want an error", bad, s)
+		}
+	}
+	for _, subject := range []string{
+		"meshagent.rpc.sign.id.shop.web", "meshagent.rpc.sign.id.shop.web.p.x", "meshagent.rpc.sign.pod.web-0",
+		"meshagent.rpc.sign.id.shop.*.p", "meshagent.rpc.sign.id..web.p", "meshagent.rpc.sign.any",
+	} {
+		if _, _, _, ok := IdentityFromSignSubject(subject); ok {
+			t.Errorf("%q read as an identity sign subject", subject)
+		}
+	}
+}
+
 func TestTrustFederatedSubject(t *testing.T) {
 	s, err := TrustFederatedSubject("west.example")
 	if err != nil || s != "meshagent.evt.trust.federated.west~example" {

@@ -30,6 +30,23 @@ func AdmitPod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod str
 	if err != nil {
 		return nil, err
 	}
+	return admit(issuer, req, pod, p, expires)
+}
+
+// AdmitPodIdentity is AdmitPod for a pod whose token proved namespace ns and service
+// account sa: it may also publish on its identity sign subject
+// (events.IdentitySignSubject), where a signer run with -bus-sign-id takes the
+// identity from the subject instead of verifying a token per request. A name that
+// cannot be one subject token is an error (refuse the connection), never escaped.
+func AdmitPodIdentity(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, ns, sa, pod string, expires time.Time) ([]byte, error) {
+	p, err := ForPodIdentity(ns, sa, pod)
+	if err != nil {
+		return nil, err
+	}
+	return admit(issuer, req, pod, p, expires)
+}
+
+func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, p Permissions, expires time.Time) ([]byte, error) {
 	if !expires.After(time.Now()) {
 		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
 	}

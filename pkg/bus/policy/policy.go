@@ -165,6 +165,24 @@ func ForPod(pod string) (Permissions, error) {
 	}, nil
 }
 
+// ForPodIdentity is ForPod plus publishing on the pod's identity sign subject
+// (events.IdentitySignSubject(ns, sa, pod)). Only the auth callout grants it, from a
+// token it verified: no role that holds an nkey may publish below
+// meshagent.rpc.sign.id, or a signer reading identities from those subjects would
+// believe it.
+func ForPodIdentity(ns, sa, pod string) (Permissions, error) {
+	id, err := events.IdentitySignSubject(ns, sa, pod)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p, err := ForPod(pod)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p.Publish = append(p.Publish, id)
+	return p, nil
+}
+
 // cat joins subject lists, keeping the first of duplicates.
 func cat(lists ...[]string) []string {
 	var out []string

@@ -133,7 +133,8 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 		s, _ := events.PodEventSubject("web-0", kind)
 		want = append(want, s)
 	}
-	sign, _ := events.PodSignSubject("web-0")
+	// The pod connects with its token, so it signs on its identity subject.
+	sign, _ := events.IdentitySignSubject("default", "web", "web-0")
 	for _, s := range append(want, sign) {
 		if subjects[s] == 0 {
 			t.Errorf("saw no message on %s: the test did not watch the whole cycle (%v)", s, subjects)

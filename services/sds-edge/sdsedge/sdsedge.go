@@ -259,14 +259,20 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		closeSigner = func() { _ = istio.Close() }
 		return istio
 	}
+	busCA := caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
+	if c.Bus.TokenFile != "" {
+		// Admitted by the signer's auth callout with the pod's token: sign on the
+		// identity subject it grants (the token proves this namespace and account).
+		busCA = caclient.NewNATSAs(e.d.Bus, "sds-edge/"+c.Pod.ID, c.Pod.Namespace, c.Pod.ServiceAccount)
+	}
 	var signer identity.Signer
 	switch {
 	case c.CA.Addr != "":
 		signer = grpcCA(c.CA.Addr)
 	case c.CA.FallbackAddr != "":
-		signer = caclient.Fallback{Bus: caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID), GRPC: grpcCA(c.CA.FallbackAddr)}
+		signer = caclient.Fallback{Bus: busCA, GRPC: grpcCA(c.CA.FallbackAddr)}
 	default:
-		signer = caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
+		signer = busCA
 	}
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,

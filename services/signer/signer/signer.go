@@ -124,7 +124,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named: ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
-	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, d.Log.Named("nats"))
+	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
 		"NATS requests dropped unanswered because -workers x 4 were already waiting (slow consumer); callers retry.", s.nats.Dropped)
 	counter("nats_slow_consumer_events_total",

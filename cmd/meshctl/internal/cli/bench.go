@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -57,7 +59,7 @@ func runBench(ctx context.Context, env Env, args []string) error {
 // starts, then -in-flight requesters send them on the sign subject until -n are
 // answered (or -duration has passed, cycling through the -n prepared requests).
 func runBenchSign(ctx context.Context, env Env, args []string) error {
-	var dir, alg, ns, sa, tokensFile, metricsURL, output string
+	var dir, alg, ns, sa, tokensFile, metricsURL, output, subject string
 	var n, inFlight, warmup, pid int
 	var dur time.Duration
 	var bf busFlags
@@ -75,6 +77,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.Int(&pid, "signer-pid", "", 0, "pid of a local signer, whose CPU is read from /proc (default: the local stack's)")
 	fs.String(&metricsURL, "signer-metrics", "", "", "the signer's /metrics URL, for its process_cpu_seconds_total when it is not local (default: the local stack's)")
 	fs.String(&output, "o", "", "text", "output: text or json")
+	fs.String(&subject, "subject", "", "any", "where requests go: any (sign.any, as the -nats-* user); pod or id: each in-flight requester connects as the pod its token is bound to (-tokens: pod-bound), admitted by the signer's auth callout, and signs on its sign.pod subject (token verified per request) or its sign.id subject (identity from the subject: signer run with -bus-sign-id)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -95,6 +98,9 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	if dur < 0 {
 		errs = append(errs, errors.New("-duration: must not be negative"))
 	}
+	if subject != "any" && subject != "pod" && subject != "id" {
+		errs = append(errs, fmt.Errorf("-subject: %q, want any, pod or id", subject))
+	}
 	if output != "text" && output != "json" {
 		errs = append(errs, fmt.Errorf("-o: %q, want text or json", output))
 	}
@@ -113,23 +119,41 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	cpu := signerCPU(pid, metricsURL, st)
-	msgs, err := benchRequests(ka, toks, n)
+	var conns []*nats.Conn
+	subjectOf := func(int) string { return events.SubjectSignAny }
+	if subject == "any" {
+		nc, err := bf.connect(ctx, st, "meshctl bench sign")
+		if err != nil {
+			return err
+		}
+		conns = append(conns, nc)
+	} else {
+		url := bf.url
+		if url == "" {
+			url = st.NATSURL
+		}
+		toks = toks[:min(inFlight, len(toks))]
+		subjects, pconns, err := benchPods(url, bf.tlsCA, toks, subject)
+		conns = pconns
+		if err != nil {
+			closeAll(conns)
+			return err
+		}
+		subjectOf = func(i int) string { return subjects[i%len(subjects)] }
+	}
+	defer closeAll(conns)
+	msgs, err := benchRequests(ka, toks, n, subjectOf)
 	if err != nil {
 		return err
 	}
-	nc, err := bf.connect(ctx, st, "meshctl bench sign")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
 	if warmup > 0 {
-		if _, err := loadSign(ctx, nc, msgs, min(warmup, len(msgs)), 0, inFlight); err != nil {
+		if _, err := loadSign(ctx, conns, msgs, min(warmup, len(msgs)), 0, inFlight); err != nil {
 			return fmt.Errorf("warmup: %w", err)
 		}
 	}
 	cpu0, cpuErr := cpu.read()
 	start := time.Now()
-	lat, err := loadSign(ctx, nc, msgs, len(msgs), dur, inFlight)
+	lat, err := loadSign(ctx, conns, msgs, len(msgs), dur, inFlight)
 	elapsed := time.Since(start)
 	if err != nil {
 		return err
@@ -202,8 +226,79 @@ func benchTokens(file, dir string, st *stackfile.Stack, ns, sa string, n int) ([
 	return toks, nil
 }
 
-// benchRequests prepares n encoded sign requests, each with a fresh key's CSR.
-func benchRequests(alg pki.KeyAlg, toks []string, n int) ([]*nats.Msg, error) {
+func closeAll(conns []*nats.Conn) {
+	for _, nc := range conns {
+		nc.Close()
+	}
+}
+
+// benchPods connects once per token as the pod it is bound to (the signer's auth
+// callout admits it by the token) and returns each pod's sign subject: its pod
+// subject (mode "pod") or its identity subject (mode "id"). The claims are read,
+// not verified: the callout and the signer verify them.
+func benchPods(url, tlsCA string, toks []string, mode string) ([]string, []*nats.Conn, error) {
+	var subjects []string
+	var conns []*nats.Conn
+	for i, tok := range toks {
+		ns, sa, pod, err := tokenPod(tok)
+		if err != nil {
+			return nil, conns, fmt.Errorf("-tokens: token %d: %w", i+1, err)
+		}
+		subj, err := events.PodSignSubject(pod)
+		if mode == "id" {
+			subj, err = events.IdentitySignSubject(ns, sa, pod)
+		}
+		if err != nil {
+			return nil, conns, fmt.Errorf("-tokens: token %d: %w", i+1, err)
+		}
+		opts := []nats.Option{nats.Token(tok), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)), nats.Name("meshctl bench sign/pod/" + pod)}
+		if tlsCA != "" {
+			opts = append(opts, nats.RootCAs(tlsCA))
+		}
+		nc, err := nats.Connect(url, opts...)
+		if err != nil {
+			return nil, conns, fmt.Errorf("connect as pod %s (admitted by the signer's auth callout): %w", pod, err)
+		}
+		conns = append(conns, nc)
+		subjects = append(subjects, subj)
+	}
+	return subjects, conns, nil
+}
+
+// tokenPod reads the namespace, service account and pod a Kubernetes token is
+// bound to, without verifying it.
+func tokenPod(tok string) (ns, sa, pod string, err error) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return "", "", "", errors.New("not a JWT")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", "", "", fmt.Errorf("claims: %w", err)
+	}
+	var c struct {
+		K8s struct {
+			Namespace      string `json:"namespace"`
+			ServiceAccount struct {
+				Name string `json:"name"`
+			} `json:"serviceaccount"`
+			Pod struct {
+				Name string `json:"name"`
+			} `json:"pod"`
+		} `json:"kubernetes.io"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return "", "", "", fmt.Errorf("claims: %w", err)
+	}
+	if c.K8s.Pod.Name == "" {
+		return "", "", "", errors.New("not bound to a pod (no kubernetes.io.pod.name): -subject pod and id need pod-bound tokens")
+	}
+	return c.K8s.Namespace, c.K8s.ServiceAccount.Name, c.K8s.Pod.Name, nil
+}
+
+// benchRequests prepares n encoded sign requests, each with a fresh key's CSR,
+// request i on subject(i) with token i modulo len(toks).
+func benchRequests(alg pki.KeyAlg, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
 	msgs := make([]*nats.Msg, n)
 	for i := range msgs {
 		key, err := pki.GenerateKey(alg)
@@ -215,7 +310,7 @@ func benchRequests(alg pki.KeyAlg, toks []string, n int) ([]*nats.Msg, error) {
 		if err != nil {
 			return nil, err
 		}
-		if msgs[i], err = events.NewMsg(events.SubjectSignAny, "meshctl/bench", events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}); err != nil {
+		if msgs[i], err = events.NewMsg(subject(i), "meshctl/bench", events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}); err != nil {
 			return nil, err
 		}
 	}
@@ -225,7 +320,8 @@ func benchRequests(alg pki.KeyAlg, toks []string, n int) ([]*nats.Msg, error) {
 // loadSign sends msgs[0:count] (cycling through msgs until dur has passed, when dur
 // is set) with inFlight requesters and returns the sorted latencies. A refusal or a
 // timeout ends the run with an error: a benchmark of failures measures nothing.
-func loadSign(ctx context.Context, nc *nats.Conn, msgs []*nats.Msg, count int, dur time.Duration, inFlight int) ([]time.Duration, error) {
+// Message m goes on conns[m%len(conns)] (its pod's connection, or the one).
+func loadSign(ctx context.Context, conns []*nats.Conn, msgs []*nats.Msg, count int, dur time.Duration, inFlight int) ([]time.Duration, error) {
 	var deadline time.Time
 	if dur > 0 {
 		deadline = time.Now().Add(dur)
@@ -245,7 +341,8 @@ func loadSign(ctx context.Context, nc *nats.Conn, msgs []*nats.Msg, count int, d
 					return
 				}
 				t := time.Now()
-				err := signOnce(ctx, nc, msgs[i%len(msgs)])
+				m := i % len(msgs)
+				err := signOnce(ctx, conns[m%len(conns)], msgs[m])
 				if err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, err)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -38,43 +39,57 @@ var ErrRejected = errors.New("rejected by ca")
 var ErrUnreachable = errors.New("ca unreachable")
 
 // NATS asks the signer over NATS request-reply on the pod sign subject
-// (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod.
+// (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod. A
+// pod the bus auth callout admitted by its token (NewNATSAs) asks on its identity
+// sign subject first (events.IdentitySignSubject), where a signer run with
+// -bus-sign-id takes the identity from the subject instead of verifying the token
+// again; a signer without it does not answer there, and the request goes again on
+// the pod sign subject. The token is in the request either way.
 type NATS struct {
 	nc     *nats.Conn
 	source string
+	ns, sa string // the identity the callout admitted the connection as; "" if none
 }
 
 // NewNATS returns a signer client on nc; source names this pod in event envelopes.
 func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: source} }
 
+// NewNATSAs is NewNATS for a connection the bus auth callout admitted by the pod's
+// token, which proves namespace ns and service account sa.
+func NewNATSAs(nc *nats.Conn, source, ns, sa string) *NATS {
+	return &NATS{nc: nc, source: source, ns: ns, sa: sa}
+}
+
 // Sign sends req and waits for the reply until ctx ends.
 func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
-	subject := events.SubjectSignAny
+	subject, fallback := events.SubjectSignAny, ""
 	if req.Pod != "" {
 		s, err := events.PodSignSubject(req.Pod)
 		if err != nil {
 			return Response{}, fmt.Errorf("build sign request: %w", err)
 		}
 		subject = s
-	}
-	msg, err := events.NewMsg(subject, n.source, req)
-	if err != nil {
-		return Response{}, fmt.Errorf("build sign request: %w", err)
+		if n.ns != "" {
+			if id, err := events.IdentitySignSubject(n.ns, n.sa, req.Pod); err == nil {
+				subject, fallback = id, s
+			}
+		}
 	}
 	if !n.nc.IsConnected() {
 		// A request now would wait out ctx in the reconnect buffer.
 		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
 	}
-	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
+	r, err := n.ask(ctx, subject, req)
+	if fallback != "" && (errors.Is(err, nats.ErrNoResponders) || err == nil && unknownSubject(r)) {
+		// No signer answers identity subjects (an older one, or none run with
+		// -bus-sign-id): ask on the pod subject, where the token is verified.
+		r, err = n.ask(ctx, fallback, req)
+	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Response{}, fmt.Errorf("sign request: %w: %w", ErrUnreachable, err)
 	}
 	if err != nil {
-		return Response{}, fmt.Errorf("sign request: %w", err)
-	}
-	r, _, err := events.Decode[events.SignReply](reply)
-	if err != nil {
-		return Response{}, fmt.Errorf("sign reply: %w", err)
+		return Response{}, err
 	}
 	if r.Error != nil {
 		if r.Error.Code == events.CodeUnavailable || r.Error.Code == events.CodeResourceExhausted || r.Error.Code == events.CodeInternal {
@@ -86,6 +101,29 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		return Response{}, errors.New("sign reply without roots")
 	}
 	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
+}
+
+// ask sends req on subject and decodes the reply.
+func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
+	msg, err := events.NewMsg(subject, n.source, req)
+	if err != nil {
+		return events.SignReply{}, fmt.Errorf("build sign request: %w", err)
+	}
+	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return events.SignReply{}, fmt.Errorf("sign request: %w", err)
+	}
+	r, _, err := events.Decode[events.SignReply](reply)
+	if err != nil {
+		return events.SignReply{}, fmt.Errorf("sign reply: %w", err)
+	}
+	return r, nil
+}
+
+// unknownSubject is a signer's answer to a sign subject it does not serve (signers
+// before identity subjects subscribed to every sign subject and answered so).
+func unknownSubject(r events.SignReply) bool {
+	return r.Error != nil && r.Error.Code == events.CodeInvalidArgument && strings.HasPrefix(r.Error.Message, "unknown sign subject ")
 }
 
 // Fallback signs on the bus (Bus) while it is connected and a signer answers

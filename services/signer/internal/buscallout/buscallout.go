@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,10 @@ const (
 	// ReasonUnavailable: the token could not be checked (the API server's
 	// TokenReview did not answer); the pod's client reconnects.
 	ReasonUnavailable = "unavailable"
+	// ReasonNotSubjectSafe: the token's namespace or service account cannot be one
+	// subject token, so it cannot be granted its identity sign subject (refused,
+	// never escaped: two identities must never share a subject).
+	ReasonNotSubjectSafe = "identity_not_subject_safe"
 )
 
 // Responder answers the server's auth callout requests.
@@ -80,7 +85,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, dial Dial, reg prometheus.Regist
 			Help: "Connections to the bus refused by the auth callout, by reason.",
 		}, []string{"reason"}),
 	}
-	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable} {
+	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe} {
 		r.refused.WithLabelValues(reason)
 	}
 	reg.MustRegister(r.admitted, r.refused)
@@ -168,11 +173,31 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
 		return refuse(ReasonBadToken, errors.New("token has no usable expiry"))
 	}
-	resp, err := policy.AdmitPod(r.issuer, req, caller.Pod, caller.Expires)
+	resp, reason, err := r.admit(req, caller)
 	if err != nil {
-		return refuse(ReasonBadToken, err)
+		return refuse(reason, err)
 	}
 	r.admitted.Inc()
 	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "client_host", host, "expires", caller.Expires)
 	return resp, nil
+}
+
+// admit grants the pod its own subjects and its identity sign subject
+// (meshagent.rpc.sign.id.<ns>.<sa>.<pod>), computed from the token just verified:
+// nats-server then lets no other connection publish there, so a signer run with
+// -bus-sign-id reads the identity from the subject instead of verifying the token
+// again per request. On failure it returns the refusal's reason.
+func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Caller) ([]byte, string, error) {
+	_, ns, sa, err := pki.ParseWorkloadID(caller.ID.String())
+	if err != nil {
+		return nil, ReasonBadToken, err
+	}
+	if _, err := events.IdentitySignSubject(ns, sa, caller.Pod); err != nil {
+		return nil, ReasonNotSubjectSafe, err
+	}
+	resp, err := policy.AdmitPodIdentity(r.issuer, req, ns, sa, caller.Pod, caller.Expires)
+	if err != nil {
+		return nil, ReasonBadToken, err
+	}
+	return resp, "", nil
 }

@@ -221,3 +221,47 @@ func TestRefusedAsUnavailableWhenTokenReviewIsDown(t *testing.T) {
 		t.Fatalf("refused{unavailable} = %v", got)
 	}
 }
+
+// TestPodAdmittedOnItsIdentitySubject: the callout grants the identity sign subject
+// its verified token proves (namespace, service account, pod) and no other; a
+// service account that cannot be one subject token is refused, not escaped.
+func TestPodAdmittedOnItsIdentitySubject(t *testing.T) {
+	f := start(t)
+	now := time.Now()
+	tok := f.iss.Mint(t, f.iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1"))
+	nc, err := f.connect("web-1", tok, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatalf("pod-bound token refused: %v", err)
+	}
+	defer nc.Close()
+	sc, err := nats.Connect(f.srv.Server.ClientURL(), f.srv.RoleOptions(t, policy.Signer)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := sc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) { _ = m.Respond([]byte(m.Subject)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	own, _ := events.IdentitySignSubject("shop", "web", "web-1")
+	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
+		t.Fatalf("own identity sign subject: %v", err)
+	}
+	for _, other := range [][3]string{{"shop", "admin", "web-1"}, {"bank", "web", "web-1"}, {"shop", "web", "web-2"}} {
+		subj, _ := events.IdentitySignSubject(other[0], other[1], other[2])
+		if _, err := nc.Request(subj, nil, 300*time.Millisecond); err == nil {
+			t.Fatalf("pod shop/web/web-1 had a request on %s answered", subj)
+		}
+	}
+
+	dotted := f.iss.Mint(t, f.iss.ServiceAccount("shop", "web.v2", now.Add(-time.Minute), time.Hour).ForPod("web-3"))
+	if nc, err := f.connect("web-3", dotted); err == nil {
+		nc.Close()
+		t.Fatal("service account web.v2 admitted: it cannot be one subject token")
+	}
+	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonNotSubjectSafe)); got != 1 {
+		t.Fatalf("refused as %s = %v, want 1", ReasonNotSubjectSafe, got)
+	}
+}

@@ -29,6 +29,10 @@ type Config struct {
 	BusCallout struct {
 		IssuerSeed string // account nkey seed named as the callout issuer in the server's config
 		NKeyFile   string // the callout user's nkey seed, to connect with
+		// SignByIdentity: answer meshagent.rpc.sign.id.<ns>.<sa>.<pod>, taking the
+		// identity from the subject the callout granted instead of verifying the
+		// token per request (docs/security.md). Only with IssuerSeed.
+		SignByIdentity bool
 	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {
@@ -157,6 +161,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	var keyAlg, dnsNames, ips, signers string
 	fs.String(&c.BusCallout.IssuerSeed, "bus-callout-seed", "BUS_CALLOUT_SEED", "", "seed file of the bus auth callout's issuer (account nkey); set: admit pods to the bus by their service-account token")
 	fs.String(&c.BusCallout.NKeyFile, "bus-callout-nkey", "BUS_CALLOUT_NKEY", "", "seed file of the callout user the responder connects as (with -bus-callout-seed)")
+	fs.Bool(&c.BusCallout.SignByIdentity, "bus-sign-id", "BUS_SIGN_ID", false, "answer sign requests on meshagent.rpc.sign.id.<ns>.<sa>.<pod> taking the identity from the subject (the callout grants it from the token it verified) instead of verifying the token per request; only with -bus-callout-seed, when nothing but callout-admitted pods can publish there")
 	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	fs.String(&c.Listen.GRPC, "grpc-addr", "GRPC_ADDR", c.Listen.GRPC, "Istio CA gRPC listen address (host:port or unix:///path)")
@@ -315,6 +320,7 @@ func (c Config) Validate() error {
 		p.Check(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review to verify pods' tokens")
 	} else {
 		p.Check(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
+		p.Check(!c.BusCallout.SignByIdentity, "-bus-sign-id: only with -bus-callout-seed (without this signer's callout, the subject proves nothing)")
 	}
 	p.Check(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
 	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")

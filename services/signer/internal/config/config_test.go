@@ -88,6 +88,20 @@ func TestBusCalloutNeedsItsUserAndAVerifier(t *testing.T) {
 	}
 }
 
+// -bus-sign-id trusts identities in subjects only this signer's callout grants:
+// refused without -bus-callout-seed, naming the flag; accepted with it.
+func TestBusSignIDOnlyWithTheCallout(t *testing.T) {
+	_, err := Load([]string{"-instance", "s", "-ca-kek-file", "kek", "-jwks-file", "jwks.json", "-token-issuer", "i", "-bus-sign-id"}, testkit.Env(nil))
+	if err == nil || !strings.Contains(err.Error(), "-bus-sign-id: only with -bus-callout-seed") {
+		t.Fatalf("got %v", err)
+	}
+	c, err := Load([]string{"-bus-callout-seed", "issuer.nk", "-bus-callout-nkey", "callout.nk", "-jwks-file", "jwks.json", "-nats-nkey", "signer.nk", "-ca-kek-file", "kek"},
+		testkit.Env(map[string]string{"BUS_SIGN_ID": "true"}))
+	if err != nil || !c.BusCallout.SignByIdentity {
+		t.Fatalf("with the callout: %v, sign by identity %v", err, c.BusCallout.SignByIdentity)
+	}
+}
+
 // In a cluster the signer finds the JWKS through the service-account issuer's OIDC
 // discovery document, over the cluster CA, with its own token.
 func TestTokenIssuerDiscovery(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"time"
 
@@ -44,7 +45,17 @@ type Via struct {
 	// Impersonate is the identity the caller asks for instead of its own (Istio's
 	// ImpersonatedIdentity request metadata): only a trusted node agent gets it.
 	Impersonate string
+	// BusID is the identity the bus vouches for: the identity sign subject the
+	// request came on (events.IdentityFromSignSubject), which only a connection the
+	// auth callout admitted with a token proving that identity may publish on. When
+	// set it is the credential: no token is verified (the callout did, once per
+	// connection), the CSR is still checked and the TTL still bounded.
+	BusID *url.URL
 }
+
+// SourceBus is cert.issued's auth_source for a request authenticated by its identity
+// sign subject (Via.BusID).
+const SourceBus = "bus"
 
 // Result is an issued certificate.
 type Result struct {
@@ -180,7 +191,7 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 			return reject("key_algorithm", errf(events.CodeInvalidArgument, "key_algorithm %q does not match the CSR's %s key", req.KeyAlgorithm, alg))
 		}
 	}
-	caller, err := i.authenticate(req, via.PeerChain, csr, mat)
+	caller, err := i.authenticate(req, via, csr, mat)
 	if errors.Is(err, authn.ErrUnavailable) {
 		// No verdict on the token (the API server did not answer): the caller retries.
 		return reject("auth_unavailable", errf(events.CodeUnavailable, "%v", err))
@@ -255,12 +266,16 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
 }
 
-func (i *Issuer) authenticate(req events.SignRequest, peer []*x509.Certificate, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
+func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
+	peer := via.PeerChain
 	switch {
+	case via.BusID != nil:
+		return authn.Caller{ID: via.BusID, Source: SourceBus, Pod: via.BusPod}, nil
 	case req.Token != "":
 		if i.tokens == nil {
 			return authn.Caller{}, fmt.Errorf("%w: bearer tokens are not accepted: no JWKS or TokenReview configured", authn.ErrUnauthenticated)
 		}
+		i.metrics.TokensVerified.WithLabelValues(via.Transport).Inc()
 		return i.tokens.Verify(req.Token)
 	case len(peer) > 0:
 		return authn.VerifyCert(peer, mat.Roots, i.cfg.TrustDomain, x509.VerifyOptions{CurrentTime: i.now()})

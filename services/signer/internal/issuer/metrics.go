@@ -19,6 +19,9 @@ type Metrics struct {
 	SignFail     *prometheus.CounterVec
 	Rejected     *prometheus.CounterVec
 	Issued       *prometheus.CounterVec
+	// TokensVerified counts bearer tokens verified per request (not those the bus
+	// auth callout verifies once per connection).
+	TokensVerified *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
@@ -29,12 +32,13 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 		return c
 	}
 	m := &Metrics{
-		Received:     counter("csr_received_total", "CSRs received, by transport.", "transport"),
-		AuthFailures: counter("auth_failures_total", "Requests whose credential did not authenticate, by transport.", "transport"),
-		ParseFail:    counter("csr_parse_failures_total", "CSRs that did not parse or whose signature did not verify, by transport.", "transport"),
-		SignFail:     counter("sign_failures_total", "Requests that failed while signing or recording the certificate, by transport.", "transport"),
-		Rejected:     counter("rejected_total", "Requests rejected before signing, by transport and reason.", "transport", "reason"),
-		Issued:       counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
+		Received:       counter("csr_received_total", "CSRs received, by transport.", "transport"),
+		AuthFailures:   counter("auth_failures_total", "Requests whose credential did not authenticate, by transport.", "transport"),
+		ParseFail:      counter("csr_parse_failures_total", "CSRs that did not parse or whose signature did not verify, by transport.", "transport"),
+		SignFail:       counter("sign_failures_total", "Requests that failed while signing or recording the certificate, by transport.", "transport"),
+		Rejected:       counter("rejected_total", "Requests rejected before signing, by transport and reason.", "transport", "reason"),
+		Issued:         counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
+		TokensVerified: counter("tokens_verified_total", "Bearer tokens verified per request, by transport (requests on identity sign subjects carry none to verify).", "transport"),
 	}
 	gauge := func(name, help string, f func(*ca.Material) time.Time) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help}, func() float64 {

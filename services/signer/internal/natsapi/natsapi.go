@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"github.com/nats-io/nats.go"
@@ -43,7 +44,10 @@ type API struct {
 	rot         Rotator
 	trustDomain string
 	workers     int
-	log         hclog.Logger
+	// signByID answers identity sign subjects, taking the identity from the subject
+	// (-bus-sign-id): off, the signer does not subscribe there at all.
+	signByID bool
+	log      hclog.Logger
 
 	ready  atomic.Bool
 	sem    chan struct{}
@@ -67,9 +71,21 @@ func (a *API) ours(sub *nats.Subscription) bool {
 	return slices.Contains(a.subs, sub)
 }
 
-// New returns the API; Run subscribes.
-func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, log hclog.Logger) *API {
-	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), log: log}
+// New returns the API; Run subscribes. signByID also answers identity sign
+// subjects (events.IdentitySignSubject), trusting the identity they name: only when
+// nothing but pods admitted by this signer's auth callout can publish there.
+func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
+	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log}
+}
+
+// signSubjects are the sign subjects the API answers: every one with signByID,
+// else the pod and the any subjects only, so that a pod's request on its identity
+// subject finds no responder here and is sent again on its pod subject.
+func (a *API) signSubjects() []string {
+	if a.signByID {
+		return []string{events.SignWildcard}
+	}
+	return []string{events.SignPodWildcard, events.SubjectSignAny}
 }
 
 // Ready reports whether the subscriptions are in place.
@@ -147,14 +163,18 @@ func (a *API) Run(ctx context.Context) error {
 		a.ready.Store(false)
 		a.wg.Wait()
 	}()
-	for _, s := range []struct {
+	type handler struct {
 		subject string
 		h       func(context.Context, *nats.Msg)
-	}{
-		{events.SignWildcard, a.sign},
-		{events.SubjectTrustBundle, a.bundle},
-		{events.SubjectRootRotate, a.rotate},
-	} {
+	}
+	var handlers []handler
+	for _, subj := range a.signSubjects() {
+		handlers = append(handlers, handler{subj, a.sign})
+	}
+	handlers = append(handlers, handler{events.SubjectTrustBundle, a.bundle}, handler{events.SubjectRootRotate, a.rotate})
+	subjects := make([]string, 0, len(handlers))
+	for _, s := range handlers {
+		subjects = append(subjects, s.subject)
 		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, async(s.h))
 		if err != nil {
 			return err
@@ -171,7 +191,7 @@ func (a *API) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	a.ready.Store(true)
-	a.log.Info("nats api subscribed", "subjects", []string{events.SignWildcard, events.SubjectTrustBundle, events.SubjectRootRotate}, "queue", events.SignerQueue)
+	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue)
 	<-ctx.Done()
 	return nil
 }
@@ -220,19 +240,43 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
-	// Only the pod itself may publish on its sign subject (bus permissions), so the
-	// subject proves the pod; SubjectSignAny proves none.
-	busPod, _ := events.PodFromSubject(m.Subject)
-	if m.Subject != events.SubjectSignAny && busPod == "" {
+	via, ok := a.signVia(m.Subject)
+	if !ok {
 		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
 		return
 	}
-	res, err := a.iss.Issue(ctx, req, issuer.Via{Transport: issuer.TransportNATS, BusPod: busPod})
+	res, err := a.iss.Issue(ctx, req, via)
 	if err != nil {
 		a.respond(m, events.SignReply{Error: replyError(err)})
 		return
 	}
 	a.respond(m, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
+}
+
+// signVia is what a sign subject proves. Only the pod itself may publish on its pod
+// sign subject (bus permissions), so that subject proves the pod; on an identity
+// sign subject (answered only with signByID) the callout admitted the connection
+// with a token proving namespace, service account and pod, so it proves all three;
+// SubjectSignAny proves nothing.
+func (a *API) signVia(subject string) (issuer.Via, bool) {
+	via := issuer.Via{Transport: issuer.TransportNATS}
+	if subject == events.SubjectSignAny {
+		return via, true
+	}
+	if pod, ok := events.PodFromSubject(subject); ok {
+		via.BusPod = pod
+		return via, true
+	}
+	ns, sa, pod, ok := events.IdentityFromSignSubject(subject)
+	if !ok || !a.signByID {
+		return via, false
+	}
+	id, err := pki.WorkloadID(a.trustDomain, ns, sa)
+	if err != nil {
+		return via, false
+	}
+	via.BusPod, via.BusID = pod, id.URL()
+	return via, true
 }
 
 func replyError(err error) *events.ReplyError {
