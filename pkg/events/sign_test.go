@@ -98,4 +98,3 @@ func TestSignRequestRefusesTTLsTheWireCannotCarry(t *testing.T) {
 		}
 	}
 }
-
