@@ -39,6 +39,9 @@ func (r *Runner) startDashboard(ctx context.Context) error {
 	select {
 	case <-s.Bound():
 	case err := <-done:
+		// Run has returned: stopping must not wait for it again (Stop hung here
+		// when the address was taken).
+		r.stopDashboard = func() { nc.Close() }
 		return fmt.Errorf("dashboard (-dashboard-addr %s): %w", addr, err)
 	case <-ctx.Done():
 		return ctx.Err()
