@@ -33,6 +33,7 @@ type Material struct {
 	rootFP       string
 	notAfter     time.Time
 	endorsements []events.Endorsement
+	phase        Phase // of a rotation to a new key (self-signed only)
 }
 
 // MaxRoots bounds the trust bundle: a self-signed rotation that would make it larger
@@ -144,7 +145,9 @@ func (m *Material) endorse(trustDomain string, others ...crypto.Signer) error {
 			return err
 		}
 		e := events.Endorsement{KeyID: id, Signature: sig}
-		if i == 0 && len(m.chainPEMs) > 1 {
+		// The cross-signed intermediate of a rotation is left out: the previous
+		// key endorses too, and a pod trusting the new root alone knows this key.
+		if i == 0 && len(m.chainPEMs) > 1 && m.phase == PhaseSettled {
 			e.Chain = m.IntermediatePEMs()
 		}
 		out = append(out, e)
