@@ -52,10 +52,11 @@ func (s *SelfSigned) PhaseStep() time.Duration { return s.cfg.MaxLeafTTL + Retir
 // phaseAt is rec's phase at now: derived from the stored record and the clock only,
 // so replicas agree on it without writing anything (RetireSlack covers their skew).
 func (s *SelfSigned) phaseAt(rec record, now time.Time) Phase {
-	if rec.cross == nil || len(rec.roots) < 2 {
+	j := keyStart(rec.roots)
+	if rec.cross == nil || j+1 >= len(rec.roots) {
 		return PhaseSettled
 	}
-	t := createdAt(rec.roots[0])
+	t := createdAt(rec.roots[j])
 	switch step := s.PhaseStep(); {
 	case now.Before(t.Add(step)):
 		return PhaseCrossOldLast
@@ -80,13 +81,16 @@ func (s *SelfSigned) planOf(rec record, now time.Time) Plan {
 	if len(rec.roots) < 2 {
 		return p
 	}
-	p.Rotated = createdAt(rec.roots[0])
-	if sameKey(rec.roots[0], rec.roots[1]) {
+	j := keyStart(rec.roots)
+	if j+1 >= len(rec.roots) { // same-key rotations only: the root before leaves one step after
+		p.Rotated = createdAt(rec.roots[0])
 		p.NewLast, p.Settled = p.Rotated, p.Rotated
-	} else {
-		p.NewLast, p.Settled = p.Rotated.Add(s.PhaseStep()), p.Rotated.Add(2*s.PhaseStep())
+		p.OldLeave = s.leavesAt(rec.roots[1], rec.roots[0])
+		return p
 	}
-	p.OldLeave = s.leavesAt(rec.roots[1], rec.roots[0])
+	p.Rotated = createdAt(rec.roots[j])
+	p.NewLast, p.Settled = p.Rotated.Add(s.PhaseStep()), p.Rotated.Add(2*s.PhaseStep())
+	p.OldLeave = s.leavesAt(rec.roots[j+1], rec.roots[j])
 	return p
 }
 
@@ -96,6 +100,27 @@ func (s *SelfSigned) Plan() Plan {
 		return s.planOf(*r, s.now())
 	}
 	return Plan{}
+}
+
+// keyStart is the index of the oldest root in a row of roots (newest first) that
+// certify the current key: the root after it, if any, is the one the current key was
+// cross-signed by, and the rotation to this key happened when roots[keyStart] was made.
+func keyStart(roots []*x509.Certificate) int {
+	j := 0
+	for j+1 < len(roots) && sameKey(roots[j+1], roots[0]) {
+		j++
+	}
+	return j
+}
+
+// crossParent is the root in roots that signed cross, or nil.
+func crossParent(roots []*x509.Certificate, cross *x509.Certificate) *x509.Certificate {
+	for _, r := range roots {
+		if !sameKey(r, cross) && cross.CheckSignatureFrom(r) == nil {
+			return r
+		}
+	}
+	return nil
 }
 
 // sameKey reports whether two certificates certify one key.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"testing"
@@ -246,5 +247,47 @@ func TestSameKeyRotationRetiresAfterOneStep(t *testing.T) {
 	all := r.rec.all()
 	if tc := all[len(all)-1]; tc.Reason != events.TrustReasonRetired || len(tc.Removed) != 1 || tc.Removed[0] != old.RootFingerprint() {
 		t.Fatalf("trust.changed %+v", tc)
+	}
+}
+
+// A same-key rotation during the phases keeps them: the cross-signed certificate,
+// the old root as the last PEM in phase 1 and the phases' clock; a new key is
+// refused until they end.
+func TestSameKeyRotationDuringPhasesKeepsThem(t *testing.T) {
+	s := bustest.Server(t)
+	fake := clock.NewFake(t0)
+	r := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	r.src.cfg.RootTTL = 100 * 24 * time.Hour
+	r.src.cfg.MaxLeafTTL = time.Hour
+	ctx := context.Background()
+	if err := r.src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := replyAgent(t, "before", r.auth.Current(), fake.Now())
+	first, err := r.src.Rotate(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := r.src.Plan()
+	fake.Add(10 * time.Minute)
+	m, err := r.src.Rotate(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Phase() != PhaseCrossOldLast || !m.Chain[1].Equal(first.Chain[1]) || len(m.Roots) != 3 {
+		t.Fatalf("same-key rotation in phase 1: phase %s, %d roots", m.Phase(), len(m.Roots))
+	}
+	if got := r.src.Plan(); !got.NewLast.Equal(plan.NewLast) || !got.OldLeave.Equal(plan.OldLeave) {
+		t.Fatalf("plan moved: %+v, was %+v", got, plan)
+	}
+	after := replyAgent(t, "after", m, fake.Now())
+	if err := before.accepts(after, fake.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := after.accepts(before, fake.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.src.Rotate(ctx, true); !errors.Is(err, ErrRotateTooSoon) {
+		t.Fatalf("a new key during the phases: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ type record struct {
 	roots  []*x509.Certificate // newest first
 	keys   []crypto.Signer     // keys[0] is roots[0]'s
 	legacy bool                // read from a clear key_pem
-	cross  *x509.Certificate   // roots[0]'s key certified by roots[1]; nil for a same-key rotation
+	cross  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
 	reason string
 	added  []string
 	remove []string
@@ -72,7 +72,7 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 	rec := record{gen: st.Generation, roots: roots, reason: st.Reason, added: st.Added, remove: st.Removed}
 	if st.Cross != "" {
 		cs, err := pki.ParseCertPEMs([]string{st.Cross})
-		if err != nil || len(roots) < 2 || !sameKey(cs[0], roots[0]) || cs[0].CheckSignatureFrom(roots[1]) != nil {
+		if err != nil || !sameKey(cs[0], roots[0]) || crossParent(roots, cs[0]) == nil {
 			return record{}, fmt.Errorf("%w: the stored cross-signed certificate does not certify the current root's key under the previous root", ErrInvalidMaterial)
 		}
 		rec.cross = cs[0]
@@ -125,7 +125,7 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 	}
 	switch ph := s.phaseAt(rec, s.now()); ph {
 	case PhaseCrossOldLast:
-		err = m.withChain([]*x509.Certificate{rec.cross, rec.roots[1]}, ph)
+		err = m.withChain([]*x509.Certificate{rec.cross, crossParent(rec.roots, rec.cross)}, ph)
 	case PhaseCrossNewLast:
 		err = m.withChain([]*x509.Certificate{rec.cross, rec.roots[0]}, ph)
 	}
@@ -182,7 +182,7 @@ func (s *SelfSigned) pruned(rec record, now time.Time) (record, string) {
 		}
 	}
 	next.keys = keysOf(rec.keys, next.roots)
-	if len(next.roots) < 2 || !next.roots[1].Equal(rec.roots[1]) {
+	if next.cross != nil && crossParent(next.roots, next.cross) == nil {
 		next.cross = nil // it certifies the current key under a root that left
 	}
 	return next, reason
@@ -227,11 +227,12 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 		return rec, "", fmt.Errorf("%w: the root was rotated at %s; the next rotation is allowed at %s (-root-rotate-min-interval %s)",
 			ErrRotateTooSoon, last.UTC().Format(time.RFC3339), last.Add(s.cfg.RotateMinInterval).UTC().Format(time.RFC3339), s.cfg.RotateMinInterval)
 	}
-	// A rotation to a new key runs its phases to the end before the next one starts:
-	// pods that trusted the root before it must all have moved on.
-	if ph := s.phaseAt(rec, now); ph != PhaseSettled {
-		settled := createdAt(rec.roots[0]).Add(2 * s.PhaseStep())
-		return rec, "", fmt.Errorf("%w: the last rotation to a new key is in phase %s until %s; the next rotation is allowed then",
+	// A rotation to a new key runs its phases to the end before the next new key:
+	// pods that trusted the root before it must all have moved on. (A same-key
+	// rotation meanwhile keeps the cross-signed certificate and the phases' clock.)
+	if ph := s.phaseAt(rec, now); ph != PhaseSettled && newKey {
+		settled := createdAt(rec.roots[keyStart(rec.roots)]).Add(2 * s.PhaseStep())
+		return rec, "", fmt.Errorf("%w: the last rotation to a new key is in phase %s; a new key is allowed at %s",
 			ErrRotateTooSoon, ph, settled.UTC().Format(time.RFC3339))
 	}
 	keyChanges := newKey && rec.keys[0] != nil
@@ -269,7 +270,6 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 	next := rec
 	next.roots = append([]*x509.Certificate{root}, rec.roots...)
 	next.keys = append([]crypto.Signer{key}, rec.keys...)
-	next.cross = nil
 	if newKey {
 		if next.cross, err = crossSign(root, rec.roots[0], rec.keys[0], now); err != nil {
 			return rec, "", err
