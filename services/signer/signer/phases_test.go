@@ -146,11 +146,26 @@ func TestRotationPhasesOverGRPCKeepPodsTalking(t *testing.T) {
 
 	before := renewAgent(t, e, s, fake, "before")
 	oldRoot := before.trust
+	gen := bundle(t, e.nc).Generation
+	dry := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true, DryRun: true})
+	now := fake.Now().Truncate(time.Second) // certificates keep whole seconds
+	if p := dry.Plan; dry.Error != nil || p == nil || p.Phase != 1 || !p.Rotated.Equal(now) || !p.NewRootLast.Equal(now.Add(step)) || !p.Settled.Equal(now.Add(2*step)) || !p.OldRootLeaves.Equal(now.Add(3*step)) {
+		t.Fatalf("dry run: %+v (error %v)", dry.Plan, dry.Error)
+	}
+	if bundle(t, e.nc).Generation != gen || dry.Fingerprint != pki.Fingerprint(oldRoot) {
+		t.Fatal("a dry run changed the root")
+	}
 	rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true})
 	if rr.Error != nil {
 		t.Fatal(rr.Error)
 	}
 	rotAt := fake.Now()
+	if rr.Plan == nil || !rr.Plan.OldRootLeaves.Equal(dry.Plan.OldRootLeaves) || rr.Plan.Phase != 1 {
+		t.Fatalf("the rotation's plan %+v, the dry run's %+v", rr.Plan, dry.Plan)
+	}
+	if again := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true, DryRun: true}); again.Error == nil || again.Error.Code != events.CodeResourceExhausted {
+		t.Fatalf("a dry run of a new key during the phases: %+v", again)
+	}
 	p1 := renewAgent(t, e, s, fake, "phase1")
 	if !p1.trust.Equal(oldRoot) {
 		t.Fatal("phase 1: the reply's last PEM is not the old root")

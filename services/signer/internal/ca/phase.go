@@ -1,12 +1,14 @@
 package ca
 
 import (
+	"context"
 	"crypto"
 	"crypto/rand"
 	"crypto/x509"
 	"fmt"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -186,4 +188,31 @@ func (s *SelfSigned) installRec(rec record, m *Material) bool {
 	}
 	s.rec.Store(&rec)
 	return true
+}
+
+// Event is p as meshctl sees it.
+func (p Plan) Event() *events.RotationPlan {
+	n := map[Phase]int{PhaseCrossOldLast: 1, PhaseCrossNewLast: 2, PhaseSettled: 3}[p.Phase]
+	return &events.RotationPlan{Phase: n, Rotated: p.Rotated, NewRootLast: p.NewLast, Settled: p.Settled, OldRootLeaves: p.OldLeave}
+}
+
+// RotationPlan is the schedule of the current rotation or, with dryRun, of the one
+// Rotate(ctx, newKey) would make now (or its refusal), without writing anything.
+func (s *SelfSigned) RotationPlan(ctx context.Context, newKey, dryRun bool) (*events.RotationPlan, error) {
+	if !dryRun {
+		return s.Plan().Event(), nil
+	}
+	e, err := s.kv.Get(ctx, RootKey)
+	if err != nil {
+		return nil, fmt.Errorf("read root: %w", err)
+	}
+	rec, err := s.open(e.Value())
+	if err != nil {
+		return nil, err
+	}
+	next, _, err := s.rotated(rec, newKey || s.cfg.NewKeyOnRotate, true)
+	if err != nil {
+		return nil, err
+	}
+	return s.planOf(next, s.now()).Event(), nil
 }
