@@ -178,6 +178,13 @@ func TestRotationPhasesOverGRPCKeepPodsTalking(t *testing.T) {
 		t.Fatalf("bundle of %d roots during the rotation, want old and new", len(b.Roots))
 	}
 	newRoots, _ := pki.ParseCertPEMs(b.Roots[:1])
+	// The record names the root the leaf is under, with a chain that ends there (the
+	// rotator and the inventory check it so): no cross-signed certificate in it.
+	ci := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
+	recChain := mustCerts(t, ci.CertChain)
+	if ci.RootFingerprint != pki.Fingerprint(newRoots[0]) || recChain[len(recChain)-1].CheckSignatureFrom(newRoots[0]) != nil {
+		t.Fatalf("cert.issued in phase 1: root %.16s, a chain of %d not ending under the new root", ci.RootFingerprint, len(recChain))
+	}
 	naive := p1
 	naive.trust = newRoots[0]
 	if bothWays(t, before, naive, fake.Now) == nil {

@@ -164,6 +164,7 @@ func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Tim
 // certificate first, the root the reply names last). The fingerprint stays that of
 // the signing key's own root, which every leaf verifies under.
 func (m *Material) withChain(above []*x509.Certificate, phase Phase) error {
+	m.ownInter = append([]string{}, m.IntermediatePEMs()...)
 	m.Chain, m.phase = above, phase
 	m.chainPEMs = pki.CertPEMs(above)
 	if n := 2*pemBytes(m.chainPEMs) + pemBytes(m.rootPEMs); n > MaxMaterialBytes {
