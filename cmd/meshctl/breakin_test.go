@@ -352,7 +352,7 @@ func (h *breakin) bundle(t *testing.T) events.BundleReply {
 // served is what one pod serves over SDS now.
 type served struct {
 	serial string
-	root   string // fingerprint of the chain's last certificate
+	root   string // fingerprint of the ROOTCA root whose key signed the leaf (else the chain's last)
 	rootCA []string
 }
 
@@ -379,8 +379,14 @@ func (h *breakin) serving(t *testing.T, pod string) served {
 		t.Fatal(err)
 	}
 	out := served{serial: pki.SerialHex(chain[0]), root: pki.Fingerprint(chain[len(chain)-1])}
-	for _, r := range roots {
+	signed := false
+	for _, r := range roots { // newest first
 		out.rootCA = append(out.rootCA, pki.Fingerprint(r))
+		// During a rotation to a new key the chain ends at the old root (the cross-signed
+		// phases): the leaf is under the root whose key signed it.
+		if !signed && chain[0].CheckSignatureFrom(r) == nil {
+			out.root, signed = pki.Fingerprint(r), true
+		}
 	}
 	return out
 }

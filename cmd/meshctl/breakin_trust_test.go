@@ -217,11 +217,11 @@ func (h *breakin) rotate(t *testing.T, newKey bool) string {
 	if err != nil {
 		t.Fatalf("rotate root: %v\n%s", err, out)
 	}
-	f := strings.Fields(strings.TrimPrefix(out, "new root sha256 "))
-	if len(f) == 0 {
+	fp := rotatedRoot(out)
+	if fp == "" {
 		t.Fatalf("rotate root printed %q", out)
 	}
-	return strings.TrimSuffix(f[0], ";")
+	return fp
 }
 
 // followed waits until every pod trusts root fp and serves a leaf under it.

@@ -146,7 +146,12 @@ func TestOperatorView(t *testing.T) {
 			log, _ := meshctl(t, "events", "-dir", dir, "-since", "5m", "-type", "cert.issued,trust.changed,rotation.renew_due", "-o", "json")
 			t.Fatalf("rotate root -wait: %v\n%s\ninventory:\n%s\nevents:\n%s", err, out, certs, log)
 		}
-		fp := strings.TrimSuffix(strings.Fields(strings.TrimPrefix(out, "new root sha256 "))[0], ";")
+		fp := rotatedRoot(out)
+		for _, want := range []string{"plan: phase 3", "now: phase", "the old root leaves the bundle at"} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("rotate root printed no %q:\n%s", want, out)
+			}
+		}
 		if c := podCert(t, dir, "demo-0"); c.Root != fp {
 			t.Fatalf("demo-0's certificate is under %s, not the new root %s", c.Root, fp)
 		}
@@ -195,4 +200,16 @@ func meshctlOut(t *testing.T, args ...string) (string, error) {
 	defer cancel()
 	err := cli.Run(ctx, cli.Env{Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" }}, args)
 	return out.String(), err
+}
+
+// rotatedRoot is the new root's fingerprint from meshctl rotate root's output ("" if none).
+func rotatedRoot(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "new root sha256 "); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				return strings.TrimSuffix(f[0], ";")
+			}
+		}
+	}
+	return ""
 }

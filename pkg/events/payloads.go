@@ -189,6 +189,8 @@ func (e BundleReply) Validate() error {
 type RotateRequest struct {
 	NewKey bool   `json:"new_key,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// DryRun asks for the plan of the rotation (or its refusal) without rotating.
+	DryRun bool `json:"dry_run,omitempty"`
 }
 
 func (RotateRequest) EventType() string { return TypeRotateRequest }
@@ -196,9 +198,22 @@ func (RotateRequest) Validate() error   { return nil }
 
 // RotateReply answers a RotateRequest with the new root's fingerprint and bundle.
 type RotateReply struct {
-	Fingerprint string      `json:"fingerprint,omitempty"`
-	Roots       []string    `json:"roots,omitempty"`
-	Error       *ReplyError `json:"error,omitempty"`
+	Fingerprint string        `json:"fingerprint,omitempty"`
+	Roots       []string      `json:"roots,omitempty"`
+	Plan        *RotationPlan `json:"plan,omitempty"`
+	Error       *ReplyError   `json:"error,omitempty"`
+}
+
+// RotationPlan is the schedule of a root rotation (docs/architecture.md, "Root
+// rotation in phases"): Phase 1 from Rotated, the old root the reply's last PEM; 2
+// from NewRootLast; 3 (settled) from Settled; the old root leaves the bundle at
+// OldRootLeaves (zero: no old root in it).
+type RotationPlan struct {
+	Phase         int       `json:"phase"`
+	Rotated       time.Time `json:"rotated,omitzero"`
+	NewRootLast   time.Time `json:"new_root_last,omitzero"`
+	Settled       time.Time `json:"settled,omitzero"`
+	OldRootLeaves time.Time `json:"old_root_leaves,omitzero"`
 }
 
 func (RotateReply) EventType() string { return TypeRotateReply }

@@ -116,7 +116,11 @@ func TestManyRotationsKeepTheBundleBounded(t *testing.T) {
 	var published uint64
 	for i := range 30 {
 		fake.Add(10 * time.Minute)
-		rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: i%3 == 0})
+		if i%3 == 0 && i > 0 {
+			// A new-key rotation's phases end 2×(max TTL + slack) after it: the next waits.
+			fake.Add(2 * (time.Hour + ca.RetireSlack))
+		}
+		rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: i%3 == 2})
 		if rr.Error != nil {
 			t.Fatalf("rotation %d: %v", i, rr.Error)
 		}
@@ -178,12 +182,14 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 	c := e.config("signer-a")
 	c.CA.RootTTL = 1000 * time.Hour
 	s := e.start(t, c)
-	rotate := func() error {
-		if err := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true}).Error; err != nil {
+	// Same-key rotations before: a new-key one holds the next until its phases end.
+	rotateWith := func(newKey bool) error {
+		if err := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: newKey}).Error; err != nil {
 			return err
 		}
 		return nil
 	}
+	rotate := func() error { return rotateWith(true) }
 	withKEK := func(path string) error {
 		bad := e.config("signer-b")
 		bad.CA.KEKFile = path
@@ -206,7 +212,7 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 		{
 			name: "rotation too soon",
 			prepare: func() {
-				if err := rotate(); err != nil { // the first rotation needs no wait
+				if err := rotateWith(false); err != nil { // the first rotation needs no wait
 					t.Fatal(err)
 				}
 			},
@@ -218,7 +224,7 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 			prepare: func() {
 				for range ca.MaxRoots - 2 { // one rotation done above
 					fake.Add(time.Minute)
-					if err := rotate(); err != nil {
+					if err := rotateWith(false); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -46,6 +46,8 @@ type source interface {
 	Run(ctx context.Context) error
 	// Rotate forces a root rotation.
 	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+	// RotationPlan is the schedule of the current rotation, or of the one Rotate would make (dryRun).
+	RotationPlan(ctx context.Context, newKey, dryRun bool) (*events.RotationPlan, error)
 	// Announced is the highest bundle generation known to be announced.
 	Announced() uint64
 	// AnnounceFailures counts failed trust.changed publish attempts (all retried).

@@ -14,22 +14,23 @@ import (
 
 func runRotate(ctx context.Context, env Env, args []string) error {
 	var dir string
-	var newKey bool
+	var newKey, dryRun bool
 	var wait time.Duration
 	var bf busFlags
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
+	fs.Bool(&dryRun, "dry-run", "", false, "rotate root: show the plan of the rotation (its phases, when the old root leaves the bundle) without rotating")
 	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (from the inventory) until every pod holds the new root, at most this long")
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err
 	}
-	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-wait D] | meshctl rotate pod ID", errUsage)
+	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-dry-run] [-wait D] | meshctl rotate pod ID", errUsage)
 	switch {
 	case len(words) == 1 && words[0] == "root":
-	case len(words) == 2 && words[0] == "pod" && !newKey:
+	case len(words) == 2 && words[0] == "pod" && !newKey && !dryRun:
 	default:
 		return usage
 	}
@@ -48,26 +49,67 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if words[0] == "pod" {
 		return rotatePod(nc, env, words[1])
 	}
-	msg, err := events.NewMsg(events.SubjectRootRotate, "meshctl", events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
+	// The plan first (a dry run: a refusal shows here and nothing changes), then the rotation.
+	planned, err := rotateCall(ctx, nc, events.RotateRequest{NewKey: newKey, DryRun: true, Reason: "meshctl rotate root -dry-run"})
 	if err != nil {
 		return err
 	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return fmt.Errorf("rotate root: %w", err)
+	printPlan(env, "plan", planned.Plan)
+	if dryRun {
+		return nil
 	}
-	reply, _, err := events.Decode[events.RotateReply](resp)
+	reply, err := rotateCall(ctx, nc, events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
 	if err != nil {
-		return fmt.Errorf("rotate reply: %w", err)
-	}
-	if reply.Error != nil {
-		return fmt.Errorf("signer refused: %w", reply.Error)
+		return err
 	}
 	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
+	printPlan(env, "now", reply.Plan)
 	if wait <= 0 {
 		return nil
 	}
 	return followRoot(parent, nc, env, reply.Fingerprint, wait)
+}
+
+func rotateCall(ctx context.Context, nc *nats.Conn, req events.RotateRequest) (events.RotateReply, error) {
+	msg, err := events.NewMsg(events.SubjectRootRotate, "meshctl", req)
+	if err != nil {
+		return events.RotateReply{}, err
+	}
+	resp, err := nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return events.RotateReply{}, fmt.Errorf("rotate root: %w", err)
+	}
+	reply, _, err := events.Decode[events.RotateReply](resp)
+	if err != nil {
+		return events.RotateReply{}, fmt.Errorf("rotate reply: %w", err)
+	}
+	if reply.Error != nil {
+		return events.RotateReply{}, fmt.Errorf("signer refused: %w", reply.Error)
+	}
+	return reply, nil
+}
+
+// printPlan shows a rotation's phases (docs/architecture.md, "Root rotation in phases").
+func printPlan(env Env, label string, p *events.RotationPlan) {
+	if p == nil {
+		return
+	}
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	fmt.Fprintf(env.Stdout, "%s: phase %d\n", label, p.Phase)
+	if p.Rotated.IsZero() {
+		fmt.Fprintln(env.Stdout, "  one root, nothing rotating")
+		return
+	}
+	if p.NewRootLast.Equal(p.Rotated) {
+		fmt.Fprintf(env.Stdout, "  same key: the new root is the replies' last PEM from %s\n", at(p.Rotated))
+	} else {
+		fmt.Fprintf(env.Stdout, "  phase 1 from %s: the new key signs, chain [cross-signed new key, old root]\n", at(p.Rotated))
+		fmt.Fprintf(env.Stdout, "  phase 2 from %s: the old root stops being the replies' last PEM\n", at(p.NewRootLast))
+		fmt.Fprintf(env.Stdout, "  phase 3 from %s: the cross-signed certificate leaves the chain\n", at(p.Settled))
+	}
+	if !p.OldRootLeaves.IsZero() {
+		fmt.Fprintf(env.Stdout, "  the old root leaves the bundle at %s\n", at(p.OldRootLeaves))
+	}
 }
 
 // parseWords parses a command's flags and returns its words: flags may stand

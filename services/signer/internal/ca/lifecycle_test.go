@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -120,70 +119,18 @@ func TestPluggedEndorsesWithTheIntermediate(t *testing.T) {
 	}
 }
 
-// An old root leaves the bundle at min(its expiry, retired + max leaf TTL +
-// RetireSlack), announced as root-retired, and its key leaves KV with it.
-func TestOldRootRetiresWhenNoLeafCanBeValid(t *testing.T) {
-	s := bustest.Server(t)
-	fake := clock.NewFake(t0)
-	js := bustest.JetStream(t, bustest.Conn(t, s))
-	r := newReplica(t, js, fake)
-	r.src.cfg.RootTTL = 100 * 24 * time.Hour
-	r.src.cfg.MaxLeafTTL = time.Hour
-	ctx := context.Background()
-	if err := r.src.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	r.run(t)
-	old := r.auth.Current()
-	m, err := r.src.Rotate(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A leaf signed by the old root just before it retired is valid until then.
-	fake.Add(time.Hour + RetireSlack - time.Second)
-	if err := r.src.Check(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := r.auth.Current(); got.Generation != m.Generation || len(got.Roots) != 2 {
-		t.Fatalf("old root left too early: gen %d, %d roots", got.Generation, len(got.Roots))
-	}
-	fake.Add(2 * time.Second)
-	if err := r.src.Check(ctx); err != nil {
-		t.Fatal(err)
-	}
-	got := r.auth.Current()
-	if got.Generation != m.Generation+1 || len(got.Roots) != 1 || got.RootFingerprint() != m.RootFingerprint() {
-		t.Fatalf("after retirement: gen %d, %d roots", got.Generation, len(got.Roots))
-	}
-	// The rotation's own trust.changed may have been superseded by this one before it was published.
-	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed root-retired", func() bool {
-		all := r.rec.all()
-		return len(all) > 0 && all[len(all)-1].Generation == got.Generation
-	})
-	all := r.rec.all()
-	tc := all[len(all)-1]
-	if tc.Reason != events.TrustReasonRetired || len(tc.Removed) != 1 || tc.Removed[0] != old.RootFingerprint() || len(tc.Roots) != 1 {
-		t.Fatalf("trust.changed %+v", tc)
-	}
-	var st stored
-	if err := json.Unmarshal(kvValue(t, js).Value(), &st); err != nil {
-		t.Fatal(err)
-	}
-	if len(st.Keys) != 1 || len(got.Endorsements()) != 1 {
-		t.Fatalf("%d sealed keys, %d endorsements after the old root left: want 1", len(st.Keys), len(got.Endorsements()))
-	}
-}
-
 // Refused rotations change nothing: no KV write, no trust.changed, same material.
 func TestRotationLimits(t *testing.T) {
 	tests := []struct {
 		name     string
 		interval time.Duration
-		before   int // successful rotations first, one minute apart
+		before   int  // successful rotations first, one minute apart
+		newKey   bool // those rotations make a new key
 		want     error
 	}{
-		{"too soon after the last rotation", time.Minute, 1, ErrRotateTooSoon},
-		{"bundle full", time.Minute, MaxRoots - 1, ErrBundleFull},
+		{"too soon after the last rotation", time.Minute, 1, true, ErrRotateTooSoon},
+		{"bundle full", time.Minute, MaxRoots - 1, false, ErrBundleFull},
+		{"a rotation to a new key still in its phases", 0, 1, true, ErrRotateTooSoon},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -199,7 +146,7 @@ func TestRotationLimits(t *testing.T) {
 			}
 			for i := range tt.before {
 				fake.Add(time.Minute)
-				if _, err := r.src.Rotate(ctx, i%2 == 0); err != nil {
+				if _, err := r.src.Rotate(ctx, tt.newKey); err != nil {
 					t.Fatalf("rotation %d: %v", i, err)
 				}
 			}

@@ -33,6 +33,8 @@ type Material struct {
 	rootFP       string
 	notAfter     time.Time
 	endorsements []events.Endorsement
+	phase        Phase    // of a rotation to a new key (self-signed only)
+	ownInter     []string // intermediates under the signing key's own root (see withChain)
 }
 
 // MaxRoots bounds the trust bundle: a self-signed rotation that would make it larger
@@ -112,8 +114,15 @@ func pemBytes(pems []string) int {
 func (m *Material) ChainPEMs() []string { return m.chainPEMs }
 
 // IntermediatePEMs is the chain above a leaf without its root: signing cert first;
-// empty when the signing cert is the root itself.
-func (m *Material) IntermediatePEMs() []string { return m.chainPEMs[:len(m.chainPEMs)-1] }
+// empty when the signing cert is the root itself. During a rotation's phases it is
+// the chain under the signing key's own root, without the cross-signed certificate
+// the reply carries (so cert.issued names a chain that ends at RootFingerprint).
+func (m *Material) IntermediatePEMs() []string {
+	if m.ownInter != nil {
+		return m.ownInter
+	}
+	return m.chainPEMs[:len(m.chainPEMs)-1]
+}
 
 // Endorsements vouch for the bundle (events.EndorsedBytes of the trust domain,
 // Generation and RootPEMs): one by the signing key, with the chain up to the root,
@@ -144,7 +153,7 @@ func (m *Material) endorse(trustDomain string, others ...crypto.Signer) error {
 			return err
 		}
 		e := events.Endorsement{KeyID: id, Signature: sig}
-		if i == 0 && len(m.chainPEMs) > 1 {
+		if i == 0 && len(m.IntermediatePEMs()) > 0 {
 			e.Chain = m.IntermediatePEMs()
 		}
 		out = append(out, e)

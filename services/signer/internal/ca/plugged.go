@@ -127,6 +127,11 @@ func (p *Plugged) Start(context.Context) error {
 // Rotate is not supported: the operator owns plugged-in material.
 func (p *Plugged) Rotate(context.Context, bool) (*Material, error) { return nil, ErrNotSupported }
 
+// RotationPlan: none, as Rotate.
+func (p *Plugged) RotationPlan(context.Context, bool, bool) (*events.RotationPlan, error) {
+	return nil, ErrNotSupported
+}
+
 // Announced is the highest generation known to be announced with trust.changed (or
 // to need no announcement: the one loaded at Start).
 func (p *Plugged) Announced() uint64 { return p.ann.announced() }

@@ -35,6 +35,9 @@ type stored struct {
 	// KeyPEM is the current root's key in clear, as versions before sealing stored it.
 	// It is only read: a record holding it is sealed and rewritten on first load.
 	KeyPEM string `json:"key_pem,omitempty"`
+	// Cross is Roots[0]'s key certified by Roots[1] (a rotation to a new key), while
+	// Roots[1] is in the bundle: the intermediate of phases 1 and 2 (see Phase).
+	Cross string `json:"cross,omitempty"`
 	// The change that made this generation, so that every replica announces it alike.
 	Reason  string   `json:"reason,omitempty"`
 	Added   []string `json:"added,omitempty"`
@@ -47,6 +50,7 @@ type record struct {
 	roots  []*x509.Certificate // newest first
 	keys   []crypto.Signer     // keys[0] is roots[0]'s
 	legacy bool                // read from a clear key_pem
+	cross  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
 	reason string
 	added  []string
 	remove []string
@@ -66,6 +70,13 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 		return record{}, fmt.Errorf("%w: stored roots: %v", ErrInvalidMaterial, err)
 	}
 	rec := record{gen: st.Generation, roots: roots, reason: st.Reason, added: st.Added, remove: st.Removed}
+	if st.Cross != "" {
+		cs, err := pki.ParseCertPEMs([]string{st.Cross})
+		if err != nil || !sameKey(cs[0], roots[0]) || crossParent(roots, cs[0]) == nil {
+			return record{}, fmt.Errorf("%w: the stored cross-signed certificate does not certify the current root's key under the previous root", ErrInvalidMaterial)
+		}
+		rec.cross = cs[0]
+	}
 	switch {
 	case len(st.Keys) > 0:
 		for _, sk := range st.Keys {
@@ -91,6 +102,9 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 func (s *SelfSigned) seal(rec record) ([]byte, error) {
 	st := stored{Generation: rec.gen, TrustDomain: s.cfg.TrustDomain, Roots: pki.CertPEMs(rec.roots),
 		Reason: rec.reason, Added: rec.added, Removed: rec.remove}
+	if rec.cross != nil {
+		st.Cross = string(pki.EncodeCertPEM(rec.cross))
+	}
 	for _, k := range rec.keys {
 		sk, err := s.cfg.KEK.seal(s.cfg.TrustDomain, k)
 		if err != nil {
@@ -101,11 +115,20 @@ func (s *SelfSigned) seal(rec record) ([]byte, error) {
 	return json.Marshal(st)
 }
 
-// materialOf builds signing material from rec, endorsed by every key it holds. The
-// root is ours, so it is checked for structure at its own notBefore; removing old
-// roots from the bundle is Check's job.
+// materialOf builds signing material from rec for its phase now (see Phase), endorsed
+// by every key it holds. The root is ours, so it is checked for structure at its own
+// notBefore; removing old roots from the bundle is Check's job.
 func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 	m, err := NewMaterial(rec.keys[0], rec.roots[0], nil, rec.roots, rec.gen, rec.roots[0].NotBefore)
+	if err != nil {
+		return nil, err
+	}
+	switch ph := s.phaseAt(rec, s.now()); ph {
+	case PhaseCrossOldLast:
+		err = m.withChain([]*x509.Certificate{rec.cross, crossParent(rec.roots, rec.cross)}, ph)
+	case PhaseCrossNewLast:
+		err = m.withChain([]*x509.Certificate{rec.cross, rec.roots[0]}, ph)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -118,10 +141,21 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 // createdAt is when a root of ours was made (and the root before it retired).
 func createdAt(root *x509.Certificate) time.Time { return root.NotBefore.Add(Backdate) }
 
-// leavesAt is when a root retired at retired leaves the bundle: when no leaf it
-// signed can still be valid, or when it expires, whichever comes first.
-func (s *SelfSigned) leavesAt(root *x509.Certificate, retired time.Time) time.Time {
-	t := retired.Add(s.cfg.MaxLeafTTL + RetireSlack)
+// leavesAt is when root, succeeded by next, leaves the bundle: when no leaf it signed
+// can still be valid, or when it expires, whichever comes first. After a same-key
+// rotation that is one PhaseStep after next was made; after a new key, leaves chain
+// to root through the cross-signed intermediate until phase 3 begins (two steps), and
+// those issued then are valid one step more.
+func (s *SelfSigned) leavesAt(root, next *x509.Certificate) time.Time {
+	return s.leavesAfter(root, createdAt(next), !sameKey(root, next))
+}
+
+// leavesAfter is leavesAt for a root retired at retired, by a new key when newKey.
+func (s *SelfSigned) leavesAfter(root *x509.Certificate, retired time.Time, newKey bool) time.Time {
+	t := retired.Add(s.PhaseStep())
+	if newKey {
+		t = retired.Add(3 * s.PhaseStep())
+	}
 	if root.NotAfter.Before(t) {
 		return root.NotAfter
 	}
@@ -136,7 +170,7 @@ func (s *SelfSigned) pruned(rec record, now time.Time) (record, string) {
 	next.roots = rec.roots[:1:1]
 	reason := ""
 	for i, r := range rec.roots[1:] {
-		at := s.leavesAt(r, createdAt(rec.roots[i]))
+		at := s.leavesAt(r, rec.roots[i])
 		if at.After(now) {
 			next.roots = append(next.roots, r)
 			continue
@@ -148,6 +182,9 @@ func (s *SelfSigned) pruned(rec record, now time.Time) (record, string) {
 		}
 	}
 	next.keys = keysOf(rec.keys, next.roots)
+	if next.cross != nil && crossParent(next.roots, next.cross) == nil {
+		next.cross = nil // it certifies the current key under a root that left
+	}
 	return next, reason
 }
 
@@ -190,14 +227,25 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 		return rec, "", fmt.Errorf("%w: the root was rotated at %s; the next rotation is allowed at %s (-root-rotate-min-interval %s)",
 			ErrRotateTooSoon, last.UTC().Format(time.RFC3339), last.Add(s.cfg.RotateMinInterval).UTC().Format(time.RFC3339), s.cfg.RotateMinInterval)
 	}
+	// A rotation to a new key runs its phases to the end before the next new key:
+	// pods that trusted the root before it must all have moved on. (A same-key
+	// rotation meanwhile keeps the cross-signed certificate and the phases' clock.)
+	if ph := s.phaseAt(rec, now); ph != PhaseSettled && newKey {
+		settled := createdAt(rec.roots[keyStart(rec.roots)]).Add(2 * s.PhaseStep())
+		return rec, "", fmt.Errorf("%w: the last rotation to a new key is in phase %s; a new key is allowed at %s",
+			ErrRotateTooSoon, ph, settled.UTC().Format(time.RFC3339))
+	}
+	keyChanges := newKey && rec.keys[0] != nil
 	// The current root retires now; every old root stays until its time to leave.
 	kept, oldest := 1, time.Time{}
 	for i, r := range rec.roots {
-		retired := now
-		if i > 0 {
-			retired = createdAt(rec.roots[i-1])
+		var at time.Time
+		if i == 0 {
+			at = s.leavesAfter(r, now, keyChanges)
+		} else {
+			at = s.leavesAt(r, rec.roots[i-1])
 		}
-		if at := s.leavesAt(r, retired); at.After(now) {
+		if at.After(now) {
 			kept++
 			if oldest.IsZero() || at.Before(oldest) {
 				oldest = at
@@ -222,6 +270,11 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 	next := rec
 	next.roots = append([]*x509.Certificate{root}, rec.roots...)
 	next.keys = append([]crypto.Signer{key}, rec.keys...)
+	if newKey {
+		if next.cross, err = crossSign(root, rec.roots[0], rec.keys[0], now); err != nil {
+			return rec, "", err
+		}
+	}
 	next, _ = s.pruned(next, now)
 	return next, events.TrustReasonRotation, nil
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,6 +53,7 @@ type SelfSigned struct {
 	log  hclog.Logger
 	now  func() time.Time
 	kv   jetstream.KeyValue
+	rec  atomic.Pointer[record] // the record the current material was built from
 	ann  *announcer
 }
 
@@ -110,7 +112,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
 			}
-			s.auth.install(m, false)
+			s.installRec(rec, m)
 			s.ann.settle(m.Generation)
 			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
 			return s.Check(ctx)
@@ -143,7 +145,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 				}
 				return fmt.Errorf("store root: %w", err)
 			}
-			s.auth.install(m, false)
+			s.installRec(rec, m)
 			s.ann.settle(m.Generation)
 			s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
 			return nil
@@ -237,7 +239,7 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 		s.log.Error("ignoring invalid root in kv", "revision", e.Revision(), "error", err)
 		return
 	}
-	if s.auth.install(m, false) {
+	if s.installRec(rec, m) {
 		s.log.Info("root changed by another replica", "fingerprint", m.RootFingerprint(), "generation", m.Generation)
 	}
 	// Whoever wrote it may have failed to announce it: announce it too, unless it
@@ -273,8 +275,13 @@ func (s *SelfSigned) Check(ctx context.Context) error {
 		})
 		return err
 	}
+	if rec := s.rec.Load(); rec != nil && s.phaseAt(*rec, now) != m.Phase() {
+		// A phase boundary passed: same bundle, another chain (nothing to announce).
+		_, err := s.update(ctx, func(rec record) (record, string, error) { return rec, "", nil })
+		return err
+	}
 	for i, r := range m.Roots[1:] {
-		if !s.leavesAt(r, createdAt(m.Roots[i])).After(now) {
+		if !s.leavesAt(r, m.Roots[i]).After(now) {
 			_, err := s.update(ctx, func(rec record) (record, string, error) {
 				next, reason := s.pruned(rec, s.now())
 				return next, reason, nil
@@ -320,7 +327,7 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 		if reason == "" {
 			m, err := s.materialOf(rec)
 			if err == nil && !rec.legacy {
-				s.auth.install(m, false)
+				s.installRec(rec, m)
 			}
 			return m, err
 		}
@@ -340,7 +347,7 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 			}
 			return nil, fmt.Errorf("store root: %w", err)
 		}
-		s.auth.install(m, false)
+		s.installRec(next, m)
 		s.log.Info("trust bundle changed", "reason", reason, "generation", m.Generation, "fingerprint", m.RootFingerprint(), "roots", len(m.Roots), "keys", len(next.keys))
 		s.ann.observe(s.event(next, m))
 		return m, nil

@@ -25,6 +25,7 @@ import (
 // Rotator forces a root rotation.
 type Rotator interface {
 	Rotate(ctx context.Context, newKey bool) (*ca.Material, error)
+	RotationPlan(ctx context.Context, newKey, dryRun bool) (*events.RotationPlan, error)
 }
 
 // requestTimeout bounds the work on one request, also during shutdown.
@@ -306,8 +307,21 @@ func (a *API) rotate(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
-	a.log.Info("root rotation requested", "new_key", req.NewKey, "reason", req.Reason)
-	mat, err := a.rot.Rotate(ctx, req.NewKey)
+	a.log.Info("root rotation requested", "new_key", req.NewKey, "reason", req.Reason, "dry_run", req.DryRun)
+	var mat *ca.Material
+	if req.DryRun {
+		var plan *events.RotationPlan
+		if plan, err = a.rot.RotationPlan(ctx, req.NewKey, true); err == nil {
+			rep := events.RotateReply{Plan: plan}
+			if cur := a.auth.Current(); cur != nil {
+				rep.Fingerprint, rep.Roots = cur.RootFingerprint(), cur.RootPEMs()
+			}
+			a.respond(m, rep)
+			return
+		}
+	} else {
+		mat, err = a.rot.Rotate(ctx, req.NewKey)
+	}
 	if err != nil {
 		code := events.CodeInternal
 		switch {
@@ -324,5 +338,6 @@ func (a *API) rotate(ctx context.Context, m *nats.Msg) {
 		a.respond(m, events.RotateReply{Error: &events.ReplyError{Code: code, Message: err.Error()}})
 		return
 	}
-	a.respond(m, events.RotateReply{Fingerprint: mat.RootFingerprint(), Roots: mat.RootPEMs()})
+	plan, _ := a.rot.RotationPlan(ctx, false, false) // the rotation just made
+	a.respond(m, events.RotateReply{Fingerprint: mat.RootFingerprint(), Roots: mat.RootPEMs(), Plan: plan})
 }
