@@ -91,7 +91,7 @@ func (a lastPEMAgent) tlsConfig(now func() time.Time) *tls.Config {
 
 // mtls runs a real TLS 1.3 handshake over a unix socket, server serving and client
 // dialing, each verifying the other against what it trusts.
-func mtls(t *testing.T, server, client lastPEMAgent, now func() time.Time) error {
+func lastPEMHandshake(t *testing.T, server, client lastPEMAgent, now func() time.Time) error {
 	t.Helper()
 	ln, err := tls.Listen("unix", filepath.Join(testkit.ShortDir(t), "s"), server.tlsConfig(now))
 	if err != nil {
@@ -124,7 +124,7 @@ func mtls(t *testing.T, server, client lastPEMAgent, now func() time.Time) error
 
 func bothWays(t *testing.T, a, b lastPEMAgent, now func() time.Time) error {
 	t.Helper()
-	return errors.Join(mtls(t, a, b, now), mtls(t, b, a, now))
+	return errors.Join(lastPEMHandshake(t, a, b, now), lastPEMHandshake(t, b, a, now))
 }
 
 // A rotation to a new key through the real signer and its real gRPC API: at each
