@@ -89,7 +89,7 @@ func (a lastPEMAgent) tlsConfig(now func() time.Time) *tls.Config {
 	}
 }
 
-// mtls runs a real TLS 1.3 handshake over a unix socket, server serving and client
+// lastPEMHandshake runs a real TLS 1.3 handshake over a unix socket, server serving and client
 // dialing, each verifying the other against what it trusts.
 func lastPEMHandshake(t *testing.T, server, client lastPEMAgent, now func() time.Time) error {
 	t.Helper()
