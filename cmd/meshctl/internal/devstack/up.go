@@ -372,6 +372,7 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	l, err := r.spawn(ctx, id+"/launcher", "launcher", onBus(
 		"-namespace", ns, "-service-account", sa, "-instance-ip", "127.0.0.1",
 		"-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket, "-relay-ready-url", "http://"+relay.HTTP+"/readyz",
+		"-sds-ready-url", "http://"+sds.HTTP+"/readyz",
 		"-envoy-binary", envoyBin, "-status-addr", addrs[0], "-envoy-admin", addrs[1], "-envoy-stats-addr", addrs[2],
 		"-output-certs", pod.OutputCerts, "-drain-time", "1s",
 		"-pod-metrics-urls", "http://"+sds.HTTP+"/metrics,http://"+relay.HTTP+"/metrics")...)
