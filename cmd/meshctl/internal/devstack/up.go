@@ -219,7 +219,7 @@ func podsDir(dir string, pods int) (string, error) {
 
 // spawn starts a service binary under the supervisor and waits for its /readyz.
 func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
-	path, err := supervisor.FindBinary(r.cfg.BinDir, bin)
+	path, lead, err := r.executable(bin)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +230,7 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
 	p := &supervisor.Process{
 		Name: name, Bin: path, HTTP: httpAddr,
-		Args:    append([]string{"-http-addr", httpAddr}, args...),
+		Args:    slices.Concat(lead, []string{"-http-addr", httpAddr}, args),
 		LogPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
 	}
 	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", name)
@@ -242,6 +242,22 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 	fmt.Fprintf(r.out, " ready (%s)\n", time.Since(began).Round(time.Millisecond))
 	r.log.Debug("service ready", "name", name, "http", httpAddr)
 	return p, nil
+}
+
+// podRoles are the services the shared executable meshagent runs as subcommands.
+var podRoles = []string{"sds-edge", "xds-relay", "launcher"}
+
+// executable is what runs service bin: for a pod role, the shared executable
+// meshagent with the role as its first argument when it is there (the pod's
+// processes then share its code pages), else the service's own binary.
+func (r *Runner) executable(bin string) (path string, lead []string, err error) {
+	if slices.Contains(podRoles, bin) {
+		if p, err := supervisor.FindBinary(r.cfg.BinDir, "meshagent"); err == nil {
+			return p, []string{bin}, nil
+		}
+	}
+	path, err = supervisor.FindBinary(r.cfg.BinDir, bin)
+	return path, nil, err
 }
 
 func (r *Runner) startSigner(ctx context.Context) error {
