@@ -36,6 +36,8 @@ build:
 	@for s in $(SERVICES); do CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/$$s ./services/$$s || exit 1; done
 	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/envoy-standin ./services/launcher/cmd/envoy-standin
 	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/meshctl ./cmd/meshctl
+	@# The pod's three roles from one executable: meshagent sds-edge|xds-relay|launcher|pod.
+	@CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/meshagent ./cmd/meshagent
 	@echo "built: $$(ls $(BIN) | tr '\n' ' ')"
 
 # The embedded default: NATS, a signer, a rotator and a demo pod, until Ctrl-C.

@@ -74,6 +74,9 @@ type pod struct {
 	ads        cachev3.SnapshotCache // what the "relay" serves: empty by default
 	relayReady atomic.Bool
 	relayURL   string
+	sdsHeld    atomic.Bool // sds-edge's store holds default and ROOTCA
+	sdsExpired atomic.Bool // sds-edge serves an expired default
+	sdsURL     string
 	nc         *nats.Conn
 	log        testkit.Buffer // the launcher's log
 	mu         sync.Mutex
@@ -105,6 +108,21 @@ func newPod(t *testing.T) *pod {
 	run(t, relay.Run)
 	<-relay.Bound()
 	p.relayURL = "http://" + relay.Addr().String() + "/readyz"
+	// sds-edge's readiness as it words it (sdsedge.Edge.Ready): the gate asks this,
+	// not the SDS socket, which it only dials.
+	edge := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	edge.AddReadyCheck("secrets", func() error {
+		if !p.sdsHeld.Load() {
+			return errors.Join(errors.New("default not available yet"), errors.New("ROOTCA not available yet"))
+		}
+		if p.sdsExpired.Load() {
+			return errors.New("serving an expired certificate: 5eed expired at 2026-01-01T00:00:00Z (3 signing attempts failed since; last: signer unreachable)")
+		}
+		return nil
+	})
+	run(t, edge.Run)
+	<-edge.Bound()
+	p.sdsURL = "http://" + edge.Addr().String() + "/readyz"
 
 	ns := bustest.Server(t)
 	p.nc = bustest.Conn(t, ns)
@@ -165,6 +183,7 @@ func (p *pod) giveSecrets() {
 	if err := p.sds.SetSnapshot(context.Background(), "pod", snap); err != nil {
 		p.t.Fatal(err)
 	}
+	p.sdsHeld.Store(true)
 }
 
 // args are the launcher's flags for this pod; more override them.
@@ -174,7 +193,7 @@ func (p *pod) args(more ...string) []string {
 		p.t.Fatal(err)
 	}
 	return append([]string{"-pod", podID, "-pod-root", p.dir, "-sds-socket", p.sdsSocket, "-xds-socket", p.xdsSocket,
-		"-relay-ready-url", p.relayURL, "-envoy-binary", exe, "-status-addr", "127.0.0.1:0",
+		"-relay-ready-url", p.relayURL, "-sds-ready-url", p.sdsURL, "-envoy-binary", exe, "-status-addr", "127.0.0.1:0",
 		"-envoy-admin", testkit.FreeAddr(p.t), "-envoy-stats-addr", testkit.FreeAddr(p.t),
 		"-output-certs", filepath.Join(p.dir, "certs"), "-wait-for", "1m"}, more...)
 }

@@ -80,7 +80,7 @@ func New(cfg Config, d lifecycle.Deps) (*Launcher, error) {
 			return nil, err
 		}
 	}
-	l.gate = gate.New(gate.Config{Pod: cfg.Pod.ID, SDSSocket: cfg.SDSSocket, XDSSocket: cfg.XDSSocket,
+	l.gate = gate.New(gate.Config{Pod: cfg.Pod.ID, SDSSocket: cfg.SDSSocket, SDSReadyURL: cfg.SDSReadyURL, XDSSocket: cfg.XDSSocket,
 		RelayReadyURL: cfg.RelayReadyURL, Wait: cfg.WaitFor}, d.Clock, d.Log.Named("gate"))
 	admin := envoy.Admin{Addr: cfg.Envoy.AdminAddr}
 	if l.binary != "" {

@@ -87,6 +87,23 @@ func TestWaitIsBoundedAndNamesWhatIsMissing(t *testing.T) {
 	}
 }
 
+// Holding default is not enough when sds-edge says it is expired: the gate asks
+// sds-edge's readiness, which judges the certificate, and names its answer.
+func TestExpiredCertificateHoldsEnvoyBack(t *testing.T) {
+	p := newPod(t)
+	p.relayReady.Store(true)
+	p.giveSecrets()
+	p.sdsExpired.Store(true)
+	s := p.start(p.args("-wait-for", "300ms")...)
+	err := s.wait(t)
+	if err == nil || !strings.Contains(err.Error(), "sds-edge not ready") || !strings.Contains(err.Error(), "expired certificate") {
+		t.Fatalf("Run = %v", err)
+	}
+	if has[events.EnvoyStarted](p) {
+		t.Fatal("envoy started on an expired certificate")
+	}
+}
+
 // startReady starts a launcher on a pod that has everything and waits for Envoy.
 func startReady(t *testing.T, args ...string) (*pod, *started, events.EnvoyStarted) {
 	p := newPod(t)

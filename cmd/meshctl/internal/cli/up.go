@@ -34,6 +34,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the service binaries (default: beside meshctl, then bin/, then PATH)")
 	fs.String(&cfg.TrustDomain, "trust-domain", "TRUST_DOMAIN", "cluster.local", "SPIFFE trust domain")
 	fs.Int(&cfg.Pods, "pods", "MESHAGENT_PODS", 1, "number of demo pods")
+	fs.Bool(&cfg.OneProcessPods, "one-process-pods", "MESHAGENT_ONE_PROCESS_PODS", false, "run each demo pod's sds-edge, xds-relay and launcher in one process (meshagent pod) instead of three")
 	fs.Duration(&cfg.LeafTTL, "ttl", "SECRET_TTL", 2*time.Minute, "workload certificate TTL of the demo pods (short, to watch rotation)")
 	fs.Duration(&cfg.RootTTL, "root-ttl", "CITADEL_SELF_SIGNED_CA_CERT_TTL", 10*365*24*time.Hour, "self-signed root TTL")
 	fs.Duration(&cfg.RootCheck, "root-check-interval", "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", time.Hour, "how often the signer checks the root's remaining life")

@@ -50,7 +50,10 @@ type Config struct {
 	// time between forced root rotations; 0 keeps the signer's default (1m).
 	RootRotateMinInterval time.Duration
 	NATSPort              int // -1: any free port
-	ReadyWait             time.Duration
+	// OneProcessPods runs each demo pod as one process (meshagent pod) instead of
+	// three: for memory-tight nodes (docs/architecture.md).
+	OneProcessPods bool
+	ReadyWait      time.Duration
 	// OnEvent, when set, receives every event from the moment the bus is up, so that
 	// what happens during start-up (the pods' first certificates) is seen too.
 	OnEvent nats.MsgHandler
@@ -219,29 +222,55 @@ func podsDir(dir string, pods int) (string, error) {
 
 // spawn starts a service binary under the supervisor and waits for its /readyz.
 func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
-	path, err := supervisor.FindBinary(r.cfg.BinDir, bin)
-	if err != nil {
-		return nil, err
-	}
 	httpAddr, err := supervisor.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
-	p := &supervisor.Process{
-		Name: name, Bin: path, HTTP: httpAddr,
-		Args:    append([]string{"-http-addr", httpAddr}, args...),
-		LogPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
+	return r.spawnAt(ctx, name, bin, httpAddr, args...)
+}
+
+// spawnAt is spawn with the service's HTTP address chosen by the caller.
+func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
+	path, lead, err := r.executable(bin)
+	if err != nil {
+		return nil, err
 	}
-	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", name)
+	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
+	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args)}
+	if err := r.start(ctx, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start starts p, logging to logs/<name>.log, and waits for its /readyz.
+func (r *Runner) start(ctx context.Context, p *supervisor.Process) error {
+	p.LogPath = filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(p.Name, "/", "_")+".log")
+	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", p.Name)
 	began := time.Now()
 	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
 		fmt.Fprintln(r.out, " failed")
-		return nil, err
+		return err
 	}
 	fmt.Fprintf(r.out, " ready (%s)\n", time.Since(began).Round(time.Millisecond))
-	r.log.Debug("service ready", "name", name, "http", httpAddr)
-	return p, nil
+	r.log.Debug("service ready", "name", p.Name, "http", p.HTTP)
+	return nil
+}
+
+// podRoles are the services the shared executable meshagent runs as subcommands.
+var podRoles = []string{"sds-edge", "xds-relay", "launcher"}
+
+// executable is what runs service bin: for a pod role, the shared executable
+// meshagent with the role as its first argument when it is there (the pod's
+// processes then share its code pages), else the service's own binary.
+func (r *Runner) executable(bin string) (path string, lead []string, err error) {
+	if slices.Contains(podRoles, bin) {
+		if p, err := supervisor.FindBinary(r.cfg.BinDir, "meshagent"); err == nil {
+			return p, []string{bin}, nil
+		}
+	}
+	path, err = supervisor.FindBinary(r.cfg.BinDir, bin)
+	return path, nil, err
 }
 
 func (r *Runner) startSigner(ctx context.Context) error {
@@ -347,13 +376,15 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	onBus := func(args ...string) []string {
 		return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args)
 	}
-	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", onBus(
-		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
-		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)...)
+	// The roles' HTTP addresses are chosen first: the launcher is told the others'.
+	http, err := supervisor.FreeAddrs(3)
 	if err != nil {
 		return err
 	}
-	pod.HTTP["sds-edge"] = sds.HTTP
+	sdsHTTP, relayHTTP := http[0], http[1]
+	sdsArgs := onBus(
+		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
+		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)
 	// The relay serves the pod's DNS proxy from the control plane's name table
 	// (Istio's DNS capture), on a port of its own since the demo pods share loopback.
 	dnsAddr, err := supervisor.FreeAddrs(1)
@@ -361,13 +392,8 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.DNS = dnsAddr[0]
-	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", onBus(
-		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
-		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns)...)
-	if err != nil {
-		return err
-	}
-	pod.HTTP["xds-relay"] = relay.HTTP
+	relayArgs := onBus("-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
+		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns)
 	envoyBin, envoyKind, err := r.envoy()
 	if err != nil {
 		return err
@@ -377,16 +403,39 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return err
 	}
 	pod.Envoy, pod.Status, pod.NodeID = envoyKind, addrs[0], NodeID(id, ns)
-	l, err := r.spawn(ctx, id+"/launcher", "launcher", onBus(
+	launcherArgs := onBus(
 		"-namespace", ns, "-service-account", sa, "-instance-ip", "127.0.0.1",
-		"-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket, "-relay-ready-url", "http://"+relay.HTTP+"/readyz",
+		"-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket, "-relay-ready-url", "http://"+relayHTTP+"/readyz",
+		"-sds-ready-url", "http://"+sdsHTTP+"/readyz",
 		"-envoy-binary", envoyBin, "-status-addr", addrs[0], "-envoy-admin", addrs[1], "-envoy-stats-addr", addrs[2],
 		"-output-certs", pod.OutputCerts, "-drain-time", "1s",
-		"-pod-metrics-urls", "http://"+sds.HTTP+"/metrics,http://"+relay.HTTP+"/metrics")...)
-	if err != nil {
-		return err
+		"-pod-metrics-urls", "http://"+sdsHTTP+"/metrics,http://"+relayHTTP+"/metrics")
+	pod.HTTP["sds-edge"], pod.HTTP["xds-relay"], pod.HTTP["launcher"] = sdsHTTP, relayHTTP, http[2]
+	if r.cfg.OneProcessPods {
+		// meshagent pod: the three roles in one process, each with its own flags.
+		bin, err := supervisor.FindBinary(r.cfg.BinDir, "meshagent")
+		if err != nil {
+			return fmt.Errorf("one-process pods need the meshagent executable (make build): %w", err)
+		}
+		role := func(name, httpAddr string, args []string) []string {
+			return slices.Concat([]string{"--" + name, "-http-addr", httpAddr, "-nats-url", r.ns.ClientURL()}, args)
+		}
+		args := slices.Concat(role("sds-edge", sdsHTTP, sdsArgs), role("xds-relay", relayHTTP, relayArgs), role("launcher", http[2], launcherArgs))
+		// Ready when the launcher is, which is after the other two.
+		if err := r.start(ctx, &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: http[2], Args: append([]string{"pod"}, args...)}); err != nil {
+			return err
+		}
+		r.Stack.Pods = append(r.Stack.Pods, pod)
+		return nil
 	}
-	pod.HTTP["launcher"] = l.HTTP
+	for _, role := range []struct {
+		name, http string
+		args       []string
+	}{{"sds-edge", sdsHTTP, sdsArgs}, {"xds-relay", relayHTTP, relayArgs}, {"launcher", http[2], launcherArgs}} {
+		if _, err := r.spawnAt(ctx, id+"/"+role.name, role.name, role.http, role.args...); err != nil {
+			return err
+		}
+	}
 	r.Stack.Pods = append(r.Stack.Pods, pod)
 	return nil
 }

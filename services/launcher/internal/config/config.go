@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -87,6 +88,7 @@ type Config struct {
 	// -credential-socket); a router's bootstrap has a cluster for it.
 	CredentialSocket string
 	RelayReadyURL    string // xds-relay's /readyz; empty: only dial its socket
+	SDSReadyURL      string // sds-edge's /readyz: default and ROOTCA held, default not expired
 	OutputCerts      string // OUTPUT_CERTS: sds-edge's files, for proxyless gRPC
 	GRPCBootstrap    string // GRPC_XDS_BOOTSTRAP: where the proxyless bootstrap goes
 	// CertRefresh is how often a proxyless app re-reads OUTPUT_CERTS.
@@ -127,6 +129,7 @@ func Default() Config {
 	c.Pod.RouterMode = "standard"
 	c.XDSSocket = "etc/istio/proxy/XDS"
 	c.RelayReadyURL = "http://127.0.0.1:15022/readyz"
+	c.SDSReadyURL = "http://127.0.0.1:15020/readyz"
 	c.OutputCerts = "etc/istio-output-certs"
 	c.GRPCBootstrap = "etc/istio/proxy/grpc-bootstrap.json"
 	c.CertRefresh = 15 * time.Minute
@@ -187,6 +190,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Int(&c.Status.MaxScrape, "stats-max-bytes", "STATS_MAX_BYTES", c.Status.MaxScrape, "largest body read from one stats source for /stats/prometheus")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "sds-edge's socket")
 	fs.String(&c.XDSSocket, "xds-socket", "XDS_SOCKET", c.XDSSocket, "xds-relay's socket")
+	fs.String(&c.SDSReadyURL, "sds-ready-url", "SDS_EDGE_READY_URL", c.SDSReadyURL, "sds-edge's /readyz, which is 200 once it holds default and ROOTCA (and default is not expired)")
 	fs.String(&c.RelayReadyURL, "relay-ready-url", "XDS_RELAY_READY_URL", c.RelayReadyURL, "xds-relay's /readyz; empty: only dial its socket")
 	fs.String(&c.OutputCerts, "output-certs", "OUTPUT_CERTS", c.OutputCerts, "sds-edge's certificate files (key.pem, cert-chain.pem, root-cert.pem), for proxyless gRPC (Istio: OUTPUT_CERTS)")
 	fs.String(&c.GRPCBootstrap, "grpc-xds-bootstrap", "GRPC_XDS_BOOTSTRAP", c.GRPCBootstrap, "where proxyless mode writes the gRPC xDS bootstrap (Istio: GRPC_XDS_BOOTSTRAP)")
@@ -268,6 +272,9 @@ func (c Config) Validate() error {
 	}
 	if c.Listen.HTTP == "" {
 		add("-http-addr: required")
+	}
+	if u, err := url.Parse(c.SDSReadyURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		add("-sds-ready-url: %q: want an http(s) URL (sds-edge's /readyz)", c.SDSReadyURL)
 	}
 	if c.Listen.Status != "" {
 		if _, _, err := net.SplitHostPort(c.Listen.Status); err != nil {

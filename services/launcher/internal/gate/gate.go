@@ -1,8 +1,12 @@
-// Package gate holds Envoy back until the pod can serve: sds-edge holds the
-// workload certificate (`default`) and the trust bundle (`ROOTCA`) — asked over
-// SDS, not merely dialled — and xds-relay is up with its upstream. It waits a
+// Package gate holds Envoy back until the pod can serve: sds-edge's socket
+// answers and sds-edge holds the workload certificate (`default`, not expired)
+// and the trust bundle (`ROOTCA`) — asked of its /readyz, which reports exactly
+// that, not merely dialled — and xds-relay is up with its upstream. It waits a
 // bounded time, says at INFO what it is still waiting for, and fails naming what
 // is missing.
+//
+// It speaks HTTP only: asking over SDS would link gRPC into the launcher and
+// make sds-edge answer (and publish sds.pushed for) a stream per check.
 package gate
 
 import (
@@ -18,7 +22,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/sdsclient"
 )
 
 // The SDS resources Envoy needs before it can serve mTLS, as Istio names them.
@@ -31,7 +34,9 @@ const (
 type Config struct {
 	Pod       string
 	SDSSocket string
-	XDSSocket string
+	// SDSReadyURL is sds-edge's /readyz: 200 once it holds default and ROOTCA.
+	SDSReadyURL string
+	XDSSocket   string
 	// RelayReadyURL is xds-relay's /readyz; empty: only dial its socket.
 	RelayReadyURL string
 	// SkipRelay: no relay to wait for (proxyless mode still needs it: leave false).
@@ -54,8 +59,8 @@ type Gate struct {
 }
 
 // Recent is Missing, answered from the last check (Wait's, while it waits) when it
-// is younger than maxAge: readiness probes come every few seconds, and each SDS
-// fetch is an answer (and an event) in sds-edge.
+// is younger than maxAge: readiness probes come every few seconds, and each
+// check is two dials and two HTTP requests to the pod's other services.
 func (g *Gate) Recent(ctx context.Context, maxAge time.Duration) []string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -88,35 +93,48 @@ func (g *Gate) Missing(ctx context.Context) []string {
 	return missing
 }
 
-// secrets asks sds-edge for default and ROOTCA once. The answer's private key is
-// dropped at once: the launcher only needs to know it is there.
+// secrets checks sds-edge: its socket answers and its /readyz says it holds
+// default and ROOTCA. sds-edge words a missing one "<name> not available yet";
+// any other refusal (an expired certificate, still starting) is named as it says it.
 func (g *Gate) secrets(ctx context.Context) []string {
-	both := []string{"sds-edge certificate " + CertName + " (" + g.cfg.SDSSocket + ")", "sds-edge trust bundle " + RootName}
+	cert := "sds-edge certificate " + CertName + " (" + g.cfg.SDSSocket + ")"
+	root := "sds-edge trust bundle " + RootName
 	if err := dialUnix(ctx, g.cfg.SDSSocket); err != nil {
 		return []string{fmt.Sprintf("sds-edge socket %s (%v)", g.cfg.SDSSocket, err)}
 	}
-	cc, err := sdsclient.DialUnix(ctx, g.cfg.SDSSocket)
-	if err != nil {
-		return both
-	}
-	defer cc.Close()
-	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	got, err := sdsclient.Fetch(fctx, cc, "launcher~"+g.cfg.Pod, CertName, RootName)
-	if err != nil {
-		return both
+	code, body, err := g.get(ctx, g.cfg.SDSReadyURL)
+	switch {
+	case err != nil:
+		return []string{fmt.Sprintf("%s, %s (sds-edge readiness %s: %v)", cert, root, g.cfg.SDSReadyURL, err)}
+	case code == http.StatusOK:
+		return nil
 	}
 	var missing []string
-	if s, ok := got[CertName]; !ok || !s.IsCertificate() {
-		missing = append(missing, both[0])
+	if strings.Contains(body, CertName+" not available") {
+		missing = append(missing, cert)
 	}
-	if s, ok := got[RootName]; !ok || !s.IsValidationContext() {
-		missing = append(missing, both[1])
+	if strings.Contains(body, RootName+" not available") {
+		missing = append(missing, root)
 	}
-	for k := range got {
-		delete(got, k)
+	if len(missing) == 0 {
+		missing = append(missing, fmt.Sprintf("sds-edge not ready, so no usable certificate %s (%s: %d %s)", CertName, g.cfg.SDSReadyURL, code, body))
 	}
 	return missing
+}
+
+// get fetches url, returning its status and (trimmed, bounded) body.
+func (g *Gate) get(ctx context.Context, url string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	resp, err := g.http.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, strings.TrimSpace(string(body)), nil
 }
 
 // relay checks xds-relay: its socket answers and its /readyz says it is ready,
@@ -128,24 +146,18 @@ func (g *Gate) relay(ctx context.Context) string {
 	if g.cfg.RelayReadyURL == "" {
 		return ""
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.cfg.RelayReadyURL, nil)
+	code, body, err := g.get(ctx, g.cfg.RelayReadyURL)
 	if err != nil {
 		return fmt.Sprintf("xds-relay readiness %s (%v)", g.cfg.RelayReadyURL, err)
 	}
-	resp, err := g.http.Do(req)
-	if err != nil {
-		return fmt.Sprintf("xds-relay readiness %s (%v)", g.cfg.RelayReadyURL, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
+	if code != http.StatusOK {
 		// xds-relay's /readyz names each failing check; "upstream" is its
 		// discovery server not reached yet.
 		what := "xds-relay not ready"
-		if strings.Contains(string(body), "upstream") {
+		if strings.Contains(body, "upstream") {
 			what = "xds-relay has no upstream"
 		}
-		return fmt.Sprintf("%s (%s: %d %s)", what, g.cfg.RelayReadyURL, resp.StatusCode, strings.TrimSpace(string(body)))
+		return fmt.Sprintf("%s (%s: %d %s)", what, g.cfg.RelayReadyURL, code, body)
 	}
 	return ""
 }

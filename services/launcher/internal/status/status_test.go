@@ -91,8 +91,9 @@ func TestAppProbersForwardToTheApp(t *testing.T) {
 	     "httpHeaders": [{"name": "X-Probe", "value": "yes"}, {"name": "Host", "value": "web.local"}]}, "timeoutSeconds": 2},
 	  "/app-health/web/livez": {"tcpSocket": {"port": "%s"}},
 	  "/app-health/db/livez": {"tcpSocket": {"port": %s}},
-	  "/app-health/web/startupz": {"grpc": {"port": %s, "service": "web"}}
-	}`, httpPort, tcpPort, closedPort, grpcPort), "127.0.0.1")
+	  "/app-health/web/startupz": {"grpc": {"port": %s, "service": "web"}},
+	  "/app-health/nope/startupz": {"grpc": {"port": %s, "service": "nope"}}
+	}`, httpPort, tcpPort, closedPort, grpcPort, grpcPort), "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +106,7 @@ func TestAppProbersForwardToTheApp(t *testing.T) {
 		{"/app-health/web/livez", 200},
 		{"/app-health/db/livez", 500},
 		{"/app-health/web/startupz", 500},
+		{"/app-health/nope/startupz", 500}, // NOT_FOUND, in a trailers-only answer
 		{"/app-health/other/livez", 404},
 	} {
 		if code, body := testkit.HTTPGet(base + tc.path); code != tc.want {
@@ -113,7 +115,7 @@ func TestAppProbersForwardToTheApp(t *testing.T) {
 	}
 	appOK.Store(true)
 	hs.SetServingStatus("web", healthpb.HealthCheckResponse_SERVING)
-	for path, want := range map[string]int{"/app-health/web/readyz": 204, "/app-health/web/startupz": 200} {
+	for path, want := range map[string]int{"/app-health/web/readyz": 204, "/app-health/web/startupz": 200, "/app-health/nope/startupz": 500} {
 		if code, body := testkit.HTTPGet(base + path); code != want {
 			t.Errorf("%s: %d %s, want %d", path, code, body, want)
 		}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkPodMemory starts `meshctl up` from MESHAGENT_BIN twice — each pod as
+// three processes of the shared executable, then as one `meshagent pod` — and
+// reports, once the pod's Envoy stand-in holds its SDS stream and is ready, the
+// pod's RSS, anonymous memory and PSS (/proc/<pid>/smaps_rollup, summed over the
+// pod's meshagent processes, Envoy excluded). Istio's pilot-agent is not on this
+// machine, so no pilot_agent_* figure is reported (docs/benchmarks.md).
+func BenchmarkPodMemory(b *testing.B) {
+	bin := os.Getenv("MESHAGENT_BIN")
+	if bin == "" {
+		b.Skip("MESHAGENT_BIN not set (make bench sets it)")
+	}
+	for _, f := range []string{"meshctl", "meshagent"} {
+		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
+			b.Skipf("no %s in MESHAGENT_BIN: %v", f, err)
+		}
+	}
+	for range b.N {
+		three := podMemory(b, bin)
+		one := podMemory(b, bin, "-one-process-pods")
+		b.ReportMetric(three["Pss"], "pod_pss_MB")
+		b.ReportMetric(three["Rss"], "pod_rss_MB")
+		b.ReportMetric(three["Anonymous"], "pod_anon_MB")
+		b.ReportMetric(one["Pss"], "pod1_pss_MB")
+		b.ReportMetric(one["Rss"], "pod1_rss_MB")
+		b.ReportMetric(one["Anonymous"], "pod1_anon_MB")
+		b.ReportMetric(one["Pss"]/three["Pss"], "ratio_pss_one_vs_three")
+	}
+}
+
+// podMemory runs one stack with one pod and returns the pod's memory in MB.
+func podMemory(b *testing.B, bin string, flags ...string) map[string]float64 {
+	b.Helper()
+	dir := b.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), append([]string{"up", "-dir", dir,
+		"-dashboard-addr", "127.0.0.1:0", "-bin-dir", bin}, flags...)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { cancel(); _ = cmd.Wait() }()
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && !strings.Contains(sc.Text(), "envoy.ready") {
+	}
+	go func() { // keep draining meshctl's output
+		for sc.Scan() {
+		}
+	}()
+	if ctx.Err() != nil {
+		b.Fatalf("no envoy.ready from meshctl up %v", flags)
+	}
+	// Idle: let the start-up garbage be collected and the SDS stream settle.
+	time.Sleep(3 * time.Second)
+	sum := map[string]float64{}
+	for _, pid := range children(b, cmd.Process.Pid) {
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if filepath.Base(exe) != "meshagent" {
+			continue
+		}
+		for k, v := range smapsRollup(b, pid) {
+			sum[k] += v / 1024
+		}
+	}
+	if sum["Pss"] == 0 {
+		b.Fatalf("no meshagent process under meshctl up %v", flags)
+	}
+	return sum
+}
+
+func children(b *testing.B, pid int) []int {
+	b.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var pids []int
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
+}
+
+// smapsRollup reads Rss, Pss and Anonymous (kB) of pid.
+func smapsRollup(b *testing.B, pid int) map[string]float64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && (f[0] == "Rss:" || f[0] == "Pss:" || f[0] == "Anonymous:") {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			got[strings.TrimSuffix(f[0], ":")] = v
+		}
+	}
+	return got
+}
