@@ -274,7 +274,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	default:
 		signer = busCA
 	}
-	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
+	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		CertCredential: c.CA.ProvCert != ""}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))

@@ -26,10 +26,12 @@ type Config struct {
 		HTTP string // /healthz, /readyz, /metrics
 	}
 	Pod struct {
-		pod.Config     // id and root (relative paths below are under it), as every pod-side process reads them
-		TrustDomain    string
-		Namespace      string
-		ServiceAccount string
+		pod.Config  // id and root (relative paths below are under it), as every pod-side process reads them
+		TrustDomain string
+		// TrustDomainAliases are accepted as TrustDomain (TRUST_DOMAIN_ALIASES).
+		TrustDomainAliases []string
+		Namespace          string
+		ServiceAccount     string
 	}
 	CA struct {
 		Addr string // Istio gRPC CA (host:port); empty: the signer over NATS
@@ -114,6 +116,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	c.Pod.Bind(fs)
 	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
+	fs.List(&c.Pod.TrustDomainAliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil,
+		"trust domains accepted as this one, comma-separated: their IDs verify against this domain's roots in ROOTCA_SPIFFE (Istio: meshConfig trustDomainAliases)")
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "workload namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")

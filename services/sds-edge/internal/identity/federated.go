@@ -36,7 +36,7 @@ func (m *Manager) Federated(ev events.TrustFederated) error {
 }
 
 // publishSPIFFE stores ROOTCA_SPIFFE: home roots (rootsPEM) under our trust
-// domain, each followed domain's roots under its own name.
+// domain and each of its aliases, each followed domain's roots under its own name.
 func (m *Manager) publishSPIFFE(rootsPEM []byte) {
 	if m.cfg.TrustDomain == "" {
 		return
@@ -50,7 +50,7 @@ func (m *Manager) publishSPIFFE(rootsPEM []byte) {
 			bundles[d.TrustDomain] = pki.EncodeCertsPEM(d.Roots)
 		}
 	}
-	sec, err := secrets.SPIFFEValidation(bundles)
+	sec, err := secrets.SPIFFEValidation(secrets.WithAliases(bundles, m.cfg.TrustDomain, m.cfg.TrustDomainAliases))
 	if err != nil {
 		m.log.Error("cannot build the SPIFFE validation context", "error", err)
 		return

@@ -76,3 +76,39 @@ func TestFederatedBundlesReachTheSPIFFEValidationContext(t *testing.T) {
 		t.Fatal("plain ROOTCA gone")
 	}
 }
+
+// TRUST_DOMAIN_ALIASES: an alias is verified against this domain's own roots in
+// ROOTCA_SPIFFE, beside the domain itself.
+func TestTrustDomainAliasesVerifyAgainstOurRoots(t *testing.T) {
+	home := testkit.NewCA(t, "home", nil, time.Now(), time.Hour)
+	store := secrets.New(nil)
+	m := New(Config{TrustDomain: "cluster.local", TrustDomainAliases: []string{"old.example"}, Anchors: []*x509.Certificate{home.Cert}},
+		nil, store, &nopObserver{}, clock.Real{}, hclog.NewNullLogger())
+	roots := pki.CertPEMs([]*x509.Certificate{home.Cert})
+	es, err := trustbundle.Endorse("cluster.local", 1, roots, home.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ApplyBundle(SourceTrustChanged, trustbundle.Bundle{TrustDomain: "cluster.local", Generation: 1, Roots: roots, Endorsements: es}); err != nil {
+		t.Fatal(err)
+	}
+	e, ok := store.Get(secrets.SPIFFERootCA)
+	if !ok {
+		t.Fatal("no ROOTCA_SPIFFE")
+	}
+	var sec tlsv3.Secret
+	var cfg tlsv3.SPIFFECertValidatorConfig
+	if err := e.Any.UnmarshalTo(&sec); err != nil {
+		t.Fatal(err)
+	}
+	if err := sec.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, td := range cfg.GetTrustDomains() {
+		got[td.GetName()] = string(td.GetTrustBundle().GetInlineBytes())
+	}
+	if len(got) != 2 || got["old.example"] != home.PEM() || got["cluster.local"] != home.PEM() {
+		t.Fatalf("trust domains = %v", got)
+	}
+}

@@ -52,6 +52,9 @@ type Config struct {
 	// when there is neither a token nor a still-valid certificate, so a request may
 	// go without either.
 	CertCredential bool
+	// TrustDomainAliases are trust domains accepted as this one (Istio's
+	// TRUST_DOMAIN_ALIASES): ROOTCA_SPIFFE verifies their IDs against our roots.
+	TrustDomainAliases []string
 }
 
 // Sources of trust bundles, as counted when one is rejected.
