@@ -76,7 +76,9 @@ type Runner struct {
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
-	Stack   stackfile.Stack
+	// addrs are the ports startPods reserved for the pods, handed out by freeAddrs.
+	addrs []string
+	Stack stackfile.Stack
 }
 
 // New checks cfg; nothing starts until Start.
@@ -181,11 +183,10 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err := r.startControlPlane(ctx); err != nil {
 		return err
 	}
-	for i := range r.cfg.Pods {
-		if err := r.startPod(ctx, fmt.Sprintf("demo-%d", i)); err != nil {
-			return err
-		}
+	if err := r.startPods(ctx); err != nil {
+		return err
 	}
+	// After every pod is up, so that each process is listed with its pid.
 	for _, p := range r.sup.Processes() {
 		r.Stack.Processes = append(r.Stack.Processes, stackfile.Process{Name: p.Name, PID: p.PID(), HTTP: p.HTTP, Log: p.LogPath})
 	}
@@ -219,11 +220,38 @@ func podsDir(dir string, pods int) (string, error) {
 
 // spawn starts a service binary under the supervisor and waits for its /readyz.
 func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
+	p, err := r.process(name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", name)
+	began := time.Now()
+	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
+		fmt.Fprintln(r.out, " failed")
+		return nil, err
+	}
+	fmt.Fprintf(r.out, " ready (%s)\n", time.Since(began).Round(time.Millisecond))
+	r.log.Debug("service ready", "name", name, "http", p.HTTP)
+	return p, nil
+}
+
+// launch starts a service binary under the supervisor without waiting for it
+// (startPods waits for the pods by their events).
+func (r *Runner) launch(_ context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
+	p, err := r.process(name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	return p, r.sup.Launch(p)
+}
+
+// process is the supervisor's child running a service binary, not started yet.
+func (r *Runner) process(name, bin string, args ...string) (*supervisor.Process, error) {
 	path, err := supervisor.FindBinary(r.cfg.BinDir, bin)
 	if err != nil {
 		return nil, err
 	}
-	httpAddr, err := supervisor.FreeAddr()
+	httpAddr, err := r.freeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -233,14 +261,6 @@ func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*
 		Args:    append([]string{"-http-addr", httpAddr}, args...),
 		LogPath: filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log"),
 	}
-	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", name)
-	began := time.Now()
-	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
-		fmt.Fprintln(r.out, " failed")
-		return nil, err
-	}
-	fmt.Fprintf(r.out, " ready (%s)\n", time.Since(began).Round(time.Millisecond))
-	r.log.Debug("service ready", "name", name, "http", httpAddr)
 	return p, nil
 }
 
@@ -321,7 +341,9 @@ func (r *Runner) startRotator(ctx context.Context) error {
 	return nil
 }
 
-func (r *Runner) startPod(ctx context.Context, id string) error {
+// startPod launches one demo pod's processes (sds-edge, xds-relay, launcher)
+// without waiting for them; startPods waits.
+func (r *Runner) startPod(ctx context.Context, id string) (*podStart, error) {
 	const ns, sa = "default", "demo"
 	root := filepath.Join(r.podsDir, id)
 	pod := stackfile.Pod{
@@ -334,53 +356,53 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	}
 	spiffe, err := pki.WorkloadID(r.cfg.TrustDomain, ns, sa)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.SPIFFEID = spiffe.String()
 	tok := kubelet.Token{File: pod.TokenFile, Namespace: ns, ServiceAccount: sa, Pod: id}
 	r.kube.Tokens = append(r.kube.Tokens, tok)
 	if err := r.kube.Write(tok, time.Now()); err != nil {
-		return err
+		return nil, err
 	}
 	common := []string{"-pod", id, "-pod-root", root}
 	// On the bus a pod is its service-account token, checked by the signer's callout.
 	onBus := func(args ...string) []string {
 		return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args)
 	}
-	sds, err := r.spawn(ctx, id+"/sds-edge", "sds-edge", onBus(
+	sds, err := r.launch(ctx, id+"/sds-edge", "sds-edge", onBus(
 		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
 		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.HTTP["sds-edge"] = sds.HTTP
-	relay, err := r.spawn(ctx, id+"/xds-relay", "xds-relay", onBus(
+	relay, err := r.launch(ctx, id+"/xds-relay", "xds-relay", onBus(
 		"-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext")...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.HTTP["xds-relay"] = relay.HTTP
 	envoyBin, envoyKind, err := r.envoy()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	addrs, err := supervisor.FreeAddrs(3)
+	addrs, err := r.freeAddrs(3)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.Envoy, pod.Status, pod.NodeID = envoyKind, addrs[0], NodeID(id, ns)
-	l, err := r.spawn(ctx, id+"/launcher", "launcher", onBus(
+	l, err := r.launch(ctx, id+"/launcher", "launcher", onBus(
 		"-namespace", ns, "-service-account", sa, "-instance-ip", "127.0.0.1",
 		"-sds-socket", pod.SDSSocket, "-xds-socket", pod.XDSSocket, "-relay-ready-url", "http://"+relay.HTTP+"/readyz",
 		"-envoy-binary", envoyBin, "-status-addr", addrs[0], "-envoy-admin", addrs[1], "-envoy-stats-addr", addrs[2],
 		"-output-certs", pod.OutputCerts, "-drain-time", "1s",
 		"-pod-metrics-urls", "http://"+sds.HTTP+"/metrics,http://"+relay.HTTP+"/metrics")...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.HTTP["launcher"] = l.HTTP
 	r.Stack.Pods = append(r.Stack.Pods, pod)
-	return nil
+	return &podStart{id: id, sdsEdge: sds, relay: relay, launcher: l}, nil
 }
 
 // NodeID is the Envoy node id the launcher gives a demo pod: Istio's
