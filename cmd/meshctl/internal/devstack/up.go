@@ -79,7 +79,9 @@ type Runner struct {
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
-	Stack   stackfile.Stack
+	// addrs are the ports startPods reserved for the pods, handed out by freeAddrs.
+	addrs []string
+	Stack stackfile.Stack
 }
 
 // New checks cfg; nothing starts until Start.
@@ -184,11 +186,10 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err := r.startControlPlane(ctx); err != nil {
 		return err
 	}
-	for i := range r.cfg.Pods {
-		if err := r.startPod(ctx, fmt.Sprintf("demo-%d", i)); err != nil {
-			return err
-		}
+	if err := r.startPods(ctx); err != nil {
+		return err
 	}
+	// After every pod is up, so that each process is listed with its pid.
 	for _, p := range r.sup.Processes() {
 		r.Stack.Processes = append(r.Stack.Processes, stackfile.Process{Name: p.Name, PID: p.PID(), HTTP: p.HTTP, Log: p.LogPath})
 	}
@@ -243,9 +244,31 @@ func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, args .
 	return p, nil
 }
 
+// launchAt starts a service under the supervisor with its HTTP address chosen by
+// the caller, without waiting for it (startPods waits for the pods by their events).
+func (r *Runner) launchAt(name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
+	path, lead, err := r.executable(bin)
+	if err != nil {
+		return nil, err
+	}
+	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
+	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args)}
+	return p, r.launch(p)
+}
+
+// launch starts p, logging to logs/<name>.log, without waiting for it.
+func (r *Runner) launch(p *supervisor.Process) error {
+	p.LogPath = r.logPath(p.Name)
+	return r.sup.Launch(p)
+}
+
+func (r *Runner) logPath(name string) string {
+	return filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(name, "/", "_")+".log")
+}
+
 // start starts p, logging to logs/<name>.log, and waits for its /readyz.
 func (r *Runner) start(ctx context.Context, p *supervisor.Process) error {
-	p.LogPath = filepath.Join(r.cfg.Dir, "logs", strings.ReplaceAll(p.Name, "/", "_")+".log")
+	p.LogPath = r.logPath(p.Name)
 	fmt.Fprintf(r.out, "  %-22s starting, waiting for /readyz ...", p.Name)
 	began := time.Now()
 	if err := r.sup.Start(ctx, p, r.cfg.ReadyWait); err != nil {
@@ -350,7 +373,7 @@ func (r *Runner) startRotator(ctx context.Context) error {
 	return nil
 }
 
-func (r *Runner) startPod(ctx context.Context, id string) error {
+func (r *Runner) startPod(id string) (*podStart, error) {
 	const ns, sa = "default", "demo"
 	root := filepath.Join(r.podsDir, id)
 	pod := stackfile.Pod{
@@ -363,13 +386,13 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 	}
 	spiffe, err := pki.WorkloadID(r.cfg.TrustDomain, ns, sa)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.SPIFFEID = spiffe.String()
 	tok := kubelet.Token{File: pod.TokenFile, Namespace: ns, ServiceAccount: sa, Pod: id}
 	r.kube.Tokens = append(r.kube.Tokens, tok)
 	if err := r.kube.Write(tok, time.Now()); err != nil {
-		return err
+		return nil, err
 	}
 	common := []string{"-pod", id, "-pod-root", root}
 	// On the bus a pod is its service-account token, checked by the signer's callout.
@@ -377,9 +400,9 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		return slices.Concat(common, []string{"-nats-token-file", pod.TokenFile}, args)
 	}
 	// The roles' HTTP addresses are chosen first: the launcher is told the others'.
-	http, err := supervisor.FreeAddrs(3)
+	http, err := r.freeAddrs(3)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sdsHTTP, relayHTTP := http[0], http[1]
 	sdsArgs := onBus(
@@ -387,20 +410,20 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)
 	// The relay serves the pod's DNS proxy from the control plane's name table
 	// (Istio's DNS capture), on a port of its own since the demo pods share loopback.
-	dnsAddr, err := supervisor.FreeAddrs(1)
+	dnsAddr, err := r.freeAddrs(1)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.DNS = dnsAddr[0]
 	relayArgs := onBus("-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
 		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns)
 	envoyBin, envoyKind, err := r.envoy()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	addrs, err := supervisor.FreeAddrs(3)
+	addrs, err := r.freeAddrs(3)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pod.Envoy, pod.Status, pod.NodeID = envoyKind, addrs[0], NodeID(id, ns)
 	launcherArgs := onBus(
@@ -415,29 +438,33 @@ func (r *Runner) startPod(ctx context.Context, id string) error {
 		// meshagent pod: the three roles in one process, each with its own flags.
 		bin, err := supervisor.FindBinary(r.cfg.BinDir, "meshagent")
 		if err != nil {
-			return fmt.Errorf("one-process pods need the meshagent executable (make build): %w", err)
+			return nil, fmt.Errorf("one-process pods need the meshagent executable (make build): %w", err)
 		}
 		role := func(name, httpAddr string, args []string) []string {
 			return slices.Concat([]string{"--" + name, "-http-addr", httpAddr, "-nats-url", r.ns.ClientURL()}, args)
 		}
 		args := slices.Concat(role("sds-edge", sdsHTTP, sdsArgs), role("xds-relay", relayHTTP, relayArgs), role("launcher", http[2], launcherArgs))
 		// Ready when the launcher is, which is after the other two.
-		if err := r.start(ctx, &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: http[2], Args: append([]string{"pod"}, args...)}); err != nil {
-			return err
+		proc := &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: http[2], Args: append([]string{"pod"}, args...)}
+		if err := r.launch(proc); err != nil {
+			return nil, err
 		}
 		r.Stack.Pods = append(r.Stack.Pods, pod)
-		return nil
+		return &podStart{id: id, ps: []*supervisor.Process{proc}}, nil
 	}
+	ps := &podStart{id: id}
 	for _, role := range []struct {
 		name, http string
 		args       []string
 	}{{"sds-edge", sdsHTTP, sdsArgs}, {"xds-relay", relayHTTP, relayArgs}, {"launcher", http[2], launcherArgs}} {
-		if _, err := r.spawnAt(ctx, id+"/"+role.name, role.name, role.http, role.args...); err != nil {
-			return err
+		proc, err := r.launchAt(id+"/"+role.name, role.name, role.http, role.args...)
+		if err != nil {
+			return nil, err
 		}
+		ps.ps = append(ps.ps, proc)
 	}
 	r.Stack.Pods = append(r.Stack.Pods, pod)
-	return nil
+	return ps, nil
 }
 
 // NodeID is the Envoy node id the launcher gives a demo pod: Istio's

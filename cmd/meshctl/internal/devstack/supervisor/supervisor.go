@@ -70,12 +70,29 @@ type Process struct {
 // ready. From then on its exits are reported on Exited (and, with Restart, it is
 // restarted).
 func (s *Supervisor) Start(ctx context.Context, p *Process, readyWait time.Duration) error {
+	if err := s.Launch(p); err != nil {
+		return err
+	}
+	return s.Ready(ctx, p, readyWait)
+}
+
+// Launch starts p and adds it to the children without waiting for it: the caller
+// waits by its own means (the events the child publishes, watching Done), then
+// calls Ready. Many children launched together start in parallel.
+func (s *Supervisor) Launch(p *Process) error {
 	if err := p.start(false); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
+	return nil
+}
+
+// Ready waits up to readyWait for a launched p's /readyz to answer 200 (one request
+// when it already does); from then on p's exits are reported on Exited (and, with
+// Restart, it is restarted).
+func (s *Supervisor) Ready(ctx context.Context, p *Process, readyWait time.Duration) error {
 	if err := p.waitReady(ctx, readyWait); err != nil {
 		return err
 	}
@@ -192,6 +209,21 @@ func (p *Process) state() (time.Time, <-chan struct{}) {
 	return p.started, p.exited
 }
 
+// Done is closed when the child's current run ends (nil before it started).
+func (p *Process) Done() <-chan struct{} {
+	_, exited := p.state()
+	return exited
+}
+
+// ExitError says that the child exited before it was ready, with its error and its
+// last log lines.
+func (p *Process) ExitError() error {
+	p.mu.Lock()
+	err := p.err
+	p.mu.Unlock()
+	return fmt.Errorf("%s exited before it was ready (%v); last log lines:\n%s", p.Name, err, p.tail(15))
+}
+
 // PID is the child's current process id (0 before it started).
 func (p *Process) PID() int {
 	p.mu.Lock()
@@ -280,10 +312,7 @@ func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 		_, exited := p.state()
 		select {
 		case <-exited:
-			p.mu.Lock()
-			err := p.err
-			p.mu.Unlock()
-			return fmt.Errorf("%s exited before it was ready (%v); last log lines:\n%s", p.Name, err, p.tail(15))
+			return p.ExitError()
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
