@@ -322,6 +322,12 @@ func (s *server) adminHandler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "OK")
+		// The answer goes out before the process exits, as Envoy's does: otherwise
+		// the caller may see the connection close unanswered (and, taking that for a
+		// failed quit, send SIGTERM to an Envoy already on its way out).
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 		s.once.Do(func() { close(s.quit) })
 	})
 	return mux
