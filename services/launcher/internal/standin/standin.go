@@ -321,10 +321,13 @@ func (s *server) adminHandler() http.Handler {
 			http.Error(w, "This endpoint requires POST", http.StatusMethodNotAllowed)
 			return
 		}
-		fmt.Fprintln(w, "OK")
-		// The answer goes out before the process exits, as Envoy's does: otherwise
-		// the caller may see the connection close unanswered (and, taking that for a
-		// failed quit, send SIGTERM to an Envoy already on its way out).
+		// The whole answer goes out before the process exits, as Envoy's does:
+		// otherwise the caller may see the connection close mid-answer (a chunked body
+		// ends only when the handler returns) and, taking that for a failed quit, send
+		// SIGTERM to an Envoy already on its way out. A fixed length and a flush make
+		// the answer complete on the wire before quit is closed.
+		w.Header().Set("Content-Length", "3")
+		fmt.Fprint(w, "OK\n")
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}

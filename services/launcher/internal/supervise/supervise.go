@@ -217,8 +217,16 @@ func (s *Supervisor) drain(p *envoy.Process, req Stop) Result {
 		s.log.Info("stopping envoy now", "reason", req.Reason, "pid", p.PID())
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := s.cfg.Admin.Quit(ctx); err != nil {
-			s.log.Warn("envoy quitquitquit failed; sending SIGTERM", "error", err)
-			p.Signal(syscall.SIGTERM)
+			// A quit that did take may still read as failed: Envoy can close the
+			// admin connection as it exits. Give it a moment before signalling.
+			t := s.clock.NewTimer(time.Second)
+			select {
+			case <-p.Exited():
+			case <-t.C():
+				s.log.Warn("envoy quitquitquit failed; sending SIGTERM", "error", err)
+				p.Signal(syscall.SIGTERM)
+			}
+			t.Stop()
 		}
 		cancel()
 		res.Drain = events.DrainQuit
