@@ -55,19 +55,7 @@ func TestFederatedBundlesReachTheSPIFFEValidationContext(t *testing.T) {
 	if err := m.Federated(ev(home)); err != nil {
 		t.Fatal(err)
 	}
-	e, ok := store.Get(secrets.SPIFFERootCA)
-	if !ok {
-		t.Fatal("no ROOTCA_SPIFFE")
-	}
-	var sec tlsv3.Secret
-	var cfg tlsv3.SPIFFECertValidatorConfig
-	if err := e.Any.UnmarshalTo(&sec); err != nil {
-		t.Fatal(err)
-	}
-	if err := sec.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
-		t.Fatal(err)
-	}
-	tds := cfg.GetTrustDomains()
+	tds := spiffeDomains(t, store)
 	if len(tds) != 2 || tds[0].GetName() != "cluster.local" || tds[1].GetName() != "west.example" ||
 		string(tds[1].GetTrustBundle().GetInlineBytes()) != west.PEM() {
 		t.Fatalf("trust domains = %v", tds)
@@ -92,6 +80,19 @@ func TestTrustDomainAliasesVerifyAgainstOurRoots(t *testing.T) {
 	if err := m.ApplyBundle(SourceTrustChanged, trustbundle.Bundle{TrustDomain: "cluster.local", Generation: 1, Roots: roots, Endorsements: es}); err != nil {
 		t.Fatal(err)
 	}
+	got := map[string]string{}
+	for _, td := range spiffeDomains(t, store) {
+		got[td.GetName()] = string(td.GetTrustBundle().GetInlineBytes())
+	}
+	if len(got) != 2 || got["old.example"] != home.PEM() || got["cluster.local"] != home.PEM() {
+		t.Fatalf("trust domains = %v", got)
+	}
+}
+
+// spiffeDomains is the trust domains of the store's ROOTCA_SPIFFE, as Envoy's
+// SPIFFE validator would read them.
+func spiffeDomains(t *testing.T, store *secrets.Store) []*tlsv3.SPIFFECertValidatorConfig_TrustDomain {
+	t.Helper()
 	e, ok := store.Get(secrets.SPIFFERootCA)
 	if !ok {
 		t.Fatal("no ROOTCA_SPIFFE")
@@ -104,11 +105,5 @@ func TestTrustDomainAliasesVerifyAgainstOurRoots(t *testing.T) {
 	if err := sec.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]string{}
-	for _, td := range cfg.GetTrustDomains() {
-		got[td.GetName()] = string(td.GetTrustBundle().GetInlineBytes())
-	}
-	if len(got) != 2 || got["old.example"] != home.PEM() || got["cluster.local"] != home.PEM() {
-		t.Fatalf("trust domains = %v", got)
-	}
+	return cfg.GetTrustDomains()
 }
