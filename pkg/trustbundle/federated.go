@@ -98,15 +98,7 @@ func EndorseFederated(home, foreign string, version uint64, roots []string, keys
 	if err != nil {
 		return nil, err
 	}
-	out := make([]events.Endorsement, 0, len(keys))
-	for _, k := range keys {
-		id, sig, err := pki.Endorse(k, msg)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, events.Endorsement{KeyID: id, Signature: sig})
-	}
-	return out, nil
+	return endorseBytes(msg, keys)
 }
 
 func verifyFederated(trusted []*x509.Certificate, ev events.TrustFederated) error {

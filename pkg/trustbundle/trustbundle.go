@@ -213,6 +213,11 @@ func Endorse(trustDomain string, gen uint64, roots []string, keys ...crypto.Sign
 	if err != nil {
 		return nil, err
 	}
+	return endorseBytes(msg, keys)
+}
+
+// endorseBytes signs msg with each key.
+func endorseBytes(msg []byte, keys []crypto.Signer) ([]events.Endorsement, error) {
 	out := make([]events.Endorsement, 0, len(keys))
 	for _, k := range keys {
 		id, sig, err := pki.Endorse(k, msg)
