@@ -215,7 +215,12 @@ func TestRotationPhasesOverGRPCKeepPodsTalking(t *testing.T) {
 	prev := renewAgent(t, e, s, fake, "late3")
 	fake.Set(rotAt.Add(3*step + time.Minute))
 	testkit.EventuallyWithin(t, 10*time.Second, "the old root leaves the bundle", func() bool { return len(bundle(t, e.nc).Roots) == 1 })
-	tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged)
+	// The bundle shrinks before the announcement is stored: wait for it to land.
+	var tc events.TrustChanged
+	testkit.EventuallyWithin(t, 10*time.Second, "the root-retired announcement", func() bool {
+		tc = last[events.TrustChanged](t, e.js, events.SubjectTrustChanged)
+		return tc.Reason == events.TrustReasonRetired
+	})
 	if tc.Reason != events.TrustReasonRetired || len(tc.Removed) != 1 || tc.Removed[0] != pki.Fingerprint(oldRoot) {
 		t.Fatalf("trust.changed %+v, want root-retired removing the old root", tc)
 	}
