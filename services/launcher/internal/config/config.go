@@ -129,7 +129,7 @@ func Default() Config {
 	c.Pod.RouterMode = "standard"
 	c.XDSSocket = "etc/istio/proxy/XDS"
 	c.RelayReadyURL = "http://127.0.0.1:15022/readyz"
-	c.SDSReadyURL = "http://127.0.0.1:15020/readyz"
+	c.SDSReadyURL = "http://127.0.0.1:15023/readyz"
 	c.OutputCerts = "etc/istio-output-certs"
 	c.GRPCBootstrap = "etc/istio/proxy/grpc-bootstrap.json"
 	c.CertRefresh = 15 * time.Minute

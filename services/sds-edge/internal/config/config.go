@@ -83,7 +83,9 @@ type Config struct {
 func Default() Config {
 	var c Config
 	c.Log = obs.LogConfig{Level: "info"}
-	c.Listen.HTTP = "127.0.0.1:15020"
+	// 15023: Istio uses none of 15020-15022 for this; 15020 is the launcher's
+	// status port (Istio's), 15021 the launcher's own HTTP, 15022 the relay's.
+	c.Listen.HTTP = "127.0.0.1:15023"
 	c.Pod.RootDir = pod.DefaultRoot
 	c.Pod.TrustDomain = "cluster.local"
 	c.Pod.Namespace = "default"
