@@ -29,15 +29,7 @@ type stub struct {
 func startStub(t *testing.T) *stub {
 	t.Helper()
 	st := &stub{}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		pc.Close()
-		t.Skipf("tcp port of the udp stub taken: %v", err)
-	}
+	pc, ln := listenUDPAndTCP(t)
 	st.addr = pc.LocalAddr().String()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		st.queries.Add(1)
@@ -62,6 +54,28 @@ func startStub(t *testing.T) *stub {
 	go func() { _ = tcp.ActivateAndServe() }()
 	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
 	return st
+}
+
+// listenUDPAndTCP binds one loopback port for both UDP and TCP, as a resolver
+// serves. The kernel picks a free UDP port, whose TCP twin another process may
+// hold: then it tries another port.
+func listenUDPAndTCP(t *testing.T) (net.PacketConn, net.Listener) {
+	t.Helper()
+	var lastErr error
+	for range 20 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln
+		}
+		pc.Close()
+		lastErr = err
+	}
+	t.Fatalf("no loopback port free for both udp and tcp in 20 tries: %v", lastErr)
+	return nil, nil
 }
 
 type env struct {
