@@ -195,17 +195,9 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 		}
 		tc.Certificates = []tls.Certificate{c}
 	}
-	alg, err := pki.ParseKeyAlg(f.alg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-key-alg: %w", err)
-	}
-	key, err := pki.GenerateKey(alg)
+	_, key, csr, err := newKeyCSR(f.alg, f.id)
 	if err != nil {
 		return nil, nil, err
-	}
-	csr, err := pki.NewCSR(key, f.id)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-id: %w", err)
 	}
 	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
@@ -239,6 +231,23 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 		return nil, nil, errors.New("reply chain is empty")
 	}
 	return key, certs, nil
+}
+
+// newKeyCSR makes a key of algorithm alg (-key-alg) and a CSR for id (-id).
+func newKeyCSR(alg, id string) (pki.KeyAlg, crypto.Signer, []byte, error) {
+	a, err := pki.ParseKeyAlg(alg)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("-key-alg: %w", err)
+	}
+	key, err := pki.GenerateKey(a)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	csr, err := pki.NewCSR(key, id)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("-id: %w", err)
+	}
+	return a, key, csr, nil
 }
 
 // printChain shows the identity and each certificate of the chain, leaf first.

@@ -46,15 +46,7 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 		return nil, nil, fmt.Errorf("%w (the bus must speak TLS and ask for client certificates, and -cert must have been issued to pod %s)", err, f.pod)
 	}
 	defer nc.Close()
-	alg, err := pki.ParseKeyAlg(f.alg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-key-alg: %w", err)
-	}
-	key, err := pki.GenerateKey(alg)
-	if err != nil {
-		return nil, nil, err
-	}
-	csr, err := pki.NewCSR(key, leaf.URIs[0].String())
+	alg, key, csr, err := newKeyCSR(f.alg, leaf.URIs[0].String())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -84,10 +76,10 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 	if err != nil {
 		return nil, nil, err
 	}
-	rep, err := busSign(ctx, nc, idSubject, req)
+	rep, err := request[events.SignReply](ctx, nc, idSubject, req, "sign over the bus")
 	if errors.Is(err, nats.ErrNoResponders) {
 		// No signer answers identity subjects (none runs with -bus-sign-id).
-		rep, err = busSign(ctx, nc, podSubject, req)
+		rep, err = request[events.SignReply](ctx, nc, podSubject, req, "sign over the bus")
 	}
 	if err != nil {
 		return nil, nil, err
@@ -100,20 +92,4 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 		return nil, nil, fmt.Errorf("reply chain: %v", err)
 	}
 	return key, certs, nil
-}
-
-func busSign(ctx context.Context, nc *nats.Conn, subject string, req events.SignRequest) (events.SignReply, error) {
-	msg, err := events.NewMsg(subject, "meshctl", req)
-	if err != nil {
-		return events.SignReply{}, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return events.SignReply{}, fmt.Errorf("sign over the bus: %w", err)
-	}
-	rep, _, err := events.Decode[events.SignReply](resp)
-	if err != nil {
-		return events.SignReply{}, fmt.Errorf("sign reply: %w", err)
-	}
-	return rep, nil
 }

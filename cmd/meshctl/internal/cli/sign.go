@@ -129,17 +129,9 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 		return nil, err
 	}
 	defer nc.Close()
-	msg, err := events.NewMsg(events.SubjectSignAny, "meshctl", req)
+	reply, err := request[events.SignReply](ctx, nc, events.SubjectSignAny, req, "sign over nats")
 	if err != nil {
 		return nil, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return nil, fmt.Errorf("sign over nats: %w", err)
-	}
-	reply, _, err := events.Decode[events.SignReply](resp)
-	if err != nil {
-		return nil, fmt.Errorf("sign reply: %w", err)
 	}
 	if reply.Error != nil {
 		return nil, fmt.Errorf("signer refused: %w", reply.Error)
