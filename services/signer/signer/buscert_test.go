@@ -327,10 +327,13 @@ func TestTokenPodsAndServicesNeedNoCertificate(t *testing.T) {
 		t.Fatalf("admitted by certificate = %v, want 1", v)
 	}
 	// A token for another pod than the one claimed is refused too.
+	const mismatch = `meshagent_signer_bus_callout_refused_total{reason="pod_mismatch"}`
+	before := metricValue(t, e.r.metrics(t), mismatch)
 	other := e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-9"))
 	if _, err := e.vmConn(t, "web-0", other, func() *tls.Certificate { return nil }, nil); err == nil {
 		t.Fatal("token for web-9 admitted as web-0")
 	}
+	testkit.EventuallyWithin(t, 5*time.Second, "pod_mismatch counted", func() bool { return metricValue(t, e.r.metrics(t), mismatch) == before+1 })
 }
 
 func ptr[T any](v T) *T { return &v }
