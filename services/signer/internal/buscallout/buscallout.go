@@ -169,18 +169,18 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 		return policy.Refuse(r.issuer, req, reason)
 	}
 	chain, cerr := presented(req.TLS)
-	if cerr != nil {
-		return refuse(ReasonBadCert, cerr)
-	}
-	byCert := len(chain) > 0 && r.certs != nil
+	byCert := (len(chain) > 0 || cerr != nil) && r.certs != nil
 	caller, reason, err := r.byToken(req.ConnectOptions.Token)
-	if err != nil && byCert {
+	switch {
+	case err == nil || !byCert:
+		byCert = false
+	case cerr != nil:
+		reason, err = ReasonBadCert, cerr
+	default:
 		if reason != ReasonNoToken {
 			r.log.Debug("bus token refused, trying the client certificate", "reason", reason, "client_host", host, "error", err)
 		}
 		caller, reason, err = r.byCert(chain)
-	} else {
-		byCert = false
 	}
 	if err != nil {
 		return refuse(reason, err)
