@@ -263,14 +263,7 @@ func TestStaticBundleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := NewFollower(Config{Self: spiffeid.RequireTrustDomainFromString("east.example"), MinRefresh: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(testkit.Background(t, f.Run))
-	if err := f.Follow(srcs); err != nil {
-		t.Fatal(err)
-	}
+	f := running(t, Config{Self: spiffeid.RequireTrustDomainFromString("east.example"), MinRefresh: 10 * time.Millisecond}, srcs)
 	testkit.Eventually(t, "static bundle loaded", func() bool {
 		b, ok := f.Bundles().Get(west.td)
 		return ok && b.HasX509Authority(roots[0])
@@ -371,14 +364,7 @@ func TestFollowSPIFFEAuthenticatedEndpoint(t *testing.T) {
 		t.Fatalf("WithBootstraps = %+v, %v", srcs, err)
 	}
 	self := spiffeid.RequireTrustDomainFromString("east.example")
-	f, err := NewFollower(Config{Self: self, MinRefresh: 20 * time.Millisecond, MaxRefresh: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(testkit.Background(t, f.Run))
-	if err := f.Follow(srcs); err != nil {
-		t.Fatal(err)
-	}
+	f := running(t, Config{Self: self, MinRefresh: 20 * time.Millisecond, MaxRefresh: 50 * time.Millisecond}, srcs)
 	testkit.Eventually(t, "west's bundle fetched over https_spiffe", func() bool {
 		b, ok := f.Bundles().Get(west.td)
 		return ok && b.HasX509Authority(roots[0])
@@ -420,14 +406,7 @@ func TestFollowSPIFFEAuthenticatedEndpoint(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := NewFollower(Config{Self: self, MinRefresh: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(testkit.Background(t, g.Run))
-			if err := g.Follow(srcs); err != nil {
-				t.Fatal(err)
-			}
+			g := running(t, Config{Self: self, MinRefresh: 20 * time.Millisecond}, srcs)
 			testkit.Eventually(t, "fetch refused: "+tc.want, func() bool {
 				st := g.Status()
 				return len(st) == 1 && strings.Contains(st[0].Err, tc.want)
@@ -460,4 +439,18 @@ func TestParseSPIFFEEndpointsAndBootstraps(t *testing.T) {
 	if got, err := WithBootstraps(webEP, nil); err != nil || len(got) != 1 || !got[0].EndpointID.IsZero() {
 		t.Errorf("web endpoint alone: %+v, %v", got, err)
 	}
+}
+
+// running is a follower of srcs with cfg, run until the test ends.
+func running(t *testing.T, cfg Config, srcs []Source) *Follower {
+	t.Helper()
+	f, err := NewFollower(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(testkit.Background(t, f.Run))
+	if err := f.Follow(srcs); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
