@@ -4,6 +4,7 @@ package bus
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -36,6 +37,10 @@ type Config struct {
 	// InboxPrefix is the role's reply-subject prefix (policy.Inbox): on a secured
 	// bus a role may subscribe only below its own. Empty: nats' _INBOX.
 	InboxPrefix string
+	// Pod is the pod this connection claims to be (AsPod), sent as the connect user
+	// name: the auth callout refuses a credential (token or certificate) that proves
+	// another pod. Empty: no claim.
+	Pod string
 	// ConnectWait is how long Connect keeps trying the first connection (zero:
 	// DefaultConnectWait). Once connected, the client reconnects forever.
 	ConnectWait time.Duration
@@ -59,6 +64,12 @@ type TLSConfig struct {
 	CAFile   string
 	CertFile string
 	KeyFile  string
+	// ClientCert, set in code (not a flag), gives the certificate to present when a
+	// TLS server asks for one, called at every handshake: a pod presents its current
+	// mesh certificate, so that after a renewal its next connection presents the new
+	// one, and the auth callout can admit it without a token. It returning nil (or
+	// an error) presents none. Not with CertFile.
+	ClientCert func() (*tls.Certificate, error)
 }
 
 // Bind registers the bus flags (and their env vars) on fs.
@@ -93,6 +104,9 @@ func (c Config) Validate() error {
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("-nats-tls-cert and -nats-tls-key: set both or neither"))
+	}
+	if c.TLS.CertFile != "" && c.TLS.ClientCert != nil {
+		errs = append(errs, errors.New("-nats-tls-cert: not with a client certificate given in code (the pod's own)"))
 	}
 	if c.ConnectWait < 0 {
 		errs = append(errs, errors.New("-nats-connect-wait: must not be negative"))
@@ -149,6 +163,9 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 	if c.TLS.CertFile != "" {
 		opts = append(opts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
 	}
+	if c.TLS.ClientCert != nil {
+		opts = append(opts, presentCert(c.TLS.ClientCert, log))
+	}
 	if c.Background {
 		// The first connect after a failed one calls the connect handler, not the
 		// reconnect handler: forward it, so that callers hear of it one way.
@@ -204,11 +221,37 @@ func Drain(nc *nats.Conn) {
 	}
 }
 
+// presentCert makes every TLS handshake present the certificate cert returns then
+// (none when it has none). It does not turn TLS on: that stays the server's demand
+// (tls_required) or the client's (-nats-tls-ca, a tls:// URL), so a plaintext bus
+// is still reached in plaintext.
+func presentCert(cert func() (*tls.Certificate, error), log hclog.Logger) nats.Option {
+	return func(o *nats.Options) error {
+		if o.TLSConfig == nil {
+			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.TLSConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := cert()
+			if err != nil || c == nil {
+				if err != nil {
+					log.Debug("no client certificate to present to the bus", "error", err)
+				}
+				return &tls.Certificate{}, nil
+			}
+			return c, nil
+		}
+		return nil
+	}
+}
+
 // authOptions turns the configured credential into connect options.
 func (c Config) authOptions(log hclog.Logger) ([]nats.Option, error) {
 	var opts []nats.Option
 	if c.InboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(c.InboxPrefix))
+	}
+	if c.Pod != "" && c.CredsFile == "" && c.NKeyFile == "" {
+		opts = append(opts, nats.UserInfo(c.Pod, ""))
 	}
 	switch {
 	case c.CredsFile != "":

@@ -13,6 +13,9 @@ type Errors struct {
 	errs []error
 }
 
+// Handler collects into e (nothing when e is nil), as nats.ErrorHandler's argument.
+func (e *Errors) Handler() nats.ErrHandler { return e.handler() }
+
 func (e *Errors) handler() nats.ErrHandler {
 	return func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if e == nil {

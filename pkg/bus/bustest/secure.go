@@ -1,13 +1,18 @@
 package bustest
 
 import (
+	"crypto/tls"
 	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -18,6 +23,9 @@ import (
 type Secured struct {
 	Server *server.Server
 	Creds  *policy.Credentials
+	// CAFile is the bus CA (PEM) of a TLS server (SecureTLSServer), "" otherwise:
+	// clients verify the server with it.
+	CAFile string
 }
 
 // SecureServer starts an embedded server secured with the real permissions and a
@@ -40,6 +48,43 @@ func SecureServer(t testing.TB) *Secured {
 	return &Secured{Server: s, Creds: creds}
 }
 
+// SecureTLSServer is SecureServer with TLS required on its client port. The server
+// asks every client for a certificate and requires none (tls.RequestClientCert), as a
+// bus that admits pods by their mesh certificate does: whatever a client presents
+// goes to the auth callout, which verifies it. Its certificate is from a bus CA of
+// its own (CAFile).
+func SecureTLSServer(t testing.TB) *Secured {
+	t.Helper()
+	creds, err := policy.LoadOrGenerate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := testkit.NewCA(t, "bus CA", nil, time.Now(), 24*time.Hour)
+	leaf := ca.Issue(t, testkit.Spec{Name: "nats", DNS: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Minute), Life: 24 * time.Hour})
+	caFile := filepath.Join(t.TempDir(), "bus-ca.pem")
+	if err := os.WriteFile(caFile, []byte(ca.PEM()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(embedded.Config{Port: -1, StoreDir: t.TempDir(), Auth: &creds.Keys,
+		TLS: &tls.Config{Certificates: []tls.Certificate{leaf.TLS()}, ClientAuth: tls.RequestClientCert, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return &Secured{Server: s, Creds: creds, CAFile: caFile}
+}
+
+// TLSOptions verify a TLS server with its bus CA; none for a plaintext server.
+func (s *Secured) TLSOptions() []nats.Option {
+	if s.CAFile == "" {
+		return nil
+	}
+	return []nats.Option{nats.RootCAs(s.CAFile)}
+}
+
 // RoleOptions are the connect options of a role that holds an nkey: its key and its
 // inbox prefix.
 func (s *Secured) RoleOptions(t testing.TB, r policy.Role) []nats.Option {
@@ -52,7 +97,7 @@ func (s *Secured) RoleOptions(t testing.TB, r policy.Role) []nats.Option {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []nats.Option{nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, "")), nats.Name(string(r))}
+	return append([]nats.Option{nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, "")), nats.Name(string(r))}, s.TLSOptions()...)
 }
 
 // Conn connects as role r and closes the connection when the test ends. Permission
@@ -65,8 +110,8 @@ func (s *Secured) Conn(t testing.TB, r policy.Role, errs *Errors) *nats.Conn {
 // PodConn connects as pod with token (what the callout checks) and pod's inbox.
 func (s *Secured) PodConn(t testing.TB, pod, token string, errs *Errors) (*nats.Conn, error) {
 	t.Helper()
-	nc, err := nats.Connect(s.Server.ClientURL(), nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
-		nats.Name("pod/"+pod), nats.ErrorHandler(errs.handler()))
+	nc, err := nats.Connect(s.Server.ClientURL(), append([]nats.Option{nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
+		nats.Name("pod/" + pod), nats.ErrorHandler(errs.handler())}, s.TLSOptions()...)...)
 	if err == nil {
 		t.Cleanup(nc.Close)
 	}

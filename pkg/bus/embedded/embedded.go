@@ -3,6 +3,7 @@
 package embedded
 
 import (
+	"crypto/tls"
 	"fmt"
 	"time"
 
@@ -23,6 +24,14 @@ type Config struct {
 	// these keys: accounts, nkey users, permissions and the auth callout for pods.
 	// Nil runs an open bus (only for tests of code that is not about the bus).
 	Auth *policy.Keys
+	// TLS, when set, is the client listener's TLS. With ClientAuth
+	// tls.RequestClientCert a client may present a certificate, which nats-server
+	// hands to the auth callout (a pod's mesh certificate admits it without a token);
+	// the callout, not the server, verifies it.
+	TLS *tls.Config
+	// AllowNonTLS keeps plaintext clients beside TLS ones (the loopback dev stack,
+	// whose services connect in plaintext). Without it, TLS is required.
+	AllowNonTLS bool
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -47,6 +56,11 @@ func Start(c Config) (*server.Server, error) {
 	opts.NoSigs = true
 	opts.NoLog = c.Logger == nil
 	opts.MaxPayload = 8 << 20
+	if c.TLS != nil {
+		opts.TLSConfig = c.TLS
+		opts.TLSTimeout = 2
+		opts.AllowNonTLS = c.AllowNonTLS
+	}
 	if c.StoreDir != "" {
 		opts.JetStream = true
 		opts.StoreDir = c.StoreDir

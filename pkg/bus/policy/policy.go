@@ -41,7 +41,10 @@ const (
 
 // Names of the JetStream state the table grants access to (the services' defaults).
 const (
-	BucketCA           = "meshagent-ca"
+	BucketCA = "meshagent-ca"
+	// BucketIssued records which pod each certificate was issued to (signer only):
+	// the auth callout admits a pod by its certificate only with such a record.
+	BucketIssued       = "meshagent-issued"
 	BucketRotator      = "meshagent_rotator"
 	BucketRotatorLease = "meshagent_rotator_lease"
 	RotatorConsumer    = "rotator"
@@ -92,6 +95,7 @@ func For(r Role) (Permissions, error) {
 				// Reads the last trust.changed, so that a change is announced once.
 				streamRead(events.StreamEvents)[1:],
 				kvBucket(BucketCA),
+				kvBucket(BucketIssued),
 			),
 			Subscribe: []string{
 				events.SignWildcard + " " + events.SignerQueue,

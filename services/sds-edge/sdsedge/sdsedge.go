@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +26,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/clientcert"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/filecerts"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/identity"
@@ -249,20 +249,15 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 			}
 			return mgr.Roots()
 		})
-		istio.SetClientCert(func() (*tls.Certificate, error) {
-			cert, err := mgr.ClientCertificate()
-			if err != nil && c.CA.ProvCert != "" {
-				return provCert(c.CA.ProvCert, e.d.Clock.Now())
-			}
-			return cert, err
-		})
+		istio.SetClientCert(c.ClientCert.Get)
 		closeSigner = func() { _ = istio.Close() }
 		return istio
 	}
 	busCA := caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
-	if c.Bus.TokenFile != "" {
-		// Admitted by the signer's auth callout with the pod's token: sign on the
-		// identity subject it grants (the token proves this namespace and account).
+	if c.Bus.TokenFile != "" || c.ClientCert.Provisioned() {
+		// Admitted by the signer's auth callout with the pod's token or certificate:
+		// sign on the identity subject it grants (the credential proves this
+		// namespace and account).
 		busCA = caclient.NewNATSAs(e.d.Bus, "sds-edge/"+c.Pod.ID, c.Pod.Namespace, c.Pod.ServiceAccount)
 	}
 	var signer identity.Signer
@@ -277,7 +272,9 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
-		CertCredential: c.CA.ProvCert != ""}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+	// From now on the bus and the gRPC CA are shown the pod's own certificate.
+	c.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)
 	return mgr, closeSigner, nil
 }
 
@@ -355,20 +352,12 @@ func (e *Edge) publish(kind string, p events.Payload) {
 	e.pub.Publish(subject, p)
 }
 
-// provCert reads Istio's PROV_CERT directory (cert-chain.pem, key.pem), re-read at
-// each use so a re-provisioned certificate is taken up; an expired one is refused here.
-func provCert(dir string, now time.Time) (*tls.Certificate, error) {
-	c, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"))
-	if err != nil {
-		return nil, fmt.Errorf("-prov-cert: %w", err)
+// provisioned is the provisioned certificate in dir (PROV_CERT) while it is valid,
+// what the CA flow proves itself with when it has neither a token nor a valid
+// certificate of its own; nil without one.
+func provisioned(dir string, now func() time.Time) func() (*tls.Certificate, error) {
+	if dir == "" {
+		return nil
 	}
-	if c.Leaf == nil {
-		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("-prov-cert: %w", err)
-		}
-	}
-	if now.After(c.Leaf.NotAfter) {
-		return nil, fmt.Errorf("-prov-cert: %s/cert-chain.pem expired at %s", dir, c.Leaf.NotAfter.Format(time.RFC3339))
-	}
-	return &c, nil
+	return func() (*tls.Certificate, error) { return clientcert.Load(dir, now()) }
 }

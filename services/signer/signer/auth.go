@@ -2,6 +2,7 @@ package signer
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"time"
 
@@ -37,7 +38,9 @@ func (s *Signer) newVerifier(now func() time.Time) (buscallout.Verifier, error) 
 }
 
 // newCallout builds the bus auth callout, which admits pods to the bus by their
-// token: it dials its own connection, as the callout user, when it runs.
+// token, or by a client certificate this mesh issued to a pod (checked against the
+// current trust bundle and the issued records): it dials its own connection, as the
+// callout user, when it runs.
 func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registerer, now func() time.Time) error {
 	issuer, err := policy.ReadSeed(s.cfg.BusCallout.IssuerSeed, nkeys.PrefixByteAccount)
 	if err != nil {
@@ -49,7 +52,13 @@ func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registe
 	bc.AsService(policy.Callout)
 	log := s.log.Named("callout")
 	dial := func(ctx context.Context) (*nats.Conn, error) { return bus.Connect(ctx, bc, log) }
-	s.callout = buscallout.New(issuer, verifier, dial, reg, log, now)
+	certs := &buscallout.Certificates{TrustDomain: s.cfg.TrustDomain, Records: s.issued, Roots: func() []*x509.Certificate {
+		if m := s.auth.Current(); m != nil {
+			return m.Roots
+		}
+		return nil
+	}}
+	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, now)
 	return nil
 }
 

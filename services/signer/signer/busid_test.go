@@ -42,6 +42,7 @@ func (e *secureEnv) config(instance string, signByID bool) config.Config {
 	c := e.env.config(instance)
 	c.Bus.URL = e.sec.Server.ClientURL()
 	c.Bus.NKeyFile = e.sec.Creds.SeedFile(policy.Signer)
+	c.Bus.TLS.CAFile = e.sec.CAFile // "" on a plaintext bus
 	c.Bus.AsService(policy.Signer)
 	c.BusCallout.IssuerSeed = e.sec.Creds.IssuerFile()
 	c.BusCallout.NKeyFile = e.sec.Creds.SeedFile(policy.Callout)

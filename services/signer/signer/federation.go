@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/signer/internal/federation"
+	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -56,7 +58,11 @@ func (s *Signer) newFederation() error {
 	if err != nil {
 		return fmt.Errorf("-spiffe-bundle-files: %w", err)
 	}
-	if srcs := append(eps, files...); len(srcs) > 0 {
+	srcs, err := federation.WithBootstraps(eps, files)
+	if err != nil {
+		return fmt.Errorf("-spiffe-bundle-endpoints, -spiffe-bundle-files: %w", err)
+	}
+	if len(srcs) > 0 {
 		var roots *x509.CertPool
 		if cfg.CAFile != "" {
 			pem, err := os.ReadFile(cfg.CAFile)
@@ -115,10 +121,23 @@ func (f *fed) tasks() []func(context.Context) error {
 }
 
 // serve answers the bundle endpoint over HTTPS with the configured web-PKI
-// certificate (re-read on each handshake, so a renewed file is picked up).
+// certificate (re-read on each handshake, so a renewed file is picked up), or with
+// an X509-SVID our CA issues (https_spiffe, -bundle-endpoint-spiffe-id).
 func (f *fed) serve(ctx context.Context) error {
 	cfg := f.s.cfg.Federation
-	if _, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile); err != nil {
+	getCert := func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		return &c, err
+	}
+	if cfg.SPIFFEID != "" {
+		id, err := url.Parse(cfg.SPIFFEID)
+		if err != nil {
+			return fmt.Errorf("bundle endpoint: %w", err)
+		}
+		svids := grpcapi.NewSVIDServingCerts(f.s.auth, id, nil)
+		getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return svids.Get() }
+	}
+	if _, err := getCert(nil); err != nil {
 		return fmt.Errorf("bundle endpoint: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -128,14 +147,9 @@ func (f *fed) serve(ctx context.Context) error {
 	addr := ln.Addr()
 	f.addr.Store(&addr)
 	srv := &http.Server{Handler: f.handler, ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: f.s.log.Named("bundle-endpoint").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}), TLSConfig: &tls.Config{
-			MinVersion: tls.VersionTLS12,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				c, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-				return &c, err
-			},
-		}}
-	f.s.log.Info("SPIFFE bundle endpoint serving", "addr", addr.String())
+		ErrorLog:  f.s.log.Named("bundle-endpoint").StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: getCert}}
+	f.s.log.Info("SPIFFE bundle endpoint serving", "addr", addr.String(), "spiffe_id", cfg.SPIFFEID)
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(ln, "", "") }()
 	select {

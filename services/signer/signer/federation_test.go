@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
@@ -229,4 +231,57 @@ func mtls(t *testing.T, clientTrust, serverTrust *x509bundle.Set, client, server
 		return serr
 	}
 	return rerr
+}
+
+// The https_spiffe profile between two real signers: west serves its bundle
+// endpoint with an X509-SVID its own CA issued (-bundle-endpoint-spiffe-id); east
+// follows it by that SPIFFE ID, authenticated with west's bundle given once as a
+// file, and its pod gets west's roots from its own bus. Following the same
+// endpoint under another ID gets nothing.
+func TestFederationOverSPIFFEAuthenticatedEndpoint(t *testing.T) {
+	west, _ := newMesh(t, "west.example")
+	west.cfg.Federation.CertFile, west.cfg.Federation.KeyFile = "", ""
+	west.cfg.Federation.SPIFFEID = "spiffe://west.example/ns/istio-system/sa/bundle-endpoint"
+	westSigner := west.e.start(t, west.cfg)
+	testkit.Eventually(t, "west's bundle endpoint bound", func() bool { return westSigner.BundleEndpointAddr() != nil })
+	westRoots, err := pki.ParseCertPEMs(bundle(t, west.e.nc).Roots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, err := spiffebundle.FromX509Authorities(west.td, westRoots).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootFile := filepath.Join(t.TempDir(), "west.json")
+	if err := os.WriteFile(bootFile, boot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	follow := func(id string) (*mesh, *replica) {
+		east, _ := newMesh(t, "east.example")
+		east.cfg.Federation.Listen = ""
+		east.cfg.Federation.Endpoints = "west.example|https://" + west.cfg.Federation.Listen + "|" + id
+		east.cfg.Federation.Files = "west.example|" + bootFile
+		r := east.e.start(t, east.cfg)
+		east.watch(t)
+		return east, r
+	}
+	east, _ := follow(west.cfg.Federation.SPIFFEID)
+	testkit.Eventually(t, "east's pod holds west's roots", func() bool {
+		got := east.foreign.Roots("west.example")
+		return len(got) == 1 && got[0].Equal(westRoots[0])
+	})
+	// East's pod verifies a west workload against west's roots.
+	server := west.svid(t, "pay", "api")
+	if _, _, err := x509svid.Verify(server.Certificates, east.trusted()); err != nil {
+		t.Fatalf("east does not verify west's workload: %v", err)
+	}
+
+	wrong, wrongSigner := follow("spiffe://west.example/ns/istio-system/sa/not-the-endpoint")
+	testkit.Eventually(t, "the fetch refused for the endpoint's SPIFFE ID", func() bool {
+		st := wrongSigner.fed.follower.Status()
+		return len(st) == 1 && strings.Contains(st[0].Err, "unexpected ID")
+	})
+	if wrong.foreign.Roots("west.example") != nil {
+		t.Fatal("roots taken from an endpoint that is not the SPIFFE ID followed")
+	}
 }

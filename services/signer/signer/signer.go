@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
+	"github.com/meshagent/meshagent/services/signer/internal/issued"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/nats-io/nats.go"
@@ -68,6 +69,8 @@ type Signer struct {
 	source source
 	keys   *authn.KeySet // nil unless tokens are verified against a JWKS
 	iss    *issuer.Issuer
+	// issued records which pod each certificate was issued to (for the callout).
+	issued *issued.Store
 	// callout admits pods to the bus (nil unless -bus-callout-seed is set).
 	callout *buscallout.Responder
 	nats    *natsapi.API
@@ -90,7 +93,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Signer{cfg: cfg, log: d.Log, js: js, auth: &ca.Authority{}}
+	s := &Signer{cfg: cfg, log: d.Log, js: js, auth: &ca.Authority{}, issued: issued.New(js, cfg.CA.KVReplicas, d.Log.Named("issued"))}
 	counter := func(name, help string, value func() uint64) {
 		d.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
@@ -124,7 +127,8 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
-		Named: ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
+		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
+		Records: s.issued,
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
@@ -230,6 +234,9 @@ func (s *Signer) loadCA(ctx context.Context) error {
 	defer cancel()
 	if err := s.ensureStream(ctx); err != nil {
 		return err
+	}
+	if err := s.issued.Open(ctx); err != nil {
+		return fmt.Errorf("issued records: %w", err)
 	}
 	if err := s.source.Start(ctx); err != nil {
 		return fmt.Errorf("ca: %w", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/nats-io/nats.go"
 )
@@ -99,6 +100,24 @@ func (b *busFlags) connectAs(ctx context.Context, st *stackfile.Stack, name stri
 		return nil, fmt.Errorf("%w (a secured bus needs -nats-nkey or -nats-creds, and -nats-tls-ca for a tls:// URL)", err)
 	}
 	return nc, nil
+}
+
+// request sends req on subject as meshctl and decodes the reply as Rep; what names
+// the request in errors. The reply's own error field is the caller's to read.
+func request[Rep events.Payload](ctx context.Context, nc *nats.Conn, subject string, req events.Payload, what string) (Rep, error) {
+	var rep Rep
+	msg, err := events.NewMsg(subject, "meshctl", req)
+	if err != nil {
+		return rep, err
+	}
+	resp, err := nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return rep, fmt.Errorf("%s: %w", what, err)
+	}
+	if rep, _, err = events.Decode[Rep](resp); err != nil {
+		return rep, fmt.Errorf("%s reply: %w", what, err)
+	}
+	return rep, nil
 }
 
 // stackFor reads the local stack unless the flags name a bus and a credential.

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"cmp"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -32,12 +34,18 @@ type csrFlags struct {
 	impersonate, signer        string
 	id, alg                    string
 	ttl                        time.Duration
+	// bus: renew by certificate over the bus (as pod) instead of gRPC.
+	bus                  bool
+	pod, natsURL, natsCA string
+	out                  string
 }
 
 // runCSR sends one CreateCertificate over the Istio gRPC API and prints the chain it
 // got: with a token (minted from the local stack for -ns/-sa, or -token), or over
 // mTLS with -cert/-key (renewal by certificate, no token); -impersonate asks for a
 // workload's identity as a trusted node agent does, -signer names a CertSigner.
+// With -bus, -cert/-key renew over the bus instead, admitted as -pod by the
+// certificate alone (csrOverBus).
 func runCSR(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var f csrFlags
@@ -56,11 +64,19 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 	fs.String(&f.id, "id", "", "", "SPIFFE ID the CSR asks for (the CA decides; default spiffe://<td>/ns/<ns>/sa/<sa>)")
 	fs.String(&f.alg, "key-alg", "", string(pki.ECP256), "key algorithm")
 	fs.Duration(&f.ttl, "ttl", "", time.Hour, "requested certificate TTL")
+	fs.Bool(&f.bus, "bus", "", false, "renew by certificate over the bus instead of gRPC: connect presenting -cert (no token), admitted as -pod (a VM)")
+	fs.String(&f.pod, "pod", "", "", "with -bus: the pod -cert was issued to")
+	fs.String(&f.natsURL, "nats-url", "NATS_URL", "", "with -bus: NATS URL (default: the local stack's)")
+	fs.String(&f.natsCA, "nats-tls-ca", "NATS_TLS_CA", "", "with -bus: CA to verify the bus's TLS (default: the local stack's bus CA)")
+	fs.String(&f.out, "out", "", "", "write the new key.pem (0600), cert-chain.pem and root-cert.pem here (as OUTPUT_CERTS and PROV_CERT hold them)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
 	if (f.certFile == "") != (f.keyFile == "") {
 		return errors.New("-cert and -key: set both or neither")
+	}
+	if f.bus {
+		return runCSRBus(ctx, env, dir, f)
 	}
 	var st *stackfile.Stack
 	if f.addr == "" || f.rootFile == "" || (f.certFile == "" && f.token == "") {
@@ -117,46 +133,75 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	chain, err := createCertificate(ctx, f, tok)
+	key, chain, err := createCertificate(ctx, f, tok)
 	if err != nil {
 		return err
 	}
-	return printChain(env.Stdout, chain)
+	if err := printChain(env.Stdout, chain); err != nil {
+		return err
+	}
+	return writeCerts(env.Stdout, f.out, key, chain)
 }
 
-// createCertificate makes a key and CSR and sends them with f's credential and metadata.
-func createCertificate(ctx context.Context, f csrFlags, tok string) ([]*x509.Certificate, error) {
+// runCSRBus is runCSR with -bus: renewal by certificate over the bus.
+func runCSRBus(ctx context.Context, env Env, dir string, f csrFlags) error {
+	switch {
+	case f.certFile == "":
+		return errors.New("-bus: needs -cert and -key (the bus admits a pod with no token by its certificate)")
+	case f.pod == "":
+		return errors.New("-bus: needs -pod, the pod -cert was issued to")
+	case f.token != "" || f.impersonate != "" || f.signer != "":
+		return errors.New("-bus: not with -token, -impersonate or -signer")
+	}
+	if f.natsURL == "" || f.natsCA == "" {
+		st, err := stackfile.Read(dir)
+		if err != nil {
+			return fmt.Errorf("%w (or set -nats-url and -nats-tls-ca)", err)
+		}
+		f.natsURL, f.natsCA = cmp.Or(f.natsURL, st.NATSURL), cmp.Or(f.natsCA, st.NATSTLSCA)
+	}
+	if f.natsCA == "" {
+		return errors.New("-nats-tls-ca: required (the certificate is presented over TLS)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	key, chain, err := csrOverBus(ctx, f, f.natsURL, f.natsCA)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "bus        admitted as pod %s by its certificate alone (no token)\n", f.pod)
+	if err := printChain(env.Stdout, chain); err != nil {
+		return err
+	}
+	return writeCerts(env.Stdout, f.out, key, chain)
+}
+
+// createCertificate makes a key and CSR and sends them with f's credential and
+// metadata; it returns the key and the chain the CA returned.
+func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Signer, []*x509.Certificate, error) {
 	roots, err := os.ReadFile(f.rootFile)
 	if err != nil {
-		return nil, fmt.Errorf("-ca-root-cert: %w", err)
+		return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(roots) {
-		return nil, fmt.Errorf("-ca-root-cert: %s holds no certificate", f.rootFile)
+		return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificate", f.rootFile)
 	}
 	tc := &tls.Config{RootCAs: pool, ServerName: f.serverName, MinVersion: tls.VersionTLS12}
 	if f.certFile != "" {
 		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("-cert/-key: %w", err)
+			return nil, nil, fmt.Errorf("-cert/-key: %w", err)
 		}
 		tc.Certificates = []tls.Certificate{c}
 	}
-	alg, err := pki.ParseKeyAlg(f.alg)
+	_, key, csr, err := newKeyCSR(f.alg, f.id)
 	if err != nil {
-		return nil, fmt.Errorf("-key-alg: %w", err)
-	}
-	key, err := pki.GenerateKey(alg)
-	if err != nil {
-		return nil, err
-	}
-	csr, err := pki.NewCSR(key, f.id)
-	if err != nil {
-		return nil, fmt.Errorf("-id: %w", err)
+		return nil, nil, err
 	}
 	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", f.addr, err)
+		return nil, nil, fmt.Errorf("dial %s: %w", f.addr, err)
 	}
 	defer cc.Close()
 	md := metadata.Pairs("ClusterID", "Kubernetes")
@@ -176,16 +221,33 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) ([]*x509.Cer
 	}
 	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
 	if err != nil {
-		return nil, fmt.Errorf("CreateCertificate: %w", err)
+		return nil, nil, fmt.Errorf("CreateCertificate: %w", err)
 	}
 	certs, err := pki.ParseCertPEMs(resp.GetCertChain())
 	if err != nil {
-		return nil, fmt.Errorf("reply chain: %w", err)
+		return nil, nil, fmt.Errorf("reply chain: %w", err)
 	}
 	if len(certs) == 0 {
-		return nil, errors.New("reply chain is empty")
+		return nil, nil, errors.New("reply chain is empty")
 	}
-	return certs, nil
+	return key, certs, nil
+}
+
+// newKeyCSR makes a key of algorithm alg (-key-alg) and a CSR for id (-id).
+func newKeyCSR(alg, id string) (pki.KeyAlg, crypto.Signer, []byte, error) {
+	a, err := pki.ParseKeyAlg(alg)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("-key-alg: %w", err)
+	}
+	key, err := pki.GenerateKey(a)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	csr, err := pki.NewCSR(key, id)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("-id: %w", err)
+	}
+	return a, key, csr, nil
 }
 
 // printChain shows the identity and each certificate of the chain, leaf first.

@@ -104,17 +104,9 @@ func currentBundle(ctx context.Context, nc *nats.Conn, snap inventory.Snapshot) 
 
 // askBundle requests the trust bundle from the signers (2 s).
 func askBundle(ctx context.Context, nc *nats.Conn) (events.BundleReply, error) {
-	req, err := events.NewMsg(events.SubjectTrustBundle, "meshctl", events.BundleRequest{})
-	if err != nil {
-		return events.BundleReply{}, err
-	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := nc.RequestMsgWithContext(rctx, req)
-	if err != nil {
-		return events.BundleReply{}, fmt.Errorf("trust bundle request: %w", err)
-	}
-	reply, _, err := events.Decode[events.BundleReply](resp)
+	reply, err := request[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{}, "trust bundle request")
 	if err != nil {
 		return reply, err
 	}

@@ -71,17 +71,9 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 }
 
 func rotateCall(ctx context.Context, nc *nats.Conn, req events.RotateRequest) (events.RotateReply, error) {
-	msg, err := events.NewMsg(events.SubjectRootRotate, "meshctl", req)
+	reply, err := request[events.RotateReply](ctx, nc, events.SubjectRootRotate, req, "rotate root")
 	if err != nil {
 		return events.RotateReply{}, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return events.RotateReply{}, fmt.Errorf("rotate root: %w", err)
-	}
-	reply, _, err := events.Decode[events.RotateReply](resp)
-	if err != nil {
-		return events.RotateReply{}, fmt.Errorf("rotate reply: %w", err)
 	}
 	if reply.Error != nil {
 		return events.RotateReply{}, fmt.Errorf("signer refused: %w", reply.Error)

@@ -2,15 +2,17 @@ package cli
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/devtoken"
@@ -24,7 +26,7 @@ import (
 )
 
 func runSign(ctx context.Context, env Env, args []string) error {
-	var dir, ns, sa, out, alg string
+	var dir, ns, sa, pod, out, alg string
 	var ttl time.Duration
 	var useGRPC bool
 	var bf busFlags
@@ -33,6 +35,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	bf.bind(fs)
 	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace of the identity")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account of the identity")
+	fs.String(&pod, "pod", "", "", "bind the minted token to this pod: the certificate is recorded as issued to it, so it admits that pod to the bus later (a VM's provisioned certificate, PROV_CERT)")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "requested certificate TTL")
 	fs.String(&out, "out", "", "", "write key.pem (0600), cert-chain.pem and root-cert.pem here, as OUTPUT_CERTS holds them")
@@ -52,7 +55,12 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	tok, err := iss.Mint(ns, sa, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
+	var tok string
+	if pod != "" {
+		tok, err = iss.MintForPod(ns, sa, pod, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
+	} else {
+		tok, err = iss.Mint(ns, sa, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
+	}
 	if err != nil {
 		return err
 	}
@@ -74,7 +82,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if useGRPC {
 		chain, err = signGRPC(ctx, st, string(csr), tok, ttl)
 	} else {
-		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTL: ttl, KeyAlgorithm: string(ka)})
+		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTL: ttl, KeyAlgorithm: string(ka), Pod: pod})
 	}
 	if err != nil {
 		return err
@@ -91,6 +99,12 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	fmt.Fprintf(env.Stdout, "identity   %s\nserial     %s\nvalid      %s .. %s\nchain      %d certificates, root %s (sha256 %s)\n",
 		uri, pki.SerialHex(leaf), leaf.NotBefore.Format(time.RFC3339), leaf.NotAfter.Format(time.RFC3339),
 		len(certs), root.Subject, pki.Fingerprint(root)[:16])
+	return writeCerts(env.Stdout, out, key, certs)
+}
+
+// writeCerts writes key (0600), the chain without its root and the root into out as
+// OUTPUT_CERTS (and PROV_CERT) hold them; nothing when out is "".
+func writeCerts(w io.Writer, out string, key crypto.Signer, certs []*x509.Certificate) error {
 	if out == "" {
 		return nil
 	}
@@ -101,10 +115,11 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return err
 	}
+	root := certs[len(certs)-1]
 	if err := certdir.Write(out, keyPEM, pki.EncodeCertsPEM(certs[:len(certs)-1]), pki.EncodeCertPEM(root)); err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "written    %s/{%s,%s,%s}\n", out, certdir.KeyFile, certdir.ChainFile, certdir.RootFile)
+	fmt.Fprintf(w, "written    %s/{%s,%s,%s}\n", out, certdir.KeyFile, certdir.ChainFile, certdir.RootFile)
 	return nil
 }
 
@@ -114,17 +129,9 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 		return nil, err
 	}
 	defer nc.Close()
-	msg, err := events.NewMsg(events.SubjectSignAny, "meshctl", req)
+	reply, err := request[events.SignReply](ctx, nc, events.SubjectSignAny, req, "sign over nats")
 	if err != nil {
 		return nil, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return nil, fmt.Errorf("sign over nats: %w", err)
-	}
-	reply, _, err := events.Decode[events.SignReply](resp)
-	if err != nil {
-		return nil, fmt.Errorf("sign reply: %w", err)
 	}
 	if reply.Error != nil {
 		return nil, fmt.Errorf("signer refused: %w", reply.Error)

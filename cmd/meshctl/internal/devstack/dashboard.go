@@ -18,7 +18,7 @@ func (r *Runner) startDashboard(ctx context.Context) error {
 		addr = "127.0.0.1:0"
 	}
 	log := r.log.Named("serve")
-	nc, err := bus.Connect(ctx, bus.Config{URL: r.ns.ClientURL(), Name: "meshctl serve", NKeyFile: r.creds.SeedFile(policy.Inventory),
+	nc, err := bus.Connect(ctx, bus.Config{URL: r.natsURL(), Name: "meshctl serve", NKeyFile: r.creds.SeedFile(policy.Inventory),
 		InboxPrefix: policy.Inbox(policy.Inventory, ""), ConnectWait: 5 * time.Second}, log)
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)

@@ -148,11 +148,16 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats"), Auth: &r.creds.Keys})
+	serverTLS, busCA, err := busTLS(r.cfg.Dir)
 	if err != nil {
 		return err
 	}
-	r.nc, err = bus.Connect(ctx, bus.Config{URL: r.ns.ClientURL(), Name: "meshctl", NKeyFile: r.creds.SeedFile(policy.Admin),
+	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats"), Auth: &r.creds.Keys,
+		TLS: serverTLS, AllowNonTLS: true})
+	if err != nil {
+		return err
+	}
+	r.nc, err = bus.Connect(ctx, bus.Config{URL: r.natsURL(), Name: "meshctl", NKeyFile: r.creds.SeedFile(policy.Admin),
 		InboxPrefix: policy.Inbox(policy.Admin, ""), ConnectWait: 5 * time.Second}, r.log.Named("bus"))
 	if err != nil {
 		return fmt.Errorf("connect embedded nats: %w", err)
@@ -166,7 +171,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	// credential only reads it, since whoever may reconfigure it could make it
 	// capture sign requests and their tokens.
 	r.Stack = stackfile.Stack{
-		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.ns.ClientURL(),
+		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.natsURL(), NATSTLSCA: busCA,
 		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
 		TokenIssuer: stackfile.TokenIssuer{Issuer: iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
@@ -236,7 +241,7 @@ func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, args .
 	if err != nil {
 		return nil, err
 	}
-	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
+	args = append([]string{"-nats-url", r.natsURL()}, args...)
 	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args)}
 	if err := r.start(ctx, p); err != nil {
 		return nil, err
@@ -251,7 +256,7 @@ func (r *Runner) launchAt(name, bin, httpAddr string, args ...string) (*supervis
 	if err != nil {
 		return nil, err
 	}
-	args = append([]string{"-nats-url", r.ns.ClientURL()}, args...)
+	args = append([]string{"-nats-url", r.natsURL()}, args...)
 	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args)}
 	return p, r.launch(p)
 }
@@ -441,7 +446,7 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 			return nil, fmt.Errorf("one-process pods need the meshagent executable (make build): %w", err)
 		}
 		role := func(name, httpAddr string, args []string) []string {
-			return slices.Concat([]string{"--" + name, "-http-addr", httpAddr, "-nats-url", r.ns.ClientURL()}, args)
+			return slices.Concat([]string{"--" + name, "-http-addr", httpAddr, "-nats-url", r.natsURL()}, args)
 		}
 		args := slices.Concat(role("sds-edge", sdsHTTP, sdsArgs), role("xds-relay", relayHTTP, relayArgs), role("launcher", http[2], launcherArgs))
 		// Ready when the launcher is, which is after the other two.

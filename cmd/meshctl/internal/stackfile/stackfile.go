@@ -23,6 +23,10 @@ type Stack struct {
 	Dir         string `json:"dir"`
 	TrustDomain string `json:"trust_domain"`
 	NATSURL     string `json:"nats_url"`
+	// NATSTLSCA is the bus CA: the local bus also speaks TLS on the same port
+	// (its services stay on plaintext loopback), where a pod with no token (a VM)
+	// presents its mesh certificate to be admitted. Verify the server with it.
+	NATSTLSCA string `json:"nats_tls_ca,omitempty"`
 	// NATSAdminNKey and NATSAuditNKey are the seed files of the operator's and the
 	// read-only bus credentials (pkg/bus/policy roles admin and audit). The other
 	// roles' seeds are given to their services only and are not named here.

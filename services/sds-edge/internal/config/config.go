@@ -16,6 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/clientcert"
 )
 
 // Config is sds-edge's whole configuration.
@@ -48,8 +49,10 @@ type Config struct {
 		// trust on first use.
 		TrustAnchorsFile string
 		// ProvCert is Istio's PROV_CERT: a directory with cert-chain.pem and key.pem
-		// of a provisioned certificate (a VM's), presented over mTLS to -ca-addr
-		// when there is neither a token nor a still-valid certificate of our own.
+		// of a provisioned certificate (a VM's; its own OUTPUT_CERTS from before a
+		// restart), used when there is neither a token nor a still-valid certificate
+		// of our own: presented to the bus (whose auth callout admits the pod by it)
+		// and over mTLS to the gRPC CA, and proven in a bus sign request.
 		ProvCert string
 	}
 	Cert struct {
@@ -71,6 +74,10 @@ type Config struct {
 		SocketMode   os.FileMode
 		ExternalWait time.Duration // wait this long for another provider's socket
 	}
+	// ClientCert is the certificate the pod presents as a TLS client (to the bus and
+	// to the gRPC CA). Not a flag: Load makes it, so that the bus connection (made
+	// before sdsedge.New) and the CA flow (made in Run) share it.
+	ClientCert *clientcert.Source
 	// Gateway is the gateway credential server (router mode): `kubernetes://NAME`
 	// resources from secret directories, on a socket of their own.
 	Gateway struct {
@@ -129,7 +136,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
-	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate, presented over mTLS to -ca-addr when there is no token (a VM); empty: none")
+	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate (a VM's; may be -output-certs), used when there is no token and no valid certificate of our own: presented to the bus and to -ca-addr over TLS; empty: none")
 	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
 	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
 	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
@@ -169,6 +176,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	if c.CA.ProvCert != "" {
 		c.CA.ProvCert = c.Pod.Path(c.CA.ProvCert)
+	}
+	// The pod presents its certificate to a bus that asks for one (a TLS bus whose
+	// callout admits a VM by it); a plaintext bus is still reached in plaintext.
+	c.ClientCert = clientcert.New(c.CA.ProvCert)
+	if c.Bus.TLS.CertFile == "" {
+		c.Bus.TLS.ClientCert = c.ClientCert.Get
 	}
 	if c.CA.TrustAnchorsFile != "" {
 		c.CA.TrustAnchorsFile = c.Pod.Path(c.CA.TrustAnchorsFile)
@@ -249,7 +262,6 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	p.Check(c.CA.TokenFile != "", "-token-file: required")
-	p.Check(c.CA.ProvCert == "" || c.CA.Addr != "", "-prov-cert: needs -ca-addr (it is presented over mTLS to the gRPC CA)")
 	p.Check(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
 	return p.Err()
 }

@@ -48,10 +48,10 @@ type Config struct {
 	// Anchors are the roots trusted before any bundle (-trust-anchors-file): the
 	// first bundle must be endorsed by one of them. None: trust on first use.
 	Anchors []*x509.Certificate
-	// CertCredential: the signer presents a certificate of its own (PROV_CERT)
-	// when there is neither a token nor a still-valid certificate, so a request may
-	// go without either.
-	CertCredential bool
+	// Provisioned is the provisioned certificate (PROV_CERT) the manager proves
+	// itself with (CertChain + Proof; a gRPC CA is shown it over mTLS instead) when
+	// it has neither a token nor a still-valid certificate of its own; nil: none.
+	Provisioned func() (*tls.Certificate, error)
 	// TrustDomainAliases are trust domains accepted as this one (Istio's
 	// TRUST_DOMAIN_ALIASES): ROOTCA_SPIFFE verifies their IDs against our roots.
 	TrustDomainAliases []string
@@ -385,7 +385,8 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 }
 
 // credential fills a fresh token from the token file; when it cannot be read, a
-// still-valid certificate proves who we are instead (CertChain + Proof).
+// still-valid certificate proves who we are instead (CertChain + Proof): our own,
+// else the provisioned one.
 func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	tok, terr := os.ReadFile(m.cfg.TokenFile)
 	if terr == nil && len(strings.TrimSpace(string(tok))) > 0 {
@@ -399,18 +400,30 @@ func (m *Manager) credential(req *events.SignRequest, csrPEM []byte) error {
 	key, chain, chainPEM := m.key, m.chain, m.chainPEM
 	m.mu.Unlock()
 	if key == nil || m.clock.Now().After(chain[0].NotAfter) {
-		if m.cfg.CertCredential {
-			m.log.Warn("token unreadable and no valid certificate, renewing with the provisioned certificate", "error", terr)
-			return nil
+		if m.cfg.Provisioned == nil {
+			return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
 		}
-		return fmt.Errorf("read token %s: %w", m.cfg.TokenFile, terr)
+		prov, err := m.cfg.Provisioned()
+		if err != nil {
+			return fmt.Errorf("read token %s: %w; and no valid certificate: %w", m.cfg.TokenFile, terr, err)
+		}
+		signer, ok := prov.PrivateKey.(crypto.Signer)
+		if !ok {
+			return fmt.Errorf("provisioned key is a %T, not a signing key", prov.PrivateKey)
+		}
+		key, chainPEM = signer, nil
+		for _, der := range prov.Certificate {
+			chainPEM = append(chainPEM, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+		}
+		m.log.Warn("token unreadable and no valid certificate, renewing with the provisioned certificate", "error", terr)
+	} else {
+		m.log.Warn("token unreadable, renewing with the current certificate", "error", terr)
 	}
 	b, _ := pem.Decode(csrPEM)
 	proof, err := pki.SignProof(key, b.Bytes)
 	if err != nil {
 		return err
 	}
-	m.log.Warn("token unreadable, renewing with the current certificate", "error", terr)
 	req.CertChain, req.Proof = chainPEM, base64.StdEncoding.EncodeToString(proof)
 	return nil
 }

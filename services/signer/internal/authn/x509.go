@@ -2,9 +2,15 @@ package authn
 
 import (
 	"crypto/x509"
+	"errors"
+	"fmt"
 
 	"github.com/meshagent/meshagent/pkg/pki"
 )
+
+// ErrForeignTrustDomain is a client certificate that chains to the mesh's roots but
+// names another trust domain.
+var ErrForeignTrustDomain = errors.New("foreign trust domain")
 
 // VerifyCert authenticates a caller by a still-valid certificate (chain[0], with any
 // intermediates after it) that chains to one of roots at now with client-auth usage.
@@ -25,7 +31,8 @@ func VerifyCert(chain, roots []*x509.Certificate, trustDomain string, opts x509.
 	}
 	opts.KeyUsages = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if _, err := chain[0].Verify(opts); err != nil {
-		return Caller{}, fail("client certificate: %v", err)
+		// Wrapped, so that a caller can tell an unknown authority from an expiry.
+		return Caller{}, fmt.Errorf("%w: client certificate: %w", ErrUnauthenticated, err)
 	}
 	if len(chain[0].URIs) != 1 {
 		return Caller{}, fail("client certificate has %d URI SANs, want 1", len(chain[0].URIs))
@@ -36,7 +43,7 @@ func VerifyCert(chain, roots []*x509.Certificate, trustDomain string, opts x509.
 		return Caller{}, fail("client certificate: %v", err)
 	}
 	if td != trustDomain {
-		return Caller{}, fail("client certificate is for trust domain %q, not %q", td, trustDomain)
+		return Caller{}, fmt.Errorf("%w: %w: client certificate is for trust domain %q, not %q", ErrUnauthenticated, ErrForeignTrustDomain, td, trustDomain)
 	}
 	return Caller{ID: id, Source: SourceX509}, nil
 }

@@ -1,8 +1,10 @@
 // Package buscallout is nats-server's auth callout for pods: a pod connects to the
-// bus with its Kubernetes service-account token, and this responder admits it as
-// that pod (pkg/bus/policy's pod permissions, for the pod the token is bound to,
-// until the token expires) or refuses it. It runs inside the signer, which already
-// verifies these tokens for signing.
+// bus with its Kubernetes service-account token, or with none and its mesh
+// certificate as its TLS client certificate (a VM), and this responder admits it as
+// that pod (pkg/bus/policy's pod permissions, for the pod the token is bound to or
+// the certificate was issued to, until the credential expires) or refuses it. It
+// runs inside the signer, which already verifies these tokens and certificates for
+// signing.
 package buscallout
 
 import (
@@ -58,37 +60,50 @@ const (
 
 // Responder answers the server's auth callout requests.
 type Responder struct {
-	issuer   nkeys.KeyPair
-	verify   Verifier
-	dial     Dial
-	log      hclog.Logger
-	now      func() time.Time
-	admitted prometheus.Counter
-	refused  *prometheus.CounterVec
-	ready    atomic.Bool
+	issuer nkeys.KeyPair
+	verify Verifier
+	certs  *Certificates
+	dial   Dial
+	log    hclog.Logger
+	now    func() time.Time
+	// admitted counts every admission, admittedByCert those by a client certificate.
+	admitted       prometheus.Counter
+	admittedByCert prometheus.Counter
+	refused        *prometheus.CounterVec
+	ready          atomic.Bool
 }
 
 // New builds a responder that signs its answers with issuer (the account key named
 // as the callout issuer in the server's configuration) and registers its metrics on
-// reg. Nothing connects until Run.
-func New(issuer nkeys.KeyPair, verify Verifier, dial Dial, reg prometheus.Registerer, log hclog.Logger, now func() time.Time) *Responder {
+// reg. verify checks tokens (nil: none is accepted); certs, when not nil, admits a
+// connection without a usable token by its TLS client certificate. Nothing connects
+// until Run.
+func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, reg prometheus.Registerer, log hclog.Logger, now func() time.Time) *Responder {
 	if now == nil {
 		now = time.Now
 	}
-	r := &Responder{issuer: issuer, verify: verify, dial: dial, log: log, now: now,
+	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, now: now,
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_total",
 			Help: "Pod connections to the bus admitted by the auth callout.",
+		}),
+		admittedByCert: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_by_certificate_total",
+			Help: "Pod connections to the bus admitted by the auth callout by their client certificate (no usable token).",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_refused_total",
 			Help: "Connections to the bus refused by the auth callout, by reason.",
 		}, []string{"reason"}),
 	}
-	for _, reason := range []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe} {
+	reasons := []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch}
+	if certs != nil {
+		reasons = append(reasons, ReasonCertExpired, ReasonCertNotYetValid, ReasonCertForeignRoot, ReasonCertForeignDomain, ReasonBadCert, ReasonCertNotRecorded)
+	}
+	for _, reason := range reasons {
 		r.refused.WithLabelValues(reason)
 	}
-	reg.MustRegister(r.admitted, r.refused)
+	reg.MustRegister(r.admitted, r.admittedByCert, r.refused)
 	return r
 }
 
@@ -142,8 +157,10 @@ func (r *Responder) handle(m *nats.Msg) {
 	}
 }
 
-// decide admits a pod-bound, valid token as its pod until the token expires, and
-// refuses everything else.
+// decide admits a pod-bound, valid token as its pod until the token expires; with
+// no token, or one refused, a client certificate this mesh issued to a pod as that
+// pod until the certificate expires (byCert); and refuses everything else. A pod
+// the connection claims (its user name) must be the one its credential proves.
 func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
 	host := req.ClientInformation.Host
 	refuse := func(reason string, err error) ([]byte, error) {
@@ -151,39 +168,70 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 		r.log.Warn("bus connection refused", "reason", reason, "client_host", host, "client_name", req.ClientInformation.Name, "error", err)
 		return policy.Refuse(r.issuer, req, reason)
 	}
-	token := req.ConnectOptions.Token
-	if token == "" {
-		return refuse(ReasonNoToken, errors.New("no token, and no credential the server knows"))
-	}
-	// Before its keys are loaded every token would look signed by an unknown key:
-	// say what it is, so that the pod's retry is expected, not an alarm.
-	if err := r.verify.Ready(); err != nil {
-		return refuse(ReasonNotReady, fmt.Errorf("signer not ready to check tokens: %w", err))
-	}
-	caller, err := r.verify.Verify(token)
-	if errors.Is(err, authn.ErrUnavailable) {
-		return refuse(ReasonUnavailable, err)
+	chain, cerr := presented(req.TLS)
+	byCert := (len(chain) > 0 || cerr != nil) && r.certs != nil
+	caller, reason, err := r.byToken(req.ConnectOptions.Token)
+	switch {
+	case err == nil || !byCert:
+		byCert = false
+	case cerr != nil:
+		reason, err = ReasonBadCert, cerr
+	default:
+		if reason != ReasonNoToken {
+			r.log.Debug("bus token refused, trying the client certificate", "reason", reason, "client_host", host, "error", err)
+		}
+		caller, reason, err = r.byCert(chain)
 	}
 	if err != nil {
-		return refuse(ReasonBadToken, err)
+		return refuse(reason, err)
 	}
-	if caller.Pod == "" {
-		return refuse(ReasonNotPodBound, fmt.Errorf("token of %s names no pod (kubernetes.io.pod.name)", caller.ID))
-	}
-	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
-		return refuse(ReasonBadToken, errors.New("token has no usable expiry"))
+	if claim := req.ConnectOptions.Username; claim != "" && claim != caller.Pod {
+		return refuse(ReasonPodMismatch, fmt.Errorf("the connection claims pod %q, its credential proves pod %q (%s)", claim, caller.Pod, caller.ID))
 	}
 	resp, reason, err := r.admit(req, caller)
 	if err != nil {
 		return refuse(reason, err)
 	}
 	r.admitted.Inc()
-	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "client_host", host, "expires", caller.Expires)
+	if byCert {
+		r.admittedByCert.Inc()
+	}
+	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "credential", caller.Source, "client_host", host, "expires", caller.Expires)
 	return resp, nil
 }
 
+// byToken authenticates a connection by its connect token: a valid, pod-bound
+// token with an expiry. On failure it returns the refusal's reason.
+func (r *Responder) byToken(token string) (authn.Caller, string, error) {
+	if token == "" {
+		return authn.Caller{}, ReasonNoToken, errors.New("no token, and no credential the server knows")
+	}
+	if r.verify == nil {
+		return authn.Caller{}, ReasonBadToken, errors.New("this signer verifies no tokens (no -jwks-file, -jwks-url, discovery or -token-review)")
+	}
+	// Before its keys are loaded every token would look signed by an unknown key:
+	// say what it is, so that the pod's retry is expected, not an alarm.
+	if err := r.verify.Ready(); err != nil {
+		return authn.Caller{}, ReasonNotReady, fmt.Errorf("signer not ready to check tokens: %w", err)
+	}
+	caller, err := r.verify.Verify(token)
+	if errors.Is(err, authn.ErrUnavailable) {
+		return authn.Caller{}, ReasonUnavailable, err
+	}
+	if err != nil {
+		return authn.Caller{}, ReasonBadToken, err
+	}
+	if caller.Pod == "" {
+		return authn.Caller{}, ReasonNotPodBound, fmt.Errorf("token of %s names no pod (kubernetes.io.pod.name)", caller.ID)
+	}
+	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
+		return authn.Caller{}, ReasonBadToken, errors.New("token has no usable expiry")
+	}
+	return caller, "", nil
+}
+
 // admit grants the pod its own subjects and its identity sign subject
-// (meshagent.rpc.sign.id.<ns>.<sa>.<pod>), computed from the token just verified:
+// (meshagent.rpc.sign.id.<ns>.<sa>.<pod>), computed from the credential just verified:
 // nats-server then lets no other connection publish there, so a signer run with
 // -bus-sign-id reads the identity from the subject instead of verifying the token
 // again per request. On failure it returns the refusal's reason.

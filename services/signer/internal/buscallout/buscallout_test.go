@@ -46,7 +46,7 @@ func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
 	dial := func(ctx context.Context) (*nats.Conn, error) {
 		return nats.Connect(srv.Server.ClientURL(), srv.RoleOptions(t, policy.Callout)...)
 	}
-	r := New(issuer, v, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil)
+	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

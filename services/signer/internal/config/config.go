@@ -99,9 +99,12 @@ type Config struct {
 	Workers int // concurrent NATS sign requests per replica
 	// Federation: this domain's SPIFFE bundle endpoint and the foreign domains followed.
 	Federation struct {
-		Listen      string        // bundle endpoint listen address; "": not served
-		CertFile    string        // web-PKI serving certificate of the bundle endpoint
-		KeyFile     string        // its key
+		Listen   string // bundle endpoint listen address; "": not served
+		CertFile string // web-PKI serving certificate of the bundle endpoint
+		KeyFile  string // its key
+		// SPIFFEID: serve the endpoint with an X509-SVID of this ID, issued by our own
+		// CA (the https_spiffe profile), instead of CertFile/KeyFile.
+		SPIFFEID    string
 		RefreshHint time.Duration // spiffe_refresh_hint served
 		Endpoints   string        // Istio's SPIFFE_BUNDLE_ENDPOINTS: td|url||td2|url2
 		Files       string        // static bundle files: td|path||td2|path2
@@ -198,12 +201,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Int(&c.Stream.Replicas, "stream-replicas", "EVENTS_REPLICAS", c.Stream.Replicas, "replicas of the event stream, if the signer creates it")
 	fs.Duration(&c.Stream.MaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Stream.MaxAge, "history of the event stream, if the signer creates it")
 	fs.Int(&c.Workers, "workers", "SIGNER_WORKERS", c.Workers, "concurrent NATS sign requests")
-	fs.String(&c.Federation.Listen, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "", "serve this trust domain's SPIFFE bundle over HTTPS (web-PKI) on this address; empty: not served")
+	fs.String(&c.Federation.Listen, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "", "serve this trust domain's SPIFFE bundle over HTTPS on this address (web PKI, or https_spiffe with -bundle-endpoint-spiffe-id); empty: not served")
 	fs.String(&c.Federation.CertFile, "bundle-endpoint-cert", "BUNDLE_ENDPOINT_CERT", "", "web-PKI certificate (PEM chain) of the bundle endpoint")
 	fs.String(&c.Federation.KeyFile, "bundle-endpoint-key", "BUNDLE_ENDPOINT_KEY", "", "key of -bundle-endpoint-cert")
+	fs.String(&c.Federation.SPIFFEID, "bundle-endpoint-spiffe-id", "BUNDLE_ENDPOINT_SPIFFE_ID", "", "serve the bundle endpoint with an X509-SVID of this SPIFFE ID (of this trust domain) issued by this CA — the https_spiffe profile — instead of -bundle-endpoint-cert/-key")
 	fs.Duration(&c.Federation.RefreshHint, "bundle-refresh-hint", "BUNDLE_REFRESH_HINT", c.Federation.RefreshHint, "spiffe_refresh_hint of the served bundle")
-	fs.String(&c.Federation.Endpoints, "spiffe-bundle-endpoints", "SPIFFE_BUNDLE_ENDPOINTS", "", "foreign trust domains to follow, as Istio: td|https://url||td2|https://url2")
-	fs.String(&c.Federation.Files, "spiffe-bundle-files", "SPIFFE_BUNDLE_FILES", "", "foreign trust domains from static SPIFFE bundle files: td|/path||td2|/path2")
+	fs.String(&c.Federation.Endpoints, "spiffe-bundle-endpoints", "SPIFFE_BUNDLE_ENDPOINTS", "", "foreign trust domains to follow, as Istio: td|https://url||td2|https://url2 (web PKI); td|https://url|spiffe://td/endpoint-id for an https_spiffe endpoint, whose first bundle comes from -spiffe-bundle-files")
+	fs.String(&c.Federation.Files, "spiffe-bundle-files", "SPIFFE_BUNDLE_FILES", "", "foreign trust domains from static SPIFFE bundle files: td|/path||td2|/path2; for a domain with an https_spiffe endpoint, the bundle that authenticates it until the first fetch")
 	fs.String(&c.Federation.CAFile, "spiffe-bundle-ca-file", "SPIFFE_BUNDLE_CA_FILE", "", "PEM roots authenticating foreign bundle endpoints (web-PKI); empty: system roots")
 	fs.Duration(&c.Federation.MinRefresh, "spiffe-bundle-min-refresh", "SPIFFE_BUNDLE_MIN_REFRESH", c.Federation.MinRefresh, "floor on a foreign bundle's refresh hint, and the retry after a failed fetch")
 	fs.Duration(&c.Federation.MaxRefresh, "spiffe-bundle-max-refresh", "SPIFFE_BUNDLE_MAX_REFRESH", c.Federation.MaxRefresh, "ceiling on a foreign bundle's refresh hint")
@@ -326,14 +330,32 @@ func (c Config) Validate() error {
 	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
 	p.Check(c.Workers >= 1, "-workers: must be at least 1")
 	if c.Federation.Listen != "" {
-		p.Check(c.Federation.CertFile != "" && c.Federation.KeyFile != "", "-bundle-endpoint-cert, -bundle-endpoint-key: required with -bundle-endpoint-addr")
+		if c.Federation.SPIFFEID != "" {
+			p.Check(c.Federation.CertFile == "" && c.Federation.KeyFile == "", "-bundle-endpoint-spiffe-id: not with -bundle-endpoint-cert/-key (one serving certificate)")
+			if id, err := spiffeid.FromString(c.Federation.SPIFFEID); err != nil {
+				p.Addf("-bundle-endpoint-spiffe-id: %w", err)
+			} else {
+				p.Check(id.TrustDomain().Name() == c.TrustDomain, "-bundle-endpoint-spiffe-id: %s is not in this trust domain %q (our CA issues it)", id, c.TrustDomain)
+			}
+		} else {
+			p.Check(c.Federation.CertFile != "" && c.Federation.KeyFile != "", "-bundle-endpoint-cert, -bundle-endpoint-key (or -bundle-endpoint-spiffe-id): required with -bundle-endpoint-addr")
+		}
 		p.Check(c.Federation.RefreshHint >= time.Second, "-bundle-refresh-hint: must be at least 1s")
+	} else {
+		p.Check(c.Federation.SPIFFEID == "", "-bundle-endpoint-spiffe-id: only with -bundle-endpoint-addr")
 	}
-	if _, err := federation.ParseEndpoints(c.Federation.Endpoints); err != nil {
+	eps, err := federation.ParseEndpoints(c.Federation.Endpoints)
+	if err != nil {
 		p.Addf("-spiffe-bundle-endpoints: %w", err)
 	}
-	if _, err := federation.ParseFiles(c.Federation.Files); err != nil {
-		p.Addf("-spiffe-bundle-files: %w", err)
+	files, ferr := federation.ParseFiles(c.Federation.Files)
+	if ferr != nil {
+		p.Addf("-spiffe-bundle-files: %w", ferr)
+	}
+	if err == nil && ferr == nil {
+		if _, err := federation.WithBootstraps(eps, files); err != nil {
+			p.Addf("-spiffe-bundle-endpoints, -spiffe-bundle-files: %w", err)
+		}
 	}
 	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
 	return p.Err()

@@ -232,3 +232,28 @@ func TestTrustedNodeAccountsAndSignersDir(t *testing.T) {
 		t.Fatalf("signers dir %q, %v", c.Certs.SignersDir, err)
 	}
 }
+
+func TestBundleEndpointSPIFFEProfile(t *testing.T) {
+	base := []string{"-instance", "s1", "-ca-kek-file", "/k", "-bundle-endpoint-addr", ":8443"}
+	c, err := Load(append(base, "-bundle-endpoint-spiffe-id", "spiffe://cluster.local/ns/istio-system/sa/bundle",
+		"-spiffe-bundle-endpoints", "west.example|https://w/b|spiffe://west.example/e", "-spiffe-bundle-files", "west.example|/w.json"), testkit.Env(nil))
+	if err != nil || c.Federation.SPIFFEID == "" {
+		t.Fatalf("https_spiffe both ways: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-bundle-endpoint-spiffe-id", "spiffe://other.example/x"}, "not in this trust domain"},
+		{[]string{"-bundle-endpoint-spiffe-id", "spiffe://cluster.local/x", "-bundle-endpoint-cert", "c", "-bundle-endpoint-key", "k"}, "not with -bundle-endpoint-cert"},
+		{[]string{"-spiffe-bundle-endpoints", "west.example|https://w/b|spiffe://west.example/e"}, "needs the domain's bundle once"},
+		{[]string{"-spiffe-bundle-endpoints", "west.example|https://w/b|spiffe://east.example/e"}, "not in trust domain west.example"},
+	} {
+		if _, err := Load(append(base, tc.args...), testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := Load([]string{"-instance", "s1", "-ca-kek-file", "/k", "-bundle-endpoint-spiffe-id", "spiffe://cluster.local/x"}, testkit.Env(nil)); err == nil {
+		t.Error("-bundle-endpoint-spiffe-id without -bundle-endpoint-addr accepted")
+	}
+}

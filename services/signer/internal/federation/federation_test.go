@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,14 +263,7 @@ func TestStaticBundleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := NewFollower(Config{Self: spiffeid.RequireTrustDomainFromString("east.example"), MinRefresh: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(testkit.Background(t, f.Run))
-	if err := f.Follow(srcs); err != nil {
-		t.Fatal(err)
-	}
+	f := running(t, Config{Self: spiffeid.RequireTrustDomainFromString("east.example"), MinRefresh: 10 * time.Millisecond}, srcs)
 	testkit.Eventually(t, "static bundle loaded", func() bool {
 		b, ok := f.Bundles().Get(west.td)
 		return ok && b.HasX509Authority(roots[0])
@@ -301,4 +297,160 @@ func TestFollowRefusesBadSources(t *testing.T) {
 	if st := f.Status(); len(st) != 1 || st[0].Where != "https://west/b" {
 		t.Fatalf("bad input changed the followed set: %+v", st)
 	}
+}
+
+// spiffeEndpoint serves d's bundle over HTTPS with an X509-SVID of id, issued at
+// each handshake by the CA serving returns (as a signer with
+// -bundle-endpoint-spiffe-id issues its own).
+func (d *domain) spiffeEndpoint(t *testing.T, id spiffeid.ID, serving func() *testkit.CA) string {
+	h, err := Handler(d.td, d.current, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A listener of our own: httptest's StartTLS would add its own certificate,
+	// which Go serves to a client that sends no server name.
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		l := serving().Issue(t, testkit.Spec{ID: id.String()})
+		return &tls.Certificate{Certificate: [][]byte{l.Cert.Raw}, PrivateKey: l.Key, Leaf: l.Cert}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return "https://" + ln.Addr().String()
+}
+
+// writeBundle writes roots as d's SPIFFE bundle file (what an operator got once,
+// out of band) and returns its path.
+func writeBundle(t *testing.T, td spiffeid.TrustDomain, roots []*x509.Certificate) string {
+	data, err := BundleOf(td, roots, 1, time.Minute).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), td.Name()+".json")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// https_spiffe: the endpoint is authenticated by its SVID against the domain's
+// own bundle — the bootstrap file first, then the bundle fetched last, so once the
+// domain has published a new root and moved its endpoint to it, the new root
+// (which the bootstrap file does not hold) authenticates it. An endpoint with
+// another SPIFFE ID, or a bootstrap of another CA, is refused and nothing is taken
+// from it.
+func TestFollowSPIFFEAuthenticatedEndpoint(t *testing.T) {
+	west := newDomain(t, "west.example", 0)
+	endpointID := spiffeid.RequireFromPath(west.td, "/bundle-endpoint")
+	var serving atomic.Pointer[testkit.CA]
+	serving.Store(west.ca)
+	url := west.spiffeEndpoint(t, endpointID, serving.Load)
+	roots, _ := west.current()
+	bootstrap := writeBundle(t, west.td, roots)
+	eps, err := ParseEndpoints("west.example|" + url + "|" + endpointID.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := ParseFiles("west.example|" + bootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs, err := WithBootstraps(eps, files)
+	if err != nil || len(srcs) != 1 || srcs[0].Bootstrap != bootstrap || srcs[0].File != "" {
+		t.Fatalf("WithBootstraps = %+v, %v", srcs, err)
+	}
+	self := spiffeid.RequireTrustDomainFromString("east.example")
+	f := running(t, Config{Self: self, MinRefresh: 20 * time.Millisecond, MaxRefresh: 50 * time.Millisecond}, srcs)
+	testkit.Eventually(t, "west's bundle fetched over https_spiffe", func() bool {
+		b, ok := f.Bundles().Get(west.td)
+		return ok && b.HasX509Authority(roots[0])
+	})
+	if st := f.Status(); !strings.Contains(st[0].Where, "https_spiffe "+endpointID.String()) {
+		t.Fatalf("status = %+v", st)
+	}
+	// West publishes a new root (its endpoint still on the old one), then moves
+	// its endpoint to it: the bootstrap file does not hold the new root, the
+	// bundle fetched last does.
+	west.rotate(t)
+	newRoots, _ := west.current()
+	testkit.Eventually(t, "west's new root followed", func() bool {
+		b, ok := f.Bundles().Get(west.td)
+		return ok && b.HasX509Authority(newRoots[0])
+	})
+	west.mu.Lock()
+	serving.Store(west.ca)
+	west.mu.Unlock()
+	moved := time.Now()
+	testkit.Eventually(t, "fetched from the endpoint on its new root", func() bool {
+		st := f.Status()
+		return len(st) == 1 && st[0].Err == "" && st[0].FetchedAt.After(moved.Add(100*time.Millisecond))
+	})
+
+	for _, tc := range []struct {
+		name, entry, bootstrap, want string
+	}{
+		{"another endpoint ID", url + "|spiffe://west.example/not-the-endpoint", writeBundle(t, west.td, newRoots), "unexpected ID"},
+		{"a bootstrap of another CA", url + "|" + endpointID.String(), writeBundle(t, west.td, []*x509.Certificate{testkit.NewCA(t, "impostor", nil, time.Now(), time.Hour).Cert}), "certificate signed by unknown authority"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eps, err := ParseEndpoints("west.example|" + tc.entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, _ := ParseFiles("west.example|" + tc.bootstrap)
+			srcs, err := WithBootstraps(eps, files)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := running(t, Config{Self: self, MinRefresh: 20 * time.Millisecond}, srcs)
+			testkit.Eventually(t, "fetch refused: "+tc.want, func() bool {
+				st := g.Status()
+				return len(st) == 1 && strings.Contains(st[0].Err, tc.want)
+			})
+			if _, ok := g.Bundles().Get(west.td); ok {
+				t.Fatal("a bundle was taken from an endpoint that failed authentication")
+			}
+		})
+	}
+}
+
+func TestParseSPIFFEEndpointsAndBootstraps(t *testing.T) {
+	for _, bad := range []string{
+		"west.example|https://w/b|spiffe://east.example/endpoint", // ID of another domain
+		"west.example|https://w/b|not-a-spiffe-id",
+	} {
+		if _, err := ParseEndpoints(bad); err == nil {
+			t.Errorf("ParseEndpoints(%q) accepted", bad)
+		}
+	}
+	spiffeEP, _ := ParseEndpoints("west.example|https://w/b|spiffe://west.example/endpoint")
+	webEP, _ := ParseEndpoints("west.example|https://w/b")
+	file, _ := ParseFiles("west.example|/w.json")
+	if _, err := WithBootstraps(spiffeEP, nil); err == nil || !strings.Contains(err.Error(), "needs the domain's bundle once") {
+		t.Errorf("https_spiffe without a bootstrap: %v", err)
+	}
+	if _, err := WithBootstraps(webEP, file); err == nil || !strings.Contains(err.Error(), "both a web-PKI endpoint and a bundle file") {
+		t.Errorf("web endpoint and file for one domain: %v", err)
+	}
+	if got, err := WithBootstraps(webEP, nil); err != nil || len(got) != 1 || !got[0].EndpointID.IsZero() {
+		t.Errorf("web endpoint alone: %+v, %v", got, err)
+	}
+}
+
+// running is a follower of srcs with cfg, run until the test ends.
+func running(t *testing.T, cfg Config, srcs []Source) *Follower {
+	t.Helper()
+	f, err := NewFollower(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(testkit.Background(t, f.Run))
+	if err := f.Follow(srcs); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

@@ -95,6 +95,8 @@ func (f *Follower) Follow(srcs []Source) error {
 			return errors.New("federation: source without trust domain")
 		case (s.URL == "") == (s.File == ""):
 			return fmt.Errorf("federation: %q needs exactly one of URL and file", s.TrustDomain)
+		case !s.EndpointID.IsZero() && (s.URL == "" || s.Bootstrap == "" || s.EndpointID.TrustDomain() != s.TrustDomain):
+			return fmt.Errorf("federation: %q: an https_spiffe source needs a URL, a bootstrap bundle and an endpoint ID in its own domain", s.TrustDomain)
 		}
 		if _, dup := next[s.TrustDomain]; dup {
 			return fmt.Errorf("federation: %q given twice", s.TrustDomain)
@@ -219,7 +221,14 @@ func (f *Follower) fetch(ctx context.Context, s Source) (*spiffebundle.Bundle, e
 		ctx, cancel := context.WithTimeout(ctx, f.cfg.FetchTimeout)
 		defer cancel()
 		var opts []federation.FetchOption
-		if f.cfg.WebPKIRoots != nil {
+		switch {
+		case !s.EndpointID.IsZero():
+			auth, err := f.endpointBundle(s)
+			if err != nil {
+				return nil, err
+			}
+			opts = append(opts, federation.WithSPIFFEAuth(auth, s.EndpointID))
+		case f.cfg.WebPKIRoots != nil:
 			opts = append(opts, federation.WithWebPKIRoots(f.cfg.WebPKIRoots))
 		}
 		b, err = federation.FetchBundle(ctx, s.TrustDomain, s.URL, opts...)
@@ -229,6 +238,23 @@ func (f *Follower) fetch(ctx context.Context, s Source) (*spiffebundle.Bundle, e
 	}
 	if len(b.X509Authorities()) == 0 {
 		return nil, fmt.Errorf("bundle of %q has no X.509 authorities", s.TrustDomain)
+	}
+	return b, nil
+}
+
+// endpointBundle is what authenticates s's https_spiffe endpoint: the domain's
+// bundle fetched last (so a root the domain rotated to since is known), else its
+// bootstrap bundle.
+func (f *Follower) endpointBundle(s Source) (*spiffebundle.Bundle, error) {
+	f.mu.Lock()
+	b := f.bundles[s.TrustDomain]
+	f.mu.Unlock()
+	if b != nil {
+		return b, nil
+	}
+	b, err := spiffebundle.Load(s.TrustDomain, s.Bootstrap)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap bundle of %s: %w", s.TrustDomain, err)
 	}
 	return b, nil
 }

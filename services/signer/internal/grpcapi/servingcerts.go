@@ -3,8 +3,10 @@ package grpcapi
 import (
 	"crypto"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
+	"net/url"
 	"sync"
 	"time"
 
@@ -14,11 +16,13 @@ import (
 
 // ServingCerts issues the gRPC server's own certificate from the current CA material,
 // on first use and again when the CA changes or half its life has passed. Its key never
-// leaves the process.
+// leaves the process. NewSVIDServingCerts issues an X509-SVID instead (the SPIFFE
+// bundle endpoint's https_spiffe profile).
 type ServingCerts struct {
 	auth     *ca.Authority
 	dnsNames []string
 	ips      []net.IP
+	id       *url.URL // an SVID's SPIFFE ID; nil: DNS names and IPs
 	ttl      time.Duration
 	now      func() time.Time
 
@@ -35,6 +39,14 @@ func NewServingCerts(auth *ca.Authority, dnsNames []string, ips []net.IP, now fu
 		now = time.Now
 	}
 	return &ServingCerts{auth: auth, dnsNames: dnsNames, ips: ips, ttl: 24 * time.Hour, now: now}
+}
+
+// NewSVIDServingCerts returns the issuer of X509-SVIDs for id (a SPIFFE ID of this
+// trust domain) to serve TLS with.
+func NewSVIDServingCerts(auth *ca.Authority, id *url.URL, now func() time.Time) *ServingCerts {
+	s := NewServingCerts(auth, nil, nil, now)
+	s.id = id
+	return s
 }
 
 // TLSConfig is the server's TLS configuration. Client certificates are requested, not
@@ -67,7 +79,13 @@ func (s *ServingCerts) Get() (*tls.Certificate, error) {
 		}
 		s.key = k
 	}
-	leaf, err := mat.SignServing(s.key.Public(), s.dnsNames, s.ips, now, s.ttl)
+	var leaf *x509.Certificate
+	var err error
+	if s.id != nil {
+		leaf, err = mat.SignLeaf(s.key.Public(), s.id, now, s.ttl)
+	} else {
+		leaf, err = mat.SignServing(s.key.Public(), s.dnsNames, s.ips, now, s.ttl)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}

@@ -91,6 +91,14 @@ type Config struct {
 	Named *ca.NamedSigners
 	// Nodes authorizes impersonation by trusted node agents; nil: nobody may.
 	Nodes NodeAuthorizer
+	// Records keeps which pod each certificate was issued to (issued.Store), what
+	// the bus auth callout admits a pod's certificate by; nil: none kept.
+	Records Recorder
+}
+
+// Recorder records that leaf was issued to pod (issued.Store).
+type Recorder interface {
+	Put(ctx context.Context, leaf *x509.Certificate, pod string, now time.Time) error
 }
 
 // NodeAuthorizer decides whether an authenticated caller may have target's identity
@@ -250,9 +258,7 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = i.publish(pctx, msg)
-		cancel()
+		err = i.record(ctx, msg, leaf, pod, now)
 	}
 	if err != nil {
 		// The caller gets nothing: a certificate that was never recorded would never be renewed.
@@ -264,6 +270,21 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
 	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, signing.ChainPEMs()...)
 	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
+}
+
+// record stores cert.issued and, for a pod's certificate, the pod's record of it
+// (Config.Records), both at once: each must be stored before the caller gets the
+// chain.
+func (i *Issuer) record(ctx context.Context, msg *nats.Msg, leaf *x509.Certificate, pod string, now time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if pod == "" || i.cfg.Records == nil {
+		return i.publish(ctx, msg)
+	}
+	rec := make(chan error, 1)
+	go func() { rec <- i.cfg.Records.Put(ctx, leaf, pod, now) }()
+	err := i.publish(ctx, msg)
+	return errors.Join(err, <-rec)
 }
 
 func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {

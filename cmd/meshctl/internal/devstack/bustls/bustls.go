@@ -1,7 +1,8 @@
 // Package bustls makes the TLS material of a NATS cluster: a bus CA and, per server, a
 // certificate for client connections and cluster routes (server and client auth, so
 // routes are mutual TLS). Keys are made here and written only to the output directory,
-// 0600. It serves the compose stack; a fleet with its own PKI brings its own certs.
+// 0600. It serves the compose stack and the local one (meshctl up); a fleet with
+// its own PKI brings its own certs.
 package bustls
 
 import (
