@@ -2,9 +2,7 @@ package sdsedge_test
 
 import (
 	"bytes"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -25,13 +23,6 @@ const pushSamples = 2000
 // JetStream before the reply) over TCP NATS. sds-edge runs in this process. The
 // signer binary comes from MESHAGENT_BIN (make bench), else is built.
 func BenchmarkPushLatencyRealSigner(b *testing.B) {
-	bin := os.Getenv("MESHAGENT_BIN")
-	if bin == "" {
-		bin = b.TempDir()
-		if err := testkit.BuildServices(bin, "signer"); err != nil {
-			b.Fatal(err)
-		}
-	}
 	ns := bustest.Server(b)
 	dir := testkit.ShortDir(b)
 	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
@@ -42,20 +33,9 @@ func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	if err := os.WriteFile(kek, bytes.Repeat([]byte{7}, 32), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	httpAddr := testkit.FreeAddr(b)
-	signer := exec.Command(filepath.Join(bin, "signer"), "-instance", "push-bench", "-nats-url", ns.ClientURL(),
-		"-http-addr", httpAddr, "-grpc-addr", testkit.FreeAddr(b), "-jwks-file", devtoken.JWKSPath(filepath.Join(dir, "issuer")),
-		"-token-issuer", iss.Name, "-ca-kek-file", kek, "-log-level", "warn")
-	var logs bytes.Buffer
-	signer.Stdout, signer.Stderr = &logs, &logs
-	if err := signer.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
-	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		return code == http.StatusOK
-	})
+	signer := testkit.StartService(b, "signer", []string{"-instance", "push-bench", "-nats-url", ns.ClientURL(),
+		"-grpc-addr", testkit.FreeAddr(b), "-jwks-file", devtoken.JWKSPath(filepath.Join(dir, "issuer")),
+		"-token-issuer", iss.Name, "-ca-kek-file", kek, "-log-level", "warn"})
 	tok, err := iss.MintForPod("default", "web", testPod, "", 2*time.Hour, time.Now())
 	if err != nil {
 		b.Fatal(err)
@@ -67,7 +47,7 @@ func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	st := p.open(b, p.dial(b), "default")
 	cur := recv(b, st).Secrets["default"]
 	if got := leafOf(b, cur).URIs; len(got) != 1 || got[0].String() != "spiffe://cluster.local/ns/default/sa/web" {
-		b.Fatalf("first certificate names %v\nsigner log:\n%s", got, logs.String())
+		b.Fatalf("first certificate names %v\nsigner log:\n%s", got, signer.Logs.String())
 	}
 	lat := make([]time.Duration, 0, pushSamples)
 	for range 100 + pushSamples { // the first 100 warm up and are not counted
