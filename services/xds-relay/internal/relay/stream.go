@@ -23,12 +23,12 @@ var errDownstreamClosed = errors.New("downstream closed")
 // stream is one relayed ADS stream: Envoy's stream on the socket and its own
 // upstream stream.
 type stream struct {
-	s      *Server
-	mode   mode
-	id     string
-	ds     grpc.ServerStream
-	us     grpc.ClientStream
-	q      *queue
+	s    *Server
+	mode mode
+	id   string
+	ds   grpc.ServerStream
+	us   grpc.ClientStream
+	q    *queue
 	// Each loop counts with its own cache of series (they are not shared).
 	reqSeries, respSeries *streamSeries
 }
