@@ -1,14 +1,11 @@
 package sdsedge_test
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/devtoken"
+	"github.com/meshagent/meshagent/pkg/devtoken/devtokentest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
@@ -24,18 +21,7 @@ const pushSamples = 2000
 // signer binary comes from MESHAGENT_BIN (make bench), else is built.
 func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	ns := bustest.Server(b)
-	dir := testkit.ShortDir(b)
-	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	kek := filepath.Join(dir, "kek")
-	if err := os.WriteFile(kek, bytes.Repeat([]byte{7}, 32), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	signer := testkit.StartService(b, "signer", []string{"-instance", "push-bench", "-nats-url", ns.ClientURL(),
-		"-grpc-addr", testkit.FreeAddr(b), "-jwks-file", devtoken.JWKSPath(filepath.Join(dir, "issuer")),
-		"-token-issuer", iss.Name, "-ca-kek-file", kek, "-log-level", "warn"})
+	iss, signer := devtokentest.StartSigner(b, ns.ClientURL(), "-instance", "push-bench")
 	tok, err := iss.MintForPod("default", "web", testPod, "", 2*time.Hour, time.Now())
 	if err != nil {
 		b.Fatal(err)
