@@ -7,3 +7,36 @@ require github.com/go-jose/go-jose/v4 v4.1.8
 require github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
 
 replace github.com/meshagent/meshagent/pkg/atomicfile => ../atomicfile
+
+require (
+	github.com/meshagent/meshagent/pkg/bus v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
+)
+
+require (
+	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
+	github.com/fatih/color v1.13.0 // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/hashicorp/go-hclog v1.6.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/mattn/go-colorable v0.1.12 // indirect
+	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/pkg/events v0.0.0 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2 // indirect
+	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
+	github.com/nats-io/nats.go v1.55.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)
+
+replace github.com/meshagent/meshagent/pkg/testkit => ../testkit
+
+replace (
+	github.com/meshagent/meshagent/pkg/bus => ../bus
+	github.com/meshagent/meshagent/pkg/events => ../events
+	github.com/meshagent/meshagent/pkg/flagenv => ../flagenv
+)

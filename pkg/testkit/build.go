@@ -12,12 +12,19 @@ import (
 // binaries. It needs the go tool and the meshagent workspace.
 func BuildServices(dir string, names ...string) error {
 	for _, svc := range names {
-		cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, svc),
-			"github.com/meshagent/meshagent/services/"+svc)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %w\n%s", svc, err, out)
+		if err := build(dir, svc, packagePath(svc)); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// build builds the program at import path pkg into dir/name as make build does.
+func build(dir, name, pkg string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, name), pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w\n%s", name, err, out)
 	}
 	return nil
 }

@@ -309,8 +309,16 @@ var ErrUntrustedChain = errors.New("chain does not verify to a trusted root")
 // trusted root or one of extra (the roots of an update not applied yet). A root at
 // the end of chain is trusted only if it is one of those.
 func (s *Set) VerifyChain(chain, extra []*x509.Certificate, at time.Time) error {
+	_, err := s.VerifyChainRoots(chain, extra, at)
+	return err
+}
+
+// VerifyChainRoots is VerifyChain that also returns the roots the chain verified
+// to (more than one only when roots share a name and key), so that a caller
+// needs no second signature check to learn which root it was.
+func (s *Set) VerifyChainRoots(chain, extra []*x509.Certificate, at time.Time) ([]*x509.Certificate, error) {
 	if len(chain) == 0 {
-		return fmt.Errorf("%w: empty chain", ErrUntrustedChain)
+		return nil, fmt.Errorf("%w: empty chain", ErrUntrustedChain)
 	}
 	rp, ip := x509.NewCertPool(), x509.NewCertPool()
 	for _, r := range append(s.Roots(), extra...) {
@@ -319,11 +327,18 @@ func (s *Set) VerifyChain(chain, extra []*x509.Certificate, at time.Time) error 
 	for _, c := range chain[1:] {
 		ip.AddCert(c)
 	}
-	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: rp, Intermediates: ip, CurrentTime: at,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return fmt.Errorf("%w: %w", ErrUntrustedChain, err)
+	chains, err := chain[0].Verify(x509.VerifyOptions{Roots: rp, Intermediates: ip, CurrentTime: at,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUntrustedChain, err)
 	}
-	return nil
+	var roots []*x509.Certificate
+	for _, c := range chains {
+		if r := c[len(c)-1]; !slices.ContainsFunc(roots, r.Equal) {
+			roots = append(roots, r)
+		}
+	}
+	return roots, nil
 }
 
 // prune drops expired roots; s.mu is held.

@@ -158,6 +158,12 @@ func TestIntermediateEndorses(t *testing.T) {
 	if err := s.VerifyChain([]*x509.Certificate{leaf.Cert, mid.Cert, r0.Cert}, nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
+	// The root it verified to, named once, whether or not the chain carries it.
+	for _, chain := range [][]*x509.Certificate{{leaf.Cert, mid.Cert, r0.Cert}, {leaf.Cert, mid.Cert}} {
+		if roots, err := s.VerifyChainRoots(chain, nil, time.Now()); err != nil || len(roots) != 1 || !roots[0].Equal(r0.Cert) {
+			t.Fatalf("roots of a %d-certificate chain: %d, %v", len(chain), len(roots), err)
+		}
+	}
 	evilLeaf := otherMid.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/a/sa/b"})
 	if err := s.VerifyChain([]*x509.Certificate{evilLeaf.Cert, otherMid.Cert, other.Cert}, nil, time.Now()); !errors.Is(err, ErrUntrustedChain) {
 		t.Fatalf("leaf under an untrusted root verified: %v", err)

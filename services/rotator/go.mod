@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
+	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/obs v0.0.0
@@ -15,6 +16,11 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sync v0.24.0
+)
+
+require (
+	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
+	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
 )
 
 require (
@@ -59,3 +65,7 @@ replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 
 replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+
+replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
+
+replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile

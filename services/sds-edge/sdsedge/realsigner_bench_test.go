@@ -1,16 +1,11 @@
 package sdsedge_test
 
 import (
-	"bytes"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/devtoken"
+	"github.com/meshagent/meshagent/pkg/devtoken/devtokentest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
@@ -25,37 +20,8 @@ const pushSamples = 2000
 // JetStream before the reply) over TCP NATS. sds-edge runs in this process. The
 // signer binary comes from MESHAGENT_BIN (make bench), else is built.
 func BenchmarkPushLatencyRealSigner(b *testing.B) {
-	bin := os.Getenv("MESHAGENT_BIN")
-	if bin == "" {
-		bin = b.TempDir()
-		if err := testkit.BuildServices(bin, "signer"); err != nil {
-			b.Fatal(err)
-		}
-	}
 	ns := bustest.Server(b)
-	dir := testkit.ShortDir(b)
-	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	kek := filepath.Join(dir, "kek")
-	if err := os.WriteFile(kek, bytes.Repeat([]byte{7}, 32), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	httpAddr := testkit.FreeAddr(b)
-	signer := exec.Command(filepath.Join(bin, "signer"), "-instance", "push-bench", "-nats-url", ns.ClientURL(),
-		"-http-addr", httpAddr, "-grpc-addr", testkit.FreeAddr(b), "-jwks-file", devtoken.JWKSPath(filepath.Join(dir, "issuer")),
-		"-token-issuer", iss.Name, "-ca-kek-file", kek, "-log-level", "warn")
-	var logs bytes.Buffer
-	signer.Stdout, signer.Stderr = &logs, &logs
-	if err := signer.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
-	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		return code == http.StatusOK
-	})
+	iss, signer := devtokentest.StartSigner(b, ns.ClientURL(), "-instance", "push-bench")
 	tok, err := iss.MintForPod("default", "web", testPod, "", 2*time.Hour, time.Now())
 	if err != nil {
 		b.Fatal(err)
@@ -67,7 +33,7 @@ func BenchmarkPushLatencyRealSigner(b *testing.B) {
 	st := p.open(b, p.dial(b), "default")
 	cur := recv(b, st).Secrets["default"]
 	if got := leafOf(b, cur).URIs; len(got) != 1 || got[0].String() != "spiffe://cluster.local/ns/default/sa/web" {
-		b.Fatalf("first certificate names %v\nsigner log:\n%s", got, logs.String())
+		b.Fatalf("first certificate names %v\nsigner log:\n%s", got, signer.Logs.String())
 	}
 	lat := make([]time.Duration, 0, pushSamples)
 	for range 100 + pushSamples { // the first 100 warm up and are not counted

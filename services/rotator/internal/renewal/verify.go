@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -41,16 +42,22 @@ func (r *Replica) verifyRecord(ctx context.Context, ev events.CertIssued) (strin
 	if err := matches(chain[0], ev); err != nil {
 		return reasonMismatch, err
 	}
-	if !r.trust.Has(ev.RootFingerprint) || r.trust.VerifyChain(chain, nil, chain[0].NotBefore) != nil {
+	roots, err := r.trust.VerifyChainRoots(chain, nil, chain[0].NotBefore)
+	if err != nil || !r.trust.Has(ev.RootFingerprint) {
 		if err := r.refreshBundle(ctx, "record under unknown root"); err != nil {
 			return "", err
 		}
+		roots, err = r.trust.VerifyChainRoots(chain, nil, chain[0].NotBefore)
 	}
-	if err := r.trust.VerifyChain(chain, nil, chain[0].NotBefore); err != nil {
+	if err != nil {
 		return reasonUntrusted, err
 	}
-	if root := r.rootOf(chain); root != ev.RootFingerprint {
-		return reasonMismatch, fmt.Errorf("record names root %.16s, the chain ends at %.16s", ev.RootFingerprint, root)
+	fps := make([]string, len(roots))
+	for i, root := range roots {
+		fps[i] = pki.Fingerprint(root)
+	}
+	if !slices.Contains(fps, ev.RootFingerprint) {
+		return reasonMismatch, fmt.Errorf("record names root %.16s, the chain ends at %.16s", ev.RootFingerprint, fps[0])
 	}
 	return "", nil
 }
@@ -68,17 +75,6 @@ func matches(leaf *x509.Certificate, ev events.CertIssued) error {
 		return fmt.Errorf("record valid %s to %s, leaf %s to %s", ev.NotBefore, ev.NotAfter, leaf.NotBefore, leaf.NotAfter)
 	}
 	return nil
-}
-
-// rootOf is the fingerprint of the trusted root chain ends at.
-func (r *Replica) rootOf(chain []*x509.Certificate) string {
-	last := chain[len(chain)-1]
-	for _, root := range r.trust.Roots() {
-		if last.Equal(root) || last.CheckSignatureFrom(root) == nil {
-			return pki.Fingerprint(root)
-		}
-	}
-	return ""
 }
 
 // refreshBundle asks a signer for the trust bundle and applies it if it verifies

@@ -2,17 +2,39 @@ package relay
 
 import (
 	"fmt"
+	"io"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// frame is one ADS message kept in its wire form. The relay reads only the few
-// top-level fields it needs (type URL, nonce, version, error detail, node) and
-// forwards the bytes untouched, so a 10 MB response is copied, never re-encoded.
+// frame is one ADS message kept in its wire form: the buffers gRPC received it
+// in, or the relay's own encoding. The relay reads only the few top-level fields
+// it needs (type URL, nonce, version, error detail, node) and forwards the
+// buffers untouched, so a 10 MB response is neither copied nor re-encoded.
+//
+// A frame holds a reference on its buffers until it is sent (the codec hands the
+// reference to gRPC, which releases it once the bytes are written) or freed.
 type frame struct {
-	b []byte
+	data mem.BufferSlice
+}
+
+func bytesFrame(b []byte) *frame { return &frame{data: mem.BufferSlice{mem.SliceBuffer(b)}} }
+
+// free releases the frame's buffers if it still holds them.
+func (f *frame) free() {
+	f.data.Free()
+	f.data = nil
+}
+
+// bytes is the message in one slice: the buffer itself when it arrived in one,
+// else a copy (for the rare frames the relay decodes whole).
+func (f *frame) bytes() []byte {
+	if len(f.data) == 1 {
+		return f.data[0].ReadOnlyData()
+	}
+	return f.data.Materialize()
 }
 
 // codec moves frames as raw bytes. It is named "proto" so that the content type on
@@ -23,20 +45,26 @@ var _ encoding.CodecV2 = codec{}
 
 func (codec) Name() string { return "proto" }
 
+// Marshal hands the frame's buffers, and its reference on them, to gRPC.
 func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	f, ok := v.(*frame)
 	if !ok {
 		return nil, fmt.Errorf("relay codec: cannot marshal %T", v)
 	}
-	return mem.BufferSlice{mem.SliceBuffer(f.b)}, nil
+	data := f.data
+	f.data = nil
+	return data, nil
 }
 
+// Unmarshal keeps the received buffers (gRPC releases its own reference when
+// Unmarshal returns): nothing is copied.
 func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	f, ok := v.(*frame)
 	if !ok {
 		return fmt.Errorf("relay codec: cannot unmarshal into %T", v)
 	}
-	f.b = data.Materialize()
+	data.Ref()
+	f.data = data
 	return nil
 }
 
@@ -52,64 +80,71 @@ var (
 	deltaResponse = fieldNums{version: 1, typeURL: 4, nonce: 5}
 )
 
-// header is what the relay reads from a frame. Byte fields alias the frame (they
-// are a copy when a message field occurs more than once).
+// header is what the relay reads from a frame. Its fields alias the frame's
+// buffers (a field split across two buffers, or a message field that occurs more
+// than once, is a copy): they are valid while the frame is, and never written.
 type header struct {
-	Version     string
-	TypeURL     string
-	Nonce       string
+	Version     []byte
+	TypeURL     []byte
+	Nonce       []byte
 	Node        []byte // a serialized envoy.config.core.v3.Node, if present
 	ErrorDetail []byte // a serialized google.rpc.Status, if present (a NACK)
 }
 
-// parse reads the top-level fields named by n, skipping everything else. A message
-// field that occurs more than once is merged, as protobuf decoders (and so the
-// upstream) merge it.
-func parse(b []byte, n fieldNums) (header, error) {
+// parse reads the top-level fields named by n from a message held in buffers,
+// skipping everything else without copying it. A message field that occurs more
+// than once is merged, as protobuf decoders (and so the upstream) merge it.
+func parse(data mem.BufferSlice, n fieldNums) (header, error) {
 	var h header
 	var ownNode, ownDetail bool
-	for len(b) > 0 {
-		num, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return h, fmt.Errorf("parse ads message: %w", protowire.ParseError(l))
+	w := newWire(data)
+	for !w.done() {
+		num, typ, err := w.tag()
+		if err != nil {
+			return h, fmt.Errorf("parse ads message: %w", err)
 		}
-		b = b[l:]
 		if typ != protowire.BytesType {
-			l = protowire.ConsumeFieldValue(num, typ, b)
-			if l < 0 {
-				return h, fmt.Errorf("parse ads message: %w", protowire.ParseError(l))
+			if err := w.skipValue(num, typ); err != nil {
+				return h, fmt.Errorf("parse ads message: %w", err)
 			}
-			b = b[l:]
 			continue
 		}
-		v, l := protowire.ConsumeBytes(b)
-		if l < 0 {
-			return h, fmt.Errorf("parse ads message field %d: %w", num, protowire.ParseError(l))
+		l, err := w.varint()
+		if err == nil && l > uint64(w.left) {
+			err = io.ErrUnexpectedEOF // the value runs past the end
 		}
-		b = b[l:]
+		if err != nil {
+			return h, fmt.Errorf("parse ads message field %d: %w", num, err)
+		}
 		switch num {
-		case 0:
+		case n.version, n.typeURL, n.nonce, n.node, n.errorDetail:
+		default:
+			w.skip(int(l))
+			continue
+		}
+		v, copied := w.take(int(l))
+		switch num {
 		case n.version:
-			h.Version = string(v)
+			h.Version = v
 		case n.typeURL:
-			h.TypeURL = string(v)
+			h.TypeURL = v
 		case n.nonce:
-			h.Nonce = string(v)
+			h.Nonce = v
 		case n.node:
-			h.Node, ownNode = merge(h.Node, v, ownNode)
+			h.Node, ownNode = merge(h.Node, v, ownNode, copied)
 		case n.errorDetail:
-			h.ErrorDetail, ownDetail = merge(h.ErrorDetail, v, ownDetail)
+			h.ErrorDetail, ownDetail = merge(h.ErrorDetail, v, ownDetail, copied)
 		}
 	}
 	return h, nil
 }
 
 // merge adds another occurrence v of a message field to prev: the concatenation of
-// two encodings is the encoding of their merge. The first occurrence aliases the
-// frame; later ones go to a copy (owned), so the frame is never written.
-func merge(prev, v []byte, owned bool) ([]byte, bool) {
+// two encodings is the encoding of their merge. An occurrence that aliases the
+// frame is never written: appending to it goes to a copy (owned).
+func merge(prev, v []byte, owned, copied bool) ([]byte, bool) {
 	if prev == nil {
-		return v, false
+		return v, copied
 	}
 	if !owned {
 		prev = append(make([]byte, 0, len(prev)+len(v)), prev...)

@@ -1,12 +1,14 @@
 package relay
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -21,36 +23,59 @@ type fuzzKind struct {
 	nums   fieldNums
 	msg    func() proto.Message
 	fields map[string]protowire.Number // proto field name -> the number in nums
-	want   func(m proto.Message) header
+	want   func(m proto.Message) fields
+}
+
+// fields is what parse read, as values.
+type fields struct {
+	Version, TypeURL, Nonce string
+	Node, ErrorDetail       []byte
+}
+
+func fieldsOf(h header) fields {
+	return fields{Version: string(h.Version), TypeURL: string(h.TypeURL), Nonce: string(h.Nonce), Node: h.Node, ErrorDetail: h.ErrorDetail}
+}
+
+// pieces is raw in buffers that end at the given offsets, as gRPC hands a message
+// over in one buffer per HTTP/2 frame.
+func pieces(raw []byte, cuts ...int) mem.BufferSlice {
+	var out mem.BufferSlice
+	last := 0
+	for _, c := range append(cuts, len(raw)) {
+		c = max(last, min(c, len(raw)))
+		out = append(out, mem.SliceBuffer(raw[last:c]))
+		last = c
+	}
+	return out
 }
 
 var fuzzKinds = []fuzzKind{
 	{"sotw request", sotwRequest, func() proto.Message { return &discoveryv3.DiscoveryRequest{} },
 		map[string]protowire.Number{"version_info": sotwRequest.version, "node": sotwRequest.node, "type_url": sotwRequest.typeURL,
 			"response_nonce": sotwRequest.nonce, "error_detail": sotwRequest.errorDetail},
-		func(m proto.Message) header {
+		func(m proto.Message) fields {
 			r := m.(*discoveryv3.DiscoveryRequest)
-			return header{Version: r.GetVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetResponseNonce(),
+			return fields{Version: r.GetVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetResponseNonce(),
 				Node: fuzzMarshal(r.GetNode()), ErrorDetail: fuzzMarshal(r.GetErrorDetail())}
 		}},
 	{"sotw response", sotwResponse, func() proto.Message { return &discoveryv3.DiscoveryResponse{} },
 		map[string]protowire.Number{"version_info": sotwResponse.version, "type_url": sotwResponse.typeURL, "nonce": sotwResponse.nonce},
-		func(m proto.Message) header {
+		func(m proto.Message) fields {
 			r := m.(*discoveryv3.DiscoveryResponse)
-			return header{Version: r.GetVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetNonce()}
+			return fields{Version: r.GetVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetNonce()}
 		}},
 	{"delta request", deltaRequest, func() proto.Message { return &discoveryv3.DeltaDiscoveryRequest{} },
 		map[string]protowire.Number{"node": deltaRequest.node, "type_url": deltaRequest.typeURL, "response_nonce": deltaRequest.nonce,
 			"error_detail": deltaRequest.errorDetail},
-		func(m proto.Message) header {
+		func(m proto.Message) fields {
 			r := m.(*discoveryv3.DeltaDiscoveryRequest)
-			return header{TypeURL: r.GetTypeUrl(), Nonce: r.GetResponseNonce(), Node: fuzzMarshal(r.GetNode()), ErrorDetail: fuzzMarshal(r.GetErrorDetail())}
+			return fields{TypeURL: r.GetTypeUrl(), Nonce: r.GetResponseNonce(), Node: fuzzMarshal(r.GetNode()), ErrorDetail: fuzzMarshal(r.GetErrorDetail())}
 		}},
 	{"delta response", deltaResponse, func() proto.Message { return &discoveryv3.DeltaDiscoveryResponse{} },
 		map[string]protowire.Number{"system_version_info": deltaResponse.version, "type_url": deltaResponse.typeURL, "nonce": deltaResponse.nonce},
-		func(m proto.Message) header {
+		func(m proto.Message) fields {
 			r := m.(*discoveryv3.DeltaDiscoveryResponse)
-			return header{Version: r.GetSystemVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetNonce()}
+			return fields{Version: r.GetSystemVersionInfo(), TypeURL: r.GetTypeUrl(), Nonce: r.GetNonce()}
 		}},
 }
 
@@ -140,7 +165,22 @@ func FuzzParseFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte, version, typeURL, nonce, nodeID, errMsg, names string) {
 		// Arbitrary bytes: parse must agree with a full decode wherever one succeeds.
 		for _, k := range fuzzKinds {
-			h, perr := parse(raw, k.nums)
+			h, perr := parse(pieces(raw), k.nums)
+			// The same bytes in several buffers read the same: split at every byte,
+			// and in two at a few places.
+			splits := [][]int{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}}
+			for _, c := range []int{1, len(raw) / 3, len(raw) / 2, len(raw) - 1} {
+				splits = append(splits, []int{c})
+			}
+			for _, cuts := range splits {
+				hs, serr := parse(pieces(raw, cuts...), k.nums)
+				if (serr == nil) != (perr == nil) {
+					t.Fatalf("%s split at %v: error %v, in one buffer %v", k.name, cuts, serr, perr)
+				}
+				if perr == nil && !reflect.DeepEqual(fieldsOf(hs), fieldsOf(h)) {
+					t.Fatalf("%s split at %v: read %+v, in one buffer %+v", k.name, cuts, fieldsOf(hs), fieldsOf(h))
+				}
+			}
 			m := k.msg()
 			if err := proto.Unmarshal(raw, m); err != nil {
 				continue // parse may be more lenient (it does not look inside fields)
@@ -148,10 +188,10 @@ func FuzzParseFrame(f *testing.F) {
 			if perr != nil {
 				t.Fatalf("%s: proto decodes the bytes, parse says %v", k.name, perr)
 			}
-			want := k.want(m)
-			if h.Version != want.Version || h.TypeURL != want.TypeURL || h.Nonce != want.Nonce {
+			want, got := k.want(m), fieldsOf(h)
+			if got.Version != want.Version || got.TypeURL != want.TypeURL || got.Nonce != want.Nonce {
 				t.Fatalf("%s: parse read version %q type %q nonce %q, a full decode %q %q %q",
-					k.name, h.Version, h.TypeURL, h.Nonce, want.Version, want.TypeURL, want.Nonce)
+					k.name, got.Version, got.TypeURL, got.Nonce, want.Version, want.TypeURL, want.Nonce)
 			}
 			sameMessage(t, k.name+" node", h.Node, want.Node, func() proto.Message { return &corev3.Node{} })
 			sameMessage(t, k.name+" error_detail", h.ErrorDetail, want.ErrorDetail, func() proto.Message { return &statuspb.Status{} })
@@ -173,12 +213,12 @@ func FuzzParseFrame(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := parse(b, sotwRequest)
+		h, err := parse(pieces(b, len(b)/2), sotwRequest)
 		if err != nil {
 			t.Fatalf("parse of a marshalled request: %v", err)
 		}
-		if h.Version != req.VersionInfo || h.TypeURL != req.TypeUrl || h.Nonce != req.ResponseNonce {
-			t.Fatalf("parse read version %q type %q nonce %q from %v", h.Version, h.TypeURL, h.Nonce, req)
+		if got := fieldsOf(h); got.Version != req.VersionInfo || got.TypeURL != req.TypeUrl || got.Nonce != req.ResponseNonce {
+			t.Fatalf("parse read version %q type %q nonce %q from %v", got.Version, got.TypeURL, got.Nonce, req)
 		}
 		sameMessage(t, "node", h.Node, fuzzMarshal(req.Node), func() proto.Message { return &corev3.Node{} })
 		sameMessage(t, "error_detail", h.ErrorDetail, fuzzMarshal(req.ErrorDetail), func() proto.Message { return &statuspb.Status{} })

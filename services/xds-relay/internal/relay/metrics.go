@@ -63,3 +63,43 @@ func (m *metrics) label(typeURL string) string {
 	m.types[typeURL] = struct{}{}
 	return typeURL
 }
+
+// typeSeries are one type URL's request and response series.
+type typeSeries struct {
+	label                    string
+	requests, requestBytes   prometheus.Counter
+	responses, responseBytes prometheus.Counter
+}
+
+// streamSeries is a cache of typeSeries by type URL for one goroutine of one
+// stream (it is not safe for concurrent use), so that counting a message takes
+// no lock and hashes no label. It holds at most maxTypes entries
+// (type URLs past the shared limit all count as "other" and are not cached).
+type streamSeries struct {
+	m      *metrics
+	byType map[string]*typeSeries
+	other  *typeSeries
+}
+
+func (m *metrics) forStream() *streamSeries {
+	return &streamSeries{m: m, byType: map[string]*typeSeries{}}
+}
+
+func (c *streamSeries) of(typeURL []byte) *typeSeries {
+	if t, ok := c.byType[string(typeURL)]; ok {
+		return t
+	}
+	label := c.m.label(string(typeURL))
+	if label == "other" && c.other != nil {
+		return c.other
+	}
+	t := &typeSeries{label: label,
+		requests: c.m.requests.WithLabelValues(label), requestBytes: c.m.requestBytes.WithLabelValues(label),
+		responses: c.m.responses.WithLabelValues(label), responseBytes: c.m.responseBytes.WithLabelValues(label)}
+	if label == "other" {
+		c.other = t
+	} else {
+		c.byType[label] = t
+	}
+	return t
+}

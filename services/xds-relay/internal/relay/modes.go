@@ -33,7 +33,7 @@ var sotw = mode{
 		return &discoveryv3.DiscoveryRequest{TypeUrl: t}
 	},
 	reply: func(h header, d *statuspb.Status) proto.Message {
-		return &discoveryv3.DiscoveryRequest{TypeUrl: h.TypeURL, VersionInfo: h.Version, ResponseNonce: h.Nonce, ErrorDetail: d}
+		return &discoveryv3.DiscoveryRequest{TypeUrl: string(h.TypeURL), VersionInfo: string(h.Version), ResponseNonce: string(h.Nonce), ErrorDetail: d}
 	},
 	resources: func(b []byte) ([]*anypb.Any, error) {
 		var r discoveryv3.DiscoveryResponse
@@ -53,7 +53,7 @@ var delta = mode{
 		return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t}
 	},
 	reply: func(h header, d *statuspb.Status) proto.Message {
-		return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: h.TypeURL, ResponseNonce: h.Nonce, ErrorDetail: d}
+		return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: string(h.TypeURL), ResponseNonce: string(h.Nonce), ErrorDetail: d}
 	},
 	resources: func(b []byte) ([]*anypb.Any, error) {
 		var r discoveryv3.DeltaDiscoveryResponse

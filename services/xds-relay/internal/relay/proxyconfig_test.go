@@ -10,64 +10,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/obs/obstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
-
-func TestProxyConfigIsConsumedNotForwarded(t *testing.T) {
-	up := startUpstream(t)
-	up.setClusters("n1", "v1", "a")
-	anchor := testkit.NewCA(t, "extra anchor", nil, time.Now(), time.Hour).PEM()
-	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{anchor}}); err != nil {
-		t.Fatal(err)
-	}
-	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	st := openCDS(t, ctx, env.socket, "n1")
-	r1, err := st.Recv()
-	if err != nil || r1.GetTypeUrl() != resource.ClusterType {
-		t.Fatalf("first response: %v %v", r1.GetTypeUrl(), err)
-	}
-	testkit.Eventually(t, "trust anchors published", func() bool {
-		return len(bustest.Find(env.rec, func(e events.TrustAnchors) bool {
-			return e.Pod == testPod && len(e.Roots) == 1 && e.Roots[0] == anchor
-		})) == 1
-	})
-	acked := func(r *discoveryv3.DiscoveryRequest) bool {
-		return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetResponseNonce() != "" && r.GetErrorDetail() == nil
-	}
-	testkit.Eventually(t, "relay acks proxyconfig upstream", func() bool { return len(up.seen(acked)) == 1 })
-
-	// A bad anchor is NACKed upstream and changes nothing.
-	if err := up.pcs.UpdateResource("proxy", &meshv1alpha1.ProxyConfig{CaCertificatesPem: []string{"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n"}}); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, "relay nacks bad proxyconfig", func() bool {
-		return len(up.seen(func(r *discoveryv3.DiscoveryRequest) bool {
-			return r.GetTypeUrl() == proxyconfig.TypeURL && r.GetErrorDetail().GetMessage() != ""
-		})) == 1
-	})
-	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_consumed_total", map[string]string{"type": proxyconfig.TypeURL, "result": "nack"}); v != 1 {
-		t.Fatalf("consumed nack metric = %v", v)
-	}
-	if n := len(bustest.Find(env.rec, func(events.TrustAnchors) bool { return true })); n != 1 {
-		t.Fatalf("%d trust anchors events, want 1 (the bad config must change nothing)", n)
-	}
-
-	// Envoy never saw ProxyConfig: its next response is the next cluster version.
-	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: r1.GetNonce()}); err != nil {
-		t.Fatal(err)
-	}
-	up.setClusters("n1", "v2", "a", "b")
-	r2, err := st.Recv()
-	if err != nil || r2.GetTypeUrl() != resource.ClusterType || r2.GetVersionInfo() != "v2" {
-		t.Fatalf("next response to envoy: type %q version %q err %v", r2.GetTypeUrl(), r2.GetVersionInfo(), err)
-	}
-}
 
 func TestProxyConfigOnDeltaStream(t *testing.T) {
 	up := startUpstream(t)

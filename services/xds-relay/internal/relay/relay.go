@@ -44,6 +44,12 @@ type Publisher interface {
 	Publish(subject string, p events.Payload)
 }
 
+// WindowSize is the HTTP/2 flow-control window of the relay's streams and
+// connections, both ways (the upstream dialer uses it too), as Istio's agent
+// sets it: fixed, so that gRPC sends no BDP-estimation pings, and large enough
+// that a response of a few hundred kilobytes never waits for a window update.
+const WindowSize = 1 << 20
+
 // Config is the relay's part of the service configuration.
 type Config struct {
 	Pod        string
@@ -126,6 +132,8 @@ func (s *Server) Run(ctx context.Context) error {
 		grpc.ForceServerCodecV2(codec{}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxMsgSize),
 		grpc.MaxSendMsgSize(s.cfg.MaxMsgSize),
+		grpc.InitialWindowSize(WindowSize),
+		grpc.InitialConnWindowSize(WindowSize),
 	)
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: adsService,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -308,6 +309,12 @@ func TestLargeResponse(t *testing.T) {
 	}
 	if size := proto.Size(r); size < 10<<20 || len(r.GetResources()) != 10 {
 		t.Fatalf("got %d bytes, %d resources; want >= 10 MiB and 10", size, len(r.GetResources()))
+	}
+	// Forwarded from the buffers it arrived in (one per HTTP/2 frame), byte for byte.
+	got := clusterNames(t, r)
+	slices.Sort(got)
+	if !slices.Equal(got, names) {
+		t.Fatalf("the clusters changed on the way (%d names)", len(got))
 	}
 	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_response_bytes_total", map[string]string{"type": resource.ClusterType}); v < 10<<20 {
 		t.Fatalf("response bytes metric = %v", v)

@@ -29,6 +29,8 @@ type stream struct {
 	ds   grpc.ServerStream
 	us   grpc.ClientStream
 	q    *queue
+	// Each loop counts with its own cache of series (they are not shared).
+	reqSeries, respSeries *streamSeries
 }
 
 // relay runs one downstream stream to its end. An upstream failure ends the
@@ -61,7 +63,9 @@ func (s *Server) relay(m mode, ds grpc.ServerStream) error {
 		s.disconnected(id, "upstream stream: "+err.Error())
 		return status.Errorf(codes.Unavailable, "xds relay: upstream %s: %v", s.dial.Address(), err)
 	}
-	st := &stream{s: s, mode: m, id: id, ds: ds, us: us, q: newQueue()}
+	st := &stream{s: s, mode: m, id: id, ds: ds, us: us, q: newQueue(),
+		reqSeries: s.m.forStream(), respSeries: s.m.forStream()}
+	defer st.q.close()
 	gauge := s.m.streams.WithLabelValues(m.name)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -129,20 +133,23 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 			}
 			return fmt.Errorf("downstream receive: %w", err)
 		}
-		h, err := parse(f.b, st.mode.req)
+		h, err := parse(f.data, st.mode.req)
 		if err != nil {
+			f.free()
 			return fmt.Errorf("downstream request: %w", err)
 		}
-		st.countRequest(h.TypeURL, len(f.b))
+		countRequest(st.reqSeries, h.TypeURL, f.data.Len())
 		if h.ErrorDetail != nil {
 			st.nack(h)
+		}
+		if first {
+			st.connected(h) // before the frame is queued: h aliases it
 		}
 		st.q.push(f)
 		if first {
 			first = false
-			st.connected(h)
 			for t := range st.s.handlers {
-				if err := st.send(st.mode.subscribe(t)); err != nil {
+				if err := st.send(st.reqSeries, st.mode.subscribe(t)); err != nil {
 					return err
 				}
 			}
@@ -157,7 +164,9 @@ func (st *stream) toUpstream(ctx context.Context) error {
 		if err != nil {
 			return context.Cause(ctx)
 		}
-		if err := st.us.SendMsg(f); err != nil {
+		err = st.us.SendMsg(f)
+		f.free() // nothing, unless gRPC failed before taking the buffers
+		if err != nil {
 			if err == io.EOF {
 				// The stream is over; its status surfaces in fromUpstream.
 				<-ctx.Done()
@@ -172,8 +181,8 @@ func (st *stream) toUpstream(ctx context.Context) error {
 // handler) before reading the next: at most one response is pending, so a slow
 // Envoy slows the upstream through gRPC flow control.
 func (st *stream) fromUpstream(ctx context.Context) error {
+	f := &frame{} // one for every response: each is sent (or freed) before the next
 	for {
-		f := &frame{}
 		if err := st.us.RecvMsg(f); err != nil {
 			if err == io.EOF {
 				err = errors.New("upstream closed the stream")
@@ -183,20 +192,25 @@ func (st *stream) fromUpstream(ctx context.Context) error {
 			}
 			return upstreamErr{err}
 		}
-		h, err := parse(f.b, st.mode.resp)
+		h, err := parse(f.data, st.mode.resp)
 		if err != nil {
+			f.free()
 			return upstreamErr{fmt.Errorf("bad response: %w", err)}
 		}
-		label := st.s.m.label(h.TypeURL)
-		st.s.m.responses.WithLabelValues(label).Inc()
-		st.s.m.responseBytes.WithLabelValues(label).Add(float64(len(f.b)))
-		if hd, ok := st.s.handlers[h.TypeURL]; ok {
-			if err := st.consume(ctx, hd, h, f); err != nil {
+		ts := st.respSeries.of(h.TypeURL)
+		ts.responses.Inc()
+		ts.responseBytes.Add(float64(f.data.Len()))
+		if hd, ok := st.s.handlers[string(h.TypeURL)]; ok {
+			err := st.consume(ctx, hd, h, f)
+			f.free()
+			if err != nil {
 				return err
 			}
 			continue
 		}
-		if err := st.ds.SendMsg(f); err != nil {
+		err = st.ds.SendMsg(f)
+		f.free()
+		if err != nil {
 			if c := context.Cause(ctx); c != nil {
 				return c
 			}
@@ -207,39 +221,40 @@ func (st *stream) fromUpstream(ctx context.Context) error {
 
 // consume applies an agent-consumed response and ACKs or NACKs it upstream.
 func (st *stream) consume(ctx context.Context, hd Handler, h header, f *frame) error {
-	label := st.s.m.label(h.TypeURL)
-	res, err := st.mode.resources(f.b)
+	label := st.respSeries.of(h.TypeURL).label
+	res, err := st.mode.resources(f.bytes())
 	if err == nil {
 		err = hd.Handle(ctx, res)
 	}
 	var detail *statuspb.Status
 	if err != nil {
-		st.s.log.Warn("rejecting agent resource", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "error", err)
+		st.s.log.Warn("rejecting agent resource", "stream", st.id, "type", string(h.TypeURL), "nonce", string(h.Nonce), "error", err)
 		st.s.m.consumed.WithLabelValues(label, "nack").Inc()
 		st.s.m.nacks.WithLabelValues(label).Inc()
 		detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 	} else {
 		st.s.m.consumed.WithLabelValues(label, "ack").Inc()
 	}
-	return st.send(st.mode.reply(h, detail))
+	return st.send(st.respSeries, st.mode.reply(h, detail))
 }
 
-// send queues a request of the relay's own.
-func (st *stream) send(m proto.Message) error {
+// send queues a request of the relay's own, counted in the caller's series.
+func (st *stream) send(series *streamSeries, m proto.Message) error {
 	b, err := proto.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode own request: %w", err)
 	}
-	h, _ := parse(b, st.mode.req)
-	st.countRequest(h.TypeURL, len(b))
-	st.q.push(&frame{b: b})
+	f := bytesFrame(b)
+	h, _ := parse(f.data, st.mode.req)
+	countRequest(series, h.TypeURL, len(b))
+	st.q.push(f)
 	return nil
 }
 
-func (st *stream) countRequest(typeURL string, n int) {
-	label := st.s.m.label(typeURL)
-	st.s.m.requests.WithLabelValues(label).Inc()
-	st.s.m.requestBytes.WithLabelValues(label).Add(float64(n))
+func countRequest(series *streamSeries, typeURL []byte, n int) {
+	ts := series.of(typeURL)
+	ts.requests.Inc()
+	ts.requestBytes.Add(float64(n))
 }
 
 func (st *stream) connected(h header) {
@@ -261,10 +276,10 @@ func (st *stream) nack(h header) {
 	if err := proto.Unmarshal(h.ErrorDetail, &s); err == nil {
 		detail = s.GetMessage()
 	}
-	st.s.m.nacks.WithLabelValues(st.s.m.label(h.TypeURL)).Inc()
-	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "version", h.Version, "error", detail)
-	st.s.publish(events.PodEventXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: h.TypeURL,
-		Nonce: h.Nonce, Version: h.Version, ErrorDetail: detail})
+	st.s.m.nacks.WithLabelValues(st.reqSeries.of(h.TypeURL).label).Inc()
+	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", string(h.TypeURL), "nonce", string(h.Nonce), "version", string(h.Version), "error", detail)
+	st.s.publish(events.PodEventXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: string(h.TypeURL),
+		Nonce: string(h.Nonce), Version: string(h.Version), ErrorDetail: detail})
 }
 
 func (s *Server) disconnected(id, reason string) {

@@ -31,6 +31,10 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
+// windowSize is the HTTP/2 flow-control window of upstream streams and
+// connections (the relay's WindowSize; this package cannot import the relay).
+const windowSize = 1 << 20
+
 // Security modes of the upstream connection.
 const (
 	Plaintext = "plaintext"
@@ -299,6 +303,9 @@ func (d *Dialer) dialLocked() (*grpc.ClientConn, error) {
 		// Never idle: the reachability watch holds the connection warm for
 		// Envoy's first stream and reports on it (reachability.go).
 		grpc.WithIdleTimeout(0),
+		// A fixed window, as the relay's own side has (relay.WindowSize): no BDP pings.
+		grpc.WithInitialWindowSize(windowSize),
+		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(d.cfg.MaxMsgSize), grpc.MaxCallSendMsgSize(d.cfg.MaxMsgSize)),
 	)
 	if err != nil {
