@@ -7,14 +7,12 @@ import (
 	"io"
 	"strconv"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/meshagent/meshagent/pkg/events"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // errDownstreamClosed ends a stream when Envoy goes away.
@@ -142,9 +140,7 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 			first = false
 			st.connected(h)
 			for t := range st.s.handlers {
-				if err := st.send(st.mode.subscribe(t)); err != nil {
-					return err
-				}
+				st.send(st.mode.subscribe(t))
 			}
 		}
 	}
@@ -212,28 +208,25 @@ func (st *stream) consume(ctx context.Context, hd Handler, h header, f *frame) e
 	if err == nil {
 		err = hd.Handle(ctx, res)
 	}
-	var detail *statuspb.Status
+	var detail *xdswire.Status
 	if err != nil {
 		st.s.log.Warn("rejecting agent resource", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "error", err)
 		st.s.m.consumed.WithLabelValues(label, "nack").Inc()
 		st.s.m.nacks.WithLabelValues(label).Inc()
-		detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+		detail = &xdswire.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 	} else {
 		st.s.m.consumed.WithLabelValues(label, "ack").Inc()
 	}
-	return st.send(st.mode.reply(h, detail))
+	st.send(st.mode.reply(h, detail))
+	return nil
 }
 
 // send queues a request of the relay's own.
-func (st *stream) send(m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("encode own request: %w", err)
-	}
+func (st *stream) send(m xdswire.Message) {
+	b := m.AppendWire(nil)
 	h, _ := parse(b, st.mode.req)
 	st.countRequest(h.TypeURL, len(b))
 	st.q.push(&frame{b: b})
-	return nil
 }
 
 func (st *stream) countRequest(typeURL string, n int) {
@@ -245,9 +238,8 @@ func (st *stream) countRequest(typeURL string, n int) {
 func (st *stream) connected(h header) {
 	node := ""
 	if h.Node != nil {
-		var n corev3.Node
-		if err := proto.Unmarshal(h.Node, &n); err == nil {
-			node = n.GetId()
+		if id, err := xdswire.DecodeNodeID(h.Node); err == nil {
+			node = id
 		}
 	}
 	st.s.log.Info("stream connected", "stream", st.id, "mode", st.mode.name, "node", node)
@@ -256,10 +248,9 @@ func (st *stream) connected(h header) {
 }
 
 func (st *stream) nack(h header) {
-	var s statuspb.Status
 	detail := ""
-	if err := proto.Unmarshal(h.ErrorDetail, &s); err == nil {
-		detail = s.GetMessage()
+	if s, err := xdswire.DecodeStatus(h.ErrorDetail); err == nil {
+		detail = s.Message
 	}
 	st.s.m.nacks.WithLabelValues(st.s.m.label(h.TypeURL)).Inc()
 	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", h.TypeURL, "nonce", h.Nonce, "version", h.Version, "error", detail)
