@@ -49,28 +49,20 @@ func (r *DiscoveryRequest) UnmarshalWire(b []byte) error {
 		if f.Type != protowire.BytesType {
 			return nil
 		}
-		var (
-			s   string
-			err error
-		)
+		var err error
 		switch f.Num {
 		case 1:
 			r.VersionInfo, err = f.String()
 		case 2:
 			err = decodeNode(f.Bytes, &r.NodeID)
 		case 3:
-			if s, err = f.String(); err == nil {
-				r.ResourceNames = append(r.ResourceNames, s)
-			}
+			err = f.appendString(&r.ResourceNames)
 		case 4:
 			r.TypeURL, err = f.String()
 		case 5:
 			r.ResponseNonce, err = f.String()
 		case 6:
-			if r.ErrorDetail == nil {
-				r.ErrorDetail = &Status{}
-			}
-			err = decodeStatus(f.Bytes, r.ErrorDetail)
+			err = mergeStatus(&r.ErrorDetail, f.Bytes)
 		}
 		return err
 	})
@@ -167,23 +159,16 @@ func (r *DeltaDiscoveryRequest) UnmarshalWire(b []byte) error {
 		if f.Type != protowire.BytesType {
 			return nil
 		}
-		var (
-			s   string
-			err error
-		)
+		var err error
 		switch f.Num {
 		case 1:
 			err = decodeNode(f.Bytes, &r.NodeID)
 		case 2:
 			r.TypeURL, err = f.String()
 		case 3:
-			if s, err = f.String(); err == nil {
-				r.Subscribe = append(r.Subscribe, s)
-			}
+			err = f.appendString(&r.Subscribe)
 		case 4:
-			if s, err = f.String(); err == nil {
-				r.Unsubscribe = append(r.Unsubscribe, s)
-			}
+			err = f.appendString(&r.Unsubscribe)
 		case 5:
 			var k, v string
 			if k, v, err = decodeStringEntry(f.Bytes); err == nil {
@@ -195,10 +180,7 @@ func (r *DeltaDiscoveryRequest) UnmarshalWire(b []byte) error {
 		case 6:
 			r.ResponseNonce, err = f.String()
 		case 7:
-			if r.ErrorDetail == nil {
-				r.ErrorDetail = &Status{}
-			}
-			err = decodeStatus(f.Bytes, r.ErrorDetail)
+			err = mergeStatus(&r.ErrorDetail, f.Bytes)
 		}
 		return err
 	})
@@ -249,10 +231,7 @@ func (r *DeltaDiscoveryResponse) UnmarshalWire(b []byte) error {
 		if f.Type != protowire.BytesType {
 			return nil
 		}
-		var (
-			s   string
-			err error
-		)
+		var err error
 		switch f.Num {
 		case 1:
 			r.SystemVersionInfo, err = f.String()
@@ -266,9 +245,7 @@ func (r *DeltaDiscoveryResponse) UnmarshalWire(b []byte) error {
 		case 5:
 			r.Nonce, err = f.String()
 		case 6:
-			if s, err = f.String(); err == nil {
-				r.RemovedResources = append(r.RemovedResources, s)
-			}
+			err = f.appendString(&r.RemovedResources)
 		}
 		return err
 	})

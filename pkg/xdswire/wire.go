@@ -80,6 +80,15 @@ func (f Field) String() (string, error) {
 	return string(f.Bytes), nil
 }
 
+// appendString appends the string payload of f to ss.
+func (f Field) appendString(ss *[]string) error {
+	s, err := f.String()
+	if err == nil {
+		*ss = append(*ss, s)
+	}
+	return err
+}
+
 // Is reports whether f is field num of wire type typ. A field of the right
 // number but another wire type is skipped, as protobuf skips it (unknown).
 func (f Field) Is(num protowire.Number, typ protowire.Type) bool {
@@ -181,6 +190,14 @@ func DecodeStatus(b []byte) (Status, error) {
 		return Status{}, fmt.Errorf("decode Status: %w", err)
 	}
 	return s, nil
+}
+
+// mergeStatus merges the google.rpc.Status b into *s, making it first if nil.
+func mergeStatus(s **Status, b []byte) error {
+	if *s == nil {
+		*s = &Status{}
+	}
+	return decodeStatus(b, *s)
 }
 
 // decodeStatus merges the google.rpc.Status b into s (its details are skipped).
