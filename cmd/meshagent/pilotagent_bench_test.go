@@ -24,9 +24,9 @@ import (
 // stack's signer over Istio's gRPC API (CA_ADDR, TLS checked against the stack's
 // roots), its xDS upstream the stack's demo control plane, DNS capture on, and its
 // "Envoy" the stand-in from bin, which holds SDS default and ROOTCA and one ADS
-// stream through the agent. Once the stand-in is ready and idle (as long as the pod
-// was), it returns pilot-agent's own memory in MB (the stand-in excluded).
-func pilotAgentMemory(b *testing.B, dir, bin, pa string) map[string]float64 {
+// stream through the agent. Once the stand-in is ready and idle for idle (as the
+// pod was), it returns pilot-agent's own memory in MB (the stand-in excluded).
+func pilotAgentMemory(b *testing.B, dir, bin, pa string, idle time.Duration) map[string]float64 {
 	b.Helper()
 	var stack struct {
 		TrustBundle string `json:"trust_bundle"`
@@ -65,7 +65,7 @@ func pilotAgentMemory(b *testing.B, dir, bin, pa string) map[string]float64 {
 		"discoveryAddress": stack.ControlPlane.XDSAddr, "controlPlaneAuthPolicy": "NONE",
 		"proxyAdminPort": admin, "statusPort": status, "drainDuration": "1s", "terminationDrainDuration": "1s",
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+idle)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, pa, "proxy", "sidecar")
 	cmd.Dir = work
@@ -97,7 +97,7 @@ func pilotAgentMemory(b *testing.B, dir, bin, pa string) map[string]float64 {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(3 * time.Second) // idle, as the pod was
+	time.Sleep(idle) // as the pod idled
 	got := map[string]float64{}
 	for k, v := range smapsRollup(b, cmd.Process.Pid) {
 		got[k] = v / 1024

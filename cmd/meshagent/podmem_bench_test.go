@@ -19,6 +19,10 @@ import (
 // pod's RSS, anonymous memory and PSS (/proc/<pid>/smaps_rollup, summed over the
 // pod's meshagent processes, Envoy excluded), and each role's anonymous memory.
 //
+// PODMEM_IDLE (a duration, default 3s) is how long the pod idles before it is
+// measured; past two minutes every process has run its first GC (the runtime
+// forces one every two minutes), the settled state.
+//
 // With PILOT_AGENT_BIN set to an Istio pilot-agent binary (docs/benchmarks.md says
 // how it was built), pilot-agent runs in the first stack beside the pod, as a
 // sidecar agent of the same signer and control plane with the same stand-in as its
@@ -33,13 +37,21 @@ func BenchmarkPodMemory(b *testing.B) {
 			b.Skipf("no %s in MESHAGENT_BIN: %v", f, err)
 		}
 	}
+	idle := 3 * time.Second
+	if v := os.Getenv("PODMEM_IDLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			b.Fatalf("PODMEM_IDLE=%q: want a positive duration", v)
+		}
+		idle = d
+	}
 	pa := os.Getenv("PILOT_AGENT_BIN")
 	if pa == "" {
 		b.Log("PILOT_AGENT_BIN not set: no pilot-agent figures")
 	}
 	for range b.N {
-		three, pilot := podMemory(b, bin, pa)
-		one, _ := podMemory(b, bin, "", "-one-process-pods")
+		three, pilot := podMemory(b, bin, pa, idle)
+		one, _ := podMemory(b, bin, "", idle, "-one-process-pods")
 		b.ReportMetric(three.sum["Pss"], "pod_pss_MB")
 		b.ReportMetric(three.sum["Rss"], "pod_rss_MB")
 		b.ReportMetric(three.sum["Anonymous"], "pod_anon_MB")
@@ -69,10 +81,10 @@ type podMem struct {
 
 // podMemory runs one stack with one pod and returns the pod's memory, and, when pa
 // names a pilot-agent binary, pilot-agent's beside it in the same stack.
-func podMemory(b *testing.B, bin, pa string, flags ...string) (podMem, map[string]float64) {
+func podMemory(b *testing.B, bin, pa string, idle time.Duration, flags ...string) (podMem, map[string]float64) {
 	b.Helper()
 	dir := b.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute+2*idle)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), append([]string{"up", "-dir", dir,
 		"-dashboard-addr", "127.0.0.1:0", "-bin-dir", bin}, flags...)...)
@@ -96,8 +108,7 @@ func podMemory(b *testing.B, bin, pa string, flags ...string) (podMem, map[strin
 	if ctx.Err() != nil {
 		b.Fatalf("no envoy.ready from meshctl up %v", flags)
 	}
-	// Idle: let the start-up garbage be collected and the SDS stream settle.
-	time.Sleep(3 * time.Second)
+	time.Sleep(idle) // idle, one SDS stream
 	m := podMem{sum: map[string]float64{}, roles: map[string]map[string]float64{}}
 	for _, pid := range children(b, cmd.Process.Pid) {
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
@@ -117,7 +128,7 @@ func podMemory(b *testing.B, bin, pa string, flags ...string) (podMem, map[strin
 	if pa == "" {
 		return m, nil
 	}
-	return m, pilotAgentMemory(b, dir, bin, pa)
+	return m, pilotAgentMemory(b, dir, bin, pa, idle)
 }
 
 // roleOf is the role a meshagent process runs: its first argument.
