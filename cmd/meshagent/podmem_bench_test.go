@@ -20,8 +20,9 @@ import (
 // pod's meshagent processes, Envoy excluded), and each role's anonymous memory.
 //
 // PODMEM_IDLE (a duration, default 3s) is how long the pod idles before it is
-// measured; past two minutes every process has run its first GC (the runtime
-// forces one every two minutes), the settled state.
+// measured. At 3 s a pod has usually not run a GC yet (the runtime forces one
+// every two minutes only after a first one); a longer idle takes in `meshctl
+// up`'s certificate renewals (2-minute TTL), whose allocations bring one.
 //
 // With PILOT_AGENT_BIN set to an Istio pilot-agent binary (docs/benchmarks.md says
 // how it was built), pilot-agent runs in the first stack beside the pod, as a
