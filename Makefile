@@ -22,6 +22,8 @@ FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/pkg/events:FuzzDecode \
 	github.com/meshagent/meshagent/services/sds-edge/internal/sds:FuzzSDSRequest \
 	github.com/meshagent/meshagent/services/xds-relay/internal/relay:FuzzParseFrame \
+	github.com/meshagent/meshagent/pkg/xdswire:FuzzWireDecode \
+	github.com/meshagent/meshagent/services/launcher/internal/bootstrap:FuzzTemplateAsTextTemplate \
 	github.com/meshagent/meshagent/services/signer/internal/ca:FuzzLoadDir
 FUZZTIME ?= 30s
 

@@ -3,6 +3,7 @@ module github.com/meshagent/meshagent/cmd/meshagent
 go 1.26.0
 
 require (
+	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/services/launcher v0.0.0
 	github.com/meshagent/meshagent/services/sds-edge v0.0.0
@@ -10,15 +11,10 @@ require (
 )
 
 require (
-	cel.dev/expr v0.25.3 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
-	github.com/envoyproxy/go-control-plane/envoy v1.40.0 // indirect
-	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
-	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
@@ -27,19 +23,20 @@ require (
 	github.com/meshagent/meshagent/pkg/bus v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/events v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0 // indirect
+	github.com/meshagent/meshagent/pkg/nds v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/obs v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/pki v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0 // indirect
 	github.com/meshagent/meshagent/pkg/udsock v0.0.0 // indirect
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
+	github.com/miekg/dns v1.1.73 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nats.go v1.55.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
@@ -49,11 +46,9 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-	istio.io/api v1.31.1 // indirect
 )
 
 replace (
@@ -64,6 +59,7 @@ replace (
 	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
 	github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
+	github.com/meshagent/meshagent/pkg/nds => ../../pkg/nds
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
@@ -71,6 +67,7 @@ replace (
 	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 	github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
+	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 	github.com/meshagent/meshagent/services/launcher => ../../services/launcher
 	github.com/meshagent/meshagent/services/sds-edge => ../../services/sds-edge
 	github.com/meshagent/meshagent/services/xds-relay => ../../services/xds-relay

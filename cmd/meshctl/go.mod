@@ -33,6 +33,7 @@ require (
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -57,6 +58,7 @@ replace (
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
+	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 )
 
 require (

@@ -25,6 +25,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // TypeURL is the name table's type, as istiod sends it and Istio's agent asks for it.
@@ -53,28 +55,16 @@ func Marshal(t Table) []byte {
 	var out []byte
 	for _, h := range hosts {
 		ni := t[h]
-		var v []byte
-		for _, ip := range ni.IPs {
-			v = appendString(v, 1, ip)
-		}
-		if ni.Registry != "" {
-			v = appendString(v, 2, ni.Registry)
-		}
-		if ni.Shortname != "" {
-			v = appendString(v, 3, ni.Shortname)
-		}
-		if ni.Namespace != "" {
-			v = appendString(v, 4, ni.Namespace)
-		}
-		for _, a := range ni.AltHosts {
-			v = appendString(v, 5, a)
-		}
-		var entry []byte
-		entry = appendString(entry, 1, h)
-		entry = protowire.AppendTag(entry, 2, protowire.BytesType)
-		entry = protowire.AppendBytes(entry, v)
-		out = protowire.AppendTag(out, 1, protowire.BytesType)
-		out = protowire.AppendBytes(out, entry)
+		out = xdswire.AppendMessage(out, 1, func(entry []byte) []byte {
+			entry = xdswire.AppendStrings(entry, 1, []string{h})
+			return xdswire.AppendMessage(entry, 2, func(v []byte) []byte {
+				v = xdswire.AppendStrings(v, 1, ni.IPs)
+				v = xdswire.AppendString(v, 2, ni.Registry)
+				v = xdswire.AppendString(v, 3, ni.Shortname)
+				v = xdswire.AppendString(v, 4, ni.Namespace)
+				return xdswire.AppendStrings(v, 5, ni.AltHosts)
+			})
+		})
 	}
 	return out
 }
@@ -98,37 +88,37 @@ func Message(t Table) proto.Message {
 // protobuf does; a malformed message is an error.
 func Unmarshal(b []byte) (Table, error) {
 	t := Table{}
-	err := fields(b, func(num protowire.Number, typ protowire.Type, v []byte) error {
-		if num != 1 {
+	err := xdswire.Fields(b, func(f xdswire.Field) error {
+		if f.Num != 1 {
 			return nil
 		}
-		if typ != protowire.BytesType {
+		if f.Type != protowire.BytesType {
 			return errors.New("table: not a map entry")
 		}
 		var (
 			host string
 			ni   NameInfo
 		)
-		err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte) error {
+		err := xdswire.Fields(f.Bytes, func(f xdswire.Field) error {
 			switch {
-			case num == 1 && typ == protowire.BytesType:
-				host = string(v)
-			case num == 2 && typ == protowire.BytesType:
-				return fields(v, func(num protowire.Number, typ protowire.Type, v []byte) error {
-					if typ != protowire.BytesType {
+			case f.Is(1, protowire.BytesType):
+				host = string(f.Bytes)
+			case f.Is(2, protowire.BytesType):
+				return xdswire.Fields(f.Bytes, func(f xdswire.Field) error {
+					if f.Type != protowire.BytesType {
 						return nil
 					}
-					switch num {
+					switch v := string(f.Bytes); f.Num {
 					case 1:
-						ni.IPs = append(ni.IPs, string(v))
+						ni.IPs = append(ni.IPs, v)
 					case 2:
-						ni.Registry = string(v)
+						ni.Registry = v
 					case 3:
-						ni.Shortname = string(v)
+						ni.Shortname = v
 					case 4:
-						ni.Namespace = string(v)
+						ni.Namespace = v
 					case 5:
-						ni.AltHosts = append(ni.AltHosts, string(v))
+						ni.AltHosts = append(ni.AltHosts, v)
 					}
 					return nil
 				})
@@ -145,35 +135,4 @@ func Unmarshal(b []byte) (Table, error) {
 		return nil, fmt.Errorf("decode NameTable: %w", err)
 	}
 	return t, nil
-}
-
-func appendString(b []byte, num protowire.Number, s string) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
-}
-
-// fields calls fn for every field of b; v is the payload of a length-delimited
-// field and nil for the others.
-func fields(b []byte, fn func(protowire.Number, protowire.Type, []byte) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		var v []byte
-		if typ == protowire.BytesType {
-			v, n = protowire.ConsumeBytes(b)
-		} else {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		if err := fn(num, typ, v); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -7,13 +7,11 @@ import (
 	"net"
 	"sync"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // DialUnix returns a client connection to the SDS server on the unix socket at path.
@@ -38,13 +36,13 @@ type Update struct {
 }
 
 // Decode decodes every resource of resp.
-func Decode(resp *discoveryv3.DiscoveryResponse) (Update, error) {
-	u := Update{Version: resp.GetVersionInfo(), Nonce: resp.GetNonce(), Secrets: make(map[string]Secret, len(resp.GetResources()))}
-	if resp.GetTypeUrl() != SecretTypeURL {
-		return u, fmt.Errorf("response type %q: want %q", resp.GetTypeUrl(), SecretTypeURL)
+func Decode(resp *xdswire.DiscoveryResponse) (Update, error) {
+	u := Update{Version: resp.VersionInfo, Nonce: resp.Nonce, Secrets: make(map[string]Secret, len(resp.Resources))}
+	if resp.TypeURL != SecretTypeURL {
+		return u, fmt.Errorf("response type %q: want %q", resp.TypeURL, SecretTypeURL)
 	}
-	for _, r := range resp.GetResources() {
-		s, err := DecodeSecret(r)
+	for _, r := range resp.Resources {
+		s, err := xdswire.DecodeSecret(r)
 		if err != nil {
 			return u, err
 		}
@@ -56,9 +54,9 @@ func Decode(resp *discoveryv3.DiscoveryResponse) (Update, error) {
 // Stream is one state-of-the-world StreamSecrets stream. Recv and RecvRaw must not be
 // called concurrently; Ack, Nack and Close may be called from any goroutine.
 type Stream struct {
-	stream secretv3.SecretDiscoveryService_StreamSecretsClient
+	stream grpc.ClientStream
 	cancel context.CancelFunc
-	node   *corev3.Node
+	node   string
 	names  []string
 	mu     sync.Mutex // serialises Send and guards acked
 	acked  string     // version last accepted
@@ -72,13 +70,13 @@ func Open(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, names
 		return nil, errors.New("sdsclient: empty node id")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	st, err := secretv3.NewSecretDiscoveryServiceClient(cc).StreamSecrets(ctx)
+	st, err := openStream(ctx, cc, "StreamSecrets", methodStream)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("open stream: %w", err)
 	}
-	s := &Stream{stream: st, cancel: cancel, node: &corev3.Node{Id: nodeID}, names: append([]string(nil), names...)}
-	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: SecretTypeURL, ResourceNames: s.names}); err != nil {
+	s := &Stream{stream: st, cancel: cancel, node: nodeID, names: append([]string(nil), names...)}
+	if err := st.SendMsg(&xdswire.DiscoveryRequest{NodeID: s.node, TypeURL: SecretTypeURL, ResourceNames: s.names}); err != nil {
 		cancel()
 		return nil, fmt.Errorf("send first request: %w", err)
 	}
@@ -87,14 +85,18 @@ func Open(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, names
 
 // RecvRaw returns the next response without acknowledging it: the caller must Ack or
 // Nack it (as Envoy would) before the server sends anything else for the same names.
-func (s *Stream) RecvRaw() (*discoveryv3.DiscoveryResponse, error) {
-	return s.stream.Recv()
+func (s *Stream) RecvRaw() (*xdswire.DiscoveryResponse, error) {
+	resp := &xdswire.DiscoveryResponse{}
+	if err := s.stream.RecvMsg(resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // Recv returns the next response, decoded, and ACKs it. A response that does not
 // decode is NACKed and returned as an error.
 func (s *Stream) Recv() (Update, error) {
-	resp, err := s.stream.Recv()
+	resp, err := s.RecvRaw()
 	if err != nil {
 		return Update{}, err
 	}
@@ -112,22 +114,22 @@ func (s *Stream) Recv() (Update, error) {
 }
 
 // Ack accepts resp: the next request carries its version and nonce.
-func (s *Stream) Ack(resp *discoveryv3.DiscoveryResponse) error {
+func (s *Stream) Ack(resp *xdswire.DiscoveryResponse) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.acked = resp.GetVersionInfo()
-	return s.send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: SecretTypeURL, ResourceNames: s.names,
-		VersionInfo: s.acked, ResponseNonce: resp.GetNonce()})
+	s.acked = resp.VersionInfo
+	return s.send(&xdswire.DiscoveryRequest{NodeID: s.node, TypeURL: SecretTypeURL, ResourceNames: s.names,
+		VersionInfo: s.acked, ResponseNonce: resp.Nonce})
 }
 
 // Nack rejects resp with msg: the next request carries the last accepted version,
 // resp's nonce and an error detail.
-func (s *Stream) Nack(resp *discoveryv3.DiscoveryResponse, msg string) error {
+func (s *Stream) Nack(resp *xdswire.DiscoveryResponse, msg string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: SecretTypeURL, ResourceNames: s.names,
-		VersionInfo: s.acked, ResponseNonce: resp.GetNonce(),
-		ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: msg}})
+	return s.send(&xdswire.DiscoveryRequest{NodeID: s.node, TypeURL: SecretTypeURL, ResourceNames: s.names,
+		VersionInfo: s.acked, ResponseNonce: resp.Nonce,
+		ErrorDetail: &xdswire.Status{Code: int32(codes.InvalidArgument), Message: msg}})
 }
 
 // Subscribe changes the names the stream watches (an Envoy resubscription), keeping
@@ -136,14 +138,14 @@ func (s *Stream) Subscribe(names ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.names = append([]string(nil), names...)
-	return s.send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: SecretTypeURL, ResourceNames: s.names, VersionInfo: s.acked})
+	return s.send(&xdswire.DiscoveryRequest{NodeID: s.node, TypeURL: SecretTypeURL, ResourceNames: s.names, VersionInfo: s.acked})
 }
 
-func (s *Stream) send(req *discoveryv3.DiscoveryRequest) error {
+func (s *Stream) send(req *xdswire.DiscoveryRequest) error {
 	if s.closed {
 		return errors.New("sdsclient: stream closed")
 	}
-	if err := s.stream.Send(req); err != nil {
+	if err := s.stream.SendMsg(req); err != nil {
 		return fmt.Errorf("send request: %w", err)
 	}
 	return nil
@@ -164,8 +166,9 @@ func (s *Stream) Close() error {
 
 // Fetch asks for names once with FetchSecrets and returns the decoded secrets.
 func Fetch(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, names ...string) (map[string]Secret, error) {
-	resp, err := secretv3.NewSecretDiscoveryServiceClient(cc).FetchSecrets(ctx, &discoveryv3.DiscoveryRequest{
-		Node: &corev3.Node{Id: nodeID}, TypeUrl: SecretTypeURL, ResourceNames: names})
+	resp := &xdswire.DiscoveryResponse{}
+	err := cc.Invoke(ctx, methodFetch, &xdswire.DiscoveryRequest{NodeID: nodeID, TypeURL: SecretTypeURL, ResourceNames: names},
+		resp, grpc.ForceCodecV2(xdswire.Codec{}))
 	if err != nil {
 		return nil, fmt.Errorf("fetch secrets: %w", err)
 	}
@@ -174,4 +177,10 @@ func Fetch(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, name
 		return nil, err
 	}
 	return u.Secrets, nil
+}
+
+// openStream opens one of the service's bidirectional streams with xdswire's codec.
+func openStream(ctx context.Context, cc grpc.ClientConnInterface, name, method string) (grpc.ClientStream, error) {
+	desc := &grpc.StreamDesc{StreamName: name, ServerStreams: true, ClientStreams: true}
+	return cc.NewStream(ctx, desc, method, grpc.ForceCodecV2(xdswire.Codec{}))
 }

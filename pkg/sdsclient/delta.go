@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"sync"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // DeltaUpdate is one decoded DeltaSecrets response.
@@ -24,10 +22,10 @@ type DeltaUpdate struct {
 
 // DeltaStream is one incremental DeltaSecrets stream.
 type DeltaStream struct {
-	stream secretv3.SecretDiscoveryService_DeltaSecretsClient
+	stream grpc.ClientStream
 	cancel context.CancelFunc
 	mu     sync.Mutex
-	node   *corev3.Node
+	node   string
 	first  bool
 }
 
@@ -37,12 +35,12 @@ func OpenDelta(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, 
 		return nil, errors.New("sdsclient: empty node id")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	st, err := secretv3.NewSecretDiscoveryServiceClient(cc).DeltaSecrets(ctx)
+	st, err := openStream(ctx, cc, "DeltaSecrets", methodDelta)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("open delta stream: %w", err)
 	}
-	d := &DeltaStream{stream: st, cancel: cancel, node: &corev3.Node{Id: nodeID}, first: true}
+	d := &DeltaStream{stream: st, cancel: cancel, node: nodeID, first: true}
 	if err := d.Subscribe(names, nil); err != nil {
 		cancel()
 		return nil, err
@@ -54,47 +52,57 @@ func OpenDelta(ctx context.Context, cc grpc.ClientConnInterface, nodeID string, 
 func (d *DeltaStream) Subscribe(add, remove []string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResourceNamesSubscribe: add, ResourceNamesUnsubscribe: remove}
+	req := &xdswire.DeltaDiscoveryRequest{TypeURL: SecretTypeURL, Subscribe: add, Unsubscribe: remove}
 	if d.first {
-		req.Node, d.first = d.node, false
+		req.NodeID, d.first = d.node, false
 	}
-	return d.stream.Send(req)
+	return d.stream.SendMsg(req)
 }
 
 // RecvRaw returns the next response without acknowledging it.
-func (d *DeltaStream) RecvRaw() (*discoveryv3.DeltaDiscoveryResponse, error) { return d.stream.Recv() }
+func (d *DeltaStream) RecvRaw() (*xdswire.DeltaDiscoveryResponse, error) {
+	resp := &xdswire.DeltaDiscoveryResponse{}
+	if err := d.stream.RecvMsg(resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
 
 // Recv returns the next response, decoded, and ACKs it (NACKs it if it does not decode).
 func (d *DeltaStream) Recv() (DeltaUpdate, error) {
-	resp, err := d.stream.Recv()
+	resp, err := d.RecvRaw()
 	if err != nil {
 		return DeltaUpdate{}, err
 	}
-	u := DeltaUpdate{Nonce: resp.GetNonce(), Versions: map[string]string{}, Secrets: map[string]Secret{}, Removed: resp.GetRemovedResources()}
-	for _, r := range resp.GetResources() {
-		s, err := DecodeSecret(r.GetResource())
+	u := DeltaUpdate{Nonce: resp.Nonce, Versions: map[string]string{}, Secrets: map[string]Secret{}, Removed: resp.RemovedResources}
+	for _, r := range resp.Resources {
+		var a xdswire.Any
+		if r.Resource != nil {
+			a = *r.Resource
+		}
+		s, err := xdswire.DecodeSecret(a)
 		if err != nil {
 			return DeltaUpdate{}, errors.Join(err, d.Nack(resp, err.Error()))
 		}
-		u.Secrets[r.GetName()] = s
-		u.Versions[r.GetName()] = r.GetVersion()
+		u.Secrets[r.Name] = s
+		u.Versions[r.Name] = r.Version
 	}
 	return u, d.Ack(resp)
 }
 
 // Ack accepts resp.
-func (d *DeltaStream) Ack(resp *discoveryv3.DeltaDiscoveryResponse) error {
+func (d *DeltaStream) Ack(resp *xdswire.DeltaDiscoveryResponse) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResponseNonce: resp.GetNonce()})
+	return d.stream.SendMsg(&xdswire.DeltaDiscoveryRequest{TypeURL: SecretTypeURL, ResponseNonce: resp.Nonce})
 }
 
 // Nack rejects resp with msg.
-func (d *DeltaStream) Nack(resp *discoveryv3.DeltaDiscoveryResponse, msg string) error {
+func (d *DeltaStream) Nack(resp *xdswire.DeltaDiscoveryResponse, msg string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: SecretTypeURL, ResponseNonce: resp.GetNonce(),
-		ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: msg}})
+	return d.stream.SendMsg(&xdswire.DeltaDiscoveryRequest{TypeURL: SecretTypeURL, ResponseNonce: resp.Nonce,
+		ErrorDetail: &xdswire.Status{Code: int32(codes.InvalidArgument), Message: msg}})
 }
 
 // Close ends the stream.

@@ -7,9 +7,12 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/go-hclog v1.6.3
 	go.uber.org/goleak v1.3.0
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
-	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 require (
@@ -21,6 +24,7 @@ require (
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
@@ -29,3 +33,5 @@ require (
 )
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../testkit
+
+replace github.com/meshagent/meshagent/pkg/xdswire => ../xdswire

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/sdsclient/sdstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // upstream is a real go-control-plane SDS server on a unix socket.
@@ -60,7 +62,7 @@ func (u *upstream) set(t *testing.T, node, version string, secrets ...sdsclient.
 	t.Helper()
 	var rs []types.Resource
 	for _, s := range secrets {
-		rs = append(rs, sdsclient.EncodeSecret(s))
+		rs = append(rs, sdstest.EnvoySecret(s))
 	}
 	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.SecretType: rs})
 	if err != nil {
@@ -163,7 +165,7 @@ func TestNackKeepsVersionAndServerSeesError(t *testing.T) {
 	up.mu.Lock()
 	n := up.nacks[0]
 	up.mu.Unlock()
-	if n.GetResponseNonce() != resp.GetNonce() || n.GetVersionInfo() != "" || n.GetErrorDetail().GetMessage() != "bad key" {
+	if n.GetResponseNonce() != resp.Nonce || n.GetVersionInfo() != "" || n.GetErrorDetail().GetMessage() != "bad key" {
 		t.Fatalf("nack request = %v", n)
 	}
 }
@@ -199,8 +201,8 @@ func TestBadInput(t *testing.T) {
 	if _, err := sdsclient.Open(ctx, cc, ""); err == nil {
 		t.Error("Open with empty node id: want error")
 	}
-	if _, err := sdsclient.DecodeSecret(nil); err == nil {
-		t.Error("DecodeSecret(nil): want error")
+	if _, err := sdsclient.Decode(&xdswire.DiscoveryResponse{TypeURL: "type.googleapis.com/x.Y"}); err == nil {
+		t.Error("Decode of another type: want error")
 	}
 }
 

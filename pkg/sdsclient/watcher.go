@@ -109,7 +109,7 @@ func (w *Watcher) once(ctx context.Context, cc grpc.ClientConnInterface) (got bo
 			err = w.apply(u)
 		}
 		if err != nil {
-			w.log.Warn("rejecting sds response", "version", resp.GetVersionInfo(), "error", err)
+			w.log.Warn("rejecting sds response", "version", resp.VersionInfo, "error", err)
 			if err := st.Nack(resp, err.Error()); err != nil {
 				return got, err
 			}

@@ -51,6 +51,7 @@ require (
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0
 	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0
@@ -76,4 +77,5 @@ replace (
 	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
 	github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
+	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 )

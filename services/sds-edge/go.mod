@@ -44,10 +44,11 @@ require (
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/udsock v0.0.0
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nkeys v0.4.16
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
@@ -71,6 +72,7 @@ replace (
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
 	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
 	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
+	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 )
 
 replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock

@@ -46,6 +46,7 @@ require (
 	github.com/meshagent/meshagent/pkg/outbox v0.0.0
 	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/pkg/udsock v0.0.0
+	github.com/meshagent/meshagent/pkg/xdswire v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -73,6 +74,7 @@ replace (
 	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
 	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
 	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
+	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 )
 
 replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit

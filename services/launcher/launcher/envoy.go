@@ -4,7 +4,6 @@ import (
 	"net"
 	"strconv"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	"github.com/meshagent/meshagent/services/launcher/internal/bootstrap"
 	"github.com/meshagent/meshagent/services/launcher/internal/config"
 	"github.com/meshagent/meshagent/services/launcher/internal/envoy"
@@ -38,7 +37,7 @@ func (l *Launcher) bootstrapParams() bootstrap.Params {
 // rendered template (ISTIO_BOOTSTRAP), or the one built from the config.
 func (l *Launcher) writeBootstrap() error {
 	var (
-		b   *bootstrapv3.Bootstrap
+		b   bootstrap.Bootstrap
 		err error
 		src = "generated"
 	)
@@ -58,7 +57,7 @@ func (l *Launcher) writeBootstrap() error {
 	if err := bootstrap.Write(l.cfg.Envoy.BootstrapPath, b); err != nil {
 		return err
 	}
-	l.log.Info("bootstrap written", "path", l.cfg.Envoy.BootstrapPath, "from", src, "node", b.GetNode().GetId())
+	l.log.Info("bootstrap written", "path", l.cfg.Envoy.BootstrapPath, "from", src, "node", b.NodeID())
 	return nil
 }
 

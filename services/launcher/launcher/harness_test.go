@@ -31,6 +31,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/sdsclient/sdstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/standin"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
@@ -174,8 +175,8 @@ func (p *pod) giveSecrets() {
 	p.t.Helper()
 	root, chain, key := identity(p.t)
 	snap, err := cachev3.NewSnapshot("1", map[resource.Type][]types.Resource{resource.SecretType: {
-		sdsclient.EncodeSecret(sdsclient.Secret{Name: "default", CertChain: chain, PrivateKey: key}),
-		sdsclient.EncodeSecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: root}),
+		sdstest.EnvoySecret(sdsclient.Secret{Name: "default", CertChain: chain, PrivateKey: key}),
+		sdstest.EnvoySecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: root}),
 	}})
 	if err != nil {
 		p.t.Fatal(err)

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/bootstrap"
@@ -21,9 +24,13 @@ func TestRouterModeBootstrap(t *testing.T) {
 	cred := filepath.Join(p.dir, "credential-socket")
 	s := p.start(append([]string{"proxy", "router"}, p.args("-credential-socket", cred)...)...)
 	event[events.EnvoyStarted](t, p)
-	b, err := bootstrap.Load(s.cfg.Envoy.BootstrapPath)
+	data, err := os.ReadFile(s.cfg.Envoy.BootstrapPath)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var b bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(data, &b); err != nil || b.ValidateAll() != nil {
+		t.Fatalf("not Envoy's bootstrap: %v, %v", err, b.ValidateAll())
 	}
 	if id := b.GetNode().GetId(); len(id) < 7 || id[:7] != "router~" || id != s.l.NodeID() {
 		t.Fatalf("node id %q", id)

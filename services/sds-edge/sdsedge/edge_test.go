@@ -188,7 +188,7 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 	}
 	testkit.Eventually(t, "sds.nack published", func() bool {
 		return len(bustest.Find(nacks, func(e events.SDSNack) bool {
-			return e.Resource == "default" && e.Nonce == resp.GetNonce() && e.Error == "bad certificate" && e.Version == resp.GetVersionInfo()
+			return e.Resource == "default" && e.Nonce == resp.Nonce && e.Error == "bad certificate" && e.Version == resp.VersionInfo
 		})) == 1
 	})
 	testkit.Eventually(t, "nack counted", func() bool { return p.metric(t, "meshagent_sds_edge_nacks_total") == 1 })
@@ -198,7 +198,7 @@ func TestNackIsPublishedAndNotResent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next.GetVersionInfo() == resp.GetVersionInfo() {
+	if next.VersionInfo == resp.VersionInfo {
 		t.Fatal("nacked version was resent")
 	}
 }

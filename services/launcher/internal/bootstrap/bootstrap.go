@@ -3,32 +3,28 @@
 // on xds-relay's socket (both HTTP/2 over unix sockets), the admin listener on
 // loopback, and a Prometheus stats listener; or the user's own bootstrap, or a
 // template rendered with the same parameters, instead.
+//
+// The bootstrap is written as JSON in Envoy's v3 form (snake_case, as Istio's
+// template), from plain maps: linking go-control-plane's generated bootstrap
+// types would cost the launcher ~5 MB of code pages and ~2 MB of heap at init
+// (docs/benchmarks.md, "Per-pod memory"). The tests parse what it writes with
+// those types, compare it with the same bootstrap built from them, and run
+// Envoy's validation on it. A user's bootstrap or template result is checked to
+// be a JSON object whose top-level fields are Bootstrap's; Envoy checks the rest
+// when it starts, as it does under Istio's agent.
 package bootstrap
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
-	"text/template"
-	"time"
-
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	http2v3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
+	"strings"
 )
 
 // Cluster names Envoy's bootstrap uses, as Istio names them.
@@ -126,75 +122,94 @@ func (n Node) Metadata() map[string]any {
 	return m
 }
 
+// Bootstrap is an Envoy v3 bootstrap as JSON values.
+type Bootstrap map[string]any
+
+// object is a JSON object of the bootstrap.
+type object = map[string]any
+
+// NodeID is the bootstrap's node id, "" when it has none.
+func (b Bootstrap) NodeID() string {
+	node, _ := b["node"].(map[string]any)
+	id, _ := node["id"].(string)
+	return id
+}
+
 // Build returns the bootstrap.
-func Build(p Params) (*bootstrapv3.Bootstrap, error) {
+func Build(p Params) (Bootstrap, error) {
 	host, portS, err := net.SplitHostPort(p.AdminAddr)
 	if err != nil {
 		return nil, fmt.Errorf("admin address %q: %w", p.AdminAddr, err)
 	}
-	port, err := strconv.Atoi(portS)
+	port, err := strconv.ParseUint(portS, 10, 16)
 	if err != nil {
 		return nil, fmt.Errorf("admin port %q: %w", portS, err)
 	}
-	sds, err := unixCluster(SDSCluster, p.SDSSocket)
-	if err != nil {
-		return nil, err
+	if host == "" {
+		return nil, fmt.Errorf("admin address %q: no host", p.AdminAddr)
 	}
-	xds, err := unixCluster(XDSCluster, p.XDSSocket)
-	if err != nil {
-		return nil, err
-	}
-	adsSource := func() *corev3.ConfigSource {
-		return &corev3.ConfigSource{
-			ResourceApiVersion:    corev3.ApiVersion_V3,
-			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	for name, socket := range map[string]string{SDSCluster: p.SDSSocket, XDSCluster: p.XDSSocket} {
+		if socket == "" {
+			return nil, fmt.Errorf("cluster %s: no socket path", name)
 		}
 	}
-	meta, err := structpb.NewStruct(p.Metadata)
-	if err != nil {
-		return nil, fmt.Errorf("node metadata: %w", err)
-	}
-	static := &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{sds, xds}}
+	clusters := []any{unixCluster(SDSCluster, p.SDSSocket), unixCluster(XDSCluster, p.XDSSocket)}
 	if p.CredentialSocket != "" {
-		cred, err := unixCluster(CredentialCluster, p.CredentialSocket)
-		if err != nil {
-			return nil, err
-		}
-		static.Clusters = append(static.Clusters, cred)
+		clusters = append(clusters, unixCluster(CredentialCluster, p.CredentialSocket))
 	}
+	static := object{"clusters": clusters}
 	if p.StatsAddr != "" {
-		l, c, err := statsListener(p.StatsAddr, host, uint32(port))
+		l, c, err := statsListener(p.StatsAddr, host, port)
 		if err != nil {
 			return nil, err
 		}
-		static.Listeners = append(static.Listeners, l)
-		static.Clusters = append(static.Clusters, c)
+		static["listeners"] = []any{l}
+		static["clusters"] = append(clusters, c)
 	}
-	return &bootstrapv3.Bootstrap{
-		Node:  &corev3.Node{Id: p.NodeID, Cluster: p.Cluster, Metadata: meta},
-		Admin: &bootstrapv3.Admin{Address: socketAddress(host, uint32(port))},
-		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
-			AdsConfig: &corev3.ApiConfigSource{
-				ApiType:             corev3.ApiConfigSource_GRPC,
-				TransportApiVersion: corev3.ApiVersion_V3,
-				GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-					EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: XDSCluster}}}},
-			},
-			LdsConfig: adsSource(),
-			CdsConfig: adsSource(),
+	node := object{"id": p.NodeID, "metadata": object{}}
+	if p.Cluster != "" {
+		node["cluster"] = p.Cluster
+	}
+	if p.Metadata != nil {
+		node["metadata"] = p.Metadata
+	}
+	ads := func() object { return object{"ads": object{}, "resource_api_version": "V3"} }
+	return Bootstrap{
+		"node":  node,
+		"admin": object{"address": socketAddress(host, port)},
+		"dynamic_resources": object{
+			"ads_config": object{"api_type": "GRPC", "transport_api_version": "V3",
+				"grpc_services": []any{object{"envoy_grpc": object{"cluster_name": XDSCluster}}}},
+			"lds_config": ads(),
+			"cds_config": ads(),
 		},
-		StaticResources: static,
+		"static_resources": static,
 	}, nil
 }
 
-func socketAddress(host string, port uint32) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
+func socketAddress(host string, port uint64) object {
+	return object{"socket_address": object{"address": host, "port_value": port}}
+}
+
+// staticCluster is a STATIC cluster of one endpoint at address.
+func staticCluster(name, timeout string, address object) object {
+	return object{"name": name, "type": "STATIC", "connect_timeout": timeout,
+		"load_assignment": object{"cluster_name": name, "endpoints": []any{
+			object{"lb_endpoints": []any{object{"endpoint": object{"address": address}}}}}}}
+}
+
+// unixCluster is a cluster of HTTP/2 (gRPC) over the unix socket at path.
+func unixCluster(name, path string) object {
+	c := staticCluster(name, "1s", object{"pipe": object{"path": path}})
+	c["typed_extension_protocol_options"] = object{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": object{
+		"@type":                "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+		"explicit_http_config": object{"http2_protocol_options": object{}}}}
+	return c
 }
 
 // statsListener is Istio's 15090 listener: GET /stats/prometheus forwarded to the
 // admin's /stats/prometheus, nothing else of the admin API exposed.
-func statsListener(addr, adminHost string, adminPort uint32) (*listenerv3.Listener, *clusterv3.Cluster, error) {
+func statsListener(addr, adminHost string, adminPort uint64) (listener, cluster object, err error) {
 	host, portS, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("stats address %q: %w", addr, err)
@@ -206,47 +221,26 @@ func statsListener(addr, adminHost string, adminPort uint32) (*listenerv3.Listen
 	if host == "" {
 		host = "0.0.0.0"
 	}
-	router, err := anypb.New(&routerv3.Router{})
-	if err != nil {
-		return nil, nil, err
+	route := object{
+		"match": object{"prefix": "/stats/prometheus",
+			"headers": []any{object{"name": ":method", "string_match": object{"exact": "GET"}}}},
+		"route": object{"cluster": StatsCluster},
 	}
-	hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
-		StatPrefix: "stats",
-		CodecType:  hcmv3.HttpConnectionManager_AUTO,
-		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
-			VirtualHosts: []*routev3.VirtualHost{{
-				Name: "backend", Domains: []string{"*"},
-				Routes: []*routev3.Route{{
-					Match: &routev3.RouteMatch{
-						PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/stats/prometheus"},
-						Headers: []*routev3.HeaderMatcher{{Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
-							StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "GET"}}}}},
-					},
-					Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-						ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: StatsCluster}}},
-				}},
-			}},
-		}},
-		HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
-	})
-	if err != nil {
-		return nil, nil, err
+	hcm := object{
+		"@type":       "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+		"stat_prefix": "stats",
+		"route_config": object{"virtual_hosts": []any{
+			object{"name": "backend", "domains": []any{"*"}, "routes": []any{route}}}},
+		"http_filters": []any{object{"name": "envoy.filters.http.router",
+			"typed_config": object{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}},
 	}
-	l := &listenerv3.Listener{
-		Name:    ListenerName(host, uint32(port)),
-		Address: socketAddress(host, uint32(port)),
-		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm}}}}},
+	listener = object{
+		"name":    ListenerName(host, uint32(port)),
+		"address": socketAddress(host, port),
+		"filter_chains": []any{object{"filters": []any{
+			object{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}}}},
 	}
-	c := &clusterv3.Cluster{
-		Name:                 StatsCluster,
-		ConnectTimeout:       durationpb.New(250 * time.Millisecond),
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: StatsCluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: socketAddress(adminHost, adminPort)}}}}}}},
-	}
-	return l, c, nil
+	return listener, staticCluster(StatsCluster, "0.250s", socketAddress(adminHost, adminPort)), nil
 }
 
 // ListenerName is the name the stats listener gets, and so the name Envoy's stats
@@ -257,72 +251,98 @@ func ListenerName(host string, port uint32) string {
 }
 
 // Load reads a bootstrap the user wrote (CUSTOM_BOOTSTRAP), JSON in Envoy's v3 form.
-func Load(path string) (*bootstrapv3.Bootstrap, error) {
+func Load(path string) (Bootstrap, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("custom bootstrap: %w", err)
 	}
-	var b bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(data, &b); err != nil {
+	b, err := readBootstrap(data)
+	if err != nil {
 		return nil, fmt.Errorf("custom bootstrap %s: not a v3 bootstrap: %w", path, err)
 	}
-	return &b, nil
+	return b, nil
 }
 
-// Render executes the Go text/template at path with p (ISTIO_BOOTSTRAP) and parses
-// the result as a v3 bootstrap. The template sees .NodeID, .Cluster, .Metadata,
+// Render executes the Go template at path with p (ISTIO_BOOTSTRAP; template.go
+// says how) and parses the result as a v3 bootstrap. The template sees .NodeID, .Cluster, .Metadata,
 // .SDSSocket, .XDSSocket, .AdminAddr and .StatsAddr, and the functions host and
 // port, which split a host:port ({{port .AdminAddr}}).
-func Render(path string, p Params) (*bootstrapv3.Bootstrap, error) {
-	t, err := template.New(filepath.Base(path)).Funcs(template.FuncMap{
-		"host": func(a string) string { h, _, _ := net.SplitHostPort(a); return h },
-		"port": func(a string) string { _, port, _ := net.SplitHostPort(a); return port },
-	}).ParseFiles(path)
+func Render(path string, p Params) (Bootstrap, error) {
+	text, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap template: %w", err)
 	}
-	var buf bytes.Buffer
-	if err := t.Execute(&buf, p); err != nil {
+	out, err := renderTemplate(filepath.Base(path), string(text), p)
+	if err != nil {
 		return nil, fmt.Errorf("bootstrap template %s: %w", path, err)
 	}
-	var b bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(buf.Bytes(), &b); err != nil {
+	b, err := readBootstrap(out)
+	if err != nil {
 		return nil, fmt.Errorf("bootstrap template %s: result is not a v3 bootstrap: %w", path, err)
 	}
-	return &b, nil
+	return b, nil
 }
 
-func unixCluster(name, socket string) (*clusterv3.Cluster, error) {
-	opts, err := anypb.New(&http2v3.HttpProtocolOptions{
-		UpstreamProtocolOptions: &http2v3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &http2v3.HttpProtocolOptions_ExplicitHttpConfig{
-			ProtocolConfig: &http2v3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
-		}},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster %s: %w", name, err)
+// readBootstrap reads a bootstrap: one JSON object whose fields are all Bootstrap's.
+func readBootstrap(data []byte) (Bootstrap, error) {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber() // numbers are written back as they came
+	var b Bootstrap
+	if err := d.Decode(&b); err != nil {
+		return nil, err
 	}
-	return &clusterv3.Cluster{
-		Name:                          name,
-		ConnectTimeout:                durationpb.New(time.Second),
-		ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": opts},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{
-			ClusterName: name,
-			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
-				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-					Address: &corev3.Address{Address: &corev3.Address_Pipe{Pipe: &corev3.Pipe{Path: socket}}},
-				}},
-			}}}},
-		},
-	}, nil
+	if d.More() {
+		return nil, errors.New("more than one JSON value")
+	}
+	if b == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	var unknown []string
+	for k := range b {
+		if !bootstrapFields[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("unknown field %s", strings.Join(unknown, ", "))
+	}
+	return b, nil
 }
 
-// Write validates b and writes it as JSON to path atomically (temp file + rename).
-func Write(path string, b *bootstrapv3.Bootstrap) error {
-	if err := b.ValidateAll(); err != nil {
-		return fmt.Errorf("bootstrap invalid: %w", err)
+// bootstrapFields are the fields of envoy.config.bootstrap.v3.Bootstrap, as
+// protobuf's JSON mapping accepts them (the proto name and its lowerCamelCase).
+// A test checks them against the generated type.
+var bootstrapFields = func() map[string]bool {
+	m := map[string]bool{}
+	for _, f := range strings.Fields(`node node_context_params static_resources dynamic_resources cluster_manager
+		hds_config flags_path stats_sinks deferred_stat_options stats_config stats_flush_interval stats_flush_on_admin
+		watchdog watchdogs tracing layered_runtime admin overload_manager enable_dispatcher_stats header_prefix
+		stats_server_version_override use_tcp_for_dns_lookups dns_resolution_config typed_dns_resolver_config
+		bootstrap_extensions fatal_actions config_sources default_config_source default_socket_interface
+		certificate_provider_instances inline_headers perf_tracing_file_path default_regex_engine
+		xds_delegate_extension xds_config_tracker_extension listener_manager application_log_config
+		grpc_async_client_manager_config memory_allocator_manager stats_eviction_interval enable_worker_cpu_affinity`) {
+		m[f] = true
+		m[camel(f)] = true
 	}
-	data, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(b)
+	return m
+}()
+
+// camel is protobuf's JSON name of a snake_case field name.
+func camel(s string) string {
+	parts := strings.Split(s, "_")
+	for i := 1; i < len(parts); i++ {
+		if parts[i] != "" {
+			parts[i] = strings.ToUpper(parts[i][:1]) + parts[i][1:]
+		}
+	}
+	return strings.Join(parts, "")
+}
+
+// Write writes b as JSON to path atomically (temp file + rename).
+func Write(path string, b Bootstrap) error {
+	data, err := json.MarshalIndent(b, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode bootstrap: %w", err)
 	}

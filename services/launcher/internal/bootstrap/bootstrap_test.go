@@ -1,15 +1,122 @@
 package bootstrap
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
+
+// envoy is b as Envoy reads it: parsed with the generated types, unknown fields
+// refused, and checked with Envoy's own validation.
+func envoy(t *testing.T, b Bootstrap) *bootstrapv3.Bootstrap {
+	t.Helper()
+	data, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(data, &out); err != nil {
+		t.Fatalf("not a v3 bootstrap: %v\n%s", err, data)
+	}
+	if err := out.ValidateAll(); err != nil {
+		t.Fatalf("envoy's validation: %v", err)
+	}
+	return &out
+}
+
+// What Build writes is, field for field, the bootstrap the generated types build.
+func TestBuildIsTheGeneratedBootstrap(t *testing.T) {
+	n := Node{Type: "sidecar", IPs: []string{"10.0.0.7"}, Pod: "web-0", Namespace: "shop", DNSDomain: "shop.svc.cluster.local",
+		ServiceAccount: "web", ClusterID: "Kubernetes", Labels: map[string]string{"app": "web"}}
+	gw := Node{Type: "router", IPs: []string{"10.0.0.9"}, Pod: "gw-0", Namespace: "istio-system", DNSDomain: "istio-system.svc.cluster.local"}
+	for name, p := range map[string]Params{
+		"sidecar": {NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds", XDSSocket: "/p/XDS",
+			AdminAddr: "127.0.0.1:15000", StatsAddr: "0.0.0.0:15090"},
+		"router": {NodeID: gw.ID(), Cluster: gw.ServiceCluster(), Metadata: gw.Metadata(), SDSSocket: "/p/sds", XDSSocket: "/p/XDS",
+			CredentialSocket: "/p/credential-socket", AdminAddr: "[::1]:15000", StatsAddr: ":15090"},
+		"bare": {NodeID: "n", SDSSocket: "/s", XDSSocket: "/x", AdminAddr: "127.0.0.1:1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := Build(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "envoy.json")
+			if err := Write(path, b); err != nil {
+				t.Fatal(err)
+			}
+			back, err := Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := reference(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := envoy(t, back); !proto.Equal(got, want) {
+				t.Fatalf("wrote\n%v\nthe generated types build\n%v", got, want)
+			}
+			if back.NodeID() != p.NodeID {
+				t.Fatalf("node id %q", back.NodeID())
+			}
+		})
+	}
+}
+
+// Bad parameters are refused, as Envoy's validation refused them.
+func TestBuildRejectsWhatEnvoyRejects(t *testing.T) {
+	good := Params{NodeID: "n", SDSSocket: "/s", XDSSocket: "/x", AdminAddr: "127.0.0.1:15000", StatsAddr: "0.0.0.0:15090"}
+	for name, change := range map[string]func(*Params){
+		"no sds socket":  func(p *Params) { p.SDSSocket = "" },
+		"no xds socket":  func(p *Params) { p.XDSSocket = "" },
+		"admin port":     func(p *Params) { p.AdminAddr = "127.0.0.1:70000" },
+		"admin host":     func(p *Params) { p.AdminAddr = ":15000" },
+		"stats port":     func(p *Params) { p.StatsAddr = "0.0.0.0:http" },
+		"admin not addr": func(p *Params) { p.AdminAddr = "nope" },
+	} {
+		p := good
+		change(&p)
+		if _, err := Build(p); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+		if b, err := reference(p); err == nil && b.ValidateAll() == nil {
+			t.Errorf("%s: the generated types and Envoy's validation accept it", name)
+		}
+	}
+}
+
+// The fields a user's bootstrap may have are exactly Bootstrap's.
+func TestBootstrapFieldsAreTheGeneratedOnes(t *testing.T) {
+	fs := (&bootstrapv3.Bootstrap{}).ProtoReflect().Descriptor().Fields()
+	want := map[string]bool{}
+	for i := 0; i < fs.Len(); i++ {
+		want[string(fs.Get(i).Name())], want[fs.Get(i).JSONName()] = true, true
+	}
+	var missing, extra []string
+	for k := range want {
+		if !bootstrapFields[k] {
+			missing = append(missing, k)
+		}
+	}
+	for k := range bootstrapFields {
+		if !want[k] {
+			extra = append(extra, k)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	if len(missing)+len(extra) > 0 {
+		t.Fatalf("bootstrapFields lacks %v and has %v, which Bootstrap does not", missing, extra)
+	}
+}
 
 func TestBuildWritesValidBootstrapPointingAtSockets(t *testing.T) {
 	b, err := Build(Params{NodeID: "sidecar~web-0", Cluster: "web", SDSSocket: "/p/sds.sock", XDSSocket: "/p/XDS", AdminAddr: "127.0.0.1:15000"})
@@ -25,8 +132,8 @@ func TestBuildWritesValidBootstrapPointingAtSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back bootstrapv3.Bootstrap
-	if err := protojson.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
+	if err := protojson.Unmarshal(data, &back); err != nil || back.ValidateAll() != nil {
+		t.Fatal(err, back.ValidateAll())
 	}
 	pipes := map[string]string{}
 	for _, c := range back.GetStaticResources().GetClusters() {
@@ -55,14 +162,12 @@ func TestNodeAndStatsListener(t *testing.T) {
 	if n.ID() != "sidecar~10.0.0.7~web-0.shop~shop.svc.cluster.local" || n.ServiceCluster() != "web.shop" {
 		t.Fatalf("id %s cluster %s", n.ID(), n.ServiceCluster())
 	}
-	b, err := Build(Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds", XDSSocket: "/p/XDS",
+	built, err := Build(Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds", XDSSocket: "/p/XDS",
 		AdminAddr: "127.0.0.1:15000", StatsAddr: "0.0.0.0:15090"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ValidateAll(); err != nil {
-		t.Fatal(err)
-	}
+	b := envoy(t, built)
 	md := b.GetNode().GetMetadata().GetFields()
 	if md["NAMESPACE"].GetStringValue() != "shop" || md["INSTANCE_IPS"].GetStringValue() != "10.0.0.7,fd00::7" ||
 		md["CLUSTER_ID"].GetStringValue() != "Kubernetes" || md["MESH_ID"].GetStringValue() != "mesh1" ||
@@ -94,7 +199,7 @@ func TestCustomBootstrapAndTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := Load(custom)
-	if err != nil || b.GetNode().GetId() != "mine" {
+	if err != nil || b.NodeID() != "mine" {
 		t.Fatalf("Load = %v, %v", b, err)
 	}
 	tmpl := filepath.Join(dir, "b.tmpl")
@@ -102,15 +207,35 @@ func TestCustomBootstrapAndTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err = Render(tmpl, Params{NodeID: "sidecar~x", AdminAddr: "127.0.0.1:15000"})
-	if err != nil || b.GetNode().GetId() != "sidecar~x" || b.GetAdmin().GetAddress().GetSocketAddress().GetPortValue() != 15000 {
+	if err != nil || b.NodeID() != "sidecar~x" || envoy(t, b).GetAdmin().GetAddress().GetSocketAddress().GetPortValue() != 15000 {
 		t.Fatalf("Render = %v, %v", b, err)
 	}
-	bad := filepath.Join(dir, "bad.json")
-	if err := os.WriteFile(bad, []byte(`{"nodes": 1}`), 0o644); err != nil {
+	// Written back, a user's bootstrap is what the user wrote (numbers included).
+	out := filepath.Join(dir, "out.json")
+	if err := Write(out, b); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Fatalf("bad bootstrap: %v", err)
+	if data, _ := os.ReadFile(out); !strings.Contains(string(data), `"port_value": 15000`) {
+		t.Fatalf("written as %s", data)
+	}
+	for content, want := range map[string]string{
+		`{"nodes": 1}`:                      "unknown field nodes",
+		`{"node": {"id": "a"}} {"node": 1}`: "more than one JSON value",
+		`[1]`:                               "cannot unmarshal array",
+		`null`:                              "not a JSON object",
+		`{"node": `:                         "unexpected EOF",
+	} {
+		bad := filepath.Join(dir, "bad.json")
+		if err := os.WriteFile(bad, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), want) {
+			t.Errorf("bootstrap %s: %v, want %q", content, err, want)
+		}
+		var ref bootstrapv3.Bootstrap
+		if protojson.Unmarshal([]byte(content), &ref) == nil {
+			t.Errorf("bootstrap %s: the generated types accept it", content)
+		}
 	}
 }
 
@@ -118,14 +243,12 @@ func TestCustomBootstrapAndTemplate(t *testing.T) {
 // cluster on the gateway credential socket; a sidecar's has neither.
 func TestRouterBootstrap(t *testing.T) {
 	n := Node{Type: "router", IPs: []string{"10.0.0.9"}, Pod: "ingress-0", Namespace: "istio-system", DNSDomain: "istio-system.svc.cluster.local", RouterMode: "sni-dnat"}
-	b, err := Build(Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock",
+	built, err := Build(Params{NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock",
 		CredentialSocket: "/p/credential-socket", AdminAddr: "127.0.0.1:15000"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ValidateAll(); err != nil {
-		t.Fatal(err)
-	}
+	b := envoy(t, built)
 	if id := b.GetNode().GetId(); id != "router~10.0.0.9~ingress-0.istio-system~istio-system.svc.cluster.local" {
 		t.Fatalf("node id %q", id)
 	}
@@ -145,10 +268,10 @@ func TestRouterBootstrap(t *testing.T) {
 	}
 
 	side := Node{Type: "sidecar", IPs: []string{"10.0.0.7"}, Pod: "web-0", Namespace: "shop", DNSDomain: "shop.svc.cluster.local"}
-	b, err = Build(Params{NodeID: side.ID(), Metadata: side.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock", AdminAddr: "127.0.0.1:15000"})
-	if err != nil {
+	if built, err = Build(Params{NodeID: side.ID(), Metadata: side.Metadata(), SDSSocket: "/p/sds.sock", XDSSocket: "/p/xds.sock", AdminAddr: "127.0.0.1:15000"}); err != nil {
 		t.Fatal(err)
 	}
+	b = envoy(t, built)
 	if _, ok := b.GetNode().GetMetadata().GetFields()["ROUTER_MODE"]; ok {
 		t.Fatal("a sidecar has ROUTER_MODE")
 	}

@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	pb "istio.io/api/security/v1alpha1"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // Istio asks an Istio-compatible CA over gRPC (IstioCertificateService/
@@ -94,7 +94,7 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 	if req.Token == "" && c.clientCert == nil {
 		return Response{}, fmt.Errorf("%w: the gRPC CA needs a token or a client certificate", ErrRejected)
 	}
-	var resp *pb.IstioCertificateResponse
+	var resp *certificateResponse
 	var err error
 	if req.Token != "" {
 		resp, err = c.create(ctx, req, nil)
@@ -111,7 +111,7 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 		return Response{}, fmt.Errorf("create certificate: %w", err)
 	}
 	// Istio's reply carries the bundle only as the chain's last element, unendorsed.
-	pems := resp.GetCertChain()
+	pems := resp.CertChain
 	if len(pems) == 0 {
 		return Response{}, errors.New("create certificate: empty cert chain")
 	}
@@ -120,7 +120,7 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 
 // create sends one CreateCertificate on cc, or on the shared connection when cc is
 // nil, with the token as metadata when req has one.
-func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.ClientConn) (*pb.IstioCertificateResponse, error) {
+func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.ClientConn) (*certificateResponse, error) {
 	shared := cc == nil
 	if shared {
 		var err error
@@ -133,19 +133,22 @@ func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.Cli
 		md = append(md, "authorization", "Bearer "+req.Token)
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, md...)
-	resp, err := pb.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx, &pb.IstioCertificateRequest{
-		Csr: req.CSR, ValidityDuration: int64(req.TTL / time.Second),
-	})
-	if err != nil && shared {
-		c.reset()
+	resp := &certificateResponse{}
+	err := cc.Invoke(ctx, createCertificate, &certificateRequest{CSR: req.CSR, ValidityDuration: int64(req.TTL / time.Second)},
+		resp, grpc.ForceCodecV2(xdswire.Codec{}))
+	if err != nil {
+		if shared {
+			c.reset()
+		}
+		return nil, err
 	}
-	return resp, err
+	return resp, nil
 }
 
 // byCert sends req without a token over a connection of its own that presents the
 // client certificate, closed after the one call: the next renewal presents the
 // certificate current then, not the one this connection was made with.
-func (c *Istio) byCert(ctx context.Context, req events.SignRequest) (*pb.IstioCertificateResponse, error) {
+func (c *Istio) byCert(ctx context.Context, req events.SignRequest) (*certificateResponse, error) {
 	if c.plaintext {
 		return nil, status.Error(codes.FailedPrecondition, "renewal by certificate needs TLS to the CA (not port 15010)")
 	}

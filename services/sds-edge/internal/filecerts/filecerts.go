@@ -132,11 +132,7 @@ func (f *Files) add(s source) error {
 }
 
 func (f *Files) set(sec sdsclient.Secret) {
-	e, n, err := f.store.Set(sec)
-	if err != nil {
-		f.log.Error("cannot store secret", "resource", sec.Name, "error", err)
-		return
-	}
+	e, n := f.store.Set(sec)
 	if f.changed != nil {
 		f.changed(e, n)
 	}
@@ -232,7 +228,7 @@ func (f *Files) reload() {
 			continue
 		}
 		if old, ok := f.store.Get(s.name); ok {
-			if e, n, err := f.store.Set(sec); err == nil && e != old && f.changed != nil {
+			if e, n := f.store.Set(sec); e != old && f.changed != nil {
 				f.log.Info("file secret changed", "resource", s.name, "version", e.Version)
 				f.changed(e, n)
 			}

@@ -55,10 +55,5 @@ func (m *Manager) publishSPIFFE(rootsPEM []byte) {
 		m.log.Error("cannot build the SPIFFE validation context", "error", err)
 		return
 	}
-	e, n, err := m.store.SetSecret(sec)
-	if err != nil {
-		m.log.Error("cannot store secret", "resource", secrets.SPIFFERootCA, "error", err)
-		return
-	}
-	m.obs.Changed(e, n)
+	m.obs.Changed(m.store.Set(sec))
 }

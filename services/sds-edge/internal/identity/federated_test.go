@@ -7,10 +7,12 @@ import (
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
@@ -99,8 +101,8 @@ func spiffeDomains(t *testing.T, store *secrets.Store) []*tlsv3.SPIFFECertValida
 	}
 	var sec tlsv3.Secret
 	var cfg tlsv3.SPIFFECertValidatorConfig
-	if err := e.Any.UnmarshalTo(&sec); err != nil {
-		t.Fatal(err)
+	if err := proto.Unmarshal(e.Any.Value, &sec); err != nil || e.Any.TypeURL != sdsclient.SecretTypeURL {
+		t.Fatalf("%s: %v", e.Any.TypeURL, err)
 	}
 	if err := sec.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
 		t.Fatal(err)

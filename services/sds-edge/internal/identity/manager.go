@@ -474,12 +474,7 @@ func (m *Manager) publish(cert, roots bool) {
 }
 
 func (m *Manager) set(s sdsclient.Secret) {
-	e, n, err := m.store.Set(s)
-	if err != nil {
-		m.log.Error("cannot store secret", "resource", s.Name, "error", err)
-		return
-	}
-	m.obs.Changed(e, n)
+	m.obs.Changed(m.store.Set(s))
 }
 
 func trimAll(ss []string) []string {

@@ -3,24 +3,24 @@ package sds
 import (
 	"sort"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
 // DeltaSecrets is the incremental stream: clients subscribe and unsubscribe by name
 // and get only the resources whose version changed since they last got them.
-func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecretsServer) error {
+func (s *Server) DeltaSecrets(stream grpc.ServerStream) error {
 	s.obs.Stream("delta", 1)
 	defer s.obs.Stream("delta", -1)
 	ctx := stream.Context()
-	reqs := make(chan *discoveryv3.DeltaDiscoveryRequest)
+	reqs := make(chan *xdswire.DeltaDiscoveryRequest)
 	errc := make(chan error, 1)
-	go recvLoop(ctx, stream.Recv, reqs, errc)
+	go recvLoop(ctx, stream, reqs, errc)
 
 	w := s.store.NewWatch()
 	defer w.Close()
@@ -45,11 +45,11 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 		if len(changed) == 0 {
 			return nil
 		}
-		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), SystemVersionInfo: versionOf(changed)}
+		resp := &xdswire.DeltaDiscoveryResponse{TypeURL: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), SystemVersionInfo: versionOf(changed)}
 		for _, e := range changed {
-			resp.Resources = append(resp.Resources, &discoveryv3.Resource{Name: e.Name, Version: e.Version, Resource: e.Any})
+			resp.Resources = append(resp.Resources, xdswire.Resource{Name: e.Name, Version: e.Version, Resource: &e.Any})
 		}
-		if err := stream.Send(resp); err != nil {
+		if err := stream.SendMsg(resp); err != nil {
 			return err
 		}
 		var sentNames []string
@@ -76,34 +76,34 @@ func (s *Server) DeltaSecrets(stream secretv3.SecretDiscoveryService_DeltaSecret
 			}
 		case req := <-reqs:
 			if node == "" {
-				if node = req.GetNode().GetId(); node == "" {
+				if node = req.NodeID; node == "" {
 					return status.Error(codes.InvalidArgument, "node id required on the first request")
 				}
-				for n, v := range req.GetInitialResourceVersions() {
+				for n, v := range req.InitialResourceVersions {
 					sent[n] = v // the client already holds these: resend only on change
 				}
 			}
-			if err := checkType(req.GetTypeUrl()); err != nil {
+			if err := checkType(req.TypeURL); err != nil {
 				return err
 			}
-			if nonce := req.GetResponseNonce(); nonce != "" {
-				if d := req.GetErrorDetail(); d != nil {
+			if nonce := req.ResponseNonce; nonce != "" {
+				if d := req.ErrorDetail; d != nil {
 					if names, ok := nonces[nonce]; ok {
-						s.log.Warn("secret nacked", "node", node, "names", names, "nonce", nonce, "error", d.GetMessage())
-						s.obs.Nacked(node, names, "", nonce, d.GetMessage())
+						s.log.Warn("secret nacked", "node", node, "names", names, "nonce", nonce, "error", d.Message)
+						s.obs.Nacked(node, names, "", nonce, d.Message)
 					}
 				}
 			}
-			if err := s.checkNames(req.GetResourceNamesSubscribe()); err != nil {
+			if err := s.checkNames(req.Subscribe); err != nil {
 				return err
 			}
-			for _, n := range req.GetResourceNamesSubscribe() {
+			for _, n := range req.Subscribe {
 				subs[n] = true
 			}
-			if len(req.GetResourceNamesSubscribe()) > 0 {
-				s.obs.Asked(node, req.GetResourceNamesSubscribe())
+			if len(req.Subscribe) > 0 {
+				s.obs.Asked(node, req.Subscribe)
 			}
-			for _, n := range req.GetResourceNamesUnsubscribe() {
+			for _, n := range req.Unsubscribe {
 				delete(subs, n)
 				delete(sent, n)
 			}

@@ -38,7 +38,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 16))
+	g := grpc.NewServer(append(ServerOptions(), grpc.MaxConcurrentStreams(1<<16))...)
 	l.srv.Register(g)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()

@@ -2,11 +2,14 @@
 // store on a unix socket: StreamSecrets (state of the world), DeltaSecrets
 // (incremental) and FetchSecrets, with real versions, nonces, ACK and NACK.
 //
-// It is written on the generated gRPC interfaces rather than on go-control-plane's
-// server and snapshot cache because SDS needs semantics that cache does not give:
-// an unknown resource name must fail the stream instead of waiting forever, resources
-// are resolved lazily (file-cert:, file-root:), a push must wake only the streams that
-// watch the changed resource, and every NACK and serve must reach our events.
+// It is written on gRPC directly rather than on go-control-plane's server and
+// snapshot cache because SDS needs semantics that cache does not give: an unknown
+// resource name must fail the stream instead of waiting forever, resources are
+// resolved lazily (file-cert:, file-root:), a push must wake only the streams that
+// watch the changed resource, and every NACK and serve must reach our events. Its
+// messages are pkg/xdswire's, registered with a hand-written service description
+// and xdswire's codec, so that sds-edge links none of go-control-plane's generated
+// types (docs/benchmarks.md, "Per-pod memory"); its tests talk to it with them.
 package sds
 
 import (
@@ -17,15 +20,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
@@ -44,22 +45,57 @@ type Observer interface {
 
 // Server implements the SDS gRPC service.
 type Server struct {
-	secretv3.UnimplementedSecretDiscoveryServiceServer
 	store *secrets.Store
 	obs   Observer
 	log   hclog.Logger
 	nonce atomic.Uint64
 }
 
-var _ secretv3.SecretDiscoveryServiceServer = (*Server)(nil)
-
 // New returns a server over store.
 func New(store *secrets.Store, obs Observer, log hclog.Logger) *Server {
 	return &Server{store: store, obs: obs, log: log}
 }
 
-// Register adds the service to g.
-func (s *Server) Register(g *grpc.Server) { secretv3.RegisterSecretDiscoveryServiceServer(g, s) }
+// ServerOptions are the options a gRPC server needs to serve this service: its
+// messages are xdswire's, so the server must use xdswire's codec (every service
+// on that server must then speak xdswire's messages).
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(xdswire.Codec{})}
+}
+
+// Register adds the service to g, which must have been made with ServerOptions.
+func (s *Server) Register(g *grpc.Server) { g.RegisterService(&serviceDesc, s) }
+
+// serviceDesc is envoy.service.secret.v3.SecretDiscoveryService, as the generated
+// code describes it, with handlers on xdswire's messages.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: "envoy.service.secret.v3.SecretDiscoveryService",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{MethodName: "FetchSecrets", Handler: func(srv any, ctx context.Context, dec func(any) error,
+		in grpc.UnaryServerInterceptor) (any, error) {
+		req := &xdswire.DiscoveryRequest{}
+		if err := dec(req); err != nil {
+			return nil, err
+		}
+		s := srv.(*Server)
+		if in == nil {
+			return s.FetchSecrets(ctx, req)
+		}
+		info := &grpc.UnaryServerInfo{Server: srv, FullMethod: "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets"}
+		return in(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+			return s.FetchSecrets(ctx, req.(*xdswire.DiscoveryRequest))
+		})
+	}}},
+	Streams: []grpc.StreamDesc{
+		{StreamName: "DeltaSecrets", ServerStreams: true, ClientStreams: true, Handler: func(srv any, st grpc.ServerStream) error {
+			return srv.(*Server).DeltaSecrets(st)
+		}},
+		{StreamName: "StreamSecrets", ServerStreams: true, ClientStreams: true, Handler: func(srv any, st grpc.ServerStream) error {
+			return srv.(*Server).StreamSecrets(st)
+		}},
+	},
+	Metadata: "envoy/service/secret/v3/sds.proto",
+}
 
 func (s *Server) nextNonce() string { return strconv.FormatUint(s.nonce.Add(1), 36) }
 
@@ -84,28 +120,28 @@ func (s *Server) checkNames(names []string) error {
 }
 
 // FetchSecrets answers one request with the current value of every named resource.
-func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
+func (s *Server) FetchSecrets(ctx context.Context, req *xdswire.DiscoveryRequest) (*xdswire.DiscoveryResponse, error) {
 	s.obs.Stream("fetch", 1)
 	defer s.obs.Stream("fetch", -1)
-	node := req.GetNode().GetId()
+	node := req.NodeID
 	if node == "" {
 		return nil, status.Error(codes.InvalidArgument, "node id required")
 	}
-	if err := checkType(req.GetTypeUrl()); err != nil {
+	if err := checkType(req.TypeURL); err != nil {
 		return nil, err
 	}
-	if len(req.GetResourceNames()) == 0 {
+	if len(req.ResourceNames) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "resource_names required")
 	}
-	if err := s.checkNames(req.GetResourceNames()); err != nil {
+	if err := s.checkNames(req.ResourceNames); err != nil {
 		return nil, err
 	}
-	s.obs.Asked(node, req.GetResourceNames())
-	entries, err := s.await(ctx, req.GetResourceNames())
+	s.obs.Asked(node, req.ResourceNames)
+	entries, err := s.await(ctx, req.ResourceNames)
 	if err != nil {
 		return nil, err
 	}
-	resp := &discoveryv3.DiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), VersionInfo: versionOf(entries)}
+	resp := &xdswire.DiscoveryResponse{TypeURL: sdsclient.SecretTypeURL, Nonce: s.nextNonce(), VersionInfo: versionOf(entries)}
 	for _, e := range entries {
 		resp.Resources = append(resp.Resources, e.Any)
 		s.obs.Served(node, e)
@@ -152,8 +188,8 @@ func versionOf(entries []*secrets.Entry) string {
 	return strconv.FormatUint(max, 10)
 }
 
-func anys(entries []*secrets.Entry) []*anypb.Any {
-	out := make([]*anypb.Any, len(entries))
+func anys(entries []*secrets.Entry) []xdswire.Any {
+	out := make([]xdswire.Any, len(entries))
 	for i, e := range entries {
 		out[i] = e.Any
 	}
@@ -161,10 +197,13 @@ func anys(entries []*secrets.Entry) []*anypb.Any {
 }
 
 // recvLoop feeds a stream's requests into a channel until it ends.
-func recvLoop[T any](ctx context.Context, recv func() (T, error), reqs chan<- T, errc chan<- error) {
+func recvLoop[T any, M interface {
+	*T
+	xdswire.Message
+}](ctx context.Context, st grpc.ServerStream, reqs chan<- M, errc chan<- error) {
 	for {
-		r, err := recv()
-		if err != nil {
+		r := M(new(T))
+		if err := st.RecvMsg(r); err != nil {
 			errc <- err
 			return
 		}

@@ -3,12 +3,12 @@ package sds
 import (
 	"slices"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // StreamSecrets is the state-of-the-world stream Envoy opens per SDS secret.
@@ -16,13 +16,13 @@ import (
 // A response carries every watched resource that has a value. A request whose nonce
 // is not the last one sent is stale and ignored; one with error_detail is a NACK: it
 // is reported and nothing is resent until the resource changes again.
-func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecretsServer) error {
+func (s *Server) StreamSecrets(stream grpc.ServerStream) error {
 	s.obs.Stream("stream", 1)
 	defer s.obs.Stream("stream", -1)
 	ctx := stream.Context()
-	reqs := make(chan *discoveryv3.DiscoveryRequest)
+	reqs := make(chan *xdswire.DiscoveryRequest)
 	errc := make(chan error, 1)
-	go recvLoop(ctx, stream.Recv, reqs, errc)
+	go recvLoop(ctx, stream, reqs, errc)
 
 	w := s.store.NewWatch()
 	defer w.Close()
@@ -44,9 +44,9 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 		if !changed {
 			return nil
 		}
-		resp := &discoveryv3.DiscoveryResponse{TypeUrl: sdsclient.SecretTypeURL, VersionInfo: versionOf(entries),
+		resp := &xdswire.DiscoveryResponse{TypeURL: sdsclient.SecretTypeURL, VersionInfo: versionOf(entries),
 			Resources: anys(entries), Nonce: s.nextNonce()}
-		if err := stream.Send(resp); err != nil {
+		if err := stream.SendMsg(resp); err != nil {
 			return err
 		}
 		for _, e := range entries {
@@ -70,28 +70,28 @@ func (s *Server) StreamSecrets(stream secretv3.SecretDiscoveryService_StreamSecr
 			}
 		case req := <-reqs:
 			if node == "" {
-				if node = req.GetNode().GetId(); node == "" {
+				if node = req.NodeID; node == "" {
 					return status.Error(codes.InvalidArgument, "node id required on the first request")
 				}
 			}
-			if err := checkType(req.GetTypeUrl()); err != nil {
+			if err := checkType(req.TypeURL); err != nil {
 				return err
 			}
-			if nonce := req.GetResponseNonce(); nonce != "" {
+			if nonce := req.ResponseNonce; nonce != "" {
 				if nonce != lastNonce {
 					continue // stale: an answer to a response we have since replaced
 				}
-				if d := req.GetErrorDetail(); d != nil {
-					s.log.Warn("secret nacked", "node", node, "names", names, "version", lastVer, "nonce", nonce, "error", d.GetMessage())
-					s.obs.Nacked(node, names, lastVer, nonce, d.GetMessage())
+				if d := req.ErrorDetail; d != nil {
+					s.log.Warn("secret nacked", "node", node, "names", names, "version", lastVer, "nonce", nonce, "error", d.Message)
+					s.obs.Nacked(node, names, lastVer, nonce, d.Message)
 					continue
 				}
 			}
-			if !slices.Equal(req.GetResourceNames(), names) {
-				if err := s.checkNames(req.GetResourceNames()); err != nil {
+			if !slices.Equal(req.ResourceNames, names) {
+				if err := s.checkNames(req.ResourceNames); err != nil {
 					return err
 				}
-				names = slices.Clone(req.GetResourceNames())
+				names = slices.Clone(req.ResourceNames)
 				s.obs.Asked(node, names)
 				for n := range sent {
 					if !slices.Contains(names, n) {

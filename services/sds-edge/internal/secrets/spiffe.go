@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"sort"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // SPIFFERootCA names the validation context that verifies a peer against the
@@ -19,51 +18,32 @@ import (
 const SPIFFERootCA = "ROOTCA_SPIFFE"
 
 // SPIFFEValidatorName is Envoy's name of the SPIFFE certificate validator.
-const SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
+const SPIFFEValidatorName = xdswire.SPIFFEValidatorName
 
 // SPIFFEValidation builds the SPIFFERootCA secret from PEM roots by trust
 // domain. Every name must be a trust domain and every bundle non-empty.
-func SPIFFEValidation(bundles map[string][]byte) (*tlsv3.Secret, error) {
+func SPIFFEValidation(bundles map[string][]byte) (xdswire.Secret, error) {
 	if len(bundles) == 0 {
-		return nil, errors.New("spiffe validation: no trust domain")
+		return xdswire.Secret{}, errors.New("spiffe validation: no trust domain")
 	}
 	names := make([]string, 0, len(bundles))
 	for n := range bundles {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	cfg := &tlsv3.SPIFFECertValidatorConfig{}
+	sec := xdswire.Secret{Name: SPIFFERootCA, SPIFFE: []xdswire.TrustDomain{}}
 	var errs []error
 	for _, n := range names {
 		if _, err := spiffeid.TrustDomainFromString(n); err != nil || len(parseAll(bundles[n])) == 0 {
 			errs = append(errs, fmt.Errorf("trust domain %q: a valid name and PEM roots are required", n))
 			continue
 		}
-		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
-			Name: n, TrustBundle: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: bundles[n]}},
-		})
+		sec.SPIFFE = append(sec.SPIFFE, xdswire.TrustDomain{Name: n, Bundle: bundles[n]})
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return xdswire.Secret{}, errors.Join(errs...)
 	}
-	typed, err := anypb.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &tlsv3.Secret{Name: SPIFFERootCA, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-		CustomValidatorConfig: &corev3.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: typed},
-	}}}, nil
-}
-
-// SetSecret stores an already built secret (the SPIFFE validation context)
-// under its name, as Set does for the PEM secrets.
-func (s *Store) SetSecret(sec *tlsv3.Secret) (*Entry, int, error) {
-	a, err := anypb.New(sec)
-	if err != nil {
-		return nil, 0, fmt.Errorf("encode secret %q: %w", sec.GetName(), err)
-	}
-	e, n := s.put(&Entry{Name: sec.GetName(), Any: a})
-	return e, n, nil
+	return sec, nil
 }
 
 // WithAliases returns bundles plus home's roots under each trust domain alias

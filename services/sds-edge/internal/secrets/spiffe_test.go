@@ -5,6 +5,7 @@ import (
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
@@ -16,7 +17,15 @@ func TestSPIFFEValidationKeepsDomainsApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cv := sec.GetValidationContext().GetCustomValidatorConfig()
+	// Read as Envoy reads it, with the generated types.
+	var envoySec tlsv3.Secret
+	if err := proto.Unmarshal(sec.AppendWire(nil), &envoySec); err != nil {
+		t.Fatal(err)
+	}
+	if err := envoySec.ValidateAll(); err != nil || envoySec.GetName() != SPIFFERootCA {
+		t.Fatalf("secret %q: envoy's own validation: %v", envoySec.GetName(), err)
+	}
+	cv := envoySec.GetValidationContext().GetCustomValidatorConfig()
 	if cv.GetName() != SPIFFEValidatorName {
 		t.Fatalf("validator = %q", cv.GetName())
 	}
@@ -39,10 +48,10 @@ func TestSPIFFEValidationKeepsDomainsApart(t *testing.T) {
 	w := s.NewWatch()
 	defer w.Close()
 	w.Set([]string{SPIFFERootCA})
-	if _, n, err := s.SetSecret(sec); err != nil || n != 1 {
-		t.Fatalf("SetSecret: woke %d, %v", n, err)
+	if _, n := s.Set(sec); n != 1 {
+		t.Fatalf("Set: woke %d", n)
 	}
-	if _, n, _ := s.SetSecret(sec); n != 0 {
+	if _, n := s.Set(sec); n != 0 {
 		t.Fatal("an identical secret woke a watch")
 	}
 	for _, bad := range []map[string][]byte{nil, {"BAD DOMAIN": []byte(east.PEM())}, {"east.example": []byte("not pem")}} {

@@ -12,9 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/types/known/anypb"
-
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // Resource names.
@@ -40,9 +39,9 @@ type Resolver interface {
 type Entry struct {
 	Name     string
 	Version  string
-	Any      *anypb.Any
-	Serial   string    // leaf serial of a certificate resource
-	NotAfter time.Time // earliest expiry among its certificates
+	Any      xdswire.Any // the encoded Secret
+	Serial   string      // leaf serial of a certificate resource
+	NotAfter time.Time   // earliest expiry among its certificates
 }
 
 // Names says which resource names a store serves: fixed names, set by their owner
@@ -118,12 +117,8 @@ func (s *Store) Check(name string) error {
 // Set stores sec under its name with a new version and wakes every watch on it. It
 // returns the new entry and how many watches were woken. An identical value is not a
 // change: it returns the current entry and 0.
-func (s *Store) Set(sec sdsclient.Secret) (*Entry, int, error) {
-	a, err := anypb.New(sdsclient.EncodeSecret(sec))
-	if err != nil {
-		return nil, 0, fmt.Errorf("encode secret %q: %w", sec.Name, err)
-	}
-	e := &Entry{Name: sec.Name, Any: a}
+func (s *Store) Set(sec sdsclient.Secret) (*Entry, int) {
+	e := &Entry{Name: sec.Name, Any: sec.Any()}
 	pemData := sec.CertChain
 	if len(pemData) == 0 {
 		pemData = sec.TrustedCA
@@ -139,8 +134,7 @@ func (s *Store) Set(sec sdsclient.Secret) (*Entry, int, error) {
 			}
 		}
 	}
-	e, n := s.put(e)
-	return e, n, nil
+	return s.put(e)
 }
 
 // put stores e (Name and Any set) with a new version and wakes every watch on it,
@@ -148,7 +142,7 @@ func (s *Store) Set(sec sdsclient.Secret) (*Entry, int, error) {
 func (s *Store) put(e *Entry) (*Entry, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.entries[e.Name]; ok && string(old.Any.GetValue()) == string(e.Any.GetValue()) {
+	if old, ok := s.entries[e.Name]; ok && string(old.Any.Value) == string(e.Any.Value) {
 		return old, 0
 	}
 	s.gen++

@@ -45,9 +45,9 @@ func TestSetWakesOnlyWatchersAndVersions(t *testing.T) {
 	wDef.Set([]string{Default})
 	wRoot.Set([]string{RootCA})
 
-	e1, n, err := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-1")})
-	if err != nil || n != 1 || e1.Version != "1" {
-		t.Fatalf("set = %+v %d %v", e1, n, err)
+	e1, n := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-1")})
+	if n != 1 || e1.Version != "1" {
+		t.Fatalf("set = %+v %d", e1, n)
 	}
 	select {
 	case <-wRoot.C():
@@ -60,11 +60,11 @@ func TestSetWakesOnlyWatchersAndVersions(t *testing.T) {
 	default:
 	}
 	// The same value again is not a change.
-	e2, n, _ := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-1")})
+	e2, n := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-1")})
 	if e2 != e1 || n != 0 {
 		t.Fatalf("identical set made version %s and woke %d", e2.Version, n)
 	}
-	e3, _, _ := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-2")})
+	e3, _ := s.Set(sdsclient.Secret{Name: RootCA, TrustedCA: []byte("roots-2")})
 	if e3.Version != "2" {
 		t.Fatalf("version %s, want 2", e3.Version)
 	}

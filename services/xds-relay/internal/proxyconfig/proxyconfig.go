@@ -2,7 +2,9 @@
 // upstream stream (the relay asks for it itself; Envoy never sees it) and hands
 // its extra trust anchors (ProxyConfig.ca_certificates_pem) to the pod's sds-edge,
 // by publishing events.TrustAnchors on events.PodAnchorsSubject(pod), and to the
-// relay's own upstream TLS verification.
+// relay's own upstream TLS verification. It reads that one field off the wire
+// rather than link istio.io/api's generated types (docs/benchmarks.md, "Per-pod
+// memory"); its tests encode ProxyConfig with them.
 package proxyconfig
 
 import (
@@ -15,10 +17,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
-	meshv1alpha1 "istio.io/api/mesh/v1alpha1"
 )
 
 // TypeURL is Istio's ProxyConfig type, as istiod's PCDS serves it.
@@ -69,11 +71,11 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 		if a.GetTypeUrl() != TypeURL {
 			return fmt.Errorf("resource %d: type %q, want %s", i, a.GetTypeUrl(), TypeURL)
 		}
-		var pc meshv1alpha1.ProxyConfig
-		if err := proto.Unmarshal(a.GetValue(), &pc); err != nil {
+		pems, err := caCertificatesPEM(a.GetValue())
+		if err != nil {
 			return fmt.Errorf("resource %d: decode ProxyConfig: %w", i, err)
 		}
-		for j, p := range pc.GetCaCertificatesPem() {
+		for j, p := range pems {
 			cs, err := pki.ParseCertsPEM([]byte(p))
 			if err != nil {
 				return fmt.Errorf("resource %d: ca_certificates_pem[%d]: %w", i, j, err)
@@ -118,4 +120,19 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 	h.last = roots
 	h.log.Info("trust anchors updated", "count", len(roots), "subject", h.subject)
 	return nil
+}
+
+// caCertificatesPEM is ProxyConfig.ca_certificates_pem (field 34, repeated
+// string) of the ProxyConfig b; every other field is skipped.
+func caCertificatesPEM(b []byte) ([]string, error) {
+	var pems []string
+	err := xdswire.Fields(b, func(f xdswire.Field) error {
+		if !f.Is(34, protowire.BytesType) {
+			return nil
+		}
+		s, err := f.String()
+		pems = append(pems, s)
+		return err
+	})
+	return pems, err
 }

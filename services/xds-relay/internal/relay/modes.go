@@ -1,12 +1,9 @@
 package relay
 
 import (
-	"fmt"
-
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 const adsService = "envoy.service.discovery.v3.AggregatedDiscoveryService"
@@ -17,9 +14,9 @@ type mode struct {
 	method    string // full gRPC method name
 	req, resp fieldNums
 	// subscribe is the relay's own request for an agent-consumed type.
-	subscribe func(typeURL string) proto.Message
+	subscribe func(typeURL string) xdswire.Message
 	// reply ACKs (detail nil) or NACKs a consumed response.
-	reply func(h header, detail *statuspb.Status) proto.Message
+	reply func(h header, detail *xdswire.Status) xdswire.Message
 	// resources decodes a consumed response's resources.
 	resources func(b []byte) ([]*anypb.Any, error)
 }
@@ -29,18 +26,22 @@ var sotw = mode{
 	method: "/" + adsService + "/StreamAggregatedResources",
 	req:    sotwRequest,
 	resp:   sotwResponse,
-	subscribe: func(t string) proto.Message {
-		return &discoveryv3.DiscoveryRequest{TypeUrl: t}
+	subscribe: func(t string) xdswire.Message {
+		return &xdswire.DiscoveryRequest{TypeURL: t}
 	},
-	reply: func(h header, d *statuspb.Status) proto.Message {
-		return &discoveryv3.DiscoveryRequest{TypeUrl: string(h.TypeURL), VersionInfo: string(h.Version), ResponseNonce: string(h.Nonce), ErrorDetail: d}
+	reply: func(h header, d *xdswire.Status) xdswire.Message {
+		return &xdswire.DiscoveryRequest{TypeURL: string(h.TypeURL), VersionInfo: string(h.Version), ResponseNonce: string(h.Nonce), ErrorDetail: d}
 	},
 	resources: func(b []byte) ([]*anypb.Any, error) {
-		var r discoveryv3.DiscoveryResponse
-		if err := proto.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("decode discovery response: %w", err)
+		var r xdswire.DiscoveryResponse
+		if err := r.UnmarshalWire(b); err != nil {
+			return nil, err
 		}
-		return r.Resources, nil
+		out := make([]*anypb.Any, len(r.Resources))
+		for i, a := range r.Resources {
+			out[i] = &anypb.Any{TypeUrl: a.TypeURL, Value: a.Value}
+		}
+		return out, nil
 	},
 }
 
@@ -49,21 +50,21 @@ var delta = mode{
 	method: "/" + adsService + "/DeltaAggregatedResources",
 	req:    deltaRequest,
 	resp:   deltaResponse,
-	subscribe: func(t string) proto.Message {
-		return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: t}
+	subscribe: func(t string) xdswire.Message {
+		return &xdswire.DeltaDiscoveryRequest{TypeURL: t}
 	},
-	reply: func(h header, d *statuspb.Status) proto.Message {
-		return &discoveryv3.DeltaDiscoveryRequest{TypeUrl: string(h.TypeURL), ResponseNonce: string(h.Nonce), ErrorDetail: d}
+	reply: func(h header, d *xdswire.Status) xdswire.Message {
+		return &xdswire.DeltaDiscoveryRequest{TypeURL: string(h.TypeURL), ResponseNonce: string(h.Nonce), ErrorDetail: d}
 	},
 	resources: func(b []byte) ([]*anypb.Any, error) {
-		var r discoveryv3.DeltaDiscoveryResponse
-		if err := proto.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("decode delta discovery response: %w", err)
+		var r xdswire.DeltaDiscoveryResponse
+		if err := r.UnmarshalWire(b); err != nil {
+			return nil, err
 		}
 		out := make([]*anypb.Any, 0, len(r.Resources))
 		for _, res := range r.Resources {
-			if res.GetResource() != nil {
-				out = append(out, res.GetResource())
+			if res.Resource != nil {
+				out = append(out, &anypb.Any{TypeUrl: res.Resource.TypeURL, Value: res.Resource.Value})
 			}
 		}
 		return out, nil

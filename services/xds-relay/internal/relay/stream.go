@@ -7,14 +7,12 @@ import (
 	"io"
 	"strconv"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/meshagent/meshagent/pkg/events"
-	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // errDownstreamClosed ends a stream when Envoy goes away.
@@ -149,9 +147,7 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 		if first {
 			first = false
 			for t := range st.s.handlers {
-				if err := st.send(st.reqSeries, st.mode.subscribe(t)); err != nil {
-					return err
-				}
+				st.send(st.reqSeries, st.mode.subscribe(t))
 			}
 		}
 	}
@@ -226,29 +222,26 @@ func (st *stream) consume(ctx context.Context, hd Handler, h header, f *frame) e
 	if err == nil {
 		err = hd.Handle(ctx, res)
 	}
-	var detail *statuspb.Status
+	var detail *xdswire.Status
 	if err != nil {
 		st.s.log.Warn("rejecting agent resource", "stream", st.id, "type", string(h.TypeURL), "nonce", string(h.Nonce), "error", err)
 		st.s.m.consumed.WithLabelValues(label, "nack").Inc()
 		st.s.m.nacks.WithLabelValues(label).Inc()
-		detail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+		detail = &xdswire.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
 	} else {
 		st.s.m.consumed.WithLabelValues(label, "ack").Inc()
 	}
-	return st.send(st.respSeries, st.mode.reply(h, detail))
+	st.send(st.respSeries, st.mode.reply(h, detail))
+	return nil
 }
 
 // send queues a request of the relay's own, counted in the caller's series.
-func (st *stream) send(series *streamSeries, m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("encode own request: %w", err)
-	}
+func (st *stream) send(series *streamSeries, m xdswire.Message) {
+	b := m.AppendWire(nil)
 	f := bytesFrame(b)
 	h, _ := parse(f.data, st.mode.req)
 	countRequest(series, h.TypeURL, len(b))
 	st.q.push(f)
-	return nil
 }
 
 func countRequest(series *streamSeries, typeURL []byte, n int) {
@@ -260,9 +253,8 @@ func countRequest(series *streamSeries, typeURL []byte, n int) {
 func (st *stream) connected(h header) {
 	node := ""
 	if h.Node != nil {
-		var n corev3.Node
-		if err := proto.Unmarshal(h.Node, &n); err == nil {
-			node = n.GetId()
+		if id, err := xdswire.DecodeNodeID(h.Node); err == nil {
+			node = id
 		}
 	}
 	st.s.log.Info("stream connected", "stream", st.id, "mode", st.mode.name, "node", node)
@@ -271,10 +263,9 @@ func (st *stream) connected(h header) {
 }
 
 func (st *stream) nack(h header) {
-	var s statuspb.Status
 	detail := ""
-	if err := proto.Unmarshal(h.ErrorDetail, &s); err == nil {
-		detail = s.GetMessage()
+	if s, err := xdswire.DecodeStatus(h.ErrorDetail); err == nil {
+		detail = s.Message
 	}
 	st.s.m.nacks.WithLabelValues(st.reqSeries.of(h.TypeURL).label).Inc()
 	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", string(h.TypeURL), "nonce", string(h.Nonce), "version", string(h.Version), "error", detail)

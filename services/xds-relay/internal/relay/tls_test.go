@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/sdsclient/sdstest"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
@@ -48,8 +49,8 @@ func startSDS(t testing.TB, nodeID string, workload tls.Certificate, roots ...*x
 		}
 		version++
 		snap, err := cache.NewSnapshot(strconv.Itoa(version), map[resource.Type][]types.Resource{resource.SecretType: {
-			sdsclient.EncodeSecret(sdsclient.Secret{Name: "default", CertChain: pki.EncodeCertPEM(w.Leaf), PrivateKey: keyPEM}),
-			sdsclient.EncodeSecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: pki.EncodeCertsPEM(roots)}),
+			sdstest.EnvoySecret(sdsclient.Secret{Name: "default", CertChain: pki.EncodeCertPEM(w.Leaf), PrivateKey: keyPEM}),
+			sdstest.EnvoySecret(sdsclient.Secret{Name: "ROOTCA", TrustedCA: pki.EncodeCertsPEM(roots)}),
 		}})
 		if err != nil {
 			t.Fatal(err)
