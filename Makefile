@@ -31,7 +31,7 @@ IMAGES := signer rotator sds-edge xds-relay launcher meshctl nats-server
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := deploy/compose/compose.yaml
 
-.PHONY: build run test test-short test-compose bench lint vet tidy clean images compose-up compose-down fuzz fuzz-smoke
+.PHONY: build run test tidy-check test-short test-compose bench lint vet tidy clean images compose-up compose-down fuzz fuzz-smoke
 
 build:
 	@mkdir -p $(BIN)
@@ -49,7 +49,7 @@ run: build
 vet:
 	$(GO) vet $(PKGS)
 
-test: vet
+test: vet tidy-check
 	@[ -n "$(RACE)" ] || echo "note: no C compiler ($$($(GO) env CC)) found, so tests run without -race; install gcc for the race detector"
 	$(GO) test $(RACE) -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) --no-print-directory fuzz-smoke
@@ -79,6 +79,12 @@ lint: vet
 
 tidy:
 	@for d in $$($(GO) list -m -f '{{.Dir}}'); do (cd $$d && GOWORK=off $(GO) mod tidy) || exit 1; done
+
+# Every module tidy on its own (GOWORK=off): a module that misses a replace for a
+# workspace module it reaches builds in the workspace but not alone. Part of make test.
+tidy-check:
+	@for d in $$($(GO) list -m -f '{{.Dir}}'); do (cd $$d && GOWORK=off $(GO) mod tidy -diff >/dev/null) || \
+		{ echo "tidy-check: $$d is not tidy on its own (GOWORK=off go mod tidy -diff; make tidy mends it)"; exit 1; }; done
 
 # Images FROM scratch around the static binaries (no registry needed). Each image
 # carries the sha256 of its binary as a label and is rebuilt only when that changed.

@@ -65,4 +65,5 @@ replace (
 	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
 	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
 	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
+	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
 )
