@@ -36,7 +36,10 @@ type Config struct {
 	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {
-		HTTP     string // /healthz, /readyz, /metrics
+		HTTP string // /healthz, /readyz, /metrics
+		// Pprof serves Go's net/http/pprof profiles there when set (loopback only):
+		// off by default, for profiling a signer under load.
+		Pprof    string
 		GRPC     string // Istio CA API; host:port or unix:///path
 		DNSNames []string
 		IPs      []net.IP
@@ -164,6 +167,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Bool(&c.BusCallout.SignByIdentity, "bus-sign-id", "BUS_SIGN_ID", false, "answer sign requests on meshagent.rpc.sign.id.<ns>.<sa>.<pod> taking the identity from the subject (the callout grants it from the token it verified) instead of verifying the token per request; only with -bus-callout-seed, when nothing but callout-admitted pods can publish there")
 	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.String(&c.Listen.Pprof, "pprof-addr", "SIGNER_PPROF_ADDR", "", "serve Go's profiles (/debug/pprof/) on this loopback address, for profiling under load; empty: not served")
 	fs.String(&c.Listen.GRPC, "grpc-addr", "GRPC_ADDR", c.Listen.GRPC, "Istio CA gRPC listen address (host:port or unix:///path)")
 	fs.String(&dnsNames, "grpc-dns-names", "GRPC_DNS_NAMES", strings.Join(c.Listen.DNSNames, ","), "DNS SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&ips, "grpc-ips", "GRPC_IPS", "127.0.0.1", "IP SANs of the gRPC serving certificate, comma-separated")
@@ -274,6 +278,7 @@ func (c Config) Validate() error {
 	p.Check(c.Instance != "", "-instance: required")
 	p.Check(c.Listen.HTTP != "", "-http-addr: required")
 	p.Check(c.Listen.GRPC != "", "-grpc-addr: required")
+	p.Check(c.Listen.Pprof == "" || isLoopback(c.Listen.Pprof), "-pprof-addr: want a loopback host:port (127.0.0.1:6060, [::1]:6060, localhost:6060), got %q: profiles show the signer's code paths and memory layout", c.Listen.Pprof)
 	p.Check(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
 	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
 		p.Addf("-trust-domain: %w", err)
@@ -337,4 +342,17 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
 	return p.Err()
+}
+
+// isLoopback reports whether addr is host:port with a loopback host.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
