@@ -65,6 +65,10 @@ type Result struct {
 	// Generation and Endorsements are those of the bundle the leaf was signed with.
 	Generation   uint64
 	Endorsements []events.Endorsement
+	// Signing is the material that signed the leaf (its Chain follows the leaf);
+	// Bundle the one whose trust bundle, generation and endorsements the reply
+	// carries. They differ for a named signer.
+	Signing, Bundle *ca.Material
 }
 
 // Error is a request error with a code from events (CodeInvalidArgument, ...).
@@ -242,11 +246,12 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		}
 		return Result{}, errf(events.CodeInternal, "sign: %v", err)
 	}
+	leafPEM := string(pki.EncodeCertPEM(leaf))
 	ev := events.CertIssued{
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: signing.RootFingerprint(),
-		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, signing.IntermediatePEMs()...),
+		CertChain: append([]string{leafPEM}, signing.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	if err == nil {
@@ -262,8 +267,9 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
 	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
-	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, signing.ChainPEMs()...)
-	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
+	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
+	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
+		Signing: signing, Bundle: mat}, nil
 }
 
 func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {
