@@ -59,7 +59,7 @@ func runBench(ctx context.Context, env Env, args []string) error {
 // starts, then -in-flight requesters send them on the sign subject until -n are
 // answered (or -duration has passed, cycling through the -n prepared requests).
 func runBenchSign(ctx context.Context, env Env, args []string) error {
-	var dir, alg, ns, sa, tokensFile, metricsURL, output, subject string
+	var dir, alg, ns, sa, tokensFile, metricsURL, output, subject, encoding string
 	var n, inFlight, warmup, pid int
 	var dur time.Duration
 	var bf busFlags
@@ -78,6 +78,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.String(&metricsURL, "signer-metrics", "", "", "the signer's /metrics URL, for its process_cpu_seconds_total when it is not local (default: the local stack's)")
 	fs.String(&output, "o", "", "text", "output: text or json")
 	fs.String(&subject, "subject", "", "any", "where requests go: any (sign.any, as the -nats-* user); pod or id: each in-flight requester connects as the pod its token is bound to (-tokens: pod-bound), admitted by the signer's auth callout, and signs on its sign.pod subject (token verified per request) or its sign.id subject (identity from the subject: signer run with -bus-sign-id)")
+	fs.String(&encoding, "encoding", "", "compact", "how requests are encoded: compact (what sds-edge sends) or json (a CloudEvent, as a pod before the compact encoding, or to load a signer before it)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -85,6 +86,10 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	var errs []error
 	if err != nil {
 		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
+	}
+	enc, err := events.ParseEncoding(encoding)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-encoding: %w", err))
 	}
 	if n < 1 {
 		errs = append(errs, errors.New("-n: at least 1"))
@@ -142,7 +147,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 		subjectOf = func(i int) string { return subjects[i%len(subjects)] }
 	}
 	defer closeAll(conns)
-	msgs, err := benchRequests(ka, toks, n, subjectOf)
+	msgs, err := benchRequests(ka, enc, toks, n, subjectOf)
 	if err != nil {
 		return err
 	}
@@ -296,9 +301,9 @@ func tokenPod(tok string) (ns, sa, pod string, err error) {
 	return c.K8s.Namespace, c.K8s.ServiceAccount.Name, c.K8s.Pod.Name, nil
 }
 
-// benchRequests prepares n encoded sign requests, each with a fresh key's CSR,
-// request i on subject(i) with token i modulo len(toks).
-func benchRequests(alg pki.KeyAlg, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
+// benchRequests prepares n sign requests encoded as enc, each with a fresh key's
+// CSR, request i on subject(i) with token i modulo len(toks).
+func benchRequests(alg pki.KeyAlg, enc events.Encoding, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
 	msgs := make([]*nats.Msg, n)
 	for i := range msgs {
 		key, err := pki.GenerateKey(alg)
@@ -310,7 +315,8 @@ func benchRequests(alg pki.KeyAlg, toks []string, n int, subject func(i int) str
 		if err != nil {
 			return nil, err
 		}
-		if msgs[i], err = events.NewMsg(subject(i), "meshctl/bench", events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}); err != nil {
+		req := events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}
+		if msgs[i], err = events.NewSignRequestMsg(subject(i), enc, "meshctl/bench", req); err != nil {
 			return nil, err
 		}
 	}
@@ -381,9 +387,12 @@ func signOnce(ctx context.Context, nc *nats.Conn, m *nats.Msg) error {
 	if err != nil {
 		return fmt.Errorf("sign over nats: %w", err)
 	}
-	reply, _, err := events.Decode[events.SignReply](resp)
+	reply, enc, err := events.DecodeSignReply(resp)
 	if err != nil {
 		return fmt.Errorf("sign reply: %w", err)
+	}
+	if events.CompactRefused(reply, enc) {
+		return fmt.Errorf("signer refused: %w (a signer from before the compact encoding: use -encoding json)", reply.Error)
 	}
 	if reply.Error != nil {
 		return fmt.Errorf("signer refused: %w", reply.Error)
