@@ -2,6 +2,7 @@ package events
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/pem"
 	"errors"
@@ -204,8 +205,28 @@ func (r *fieldReader) der(f field, typ string, dst *[]string) {
 			r.fail(f, "empty %s", strings.ToLower(typ))
 			return
 		}
-		*dst = append(*dst, string(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: f.bytes})))
+		*dst = append(*dst, pemString(typ, f.bytes))
 	}
+}
+
+// pemString is the PEM block of der (pem.EncodeToMemory without headers) built in
+// one allocation: the compact decoder turns every DER field back into the PEM
+// strings of the payload types.
+func pemString(typ string, der []byte) string {
+	var b strings.Builder
+	n := base64.StdEncoding.EncodedLen(len(der))
+	b.Grow(len("-----BEGIN -----\n-----END -----\n") + 2*len(typ) + n + (n+63)/64)
+	b.WriteString("-----BEGIN " + typ + "-----\n")
+	var line [64]byte
+	for len(der) > 0 {
+		k := min(48, len(der)) // 48 bytes: one 64-character line
+		base64.StdEncoding.Encode(line[:], der[:k])
+		b.Write(line[:base64.StdEncoding.EncodedLen(k)])
+		b.WriteByte('\n')
+		der = der[k:]
+	}
+	b.WriteString("-----END " + typ + "-----\n")
+	return b.String()
 }
 
 // appendBytes appends field num with bytes v.

@@ -197,3 +197,17 @@ func TestCompactNotForOtherEvents(t *testing.T) {
 		t.Fatalf("got %s, %v", enc, err)
 	}
 }
+
+// TestPEMString: the decoder's PEM is encoding/pem's, for every length across
+// several lines.
+func TestPEMString(t *testing.T) {
+	der := make([]byte, 200)
+	for i := range der {
+		der[i] = byte(i * 13)
+	}
+	for n := range len(der) + 1 {
+		if got, want := pemString("CERTIFICATE", der[:n]), pemOf("CERTIFICATE", der[:n]...); got != want {
+			t.Fatalf("%d bytes: got %q, want %q", n, got, want)
+		}
+	}
+}

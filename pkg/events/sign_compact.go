@@ -61,7 +61,7 @@ func DecodeSignRequest(msg *nats.Msg) (SignRequest, Encoding, error) {
 					r.fail(f, "empty csr")
 					return
 				}
-				req.CSR = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: f.bytes}))
+				req.CSR = pemString("CERTIFICATE REQUEST", f.bytes)
 			}
 		case 2:
 			r.str(f, &req.Token)

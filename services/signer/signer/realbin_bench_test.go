@@ -25,6 +25,10 @@ type signBench struct {
 	P99Micro  int64   `json:"p99_us"`
 	CPUMicro  float64 `json:"signer_cpu_us_per_csr"`
 	CPUSource string  `json:"cpu_source"`
+	// ClientCPUMicro is meshctl's own CPU per CSR; NATSCPUMicro, filled in here,
+	// this process's (the nats-server) while the load ran.
+	ClientCPUMicro float64 `json:"client_cpu_us_per_csr"`
+	NATSCPUMicro   float64 `json:"-"`
 }
 
 // BenchmarkSignRealBinary is the headline signer figure on sign.any (token per
@@ -54,12 +58,10 @@ func BenchmarkSignRealBinary(b *testing.B) {
 	e.writeTokens(b, toks)
 	vs := e.variants(b, filepath.Join(e.bin, "signer"), "any", "-subject", "any")
 	if base := os.Getenv("MESHAGENT_SIGNER_BASE"); base != "" {
-		vs = append(vs, e.variants(b, base, "base-any", "-subject", "any", "-encoding", "json")...)
+		vs = append(vs, e.variants(b, base, "base-any", "-subject", "any", "-encoding", baseEncoding())...)
 	}
 	st := e.run(b, vs, true)
-	profileSigner(b, vs[0].s, "any", func(dur time.Duration) signBench {
-		return e.load(b, vs[0].s, append(vs[0].args, "-duration", dur.String())...)
-	})
+	e.profile(b, vs)
 	st.report(b, vs)
 	b.ReportMetric(st.med(st.jwtCPU), "ceiling-jwt-cpu-µs/CSR")
 	b.ReportMetric(st.med(st.of["any"].cpuJWT), "any-ratio-cpu-jwt")
@@ -88,19 +90,23 @@ func BenchmarkSignRealBinaryBusID(b *testing.B) {
 	vs = append(vs, realVariant{label: "pod", s: vs[0].s, args: []string{"-subject", "pod"}})
 	if base := os.Getenv("MESHAGENT_SIGNER_BASE"); base != "" {
 		vs = append(vs, realVariant{label: "id-json", s: vs[0].s, args: []string{"-subject", "id", "-encoding", "json"}})
-		vs = append(vs, e.variants(b, base, "base-id", "-subject", "id", "-encoding", "json")...)
+		vs = append(vs, e.variants(b, base, "base-id", "-subject", "id", "-encoding", baseEncoding())...)
 	}
 	st := e.run(b, vs, false)
-	for _, v := range vs {
-		if v.label == "pod" || v.label == "id" {
-			profileSigner(b, v.s, v.label, func(dur time.Duration) signBench {
-				return e.load(b, v.s, append(v.args, "-duration", dur.String())...)
-			})
-		}
-	}
+	e.profile(b, vs)
 	st.report(b, vs)
 	id, pod := st.of["id"], st.of["pod"]
 	b.ReportMetric(st.med(id.cpu)/st.med(pod.cpu), "id/pod-cpu")
+}
+
+// baseEncoding is how requests to the MESHAGENT_SIGNER_BASE binary are encoded:
+// json (a signer from before the compact encoding), unless
+// MESHAGENT_SIGNER_BASE_ENCODING says compact.
+func baseEncoding() string {
+	if e := os.Getenv("MESHAGENT_SIGNER_BASE_ENCODING"); e != "" {
+		return e
+	}
+	return "json"
 }
 
 // realVariant is one measured configuration: a signer process and the meshctl
@@ -112,18 +118,40 @@ type realVariant struct {
 }
 
 // variants starts bin twice, unconfined (label) and, where the machine allows,
-// confined (label-confined), each loaded with args.
+// confined (label-confined), each loaded with args. MESHAGENT_SIGNER_ENV (K=V,
+// comma-separated) adds the same pair run with that environment (label-env,
+// label-env-confined), side by side: for the runtime's knobs (GOGC, GODEBUG).
 func (e *realEnv) variants(b *testing.B, bin, label string, args ...string) []realVariant {
-	vs := []realVariant{{label: label, s: e.startSigner(b, bin, false), args: args}}
-	if e.layout.ok() {
-		vs = append(vs, realVariant{label: label + "-confined", s: e.startSigner(b, bin, true), args: args})
+	var vs []realVariant
+	envs := [][]string{nil}
+	if extra := os.Getenv("MESHAGENT_SIGNER_ENV"); extra != "" {
+		envs = append(envs, strings.Split(extra, ","))
+	}
+	for i, env := range envs {
+		l := label
+		if i > 0 {
+			l += "-env"
+		}
+		vs = append(vs, realVariant{label: l, s: e.startSigner(b, bin, false, env...), args: args})
+		if e.layout.ok() {
+			vs = append(vs, realVariant{label: l + "-confined", s: e.startSigner(b, bin, true, env...), args: args})
+		}
 	}
 	return vs
 }
 
+// profile takes every variant's profiles when MESHAGENT_SIGNER_PROFILE asks.
+func (e *realEnv) profile(b *testing.B, vs []realVariant) {
+	for _, v := range vs {
+		profileSigner(b, v.s, v.label, func(dur time.Duration) signBench {
+			return e.load(b, v.s, append(v.args, "-duration", dur.String())...)
+		})
+	}
+}
+
 // realStats are every round's figures of one variant.
 type realStats struct {
-	rate, cpu, p50, p99, wall, ratioCPU, cpuJWT []float64
+	rate, cpu, p50, p99, wall, ratioCPU, cpuJWT, client, nats []float64
 }
 
 // realRun is a whole real-binary measurement: the ceilings' figures (unconfined,
@@ -150,11 +178,11 @@ func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 	c := newCeiling(b, pki.ECP256, realCSRs)
 	st := &realRun{of: map[string]*realStats{}}
 	for range rounds {
-		ceil := c.run(b, false)
+		ceil := withSignerGC(func() result { return c.run(b, false) })
 		st.rate, st.cpu = append(st.rate, ceil.rate()), append(st.cpu, float64(ceil.cpuPerCSR().Microseconds()))
 		var jwt, conf result
 		if withJWT {
-			jwt = c.run(b, true)
+			jwt = withSignerGC(func() result { return c.run(b, true) })
 			st.jwtCPU = append(st.jwtCPU, float64(jwt.cpuPerCSR().Microseconds()))
 		}
 		if e.layout.ok() {
@@ -173,6 +201,7 @@ func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 				ref = conf
 			}
 			x.rate, x.cpu = append(x.rate, r.Rate), append(x.cpu, r.CPUMicro)
+			x.client, x.nats = append(x.client, r.ClientCPUMicro), append(x.nats, r.NATSCPUMicro)
 			x.p50, x.p99 = append(x.p50, float64(r.P50Micro)), append(x.p99, float64(r.P99Micro))
 			x.wall = append(x.wall, r.Rate/ref.rate())
 			x.ratioCPU = append(x.ratioCPU, float64(ref.cpuPerCSR().Microseconds())/r.CPUMicro)
@@ -189,25 +218,27 @@ func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 func (st *realRun) report(b *testing.B, vs []realVariant) {
 	var tab strings.Builder
 	fmt.Fprintf(&tab, "P-256, %d in flight, n=%d per run, %d rounds, medians:\n", clients, realCSRs, rounds)
-	row := func(label string, rate, p50, p99, cpu, rcpu, rwall float64) {
-		fmt.Fprintf(&tab, "  %-18s %9.0f %9.0f %9.0f %12.0f %10.2f %10.2f\n", label, rate, p50, p99, cpu, rcpu, rwall)
+	row := func(label string, rate, p50, p99, cpu, rcpu, rwall, client, nats float64) {
+		fmt.Fprintf(&tab, "  %-18s %9.0f %9.0f %9.0f %12.0f %10.2f %10.2f %12.0f %10.0f\n", label, rate, p50, p99, cpu, rcpu, rwall, client, nats)
 	}
-	fmt.Fprintf(&tab, "  %-18s %9s %9s %9s %12s %10s %10s\n", "", "CSRs/s", "p50 µs", "p99 µs", "CPU µs/CSR", "ratio CPU", "ratio wall")
-	row("ceiling", st.med(st.rate), 0, 0, st.med(st.cpu), 0, 0)
+	fmt.Fprintf(&tab, "  %-18s %9s %9s %9s %12s %10s %10s %12s %10s\n", "", "CSRs/s", "p50 µs", "p99 µs", "CPU µs/CSR", "ratio CPU", "ratio wall", "client µs/CSR", "nats µs/CSR")
+	row("ceiling", st.med(st.rate), 0, 0, st.med(st.cpu), 0, 0, 0, 0)
 	b.ReportMetric(st.med(st.rate), "ceiling-CSRs/s")
 	b.ReportMetric(st.med(st.cpu), "ceiling-cpu-µs/CSR")
 	if len(st.confRate) > 0 {
-		row("ceiling-confined", st.med(st.confRate), 0, 0, st.med(st.confCPU), 0, 0)
+		row("ceiling-confined", st.med(st.confRate), 0, 0, st.med(st.confCPU), 0, 0, 0, 0)
 		b.ReportMetric(st.med(st.confRate), "ceiling-confined-CSRs/s")
 		b.ReportMetric(st.med(st.confCPU), "ceiling-confined-cpu-µs/CSR")
 	}
 	for _, v := range vs {
 		x := st.of[v.label]
-		row(v.label, st.med(x.rate), st.med(x.p50), st.med(x.p99), st.med(x.cpu), st.med(x.ratioCPU), st.med(x.wall))
+		row(v.label, st.med(x.rate), st.med(x.p50), st.med(x.p99), st.med(x.cpu), st.med(x.ratioCPU), st.med(x.wall), st.med(x.client), st.med(x.nats))
 		b.ReportMetric(st.med(x.rate), v.label+"-CSRs/s")
 		b.ReportMetric(st.med(x.cpu), v.label+"-cpu-µs/CSR")
 		b.ReportMetric(st.med(x.ratioCPU), v.label+"-ratio-cpu")
 		b.ReportMetric(st.med(x.wall), v.label+"-ratio-wall")
+		b.ReportMetric(st.med(x.client), v.label+"-client-cpu-µs/CSR")
+		b.ReportMetric(st.med(x.nats), v.label+"-nats-cpu-µs/CSR")
 		if !v.s.confined {
 			b.ReportMetric(st.med(x.p50), v.label+"-p50-µs")
 			b.ReportMetric(st.med(x.p99), v.label+"-p99-µs")

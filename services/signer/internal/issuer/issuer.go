@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -147,12 +148,77 @@ func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
 // pod-bound token. A TTL <= 0 asks for the default. Any error leaves no trace but
 // metrics and a log line: no certificate is returned and no event is published.
 func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Result, error) {
+	is, err := i.prepare(ctx, req, via)
+	if err != nil {
+		return Result{}, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	err = i.publish(pctx, is.msg)
+	cancel()
+	return is.recorded(err)
+}
+
+// recordTimeout bounds how long a certificate's cert.issued may take to be stored.
+const recordTimeout = 10 * time.Second
+
+// AsyncPublisher stores an event and calls back once it is stored or has failed
+// (bus.AsyncPublisher).
+type AsyncPublisher interface {
+	Publish(msg *nats.Msg, deadline time.Time, done func(error))
+}
+
+var _ AsyncPublisher = (*bus.AsyncPublisher)(nil)
+
+// IssueThen is Issue for a caller that answers once cert.issued is stored without
+// holding a goroutine meanwhile: it checks, authenticates and signs now, then
+// calls done exactly once, from pub's ack reader when the event is stored (or
+// failed), or at once when the request is refused. done gets what Issue returns.
+func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via, pub AsyncPublisher, done func(Result, error)) {
+	is, err := i.prepare(ctx, req, via)
+	if err != nil {
+		done(Result{}, err)
+		return
+	}
+	deadline := time.Now().Add(recordTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	pub.Publish(is.msg, deadline, func(err error) { done(is.recorded(err)) })
+}
+
+// issued is a signed certificate whose cert.issued (msg) is yet to be stored.
+type issued struct {
+	i   *Issuer
+	res Result
+	ev  events.CertIssued
+	msg *nats.Msg
+	via Via
+	src string // the caller's auth source
+}
+
+// recorded is the outcome once storing cert.issued returned err: the result, or
+// (the event not stored) an unavailable error and no certificate.
+func (is *issued) recorded(err error) (Result, error) {
+	i, t := is.i, is.via.Transport
+	if err != nil {
+		// The caller gets nothing: a certificate that was never recorded would never be renewed.
+		i.metrics.SignFail.WithLabelValues(t).Inc()
+		i.log.Error("record cert.issued failed", "serial", is.ev.Serial, "error", err)
+		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
+	}
+	i.metrics.Issued.WithLabelValues(t).Inc()
+	i.log.Debug("certificate issued", "serial", is.ev.Serial, "spiffe_id", is.ev.SPIFFEID, "transport", t, "auth", is.src, "not_after", is.res.Leaf.NotAfter)
+	return is.res, nil
+}
+
+// prepare checks, authenticates and signs req and encodes its cert.issued.
+func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (*issued, error) {
 	t := via.Transport
 	i.metrics.Received.WithLabelValues(t).Inc()
-	reject := func(reason string, err *Error) (Result, error) {
+	reject := func(reason string, err *Error) (*issued, error) {
 		i.metrics.Rejected.WithLabelValues(t, reason).Inc()
 		i.log.Debug("request rejected", "transport", t, "reason", reason, "error", err.Msg)
-		return Result{}, err
+		return nil, err
 	}
 	if len(req.CSR) > events.MaxEventSize {
 		return reject("too_large", errf(events.CodeResourceExhausted, "csr is %d bytes, limit %d", len(req.CSR), events.MaxEventSize))
@@ -242,9 +308,9 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("sign failed", "spiffe_id", caller.ID.String(), "error", err)
 		if errors.Is(err, ca.ErrCAExpired) {
-			return Result{}, errf(events.CodeUnavailable, "%v", err)
+			return nil, errf(events.CodeUnavailable, "%v", err)
 		}
-		return Result{}, errf(events.CodeInternal, "sign: %v", err)
+		return nil, errf(events.CodeInternal, "sign: %v", err)
 	}
 	leafPEM := string(pki.EncodeCertPEM(leaf))
 	ev := events.CertIssued{
@@ -254,22 +320,15 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		CertChain: append([]string{leafPEM}, signing.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = i.publish(pctx, msg)
-		cancel()
-	}
 	if err != nil {
-		// The caller gets nothing: a certificate that was never recorded would never be renewed.
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
-		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
+		return nil, errf(events.CodeInternal, "could not record the certificate: %v", err)
 	}
-	i.metrics.Issued.WithLabelValues(t).Inc()
-	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
 	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
-	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
-		Signing: signing, Bundle: mat}, nil
+	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
+		Signing: signing, Bundle: mat}
+	return &issued{i: i, res: res, ev: ev, msg: msg, via: via, src: caller.Source}, nil
 }
 
 func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {

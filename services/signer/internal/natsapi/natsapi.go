@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -57,12 +58,16 @@ type API struct {
 
 	ready atomic.Bool
 	// tail is the compact sign reply's end for the last CA material signed with.
-	tail   atomic.Pointer[replyTail]
-	sem    chan struct{}
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	subs   []*nats.Subscription
+	tail atomic.Pointer[replyTail]
+	// pub stores cert.issued and answers the request from its ack reader once
+	// stored: a worker does not wait for the ack. recording counts those waiting.
+	pub       *bus.AsyncPublisher
+	recording sync.WaitGroup
+	sem       chan struct{}
+	mu        sync.Mutex
+	closed    bool
+	wg        sync.WaitGroup
+	subs      []*nats.Subscription
 	// dropped counts messages dropped by subscriptions already closed.
 	dropped uint64
 	// slow counts slow-consumer errors on our subscriptions (one per episode).
@@ -83,7 +88,8 @@ func (a *API) ours(sub *nats.Subscription) bool {
 // subjects (events.IdentitySignSubject), trusting the identity they name: only when
 // nothing but pods admitted by this signer's auth callout can publish there.
 func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
-	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log}
+	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log,
+		pub: bus.NewAsyncPublisher(nc)}
 }
 
 // signSubjects are the sign subjects the API answers: every one with signByID,
@@ -121,8 +127,13 @@ func (a *API) Dropped() uint64 {
 // Run subscribes (queue group events.SignerQueue) and serves until ctx is done, then
 // unsubscribes and waits for requests in flight. Sign requests go from NATS' read
 // loop through one channel to Workers long-lived goroutines: no goroutine is
-// started, and no stack grown, per request.
+// started, and no stack grown, per request; a worker signs, hands cert.issued to
+// the async publisher and takes the next request, and the reply goes out from the
+// publisher's ack reader once the event is stored.
 func (a *API) Run(ctx context.Context) error {
+	if err := a.pub.Start(); err != nil {
+		return err
+	}
 	a.sem = make(chan struct{}, otherWorkers)
 	base := context.WithoutCancel(ctx)
 	serve := func(h func(context.Context, *nats.Msg), m *nats.Msg) {
@@ -189,6 +200,8 @@ func (a *API) Run(ctx context.Context) error {
 		close(signs)
 		workers.Wait()
 		a.wg.Wait()
+		a.recording.Wait() // each is done by its deadline
+		a.pub.Stop()
 	}()
 	subscribed := func(sub *nats.Subscription, err error) error {
 		if err != nil {

@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// sign answers one sign request, in the encoding it came in.
+// sign answers one sign request, in the encoding it came in: refusals at once,
+// a certificate once its cert.issued is stored.
 func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	req, enc, err := events.DecodeSignRequest(m)
 	if err != nil {
@@ -23,16 +24,18 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
 		return
 	}
-	res, err := a.iss.Issue(ctx, req, via)
-	if err != nil {
-		a.respondSign(m, enc, events.SignReply{Error: replyError(err)})
-		return
-	}
-	if enc == events.EncodingCompact {
-		a.respondCompact(m, res)
-		return
-	}
-	a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
+	a.recording.Add(1)
+	a.iss.IssueThen(ctx, req, via, a.pub, func(res issuer.Result, err error) {
+		defer a.recording.Done()
+		switch {
+		case err != nil:
+			a.respondSign(m, enc, events.SignReply{Error: replyError(err)})
+		case enc == events.EncodingCompact:
+			a.respondCompact(m, res)
+		default:
+			a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
+		}
+	})
 }
 
 func (a *API) respondSign(req *nats.Msg, enc events.Encoding, rep events.SignReply) {
