@@ -165,6 +165,16 @@ func (r *fieldReader) each(b []byte, f func(field)) {
 	}
 }
 
+// sub reads f's bytes as a message of its own (what) with read; its error, also r's.
+func (r *fieldReader) sub(f field, what string, read func(sr *fieldReader, g field)) error {
+	var sr fieldReader
+	sr.each(f.bytes, func(g field) { read(&sr, g) })
+	if sr.err != nil {
+		r.fail(f, "%s: %v", what, sr.err)
+	}
+	return sr.err
+}
+
 func (r *fieldReader) fail(f field, format string, a ...any) {
 	if r.err == nil {
 		r.err = fmt.Errorf("field %d: %s", f.num, fmt.Sprintf(format, a...))

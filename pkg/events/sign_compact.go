@@ -43,17 +43,7 @@ func NewSignRequestMsg(subject string, enc Encoding, source string, req SignRequ
 // was: a signer answers in the same one. Like Decode, it rejects oversized bodies,
 // unknown and wrong types, and invalid payloads.
 func DecodeSignRequest(msg *nats.Msg) (SignRequest, Encoding, error) {
-	if !IsCompact(msg) {
-		req, _, err := Decode[SignRequest](msg)
-		return req, EncodingJSON, err
-	}
-	var req SignRequest
-	body, err := compactBody(msg.Data, TypeSignRequest)
-	if err != nil {
-		return req, EncodingCompact, err
-	}
-	var r fieldReader
-	r.each(body, func(f field) {
+	return decodeEither(msg, func(r *fieldReader, req *SignRequest, f field) {
 		switch f.num {
 		case 1:
 			if r.once(f, wireBytes) {
@@ -87,13 +77,30 @@ func DecodeSignRequest(msg *nats.Msg) (SignRequest, Encoding, error) {
 			r.str(f, &req.CertSigner)
 		}
 	})
+}
+
+// decodeEither decodes msg as a T: a CloudEvent (Decode), or a compact body whose
+// fields read fills in, then validated as Decode validates.
+func decodeEither[T Payload](msg *nats.Msg, read func(r *fieldReader, p *T, f field)) (T, Encoding, error) {
+	var p T
+	if !IsCompact(msg) {
+		p, _, err := Decode[T](msg)
+		return p, EncodingJSON, err
+	}
+	body, err := compactBody(msg.Data, p.EventType())
+	if err != nil {
+		return p, EncodingCompact, err
+	}
+	var r fieldReader
+	r.each(body, func(f field) { read(&r, &p, f) })
 	if r.err == nil {
-		r.err = req.Validate()
+		r.err = p.Validate()
 	}
 	if r.err != nil {
-		return SignRequest{}, EncodingCompact, fmt.Errorf("%w: %s (compact): %w", ErrInvalid, TypeSignRequest, r.err)
+		var zero T
+		return zero, EncodingCompact, fmt.Errorf("%w: %s (compact): %w", ErrInvalid, p.EventType(), r.err)
 	}
-	return req, EncodingCompact, nil
+	return p, EncodingCompact, nil
 }
 
 // NewSignReplyMsg builds a sign reply on subject in encoding enc; source names
@@ -177,17 +184,7 @@ func NewCompactSignReply(subject string, leafDER []byte, tail SignReplyTail) (*n
 // Like Decode, it rejects oversized bodies, unknown and wrong types, and invalid
 // payloads.
 func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
-	if !IsCompact(msg) {
-		rep, _, err := Decode[SignReply](msg)
-		return rep, EncodingJSON, err
-	}
-	var rep SignReply
-	body, err := compactBody(msg.Data, TypeSignReply)
-	if err != nil {
-		return rep, EncodingCompact, err
-	}
-	var r fieldReader
-	r.each(body, func(f field) {
+	return decodeEither(msg, func(r *fieldReader, rep *SignReply, f field) {
 		switch f.num {
 		case 1:
 			r.der(f, "CERTIFICATE", &rep.CertChain)
@@ -202,8 +199,7 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 		case 5:
 			if r.is(f, wireBytes) {
 				var e Endorsement
-				var er fieldReader
-				er.each(f.bytes, func(g field) {
+				if err := r.sub(f, "endorsement", func(er *fieldReader, g field) {
 					switch g.num {
 					case 1:
 						er.str(g, &e.KeyID)
@@ -212,40 +208,26 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 					case 3:
 						er.der(g, "CERTIFICATE", &e.Chain)
 					}
-				})
-				if er.err != nil {
-					r.fail(f, "endorsement: %v", er.err)
-					return
+				}); err == nil {
+					rep.Endorsements = append(rep.Endorsements, e)
 				}
-				rep.Endorsements = append(rep.Endorsements, e)
 			}
 		case 6:
 			if r.once(f, wireBytes) {
 				e := &ReplyError{}
-				var er fieldReader
-				er.each(f.bytes, func(g field) {
+				if err := r.sub(f, "error", func(er *fieldReader, g field) {
 					switch g.num {
 					case 1:
 						er.str(g, &e.Code)
 					case 2:
 						er.str(g, &e.Message)
 					}
-				})
-				if er.err != nil {
-					r.fail(f, "error: %v", er.err)
-					return
+				}); err == nil {
+					rep.Error = e
 				}
-				rep.Error = e
 			}
 		}
 	})
-	if r.err == nil {
-		r.err = rep.Validate()
-	}
-	if r.err != nil {
-		return SignReply{}, EncodingCompact, fmt.Errorf("%w: %s (compact): %w", ErrInvalid, TypeSignReply, r.err)
-	}
-	return rep, EncodingCompact, nil
 }
 
 // CompactRefused reports whether rep, decoded from a reply in encoding enc, is a
