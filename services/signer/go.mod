@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/go-jose/go-jose/v4 v4.1.8
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg/bus v0.0.0
 	github.com/meshagent/meshagent/pkg/events v0.0.0
