@@ -2,9 +2,9 @@ package pki
 
 import (
 	"bytes"
-	"encoding/base64"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
