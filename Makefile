@@ -20,6 +20,7 @@ FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/services/signer/internal/issuer:FuzzIssue \
 	github.com/meshagent/meshagent/services/signer/internal/authn:FuzzJWTVerify \
 	github.com/meshagent/meshagent/pkg/events:FuzzDecode \
+	github.com/meshagent/meshagent/pkg/events:FuzzDecodeCompact \
 	github.com/meshagent/meshagent/services/sds-edge/internal/sds:FuzzSDSRequest \
 	github.com/meshagent/meshagent/services/xds-relay/internal/relay:FuzzParseFrame \
 	github.com/meshagent/meshagent/pkg/xdswire:FuzzWireDecode \

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -11,8 +12,22 @@ import (
 )
 
 // EncodeCertPEM encodes one certificate.
-func EncodeCertPEM(c *x509.Certificate) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+func EncodeCertPEM(c *x509.Certificate) []byte { return encodePEM("CERTIFICATE", c.Raw) }
+
+// encodePEM is pem.EncodeToMemory of a block without headers, byte for byte, in
+// one allocation: a signer encodes every leaf it issues, and encoding/pem's
+// buffered base64 writer allocates kilobytes per block.
+func encodePEM(typ string, der []byte) []byte {
+	const line = 48 // DER bytes per 64-character base64 line
+	n := base64.StdEncoding.EncodedLen(len(der))
+	out := make([]byte, 0, len("-----BEGIN -----\n-----END -----\n")+2*len(typ)+n+(n+63)/64)
+	out = append(append(append(out, "-----BEGIN "...), typ...), "-----\n"...)
+	for len(der) > 0 {
+		k := min(line, len(der))
+		out = append(base64.StdEncoding.AppendEncode(out, der[:k]), '\n')
+		der = der[k:]
+	}
+	return append(append(append(out, "-----END "...), typ...), "-----\n"...)
 }
 
 // EncodeCertsPEM encodes certificates in order into one PEM bundle.

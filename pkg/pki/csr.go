@@ -56,7 +56,7 @@ func NewCSR(key crypto.Signer, id string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("csr: %w", err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+	return encodePEM("CERTIFICATE REQUEST", der), nil
 }
 
 // ParseCSR parses exactly one PEM CSR and verifies its self-signature.

@@ -179,3 +179,18 @@ func testRoot(t *testing.T) (*x509.Certificate, crypto.Signer) {
 	ca := testkit.NewCA(t, "root", nil, time.Now(), time.Hour)
 	return ca.Cert, ca.Key
 }
+
+// TestEncodePEMIsEncodingPEM: the one-allocation encoder writes what
+// encoding/pem writes, for every length across several lines.
+func TestEncodePEMIsEncodingPEM(t *testing.T) {
+	der := make([]byte, 300)
+	for i := range der {
+		der[i] = byte(i * 7)
+	}
+	for n := range len(der) + 1 {
+		want := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der[:n]})
+		if got := encodePEM("CERTIFICATE", der[:n]); string(got) != string(want) || cap(got) != len(got) {
+			t.Fatalf("%d bytes: got %q (cap %d), want %q", n, got, cap(got), want)
+		}
+	}
+}

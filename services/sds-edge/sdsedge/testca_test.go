@@ -234,7 +234,8 @@ func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 		}
 		defer c.enter()()
 		reply := c.handleNATS(tb, m)
-		out, err := events.NewMsg(m.Reply, "test-ca", reply)
+		// Answered in the request's encoding, as the signer does.
+		out, err := events.NewSignReplyMsg(m.Reply, encodingOf(m), "test-ca", reply)
 		if err != nil {
 			panic(err)
 		}
@@ -255,6 +256,14 @@ func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 	tb.Cleanup(func() { _ = bsub.Unsubscribe() })
 }
 
+// encodingOf is the encoding a sign request came in.
+func encodingOf(m *nats.Msg) events.Encoding {
+	if events.IsCompact(m) {
+		return events.EncodingCompact
+	}
+	return events.EncodingJSON
+}
+
 func replyErr(code, msg string) events.SignReply {
 	return events.SignReply{Error: &events.ReplyError{Code: code, Message: msg}}
 }
@@ -264,7 +273,7 @@ func (c *testCA) handleNATS(tb testing.TB, m *nats.Msg) events.SignReply {
 		return replyErr(events.CodeUnavailable, "injected failure")
 	}
 	c.failNext.Store(0)
-	req, _, err := events.Decode[events.SignRequest](m)
+	req, _, err := events.DecodeSignRequest(m)
 	if err != nil {
 		return replyErr(events.CodeInvalidArgument, err.Error())
 	}

@@ -178,7 +178,7 @@ func TestEndorsedRotationsApplyAndReplaysDoNot(t *testing.T) {
 func rogue(t testing.TB, nc *nats.Conn, evil, genuine *testCA) (answered *atomic.Int32, stop func()) {
 	var n atomic.Int32
 	sub, err := nc.Subscribe(events.SignWildcard, func(m *nats.Msg) {
-		req, _, err := events.Decode[events.SignRequest](m)
+		req, enc, err := events.DecodeSignRequest(m)
 		if err != nil {
 			return
 		}
@@ -194,7 +194,7 @@ func rogue(t testing.TB, nc *nats.Conn, evil, genuine *testCA) (answered *atomic
 		} else {
 			reply.Roots, reply.Generation, reply.Endorsements = genuine.current(t)
 		}
-		out, _ := events.NewMsg(m.Reply, "rogue", reply)
+		out, _ := events.NewSignReplyMsg(m.Reply, enc, "rogue", reply)
 		_ = m.RespondMsg(out)
 	})
 	if err != nil {

@@ -2,9 +2,11 @@ package signer
 
 import (
 	"context"
-	"crypto"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
 	"net/url"
 	"runtime"
 	"slices"
@@ -135,6 +137,16 @@ func tokens(b *testing.B, iss *signertest.Issuer, n int) []string {
 
 // parallel runs f(i) for i in [0, n) on workers goroutines and times each call.
 func parallel(b *testing.B, n, workers int, f func(i int) error) result {
+	r, err := measure(n, workers, f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+// measure is parallel without a testing.B (the confined ceiling runs it in a child
+// process): the first error ends it.
+func measure(n, workers int, f func(i int) error) (result, error) {
 	runtime.GC()
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
@@ -162,10 +174,10 @@ func parallel(b *testing.B, n, workers int, f func(i int) error) result {
 	wg.Wait()
 	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	if err, _ := firstErr.Load().(error); err != nil {
-		b.Fatal(err)
+		return result{}, err
 	}
 	slices.Sort(lat)
-	return result{lat: lat, elapsed: elapsed, cpu: cpu}
+	return result{lat: lat, elapsed: elapsed, cpu: cpu}, nil
 }
 
 // ceiling is the in-process crypto path with its inputs made in advance.
@@ -178,26 +190,68 @@ type ceiling struct {
 }
 
 func newCeiling(b *testing.B, alg pki.KeyAlg, n int) *ceiling {
-	key, err := pki.GenerateKey(alg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	root := selfSign(b, key)
-	m, err := ca.NewMaterial(key, root, nil, []*x509.Certificate{root}, 1, time.Now())
+	c, err := buildCeiling(alg, n)
 	if err != nil {
 		b.Fatal(err)
 	}
 	iss := signertest.NewIssuer(b, "meshagent-dev")
-	id, _ := url.Parse("spiffe://cluster.local/ns/bench/sa/w")
-	return &ceiling{
-		m: m, reqs: csrs(b, n), tokens: tokens(b, iss, n), id: id,
-		verifier: &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"},
+	c.tokens = tokens(b, iss, n)
+	c.verifier = &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}
+	return c
+}
+
+// buildCeiling makes the ceiling's CA (a self-signed root of alg) and n CSRs,
+// without tokens: what the confined ceiling's child process needs.
+func buildCeiling(alg pki.KeyAlg, n int) (*ceiling, error) {
+	key, err := pki.GenerateKey(alg)
+	if err != nil {
+		return nil, err
 	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench root"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, err
+	}
+	root, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	m, err := ca.NewMaterial(key, root, nil, []*x509.Certificate{root}, 1, now)
+	if err != nil {
+		return nil, err
+	}
+	id, _ := url.Parse("spiffe://cluster.local/ns/bench/sa/w")
+	c := &ceiling{m: m, id: id, reqs: make([][]byte, n)}
+	for i := range c.reqs {
+		k, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			return nil, err
+		}
+		if c.reqs[i], err = pki.NewCSR(k, id.String()); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
 func (c *ceiling) run(b *testing.B, withJWT bool) result {
+	r, err := c.measure(withJWT)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+// measure signs every CSR once on GOMAXPROCS workers: parse and verify the CSR,
+// (verify the token,) create the certificate, encode it as PEM.
+func (c *ceiling) measure(withJWT bool) (result, error) {
 	now := time.Now()
-	return parallel(b, len(c.reqs), runtime.GOMAXPROCS(0), func(i int) error {
+	return measure(len(c.reqs), runtime.GOMAXPROCS(0), func(i int) error {
 		csr, err := pki.ParseCSR(c.reqs[i])
 		if err != nil {
 			return err
@@ -217,10 +271,6 @@ func (c *ceiling) run(b *testing.B, withJWT bool) result {
 		_ = pki.EncodeCertPEM(leaf)
 		return nil
 	})
-}
-
-func selfSign(b *testing.B, key crypto.Signer) *x509.Certificate {
-	return testkit.SelfSigned(b, testkit.Spec{Name: "bench root", IsCA: true, Key: key, Life: 24 * time.Hour}).Cert
 }
 
 // endToEnd is an in-process embedded NATS (no TCP) with signer replicas on it and

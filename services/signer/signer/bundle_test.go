@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,28 @@ import (
 )
 
 // signOK signs a CSR over NATS and fails the test on an error reply.
+// signOK signs a CSR as a CloudEvent and again in the compact encoding, checks
+// that both replies carry the same chain above the leaf and the same endorsed
+// bundle (the compact one's encoded once per CA material), and returns the compact
+// one, the last signed.
 func signOK(t *testing.T, e *env) events.SignReply {
 	t.Helper()
-	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Minute})
-	if rep.Error != nil {
-		t.Fatal(rep.Error)
+	var reps []events.SignReply
+	for _, enc := range []events.Encoding{events.EncodingJSON, events.EncodingCompact} {
+		_, csr := signertest.CSR(t, pki.ECP256, askedID)
+		rep := natsSignIn(t, e.nc, enc, "", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Minute})
+		if rep.Error != nil {
+			t.Fatal(rep.Error)
+		}
+		verifyChain(t, rep.CertChain, rep.Roots, e.clock.Now())
+		reps = append(reps, rep)
 	}
-	return rep
+	j, c := reps[0], reps[1]
+	j.CertChain, c.CertChain = j.CertChain[1:], c.CertChain[1:]
+	if !reflect.DeepEqual(j, c) {
+		t.Fatalf("compact reply %+v, JSON reply %+v beyond their leaves", c, j)
+	}
+	return reps[1]
 }
 
 // Bundle replies, sign replies and trust.changed are endorsed, so that a pod that

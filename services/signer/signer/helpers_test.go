@@ -6,6 +6,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -168,7 +170,7 @@ func (e *env) token(t *testing.T, ns, sa string) string {
 	return e.iss.Mint(t, e.iss.ServiceAccount(ns, sa, e.clock.Now().Add(-time.Second), time.Hour))
 }
 
-// natsSign sends req over NATS and decodes the reply.
+// natsSign sends req over NATS (a CloudEvent) and decodes the reply.
 func natsSign(t *testing.T, nc *nats.Conn, req events.SignRequest) events.SignReply {
 	t.Helper()
 	return natsSignAs(t, nc, "", req)
@@ -177,6 +179,12 @@ func natsSign(t *testing.T, nc *nats.Conn, req events.SignRequest) events.SignRe
 // natsSignAs sends req on busPod's sign subject (SubjectSignAny when busPod is "").
 func natsSignAs(t *testing.T, nc *nats.Conn, busPod string, req events.SignRequest) events.SignReply {
 	t.Helper()
+	return natsSignIn(t, nc, events.EncodingJSON, busPod, req)
+}
+
+// natsSignIn is natsSignAs in encoding enc.
+func natsSignIn(t *testing.T, nc *nats.Conn, enc events.Encoding, busPod string, req events.SignRequest) events.SignReply {
+	t.Helper()
 	subject := events.SubjectSignAny
 	if busPod != "" {
 		var err error
@@ -184,24 +192,53 @@ func natsSignAs(t *testing.T, nc *nats.Conn, busPod string, req events.SignReque
 			t.Fatal(err)
 		}
 	}
-	msg, err := events.NewMsg(subject, "test", req)
+	msg, err := events.NewSignRequestMsg(subject, enc, "test", req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return natsRaw(t, nc, msg)
 }
 
+// natsRaw sends msg and decodes the reply, which must come in the request's
+// encoding.
 func natsRaw(t *testing.T, nc *nats.Conn, msg *nats.Msg) events.SignReply {
 	t.Helper()
 	resp, err := nc.RequestMsg(msg, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, _, err := events.Decode[events.SignReply](resp)
+	rep, enc, err := events.DecodeSignReply(resp)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if want := events.IsCompact(msg); (enc == events.EncodingCompact) != want {
+		t.Fatalf("a %s reply to a request compact=%v", enc, want)
+	}
 	return rep
+}
+
+// compactSign is a hand-made compact sign request on SubjectSignAny: the type,
+// then fields as given (protobuf wire format), for requests the encoder refuses.
+func compactSign(fields ...[]byte) *nats.Msg {
+	b := []byte("\x00" + events.TypeSignRequest + "\x00")
+	for _, f := range fields {
+		b = append(b, f...)
+	}
+	return &nats.Msg{Subject: events.SubjectSignAny, Data: b}
+}
+
+// compactField is field num: bytes when v is a string or []byte, else a varint.
+func compactField(num uint64, v any) []byte {
+	switch v := v.(type) {
+	case string:
+		return compactField(num, []byte(v))
+	case []byte:
+		b := binary.AppendUvarint(binary.AppendUvarint(nil, num<<3|2), uint64(len(v)))
+		return append(b, v...)
+	case uint64:
+		return binary.AppendUvarint(binary.AppendUvarint(nil, num<<3), v)
+	}
+	panic("compactField: " + fmt.Sprint(v))
 }
 
 func natsCall[Req events.Payload, Rep events.Payload](t *testing.T, nc *nats.Conn, subject string, req Req) Rep {

@@ -1,25 +1,17 @@
 package signer
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/embedded"
-	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // realCSRs is how many CSRs each real-binary run sends: enough for a p99 (≥ 2,000).
@@ -33,184 +25,227 @@ type signBench struct {
 	P99Micro  int64   `json:"p99_us"`
 	CPUMicro  float64 `json:"signer_cpu_us_per_csr"`
 	CPUSource string  `json:"cpu_source"`
+	// ClientCPUMicro is meshctl's own CPU per CSR; NATSCPUMicro, filled in here,
+	// this process's (the nats-server) while the load ran.
+	ClientCPUMicro float64 `json:"client_cpu_us_per_csr"`
+	NATSCPUMicro   float64 `json:"-"`
 }
 
-// BenchmarkSignRealBinary is the headline signer figure: the real signer binary on
-// a TCP (loopback) nats-server, loaded by meshctl bench sign in its own process (32
-// in flight, pre-minted tokens, pre-generated P-256 CSRs), beside the in-process
-// crypto ceiling (CSR parse and verify, certificate, PEM) in the same run, rounds
-// times alternating; medians. ratio-wall is CSRs/s over the ceiling's; ratio-cpu is
-// the ceiling's CPU per CSR over the signer process's (from /proc/<pid>/stat), the
-// robust one on a shared machine; ratio-cpu-jwt is the same against the ceiling plus
-// the per-request ES256 token verification the bus path still does. Binaries come from MESHAGENT_BIN (make bench), else
-// are built. Run with -benchtime 1x.
+// BenchmarkSignRealBinary is the headline signer figure on sign.any (token per
+// request): the real signer binary on a TCP (loopback) nats-server, loaded by
+// meshctl bench sign in its own process (32 in flight, pre-minted tokens,
+// pre-generated P-256 CSRs), beside the in-process crypto ceiling (CSR parse and
+// verify, certificate, PEM) in the same run, rounds times alternating; medians.
+// Each figure comes twice: unconfined (signer, nats-server, load client and
+// ceiling share every CPU) and confined (the signer, or the ceiling, alone on one
+// CPU with GOMAXPROCS=1; nats-server and the load client on the other: the same
+// allotment for both). ratio-wall is CSRs/s over the ceiling's of the same layout;
+// ratio-cpu the ceiling's CPU per CSR over the signer process's (from
+// /proc/<pid>/stat), the robust one on a shared machine; ratio-cpu-jwt is against
+// the ceiling plus the per-request ES256 token verification this path still does.
+// MESHAGENT_SIGNER_BASE=<signer binary> adds the same runs against that binary
+// (JSON requests: a signer before the compact body), for a side-by-side before and
+// after; MESHAGENT_SIGNER_PROFILE=<dir> writes the signer's CPU and allocation
+// profiles (profile_bench_test.go). Binaries come from MESHAGENT_BIN (make bench),
+// else are built. Run with -benchtime 1x.
 func BenchmarkSignRealBinary(b *testing.B) {
-	bin := benchBinaries(b)
-	dir := testkit.ShortDir(b)
-	ns, err := embedded.Start(embedded.Config{Port: -1, StoreDir: filepath.Join(dir, "nats")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	iss := signertest.NewIssuer(b, "meshagent-dev")
-	jwks := iss.WriteJWKS(b, dir)
-	httpAddr := testkit.FreeAddr(b)
-	signer := exec.Command(filepath.Join(bin, "signer"), "-instance", "bench-0", "-nats-url", ns.ClientURL(),
-		"-http-addr", httpAddr, "-grpc-addr", testkit.FreeAddr(b), "-jwks-file", jwks,
-		"-ca-kek-file", signertest.KEKFile(b), "-log-level", "warn")
-	var logs bytes.Buffer
-	signer.Stdout, signer.Stderr = &logs, &logs
-	if err := signer.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
-	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		return code == http.StatusOK
-	})
+	e := newRealEnv(b, false)
 	// Pre-minted tokens, one service account each, as a fleet holds them.
-	var toks strings.Builder
-	for i := range realCSRs {
-		toks.WriteString(iss.Mint(b, iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour)) + "\n")
+	toks := make([]string, realCSRs)
+	for i := range toks {
+		toks[i] = e.iss.Mint(b, e.iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour))
 	}
-	tokFile := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(tokFile, []byte(toks.String()), 0o600); err != nil {
-		b.Fatal(err)
+	e.writeTokens(b, toks)
+	vs := e.variants(b, filepath.Join(e.bin, "signer"), "any", "-subject", "any")
+	if base := os.Getenv("MESHAGENT_SIGNER_BASE"); base != "" {
+		vs = append(vs, e.variants(b, base, "base-any", "-subject", "any", "-encoding", baseEncoding())...)
 	}
-	load := func() signBench {
-		return meshctlBenchSign(b, bin, &logs, "-nats-url", ns.ClientURL(), "-tokens", tokFile, "-signer-pid", strconv.Itoa(signer.Process.Pid))
-	}
-	c := newCeiling(b, pki.ECP256, realCSRs)
-	var runs []signBench
-	var wall, cpu, cpuJWT, ceilRate, ceilCPU, jwtCPU []float64
-	for range rounds {
-		ceil, withJWT, r := c.run(b, false), c.run(b, true), load()
-		jwtCPU = append(jwtCPU, float64(withJWT.cpuPerCSR().Microseconds()))
-		cpuJWT = append(cpuJWT, float64(withJWT.cpuPerCSR())/float64(time.Duration(r.CPUMicro*1e3)))
-		runs = append(runs, r)
-		ceilRate = append(ceilRate, ceil.rate())
-		ceilCPU = append(ceilCPU, float64(ceil.cpuPerCSR().Microseconds()))
-		wall = append(wall, r.Rate/ceil.rate())
-		cpu = append(cpu, float64(ceil.cpuPerCSR())/float64(time.Duration(r.CPUMicro*1e3)))
-	}
-	med := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
-	slices.SortFunc(runs, func(x, y signBench) int { return int(x.Rate - y.Rate) })
-	m := runs[len(runs)/2]
-	b.ReportMetric(m.Rate, "CSRs/s")
-	b.ReportMetric(float64(m.P50Micro), "p50-µs")
-	b.ReportMetric(float64(m.P99Micro), "p99-µs")
-	b.ReportMetric(m.CPUMicro, "signer-cpu-µs/CSR")
-	b.ReportMetric(med(ceilRate), "ceiling-CSRs/s")
-	b.ReportMetric(med(ceilCPU), "ceiling-cpu-µs/CSR")
-	b.ReportMetric(med(wall), "ratio-wall")
-	b.ReportMetric(med(cpu), "ratio-cpu")
-	b.ReportMetric(med(jwtCPU), "ceiling-jwt-cpu-µs/CSR")
-	b.ReportMetric(med(cpuJWT), "ratio-cpu-jwt")
-	b.ReportMetric(0, "ns/op")
-	b.Logf("real signer over TCP NATS, P-256, %d in flight, n=%d per run, %d rounds: %.0f CSRs/s (p50 %dµs, p99 %dµs, signer CPU %.0fµs/CSR); ceiling %.0f CSRs/s, %.0fµs/CSR; median ratios wall %.2f, CPU %.2f; ceiling with the ES256 token verified %.0fµs/CSR, CPU ratio to it %.2f",
-		clients, realCSRs, rounds, m.Rate, m.P50Micro, m.P99Micro, m.CPUMicro, med(ceilRate), med(ceilCPU), med(wall), med(cpu), med(jwtCPU), med(cpuJWT))
+	st := e.run(b, vs, true)
+	e.profile(b, vs)
+	st.report(b, vs)
+	b.ReportMetric(st.med(st.jwtCPU), "ceiling-jwt-cpu-µs/CSR")
+	b.ReportMetric(st.med(st.of["any"].cpuJWT), "any-ratio-cpu-jwt")
 }
 
-// meshctlBenchSign runs meshctl bench sign (realCSRs P-256 CSRs, clients in
-// flight, json) with args and decodes its result; logs is the signer's output, shown
-// when it fails.
-func meshctlBenchSign(b *testing.B, bin string, logs *bytes.Buffer, args ...string) signBench {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), append([]string{"bench", "sign", "-n", strconv.Itoa(realCSRs),
-		"-in-flight", strconv.Itoa(clients), "-key-alg", string(pki.ECP256), "-o", "json"}, args...)...)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = ee.Stderr
-		}
-		b.Fatalf("meshctl bench sign: %v\n%s\nsigner log:\n%s", err, stderr, logs.String())
-	}
-	var r signBench
-	if err := json.Unmarshal(out, &r); err != nil {
-		b.Fatalf("meshctl bench sign output %q: %v", out, err)
-	}
-	if r.CPUSource == "" {
-		b.Fatalf("meshctl bench sign read no signer CPU: %s", out)
-	}
-	return r
-}
-
-// BenchmarkSignRealBinaryBusID measures what -bus-sign-id saves: the real signer
-// binary on a secured TCP nats-server, serving the auth callout and run with
+// BenchmarkSignRealBinaryBusID measures signing on identity subjects: the real
+// signer binary on a secured TCP nats-server, serving the auth callout and run with
 // -bus-sign-id; meshctl bench sign connects 32 pods (pod-bound tokens, admitted by
 // the callout) and signs on their sign.pod subjects (token verified per request,
-// "pod") and on their sign.id subjects (identity from the subject, "id"), alternating
-// with the in-process crypto ceiling, rounds times; medians. ratio-cpu-* is the
-// ceiling's CPU per CSR over the signer's; id/pod-cpu is the id path's signer CPU per
-// CSR over the pod path's. Run with -benchtime 1x.
+// "pod") and on their sign.id subjects (identity from the subject, "id"; also
+// confined, as BenchmarkSignRealBinary says), alternating with the in-process
+// crypto ceiling, rounds times; medians. id/pod-cpu is the id path's signer CPU per
+// CSR over the pod path's. MESHAGENT_SIGNER_BASE adds "base-id" runs against that
+// binary (JSON requests) and "id-json" runs (this signer, JSON requests: an older
+// pod's). Run with -benchtime 1x.
 func BenchmarkSignRealBinaryBusID(b *testing.B) {
-	bin := benchBinaries(b)
-	dir := testkit.ShortDir(b)
-	creds, err := policy.LoadOrGenerate(filepath.Join(dir, "secrets"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ns, err := embedded.Start(embedded.Config{Port: -1, StoreDir: filepath.Join(dir, "nats"), Auth: &creds.Keys})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	iss := signertest.NewIssuer(b, "meshagent-dev")
-	httpAddr := testkit.FreeAddr(b)
-	signer := exec.Command(filepath.Join(bin, "signer"), "-instance", "bench-0", "-nats-url", ns.ClientURL(),
-		"-nats-nkey", creds.SeedFile(policy.Signer), "-bus-callout-seed", creds.IssuerFile(),
-		"-bus-callout-nkey", creds.SeedFile(policy.Callout), "-bus-sign-id",
-		"-http-addr", httpAddr, "-grpc-addr", testkit.FreeAddr(b), "-jwks-file", iss.WriteJWKS(b, dir),
-		"-ca-kek-file", signertest.KEKFile(b), "-log-level", "warn")
-	var logs bytes.Buffer
-	signer.Stdout, signer.Stderr = &logs, &logs
-	if err := signer.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = signer.Process.Kill(); _ = signer.Wait() })
-	testkit.EventuallyWithin(b, 30*time.Second, "signer ready", func() bool {
-		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
-		return code == http.StatusOK
-	})
+	e := newRealEnv(b, true)
 	// One pod-bound token per pod connection.
-	var toks strings.Builder
-	for i := range clients {
-		sa := iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour)
-		toks.WriteString(iss.Mint(b, sa.ForPod(fmt.Sprintf("w%d-0", i))) + "\n")
+	toks := make([]string, clients)
+	for i := range toks {
+		sa := e.iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour)
+		toks[i] = e.iss.Mint(b, sa.ForPod(fmt.Sprintf("w%d-0", i)))
 	}
-	tokFile := filepath.Join(dir, "tokens")
-	if err := os.WriteFile(tokFile, []byte(toks.String()), 0o600); err != nil {
-		b.Fatal(err)
+	e.writeTokens(b, toks)
+	vs := e.variants(b, filepath.Join(e.bin, "signer"), "id", "-subject", "id")
+	vs = append(vs, realVariant{label: "pod", s: vs[0].s, args: []string{"-subject", "pod"}})
+	if base := os.Getenv("MESHAGENT_SIGNER_BASE"); base != "" {
+		vs = append(vs, realVariant{label: "id-json", s: vs[0].s, args: []string{"-subject", "id", "-encoding", "json"}})
+		vs = append(vs, e.variants(b, base, "base-id", "-subject", "id", "-encoding", baseEncoding())...)
 	}
-	load := func(subject string) signBench {
-		return meshctlBenchSign(b, bin, &logs, "-nats-url", ns.ClientURL(), "-tokens", tokFile,
-			"-signer-pid", strconv.Itoa(signer.Process.Pid), "-subject", subject)
+	st := e.run(b, vs, false)
+	e.profile(b, vs)
+	st.report(b, vs)
+	id, pod := st.of["id"], st.of["pod"]
+	b.ReportMetric(st.med(id.cpu)/st.med(pod.cpu), "id/pod-cpu")
+}
+
+// baseEncoding is how requests to the MESHAGENT_SIGNER_BASE binary are encoded:
+// json (a signer from before the compact encoding), unless
+// MESHAGENT_SIGNER_BASE_ENCODING says compact.
+func baseEncoding() string {
+	if e := os.Getenv("MESHAGENT_SIGNER_BASE_ENCODING"); e != "" {
+		return e
 	}
+	return "json"
+}
+
+// realVariant is one measured configuration: a signer process and the meshctl
+// bench sign flags of its load.
+type realVariant struct {
+	label string
+	s     *signerProc
+	args  []string
+}
+
+// variants starts bin twice, unconfined (label) and, where the machine allows,
+// confined (label-confined), each loaded with args. MESHAGENT_SIGNER_ENV (K=V,
+// comma-separated) adds the same pair run with that environment (label-env,
+// label-env-confined), side by side: for the runtime's knobs (GOGC, GODEBUG).
+func (e *realEnv) variants(b *testing.B, bin, label string, args ...string) []realVariant {
+	var vs []realVariant
+	envs := [][]string{nil}
+	if extra := os.Getenv("MESHAGENT_SIGNER_ENV"); extra != "" {
+		envs = append(envs, strings.Split(extra, ","))
+	}
+	for i, env := range envs {
+		l := label
+		if i > 0 {
+			l += "-env"
+		}
+		vs = append(vs, realVariant{label: l, s: e.startSigner(b, bin, false, env...), args: args})
+		if e.layout.ok() {
+			vs = append(vs, realVariant{label: l + "-confined", s: e.startSigner(b, bin, true, env...), args: args})
+		}
+	}
+	return vs
+}
+
+// profile takes every variant's profiles when MESHAGENT_SIGNER_PROFILE asks.
+func (e *realEnv) profile(b *testing.B, vs []realVariant) {
+	for _, v := range vs {
+		profileSigner(b, v.s, v.label, func(dur time.Duration) signBench {
+			return e.load(b, v.s, append(v.args, "-duration", dur.String())...)
+		})
+	}
+}
+
+// realStats are every round's figures of one variant.
+type realStats struct {
+	rate, cpu, p50, p99, wall, ratioCPU, cpuJWT, client, nats []float64
+}
+
+// realRun is a whole real-binary measurement: the ceilings' figures (unconfined,
+// with the token verified, confined) and each variant's, by label.
+type realRun struct {
+	rate, cpu, jwtCPU, confRate, confCPU []float64
+	of                                   map[string]*realStats
+}
+
+func (*realRun) med(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
+
+// run measures rounds times: the ceiling in this process (and with the token
+// verified, if withJWT), the confined ceiling in a child when the machine allows,
+// then every variant; each variant's ratios are against the ceiling of its own
+// layout in the same round.
+func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 	c := newCeiling(b, pki.ECP256, realCSRs)
-	var ceilCPU, podCPU, idCPU, podRate, idRate, ratioPod, ratioID, idOverPod []float64
+	st := &realRun{of: map[string]*realStats{}}
 	for range rounds {
-		ceil, pod, id := c.run(b, false), load("pod"), load("id")
-		ceilCPU = append(ceilCPU, float64(ceil.cpuPerCSR().Microseconds()))
-		podCPU, idCPU = append(podCPU, pod.CPUMicro), append(idCPU, id.CPUMicro)
-		podRate, idRate = append(podRate, pod.Rate), append(idRate, id.Rate)
-		ratioPod = append(ratioPod, float64(ceil.cpuPerCSR().Microseconds())/pod.CPUMicro)
-		ratioID = append(ratioID, float64(ceil.cpuPerCSR().Microseconds())/id.CPUMicro)
-		idOverPod = append(idOverPod, id.CPUMicro/pod.CPUMicro)
+		ceil := withSignerGC(func() result { return c.run(b, false) })
+		st.rate, st.cpu = append(st.rate, ceil.rate()), append(st.cpu, float64(ceil.cpuPerCSR().Microseconds()))
+		var jwt, conf result
+		if withJWT {
+			jwt = withSignerGC(func() result { return c.run(b, true) })
+			st.jwtCPU = append(st.jwtCPU, float64(jwt.cpuPerCSR().Microseconds()))
+		}
+		if e.layout.ok() {
+			conf = e.ceilingConfined(b, pki.ECP256, realCSRs)
+			st.confRate, st.confCPU = append(st.confRate, conf.rate()), append(st.confCPU, float64(conf.cpuPerCSR().Microseconds()))
+		}
+		for _, v := range vs {
+			r := e.load(b, v.s, v.args...)
+			x := st.of[v.label]
+			if x == nil {
+				x = &realStats{}
+				st.of[v.label] = x
+			}
+			ref := ceil
+			if v.s.confined {
+				ref = conf
+			}
+			x.rate, x.cpu = append(x.rate, r.Rate), append(x.cpu, r.CPUMicro)
+			x.client, x.nats = append(x.client, r.ClientCPUMicro), append(x.nats, r.NATSCPUMicro)
+			x.p50, x.p99 = append(x.p50, float64(r.P50Micro)), append(x.p99, float64(r.P99Micro))
+			x.wall = append(x.wall, r.Rate/ref.rate())
+			x.ratioCPU = append(x.ratioCPU, float64(ref.cpuPerCSR().Microseconds())/r.CPUMicro)
+			if withJWT && !v.s.confined {
+				x.cpuJWT = append(x.cpuJWT, float64(jwt.cpuPerCSR().Microseconds())/r.CPUMicro)
+			}
+		}
 	}
-	med := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
-	b.ReportMetric(med(podRate), "pod-CSRs/s")
-	b.ReportMetric(med(idRate), "id-CSRs/s")
-	b.ReportMetric(med(podCPU), "pod-signer-cpu-µs/CSR")
-	b.ReportMetric(med(idCPU), "id-signer-cpu-µs/CSR")
-	b.ReportMetric(med(ceilCPU), "ceiling-cpu-µs/CSR")
-	b.ReportMetric(med(ratioPod), "ratio-cpu-pod")
-	b.ReportMetric(med(ratioID), "ratio-cpu-id")
-	b.ReportMetric(med(idOverPod), "id/pod-cpu")
+	return st
+}
+
+// report logs a table of medians and reports each variant's figures as metrics
+// named <label>-<figure>.
+func (st *realRun) report(b *testing.B, vs []realVariant) {
+	var tab strings.Builder
+	fmt.Fprintf(&tab, "P-256, %d in flight, n=%d per run, %d rounds, medians:\n", clients, realCSRs, rounds)
+	row := func(label string, rate, p50, p99, cpu, rcpu, rwall, client, nats float64) {
+		fmt.Fprintf(&tab, "  %-18s %9.0f %9.0f %9.0f %12.0f %10.2f %10.2f %12.0f %10.0f\n", label, rate, p50, p99, cpu, rcpu, rwall, client, nats)
+	}
+	fmt.Fprintf(&tab, "  %-18s %9s %9s %9s %12s %10s %10s %12s %10s\n", "", "CSRs/s", "p50 µs", "p99 µs", "CPU µs/CSR", "ratio CPU", "ratio wall", "client µs/CSR", "nats µs/CSR")
+	row("ceiling", st.med(st.rate), 0, 0, st.med(st.cpu), 0, 0, 0, 0)
+	b.ReportMetric(st.med(st.rate), "ceiling-CSRs/s")
+	b.ReportMetric(st.med(st.cpu), "ceiling-cpu-µs/CSR")
+	if len(st.confRate) > 0 {
+		row("ceiling-confined", st.med(st.confRate), 0, 0, st.med(st.confCPU), 0, 0, 0, 0)
+		b.ReportMetric(st.med(st.confRate), "ceiling-confined-CSRs/s")
+		b.ReportMetric(st.med(st.confCPU), "ceiling-confined-cpu-µs/CSR")
+	}
+	for _, v := range vs {
+		x := st.of[v.label]
+		row(v.label, st.med(x.rate), st.med(x.p50), st.med(x.p99), st.med(x.cpu), st.med(x.ratioCPU), st.med(x.wall), st.med(x.client), st.med(x.nats))
+		b.ReportMetric(st.med(x.rate), v.label+"-CSRs/s")
+		b.ReportMetric(st.med(x.cpu), v.label+"-cpu-µs/CSR")
+		b.ReportMetric(st.med(x.ratioCPU), v.label+"-ratio-cpu")
+		b.ReportMetric(st.med(x.wall), v.label+"-ratio-wall")
+		b.ReportMetric(st.med(x.client), v.label+"-client-cpu-µs/CSR")
+		b.ReportMetric(st.med(x.nats), v.label+"-nats-cpu-µs/CSR")
+		if !v.s.confined {
+			b.ReportMetric(st.med(x.p50), v.label+"-p50-µs")
+			b.ReportMetric(st.med(x.p99), v.label+"-p99-µs")
+		}
+	}
 	b.ReportMetric(0, "ns/op")
-	b.Logf("real signer, secured TCP NATS, %d callout-admitted pods, P-256, n=%d per run, %d rounds (medians): sign.pod %.0f CSRs/s, %.0fµs CPU/CSR; sign.id %.0f CSRs/s, %.0fµs CPU/CSR; ceiling %.0fµs/CSR; CPU ratio to the ceiling pod %.2f, id %.2f; id/pod CPU %.2f (per run: %v)",
-		clients, realCSRs, rounds, med(podRate), med(podCPU), med(idRate), med(idCPU), med(ceilCPU), med(ratioPod), med(ratioID), med(idOverPod), idOverPod)
+	b.Log(tab.String())
 }
 
 // benchBinaries returns MESHAGENT_BIN (make bench builds it), or a directory with

@@ -105,13 +105,31 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 				} else {
 					rep = natsSign(t, e.nc, req)
 				}
-				msg := tc.wantMsg
-				if tc.natsMsg != "" {
-					msg = tc.natsMsg
+				tc.checkNATS(t, rep)
+			})
+		}
+	})
+	// The same over the compact encoding, hand-made where the encoder refuses.
+	t.Run("nats-compact", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				der := tc.csr
+				if b, _ := pem.Decode(tc.csr); b != nil {
+					der = b.Bytes
 				}
-				if rep.Error == nil || rep.Error.Code != tc.natsCode || !strings.Contains(rep.Error.Message, msg) || len(rep.CertChain) != 0 {
-					t.Fatalf("reply %+v, want %s %q", rep.Error, tc.natsCode, msg)
+				var rep events.SignReply
+				switch {
+				case tc.token == "":
+					rep = natsRaw(t, e.nc, compactSign(compactField(1, der)))
+				case tc.ttl > events.MaxTTLSeconds:
+					rep = natsRaw(t, e.nc, compactSign(compactField(1, der), compactField(2, tc.token), compactField(5, uint64(tc.ttl))))
+				case len(tc.csr) > events.MaxEventSize:
+					rep = natsRaw(t, e.nc, compactSign(compactField(1, der), compactField(2, tc.token), compactField(50, tc.csr)))
+				default:
+					rep = natsSignIn(t, e.nc, events.EncodingCompact, "", events.SignRequest{CSR: string(tc.csr), Token: tc.token,
+						TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: "web-0"})
 				}
+				tc.checkNATS(t, rep)
 			})
 		}
 	})
@@ -128,9 +146,11 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	})
 	t.Run("garbled events", func(t *testing.T) {
 		for name, msg := range map[string]*nats.Msg{
-			"not a cloudevent": {Subject: events.SubjectSignAny, Data: []byte(`{"csr":"x"}`)},
-			"wrong type":       mustMsg(t, events.SubjectSignAny, events.BundleRequest{}),
-			"not json":         rawSign(t, `csr=1`),
+			"not a cloudevent":        {Subject: events.SubjectSignAny, Data: []byte(`{"csr":"x"}`)},
+			"wrong type":              mustMsg(t, events.SubjectSignAny, events.BundleRequest{}),
+			"not json":                rawSign(t, `csr=1`),
+			"compact of another type": {Subject: events.SubjectSignAny, Data: []byte("\x00" + events.TypeBundleRequest + "\x00")},
+			"compact, garbled":        compactSign([]byte{0x0a, 0x7f}),
 		} {
 			t.Run(name, func(t *testing.T) {
 				if rep := natsRaw(t, e.nc, msg); rep.Error == nil || rep.Error.Code != events.CodeInvalidArgument {
@@ -146,12 +166,24 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 		t.Fatalf("kv root revision %d -> %d after bad input", rev, got)
 	}
 	body := s.wantMetrics(t,
-		`meshagent_signer_auth_failures_total{transport="nats"} 7`,
+		`meshagent_signer_auth_failures_total{transport="nats"} 14`,
 		`meshagent_signer_auth_failures_total{transport="grpc"} 8`,
 		`meshagent_signer_csr_parse_failures_total{transport="grpc"} 2`,
 	)
 	if strings.Contains(body, "meshagent_signer_certs_issued_total") {
 		t.Error("a certificate was counted as issued")
+	}
+}
+
+// checkNATS checks a NATS reply to tc: refused with its code and message.
+func (tc badInput) checkNATS(t *testing.T, rep events.SignReply) {
+	t.Helper()
+	msg := tc.wantMsg
+	if tc.natsMsg != "" {
+		msg = tc.natsMsg
+	}
+	if rep.Error == nil || rep.Error.Code != tc.natsCode || !strings.Contains(rep.Error.Message, msg) || len(rep.CertChain) != 0 {
+		t.Fatalf("reply %+v, want %s %q", rep.Error, tc.natsCode, msg)
 	}
 }
 

@@ -197,6 +197,9 @@ func (s *Signer) Run(ctx context.Context) error {
 	if s.callout != nil {
 		tasks = append(tasks, s.callout.Run)
 	}
+	if s.cfg.Listen.Pprof != "" {
+		tasks = append(tasks, s.servePprof)
+	}
 	return lifecycle.Tasks(ctx, tasks...)
 }
 

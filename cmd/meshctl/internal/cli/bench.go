@@ -46,6 +46,9 @@ type SignBench struct {
 	// /proc/<pid>/stat for a local signer, else its process_cpu_seconds_total).
 	SignerCPUMicro float64 `json:"signer_cpu_us_per_csr,omitempty"`
 	CPUSource      string  `json:"cpu_source,omitempty"`
+	// ClientCPUMicro is this load client's own CPU time per CSR: on a machine it
+	// shares with the signer, what the signer could not use.
+	ClientCPUMicro float64 `json:"client_cpu_us_per_csr,omitempty"`
 }
 
 func runBench(ctx context.Context, env Env, args []string) error {
@@ -59,7 +62,7 @@ func runBench(ctx context.Context, env Env, args []string) error {
 // starts, then -in-flight requesters send them on the sign subject until -n are
 // answered (or -duration has passed, cycling through the -n prepared requests).
 func runBenchSign(ctx context.Context, env Env, args []string) error {
-	var dir, alg, ns, sa, tokensFile, metricsURL, output, subject string
+	var dir, alg, ns, sa, tokensFile, metricsURL, output, subject, encoding string
 	var n, inFlight, warmup, pid int
 	var dur time.Duration
 	var bf busFlags
@@ -78,6 +81,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.String(&metricsURL, "signer-metrics", "", "", "the signer's /metrics URL, for its process_cpu_seconds_total when it is not local (default: the local stack's)")
 	fs.String(&output, "o", "", "text", "output: text or json")
 	fs.String(&subject, "subject", "", "any", "where requests go: any (sign.any, as the -nats-* user); pod or id: each in-flight requester connects as the pod its token is bound to (-tokens: pod-bound), admitted by the signer's auth callout, and signs on its sign.pod subject (token verified per request) or its sign.id subject (identity from the subject: signer run with -bus-sign-id)")
+	fs.String(&encoding, "encoding", "", "compact", "how requests are encoded: compact (what sds-edge sends) or json (a CloudEvent, as a pod before the compact encoding, or to load a signer before it)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -85,6 +89,10 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	var errs []error
 	if err != nil {
 		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
+	}
+	enc, err := events.ParseEncoding(encoding)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-encoding: %w", err))
 	}
 	if n < 1 {
 		errs = append(errs, errors.New("-n: at least 1"))
@@ -142,7 +150,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 		subjectOf = func(i int) string { return subjects[i%len(subjects)] }
 	}
 	defer closeAll(conns)
-	msgs, err := benchRequests(ka, toks, n, subjectOf)
+	msgs, err := benchRequests(ka, enc, toks, n, subjectOf)
 	if err != nil {
 		return err
 	}
@@ -152,6 +160,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	cpu0, cpuErr := cpu.read()
+	self0, selfErr := procCPUSeconds(os.Getpid())
 	start := time.Now()
 	lat, err := loadSign(ctx, conns, msgs, len(msgs), dur, inFlight)
 	elapsed := time.Since(start)
@@ -165,6 +174,9 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	}
 	if cpu1, err := cpu.read(); cpuErr == nil && err == nil {
 		res.SignerCPUMicro, res.CPUSource = (cpu1-cpu0)*1e6/float64(len(lat)), cpu.source()
+	}
+	if self1, err := procCPUSeconds(os.Getpid()); selfErr == nil && err == nil {
+		res.ClientCPUMicro = (self1 - self0) * 1e6 / float64(len(lat))
 	}
 	if output == "json" {
 		return json.NewEncoder(env.Stdout).Encode(res)
@@ -184,6 +196,9 @@ func printSignBench(w io.Writer, r SignBench) {
 		fmt.Fprintf(w, "signer CPU  %.0f µs per CSR (%s)\n", r.SignerCPUMicro, r.CPUSource)
 	} else {
 		fmt.Fprintln(w, "signer CPU  unknown (give -signer-pid or -signer-metrics)")
+	}
+	if r.ClientCPUMicro > 0 {
+		fmt.Fprintf(w, "client CPU  %.0f µs per CSR (this load generator)\n", r.ClientCPUMicro)
 	}
 }
 
@@ -296,9 +311,9 @@ func tokenPod(tok string) (ns, sa, pod string, err error) {
 	return c.K8s.Namespace, c.K8s.ServiceAccount.Name, c.K8s.Pod.Name, nil
 }
 
-// benchRequests prepares n encoded sign requests, each with a fresh key's CSR,
-// request i on subject(i) with token i modulo len(toks).
-func benchRequests(alg pki.KeyAlg, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
+// benchRequests prepares n sign requests encoded as enc, each with a fresh key's
+// CSR, request i on subject(i) with token i modulo len(toks).
+func benchRequests(alg pki.KeyAlg, enc events.Encoding, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
 	msgs := make([]*nats.Msg, n)
 	for i := range msgs {
 		key, err := pki.GenerateKey(alg)
@@ -310,7 +325,8 @@ func benchRequests(alg pki.KeyAlg, toks []string, n int, subject func(i int) str
 		if err != nil {
 			return nil, err
 		}
-		if msgs[i], err = events.NewMsg(subject(i), "meshctl/bench", events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}); err != nil {
+		req := events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}
+		if msgs[i], err = events.NewSignRequestMsg(subject(i), enc, "meshctl/bench", req); err != nil {
 			return nil, err
 		}
 	}
@@ -381,9 +397,12 @@ func signOnce(ctx context.Context, nc *nats.Conn, m *nats.Msg) error {
 	if err != nil {
 		return fmt.Errorf("sign over nats: %w", err)
 	}
-	reply, _, err := events.Decode[events.SignReply](resp)
+	reply, enc, err := events.DecodeSignReply(resp)
 	if err != nil {
 		return fmt.Errorf("sign reply: %w", err)
+	}
+	if events.CompactRefused(reply, enc) {
+		return fmt.Errorf("signer refused: %w (a signer from before the compact encoding: use -encoding json)", reply.Error)
 	}
 	if reply.Error != nil {
 		return fmt.Errorf("signer refused: %w", reply.Error)

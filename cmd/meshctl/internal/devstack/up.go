@@ -324,6 +324,9 @@ func (r *Runner) startSigner(ctx context.Context) error {
 		"-nats-nkey", r.creds.SeedFile(policy.Signer),
 		"-bus-callout-seed", r.creds.IssuerFile(),
 		"-bus-callout-nkey", r.creds.SeedFile(policy.Callout),
+		// Pods are admitted by this signer's callout and verified offline (JWKS):
+		// the identity subject proves what a per-request check would (docs/security.md).
+		"-bus-sign-id",
 	}
 	if r.cfg.RootRotateMinInterval > 0 {
 		args = append(args, "-root-rotate-min-interval", r.cfg.RootRotateMinInterval.String())

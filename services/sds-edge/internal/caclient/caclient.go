@@ -103,21 +103,33 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
 }
 
-// ask sends req on subject and decodes the reply.
+// ask sends req on subject in the compact encoding and decodes the reply; a signer
+// from before the compact encoding refuses it, and is asked again with a
+// CloudEvent.
 func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
-	msg, err := events.NewMsg(subject, n.source, req)
+	r, enc, err := n.askAs(ctx, subject, events.EncodingCompact, req)
+	if err == nil && events.CompactRefused(r, enc) {
+		r, _, err = n.askAs(ctx, subject, events.EncodingJSON, req)
+	}
+	return r, err
+}
+
+// askAs sends req on subject encoded as enc and decodes the reply, in whichever
+// encoding it comes.
+func (n *NATS) askAs(ctx context.Context, subject string, enc events.Encoding, req events.SignRequest) (events.SignReply, events.Encoding, error) {
+	msg, err := events.NewSignRequestMsg(subject, enc, n.source, req)
 	if err != nil {
-		return events.SignReply{}, fmt.Errorf("build sign request: %w", err)
+		return events.SignReply{}, enc, fmt.Errorf("build sign request: %w", err)
 	}
 	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
-		return events.SignReply{}, fmt.Errorf("sign request: %w", err)
+		return events.SignReply{}, enc, fmt.Errorf("sign request: %w", err)
 	}
-	r, _, err := events.Decode[events.SignReply](reply)
+	r, renc, err := events.DecodeSignReply(reply)
 	if err != nil {
-		return events.SignReply{}, fmt.Errorf("sign reply: %w", err)
+		return events.SignReply{}, renc, fmt.Errorf("sign reply: %w", err)
 	}
-	return r, nil
+	return r, renc, nil
 }
 
 // unknownSubject is a signer's answer to a sign subject it does not serve (signers

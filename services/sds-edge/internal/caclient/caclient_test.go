@@ -48,20 +48,26 @@ func securedPod(t *testing.T) (*bustest.Secured, *nats.Conn) {
 }
 
 // signer answers subject (as the signer role, queue "signer") with a refusal naming
-// the subject the request came on, or with the answer of a signer that predates
-// identity subjects when old is set.
-func signer(t *testing.T, s *bustest.Secured, subject string, old bool) {
+// the subject and encoding the request came in, or with the answer of a signer
+// that predates identity subjects when old is set; jsonOnly, it reads CloudEvents
+// only and answers anything else as a signer from before the compact encoding does.
+func signer(t *testing.T, s *bustest.Secured, subject string, old, jsonOnly bool) {
 	t.Helper()
 	nc := s.Conn(t, policy.Signer, nil)
 	if _, err := nc.QueueSubscribe(subject, events.SignerQueue, func(m *nats.Msg) {
-		msg := "answered on " + m.Subject
+		_, enc, err := events.DecodeSignRequest(m)
+		if jsonOnly {
+			enc = events.EncodingJSON
+			_, _, err = events.Decode[events.SignRequest](m)
+		}
+		msg := "answered on " + m.Subject + " (" + enc.String() + ")"
 		if _, _, _, id := events.IdentityFromSignSubject(m.Subject); id && old {
 			msg = "unknown sign subject " + m.Subject
 		}
-		if _, _, err := events.Decode[events.SignRequest](m); err != nil {
+		if err != nil {
 			msg = err.Error()
 		}
-		reply, err := events.NewMsg(m.Reply, "signer", events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: msg}})
+		reply, err := events.NewSignReplyMsg(m.Reply, enc, "signer", events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: msg}})
 		if err == nil {
 			_ = nc.PublishMsg(reply)
 		}
@@ -78,30 +84,33 @@ const pemCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE 
 
 // TestSignsOnIdentitySubjectThenFallsBack: a pod admitted as shop/web asks on its
 // identity subject when a signer answers there, and on its pod subject (token in
-// the body) when none does or an older signer does not know the subject.
+// the body) when none does or an older signer does not know the subject; it asks
+// in the compact encoding, and again as a CloudEvent of a signer that reads only
+// those.
 func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 	idSubject, _ := events.IdentitySignSubject("shop", "web", "web-0")
 	podSubject, _ := events.PodSignSubject("web-0")
 	for _, tc := range []struct {
-		name      string
-		subscribe []string
-		old       bool
-		want      string
+		name           string
+		subscribe      []string
+		old, jsonOnly  bool
+		want, encoding string
 	}{
-		{"signer with -bus-sign-id", []string{events.SignWildcard}, false, idSubject},
-		{"signer without it", []string{events.SignPodWildcard, events.SubjectSignAny}, false, podSubject},
-		{"signer from before identity subjects", []string{events.SignWildcard}, true, podSubject},
+		{"signer with -bus-sign-id", []string{events.SignWildcard}, false, false, idSubject, "compact"},
+		{"signer without it", []string{events.SignPodWildcard, events.SubjectSignAny}, false, false, podSubject, "compact"},
+		{"signer from before identity subjects", []string{events.SignWildcard}, true, true, podSubject, "json"},
+		{"signer from before the compact encoding", []string{events.SignWildcard}, false, true, idSubject, "json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, pod := securedPod(t)
 			for _, subj := range tc.subscribe {
-				signer(t, s, subj, tc.old)
+				signer(t, s, subj, tc.old, tc.jsonOnly)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: "web-0"})
-			if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "answered on "+tc.want) {
-				t.Fatalf("got %v, want the request answered on %s", err, tc.want)
+			if want := "answered on " + tc.want + " (" + tc.encoding + ")"; !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("got %v, want %q", err, want)
 			}
 		})
 	}

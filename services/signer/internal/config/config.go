@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,7 +37,10 @@ type Config struct {
 	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {
-		HTTP     string // /healthz, /readyz, /metrics
+		HTTP string // /healthz, /readyz, /metrics
+		// Pprof serves Go's net/http/pprof profiles there when set (loopback only):
+		// off by default, for profiling a signer under load.
+		Pprof    string
 		GRPC     string // Istio CA API; host:port or unix:///path
 		DNSNames []string
 		IPs      []net.IP
@@ -97,6 +101,10 @@ type Config struct {
 		MaxAge   time.Duration
 	}
 	Workers int // concurrent NATS sign requests per replica
+	// GCPercent is the process's garbage-collection target (Go's GOGC; -1: off),
+	// set by the signer's main: a signer's live heap is a few megabytes, so at Go's
+	// default of 100 it collects every hundred or so CSRs.
+	GCPercent int
 	// Federation: this domain's SPIFFE bundle endpoint and the foreign domains followed.
 	Federation struct {
 		Listen   string // bundle endpoint listen address; "": not served
@@ -149,6 +157,7 @@ func Default() Config {
 	c.Stream.Replicas = 1
 	c.Stream.MaxAge = 7 * 24 * time.Hour
 	c.Workers = 64
+	c.GCPercent = DefaultGCPercent
 	c.Federation.RefreshHint = 5 * time.Minute
 	c.Federation.MinRefresh = 10 * time.Second
 	c.Federation.MaxRefresh = time.Hour
@@ -167,6 +176,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Bool(&c.BusCallout.SignByIdentity, "bus-sign-id", "BUS_SIGN_ID", false, "answer sign requests on meshagent.rpc.sign.id.<ns>.<sa>.<pod> taking the identity from the subject (the callout grants it from the token it verified) instead of verifying the token per request; only with -bus-callout-seed, when nothing but callout-admitted pods can publish there")
 	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
+	fs.String(&c.Listen.Pprof, "pprof-addr", "SIGNER_PPROF_ADDR", "", "serve Go's profiles (/debug/pprof/) on this loopback address, for profiling under load; empty: not served")
 	fs.String(&c.Listen.GRPC, "grpc-addr", "GRPC_ADDR", c.Listen.GRPC, "Istio CA gRPC listen address (host:port or unix:///path)")
 	fs.String(&dnsNames, "grpc-dns-names", "GRPC_DNS_NAMES", strings.Join(c.Listen.DNSNames, ","), "DNS SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&ips, "grpc-ips", "GRPC_IPS", "127.0.0.1", "IP SANs of the gRPC serving certificate, comma-separated")
@@ -201,6 +211,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Int(&c.Stream.Replicas, "stream-replicas", "EVENTS_REPLICAS", c.Stream.Replicas, "replicas of the event stream, if the signer creates it")
 	fs.Duration(&c.Stream.MaxAge, "stream-max-age", "EVENTS_MAX_AGE", c.Stream.MaxAge, "history of the event stream, if the signer creates it")
 	fs.Int(&c.Workers, "workers", "SIGNER_WORKERS", c.Workers, "concurrent NATS sign requests")
+	gogc := strconv.Itoa(c.GCPercent)
+	fs.String(&gogc, "gogc", "GOGC", gogc, "garbage-collection target percent, as Go's GOGC (off: none); the signer's live heap is small, so a higher target costs little memory and saves CPU per CSR")
 	fs.String(&c.Federation.Listen, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "", "serve this trust domain's SPIFFE bundle over HTTPS on this address (web PKI, or https_spiffe with -bundle-endpoint-spiffe-id); empty: not served")
 	fs.String(&c.Federation.CertFile, "bundle-endpoint-cert", "BUNDLE_ENDPOINT_CERT", "", "web-PKI certificate (PEM chain) of the bundle endpoint")
 	fs.String(&c.Federation.KeyFile, "bundle-endpoint-key", "BUNDLE_ENDPOINT_KEY", "", "key of -bundle-endpoint-cert")
@@ -231,6 +243,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		}
 	}
 	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
+	if gc, err := parseGOGC(gogc); err != nil {
+		perr = errors.Join(perr, fmt.Errorf("-gogc: %w", err))
+	} else {
+		c.GCPercent = gc
+	}
 	c.Certs.Signers = flagenv.SplitList(signers)
 	if c.Certs.SignersDir == "" {
 		c.Certs.SignersDir = c.CA.Dir
@@ -278,6 +295,7 @@ func (c Config) Validate() error {
 	p.Check(c.Instance != "", "-instance: required")
 	p.Check(c.Listen.HTTP != "", "-http-addr: required")
 	p.Check(c.Listen.GRPC != "", "-grpc-addr: required")
+	p.Check(c.Listen.Pprof == "" || isLoopback(c.Listen.Pprof), "-pprof-addr: want a loopback host:port (127.0.0.1:6060, [::1]:6060, localhost:6060), got %q: profiles show the signer's code paths and memory layout", c.Listen.Pprof)
 	p.Check(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
 	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
 		p.Addf("-trust-domain: %w", err)
@@ -329,6 +347,7 @@ func (c Config) Validate() error {
 	p.Check(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
 	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
 	p.Check(c.Workers >= 1, "-workers: must be at least 1")
+	p.Check(c.GCPercent == -1 || c.GCPercent >= 1, "-gogc: must be a positive percent or off")
 	if c.Federation.Listen != "" {
 		if c.Federation.SPIFFEID != "" {
 			p.Check(c.Federation.CertFile == "" && c.Federation.KeyFile == "", "-bundle-endpoint-spiffe-id: not with -bundle-endpoint-cert/-key (one serving certificate)")
@@ -359,4 +378,34 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
 	return p.Err()
+}
+
+// DefaultGCPercent is the signer's GC target unless -gogc or GOGC says otherwise:
+// four times Go's default, which on make bench's load cut the signer's CPU per CSR
+// by about a sixth (docs/benchmarks.md) for a heap of tens of megabytes.
+const DefaultGCPercent = 400
+
+// parseGOGC reads a GOGC value: a percent, or off (-1).
+func parseGOGC(s string) (int, error) {
+	if strings.EqualFold(s, "off") {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a percent or off", s)
+	}
+	return n, nil
+}
+
+// isLoopback reports whether addr is host:port with a loopback host.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

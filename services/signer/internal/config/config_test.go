@@ -257,3 +257,38 @@ func TestBundleEndpointSPIFFEProfile(t *testing.T) {
 		t.Error("-bundle-endpoint-spiffe-id without -bundle-endpoint-addr accepted")
 	}
 }
+
+// TestGCPercentAndPprof: the GC target is the signer's default, Go's GOGC when
+// set (off included), or -gogc; a bad one is named. -pprof-addr must be loopback.
+func TestGCPercentAndPprof(t *testing.T) {
+	base := []string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want int
+		err  string
+	}{
+		{want: DefaultGCPercent},
+		{env: map[string]string{"GOGC": "200"}, want: 200},
+		{env: map[string]string{"GOGC": "off"}, want: -1},
+		{args: []string{"-gogc", "50"}, env: map[string]string{"GOGC": "200"}, want: 50},
+		{args: []string{"-gogc", "lots"}, err: "-gogc"},
+		{args: []string{"-gogc", "0"}, err: "-gogc"},
+		{args: []string{"-pprof-addr", "127.0.0.1:6060"}, want: DefaultGCPercent},
+		{args: []string{"-pprof-addr", "[::1]:6060"}, want: DefaultGCPercent},
+		{args: []string{"-pprof-addr", ":6060"}, err: "-pprof-addr"},
+		{args: []string{"-pprof-addr", "10.0.0.1:6060"}, err: "-pprof-addr"},
+	} {
+		c, err := Load(append(append([]string{}, base...), tc.args...), testkit.Env(tc.env))
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v %v: %v, want an error naming %s", tc.args, tc.env, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%v %v: %v", tc.args, tc.env, err)
+		case c.GCPercent != tc.want:
+			t.Errorf("%v %v: GC percent %d, want %d", tc.args, tc.env, c.GCPercent, tc.want)
+		}
+	}
+}

@@ -70,18 +70,29 @@ func (s *Store) Open(ctx context.Context) error {
 	})
 }
 
-// Put records that leaf was issued to pod, until leaf expires. A retried write is
-// stored once (its message id is the serial).
-func (s *Store) Put(ctx context.Context, leaf *x509.Certificate, pod string, now time.Time) error {
+// Msg is the bucket write recording that leaf was issued to pod, until leaf
+// expires, for the caller to store durably (bus.Publish, bus.AsyncPublisher): a
+// JetStream publish on the bucket's subject whose dedup id is the serial, so a
+// retried write is stored once.
+func (s *Store) Msg(leaf *x509.Certificate, pod string, now time.Time) (*nats.Msg, error) {
 	serial := pki.SerialHex(leaf)
 	data, err := json.Marshal(Record{Pod: pod, SPIFFEID: leaf.URIs[0].String(), SHA256: pki.Fingerprint(leaf), NotAfter: leaf.NotAfter})
 	if err != nil {
-		return fmt.Errorf("issued record %s: %w", serial, err)
+		return nil, fmt.Errorf("issued record %s: %w", serial, err)
 	}
 	msg := nats.NewMsg("$KV." + policy.BucketIssued + "." + serial)
 	msg.Data = data
 	msg.Header.Set(jetstream.MsgTTLHeader, max(leaf.NotAfter.Sub(now)+skew, time.Second).Round(time.Second).String())
 	msg.Header.Set(events.HeaderID, "issued-"+serial)
+	return msg, nil
+}
+
+// Put records that leaf was issued to pod (Msg), and returns once it is stored.
+func (s *Store) Put(ctx context.Context, leaf *x509.Certificate, pod string, now time.Time) error {
+	msg, err := s.Msg(leaf, pod, now)
+	if err != nil {
+		return err
+	}
 	return bus.Publish(ctx, s.js, msg)
 }
 

@@ -13,9 +13,11 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -65,6 +67,10 @@ type Result struct {
 	// Generation and Endorsements are those of the bundle the leaf was signed with.
 	Generation   uint64
 	Endorsements []events.Endorsement
+	// Signing is the material that signed the leaf (its Chain follows the leaf);
+	// Bundle the one whose trust bundle, generation and endorsements the reply
+	// carries. They differ for a named signer.
+	Signing, Bundle *ca.Material
 }
 
 // Error is a request error with a code from events (CodeInvalidArgument, ...).
@@ -96,9 +102,10 @@ type Config struct {
 	Records Recorder
 }
 
-// Recorder records that leaf was issued to pod (issued.Store).
+// Recorder makes the write recording that leaf was issued to pod (issued.Store),
+// which the issuer stores durably beside cert.issued.
 type Recorder interface {
-	Put(ctx context.Context, leaf *x509.Certificate, pod string, now time.Time) error
+	Msg(leaf *x509.Certificate, pod string, now time.Time) (*nats.Msg, error)
 }
 
 // NodeAuthorizer decides whether an authenticated caller may have target's identity
@@ -151,12 +158,108 @@ func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
 // pod-bound token. A TTL <= 0 asks for the default. Any error leaves no trace but
 // metrics and a log line: no certificate is returned and no event is published.
 func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Result, error) {
+	is, err := i.prepare(ctx, req, via)
+	if err != nil {
+		return Result{}, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	errs := make(chan error, len(is.msgs))
+	for _, m := range is.msgs[1:] {
+		go func() { errs <- i.publish(pctx, m) }()
+	}
+	err = i.publish(pctx, is.msgs[0])
+	for range is.msgs[1:] {
+		err = errors.Join(err, <-errs)
+	}
+	return is.recorded(err)
+}
+
+// recordTimeout bounds how long a certificate's cert.issued may take to be stored.
+const recordTimeout = 10 * time.Second
+
+// AsyncPublisher stores an event and calls back once it is stored or has failed
+// (bus.AsyncPublisher).
+type AsyncPublisher interface {
+	Publish(msg *nats.Msg, deadline time.Time, done func(error))
+}
+
+var _ AsyncPublisher = (*bus.AsyncPublisher)(nil)
+
+// IssueThen is Issue for a caller that answers once cert.issued is stored without
+// holding a goroutine meanwhile: it checks, authenticates and signs now, then
+// calls done exactly once, from pub's ack reader when the event is stored (or
+// failed), or at once when the request is refused. done gets what Issue returns.
+func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via, pub AsyncPublisher, done func(Result, error)) {
+	is, err := i.prepare(ctx, req, via)
+	if err != nil {
+		done(Result{}, err)
+		return
+	}
+	deadline := time.Now().Add(recordTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if len(is.msgs) == 1 {
+		pub.Publish(is.msgs[0], deadline, func(err error) { done(is.recorded(err)) })
+		return
+	}
+	// Every write stored (or failed) before done, which runs once, after the last.
+	var (
+		mu   sync.Mutex
+		left = len(is.msgs)
+		errs error
+	)
+	for _, m := range is.msgs {
+		pub.Publish(m, deadline, func(err error) {
+			mu.Lock()
+			errs = errors.Join(errs, err)
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(is.recorded(errs))
+			}
+		})
+	}
+}
+
+// issued is a signed certificate whose writes are yet to be stored: cert.issued
+// first, then, for a pod's certificate, its record (Config.Records).
+type issued struct {
+	i    *Issuer
+	res  Result
+	ev   events.CertIssued
+	msgs []*nats.Msg
+	via  Via
+	src  string // the caller's auth source
+}
+
+// recorded is the outcome once storing cert.issued returned err: the result, or
+// (the event not stored) an unavailable error and no certificate.
+func (is *issued) recorded(err error) (Result, error) {
+	i, t := is.i, is.via.Transport
+	if err != nil {
+		// The caller gets nothing: a certificate that was never recorded would never be renewed.
+		i.metrics.SignFail.WithLabelValues(t).Inc()
+		i.log.Error("record cert.issued failed", "serial", is.ev.Serial, "error", err)
+		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
+	}
+	i.metrics.Issued.WithLabelValues(t).Inc()
+	if i.log.IsDebug() { // per request: its arguments are not even built at info
+		i.log.Debug("certificate issued", "serial", is.ev.Serial, "spiffe_id", is.ev.SPIFFEID, "transport", t, "auth", is.src, "not_after", is.res.Leaf.NotAfter)
+	}
+	return is.res, nil
+}
+
+// prepare checks, authenticates and signs req and encodes its cert.issued.
+func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (*issued, error) {
 	t := via.Transport
 	i.metrics.Received.WithLabelValues(t).Inc()
-	reject := func(reason string, err *Error) (Result, error) {
+	reject := func(reason string, err *Error) (*issued, error) {
 		i.metrics.Rejected.WithLabelValues(t, reason).Inc()
 		i.log.Debug("request rejected", "transport", t, "reason", reason, "error", err.Msg)
-		return Result{}, err
+		return nil, err
 	}
 	if len(req.CSR) > events.MaxEventSize {
 		return reject("too_large", errf(events.CodeResourceExhausted, "csr is %d bytes, limit %d", len(req.CSR), events.MaxEventSize))
@@ -246,45 +349,33 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("sign failed", "spiffe_id", caller.ID.String(), "error", err)
 		if errors.Is(err, ca.ErrCAExpired) {
-			return Result{}, errf(events.CodeUnavailable, "%v", err)
+			return nil, errf(events.CodeUnavailable, "%v", err)
 		}
-		return Result{}, errf(events.CodeInternal, "sign: %v", err)
+		return nil, errf(events.CodeInternal, "sign: %v", err)
 	}
+	leafPEM := string(pki.EncodeCertPEM(leaf))
 	ev := events.CertIssued{
 		Serial: pki.SerialHex(leaf), SPIFFEID: caller.ID.String(), NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		Pod: pod, Resource: req.Resource, KeyAlgorithm: string(alg), AuthSource: caller.Source,
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: signing.RootFingerprint(),
-		CertChain: append([]string{string(pki.EncodeCertPEM(leaf))}, signing.IntermediatePEMs()...),
+		CertChain: append([]string{leafPEM}, signing.IntermediatePEMs()...),
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
-	if err == nil {
-		err = i.record(ctx, msg, leaf, pod, now)
+	msgs := []*nats.Msg{msg}
+	if err == nil && pod != "" && i.cfg.Records != nil {
+		var rec *nats.Msg
+		rec, err = i.cfg.Records.Msg(leaf, pod, now)
+		msgs = append(msgs, rec)
 	}
 	if err != nil {
-		// The caller gets nothing: a certificate that was never recorded would never be renewed.
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
-		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
+		return nil, errf(events.CodeInternal, "could not record the certificate: %v", err)
 	}
-	i.metrics.Issued.WithLabelValues(t).Inc()
-	i.log.Debug("certificate issued", "serial", ev.Serial, "spiffe_id", ev.SPIFFEID, "transport", t, "auth", caller.Source, "not_after", leaf.NotAfter)
-	chain := append([]string{string(pki.EncodeCertPEM(leaf))}, signing.ChainPEMs()...)
-	return Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}, nil
-}
-
-// record stores cert.issued and, for a pod's certificate, the pod's record of it
-// (Config.Records), both at once: each must be stored before the caller gets the
-// chain.
-func (i *Issuer) record(ctx context.Context, msg *nats.Msg, leaf *x509.Certificate, pod string, now time.Time) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if pod == "" || i.cfg.Records == nil {
-		return i.publish(ctx, msg)
-	}
-	rec := make(chan error, 1)
-	go func() { rec <- i.cfg.Records.Put(ctx, leaf, pod, now) }()
-	err := i.publish(ctx, msg)
-	return errors.Join(err, <-rec)
+	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
+	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
+		Signing: signing, Bundle: mat}
+	return &issued{i: i, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source}, nil
 }
 
 func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {

@@ -1,6 +1,7 @@
 // Package natsapi serves the signer over NATS request-reply: signing in the signer
-// queue group, the trust bundle, and forced root rotation. Every request and reply is
-// a CloudEvent (pkg/events).
+// queue group, the trust bundle, and forced root rotation. Requests and replies are
+// CloudEvents (pkg/events); a sign request may also come in the compact encoding
+// (events.EncodingCompact) and is answered in it.
 package natsapi
 
 import (
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -37,6 +39,10 @@ const requestTimeout = 15 * time.Second
 // their callers gave up on long ago.
 const PendingPerWorker = 4
 
+// The bundle and rotation requests are rare: they get their own goroutine each, at
+// most this many at once.
+const otherWorkers = 8
+
 // API answers events.SignWildcard, SubjectTrustBundle and SubjectRootRotate.
 type API struct {
 	nc          *nats.Conn
@@ -50,12 +56,18 @@ type API struct {
 	signByID bool
 	log      hclog.Logger
 
-	ready  atomic.Bool
-	sem    chan struct{}
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-	subs   []*nats.Subscription
+	ready atomic.Bool
+	// tail is the compact sign reply's end for the last CA material signed with.
+	tail atomic.Pointer[replyTail]
+	// pub stores cert.issued and answers the request from its ack reader once
+	// stored: a worker does not wait for the ack. recording counts those waiting.
+	pub       *bus.AsyncPublisher
+	recording sync.WaitGroup
+	sem       chan struct{}
+	mu        sync.Mutex
+	closed    bool
+	wg        sync.WaitGroup
+	subs      []*nats.Subscription
 	// dropped counts messages dropped by subscriptions already closed.
 	dropped uint64
 	// slow counts slow-consumer errors on our subscriptions (one per episode).
@@ -76,7 +88,8 @@ func (a *API) ours(sub *nats.Subscription) bool {
 // subjects (events.IdentitySignSubject), trusting the identity they name: only when
 // nothing but pods admitted by this signer's auth callout can publish there.
 func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
-	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log}
+	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log,
+		pub: bus.NewAsyncPublisher(nc)}
 }
 
 // signSubjects are the sign subjects the API answers: every one with signByID,
@@ -112,16 +125,28 @@ func (a *API) Dropped() uint64 {
 }
 
 // Run subscribes (queue group events.SignerQueue) and serves until ctx is done, then
-// unsubscribes and waits for requests in flight.
+// unsubscribes and waits for requests in flight. Sign requests go from NATS' read
+// loop through one channel to Workers long-lived goroutines: no goroutine is
+// started, and no stack grown, per request; a worker signs, hands cert.issued to
+// the async publisher and takes the next request, and the reply goes out from the
+// publisher's ack reader once the event is stored.
 func (a *API) Run(ctx context.Context) error {
-	a.sem = make(chan struct{}, a.workers)
+	if err := a.pub.Start(); err != nil {
+		return err
+	}
+	a.sem = make(chan struct{}, otherWorkers)
 	base := context.WithoutCancel(ctx)
+	serve := func(h func(context.Context, *nats.Msg), m *nats.Msg) {
+		if !replyAllowed(m.Reply) {
+			a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
+			return
+		}
+		rctx, cancel := context.WithTimeout(base, requestTimeout)
+		defer cancel()
+		h(rctx, m)
+	}
 	async := func(h func(context.Context, *nats.Msg)) nats.MsgHandler {
 		return func(m *nats.Msg) {
-			if !replyAllowed(m.Reply) {
-				a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
-				return
-			}
 			a.mu.Lock()
 			if a.closed {
 				a.mu.Unlock()
@@ -132,11 +157,19 @@ func (a *API) Run(ctx context.Context) error {
 			a.sem <- struct{}{}
 			go func() {
 				defer func() { <-a.sem; a.wg.Done() }()
-				rctx, cancel := context.WithTimeout(base, requestTimeout)
-				defer cancel()
-				h(rctx, m)
+				serve(h, m)
 			}()
 		}
+	}
+	// Every sign subject's requests wait here; NATS drops what does not fit.
+	signs := make(chan *nats.Msg, a.workers*PendingPerWorker)
+	var workers sync.WaitGroup
+	for range a.workers {
+		workers.Go(func() {
+			for m := range signs {
+				serve(a.sign, m)
+			}
+		})
 	}
 	// Count slow-consumer errors on our subscriptions, then let the connection's own
 	// handler (bus.Connect logs them) see every error as before.
@@ -162,37 +195,47 @@ func (a *API) Run(ctx context.Context) error {
 		a.closed = true
 		a.mu.Unlock()
 		a.ready.Store(false)
+		// Unsubscribed: NATS sends no more into signs. The workers answer what
+		// is waiting there, then end.
+		close(signs)
+		workers.Wait()
 		a.wg.Wait()
+		a.recording.Wait() // each is done by its deadline
+		a.pub.Stop()
 	}()
-	type handler struct {
-		subject string
-		h       func(context.Context, *nats.Msg)
-	}
-	var handlers []handler
-	for _, subj := range a.signSubjects() {
-		handlers = append(handlers, handler{subj, a.sign})
-	}
-	handlers = append(handlers, handler{events.SubjectTrustBundle, a.bundle}, handler{events.SubjectRootRotate, a.rotate})
-	subjects := make([]string, 0, len(handlers))
-	for _, s := range handlers {
-		subjects = append(subjects, s.subject)
-		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, async(s.h))
+	subscribed := func(sub *nats.Subscription, err error) error {
 		if err != nil {
 			return err
-		}
-		if err := sub.SetPendingLimits(a.workers*PendingPerWorker, 64<<20); err != nil {
-			_ = sub.Unsubscribe()
-			return fmt.Errorf("pending limits %s: %w", s.subject, err)
 		}
 		a.mu.Lock()
 		a.subs = append(a.subs, sub)
 		a.mu.Unlock()
+		return nil
+	}
+	subjects := a.signSubjects()
+	for _, subj := range subjects {
+		if err := subscribed(a.nc.ChanQueueSubscribe(subj, events.SignerQueue, signs)); err != nil {
+			return err
+		}
+	}
+	for _, s := range []struct {
+		subject string
+		h       func(context.Context, *nats.Msg)
+	}{{events.SubjectTrustBundle, a.bundle}, {events.SubjectRootRotate, a.rotate}} {
+		subjects = append(subjects, s.subject)
+		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, async(s.h))
+		if err := subscribed(sub, err); err != nil {
+			return err
+		}
+		if err := sub.SetPendingLimits(otherWorkers*PendingPerWorker, 64<<20); err != nil {
+			return fmt.Errorf("pending limits %s: %w", s.subject, err)
+		}
 	}
 	if err := a.nc.FlushTimeout(10 * time.Second); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	a.ready.Store(true)
-	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue)
+	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue, "workers", a.workers)
 	<-ctx.Done()
 	return nil
 }
@@ -232,26 +275,6 @@ func decodeCode(err error) string {
 		return events.CodeResourceExhausted
 	}
 	return events.CodeInvalidArgument
-}
-
-func (a *API) sign(ctx context.Context, m *nats.Msg) {
-	req, _, err := events.Decode[events.SignRequest](m)
-	if err != nil {
-		a.iss.Malformed(issuer.TransportNATS, errors.Is(err, events.ErrTooLarge))
-		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
-		return
-	}
-	via, ok := a.signVia(m.Subject)
-	if !ok {
-		a.respond(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
-		return
-	}
-	res, err := a.iss.Issue(ctx, req, via)
-	if err != nil {
-		a.respond(m, events.SignReply{Error: replyError(err)})
-		return
-	}
-	a.respond(m, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
 }
 
 // signVia is what a sign subject proves. Only the pod itself may publish on its pod

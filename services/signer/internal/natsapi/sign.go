@@ -1,0 +1,87 @@
+package natsapi
+
+import (
+	"context"
+	"errors"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"github.com/nats-io/nats.go"
+)
+
+// sign answers one sign request, in the encoding it came in: refusals at once,
+// a certificate once its cert.issued is stored.
+func (a *API) sign(ctx context.Context, m *nats.Msg) {
+	req, enc, err := events.DecodeSignRequest(m)
+	if err != nil {
+		a.iss.Malformed(issuer.TransportNATS, errors.Is(err, events.ErrTooLarge))
+		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		return
+	}
+	via, ok := a.signVia(m.Subject)
+	if !ok {
+		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
+		return
+	}
+	a.recording.Add(1)
+	a.iss.IssueThen(ctx, req, via, a.pub, func(res issuer.Result, err error) {
+		defer a.recording.Done()
+		switch {
+		case err != nil:
+			a.respondSign(m, enc, events.SignReply{Error: replyError(err)})
+		case enc == events.EncodingCompact:
+			a.respondCompact(m, res)
+		default:
+			a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
+		}
+	})
+}
+
+func (a *API) respondSign(req *nats.Msg, enc events.Encoding, rep events.SignReply) {
+	if req.Reply == "" {
+		return
+	}
+	m, err := events.NewSignReplyMsg(req.Reply, enc, a.iss.Source(), rep)
+	if err != nil {
+		a.log.Error("encode reply failed", "type", rep.EventType(), "encoding", enc, "error", err)
+		return
+	}
+	if err := a.nc.PublishMsg(m); err != nil {
+		a.log.Warn("send reply failed", "error", err)
+	}
+}
+
+// replyTail is the encoded end of compact sign replies for leaves signed with
+// signing, carrying bundle's trust bundle.
+type replyTail struct {
+	signing, bundle *ca.Material
+	tail            events.SignReplyTail
+}
+
+// respondCompact sends res as a compact reply: the leaf, then the chain above it
+// and the bundle, encoded (and checked) once per CA material.
+func (a *API) respondCompact(req *nats.Msg, res issuer.Result) {
+	if req.Reply == "" {
+		return
+	}
+	t := a.tail.Load()
+	if t == nil || t.signing != res.Signing || t.bundle != res.Bundle {
+		tail, err := events.NewSignReplyTail(res.Signing.ChainPEMs(), res.Bundle.RootPEMs(), a.trustDomain, res.Bundle.Generation, res.Bundle.Endorsements())
+		if err != nil {
+			a.log.Error("encode reply failed", "type", events.TypeSignReply, "encoding", events.EncodingCompact, "error", err)
+			a.respondSign(req, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: events.CodeInternal, Message: "encode reply: " + err.Error()}})
+			return
+		}
+		t = &replyTail{signing: res.Signing, bundle: res.Bundle, tail: tail}
+		a.tail.Store(t)
+	}
+	m, err := events.NewCompactSignReply(req.Reply, res.Leaf.Raw, t.tail)
+	if err != nil {
+		a.log.Error("encode reply failed", "type", events.TypeSignReply, "encoding", events.EncodingCompact, "error", err)
+		return
+	}
+	if err := a.nc.PublishMsg(m); err != nil {
+		a.log.Warn("send reply failed", "error", err)
+	}
+}
