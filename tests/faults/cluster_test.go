@@ -26,6 +26,13 @@ type cluster struct {
 }
 
 func startCluster(t *testing.T) *cluster {
+	c := newCluster(t)
+	c.startAll(c.names...)
+	return c
+}
+
+// newCluster lays out the three nodes' addresses and starts none.
+func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, names: []string{"n1", "n2", "n3"}, client: map[string]string{}, route: map[string]string{},
 		dir: t.TempDir(), running: map[string]*server.Server{}}
 	for _, n := range c.names {
@@ -36,13 +43,17 @@ func startCluster(t *testing.T) *cluster {
 			c.kill(n)
 		}
 	})
+	return c
+}
+
+// startAll starts these nodes together: routes form only when their peers are up.
+func (c *cluster) startAll(names ...string) {
 	var wg sync.WaitGroup
-	for _, n := range c.names {
+	for _, n := range names {
 		wg.Add(1)
-		go func() { defer wg.Done(); c.start(n) }() // routes form only when all are up
+		go func() { defer wg.Done(); c.start(n) }()
 	}
 	wg.Wait()
-	return c
 }
 
 func hostPort(t *testing.T, addr string) (string, int) {

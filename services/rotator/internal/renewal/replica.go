@@ -149,12 +149,21 @@ func (r *Replica) setup(ctx context.Context) error {
 	if err := r.awaitStream(sctx); err != nil {
 		return err
 	}
-	st, err := store.Open(sctx, r.js, r.opts.Bucket, r.opts.Replicas, r.log.Named("store"))
+	// A cluster that lost a node while its buckets are created or opened says "no
+	// suitable peers" or "stream offline" until it has healed: wait, as for the stream.
+	err := bus.Retry(sctx, r.log, "schedule bucket "+r.opts.Bucket, func(ctx context.Context) error {
+		st, err := store.Open(ctx, r.js, r.opts.Bucket, r.opts.Replicas, r.log.Named("store"))
+		r.store = st
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	r.store = st
-	kv, err := lease.OpenBucket(sctx, r.js, r.opts.LeaseBucket, r.opts.Replicas)
+	var kv jetstream.KeyValue
+	err = bus.Retry(sctx, r.log, "lease bucket "+r.opts.LeaseBucket, func(ctx context.Context) (err error) {
+		kv, err = lease.OpenBucket(ctx, r.js, r.opts.LeaseBucket, r.opts.Replicas)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("open lease bucket %s: %w", r.opts.LeaseBucket, err)
 	}
