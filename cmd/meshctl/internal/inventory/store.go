@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
@@ -125,7 +126,13 @@ func NewKeeper(ctx context.Context, nc *nats.Conn, replicas int, log hclog.Logge
 	if err != nil {
 		return nil, err
 	}
-	kv, err := OpenBucket(ctx, js, replicas)
+	// A cluster that has just lost a node or changed its meta leader may not place a
+	// replicated bucket yet ("no suitable peers"): wait, as every service does.
+	var kv jetstream.KeyValue
+	err = bus.Retry(ctx, log, "inventory bucket "+policy.BucketInventory, func(ctx context.Context) (err error) {
+		kv, err = OpenBucket(ctx, js, replicas)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
