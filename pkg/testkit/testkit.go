@@ -5,9 +5,12 @@ package testkit
 
 import (
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,14 +53,50 @@ func poll(within time.Duration, cond func() bool) bool {
 
 // FreeAddr returns a loopback TCP address ("127.0.0.1:port") that was free a
 // moment ago, for a server the test starts by address.
+//
+// The port is below the kernel's ephemeral range (ip_local_port_range): a port the
+// kernel picked for bind(":0") would, once freed, be handed out again as the source
+// port of any outgoing connection — and a busy test run makes thousands — so the
+// server that comes to bind it later can find it taken. Below the range only
+// another test's choice can collide, and the choice is random.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	low, high := freePortRange()
+	var lastErr error
+	for range 50 {
+		port := low + rand.IntN(high-low)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			addr := ln.Addr().String()
+			ln.Close()
+			return addr
+		}
+		lastErr = err
+	}
+	// Everything tried was taken: fall back to a port the kernel picks.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("free address: %v", err)
+		t.Fatalf("free address: %v (and below the ephemeral range: %v)", err, lastErr)
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// freePortRange is where FreeAddr picks from: [10000, the ephemeral range's low
+// end), or [10000, 32768) when the range cannot be read or leaves no room.
+func freePortRange() (low, high int) {
+	low, high = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil && n > low+1000 {
+			high = n
+		}
+	}
+	return low, high
 }
 
 // HTTPGet fetches url and returns its status and body; status 0 and the error's

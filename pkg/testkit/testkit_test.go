@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -57,6 +58,12 @@ func TestFreeAddrCanBeListenedOn(t *testing.T) {
 		t.Fatalf("listen on %s: %v", addr, err)
 	}
 	ln.Close()
+	// Outside the kernel's ephemeral range, where outgoing connections take ports.
+	_, p, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(p)
+	if low, high := freePortRange(); port < low || port >= high {
+		t.Fatalf("port %d outside [%d, %d)", port, low, high)
+	}
 }
 
 func TestHTTPGet(t *testing.T) {
