@@ -163,22 +163,47 @@ func (p *pod) open(t testing.TB, cc grpc.ClientConnInterface, names ...string) *
 // recv waits for the next update on st.
 func recv(t testing.TB, st *sdsclient.Stream) sdsclient.Update {
 	t.Helper()
+	return recvWhile(t, st, nil)
+}
+
+// recvStepping is recv for an update that a timer on the pod's fake clock brings
+// (a retry wait, or what is left of RetryMin after a wake-up): it steps clk by step
+// every few milliseconds while it waits, so that the timer fires whether the pod
+// armed it before this call or after.
+func recvStepping(t testing.TB, st *sdsclient.Stream, clk *clock.Fake, step time.Duration) sdsclient.Update {
+	t.Helper()
+	return recvWhile(t, st, func() { clk.Add(step) })
+}
+
+// recvWhile waits up to 15 s for the next update on st, calling tick (if not nil)
+// every 10 ms meanwhile.
+func recvWhile(t testing.TB, st *sdsclient.Stream, tick func()) sdsclient.Update {
+	t.Helper()
 	type res struct {
 		u   sdsclient.Update
 		err error
 	}
 	c := make(chan res, 1)
 	go func() { u, err := st.Recv(); c <- res{u, err} }()
-	select {
-	case r := <-c:
-		if r.err != nil {
-			t.Fatalf("recv: %v", r.err)
+	timeout := time.After(15 * time.Second)
+	ticker := time.NewTicker(10 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		select {
+		case r := <-c:
+			if r.err != nil {
+				t.Fatalf("recv: %v", r.err)
+			}
+			return r.u
+		case <-ticker.C:
+			if tick != nil {
+				tick()
+			}
+		case <-timeout:
+			t.Fatal("no sds response in 15s")
+			return sdsclient.Update{}
 		}
-		return r.u
-	case <-time.After(15 * time.Second):
-		t.Fatal("no sds response in 15s")
 	}
-	return sdsclient.Update{}
 }
 
 func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
