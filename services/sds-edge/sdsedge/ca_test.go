@@ -94,7 +94,18 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 	renew(t, v.nc, "")
 	keys = append(keys, recv(t, st).Secrets["default"].PrivateKey)
 	_ = p.stop() // pod.down too
-	_ = v.nc.Flush()
+	// The pod's publisher hands pod.down to its own connection on the way out;
+	// wait for it to reach the recorder rather than reading too soon.
+	_ = p.nc.Flush()
+	down, _ := events.PodEventSubject("web-0", events.PodEventDown)
+	testkit.Eventually(t, "pod.down recorded", func() bool {
+		for _, m := range all.Msgs() {
+			if m.Subject == down {
+				return true
+			}
+		}
+		return false
+	})
 
 	var needles [][]byte
 	for _, k := range keys {
