@@ -167,6 +167,9 @@ func (l *Launcher) run(ctx context.Context) error {
 		case <-gctx.Done():
 		}
 	}()
+	if l.sup != nil {
+		l.sup.Prefetch() // while the gate waits
+	}
 	if err := l.gate.Wait(gctx); err != nil {
 		select {
 		case <-quit:

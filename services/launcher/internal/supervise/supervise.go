@@ -73,6 +73,10 @@ type Supervisor struct {
 	draining atomic.Bool
 	// deadlineFired: the drain deadline has passed (only the drain goroutine).
 	deadlineFired bool
+	// version is `envoy --version`'s first line, asked once per supervisor: a
+	// second process per pod start, so Prefetch asks it while the pod still waits
+	// at the gate, and every (re)start reuses it.
+	version func() string
 }
 
 // New returns a supervisor; nothing starts until Run. pub may be nil (no events).
@@ -80,8 +84,14 @@ func New(cfg Config, clk clock.Clock, log hclog.Logger, pub Publisher) *Supervis
 	if cfg.ReadyEvery <= 0 {
 		cfg.ReadyEvery = 200 * time.Millisecond
 	}
-	return &Supervisor{cfg: cfg, clock: clk, log: log, pub: pub}
+	s := &Supervisor{cfg: cfg, clock: clk, log: log, pub: pub}
+	s.version = sync.OnceValue(func() string { return envoy.Version(context.Background(), cfg.Spec.Binary) })
+	return s
 }
+
+// Prefetch asks Envoy's version in the background now, so that Run does not wait
+// for it.
+func (s *Supervisor) Prefetch() { go s.version() }
 
 // Ready reports nil when Envoy has been LIVE and is not draining.
 func (s *Supervisor) Ready() error {
@@ -132,7 +142,7 @@ func (s *Supervisor) publish(kind string, p events.Payload) {
 // set) or after a request on stop, drained as configured. An error means Envoy
 // could not be started.
 func (s *Supervisor) Run(stop <-chan Stop) (Result, error) {
-	version := envoy.Version(context.Background(), s.cfg.Spec.Binary)
+	version := s.version()
 	p, err := envoy.Start(s.cfg.Spec)
 	if err != nil {
 		return Result{}, err
