@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -82,6 +83,9 @@ type Runner struct {
 	// addrs are the ports startPods reserved for the pods, handed out by freeAddrs.
 	addrs []string
 	Stack stackfile.Stack
+	// stopOnce: Start stops what it started when it fails, and its caller's
+	// deferred Stop must then not stop the supervisor a second time.
+	stopOnce sync.Once
 }
 
 // New checks cfg; nothing starts until Start.
@@ -249,15 +253,16 @@ func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, args .
 	return p, nil
 }
 
-// launchAt starts a service under the supervisor with its HTTP address chosen by
-// the caller, without waiting for it (startPods waits for the pods by their events).
-func (r *Runner) launchAt(name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
+// launchPodRole starts a pod's role under the supervisor with its HTTP address
+// chosen by the caller, without waiting for it (startPods waits for the pods by
+// their events).
+func (r *Runner) launchPodRole(name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
 	path, lead, err := r.executable(bin)
 	if err != nil {
 		return nil, err
 	}
 	args = append([]string{"-nats-url", r.natsURL()}, args...)
-	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args)}
+	p := &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: slices.Concat(lead, []string{"-http-addr", httpAddr}, args), Env: podEnv}
 	return p, r.launch(p)
 }
 
@@ -453,7 +458,7 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 		}
 		args := slices.Concat(role("sds-edge", sdsHTTP, sdsArgs), role("xds-relay", relayHTTP, relayArgs), role("launcher", http[2], launcherArgs))
 		// Ready when the launcher is, which is after the other two.
-		proc := &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: http[2], Args: append([]string{"pod"}, args...)}
+		proc := &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: http[2], Args: append([]string{"pod"}, args...), Env: podEnv}
 		if err := r.launch(proc); err != nil {
 			return nil, err
 		}
@@ -465,7 +470,7 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 		name, http string
 		args       []string
 	}{{"sds-edge", sdsHTTP, sdsArgs}, {"xds-relay", relayHTTP, relayArgs}, {"launcher", http[2], launcherArgs}} {
-		proc, err := r.launchAt(id+"/"+role.name, role.name, role.http, role.args...)
+		proc, err := r.launchPodRole(id+"/"+role.name, role.name, role.http, role.args...)
 		if err != nil {
 			return nil, err
 		}
@@ -474,6 +479,12 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 	r.Stack.Pods = append(r.Stack.Pods, pod)
 	return ps, nil
 }
+
+// podEnv is the demo pods' environment beyond meshctl's: one scheduler thread
+// each (a pod's processes idle but for a CSR, a push and an ADS stream, and up to
+// fifty pods start at once on a laptop — as a sidecar is given a CPU limit of a
+// core or less). The Envoy stand-in inherits it from the launcher.
+var podEnv = []string{"GOMAXPROCS=1"}
 
 // NodeID is the Envoy node id the launcher gives a demo pod: Istio's
 // type~ip~pod.namespace~domain, with the loopback address meshctl up gives every pod.
@@ -591,8 +602,11 @@ func writePEMs(path string, pems []string) error {
 // Conn is meshctl's own bus connection.
 func (r *Runner) Conn() *nats.Conn { return r.nc }
 
-// Stop stops the children in reverse order, then the bus.
-func (r *Runner) Stop() {
+// Stop stops the children in reverse order, then the bus; once, however often
+// it is called.
+func (r *Runner) Stop() { r.stopOnce.Do(r.stop) }
+
+func (r *Runner) stop() {
 	r.sup.Stop(10 * time.Second)
 	if r.stopCP != nil {
 		r.stopCP()

@@ -56,6 +56,7 @@ type Process struct {
 	Args    []string // its arguments
 	HTTP    string   // its health address (host:port): /readyz
 	LogPath string   // where its stdout and stderr go
+	Env     []string // added to meshctl's environment ("KEY=value")
 
 	mu       sync.Mutex // guards cmd, exited and err, which each (re)start replaces
 	cmd      *exec.Cmd
@@ -249,6 +250,9 @@ func (p *Process) start(restart bool) error {
 	}
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if len(p.Env) > 0 {
+		cmd.Env = append(os.Environ(), p.Env...)
+	}
 	// Own process group, so that Ctrl-C reaches meshctl only and meshctl stops the
 	// children in order; and die with meshctl if it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
