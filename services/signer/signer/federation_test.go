@@ -153,8 +153,10 @@ func TestTwoTrustDomainsFederateThroughBundleEndpoints(t *testing.T) {
 	westSigner := west.e.build(t, west.cfg, nil)
 	westDone := make(chan error, 1)
 	go func() { westDone <- westSigner.Run(westCtx) }()
-	testkit.Eventually(t, "both bundle endpoints bound", func() bool {
-		return eastSigner.BundleEndpointAddr() != nil && westSigner.BundleEndpointAddr() != nil
+	// West is run by hand (it is restarted below), so wait for it as start waits
+	// for east: ready means it answers on the bus too, which watch asks next.
+	testkit.Eventually(t, "both bundle endpoints bound, west ready", func() bool {
+		return eastSigner.BundleEndpointAddr() != nil && westSigner.BundleEndpointAddr() != nil && westSigner.ready() == nil
 	})
 	east.watch(t)
 	west.watch(t)
