@@ -3,13 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"io"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
@@ -107,6 +108,13 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 	fmt.Fprintf(w, "      credentials             %s (admin: %s)\n", filepath.Dir(s.NATSAdminNKey), filepath.Base(s.NATSAdminNKey))
 	fmt.Fprintf(w, "  signer                      NATS %s, gRPC %s (Istio CreateCertificate, TLS name %s), http %s\n",
 		s.Signer.NATSSubject, s.Signer.GRPCAddr, s.Signer.GRPCServerName, s.Signer.HTTP)
+	if len(s.Signer.CertSigners) > 0 {
+		fmt.Fprintf(w, "      named signers           %s (CERT_SIGNERS; meshctl csr -signer)\n", strings.Join(s.Signer.CertSigners, ", "))
+	}
+	if len(s.Signer.TrustedNodeAccounts) > 0 {
+		fmt.Fprintf(w, "      trusted node agents     %s, pod %s on node %s (CA_TRUSTED_NODE_ACCOUNTS; meshctl csr -impersonate)\n",
+			strings.Join(s.Signer.TrustedNodeAccounts, ", "), devstack.NodeAgentPod, devstack.Node)
+	}
 	fmt.Fprintf(w, "  rotator                     http %s\n", s.Rotator.HTTP)
 	if s.ControlPlane != nil {
 		fmt.Fprintf(w, "  demo control plane          xDS %s\n", s.ControlPlane.XDSAddr)

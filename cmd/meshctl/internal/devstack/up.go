@@ -23,6 +23,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/kubeapi"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/kubelet"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/supervisor"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
@@ -75,6 +76,9 @@ type Runner struct {
 	kube   kubelet.Kubelet     // the pods' tokens
 	creds  *policy.Credentials // the bus credential set, under Dir/secrets
 	stopCP func()
+	// nodeAPI answers the signer's pod reads (caextras.go); stopNodeAPI stops it.
+	nodeAPI     *kubeapi.Server
+	stopNodeAPI func()
 	// stopDashboard stops meshctl serve's server (dashboard.go).
 	stopDashboard func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
@@ -336,11 +340,20 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if r.cfg.RootRotateMinInterval > 0 {
 		args = append(args, "-root-rotate-min-interval", r.cfg.RootRotateMinInterval.String())
 	}
-	p, err := r.spawn(ctx, "signer", "signer", args...)
+	nodeArgs, err := r.startNodeAPI()
 	if err != nil {
 		return err
 	}
-	r.Stack.Signer = stackfile.Signer{Service: stackfile.Service{HTTP: p.HTTP}, NATSSubject: events.SignWildcard, GRPCAddr: grpcAddr, GRPCServerName: "istiod.istio-system.svc"}
+	signerArgs, err := r.partnerSigner()
+	if err != nil {
+		return err
+	}
+	p, err := r.spawn(ctx, "signer", "signer", slices.Concat(args, nodeArgs, signerArgs)...)
+	if err != nil {
+		return err
+	}
+	r.Stack.Signer.Service, r.Stack.Signer.NATSSubject = stackfile.Service{HTTP: p.HTTP}, events.SignWildcard
+	r.Stack.Signer.GRPCAddr, r.Stack.Signer.GRPCServerName = grpcAddr, "istiod.istio-system.svc"
 	return nil
 }
 
@@ -402,6 +415,7 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 		return nil, err
 	}
 	pod.SPIFFEID = spiffe.String()
+	r.nodeAPI.Add(kubeapi.Pod{Namespace: ns, Name: id, ServiceAccount: sa, Node: Node})
 	tok := kubelet.Token{File: pod.TokenFile, Namespace: ns, ServiceAccount: sa, Pod: id}
 	r.kube.Tokens = append(r.kube.Tokens, tok)
 	if err := r.kube.Write(tok, time.Now()); err != nil {
@@ -610,6 +624,9 @@ func (r *Runner) stop() {
 	r.sup.Stop(10 * time.Second)
 	if r.stopCP != nil {
 		r.stopCP()
+	}
+	if r.stopNodeAPI != nil {
+		r.stopNodeAPI()
 	}
 	if r.stopDashboard != nil {
 		r.stopDashboard()

@@ -56,6 +56,12 @@ type Signer struct {
 	NATSSubject    string `json:"nats_subject"`
 	GRPCAddr       string `json:"grpc_addr"`
 	GRPCServerName string `json:"grpc_server_name"`
+	// CertSigners are the named signers besides the default (CERT_SIGNERS).
+	CertSigners []string `json:"cert_signers,omitempty"`
+	// TrustedNodeAccounts may ask for the identity of a pod on their node
+	// (CA_TRUSTED_NODE_ACCOUNTS), checked against NodeAPI's pods.
+	TrustedNodeAccounts []string `json:"trusted_node_accounts,omitempty"`
+	NodeAPI             string   `json:"node_api,omitempty"`
 }
 
 // Service is one HTTP (health and metrics) endpoint.

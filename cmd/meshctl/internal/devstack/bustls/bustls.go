@@ -101,13 +101,34 @@ func loadOrMakeCA(dir string, life time.Duration, now time.Time) (*x509.Certific
 		}
 		return certs[0], key, nil
 	}
+	cert, key, err := MakeCA("meshagent bus CA", life, now)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bus tls: %w", err)
+	}
+	keyPEM, err := pki.EncodeKeyPEM(key, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := atomicfile.Write(keyPath, keyPEM, 0o600); err != nil {
+		return nil, nil, err
+	}
+	if err := atomicfile.Write(certPath, pki.EncodeCertPEM(cert), 0o644); err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+// MakeCA makes a self-signed P-256 CA that signs end-entity certificates only
+// (path length zero), valid for life from a minute before now. Its key is returned,
+// never written: the caller decides where it may go.
+func MakeCA(commonName string, life time.Duration, now time.Time) (*x509.Certificate, crypto.Signer, error) {
 	key, err := pki.GenerateKey(pki.ECP256)
 	if err != nil {
 		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{Organization: []string{"meshagent"}, CommonName: "meshagent bus CA"},
+		Subject:               pkix.Name{Organization: []string{"meshagent"}, CommonName: commonName},
 		NotBefore:             now.Add(-time.Minute),
 		NotAfter:              now.Add(life),
 		IsCA:                  true,
@@ -117,17 +138,10 @@ func loadOrMakeCA(dir string, life time.Duration, now time.Time) (*x509.Certific
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("bus tls: make CA: %w", err)
+		return nil, nil, fmt.Errorf("make CA %q: %w", commonName, err)
 	}
-	cert, _ := x509.ParseCertificate(der)
-	keyPEM, err := pki.EncodeKeyPEM(key, true)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := atomicfile.Write(keyPath, keyPEM, 0o600); err != nil {
-		return nil, nil, err
-	}
-	if err := atomicfile.Write(certPath, pki.EncodeCertPEM(cert), 0o644); err != nil {
 		return nil, nil, err
 	}
 	return cert, key, nil
