@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,4 +89,45 @@ func readCerts(t *testing.T, path string) []*x509.Certificate {
 		t.Fatalf("%s: %v (%d certificates)", path, err, len(certs))
 	}
 	return certs
+}
+
+// Federation from the command line: a second local stack in another trust domain
+// follows the first one's bundle endpoint (meshctl up -federate, as the README
+// shows), and meshctl trust lists the first domain as federated, with its root.
+func TestSecondStackFederatesFromTheCommandLine(t *testing.T) {
+	eastDir, westDir := testkit.ShortDir(t), testkit.ShortDir(t)
+	east := startStack(t, devstack.Config{Dir: eastDir, Pods: 0, LeafTTL: time.Hour, BundleEndpointAddr: "127.0.0.1:0"})
+	if east.Stack.Signer.BundleEndpoint == "" || east.Stack.Signer.BundleEndpointCA == "" {
+		t.Fatalf("stack.json names no bundle endpoint: %+v", east.Stack.Signer)
+	}
+	startStack(t, devstack.Config{Dir: westDir, Pods: 0, LeafTTL: time.Hour, TrustDomain: "west.example",
+		Federate: "cluster.local|" + east.Stack.Signer.BundleEndpoint, FederateCA: east.Stack.Signer.BundleEndpointCA})
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last meshctl trust -o json:\n%s", last)
+		}
+	}()
+	testkit.EventuallyWithin(t, 30*time.Second, "west lists cluster.local as federated", func() bool {
+		out, err := meshctl(t, "trust", "-dir", westDir, "-o", "json")
+		last = out
+		var rows []struct {
+			TrustDomain string `json:"trust_domain"`
+			Kind        string `json:"kind"`
+			Source      string `json:"source"`
+			Roots       int    `json:"roots"`
+		}
+		if err != nil || json.Unmarshal([]byte(out), &rows) != nil {
+			return false
+		}
+		for _, r := range rows {
+			if r.TrustDomain == "cluster.local" && r.Kind == "federated" && r.Roots == 1 && strings.Contains(r.Source, east.Stack.Signer.BundleEndpoint) {
+				return true
+			}
+		}
+		return false
+	})
+	if human, err := meshctl(t, "trust", "-dir", westDir); err != nil || !strings.Contains(human, "cluster.local") || !strings.Contains(human, "west.example") {
+		t.Fatalf("meshctl trust: %v\n%s", err, human)
+	}
 }

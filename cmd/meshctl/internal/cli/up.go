@@ -43,6 +43,9 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
 	fs.Duration(&cfg.EventsMaxAge, "events-max-age", "EVENTS_MAX_AGE", bus.DefaultEventStreamMaxAge, "how long the event history (the audit log) is kept; its size is bounded at 1 GiB")
 	fs.String(&cfg.DashboardAddr, "dashboard-addr", "MESHAGENT_DASHBOARD_ADDR", "127.0.0.1:9080", "listen address of the dashboard, its API and the fleet metrics (meshctl serve, in this process)")
+	fs.String(&cfg.BundleEndpointAddr, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "127.0.0.1:0", "where the signer serves this trust domain's SPIFFE bundle for other domains to follow (port 0: a free one; empty: not served)")
+	fs.String(&cfg.Federate, "federate", "SPIFFE_BUNDLE_ENDPOINTS", "", "foreign trust domains to follow, as Istio: td|https://url||td2|https://url2 (another local stack's stack.json signer.bundle_endpoint)")
+	fs.String(&cfg.FederateCA, "federate-ca", "SPIFFE_BUNDLE_CA_FILE", "", "PEM roots of the -federate endpoints (another local stack's signer.bundle_endpoint_ca); empty: system roots")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -114,6 +117,12 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 	if len(s.Signer.TrustedNodeAccounts) > 0 {
 		fmt.Fprintf(w, "      trusted node agents     %s, pod %s on node %s (CA_TRUSTED_NODE_ACCOUNTS; meshctl csr -impersonate)\n",
 			strings.Join(s.Signer.TrustedNodeAccounts, ", "), devstack.NodeAgentPod, devstack.Node)
+	}
+	if s.Signer.BundleEndpoint != "" {
+		fmt.Fprintf(w, "      bundle endpoint         %s (SPIFFE bundle of %s; its certificate: %s)\n", s.Signer.BundleEndpoint, s.TrustDomain, s.Signer.BundleEndpointCA)
+	}
+	if s.Signer.Federate != "" {
+		fmt.Fprintf(w, "      federated with          %s (meshctl trust)\n", s.Signer.Federate)
 	}
 	fmt.Fprintf(w, "  rotator                     http %s\n", s.Rotator.HTTP)
 	if s.ControlPlane != nil {

@@ -32,6 +32,43 @@ const (
 	PartnerSigner = "partner"
 )
 
+// federation returns the signer's flags for serving this domain's bundle and
+// following others' (Config.BundleEndpointAddr, Federate). The endpoint's
+// certificate comes from the bus CA, which is what another local stack trusts it by
+// (-federate-ca <this dir>/secrets/bus-tls/ca.pem).
+func (r *Runner) federation() ([]string, error) {
+	var args []string
+	if addr := r.cfg.BundleEndpointAddr; addr != "" {
+		if host, port, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("-bundle-endpoint-addr %q: %w", addr, err)
+		} else if port == "0" {
+			ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+			if err != nil {
+				return nil, fmt.Errorf("-bundle-endpoint-addr: %w", err)
+			}
+			addr = ln.Addr().String()
+			_ = ln.Close()
+		}
+		tlsDir := filepath.Join(r.cfg.Dir, "secrets", "bus-tls")
+		if err := bustls.Write(tlsDir, []string{"bundle-endpoint"}, busTLSLife, time.Now()); err != nil {
+			return nil, fmt.Errorf("bundle endpoint: %w", err)
+		}
+		args = append(args, "-bundle-endpoint-addr", addr,
+			"-bundle-endpoint-cert", filepath.Join(tlsDir, bustls.CertFile("bundle-endpoint")),
+			"-bundle-endpoint-key", filepath.Join(tlsDir, bustls.KeyFile("bundle-endpoint")))
+		r.Stack.Signer.BundleEndpoint = "https://" + addr
+		r.Stack.Signer.BundleEndpointCA = filepath.Join(tlsDir, bustls.CAFile)
+	}
+	if r.cfg.Federate != "" {
+		args = append(args, "-spiffe-bundle-endpoints", r.cfg.Federate, "-spiffe-bundle-min-refresh", "5s")
+		if r.cfg.FederateCA != "" {
+			args = append(args, "-spiffe-bundle-ca-file", r.cfg.FederateCA)
+		}
+		r.Stack.Signer.Federate = r.cfg.Federate
+	}
+	return args, nil
+}
+
 // partnerCALife is how long the partner signer's self-made CA is valid.
 const partnerCALife = 10 * 365 * 24 * time.Hour
 

@@ -63,6 +63,13 @@ type Config struct {
 	DashboardAddr string
 	// EventsMaxAge is how long the event history (the audit log) is kept; 0: 7 days.
 	EventsMaxAge time.Duration
+	// BundleEndpointAddr, when set, is where the signer serves this trust domain's
+	// SPIFFE bundle (https_web, a certificate from the bus CA); port 0: a free one.
+	BundleEndpointAddr string
+	// Federate lists foreign trust domains to follow, as Istio's
+	// SPIFFE_BUNDLE_ENDPOINTS (td|https://url||td2|https://url2); FederateCA holds
+	// the roots their endpoints' certificates chain to (empty: system roots).
+	Federate, FederateCA string
 }
 
 // Runner is a started stack.
@@ -348,7 +355,11 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := r.spawn(ctx, "signer", "signer", slices.Concat(args, nodeArgs, signerArgs)...)
+	fedArgs, err := r.federation()
+	if err != nil {
+		return err
+	}
+	p, err := r.spawn(ctx, "signer", "signer", slices.Concat(args, nodeArgs, signerArgs, fedArgs)...)
 	if err != nil {
 		return err
 	}

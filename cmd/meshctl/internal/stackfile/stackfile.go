@@ -62,6 +62,12 @@ type Signer struct {
 	// (CA_TRUSTED_NODE_ACCOUNTS), checked against NodeAPI's pods.
 	TrustedNodeAccounts []string `json:"trusted_node_accounts,omitempty"`
 	NodeAPI             string   `json:"node_api,omitempty"`
+	// BundleEndpoint serves this trust domain's SPIFFE bundle (https_web), its
+	// certificate chaining to BundleEndpointCA.
+	BundleEndpoint   string `json:"bundle_endpoint,omitempty"`
+	BundleEndpointCA string `json:"bundle_endpoint_ca,omitempty"`
+	// Federate is the foreign trust domains followed (SPIFFE_BUNDLE_ENDPOINTS).
+	Federate string `json:"federate,omitempty"`
 }
 
 // Service is one HTTP (health and metrics) endpoint.
