@@ -28,6 +28,13 @@ func Describe(p events.Payload, now time.Time) string {
 			e.NotAfter.Sub(now).Round(time.Second), e.Signer, orDash(e.Transport), e.AuthSource)
 	case events.TrustChanged:
 		what = fmt.Sprintf("%d root(s) in bundle, generation %d, reason %s", len(e.Roots), e.Generation, e.Reason)
+	case events.TrustFederated:
+		if e.Removed {
+			what = fmt.Sprintf("%s no longer trusts %s", e.TrustDomain, e.Foreign)
+		} else {
+			what = fmt.Sprintf("%s trusts %s: %d root(s) from %s, sequence %d, refresh in %s", e.TrustDomain, e.Foreign, len(e.Roots),
+				orDash(e.Source), e.Sequence, e.RefreshHint)
+		}
 	case events.RenewDue:
 		// A forced renewal (meshctl rotate pod) names no certificate: no expiry to show.
 		expires := "current cert"

@@ -23,6 +23,11 @@ func TestLineNamesWhatHappened(t *testing.T) {
 		// meshctl rotate pod names no certificate: no made-up expiry (was -2562047h47m16s).
 		{"renew forced", events.RenewDue{Pod: "demo-0", Reason: events.RenewForced},
 			[]string{"renew default", "forced", "current cert"}, []string{"expires in", "-2562047"}},
+		{"federated", events.TrustFederated{TrustDomain: "west.example", Foreign: "cluster.local", Roots: []string{"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
+			Source: "https://127.0.0.1:8443", Sequence: 3, RefreshHint: 5 * time.Minute},
+			[]string{"trust.federated", "west.example trusts cluster.local", "1 root(s) from https://127.0.0.1:8443", "sequence 3", "refresh in 5m0s"}, []string{"BEGIN CERTIFICATE"}},
+		{"federation removed", events.TrustFederated{TrustDomain: "west.example", Foreign: "cluster.local", Removed: true},
+			[]string{"west.example no longer trusts cluster.local"}, nil},
 		{"pushed", events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}, nil},
 	}
 	for _, tt := range tests {
