@@ -42,7 +42,7 @@ type Config struct {
 	// SkipRelay: no relay to wait for (proxyless mode still needs it: leave false).
 	SkipRelay bool
 	Wait      time.Duration // the bound on the whole wait
-	Every     time.Duration // between attempts; 0: 200ms
+	Every     time.Duration // between attempts, at most (the first come sooner); 0: 200ms
 	Report    time.Duration // between INFO lines while waiting; 0: 5s
 }
 
@@ -177,11 +177,14 @@ func dialUnix(ctx context.Context, path string) error {
 	return c.Close()
 }
 
+// firstEvery is the wait before Wait's second check; it doubles up to Every.
+const firstEvery = 10 * time.Millisecond
+
 // ErrNotReady is what Wait returns (wrapped, naming what is missing) when the
 // bound passes.
 var ErrNotReady = errors.New("pod not ready for envoy")
 
-// Wait polls until nothing is missing, ctx ends (ctx.Err()) or the bound passes
+// Wait polls, sooner at first, until nothing is missing, ctx ends (ctx.Err()) or the bound passes
 // (ErrNotReady naming what is missing).
 func (g *Gate) Wait(ctx context.Context) error {
 	start := g.clock.Now()
@@ -189,6 +192,9 @@ func (g *Gate) Wait(ctx context.Context) error {
 	defer deadline.Stop()
 	lastReport, first := start, true
 	var missing []string
+	// The first checks come quickly (firstEvery, doubling up to Every): a pod's
+	// certificate usually arrives within tens of milliseconds of its start.
+	every := min(firstEvery, g.cfg.Every)
 	for {
 		missing = g.Missing(ctx)
 		g.mu.Lock()
@@ -203,15 +209,16 @@ func (g *Gate) Wait(ctx context.Context) error {
 				"waited", now.Sub(start).Round(time.Second), "limit", g.cfg.Wait)
 			lastReport, first = now, false
 		}
-		every := g.clock.NewTimer(g.cfg.Every)
+		next := g.clock.NewTimer(every)
+		every = min(2*every, g.cfg.Every)
 		select {
 		case <-ctx.Done():
-			every.Stop()
+			next.Stop()
 			return ctx.Err()
 		case <-deadline.C():
-			every.Stop()
+			next.Stop()
 			return fmt.Errorf("%w after %s: missing %s", ErrNotReady, g.cfg.Wait, strings.Join(missing, "; "))
-		case <-every.C():
+		case <-next.C():
 		}
 	}
 }

@@ -34,7 +34,7 @@ type Config struct {
 	InboundOnly bool     // drain inbound listeners only (a sidecar)
 	Exclude     []string // listeners left out of downstream_cx_active (the stats listener)
 	Drain       Drain
-	ReadyEvery  time.Duration // admin /ready poll; 0: 200ms
+	ReadyEvery  time.Duration // admin /ready poll, at most (the first come sooner); 0: 200ms
 }
 
 // Drain is the drain policy.
@@ -178,9 +178,13 @@ func (s *Supervisor) Run(stop <-chan Stop) (Result, error) {
 	return res, nil
 }
 
-// watchReady polls admin /ready until Envoy is LIVE once, then reports it.
+// watchReady polls admin /ready (sooner at first) until Envoy is LIVE once, then
+// reports it.
 func (s *Supervisor) watchReady(ctx context.Context, p *envoy.Process, start time.Time) {
 	lastLog := start
+	// Envoy is usually LIVE within tens of milliseconds: ask soon, then every
+	// ReadyEvery at most.
+	every := min(10*time.Millisecond, s.cfg.ReadyEvery)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.cfg.Admin.Ready(rctx)
@@ -199,7 +203,8 @@ func (s *Supervisor) watchReady(ctx context.Context, p *envoy.Process, start tim
 			s.log.Info("waiting for envoy to be ready", "pid", p.PID(), "state", err.Error())
 			lastLog = now
 		}
-		t := s.clock.NewTimer(s.cfg.ReadyEvery)
+		t := s.clock.NewTimer(every)
+		every = min(2*every, s.cfg.ReadyEvery)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -305,6 +305,9 @@ func (p *Process) stop(grace time.Duration) {
 func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(limit)
+	// A service is usually ready within tens of milliseconds: ask soon, then
+	// every 100 ms at most.
+	every := 5 * time.Millisecond
 	for {
 		resp, err := client.Get("http://" + p.HTTP + "/readyz")
 		if err == nil {
@@ -319,8 +322,9 @@ func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 			return p.ExitError()
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(every):
 		}
+		every = min(2*every, 100*time.Millisecond)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not ready after %s; last log lines:\n%s", p.Name, limit, p.tail(15))
 		}
