@@ -184,8 +184,8 @@ const firstEvery = 10 * time.Millisecond
 // bound passes.
 var ErrNotReady = errors.New("pod not ready for envoy")
 
-// Wait polls, sooner at first, until nothing is missing, ctx ends (ctx.Err()) or the bound passes
-// (ErrNotReady naming what is missing).
+// Wait polls, sooner at first, until nothing is missing, ctx ends (ctx.Err()) or
+// the bound passes (ErrNotReady naming what is missing).
 func (g *Gate) Wait(ctx context.Context) error {
 	start := g.clock.Now()
 	deadline := g.clock.NewTimer(g.cfg.Wait)
