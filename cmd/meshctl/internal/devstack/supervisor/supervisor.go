@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -355,10 +356,18 @@ func FreeAddr() (string, error) {
 
 // FreeAddrs returns n distinct free loopback addresses (each held until all are
 // found, then released for the children to bind).
+//
+// They are picked below the kernel's ephemeral range (ip_local_port_range) where
+// there is room: a port the kernel chose for bind(":0") is, once released, handed
+// out again as the source port of outgoing connections — fifty pods starting make
+// hundreds of them (NATS, readiness checks) — and the child that comes to bind it
+// a moment later could find it taken. (pkg/testkit.FreeAddr picks test servers'
+// ports the same way; the two stay apart because testkit is for tests only.)
 func FreeAddrs(n int) ([]string, error) {
 	addrs := make([]string, 0, n)
+	low, high := freePortRange()
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := listenBelowEphemeral(low, high)
 		if err != nil {
 			return nil, fmt.Errorf("find a free port: %w", err)
 		}
@@ -366,6 +375,34 @@ func FreeAddrs(n int) ([]string, error) {
 		addrs = append(addrs, ln.Addr().String())
 	}
 	return addrs, nil
+}
+
+// listenBelowEphemeral listens on a random free loopback port in [low, high), or
+// on one the kernel picks when fifty tries found none.
+func listenBelowEphemeral(low, high int) (net.Listener, error) {
+	for range 50 {
+		port := low + rand.IntN(high-low)
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+			return ln, nil
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// freePortRange is where FreeAddrs picks from: [10000, the ephemeral range's low
+// end), or [10000, 32768) when the range cannot be read or leaves no room.
+func freePortRange() (low, high int) {
+	low, high = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil && n > low+1000 {
+			high = n
+		}
+	}
+	return low, high
 }
 
 // FindBinary looks for a service binary beside meshctl, then in bin/ under the

@@ -3,10 +3,12 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -127,6 +129,14 @@ func TestFreeAddrsAreDistinct(t *testing.T) {
 	}
 	if len(addrs) != 3 || addrs[0] == addrs[1] || addrs[1] == addrs[2] || addrs[0] == addrs[2] {
 		t.Fatalf("addrs %v", addrs)
+	}
+	// Below the ephemeral range, where outgoing connections don't take them.
+	low, high := freePortRange()
+	for _, a := range addrs {
+		_, p, _ := net.SplitHostPort(a)
+		if port, _ := strconv.Atoi(p); port < low || port >= high {
+			t.Errorf("%s: port outside [%d, %d)", a, low, high)
+		}
 	}
 }
 
