@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
+	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/services/launcher v0.0.0
 	github.com/meshagent/meshagent/services/sds-edge v0.0.0
 	github.com/meshagent/meshagent/services/xds-relay v0.0.0

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // pilotAgentMemory runs Istio's pilot-agent (the binary at pa) as a sidecar agent of
@@ -91,13 +93,12 @@ func pilotAgentMemory(b *testing.B, dir, bin, pa string, idle time.Duration) map
 	var said tailLines // the last lines, for a failure message
 	go said.read(out)
 	ready := fmt.Sprintf("http://127.0.0.1:%d/ready", admin)
-	for !standinLive(ready) {
-		if ctx.Err() != nil {
-			b.Fatalf("pilot-agent's stand-in never ready; pilot-agent said:\n%s", said.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if dl, _ := ctx.Deadline(); !testkit.Poll(time.Until(dl), func() bool { return standinLive(ready) }) {
+		b.Fatalf("pilot-agent's stand-in never ready; pilot-agent said:\n%s", said.String())
 	}
-	time.Sleep(idle) // as the pod idled
+	if !testkit.Idle(ctx, idle) { // as the pod idled
+		b.Fatalf("pilot-agent's run ended before its %s idle", idle)
+	}
 	got := map[string]float64{}
 	for k, v := range smapsRollup(b, cmd.Process.Pid) {
 		got[k] = v / 1024
@@ -166,14 +167,15 @@ func (t *tailLines) String() string {
 	return strings.Join(t.lines, "\n")
 }
 
+// freePort is testkit.FreeAddr's port (below the ephemeral range).
 func freePort(b *testing.B) int {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	_, p, _ := net.SplitHostPort(testkit.FreeAddr(b))
+	port, err := strconv.Atoi(p)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func copyFile(b *testing.B, from, to string) {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // BenchmarkPodMemory starts `meshctl up` from MESHAGENT_BIN twice — each pod as
@@ -109,7 +111,9 @@ func podMemory(b *testing.B, bin, pa string, idle time.Duration, flags ...string
 	if ctx.Err() != nil {
 		b.Fatalf("no envoy.ready from meshctl up %v", flags)
 	}
-	time.Sleep(idle) // idle, one SDS stream
+	if !testkit.Idle(ctx, idle) { // idle, one SDS stream
+		b.Fatalf("meshctl up %v ended before the pod's %s idle", flags, idle)
+	}
 	m := podMem{sum: map[string]float64{}, roles: map[string]map[string]float64{}}
 	for _, pid := range children(b, cmd.Process.Pid) {
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))

@@ -83,7 +83,7 @@ func StartService(t testing.TB, name string, args []string, env ...string) *Serv
 		}
 	})
 	var gone bool
-	ready := poll(ReadyTimeout, func() bool {
+	ready := Poll(ReadyTimeout, func() bool {
 		select {
 		case <-exited:
 			gone = true

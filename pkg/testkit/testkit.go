@@ -4,6 +4,7 @@
 package testkit
 
 import (
+	"context"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -32,13 +33,15 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 // hammered.
 func EventuallyWithin(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !poll(within, cond) {
+	if !Poll(within, cond) {
 		t.Fatalf("timed out after %s waiting for %s", within, what)
 	}
 }
 
-// poll reports whether cond held before within passed.
-func poll(within time.Duration, cond func() bool) bool {
+// Poll reports whether cond held before within passed, polling as
+// EventuallyWithin does; for a caller whose failure message needs more than what
+// it waited for (a child's last log lines).
+func Poll(within time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	wait := 5 * time.Millisecond
 	for !cond() {
@@ -49,6 +52,20 @@ func poll(within time.Duration, cond func() bool) bool {
 		wait = min(2*wait, 50*time.Millisecond)
 	}
 	return true
+}
+
+// Idle waits d — the quiet period a measurement is defined by (memory after the
+// pod idled), not a wait for a condition, which is Eventually's — or until ctx
+// ends. It reports whether the whole period passed.
+func Idle(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // FreeAddr returns a loopback TCP address ("127.0.0.1:port") that was free a

@@ -161,17 +161,15 @@ func (e *realEnv) startSigner(b *testing.B, bin string, confined bool, env ...st
 	}
 	s.pid = cmd.Process.Pid // taskset execs the signer: the same pid
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		code, body := testkit.HTTPGet("http://" + s.httpAddr + "/readyz")
-		if code == http.StatusOK {
-			return s
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("signer %s (confined %v) not ready after 30s: %d %s\nlog:\n%s", bin, confined, code, body, s.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	var code int
+	var body string
+	if !testkit.Poll(30*time.Second, func() bool {
+		code, body = testkit.HTTPGet("http://" + s.httpAddr + "/readyz")
+		return code == http.StatusOK
+	}) {
+		b.Fatalf("signer %s (confined %v) not ready after 30s: %d %s\nlog:\n%s", bin, confined, code, body, s.logs.String())
 	}
+	return s
 }
 
 // load runs meshctl bench sign against s (realCSRs P-256 CSRs, clients in flight,

@@ -286,7 +286,7 @@ func BenchmarkRSS(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		rb := startRelayBinary(b, up)
 		pid := rb.svc.Pid()
-		time.Sleep(500 * time.Millisecond) // settle after start-up
+		testkit.Idle(context.Background(), 500*time.Millisecond) // settle after start-up
 		idle := rssMB(b, pid)
 		client := benchClient(b, "unix://"+rb.socket)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -302,7 +302,7 @@ func BenchmarkRSS(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond)
+		testkit.Idle(ctx, 300*time.Millisecond) // the streams settled
 		busy := rssMB(b, pid)
 		cancel()
 		b.ReportMetric(idle, "idle-RSS-MB")
