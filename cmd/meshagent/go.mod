@@ -3,9 +3,6 @@ module github.com/meshagent/meshagent/cmd/meshagent
 go 1.26.0
 
 require (
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/meshagent/meshagent/services/launcher v0.0.0
 	github.com/meshagent/meshagent/services/sds-edge v0.0.0
 	github.com/meshagent/meshagent/services/xds-relay v0.0.0
@@ -20,18 +17,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/bus v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/events v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/nds v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/obs v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/outbox v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/pki v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/udsock v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -53,23 +38,11 @@ require (
 )
 
 replace (
-	github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-	github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-	github.com/meshagent/meshagent/pkg/nds => ../../pkg/nds
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
-	github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
 	github.com/meshagent/meshagent/services/launcher => ../../services/launcher
 	github.com/meshagent/meshagent/services/sds-edge => ../../services/sds-edge
 	github.com/meshagent/meshagent/services/xds-relay => ../../services/xds-relay
 )
+
+require github.com/meshagent/meshagent/pkg v0.0.0
+
+replace github.com/meshagent/meshagent/pkg => ../../pkg

@@ -5,12 +5,6 @@ go 1.26.0
 require (
 	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 	github.com/hashicorp/go-hclog v1.6.3
-	github.com/meshagent/meshagent/pkg/bus v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/nds v0.0.0
-	github.com/meshagent/meshagent/pkg/obs v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	google.golang.org/grpc v1.85.0
@@ -32,8 +26,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/clock v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -52,47 +44,20 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
-)
-
 require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
-	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
-	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/nkeys v0.4.16
 	google.golang.org/protobuf v1.36.12
 )
 
-replace github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-
-replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
-
-replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-
-replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-
 require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
 )
 
-replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
+require github.com/meshagent/meshagent/pkg v0.0.0
 
-replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-
-replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-
-replace github.com/meshagent/meshagent/pkg/nds => ../../pkg/nds
+replace github.com/meshagent/meshagent/pkg => ../../pkg

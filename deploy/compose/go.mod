@@ -2,13 +2,7 @@ module github.com/meshagent/meshagent/deploy/compose
 
 go 1.26.0
 
-require (
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/faultcheck v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
-	github.com/nats-io/nats.go v1.55.0
-)
+require github.com/nats-io/nats.go v1.55.0
 
 require (
 	github.com/fatih/color v1.13.0 // indirect
@@ -16,8 +10,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/spiffe/go-spiffe/v2 v2.9.0 // indirect
@@ -30,13 +22,6 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/faultcheck => ../../pkg/faultcheck
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
+
+replace github.com/meshagent/meshagent/pkg => ../../pkg

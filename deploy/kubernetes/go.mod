@@ -3,7 +3,6 @@ module github.com/meshagent/meshagent/deploy/kubernetes
 go 1.26.0
 
 require (
-	github.com/meshagent/meshagent/pkg/bus v0.0.0-00010101000000-000000000000
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730
@@ -35,7 +34,6 @@ require (
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
-	github.com/meshagent/meshagent/pkg/events v0.0.0 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/monochromegane/go-gitignore v0.0.0-20200626010858-205db1a8cc00 // indirect
@@ -51,7 +49,7 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	google.golang.org/protobuf v1.36.12-0.20260120151049-f2248ac996af // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
@@ -61,9 +59,6 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
+
+replace github.com/meshagent/meshagent/pkg => ../../pkg

@@ -6,10 +6,6 @@ require (
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/go-hclog v1.6.3
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/obs v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0-00010101000000-000000000000
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -19,7 +15,7 @@ require (
 	cloud.google.com/go/compute/metadata v0.9.0 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0 // indirect
-	github.com/go-jose/go-jose/v4 v4.1.5 // indirect
+	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
@@ -45,13 +41,6 @@ require (
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/bus v0.0.0
-	github.com/meshagent/meshagent/pkg/clock v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
-	github.com/meshagent/meshagent/pkg/outbox v0.0.0
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	github.com/prometheus/client_golang v1.25.0
@@ -63,19 +52,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-	github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
-	github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
+
+replace github.com/meshagent/meshagent/pkg => ../../pkg

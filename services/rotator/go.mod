@@ -4,13 +4,6 @@ go 1.26.0
 
 require (
 	github.com/hashicorp/go-hclog v1.6.3
-	github.com/meshagent/meshagent/pkg/bus v0.0.0
-	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/obs v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
-	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
@@ -18,10 +11,7 @@ require (
 	golang.org/x/sync v0.24.0
 )
 
-require (
-	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
-)
+require github.com/go-jose/go-jose/v4 v4.1.8 // indirect
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
@@ -33,9 +23,6 @@ require (
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/clock v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -51,21 +38,6 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
 
-replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-
-replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-
-replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-
-replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-
-replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
+replace github.com/meshagent/meshagent/pkg => ../../pkg

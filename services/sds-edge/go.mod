@@ -6,16 +6,6 @@ require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/hashicorp/go-hclog v1.6.3
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0
-	github.com/meshagent/meshagent/pkg/bus v0.0.0
-	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
-	github.com/meshagent/meshagent/pkg/obs v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0
-	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
@@ -40,11 +30,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/clock v0.0.0
-	github.com/meshagent/meshagent/pkg/outbox v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
-	github.com/meshagent/meshagent/pkg/udsock v0.0.0
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -63,26 +48,6 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-	github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
 
-replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-
-replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-
-replace github.com/meshagent/meshagent/pkg/outbox => ../../pkg/outbox
-
-replace github.com/meshagent/meshagent/pkg/udsock => ../../pkg/udsock
-
-replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-
-replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
+replace github.com/meshagent/meshagent/pkg => ../../pkg

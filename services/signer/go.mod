@@ -7,12 +7,6 @@ require (
 	github.com/go-jose/go-jose/v4 v4.1.8
 	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/hashicorp/go-hclog v1.6.3
-	github.com/meshagent/meshagent/pkg/bus v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/flagenv v0.0.0
-	github.com/meshagent/meshagent/pkg/obs v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
-	github.com/meshagent/meshagent/pkg/trustbundle v0.0.0
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -25,10 +19,7 @@ require (
 	istio.io/api v1.31.1
 )
 
-require (
-	github.com/kylelemons/godebug v1.1.0 // indirect
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
-)
+require github.com/kylelemons/godebug v1.1.0 // indirect
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
@@ -40,10 +31,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/clock v0.0.0
-	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
-	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
@@ -58,22 +45,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/obs => ../../pkg/obs
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
 
-replace github.com/meshagent/meshagent/pkg/clock => ../../pkg/clock
-
-replace github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-
-replace github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-
-replace github.com/meshagent/meshagent/pkg/lifecycle => ../../pkg/lifecycle
-
-replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
-
-replace github.com/meshagent/meshagent/pkg/trustbundle => ../../pkg/trustbundle
+replace github.com/meshagent/meshagent/pkg => ../../pkg

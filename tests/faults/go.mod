@@ -3,11 +3,6 @@ module github.com/meshagent/meshagent/tests/faults
 go 1.26.0
 
 require (
-	github.com/meshagent/meshagent/pkg/devtoken v0.0.0
-	github.com/meshagent/meshagent/pkg/events v0.0.0
-	github.com/meshagent/meshagent/pkg/faultcheck v0.0.0
-	github.com/meshagent/meshagent/pkg/pki v0.0.0
-	github.com/meshagent/meshagent/pkg/testkit v0.0.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -21,9 +16,6 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
-	github.com/meshagent/meshagent/pkg/atomicfile v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/sdsclient v0.0.0 // indirect
-	github.com/meshagent/meshagent/pkg/xdswire v0.0.0 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
@@ -39,15 +31,6 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace (
-	github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
-	github.com/meshagent/meshagent/pkg/bus => ../../pkg/bus
-	github.com/meshagent/meshagent/pkg/devtoken => ../../pkg/devtoken
-	github.com/meshagent/meshagent/pkg/events => ../../pkg/events
-	github.com/meshagent/meshagent/pkg/faultcheck => ../../pkg/faultcheck
-	github.com/meshagent/meshagent/pkg/flagenv => ../../pkg/flagenv
-	github.com/meshagent/meshagent/pkg/pki => ../../pkg/pki
-	github.com/meshagent/meshagent/pkg/sdsclient => ../../pkg/sdsclient
-	github.com/meshagent/meshagent/pkg/testkit => ../../pkg/testkit
-	github.com/meshagent/meshagent/pkg/xdswire => ../../pkg/xdswire
-)
+require github.com/meshagent/meshagent/pkg v0.0.0
+
+replace github.com/meshagent/meshagent/pkg => ../../pkg

@@ -1,3 +1,0 @@
-module github.com/meshagent/meshagent/pkg/atomicfile
-
-go 1.26.0

@@ -1,3 +1,0 @@
-module github.com/meshagent/meshagent/pkg/clock
-
-go 1.26.0

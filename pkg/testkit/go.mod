@@ -1,3 +1,0 @@
-module github.com/meshagent/meshagent/pkg/testkit
-
-go 1.26.0
