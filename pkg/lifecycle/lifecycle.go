@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -177,13 +178,15 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 // Tasks runs every task at once until all have returned. The first to fail
 // cancels the others and is what Tasks returns; a task returning nil ends only
 // itself. Errors that only say the shared context was cancelled count as a clean
-// stop once ctx is done, so Tasks returns nil on cancellation.
+// stop once ctx is done, so Tasks returns nil on cancellation. A task that panics
+// fails with a *PanicError instead of taking the process down with a half-stopped
+// state: the other tasks are cancelled and shut down as for any other failure.
 func Tasks(ctx context.Context, tasks ...func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, len(tasks))
 	for _, task := range tasks {
-		go func() { errc <- task(ctx) }()
+		go func() { errc <- runTask(ctx, task) }()
 	}
 	var first error
 	for range tasks {
@@ -194,4 +197,23 @@ func Tasks(ctx context.Context, tasks ...func(context.Context) error) error {
 		}
 	}
 	return first
+}
+
+// PanicError is the error of a task that panicked: the value it panicked with and
+// the stack where it did.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("task panicked: %v\n%s", e.Value, e.Stack) }
+
+// runTask runs one task, turning a panic into its error.
+func runTask(ctx context.Context, task func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return task(ctx)
 }

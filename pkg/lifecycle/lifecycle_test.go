@@ -259,6 +259,19 @@ func TestTasks(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("a panicking task is that task's error and the others are shut down", func(t *testing.T) {
+		var stopped atomic.Bool
+		err := Tasks(context.Background(),
+			func(ctx context.Context) error { <-ctx.Done(); stopped.Store(true); return nil },
+			func(context.Context) error { panic("broken invariant") })
+		var pe *PanicError
+		if !errors.As(err, &pe) || pe.Value != "broken invariant" || !strings.Contains(string(pe.Stack), "lifecycle_test.go") {
+			t.Fatalf("err %v: want a *PanicError with the value and the panicking stack", err)
+		}
+		if !stopped.Load() {
+			t.Fatal("the other task was not cancelled and waited for")
+		}
+	})
 	t.Run("context.Canceled from a task whose own work failed still counts as failure", func(t *testing.T) {
 		err := Tasks(context.Background(), func(context.Context) error { return context.Canceled })
 		if !errors.Is(err, context.Canceled) {
