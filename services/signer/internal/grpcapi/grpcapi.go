@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/grpcserve"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -95,23 +96,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("grpc listening", "addr", ln.Addr().String(), "service", "istio.v1.auth.IstioCertificateService")
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve grpc: %w", err)
-	case <-ctx.Done():
-	}
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		srv.Stop()
-		<-done
-	}
-	<-errc
-	return nil
+	return grpcserve.Serve(ctx, srv, ln, 5*time.Second)
 }
 
 // CreateCertificate signs the CSR for the caller authenticated by its bearer token

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/grpcserve"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -150,23 +151,13 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	s.once.Do(func() { close(s.bound) })
 	s.log.Info("xds relay listening", "socket", s.cfg.Socket, "mode", fmt.Sprintf("%#o", mode), "upstream", s.dial.Address())
-	errc := make(chan error, 1)
-	go func() { errc <- gs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve xds: %w", err)
-	case <-ctx.Done():
-	}
-	s.stopOnce.Do(func() { close(s.stop) })
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		gs.Stop()
-		<-done
-	}
-	<-errc
+	// Relayed streams end when s.stop closes, so the graceful stop has them end first.
+	stopStreams := context.AfterFunc(ctx, func() { s.stopOnce.Do(func() { close(s.stop) }) })
+	defer stopStreams()
+	err = grpcserve.Serve(ctx, gs, ln, 5*time.Second)
 	_ = ln.Close() // removes the socket while it is still ours
+	if err != nil {
+		return fmt.Errorf("xds relay: %w", err)
+	}
 	return nil
 }

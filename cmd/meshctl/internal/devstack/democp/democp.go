@@ -8,7 +8,6 @@ package democp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/grpcserve"
 	"github.com/meshagent/meshagent/pkg/nds"
 	"google.golang.org/grpc"
 )
@@ -131,23 +131,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("demo control plane listening", "addr", ln.Addr().String(), "nodes", keys)
-	errc := make(chan error, 1)
-	go func() { errc <- gs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve demo control plane: %w", err)
-	case <-ctx.Done():
-	}
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Second): // ADS streams never end on their own
-		gs.Stop()
-		<-done
-	}
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return fmt.Errorf("serve demo control plane: %w", err)
+	// ADS streams never end on their own: the graceful stop waits 2 s for them.
+	if err := grpcserve.Serve(ctx, gs, ln, 2*time.Second); err != nil {
+		return fmt.Errorf("demo control plane: %w", err)
 	}
 	return nil
 }
