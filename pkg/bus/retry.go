@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -17,22 +19,20 @@ import (
 const (
 	// AttemptTimeout bounds one attempt of Retry.
 	AttemptTimeout = 3 * time.Second
-	retryFirst     = 100 * time.Millisecond
-	retryMax       = time.Second
 	// retryLogEvery is how often a long wait is logged again at INFO.
 	retryLogEvery = 10 * time.Second
 )
 
 // Retry calls op until it returns nil, giving each call at most AttemptTimeout (a
 // third of it the first time, two thirds the second: attemptLimit) and
-// waiting with backoff (100 ms doubling to 1 s) between calls, for as long as op
+// waiting with backoff (retrySchedule) between calls, for as long as op
 // fails with a Transient error (or one wrapped by Pending) and ctx lasts. Any other
 // error is returned at once. what names what is waited for, in logs and errors
 // ("event stream MESHAGENT_EVENTS"). The first failure is logged at INFO, then
 // every 10 s; a success after waiting is logged at INFO with the time it took.
 func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx context.Context) error) error {
 	start := time.Now()
-	wait := retryFirst
+	bo := retrySchedule.Start()
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, attemptLimit(attempt))
@@ -56,16 +56,15 @@ func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx conte
 		} else {
 			log.Debug("jetstream attempt failed, retrying", "for", what, "attempt", attempt, "error", err)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Wait(ctx, clock.Real{}, bo.Next()) {
 			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, time.Since(start).Round(time.Millisecond), err)
-		case <-t.C:
 		}
-		wait = min(2*wait, retryMax)
 	}
 }
+
+// retrySchedule is the wait between attempts: 100 ms doubling to 1 s, jittered so
+// that the replicas a cold cluster start holds up do not ask again together.
+var retrySchedule = backoff.Policy{First: 100 * time.Millisecond, Max: time.Second, Jitter: 0.5}
 
 // attemptTimeout is AttemptTimeout; tests shorten it.
 var attemptTimeout = AttemptTimeout

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
 )
@@ -43,7 +45,7 @@ func (r *Replica) startMirror(ctx context.Context) {
 // last change it applied.
 func (r *Replica) follow(ctx context.Context, m *mirror) {
 	start := time.Now()
-	backoff := 250 * time.Millisecond
+	bo := mirrorRetry.Start()
 	for ctx.Err() == nil {
 		m.mu.Lock()
 		from := m.seq
@@ -67,14 +69,16 @@ func (r *Replica) follow(ctx context.Context, m *mirror) {
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("standby schedule lost the bucket, resuming", "error", err, "from", from)
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
+		wait := bo.Next()
+		r.log.Warn("standby schedule lost the bucket, resuming", "error", err, "from", from, "retry_in", wait)
+		// The wall clock, not r.clk: a bucket comes back in real time, and a test
+		// that holds the schedule's clock still must not hold the mirror back.
+		backoff.Wait(ctx, clock.Real{}, wait)
 	}
 }
+
+// mirrorRetry is how a standby resumes following the bucket after losing it.
+var mirrorRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second, Jitter: 0.5}
 
 // takeMirror stops the mirror and returns its schedule and the last bucket
 // sequence applied to it (nil and 0 when there is none).

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
@@ -75,7 +76,7 @@ func (a *announcer) observe(tc events.TrustChanged) {
 
 // run publishes queued events until ctx is done.
 func (a *announcer) run(ctx context.Context) {
-	backoff := a.min
+	bo := backoff.Policy{First: a.min, Max: a.max, Jitter: 0.5}.Start()
 	var retry <-chan time.Time
 	for {
 		select {
@@ -99,13 +100,12 @@ func (a *announcer) run(ctx context.Context) {
 		}
 		if err != nil {
 			a.failures.Add(1)
-			a.log.Warn("publish trust.changed failed, will retry", "generation", p.Generation, "retry_in", backoff, "error", err)
-			t := time.NewTimer(backoff)
-			retry = t.C
-			backoff = min(2*backoff, a.max)
+			wait := bo.Next()
+			a.log.Warn("publish trust.changed failed, will retry", "generation", p.Generation, "retry_in", wait, "error", err)
+			retry = time.After(wait)
 			continue
 		}
-		backoff = a.min
+		bo.Reset()
 		a.log.Debug("trust.changed published", "generation", p.Generation, "reason", p.Reason)
 		a.mu.Lock()
 		a.known = max(a.known, p.Generation)

@@ -23,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/backoff"
 )
 
 // Supervisor holds the started children, in order of start.
@@ -155,7 +157,8 @@ func (s *Supervisor) watch(p *Process) {
 	if first <= 0 {
 		first = DefaultRestartBackoff
 	}
-	backoff := first
+	// No jitter: one developer's stack, and the report says the wait it will take.
+	bo := backoff.Policy{First: first, Max: MaxRestartBackoff}.Start()
 	for {
 		started, exited := p.state()
 		<-exited
@@ -174,15 +177,15 @@ func (s *Supervisor) watch(p *Process) {
 			return
 		}
 		if time.Since(started) >= RestartReset {
-			backoff = first
+			bo.Reset()
 		}
-		s.report(fmt.Sprintf("%s; restarting it in %s (restart %d)\n%s", msg, backoff, p.Restarts()+1, p.tail(10)))
+		wait := bo.Next()
+		s.report(fmt.Sprintf("%s; restarting it in %s (restart %d)\n%s", msg, wait, p.Restarts()+1, p.tail(10)))
 		select {
 		case <-s.chans().done:
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, MaxRestartBackoff)
 		s.mu.Lock()
 		if s.stopping {
 			s.mu.Unlock()
