@@ -50,7 +50,7 @@ type Config struct {
 	// TrustDomainAliases are trust domains pods accept as TrustDomain (their
 	// TRUST_DOMAIN_ALIASES); the signer only refuses to follow them as foreign.
 	TrustDomainAliases []string
-	CA          struct {
+	CA                 struct {
 		Dir               string // plugged-in mode when set (Istio cacerts layout)
 		ReloadDelay       time.Duration
 		KeyAlg            pki.KeyAlg // self-signed root key
