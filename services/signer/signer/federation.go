@@ -69,7 +69,7 @@ func (s *Signer) newFederation(reg prometheus.Registerer) error {
 			}
 		}
 		var aliases []spiffeid.TrustDomain
-		for _, a := range s.cfg.TrustDomainAliases {
+		for _, a := range s.cfg.Federation.Aliases {
 			atd, err := federation.ParseTrustDomain(a)
 			if err != nil {
 				return fmt.Errorf("-trust-domain-aliases: %w", err)

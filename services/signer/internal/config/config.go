@@ -47,10 +47,7 @@ type Config struct {
 		IPs      []net.IP
 	}
 	TrustDomain string
-	// TrustDomainAliases are trust domains pods accept as TrustDomain (their
-	// TRUST_DOMAIN_ALIASES); the signer only refuses to follow them as foreign.
-	TrustDomainAliases []string
-	CA                 struct {
+	CA          struct {
 		Dir               string // plugged-in mode when set (Istio cacerts layout)
 		ReloadDelay       time.Duration
 		KeyAlg            pki.KeyAlg // self-signed root key
@@ -125,6 +122,9 @@ type Config struct {
 		MaxRefresh  time.Duration
 		// MaxBundleSize bounds a fetched bundle and a bundle file, in bytes.
 		MaxBundleSize int
+		// Aliases are trust domains pods accept as TrustDomain (their
+		// TRUST_DOMAIN_ALIASES): never followed as foreign domains.
+		Aliases []string
 	}
 }
 
@@ -188,7 +188,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&dnsNames, "grpc-dns-names", "GRPC_DNS_NAMES", strings.Join(c.Listen.DNSNames, ","), "DNS SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&ips, "grpc-ips", "GRPC_IPS", "127.0.0.1", "IP SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&c.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.TrustDomain, "SPIFFE trust domain")
-	fs.List(&c.TrustDomainAliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil, "trust domains the pods accept as this one (Istio's trustDomainAliases), comma-separated: never followed as foreign domains")
+	fs.List(&c.Federation.Aliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil, "trust domains the pods accept as this one (Istio's trustDomainAliases), comma-separated: never followed as foreign domains")
 	fs.String(&c.CA.Dir, "cacerts-dir", "CACERTS_DIR", "", "plugged-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); empty: self-signed root in KV")
 	fs.Duration(&c.CA.ReloadDelay, "cacerts-reload-delay", "CACERTS_RELOAD_DELAY", c.CA.ReloadDelay, "debounce for cacerts directory changes")
 	fs.String(&keyAlg, "key-alg", "CA_KEY_ALG", string(c.CA.KeyAlg), "self-signed root key algorithm: EC-P256, EC-P384, RSA-2048, RSA-4096")
@@ -309,7 +309,7 @@ func (c Config) Validate() error {
 	if err := federation.CanonicalTrustDomain(c.TrustDomain); err != nil {
 		p.Addf("-trust-domain (TRUST_DOMAIN): %w", err)
 	}
-	for _, a := range c.TrustDomainAliases {
+	for _, a := range c.Federation.Aliases {
 		if err := federation.CanonicalTrustDomain(a); err != nil {
 			p.Addf("-trust-domain-aliases (TRUST_DOMAIN_ALIASES): %w", err)
 		} else if a == c.TrustDomain {
@@ -409,7 +409,7 @@ func (c Config) FederationSources() ([]federation.Source, error) {
 			switch name := s.TrustDomain.Name(); {
 			case name == c.TrustDomain:
 				p.Addf("%s: %q is this signer's own trust domain (-trust-domain), not a foreign one", flag, name)
-			case slices.Contains(c.TrustDomainAliases, name):
+			case slices.Contains(c.Federation.Aliases, name):
 				p.Addf("%s: %q is an alias of this trust domain (-trust-domain-aliases), not a foreign one", flag, name)
 			}
 		}
