@@ -77,7 +77,7 @@ func (s *Signer) newFederation(reg prometheus.Registerer) error {
 			aliases = append(aliases, atd)
 		}
 		f.follower, err = federation.NewFollower(federation.Config{Self: td, Aliases: aliases, WebPKIRoots: roots,
-			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, MaxBundleSize: int64(cfg.MaxBundleSize), OnBundle: f.publish})
+			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, MaxBundleSize: int64(cfg.MaxBundleSize), OnBundle: f.publish, OnFailure: f.logFailure})
 		if err != nil {
 			return err
 		}
@@ -172,6 +172,17 @@ func (f *fed) serve(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// logFailure logs a failed refresh: a warning when the domain starts failing,
+// then at debug level (meshctl trust and the metrics show every one).
+func (f *fed) logFailure(td spiffeid.TrustDomain, st federation.Status, first bool) {
+	log := f.s.log.Debug
+	if first {
+		log = f.s.log.Warn
+	}
+	log("foreign trust domain refresh failed (the last good bundle, if any, is kept)", "trust_domain", td.Name(),
+		"source", st.Where, "reason", st.ErrReason, "error", st.Err, "retry_at", st.NextRefresh.Format(time.RFC3339))
 }
 
 // publish announces a foreign bundle (b nil: no longer followed) on its

@@ -326,14 +326,23 @@ func TestBreakInNon200AndEmptyBundles(t *testing.T) {
 // reason announce: a domain refused this way is visible, not only logged.
 func TestBreakInUnannouncedBundleNotHeld(t *testing.T) {
 	west := newDomain(t, "west.example", time.Second)
-	var refused atomic.Int64
+	var refused, failures, firsts atomic.Int64
 	f := running(t, Config{Self: east, WebPKIRoots: webRootsOf(west.endpoint), MinRefresh: 20 * time.Millisecond,
 		OnBundle: func(spiffeid.TrustDomain, *spiffebundle.Bundle, Status) error {
 			refused.Add(1)
 			return fmt.Errorf("event too large")
+		},
+		OnFailure: func(_ spiffeid.TrustDomain, st Status, first bool) {
+			failures.Add(1)
+			if first {
+				firsts.Add(1)
+			}
 		}}, []Source{{TrustDomain: west.td, URL: west.endpoint.URL}})
-	testkit.Eventually(t, "announce failures shown", func() bool { return statusOf(f, "west.example").Errors[ReasonAnnounce] >= 2 })
+	testkit.Eventually(t, "announce failures shown", func() bool { return failures.Load() >= 3 })
 	st := statusOf(f, "west.example")
+	if firsts.Load() != 1 {
+		t.Errorf("%d failures reported as the first of a run", firsts.Load())
+	}
 	if _, held := f.Bundles().Get(west.td); held || !st.FetchedAt.IsZero() || st.Roots != 0 ||
 		st.ErrReason != ReasonAnnounce || !strings.Contains(st.Err, "not announced: event too large") {
 		t.Fatalf("held=%v status=%+v", held, st)

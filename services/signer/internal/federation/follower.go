@@ -42,6 +42,9 @@ type Config struct {
 	// announced) fails the refresh: the bundle is not kept, and the domain
 	// shows the error with ReasonAnnounce unless the error carries its own.
 	OnBundle func(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st Status) error
+	// OnFailure, if set, is called (outside locks) after every failed refresh,
+	// with first set when the domain was not failing before: for the log.
+	OnFailure func(td spiffeid.TrustDomain, st Status, first bool)
 }
 
 // Status is what is known about one followed trust domain.
@@ -314,19 +317,24 @@ func (f *Follower) refresh(ctx context.Context, s Source) {
 			err = aerr
 		}
 	}
-	f.record(s, b, err, now)
+	st, first, failed := f.record(s, b, err, now)
+	if failed && f.cfg.OnFailure != nil {
+		f.cfg.OnFailure(s.TrustDomain, st, first)
+	}
 }
 
 // record keeps a fetched bundle (or the error, keeping the last good bundle)
-// unless the source changed meanwhile.
-func (f *Follower) record(s Source, b *spiffebundle.Bundle, err error, now time.Time) {
+// unless the source changed meanwhile; after an error it returns the domain's
+// status, whether it was not failing before, and failed.
+func (f *Follower) record(s Source, b *spiffebundle.Bundle, err error, now time.Time) (_ Status, first, failed bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.sources[s.TrustDomain] != s {
-		return
+		return Status{}, false, false
 	}
 	st := f.status[s.TrustDomain]
 	if err != nil {
+		first = st.Err == ""
 		msg := err.Error()
 		if len(msg) > maxErrLen {
 			msg = msg[:maxErrLen] + "..."
@@ -339,10 +347,11 @@ func (f *Follower) record(s Source, b *spiffebundle.Bundle, err error, now time.
 		}
 		st.Errors[reason]++
 		st.NextRefresh = now.Add(f.cfg.MinRefresh)
-		return
+		return st.clone(), first, true
 	}
 	f.bundles[s.TrustDomain] = b
 	f.succeeded(st, b, now)
+	return Status{}, false, false
 }
 
 // succeeded sets st to what a good fetch of b at now makes it.
