@@ -99,6 +99,8 @@ func utc(t time.Time) time.Time {
 // the follower's status: meshagent_signer_federation_*{trust_domain}.
 type federationMetrics struct{ f *federation.Follower }
 
+var _ prometheus.Collector = federationMetrics{}
+
 var (
 	fedLastSuccess = prometheus.NewDesc("meshagent_signer_federation_last_success_timestamp_seconds",
 		"When the foreign trust domain's bundle was last fetched and announced (Unix seconds); absent if never.", []string{"trust_domain"}, nil)
