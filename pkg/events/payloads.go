@@ -1,6 +1,7 @@
 package events
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -159,8 +160,11 @@ func (e TrustChanged) Validate() error {
 	return f.err()
 }
 
-// BundleRequest asks for the current trust bundle.
-type BundleRequest struct{}
+// BundleRequest asks for the current trust bundle; with Federation, also for
+// the answering signer's FederationStatus.
+type BundleRequest struct {
+	Federation bool `json:"federation,omitempty"`
+}
 
 func (BundleRequest) EventType() string { return TypeBundleRequest }
 func (BundleRequest) Validate() error   { return nil }
@@ -171,7 +175,11 @@ type BundleReply struct {
 	Roots        []string      `json:"roots,omitempty"`
 	Generation   uint64        `json:"generation,omitempty"`
 	Endorsements []Endorsement `json:"endorsements,omitempty"`
-	Error        *ReplyError   `json:"error,omitempty"`
+	// Federation is the answering signer's FederationStatus as JSON (when the
+	// request asked), endorsed by the CA key over FederationStatusEndorsedBytes.
+	Federation             json.RawMessage `json:"federation,omitempty"`
+	FederationEndorsements []Endorsement   `json:"federation_endorsements,omitempty"`
+	Error                  *ReplyError     `json:"error,omitempty"`
 }
 
 func (BundleReply) EventType() string { return TypeBundleReply }

@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -37,8 +38,9 @@ type fed struct {
 	addr     atomic.Pointer[net.Addr]
 }
 
-// newFederation builds the endpoint and the follower from the config; nothing runs.
-func (s *Signer) newFederation() error {
+// newFederation builds the endpoint and the follower from the config, and
+// registers the followed domains' metrics on reg; nothing runs.
+func (s *Signer) newFederation(reg prometheus.Registerer) error {
 	cfg := s.cfg.Federation
 	td, err := spiffeid.TrustDomainFromString(s.cfg.TrustDomain)
 	if err != nil {
@@ -50,17 +52,9 @@ func (s *Signer) newFederation() error {
 			return err
 		}
 	}
-	eps, err := federation.ParseEndpoints(cfg.Endpoints)
+	srcs, err := s.cfg.FederationSources()
 	if err != nil {
-		return fmt.Errorf("-spiffe-bundle-endpoints: %w", err)
-	}
-	files, err := federation.ParseFiles(cfg.Files)
-	if err != nil {
-		return fmt.Errorf("-spiffe-bundle-files: %w", err)
-	}
-	srcs, err := federation.WithBootstraps(eps, files)
-	if err != nil {
-		return fmt.Errorf("-spiffe-bundle-endpoints, -spiffe-bundle-files: %w", err)
+		return err
 	}
 	if len(srcs) > 0 {
 		var roots *x509.CertPool
@@ -74,15 +68,29 @@ func (s *Signer) newFederation() error {
 				return fmt.Errorf("-spiffe-bundle-ca-file: no PEM certificate in %s", cfg.CAFile)
 			}
 		}
-		f.follower, err = federation.NewFollower(federation.Config{Self: td, WebPKIRoots: roots,
-			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, OnBundle: f.publish})
+		var aliases []spiffeid.TrustDomain
+		for _, a := range s.cfg.Federation.Aliases {
+			atd, err := federation.ParseTrustDomain(a)
+			if err != nil {
+				return fmt.Errorf("-trust-domain-aliases: %w", err)
+			}
+			aliases = append(aliases, atd)
+		}
+		f.follower, err = federation.NewFollower(federation.Config{Self: td, Aliases: aliases, WebPKIRoots: roots,
+			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, MaxBundleSize: int64(cfg.MaxBundleSize), OnBundle: f.publish, OnFailure: f.logFailure})
 		if err != nil {
 			return err
 		}
 		if err := f.follower.Follow(srcs); err != nil {
 			return err
 		}
+		if reg != nil {
+			if err := reg.Register(federationMetrics{f.follower}); err != nil {
+				return fmt.Errorf("federation metrics: %w", err)
+			}
+		}
 	}
+	s.nats.SetFederationStatus(f.status)
 	s.fed = f
 	return nil
 }
@@ -166,27 +174,31 @@ func (f *fed) serve(ctx context.Context) error {
 	return nil
 }
 
+// logFailure logs a failed refresh: a warning when the domain starts failing,
+// then at debug level (meshctl trust and the metrics show every one).
+func (f *fed) logFailure(td spiffeid.TrustDomain, st federation.Status, first bool) {
+	log := f.s.log.Debug
+	if first {
+		log = f.s.log.Warn
+	}
+	log("foreign trust domain refresh failed (the last good bundle, if any, is kept)", "trust_domain", td.Name(),
+		"source", st.Where, "reason", st.ErrReason, "error", st.Err, "retry_at", st.NextRefresh.Format(time.RFC3339))
+}
+
 // publish announces a foreign bundle (b nil: no longer followed) on its
 // trust.federated subject, endorsed by the current CA key, after every fetch:
 // a pod that started since hears it within one refresh hint (pods ignore a
-// version they have and never read the stream).
-func (f *fed) publish(td spiffeid.TrustDomain, b *spiffebundle.Bundle) {
-	var st followedStatus
-	for _, s := range f.follower.Status() {
-		if s.TrustDomain == td.Name() {
-			st = followedStatus(s)
-		}
-	}
-	f.announce(td, b, st)
+// version they have and never read the stream). An error fails the refresh
+// (the follower shows it and retries).
+func (f *fed) publish(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st federation.Status) error {
+	return f.announce(td, b, st)
 }
 
-type followedStatus federation.Status
-
-func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st followedStatus) {
+func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st federation.Status) error {
 	m := f.s.auth.Current()
 	if m == nil {
 		f.s.log.Warn("foreign bundle not announced: CA not loaded", "trust_domain", td.Name())
-		return
+		return errors.New("CA not loaded yet")
 	}
 	now := time.Now()
 	ev := events.TrustFederated{TrustDomain: f.s.cfg.TrustDomain, Foreign: td.Name(), Version: uint64(now.UnixNano()), Removed: b == nil}
@@ -197,7 +209,7 @@ func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st follo
 	es, err := trustbundle.EndorseFederated(ev.TrustDomain, ev.Foreign, ev.Version, ev.Roots, m.Key)
 	if err != nil {
 		f.s.log.Error("foreign bundle not endorsed", "trust_domain", td.Name(), "error", err)
-		return
+		return fmt.Errorf("endorse: %w", err)
 	}
 	if len(m.Chain) > 1 {
 		for i := range es {
@@ -208,20 +220,23 @@ func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st follo
 	subj, err := events.TrustFederatedSubject(ev.Foreign)
 	if err != nil {
 		f.s.log.Error("foreign bundle not announced", "error", err)
-		return
+		return err
 	}
 	msg, err := events.Encode(subj, events.Meta{Source: "meshagent/signer/" + f.s.cfg.Instance}, ev)
 	if err != nil {
-		f.s.log.Error("foreign bundle not announced", "trust_domain", td.Name(), "error", err)
-		return
+		// A bundle too large for an event (events.MaxEventSize) lands here at
+		// every refresh: the domain shows it (meshctl trust, metrics).
+		f.s.log.Error("foreign bundle not announced", "trust_domain", td.Name(), "roots", len(ev.Roots), "error", err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := bus.Publish(ctx, f.s.js, msg); err != nil {
-		f.s.log.Warn("foreign bundle announcement failed (the next refresh announces again only if it changed)", "trust_domain", td.Name(), "error", err)
-		return
+		f.s.log.Warn("foreign bundle announcement failed (retried after -spiffe-bundle-min-refresh)", "trust_domain", td.Name(), "error", err)
+		return err
 	}
 	f.s.log.Info("foreign trust domain bundle announced", "trust_domain", td.Name(), "roots", len(ev.Roots), "removed", ev.Removed, "source", ev.Source)
+	return nil
 }
 
 // retireUnfollowed announces as removed every foreign domain whose last news
@@ -256,7 +271,7 @@ func (f *fed) retireUnfollowed(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		f.announce(td, nil, followedStatus{Where: last.Source})
+		_ = f.announce(td, nil, federation.Status{Where: last.Source})
 	}
 	return nil
 }

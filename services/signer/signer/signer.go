@@ -136,7 +136,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))
-	if err := s.newFederation(); err != nil {
+	if err := s.newFederation(d.Metrics); err != nil {
 		return nil, fmt.Errorf("federation: %w", err)
 	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)

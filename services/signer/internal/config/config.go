@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -119,6 +120,11 @@ type Config struct {
 		CAFile      string        // web-PKI roots for fetching bundle endpoints; "": system roots
 		MinRefresh  time.Duration
 		MaxRefresh  time.Duration
+		// MaxBundleSize bounds a fetched bundle and a bundle file, in bytes.
+		MaxBundleSize int
+		// Aliases are trust domains pods accept as TrustDomain (their
+		// TRUST_DOMAIN_ALIASES): never followed as foreign domains.
+		Aliases []string
 	}
 }
 
@@ -161,6 +167,7 @@ func Default() Config {
 	c.Federation.RefreshHint = 5 * time.Minute
 	c.Federation.MinRefresh = 10 * time.Second
 	c.Federation.MaxRefresh = time.Hour
+	c.Federation.MaxBundleSize = federation.DefaultMaxBundleSize
 	return c
 }
 
@@ -181,6 +188,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&dnsNames, "grpc-dns-names", "GRPC_DNS_NAMES", strings.Join(c.Listen.DNSNames, ","), "DNS SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&ips, "grpc-ips", "GRPC_IPS", "127.0.0.1", "IP SANs of the gRPC serving certificate, comma-separated")
 	fs.String(&c.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.TrustDomain, "SPIFFE trust domain")
+	fs.List(&c.Federation.Aliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil, "trust domains the pods accept as this one (Istio's trustDomainAliases), comma-separated: never followed as foreign domains")
 	fs.String(&c.CA.Dir, "cacerts-dir", "CACERTS_DIR", "", "plugged-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); empty: self-signed root in KV")
 	fs.Duration(&c.CA.ReloadDelay, "cacerts-reload-delay", "CACERTS_RELOAD_DELAY", c.CA.ReloadDelay, "debounce for cacerts directory changes")
 	fs.String(&keyAlg, "key-alg", "CA_KEY_ALG", string(c.CA.KeyAlg), "self-signed root key algorithm: EC-P256, EC-P384, RSA-2048, RSA-4096")
@@ -223,6 +231,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Federation.CAFile, "spiffe-bundle-ca-file", "SPIFFE_BUNDLE_CA_FILE", "", "PEM roots authenticating foreign bundle endpoints (web-PKI); empty: system roots")
 	fs.Duration(&c.Federation.MinRefresh, "spiffe-bundle-min-refresh", "SPIFFE_BUNDLE_MIN_REFRESH", c.Federation.MinRefresh, "floor on a foreign bundle's refresh hint, and the retry after a failed fetch")
 	fs.Duration(&c.Federation.MaxRefresh, "spiffe-bundle-max-refresh", "SPIFFE_BUNDLE_MAX_REFRESH", c.Federation.MaxRefresh, "ceiling on a foreign bundle's refresh hint")
+	fs.Int(&c.Federation.MaxBundleSize, "spiffe-bundle-max-size", "SPIFFE_BUNDLE_MAX_SIZE", c.Federation.MaxBundleSize, "largest foreign bundle taken, in bytes, from an endpoint or a file: a larger one is refused (not cut) and the domain shows the error")
 	var trusted string
 	fs.String(&trusted, "trusted-node-accounts", "CA_TRUSTED_NODE_ACCOUNTS", "", "node agents (<ns>/<sa>, comma-separated) that may ask for the identity of a workload on their own node (ImpersonatedIdentity); checked by reading pods from the API server")
 	fs.String(&c.Nodes.APIURL, "node-api-url", "NODE_API_URL", authn.InClusterURL(getenv), "API server read for -trusted-node-accounts (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
@@ -297,8 +306,15 @@ func (c Config) Validate() error {
 	p.Check(c.Listen.GRPC != "", "-grpc-addr: required")
 	p.Check(c.Listen.Pprof == "" || isLoopback(c.Listen.Pprof), "-pprof-addr: want a loopback host:port (127.0.0.1:6060, [::1]:6060, localhost:6060), got %q: profiles show the signer's code paths and memory layout", c.Listen.Pprof)
 	p.Check(len(c.Listen.DNSNames)+len(c.Listen.IPs) > 0, "-grpc-dns-names, -grpc-ips: at least one SAN is required")
-	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
-		p.Addf("-trust-domain: %w", err)
+	if err := federation.CanonicalTrustDomain(c.TrustDomain); err != nil {
+		p.Addf("-trust-domain (TRUST_DOMAIN): %w", err)
+	}
+	for _, a := range c.Federation.Aliases {
+		if err := federation.CanonicalTrustDomain(a); err != nil {
+			p.Addf("-trust-domain-aliases (TRUST_DOMAIN_ALIASES): %w", err)
+		} else if a == c.TrustDomain {
+			p.Addf("-trust-domain-aliases (TRUST_DOMAIN_ALIASES): %q is the trust domain itself", a)
+		}
 	}
 	if c.CA.Dir == "" {
 		p.Check(c.CA.KVBucket != "", "-kv-bucket: required in self-signed mode")
@@ -363,21 +379,53 @@ func (c Config) Validate() error {
 	} else {
 		p.Check(c.Federation.SPIFFEID == "", "-bundle-endpoint-spiffe-id: only with -bundle-endpoint-addr")
 	}
+	p.Add(c.ValidateFederation())
+	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
+	p.Check(c.Federation.MaxBundleSize >= 1<<10 && c.Federation.MaxBundleSize <= 64<<20, "-spiffe-bundle-max-size (SPIFFE_BUNDLE_MAX_SIZE): want 1024 to %d bytes, got %d", 64<<20, c.Federation.MaxBundleSize)
+	return p.Err()
+}
+
+// ValidateFederation checks the foreign trust domains to follow: each entry well formed, each trust domain in its canonical form (see
+// federation.ParseTrustDomain), and none of them this trust domain or one of
+// its aliases. Errors name the flag and its environment variable.
+func (c Config) ValidateFederation() error {
+	_, err := c.FederationSources()
+	return err
+}
+
+// FederationSources are the foreign trust domains to follow (ValidateFederation).
+func (c Config) FederationSources() ([]federation.Source, error) {
+	var p flagenv.Problems
 	eps, err := federation.ParseEndpoints(c.Federation.Endpoints)
 	if err != nil {
-		p.Addf("-spiffe-bundle-endpoints: %w", err)
+		p.Addf("-spiffe-bundle-endpoints (SPIFFE_BUNDLE_ENDPOINTS): %w", err)
 	}
 	files, ferr := federation.ParseFiles(c.Federation.Files)
 	if ferr != nil {
-		p.Addf("-spiffe-bundle-files: %w", ferr)
+		p.Addf("-spiffe-bundle-files (SPIFFE_BUNDLE_FILES): %w", ferr)
 	}
-	if err == nil && ferr == nil {
-		if _, err := federation.WithBootstraps(eps, files); err != nil {
-			p.Addf("-spiffe-bundle-endpoints, -spiffe-bundle-files: %w", err)
+	own := func(flag string, srcs []federation.Source) {
+		for _, s := range srcs {
+			switch name := s.TrustDomain.Name(); {
+			case name == c.TrustDomain:
+				p.Addf("%s: %q is this signer's own trust domain (-trust-domain), not a foreign one", flag, name)
+			case slices.Contains(c.Federation.Aliases, name):
+				p.Addf("%s: %q is an alias of this trust domain (-trust-domain-aliases), not a foreign one", flag, name)
+			}
 		}
 	}
-	p.Check(c.Federation.MinRefresh > 0 && c.Federation.MinRefresh <= c.Federation.MaxRefresh, "-spiffe-bundle-min-refresh: must be positive and at most -spiffe-bundle-max-refresh")
-	return p.Err()
+	own("-spiffe-bundle-endpoints (SPIFFE_BUNDLE_ENDPOINTS)", eps)
+	own("-spiffe-bundle-files (SPIFFE_BUNDLE_FILES)", files)
+	var srcs []federation.Source
+	if err == nil && ferr == nil {
+		if srcs, err = federation.WithBootstraps(eps, files); err != nil {
+			p.Addf("-spiffe-bundle-endpoints, -spiffe-bundle-files (SPIFFE_BUNDLE_ENDPOINTS, SPIFFE_BUNDLE_FILES): %w", err)
+		}
+	}
+	if err := p.Err(); err != nil {
+		return nil, err
+	}
+	return srcs, nil
 }
 
 // DefaultGCPercent is the signer's GC target unless -gogc or GOGC says otherwise:

@@ -130,9 +130,9 @@ func parsePairs(s string, mk func(spiffeid.TrustDomain, string) (Source, error))
 			errs = append(errs, fmt.Errorf("entry %d %q: want trustdomain|value", i+1, entry))
 			continue
 		}
-		td, err := spiffeid.TrustDomainFromString(strings.TrimSpace(name))
+		td, err := ParseTrustDomain(name)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("entry %d: trust domain %q: %w", i+1, name, err))
+			errs = append(errs, fmt.Errorf("entry %d: trust domain: %w", i+1, err))
 			continue
 		}
 		if seen[td] {

@@ -6,6 +6,7 @@ package natsapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -70,6 +71,9 @@ type API struct {
 	subs      []*nats.Subscription
 	// dropped counts messages dropped by subscriptions already closed.
 	dropped uint64
+	// federation, if set, answers a bundle request that asks for the foreign
+	// domains' state (SetFederationStatus).
+	federation atomic.Pointer[FederationStatusFunc]
 	// slow counts slow-consumer errors on our subscriptions (one per episode).
 	slow atomic.Uint64
 }
@@ -311,8 +315,17 @@ func replyError(err error) *events.ReplyError {
 	return &events.ReplyError{Code: events.CodeInternal, Message: err.Error()}
 }
 
+// FederationStatusFunc gives the followed foreign domains' state as JSON and
+// the CA's endorsements of it.
+type FederationStatusFunc func() (json.RawMessage, []events.Endorsement, error)
+
+// SetFederationStatus makes bundle requests that ask for it answer the state
+// of the followed foreign domains from fn.
+func (a *API) SetFederationStatus(fn FederationStatusFunc) { a.federation.Store(&fn) }
+
 func (a *API) bundle(_ context.Context, m *nats.Msg) {
-	if _, _, err := events.Decode[events.BundleRequest](m); err != nil {
+	req, _, err := events.Decode[events.BundleRequest](m)
+	if err != nil {
 		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
@@ -321,7 +334,16 @@ func (a *API) bundle(_ context.Context, m *nats.Msg) {
 		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: events.CodeUnavailable, Message: "CA not loaded yet"}})
 		return
 	}
-	a.respond(m, events.BundleReply{TrustDomain: a.trustDomain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()})
+	reply := events.BundleReply{TrustDomain: a.trustDomain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements()}
+	if fn := a.federation.Load(); req.Federation && fn != nil {
+		raw, es, err := (*fn)()
+		if err != nil {
+			a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: events.CodeUnavailable, Message: "federation status: " + err.Error()}})
+			return
+		}
+		reply.Federation, reply.FederationEndorsements = raw, es
+	}
+	a.respond(m, reply)
 }
 
 func (a *API) rotate(ctx context.Context, m *nats.Msg) {
