@@ -34,7 +34,6 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/spiffe/go-spiffe/v2 v2.9.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -58,6 +57,9 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/spiffe/go-spiffe/v2 v2.9.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
