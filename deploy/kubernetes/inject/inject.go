@@ -127,7 +127,7 @@ func Inject(tmpl string, doc []byte, v Values) ([]byte, error) {
 	case "Pod":
 		var p corev1.Pod
 		if err := strict.Unmarshal(doc, &p); err != nil {
-			return nil, fmt.Errorf("Pod: %w", err)
+			return nil, fmt.Errorf("decode Pod: %w", err)
 		}
 		if err := InjectPod(tmpl, &p, v); err != nil {
 			return nil, err
@@ -137,7 +137,7 @@ func Inject(tmpl string, doc []byte, v Values) ([]byte, error) {
 		var d appsv1.Deployment
 		obj, tpl, namespace = &d, &d.Spec.Template, ""
 		if err := strict.Unmarshal(doc, &d); err != nil {
-			return nil, fmt.Errorf("Deployment: %w", err)
+			return nil, fmt.Errorf("decode Deployment: %w", err)
 		}
 		namespace = d.Namespace
 	case "StatefulSet":
@@ -158,7 +158,7 @@ func Inject(tmpl string, doc []byte, v Values) ([]byte, error) {
 		var j batchv1.Job
 		obj, tpl = &j, &j.Spec.Template
 		if err := strict.Unmarshal(doc, &j); err != nil {
-			return nil, fmt.Errorf("Job: %w", err)
+			return nil, fmt.Errorf("decode Job: %w", err)
 		}
 		namespace = j.Namespace
 	default:

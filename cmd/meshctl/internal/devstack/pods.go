@@ -131,15 +131,6 @@ func (r *Runner) confirmReady(ctx context.Context, pods []*podStart) error {
 	return errors.Join(errs...)
 }
 
-// freeAddr is a port startPods reserved, or else a free one.
-func (r *Runner) freeAddr() (string, error) {
-	addrs, err := r.freeAddrs(1)
-	if err != nil {
-		return "", err
-	}
-	return addrs[0], nil
-}
-
 // freeAddrs is n ports startPods reserved, or else n free ones.
 func (r *Runner) freeAddrs(n int) ([]string, error) {
 	if len(r.addrs) >= n {

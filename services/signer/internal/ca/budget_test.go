@@ -41,8 +41,9 @@ func TestMaterialBudgetKeepsEventsUnderTheLimit(t *testing.T) {
 	const pemsCounted = 2 + MaxRoots
 	perPEM := MaxMaterialBytes / pemsCounted
 	var roots []*x509.Certificate
-	root, signer := paddedRoot(t, 0)
+	root, _ := paddedRoot(t, 0)
 	base := len(pki.EncodeCertPEM(root))
+	var signer *Material
 	pad := (perPEM - base) * 3 / 4 // PEM is base64 (4/3) of the DER
 	for {
 		root, signer = paddedRoot(t, pad)
