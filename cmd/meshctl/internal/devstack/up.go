@@ -61,6 +61,8 @@ type Config struct {
 	OnEvent nats.MsgHandler
 	// DashboardAddr is where meshctl serve's page listens; empty: any free port.
 	DashboardAddr string
+	// DashboardHosts are host names the dashboard answers besides its address's.
+	DashboardHosts []string
 	// EventsMaxAge is how long the event history (the audit log) is kept; 0: 7 days.
 	EventsMaxAge time.Duration
 	// BundleEndpointAddr, when set, is where the signer serves this trust domain's
