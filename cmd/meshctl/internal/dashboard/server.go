@@ -222,9 +222,10 @@ func (s *Server) watch(ctx context.Context) error {
 			}
 			synced := s.synced
 			if synced {
-				snap, err := inventory.Decode(s.values)
-				if err != nil {
-					s.log.Warn("inventory record unreadable", "error", err)
+				snap := inventory.Decode(s.values)
+				if len(snap.Skipped) > len(s.snap.Skipped) {
+					s.log.Warn("inventory records skipped", "count", len(snap.Skipped), "first_key", snap.Skipped[0].Key,
+						"reason", snap.Skipped[0].Reason)
 				}
 				s.snap = snap
 			}

@@ -179,6 +179,19 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		return strings.Contains(body, `meshagent_fleet_certificates{expires_in="1h"} 1`) &&
 			strings.Contains(body, `meshagent_fleet_certs_issued_total{signer="signer-0"} 1`)
 	})
+	// A malformed record written with the inventory credential: the page and the
+	// metrics still show web-0, and say one record was skipped.
+	if _, err := s.keeper.Bucket().Put(ctx, "pod.evil.64656661756c74", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the API lists web-0 and the skipped record", func() bool {
+		code, body := testkit.HTTPGet(base + "/api/inventory")
+		return code == 200 && strings.Contains(body, `"serial":"5e41a1"`) && strings.Contains(body, `"skipped":[{"key":"pod.evil.64656661756c74"`)
+	})
+	if _, body := testkit.HTTPGet(base + "/metrics"); !strings.Contains(body, "meshagent_fleet_inventory_records_skipped 1") ||
+		!strings.Contains(body, `meshagent_fleet_certificates{expires_in="1h"} 1`) {
+		t.Fatalf("metrics with a skipped record:\n%s", body)
+	}
 	// DNS rebinding: the same socket, asked for by an attacker's name, gives nothing.
 	for _, path := range []string{"/api/inventory", "/api/events", "/metrics", "/", "/app.js"} {
 		for _, host := range []string{"evil.example", "evil.example:" + portOf(s.Addr()), "127.0.0.1.evil.example", "localhost.evil.example"} {
