@@ -193,6 +193,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
 		TokenIssuer: stackfile.TokenIssuer{Issuer: iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
 	}
+	if err := protectSecrets(r.cfg.Dir, r.log); err != nil {
+		return err
+	}
 	if err := r.startSigner(ctx); err != nil {
 		return err
 	}
