@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -422,6 +423,19 @@ func (c *checker) fleet(inv *inventory, external map[string]bool) {
 		}
 		if n == 0 {
 			c.addf("PodDisruptionBudget/%s selects no workload", pdb.Name)
+		}
+	}
+	for _, np := range inv.policies {
+		if len(np.Spec.PodSelector.MatchLabels)+len(np.Spec.PodSelector.MatchExpressions) == 0 {
+			continue // the whole namespace
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			c.addf("NetworkPolicy/%s: %v", np.Name, err)
+			continue
+		}
+		if !slices.ContainsFunc(inv.workloads, func(w *workload) bool { return sel.Matches(labels.Set(w.labels)) }) {
+			c.addf("NetworkPolicy/%s selects no workload", np.Name)
 		}
 	}
 	var missing []string

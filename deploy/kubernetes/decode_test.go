@@ -10,6 +10,7 @@ import (
 	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -33,6 +34,7 @@ type inventory struct {
 	pdbs       []*policyv1.PodDisruptionBudget
 	namespaces map[string]*corev1.Namespace
 	bindings   []*rbacv1.ClusterRoleBinding
+	policies   []*networkingv1.NetworkPolicy
 	kinds      map[string]int
 }
 
@@ -68,7 +70,7 @@ func (inv *inventory) decode(doc []byte) error {
 	want := map[string]string{
 		"Namespace": "v1", "ConfigMap": "v1", "Service": "v1", "ServiceAccount": "v1",
 		"Deployment": "apps/v1", "StatefulSet": "apps/v1", "PodDisruptionBudget": "policy/v1",
-		"ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+		"ClusterRoleBinding": "rbac.authorization.k8s.io/v1", "NetworkPolicy": "networking.k8s.io/v1",
 	}
 	if v, ok := want[tm.Kind]; !ok {
 		return fmt.Errorf("kind %q: not one the manifests are meant to hold", tm.Kind)
@@ -91,6 +93,12 @@ func (inv *inventory) decode(doc []byte) error {
 		inv.bindings = append(inv.bindings, &b)
 	case "ServiceAccount":
 		return strict(&corev1.ServiceAccount{})
+	case "NetworkPolicy":
+		var np networkingv1.NetworkPolicy
+		if err := strict(&np); err != nil {
+			return err
+		}
+		inv.policies = append(inv.policies, &np)
 	case "ConfigMap":
 		var cm corev1.ConfigMap
 		if err := strict(&cm); err != nil {

@@ -40,6 +40,14 @@ func DefaultValues() Values {
 	}
 }
 
+// MeshLabel marks an injected pod (value MeshLabelValue): the NetworkPolicies of
+// deploy/kubernetes/base let pods with it, and no others, reach the bus's client
+// port and the CA's gRPC port.
+const (
+	MeshLabel      = "meshagent.io/sidecar"
+	MeshLabelValue = "injected"
+)
+
 // Sidecar is what the template adds to a pod.
 type Sidecar struct {
 	InitContainers []corev1.Container `json:"initContainers"`
@@ -80,8 +88,9 @@ func Render(tmpl string, pod *corev1.Pod, v Values) (Sidecar, error) {
 	return sc, nil
 }
 
-// InjectPod adds the sidecar to pod, in place. A pod that already has a container
-// or volume of the same name is refused (injected twice, or a clash).
+// InjectPod adds the sidecar to pod, in place, and labels it MeshLabel. A pod that
+// already has a container or volume of the same name is refused (injected twice,
+// or a clash).
 func InjectPod(tmpl string, pod *corev1.Pod, v Values) error {
 	sc, err := Render(tmpl, pod, v)
 	if err != nil {
@@ -108,6 +117,10 @@ func InjectPod(tmpl string, pod *corev1.Pod, v Values) error {
 	// The sidecars go first: the workload's own init containers may need the mesh.
 	pod.Spec.InitContainers = append(sc.InitContainers, pod.Spec.InitContainers...)
 	pod.Spec.Volumes = append(pod.Spec.Volumes, sc.Volumes...)
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	pod.Labels[MeshLabel] = MeshLabelValue
 	return nil
 }
 
@@ -171,6 +184,6 @@ func Inject(tmpl string, doc []byte, v Values) ([]byte, error) {
 	if err := InjectPod(tmpl, pod, v); err != nil {
 		return nil, err
 	}
-	tpl.Spec = pod.Spec
+	tpl.Spec, tpl.Labels = pod.Spec, pod.Labels
 	return yaml.Marshal(obj)
 }

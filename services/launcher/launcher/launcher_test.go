@@ -315,6 +315,62 @@ func TestStatusDrainMakesThePodNotReady(t *testing.T) {
 	}
 }
 
+// A web page open on the host posts a form to /drain and /quitquitquit (the
+// attack of issue 22): Envoy keeps running, undrained, and the pod stays ready.
+func TestCrossOriginFormPostLeavesEnvoyRunning(t *testing.T) {
+	p, s, st := startReady(t)
+	base := "http://" + s.l.StatusAddr()
+	testkit.Eventually(t, "ready", func() bool { code, _ := testkit.HTTPGet(base + "/healthz/ready"); return code == 200 })
+	for _, path := range []string{"/drain", "/quitquitquit"} {
+		// What a browser sends for <form method=post action=http://127.0.0.1:15020/drain>.
+		req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader("x=1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", "https://evil.example")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		req.Header.Set("Sec-Fetch-Mode", "navigate")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("POST %s from a page: %d", path, resp.StatusCode)
+		}
+	}
+	// State: the same Envoy process lives, the launcher runs, the pod is ready, and
+	// nothing was drained.
+	if err := syscall.Kill(st.PID, 0); err != nil {
+		t.Fatalf("envoy %d: %v", st.PID, err)
+	}
+	select {
+	case err := <-s.done:
+		s.done <- err
+		t.Fatalf("launcher stopped: %v", err)
+	default:
+	}
+	if code, body := testkit.HTTPGet(base + "/healthz/ready"); code != 200 {
+		t.Fatalf("not ready after refused posts: %d %s", code, body)
+	}
+	if has[events.EnvoyDraining](p) || has[events.EnvoyExited](p) {
+		t.Fatal("envoy drained or exited")
+	}
+	if !strings.Contains(p.log.String(), "status request refused") {
+		t.Error("no log line for the refusal")
+	}
+	// The same endpoint still drains for the pod's own hook (curl -X POST).
+	resp, err := http.Post(base+"/drain", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if code, _ := testkit.HTTPGet(base + "/healthz/ready"); resp.StatusCode != 200 || code != 503 {
+		t.Fatalf("hook drain %d, ready %d", resp.StatusCode, code)
+	}
+}
+
 // With -envoy-uid/-envoy-gid Envoy runs as that user, as Istio runs it as 1337.
 func TestEnvoyRunsAsTheGivenUser(t *testing.T) {
 	if os.Geteuid() != 0 {

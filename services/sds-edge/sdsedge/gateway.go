@@ -23,8 +23,9 @@ type gatewayServer struct {
 func newGatewayServer(e *Edge) (*gatewayServer, error) {
 	g := &gatewayServer{e: e, store: secrets.NewFor(gatewaycreds.Names, nil)}
 	log := e.log.Named("gateway")
-	// Paths reach the loader already joined under the secret root.
-	g.files = filecerts.New(g.store, func(p string) string { return p }, e.cfg.Cert.FileDebounce, g.changed, log)
+	// Paths reach the loader already joined under the secret root; nothing here is
+	// resolved by name (no file-cert:), so no directory is open to such names.
+	g.files = filecerts.New(g.store, func(p string) string { return p }, nil, e.cfg.Cert.FileDebounce, g.changed, log)
 	r, err := gatewaycreds.New(e.cfg.Gateway.Dir, g.files, e.d.Metrics, log)
 	if err != nil {
 		return nil, err

@@ -5,13 +5,17 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -157,8 +161,13 @@ func TestFileMountedCertsFollowSymlinkSwap(t *testing.T) {
 
 func TestFileResources(t *testing.T) {
 	v := newEnv(t)
-	p := v.startPod(podOpt{args: []string{"-file-debounce", "10ms"}})
-	dir := testkit.ShortDir(t)
+	root := testkit.ShortDir(t)
+	p := v.startPod(podOpt{root: root, args: []string{"-file-debounce", "10ms"}})
+	// A DestinationRule's client certificate, mounted under /etc/certs.
+	dir := filepath.Join(root, "etc/certs/client")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	files := credFiles(t, v.ca, "files")
 	for n, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
@@ -189,6 +198,86 @@ func TestFileResources(t *testing.T) {
 	got, err := sdsclient.Fetch(context.Background(), p.dial(t), "n", certName)
 	if err != nil || !got[certName].IsCertificate() {
 		t.Fatalf("after a broken write: %v", err)
+	}
+}
+
+// file-cert:/file-root: names come from the proxy's configuration, i.e. from
+// whoever may write a DestinationRule or a Gateway. In the local stack sds-edge can
+// read the signers' CA keys, so a name for a CA certificate and its key would
+// serve the CA's private key to Envoy. Only files under -file-cert-dirs (default:
+// Istio's mounted-cert directories under the pod root) are served: a path outside
+// them, a way out through "..", a symlink pointing out (file or directory) gets
+// NotFound saying so, and nothing is served.
+func TestFileResourcesAreConfined(t *testing.T) {
+	v := newEnv(t)
+	root := testkit.ShortDir(t)
+	p := v.startPod(podOpt{root: root})
+	// Outside the pod: a CA's certificate and key (the stack's secrets directory).
+	outside := testkit.ShortDir(t)
+	ca := credFiles(t, v.ca, "the-ca")
+	caCert, caKey := filepath.Join(outside, "ca-cert.pem"), filepath.Join(outside, "ca-key.pem")
+	for f, b := range map[string][]byte{caCert: ca["cert-chain.pem"], caKey: ca["key.pem"], filepath.Join(outside, "root-cert.pem"): ca["root-cert.pem"]} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	certs := filepath.Join(root, "etc/certs")
+	if err := os.MkdirAll(certs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for link, target := range map[string]string{"evil-cert.pem": caCert, "evil-key.pem": caKey, "evil-dir": outside} {
+		if err := os.Symlink(target, filepath.Join(certs, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up, err := filepath.Rel(certs, outside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromRoot, _ := filepath.Rel(root, outside)
+	cc := p.dial(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ name, resource string }{
+		{"absolute path outside", "file-cert:" + caCert + "~" + caKey},
+		{"relative path outside the pod root", "file-cert:" + filepath.Join(fromRoot, "ca-cert.pem") + "~" + filepath.Join(fromRoot, "ca-key.pem")},
+		{"../ out of /etc/certs", "file-cert:" + filepath.Join(certs, "x") + "/../" + filepath.Join(up, "ca-cert.pem") + "~" + certs + "/../" + filepath.Join(up, "ca-key.pem")},
+		{"symlinks in /etc/certs to files outside", "file-cert:" + filepath.Join(certs, "evil-cert.pem") + "~" + filepath.Join(certs, "evil-key.pem")},
+		{"symlinked directory", "file-cert:" + filepath.Join(certs, "evil-dir/ca-cert.pem") + "~" + filepath.Join(certs, "evil-dir/ca-key.pem")},
+		{"file-root outside", "file-root:" + filepath.Join(outside, "root-cert.pem")},
+		{"file-root through a symlinked directory", "file-root:" + filepath.Join(certs, "evil-dir/root-cert.pem")},
+		{"a file that does not exist, outside", "file-root:/no/such/dir/root-cert.pem"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := sdsclient.Open(ctx, cc, "n", "default", tc.resource)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			u, err := st.Recv()
+			if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "outside the directories") {
+				t.Fatalf("stream: %v, want NotFound saying the path is outside", err)
+			}
+			if len(u.Secrets) != 0 {
+				t.Fatalf("served %v", u.Secrets)
+			}
+			got, err := sdsclient.Fetch(ctx, cc, "n", tc.resource)
+			if status.Code(errors.Unwrap(err)) != codes.NotFound || len(got) != 0 {
+				t.Fatalf("fetch: %v %v", got, err)
+			}
+		})
+	}
+	// The pod's own identity is still served.
+	if _, err := sdsclient.Fetch(ctx, cc, "n", "default"); err != nil {
+		t.Fatalf("default after the refusals: %v", err)
+	}
+	// The knob: with the outside directory allowed, the same name is served, so
+	// the refusals above were the confinement and not a broken path.
+	q := v.startPod(podOpt{args: []string{"-file-cert-dirs", outside}})
+	name := "file-cert:" + caCert + "~" + caKey
+	got, err := sdsclient.Fetch(ctx, q.dial(t), "n", name)
+	if err != nil || !got[name].IsCertificate() {
+		t.Fatalf("with -file-cert-dirs %s: %v %v", outside, got, err)
 	}
 }
 

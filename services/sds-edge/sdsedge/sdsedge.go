@@ -93,7 +93,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
-	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileCertDirs, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
 	store.SetResolver(e.files)
 	if cfg.Gateway.Dir != "" {
 		if e.gateway, err = newGatewayServer(e); err != nil {

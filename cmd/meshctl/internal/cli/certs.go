@@ -38,6 +38,9 @@ func runCerts(ctx context.Context, env Env, args []string) error {
 			c.Chain = nil // inspect shows chains
 			certs[i] = c
 		}
+		if line := snap.SkippedLine(); line != "" {
+			fmt.Fprintln(env.Stderr, line) // stdout stays the JSON array
+		}
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(certs)
@@ -86,6 +89,9 @@ func printCerts(w io.Writer, snap inventory.Snapshot, wide bool, now time.Time) 
 	_ = tw.Flush()
 	if len(snap.Certs) == 0 {
 		fmt.Fprintln(w, "(no certificates in the inventory yet)")
+	}
+	if line := snap.SkippedLine(); line != "" {
+		fmt.Fprintln(w, line)
 	}
 }
 

@@ -41,6 +41,9 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 	}
 	defer nc.Close()
 	snap, invErr := inventory.Read(ctx, nc)
+	if line := snap.SkippedLine(); invErr == nil && line != "" {
+		fmt.Fprintln(env.Stderr, line)
+	}
 	roots, gen, err := currentBundle(ctx, nc, snap)
 	if err != nil {
 		return err

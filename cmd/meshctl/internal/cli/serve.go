@@ -22,10 +22,12 @@ type serveFlags struct {
 	file      string
 	fileMaxMB int
 	fileKeep  int
+	hosts     []string
 }
 
 func (f *serveFlags) bind(fs *flagenv.Set) {
 	fs.String(&f.addr, "http-addr", "HTTP_ADDR", "127.0.0.1:9080", "dashboard, API and /metrics listen address")
+	fs.List(&f.hosts, "allowed-hosts", "HTTP_ALLOWED_HOSTS", nil, "host names the dashboard answers besides its -http-addr (and localhost when on loopback): a request for any other Host is refused, against DNS rebinding")
 	fs.Int(&f.replicas, "bucket-replicas", "INVENTORY_REPLICAS", 1, "replicas of the inventory bucket if it is created (3 on a fleet's cluster)")
 	fs.Duration(&f.history, "history", "", 30*time.Minute, "how much history the page's event feed starts with")
 	fs.String(&f.file, "audit-file", "AUDIT_FILE", "", "also write every event seen to this JSON-lines file (rotated by size)")
@@ -35,7 +37,7 @@ func (f *serveFlags) bind(fs *flagenv.Set) {
 
 // config checks the flags.
 func (f *serveFlags) config() (dashboard.Config, error) {
-	cfg := dashboard.Config{Addr: f.addr, Replicas: f.replicas, History: f.history}
+	cfg := dashboard.Config{Addr: f.addr, Replicas: f.replicas, History: f.history, Hosts: f.hosts}
 	if f.replicas < 1 || f.replicas > 5 {
 		return cfg, fmt.Errorf("-bucket-replicas: %d, want 1 to 5", f.replicas)
 	}

@@ -160,6 +160,11 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 			delete(down, p)
 		}
 	}
+	if n := len(snap.Skipped); n > 0 {
+		row("inventory", "%d malformed record(s) skipped", n)
+		attention = append(attention, strings.TrimPrefix(snap.SkippedLine(), "warning: ")+
+			" (written with the inventory credential: meshctl serve replaces a record with the next certificate of its holder)")
+	}
 	row("pods", "%d up, %d down", len(up), len(down))
 	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)
 	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed

@@ -98,12 +98,15 @@ var (
 		"Seconds until each root of the trust bundle expires.", []string{"fingerprint"}, nil)
 	podsDesc = prometheus.NewDesc("meshagent_fleet_pods",
 		"Pods holding a certificate in the inventory, by state (up, down).", []string{"state"}, nil)
+	skippedDesc = prometheus.NewDesc("meshagent_fleet_inventory_records_skipped",
+		"Inventory records that could not be read and are left out of the other gauges (written malformed with the inventory credential).", nil, nil)
 )
 
 func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- certsDesc
 	ch <- rootDesc
 	ch <- podsDesc
+	ch <- skippedDesc
 }
 
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -127,6 +130,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, b := range ExpiryBuckets {
 		ch <- prometheus.MustNewConstMetric(certsDesc, prometheus.GaugeValue, float64(counts[b.Label]), b.Label)
 	}
+	ch <- prometheus.MustNewConstMetric(skippedDesc, prometheus.GaugeValue, float64(len(snap.Skipped)))
 	for state, set := range pods {
 		ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(len(set)), state)
 	}

@@ -41,6 +41,9 @@ type Config struct {
 	// History is how far back the feed starts for a new page (replayed from the
 	// stream); 0 means 30 minutes.
 	History time.Duration
+	// Hosts are host names the dashboard answers besides its own address
+	// (hostGuard): the names an operator reaches it by through a proxy or DNS.
+	Hosts []string
 }
 
 // Server is one replica of meshctl serve.
@@ -219,9 +222,10 @@ func (s *Server) watch(ctx context.Context) error {
 			}
 			synced := s.synced
 			if synced {
-				snap, err := inventory.Decode(s.values)
-				if err != nil {
-					s.log.Warn("inventory record unreadable", "error", err)
+				snap := inventory.Decode(s.values)
+				if len(snap.Skipped) > len(s.snap.Skipped) {
+					s.log.Warn("inventory records skipped", "count", len(snap.Skipped), "first_key", snap.Skipped[0].Key,
+						"reason", snap.Skipped[0].Reason)
 				}
 				s.snap = snap
 			}
@@ -239,7 +243,8 @@ func (s *Server) snapshot() (inventory.Snapshot, bool) {
 	return s.snap, s.synced
 }
 
-// Handler serves the page, its API, the metrics and health.
+// Handler serves the page, its API, the metrics and health, to requests that name
+// this server (hostGuard).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(web, "web")
@@ -255,7 +260,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	return mux
+	return newHostGuard(s.cfg.Addr, s.addr, s.cfg.Hosts, mux)
 }
 
 func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {

@@ -3,7 +3,9 @@ package dashboard
 import (
 	"bufio"
 	"context"
+	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -39,6 +41,76 @@ func TestPageAssetsAreSelfContained(t *testing.T) {
 	})
 	if err != nil || n != 3 {
 		t.Fatalf("walked %d files: %v", n, err)
+	}
+}
+
+// getWithHost GETs url with the Host header host; the body is cut at 64 KiB (the
+// event feed never ends).
+func getWithHost(t *testing.T, url, host string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64<<10)
+	n, _ := io.ReadAtLeast(resp.Body, buf, 1)
+	if resp.Header.Get("Content-Type") != "text/event-stream" {
+		rest, _ := io.ReadAll(io.LimitReader(resp.Body, int64(len(buf)-n)))
+		return resp.StatusCode, string(buf[:n]) + string(rest)
+	}
+	return resp.StatusCode, string(buf[:n])
+}
+
+func portOf(a net.Addr) string {
+	_, p, _ := net.SplitHostPort(a.String())
+	return p
+}
+
+// The Host names a dashboard answers, by the address it listens on.
+func TestHostGuard(t *testing.T) {
+	tcp := func(s string) net.Addr { a, _ := net.ResolveTCPAddr("tcp", s); return a }
+	for _, c := range []struct {
+		name   string
+		listen string
+		bound  net.Addr
+		extra  []string
+		ok     []string
+		refuse []string
+	}{
+		{"loopback", "127.0.0.1:9080", tcp("127.0.0.1:9080"), nil,
+			[]string{"127.0.0.1:9080", "127.0.0.1", "localhost:9080", "LocalHost", "[::1]:9080", "127.0.0.2"},
+			[]string{"evil.example:9080", "evil.example", "", "10.0.0.1:9080", "localhost.evil.example", "127.0.0.1.nip.io"}},
+		{"a name given", "dash.corp.example:9080", tcp("10.1.2.3:9080"), []string{"Dashboard.Example"},
+			[]string{"dash.corp.example:9080", "DASH.corp.example.", "10.1.2.3", "dashboard.example:443"},
+			[]string{"localhost", "127.0.0.1", "10.1.2.4", "evil.example", "corp.example"}},
+		{"every address", ":9080", tcp("[::]:9080"), nil,
+			[]string{"localhost", "10.9.8.7:9080", "[fd00::1]:9080", "127.0.0.1"},
+			[]string{"evil.example", "meshctl-serve.mesh.svc"}},
+		{"ipv6 loopback", "[::1]:0", tcp("[::1]:43210"), nil,
+			[]string{"[::1]:43210", "localhost"},
+			[]string{"evil.example", "[fd00::1]:43210"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g := newHostGuard(c.listen, c.bound, c.extra, http.NotFoundHandler())
+			for _, h := range c.ok {
+				if !g.allowed(h) {
+					t.Errorf("%q refused", h)
+				}
+			}
+			for _, h := range c.refuse {
+				if g.allowed(h) {
+					t.Errorf("%q allowed", h)
+				}
+			}
+		})
 	}
 }
 
@@ -107,6 +179,34 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		return strings.Contains(body, `meshagent_fleet_certificates{expires_in="1h"} 1`) &&
 			strings.Contains(body, `meshagent_fleet_certs_issued_total{signer="signer-0"} 1`)
 	})
+	// A malformed record written with the inventory credential: the page and the
+	// metrics still show web-0, and say one record was skipped.
+	if _, err := s.keeper.Bucket().Put(ctx, "pod.evil.64656661756c74", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the API lists web-0 and the skipped record", func() bool {
+		code, body := testkit.HTTPGet(base + "/api/inventory")
+		return code == 200 && strings.Contains(body, `"serial":"5e41a1"`) && strings.Contains(body, `"skipped":[{"key":"pod.evil.64656661756c74"`)
+	})
+	if _, body := testkit.HTTPGet(base + "/metrics"); !strings.Contains(body, "meshagent_fleet_inventory_records_skipped 1") ||
+		!strings.Contains(body, `meshagent_fleet_certificates{expires_in="1h"} 1`) {
+		t.Fatalf("metrics with a skipped record:\n%s", body)
+	}
+	// DNS rebinding: the same socket, asked for by an attacker's name, gives nothing.
+	for _, path := range []string{"/api/inventory", "/api/events", "/metrics", "/", "/app.js"} {
+		for _, host := range []string{"evil.example", "evil.example:" + portOf(s.Addr()), "127.0.0.1.evil.example", "localhost.evil.example"} {
+			code, body := getWithHost(t, base+path, host)
+			if code != http.StatusMisdirectedRequest || strings.Contains(body, "5e41a1") || strings.Contains(body, "web-0") ||
+				strings.Contains(body, "meshagent_fleet") || strings.Contains(body, "<script") {
+				t.Errorf("Host %s %s: %d %q", host, path, code, body)
+			}
+		}
+	}
+	for _, host := range []string{"localhost:" + portOf(s.Addr()), "LOCALHOST.", s.Addr().String()} {
+		if code, body := getWithHost(t, base+"/api/inventory", host); code != 200 || !strings.Contains(body, "5e41a1") {
+			t.Errorf("Host %s: %d %q", host, code, body)
+		}
+	}
 	if code, body := testkit.HTTPGet(base + "/"); code != 200 || !strings.Contains(body, `<script src="app.js">`) {
 		t.Fatalf("page: %d %q", code, body)
 	}

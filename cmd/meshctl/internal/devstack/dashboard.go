@@ -23,7 +23,7 @@ func (r *Runner) startDashboard(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)
 	}
-	s, err := dashboard.New(dashboard.Config{Addr: addr, Replicas: 1}, nc, log)
+	s, err := dashboard.New(dashboard.Config{Addr: addr, Replicas: 1, Hosts: r.cfg.DashboardHosts}, nc, log)
 	if err != nil {
 		nc.Close()
 		return err

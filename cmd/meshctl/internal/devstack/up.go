@@ -61,6 +61,8 @@ type Config struct {
 	OnEvent nats.MsgHandler
 	// DashboardAddr is where meshctl serve's page listens; empty: any free port.
 	DashboardAddr string
+	// DashboardHosts are host names the dashboard answers besides its address's.
+	DashboardHosts []string
 	// EventsMaxAge is how long the event history (the audit log) is kept; 0: 7 days.
 	EventsMaxAge time.Duration
 	// BundleEndpointAddr, when set, is where the signer serves this trust domain's
@@ -190,6 +192,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
 		TokenIssuer: stackfile.TokenIssuer{Issuer: iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
+	}
+	if err := protectSecrets(r.cfg.Dir, r.log); err != nil {
+		return err
 	}
 	if err := r.startSigner(ctx); err != nil {
 		return err

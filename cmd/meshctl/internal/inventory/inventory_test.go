@@ -7,9 +7,12 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"fmt"
 	"math/big"
 	mrand "math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -213,5 +216,124 @@ func TestRenewalsWithinASecond(t *testing.T) {
 	}
 	if _, changed := inventory.Apply(c, a, meta(t0)); changed {
 		t.Fatal("the earlier certificate came back")
+	}
+}
+
+// TestMalformedRecordIsSkipped: a value written malformed with the inventory
+// credential (garbage, a half record, a broken trust record) hides itself and
+// nothing else: an auditor's read lists every other certificate and names what it
+// skipped; the keeper replaces the record with that holder's next certificate.
+func TestMalformedRecordIsSkipped(t *testing.T) {
+	m := bustest.SecureServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	signer := m.Conn(t, policy.Signer, nil)
+	if _, err := bus.EnsureEventStream(ctx, bustest.JetStream(t, signer), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rootPEM, _ := selfSigned(t)
+	if _, err := signer.QueueSubscribe(events.SubjectTrustBundle, events.SignerQueue, func(msg *nats.Msg) {
+		r, _ := events.NewMsg(msg.Reply, "signer", events.BundleReply{TrustDomain: "td", Roots: []string{rootPEM}, Generation: 1})
+		_ = signer.PublishMsg(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var errs bustest.Errors
+	inv := m.Conn(t, policy.Inventory, &errs)
+	k, err := inventory.NewKeeper(ctx, inv, 1, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, kcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- k.Run(kctx) }()
+	t.Cleanup(func() {
+		kcancel()
+		if err := <-done; err != nil {
+			t.Errorf("keeper: %v", err)
+		}
+	})
+	for _, pod := range []string{"pod-a", "pod-b", "pod-c"} {
+		publish(t, signer, events.SubjectCertIssued, issued(pod, 1), t0)
+	}
+	auditor := m.Conn(t, policy.Audit, nil)
+	testkit.Eventually(t, "three certificates and the trust record", func() bool {
+		snap, err := inventory.Read(ctx, auditor)
+		return err == nil && len(snap.Certs) == 3 && snap.Trust != nil
+	})
+
+	// The attack: malformed values written with the inventory credential.
+	bad := inventory.CertKey("pod-b", "default", "")
+	for key, v := range map[string]string{
+		bad:                  "\x1b[2J\x1b[31mnot json",
+		"pod.ghost.64656661": `{"pod":"ghost","resource":"default"}`,
+		"id.6162":            `[1,2,3]`,
+		inventory.TrustKey:   `{"roots":`,
+	} {
+		if _, err := k.Bucket().Put(ctx, key, []byte(v)); err != nil {
+			t.Fatalf("put %s: %v", key, err)
+		}
+	}
+	snap, err := inventory.Read(ctx, auditor)
+	if err != nil {
+		t.Fatalf("one bad record failed the whole read: %v", err)
+	}
+	if len(snap.Certs) != 2 || snap.Certs[0].Pod == "pod-b" || snap.Certs[1].Pod == "pod-b" {
+		t.Fatalf("certificates: %+v", snap.Certs)
+	}
+	if snap.Trust != nil {
+		t.Fatalf("the broken trust record was taken: %+v", snap.Trust)
+	}
+	var keys []string
+	for _, s := range snap.Skipped {
+		keys = append(keys, s.Key)
+	}
+	want := []string{"id.6162", bad, "pod.ghost.64656661", inventory.TrustKey}
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Fatalf("skipped %v, want %v", keys, want)
+	}
+	line := snap.SkippedLine()
+	if !strings.Contains(line, "4 malformed inventory record(s) skipped") || strings.ContainsAny(line, "\x1b\n") {
+		t.Fatalf("skipped line %q", line)
+	}
+	// The keeper replaces pod-b's record with its next certificate.
+	publish(t, signer, events.SubjectCertIssued, issued("pod-b", 2), t0.Add(time.Minute))
+	testkit.Eventually(t, "pod-b's next certificate replaces the garbage", func() bool {
+		snap, err := inventory.Read(ctx, auditor)
+		if err != nil || len(snap.Certs) != 3 {
+			return false
+		}
+		for _, s := range snap.Skipped {
+			if s.Key == bad {
+				return false
+			}
+		}
+		return len(snap.Find("pod-b")) == 1 && snap.Find("pod-b")[0].Serial == "abcdef02"
+	})
+	if e := errs.All(); len(e) > 0 {
+		t.Fatalf("the inventory role was refused: %v", e)
+	}
+}
+
+// Decode keeps what it can read, whatever else the bucket holds.
+func TestDecodeSkipsWhatItCannotRead(t *testing.T) {
+	good, _ := inventory.Apply(nil, issued("p", 1), meta(t0))
+	gb, err := json.Marshal(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 10000)
+	snap := inventory.Decode(map[string][]byte{
+		"pod.p.64": gb, "pod.q.64": nil, "pod.r.64": []byte(`{"serial":"01","spiffe_id":"spiffe://td/x"}`),
+		"pod." + long: []byte("{"), "trust": []byte(`"a string"`),
+	})
+	if len(snap.Certs) != 1 || snap.Certs[0].Serial != good.Serial || snap.Trust != nil || len(snap.Skipped) != 4 {
+		t.Fatalf("%+v", snap)
+	}
+	for _, s := range snap.Skipped {
+		if len(s.Key) > 200 || len(s.Reason) > 200 || s.Reason == "" {
+			t.Errorf("skipped %+v", s)
+		}
 	}
 }

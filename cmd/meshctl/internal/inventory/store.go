@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
@@ -22,6 +24,32 @@ import (
 type Snapshot struct {
 	Certs []Cert `json:"certificates"` // by expiry, soonest first
 	Trust *Trust `json:"trust,omitempty"`
+	// Skipped are the records that could not be read (by key): left out of Certs
+	// and Trust, so that one bad record hides itself and nothing else.
+	Skipped []Skipped `json:"skipped,omitempty"`
+}
+
+// Skipped is one record left out of a snapshot, and why.
+type Skipped struct {
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+// SkippedLine is what a reader prints about the records it left out ("" when
+// none): a count and the first few keys.
+func (s Snapshot) SkippedLine() string {
+	if len(s.Skipped) == 0 {
+		return ""
+	}
+	var keys []string
+	for i, k := range s.Skipped {
+		if i == 3 {
+			keys = append(keys, "...")
+			break
+		}
+		keys = append(keys, fmt.Sprintf("%s (%s)", k.Key, k.Reason))
+	}
+	return fmt.Sprintf("warning: %d malformed inventory record(s) skipped: %s", len(s.Skipped), strings.Join(keys, ", "))
 }
 
 // Find returns the certificates held by pod, or with a serial starting with what
@@ -46,26 +74,80 @@ func (s *Snapshot) sort() {
 	})
 }
 
-// Decode builds a snapshot from the bucket's current values by key.
-func Decode(values map[string][]byte) (Snapshot, error) {
+// maxReason bounds the text of a skip reason (it quotes what the record held).
+const maxReason = 120
+
+// Decode builds a snapshot from the bucket's current values by key. A record that
+// cannot be read (not JSON, not a trust or certificate record) is left out and
+// listed in Skipped: anyone holding the inventory credential can write any value,
+// and one bad value must not hide the whole fleet.
+func Decode(values map[string][]byte) Snapshot {
 	var s Snapshot
+	skip := func(k string, err error) {
+		s.Skipped = append(s.Skipped, Skipped{Key: printable(k, maxReason), Reason: printable(err.Error(), maxReason)})
+	}
 	for k, v := range values {
-		if k == TrustKey {
+		switch {
+		case k == TrustKey:
 			var t Trust
 			if err := json.Unmarshal(v, &t); err != nil {
-				return s, fmt.Errorf("inventory %s: %w", k, err)
+				skip(k, err)
+				continue
 			}
 			s.Trust = &t
-			continue
+		default:
+			var c Cert
+			if err := json.Unmarshal(v, &c); err != nil {
+				skip(k, err)
+				continue
+			}
+			if err := c.check(); err != nil {
+				skip(k, err)
+				continue
+			}
+			s.Certs = append(s.Certs, c)
 		}
-		var c Cert
-		if err := json.Unmarshal(v, &c); err != nil {
-			return s, fmt.Errorf("inventory %s: %w", k, err)
-		}
-		s.Certs = append(s.Certs, c)
 	}
 	s.sort()
-	return s, nil
+	sort.Slice(s.Skipped, func(i, j int) bool { return s.Skipped[i].Key < s.Skipped[j].Key })
+	return s
+}
+
+// printable is s cut at n bytes with every control or invalid character replaced:
+// a skipped record's key and reason are the writer's bytes, printed on terminals.
+func printable(s string, n int) string {
+	cut := len(s) > n
+	if cut {
+		s = s[:n]
+	}
+	s = strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
+	if cut {
+		s += "..."
+	}
+	return s
+}
+
+// check reports what a certificate record lacks that every reader relies on.
+func (c *Cert) check() error {
+	var missing []string
+	if c.Serial == "" {
+		missing = append(missing, "serial")
+	}
+	if c.SPIFFEID == "" {
+		missing = append(missing, "spiffe_id")
+	}
+	if c.NotAfter.IsZero() || c.NotBefore.IsZero() {
+		missing = append(missing, "validity")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("not a certificate record: no %s", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Read loads the inventory with read-only rights (the audit role): the bucket's
@@ -98,7 +180,7 @@ func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("read inventory: %w", err)
 	}
-	return Decode(values)
+	return Decode(values), nil
 }
 
 // Keeper keeps the bucket current from the event stream through the durable

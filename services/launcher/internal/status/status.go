@@ -93,8 +93,9 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
-// post allows only POST (or PUT, as Istio does) from loopback: these endpoints stop
-// or drain the pod's proxy.
+// post allows only POST (or PUT, as Istio does) from loopback and not from a web
+// page (refuseBrowser): these endpoints stop or drain the pod's proxy. Every refusal
+// is logged, as it may be an attack from a page open on the host.
 func (s *Server) post(f func(*http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost && r.Method != http.MethodPut {
@@ -104,6 +105,12 @@ func (s *Server) post(f func(*http.Request) error) http.HandlerFunc {
 		}
 		if !fromLoopback(r) {
 			http.Error(w, "only from the pod itself", http.StatusForbidden)
+			return
+		}
+		if err := refuseBrowser(r); err != nil {
+			s.cfg.Log.Warn("status request refused", "path", r.URL.Path, "origin", r.Header.Get("Origin"),
+				"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "content_type", r.Header.Get("Content-Type"), "error", err)
+			http.Error(w, err.Error(), http.StatusForbidden)
 			return
 		}
 		if err := f(r); err != nil {

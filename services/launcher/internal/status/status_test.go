@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -206,6 +207,85 @@ func TestQuitAndDrainArePostOnly(t *testing.T) {
 	}
 	if quits.Load() != 1 || drains.Load() != 1 {
 		t.Fatalf("quits %d drains %d", quits.Load(), drains.Load())
+	}
+}
+
+// A web page open on the host can send a form POST, or a fetch() with a "simple"
+// content type, to any loopback port, and with DNS rebinding it looks same-origin.
+// Every such request is refused and neither stops nor drains the proxy; what the
+// pod's own hooks send (curl -X POST, a JSON body, PUT) still works.
+func TestQuitAndDrainRefuseBrowserRequests(t *testing.T) {
+	var quits, drains atomic.Int32
+	base := serve(t, Config{Quit: func() { quits.Add(1) }, Drain: func(context.Context) error { drains.Add(1); return nil }})
+	do := func(method, path string, hdr map[string]string, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	refused := []struct {
+		name string
+		hdr  map[string]string
+		body string
+		why  string
+	}{
+		{"cross-site form", map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site",
+			"Content-Type": "application/x-www-form-urlencoded"}, "a=1", "Origin"},
+		{"form without Origin or Sec-Fetch (an old browser)", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, "a=1", "form"},
+		{"multipart form", map[string]string{"Content-Type": "multipart/form-data; boundary=x"}, "--x--\r\n", "form"},
+		{"fetch text/plain", map[string]string{"Content-Type": "Text/Plain;charset=UTF-8"}, "{}", "form"},
+		{"unparsable content type", map[string]string{"Content-Type": "text/plain;;="}, "", "form"},
+		{"same-site page on another port", map[string]string{"Sec-Fetch-Site": "same-site"}, "", "Sec-Fetch-Site"},
+		{"DNS rebinding (looks same-origin)", map[string]string{"Origin": "http://rebind.example:15020",
+			"Sec-Fetch-Site": "same-origin", "Content-Type": "application/json"}, "{}", "Origin"},
+		{"Origin null (sandboxed frame)", map[string]string{"Origin": "null"}, "", "Origin"},
+	}
+	for _, p := range []string{"/quitquitquit", "/drain"} {
+		for _, m := range []string{http.MethodPost, http.MethodPut} {
+			for _, c := range refused {
+				t.Run(p+" "+m+" "+c.name, func(t *testing.T) {
+					code, body := do(m, p, c.hdr, c.body)
+					if code != http.StatusForbidden || !strings.Contains(body, c.why) {
+						t.Errorf("%d %q", code, body)
+					}
+				})
+			}
+		}
+	}
+	// State: nothing was stopped or drained.
+	if quits.Load() != 0 || drains.Load() != 0 {
+		t.Fatalf("after refused requests: quits %d drains %d", quits.Load(), drains.Load())
+	}
+	// What preStop hooks and operators send still works: curl -X POST (no body, no
+	// Content-Type), a JSON body, PUT, and a navigation-like Sec-Fetch-Site: none.
+	allowed := []struct {
+		method string
+		hdr    map[string]string
+		body   string
+	}{
+		{http.MethodPost, map[string]string{"User-Agent": "curl/8.5.0", "Accept": "*/*"}, ""},
+		{http.MethodPost, map[string]string{"Content-Type": "application/json"}, "{}"},
+		{http.MethodPut, nil, ""},
+		{http.MethodPost, map[string]string{"Sec-Fetch-Site": "none"}, ""},
+	}
+	for _, a := range allowed {
+		if code, body := do(a.method, "/drain", a.hdr, a.body); code != 200 {
+			t.Errorf("%s /drain %v: %d %s", a.method, a.hdr, code, body)
+		}
+	}
+	if drains.Load() != int32(len(allowed)) {
+		t.Fatalf("drains %d, want %d", drains.Load(), len(allowed))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -67,7 +68,10 @@ type Config struct {
 		FileMounted    bool   // FILE_MOUNTED_CERTS: read etc/certs
 		CredentialsDir string // workload-spiffe-credentials
 		FileMountedDir string // etc/certs
-		FileDebounce   time.Duration
+		// FileCertDirs are the directories file-cert:/file-root: resources may be
+		// read from (FILE_CERT_DIRS), absolute once loaded.
+		FileCertDirs []string
+		FileDebounce time.Duration
 	}
 	SDS struct {
 		Socket       string
@@ -107,6 +111,7 @@ func Default() Config {
 	c.Cert.RequestTimeout = 10 * time.Second
 	c.Cert.CredentialsDir = "var/run/secrets/workload-spiffe-credentials"
 	c.Cert.FileMountedDir = "etc/certs"
+	c.Cert.FileCertDirs = DefaultFileCertDirs
 	c.Cert.FileDebounce = 100 * time.Millisecond
 	c.SDS.Socket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.SDS.SocketMode = 0o600
@@ -147,6 +152,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing request")
 	fs.String(&c.Cert.OutputDir, "output-certs", "OUTPUT_CERTS", c.Cert.OutputDir, "also write key.pem, cert-chain.pem, root-cert.pem here")
 	fs.Bool(&c.Cert.FileMounted, "file-mounted-certs", "FILE_MOUNTED_CERTS", c.Cert.FileMounted, "serve the certificates mounted in etc/certs")
+	fs.List(&c.Cert.FileCertDirs, "file-cert-dirs", "FILE_CERT_DIRS", c.Cert.FileCertDirs,
+		"directories the file-cert:/file-root: SDS resources may read from, comma-separated, relative ones under the pod root; a path outside them (after resolving .. and symlinks) is refused; empty: none; / : anywhere, as Istio")
 	fs.Duration(&c.Cert.FileDebounce, "file-debounce", "FILE_DEBOUNCE", c.Cert.FileDebounce, "quiet time before reloading changed certificate files")
 	fs.String(&c.SDS.Socket, "socket", "SDS_SOCKET", c.SDS.Socket, "SDS unix socket")
 	fs.String(&socketMode, "socket-mode", "SDS_SOCKET_MODE", "0600", "socket file mode (0600 or 0660)")
@@ -193,6 +200,16 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.Cert.CredentialsDir = c.Pod.Path(c.Cert.CredentialsDir)
 	c.Cert.FileMountedDir = c.Pod.Path(c.Cert.FileMountedDir)
+	dirs := c.Cert.FileCertDirs
+	c.Cert.FileCertDirs = nil
+	for _, d := range dirs {
+		abs, err := filepath.Abs(c.Pod.Path(d))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-file-cert-dirs: %s: %w", d, err))
+			continue
+		}
+		c.Cert.FileCertDirs = append(c.Cert.FileCertDirs, abs)
+	}
 	c.SDS.Socket = c.Pod.Path(c.SDS.Socket)
 	c.Gateway.Socket = c.Pod.Path(c.Gateway.Socket)
 	if c.Gateway.Dir != "" {
@@ -214,6 +231,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 func (c Config) Process() lifecycle.Process {
 	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
+
+// DefaultFileCertDirs are where Istio's file-mounted certificates live in a pod
+// (under the pod root): /etc/certs (FILE_MOUNTED_CERTS, DestinationRule client
+// certificates), /etc/istio (gateways' mounted certificates, the proxy's own
+// config) and /var/run/secrets (the mesh root, workload credentials). file-cert:
+// and file-root: may read nothing else unless -file-cert-dirs says so.
+var DefaultFileCertDirs = []string{"etc/certs", "etc/istio", "var/run/secrets"}
 
 // DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
 // root; used as -trust-anchors-file when it exists.

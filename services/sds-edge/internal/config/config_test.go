@@ -34,6 +34,29 @@ func TestDefaultsResolveUnderPodRoot(t *testing.T) {
 	}
 }
 
+// The directories file-cert:/file-root: may read: Istio's mounted-cert places under
+// the pod root by default, FILE_CERT_DIRS or the flag otherwise, empty for none.
+func TestFileCertDirs(t *testing.T) {
+	c, err := Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.Cert.FileCertDirs, ","); got != "/pods/web-0/etc/certs,/pods/web-0/etc/istio,/pods/web-0/var/run/secrets" {
+		t.Errorf("default dirs %s", got)
+	}
+	c, err = Load([]string{"-pod", "web-0", "-pod-root", "/pods/web-0"}, testkit.Env(map[string]string{"FILE_CERT_DIRS": "/etc/ssl/mesh, certs"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.Cert.FileCertDirs, ","); got != "/etc/ssl/mesh,/pods/web-0/certs" {
+		t.Errorf("FILE_CERT_DIRS: %s", got)
+	}
+	c, err = Load([]string{"-pod", "web-0", "-file-cert-dirs", ""}, testkit.Env(nil))
+	if err != nil || len(c.Cert.FileCertDirs) != 0 {
+		t.Errorf("-file-cert-dirs '': %v %v", c.Cert.FileCertDirs, err)
+	}
+}
+
 func TestIstioEnvNames(t *testing.T) {
 	c, err := Load(nil, testkit.Env(map[string]string{
 		"POD_NAME": "p", "TRUST_DOMAIN": "example.org", "POD_NAMESPACE": "shop", "SERVICE_ACCOUNT": "cart",

@@ -30,12 +30,18 @@ type Changed func(e *secrets.Entry, streams int)
 type source struct {
 	name            string
 	cert, key, root string
+	// confined: the files must resolve (symlinks, "..") to a path under one of
+	// the roots, checked at every load. Set for the resources Envoy names
+	// (Resolve), whose paths come from whoever writes the proxy's configuration.
+	confined bool
+	roots    []string
 }
 
 // Files loads and watches file-backed resources.
 type Files struct {
 	store    *secrets.Store
 	under    func(string) string
+	roots    []string // where file-cert:/file-root: may read (absolute)
 	debounce time.Duration
 	changed  Changed
 	log      hclog.Logger
@@ -48,9 +54,12 @@ type Files struct {
 
 var _ secrets.Resolver = (*Files)(nil)
 
-// New returns a loader; under resolves relative paths (under the pod root).
-func New(store *secrets.Store, under func(string) string, debounce time.Duration, changed Changed, log hclog.Logger) *Files {
-	return &Files{store: store, under: under, debounce: debounce, changed: changed, log: log,
+// New returns a loader; under resolves relative paths (under the pod root). roots
+// are the directories file-cert:/file-root: resources may be read from (absolute
+// paths; none: every such resource is refused). Mount, AddCert and AddRoots, whose
+// paths come from sds-edge's own configuration, are not confined.
+func New(store *secrets.Store, under func(string) string, roots []string, debounce time.Duration, changed Changed, log hclog.Logger) *Files {
+	return &Files{store: store, under: under, roots: roots, debounce: debounce, changed: changed, log: log,
 		sources: map[string]source{}, dirs: map[string]bool{}}
 }
 
@@ -68,6 +77,10 @@ func (f *Files) Mount(dir string) error {
 }
 
 // Resolve loads and watches a file-cert:<cert>~<key> or file-root:<path> resource.
+// The names come from the proxy's configuration (a DestinationRule's or a
+// Gateway's file paths, written by whoever may write those), so the files must lie
+// in one of the loader's roots once ".." and symlinks are resolved: a name for
+// any other file is refused, without saying whether it exists.
 func (f *Files) Resolve(name string) error {
 	var s source
 	switch {
@@ -76,13 +89,13 @@ func (f *Files) Resolve(name string) error {
 		if !ok || cert == "" || key == "" {
 			return errors.New("want file-cert:<cert-path>~<key-path>")
 		}
-		s = source{name: name, cert: f.under(cert), key: f.under(key)}
+		s = source{name: name, cert: f.under(cert), key: f.under(key), confined: true, roots: f.roots}
 	case strings.HasPrefix(name, secrets.FileRootPrefix):
 		p := strings.TrimPrefix(name, secrets.FileRootPrefix)
 		if p == "" {
 			return errors.New("want file-root:<path>")
 		}
-		s = source{name: name, root: f.under(p)}
+		s = source{name: name, root: f.under(p), confined: true, roots: f.roots}
 	default:
 		return errors.New("not a file resource")
 	}
@@ -139,10 +152,21 @@ func (f *Files) set(sec sdsclient.Secret) {
 }
 
 // load reads a source and checks it: a key that matches its certificate, or roots
-// that parse.
+// that parse. A confined source's files are read where they resolve to, once
+// checked.
 func load(s source) (sdsclient.Secret, error) {
+	read := os.ReadFile
+	if s.confined {
+		read = func(p string) ([]byte, error) {
+			real, err := confine(p, s.roots)
+			if err != nil {
+				return nil, err
+			}
+			return os.ReadFile(real)
+		}
+	}
 	if s.root != "" {
-		data, err := os.ReadFile(s.root)
+		data, err := read(s.root)
 		if err != nil {
 			return sdsclient.Secret{}, err
 		}
@@ -151,11 +175,11 @@ func load(s source) (sdsclient.Secret, error) {
 		}
 		return sdsclient.Secret{Name: s.name, TrustedCA: data}, nil
 	}
-	chain, err := os.ReadFile(s.cert)
+	chain, err := read(s.cert)
 	if err != nil {
 		return sdsclient.Secret{}, err
 	}
-	key, err := os.ReadFile(s.key)
+	key, err := read(s.key)
 	if err != nil {
 		return sdsclient.Secret{}, err
 	}

@@ -51,7 +51,8 @@ function render(before) {
   const chip = (n, label, cls = "") => `<span class="chip ${cls}"><b>${n}</b>${label}</span>`;
   $("#summary").innerHTML = chip(live.length, "certificates") + chip(pods, "pods") +
     chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
-    chip(roots.length, "roots") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "");
+    chip(roots.length, "roots") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
+    (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "");
 
   const body = $("#certs tbody");
   body.innerHTML = certs.map((c) => {
