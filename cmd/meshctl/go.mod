@@ -87,6 +87,7 @@ require (
 	github.com/meshagent/meshagent/pkg/lifecycle v0.0.0
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
+	golang.org/x/sync v0.24.0
 )
 
 replace github.com/meshagent/meshagent/pkg/atomicfile => ../../pkg/atomicfile
