@@ -331,26 +331,28 @@ func (h *breakin) noPrivateKeyBytes(t *testing.T) {
 		}
 	}
 
-	s, err := h.events.Stream(ctxT(t, 5*time.Second), events.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctxT(t, 5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var read int
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctxT(t, 5*time.Second), seq)
+	for _, name := range []string{events.StreamEvents, events.StreamPodEvents} {
+		s, err := h.events.Stream(ctxT(t, 5*time.Second), name)
 		if err != nil {
-			if err == jetstream.ErrMsgNotFound {
-				continue
-			}
-			t.Fatalf("read event %d as audit: %v", seq, err)
+			t.Fatal(err)
 		}
-		read++
-		if leaks := h.keyLeaks(m.Data); len(leaks) > 0 {
-			t.Errorf("stored event %d on %s holds %v", seq, m.Subject, leaks)
+		info, err := s.Info(ctxT(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			m, err := s.GetMsg(ctxT(t, 5*time.Second), seq)
+			if err != nil {
+				if err == jetstream.ErrMsgNotFound {
+					continue
+				}
+				t.Fatalf("read %s event %d as audit: %v", name, seq, err)
+			}
+			read++
+			if leaks := h.keyLeaks(m.Data); len(leaks) > 0 {
+				t.Errorf("stored %s event %d on %s holds %v", name, seq, m.Subject, leaks)
+			}
 		}
 	}
 	if read == 0 || len(tapped) == 0 {
@@ -360,7 +362,7 @@ func (h *breakin) noPrivateKeyBytes(t *testing.T) {
 	var files, caFiles int
 	var sawLeaf bool
 	store := filepath.Join(h.dir, "nats")
-	err = filepath.WalkDir(store, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(store, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}

@@ -11,6 +11,7 @@ package main
 // event history and JetStream store the last subtest searches for private keys.
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -306,10 +307,11 @@ func (h *breakin) caState(t *testing.T) uint64 {
 	return info.State.LastSeq
 }
 
-// stored counts the messages MESHAGENT_EVENTS holds on subject (a wildcard sums).
+// stored counts the messages the event streams hold on subject (a wildcard sums):
+// MESHAGENT_EVENTS for the CA's, MESHAGENT_POD_EVENTS for a pod's.
 func (h *breakin) stored(t *testing.T, subject string) uint64 {
 	t.Helper()
-	s, err := h.events.Stream(ctxT(t, 5*time.Second), events.StreamEvents)
+	s, err := h.events.Stream(ctxT(t, 5*time.Second), cmp.Or(events.StreamOf(subject), events.StreamEvents))
 	if err != nil {
 		t.Fatal(err)
 	}

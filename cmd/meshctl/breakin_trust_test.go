@@ -8,10 +8,12 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -80,14 +82,16 @@ func (h *breakin) widenEventStream(t *testing.T) {
 	}{{"audit", h.audit, h.auditErrs}, {"pod", h.pod, h.podErrs}, {"admin", admin, adminErrs}} {
 		tryAll(t, who.name, who.nc, []attempt{
 			{"$JS.API.STREAM.UPDATE." + events.StreamEvents, `{"name":"` + events.StreamEvents + `","subjects":["meshagent.evt.>","meshagent.rpc.sign.>"]}`},
+			{"$JS.API.STREAM.UPDATE." + events.StreamPodEvents, `{"name":"` + events.StreamPodEvents + `","subjects":["meshagent.evt.pod.>"],"max_msgs_per_subject":-1}`},
 			{"$JS.API.STREAM.CREATE.TOKENS", `{"name":"TOKENS","storage":"memory","subjects":["meshagent.rpc.sign.>"]}`},
 		})
-		requireViolations(t, who.name, who.v, "$JS.API.STREAM.UPDATE."+events.StreamEvents, "$JS.API.STREAM.CREATE.TOKENS")
+		requireViolations(t, who.name, who.v, "$JS.API.STREAM.UPDATE."+events.StreamEvents, "$JS.API.STREAM.UPDATE."+events.StreamPodEvents, "$JS.API.STREAM.CREATE.TOKENS")
 	}
 	h.eventStreamUnchanged(t)
 }
 
-// eventStreamUnchanged checks MESHAGENT_EVENTS still holds events only.
+// eventStreamUnchanged checks MESHAGENT_EVENTS still holds the CA's events only,
+// and MESHAGENT_POD_EVENTS the pods' with their bounds.
 func (h *breakin) eventStreamUnchanged(t *testing.T) {
 	t.Helper()
 	s, err := h.events.Stream(ctxT(t, 5*time.Second), events.StreamEvents)
@@ -98,8 +102,20 @@ func (h *breakin) eventStreamUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := info.Config; len(c.Subjects) != 1 || c.Subjects[0] != events.EventsWildcard || len(c.Sources) != 0 || c.Mirror != nil || c.RePublish != nil {
+	if c := info.Config; !slices.Equal(c.Subjects, events.CAEventSubjects) || len(c.Sources) != 0 || c.Mirror != nil || c.RePublish != nil {
 		t.Fatalf("MESHAGENT_EVENTS was reconfigured: subjects %v, sources %v, mirror %v, republish %v", c.Subjects, c.Sources, c.Mirror, c.RePublish)
+	}
+	ps, err := h.events.Stream(ctxT(t, 5*time.Second), events.StreamPodEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinfo, err := ps.Info(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := pinfo.Config; !slices.Equal(c.Subjects, []string{events.PodEventsWildcard}) || c.MaxMsgsPerSubject != bus.DefaultPodEventsMaxMsgsPerSubject ||
+		len(c.Sources) != 0 || c.Mirror != nil || c.RePublish != nil {
+		t.Fatalf("MESHAGENT_POD_EVENTS was reconfigured: subjects %v, per subject %d, sources %v", c.Subjects, c.MaxMsgsPerSubject, c.Sources)
 	}
 }
 

@@ -55,6 +55,7 @@ require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0
+	golang.org/x/sync v0.24.0
 )
 
 require (

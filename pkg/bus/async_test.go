@@ -62,7 +62,11 @@ func TestAsyncPublishStoresOnceAndCallsBackOnce(t *testing.T) {
 	nc := bustest.Conn(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour)
+	if _, err := EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// Pod events: kept in the pods' stream.
+	st, err := bustest.JetStream(t, nc).Stream(ctx, events.StreamPodEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,11 @@ func TestConnectAndPublishToStream(t *testing.T) {
 	}
 	defer nc.Close()
 	js := bustest.JetStream(t, nc)
-	st, err := EnsureEventStream(ctx, js, 1, time.Hour)
+	if _, err := EnsureEventStream(ctx, js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// A pod's event: kept in the pods' stream.
+	st, err := js.Stream(ctx, events.StreamPodEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

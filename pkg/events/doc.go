@@ -21,7 +21,9 @@
 //
 // # Subjects
 //
-//	meshagent.evt.>                 events (captured by the EVENTS JetStream stream)
+//	meshagent.evt.>                 events: the CA's (cert, trust, rotation) in the
+//	                                MESHAGENT_EVENTS stream, pods' (evt.pod.>) in
+//	                                MESHAGENT_POD_EVENTS
 //	meshagent.pod.<pod>.renew       renew-due commands to one pod's sds-edge
 //	meshagent.rpc.sign              sign request/reply (queue group "signer")
 //	meshagent.rpc.trust.bundle      current trust bundle, request/reply

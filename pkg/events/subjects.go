@@ -26,9 +26,39 @@ const (
 	// SignerQueue is the queue group signers answer SignWildcard in.
 	SignerQueue = "signer"
 
-	// StreamEvents is the JetStream stream that keeps the event history.
+	// StreamEvents is the JetStream stream that keeps the CA's history (the audit
+	// log): CAEventSubjects, which only the signer and the rotator may publish on.
 	StreamEvents = "MESHAGENT_EVENTS"
+	// StreamPodEvents keeps what pods publish about themselves (PodEventsWildcard),
+	// apart from the CA's history and bounded per subject, so that a flood from one
+	// pod can crowd out only that pod's own events (docs/security.md).
+	StreamPodEvents = "MESHAGENT_POD_EVENTS"
+	// PodEventsWildcard matches every pod's events.
+	PodEventsWildcard = Prefix + ".evt.pod.>"
 )
+
+// CAEventSubjects are the subjects of the CA's history (StreamEvents): every event
+// that is not a pod's. A stream's subjects may not overlap another's, so they are
+// listed rather than "everything but meshagent.evt.pod.>"; a new kind of CA event
+// needs its prefix here (TestCAEventSubjectsCoverEveryEvent).
+var CAEventSubjects = []string{
+	Prefix + ".evt.cert.>",
+	Prefix + ".evt.trust.>",
+	Prefix + ".evt.rotation.>",
+}
+
+// StreamOf names the stream an event subject is kept in ("" for none).
+func StreamOf(subject string) string {
+	if strings.HasPrefix(subject, podEventPrefix) {
+		return StreamPodEvents
+	}
+	for _, w := range CAEventSubjects {
+		if strings.HasPrefix(subject, strings.TrimSuffix(w, ">")) {
+			return StreamEvents
+		}
+	}
+	return ""
+}
 
 // ValidatePodID reports whether id can name a pod on the bus: Kubernetes pod names
 // (DNS-1123 subdomains) plus upper case and '_', 1-253 characters, starting and ending

@@ -35,15 +35,25 @@ type Ledger struct {
 
 	mu     sync.Mutex
 	bus    []Seen
-	ids    map[string]uint64 // ce-id -> stream sequence
-	kinds  map[string]int    // Kind(subject) -> messages in the stream
+	ids    map[string]record // ce-id -> where the streams hold it
+	kinds  map[string]int    // Kind(subject) -> messages in the streams
 	issued map[string]bool   // serials of every cert.issued in the stream
-	next   uint64            // next stream sequence to read
+	next   map[string]uint64 // stream -> next sequence to read
 }
+
+// record is where an event is stored: a stream and a sequence.
+type record struct {
+	stream string
+	seq    uint64
+}
+
+// ledgerStreams are the streams a ledger reads: the CA's history, then the pods'
+// events (which may lose events by design: per-subject bounds; Recheck skips it).
+var ledgerStreams = []string{events.StreamEvents, events.StreamPodEvents}
 
 // NewLedger subscribes nc to every event subject.
 func NewLedger(nc *nats.Conn) (*Ledger, error) {
-	l := &Ledger{nc: nc, ids: map[string]uint64{}, kinds: map[string]int{}, issued: map[string]bool{}, next: 1}
+	l := &Ledger{nc: nc, ids: map[string]record{}, kinds: map[string]int{}, issued: map[string]bool{}, next: map[string]uint64{}}
 	if _, err := nc.Subscribe(events.EventsWildcard, func(m *nats.Msg) {
 		meta, err := events.Peek(m)
 		if err != nil {
@@ -91,20 +101,35 @@ func (l *Ledger) Sync(within time.Duration) error {
 func (l *Ledger) read(js jetstream.JetStream) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return err
+	for _, name := range ledgerStreams {
+		st, err := js.Stream(ctx, name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) && name == events.StreamPodEvents {
+			continue // a bus from before the split
+		}
+		if err != nil {
+			return err
+		}
+		if err := l.readStream(ctx, st, name); err != nil {
+			return err
+		}
 	}
-	for last := st.CachedInfo().State.LastSeq; l.next <= last; l.next++ {
-		m, err := st.GetMsg(ctx, l.next)
+	return nil
+}
+
+func (l *Ledger) readStream(ctx context.Context, st jetstream.Stream, name string) error {
+	if l.next[name] == 0 {
+		l.next[name] = 1
+	}
+	for last := st.CachedInfo().State.LastSeq; l.next[name] <= last; l.next[name]++ {
+		m, err := st.GetMsg(ctx, l.next[name])
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("message %d: %w", l.next, err)
+			return fmt.Errorf("%s message %d: %w", name, l.next[name], err)
 		}
 		l.mu.Lock()
-		l.ids[m.Header.Get(events.HeaderID)] = m.Sequence
+		l.ids[m.Header.Get(events.HeaderID)] = record{name, m.Sequence}
 		l.kinds[Kind(m.Subject)]++
 		if m.Subject == events.SubjectCertIssued {
 			if e, _, err := events.Decode[events.CertIssued](&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}); err == nil {
@@ -185,9 +210,10 @@ func ByKind(seen []Seen) map[string]int {
 	return out
 }
 
-// Recheck reads again every record read so far and reports the first that the
-// stream no longer holds, or holds with another event id: a record lost by the
-// stream (JetStream's own durability, checked after each fault).
+// Recheck reads again every record of the CA's history read so far and reports
+// the first that the stream no longer holds, or holds with another event id: a
+// record lost by the stream (JetStream's own durability, checked after each
+// fault). The pods' stream is not rechecked: its per-subject bound drops events.
 func (l *Ledger) Recheck() error {
 	js, err := jetstream.New(l.nc)
 	if err != nil {
@@ -201,8 +227,10 @@ func (l *Ledger) Recheck() error {
 	}
 	l.mu.Lock()
 	want := make(map[uint64]string, len(l.ids))
-	for id, seq := range l.ids {
-		want[seq] = id
+	for id, r := range l.ids {
+		if r.stream == events.StreamEvents {
+			want[r.seq] = id
+		}
 	}
 	l.mu.Unlock()
 	for _, seq := range slices.Sorted(maps.Keys(want)) {

@@ -30,7 +30,11 @@ func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
 	ns := bustest.Server(t)
 	js := bustest.JetStream(t, bustest.Conn(t, ns))
 	ctx := context.Background()
-	st, err := bus.EnsureEventStream(ctx, js, 1, time.Hour)
+	if _, err := bus.EnsureEventStream(ctx, js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// The outbox sends pod events: the pods' stream keeps them.
+	st, err := js.Stream(ctx, events.StreamPodEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +184,10 @@ func TestHoldsEventsUntilTheStreamIsBack(t *testing.T) {
 	if v := testutil.ToFloat64(b.dropped); v != 0 {
 		t.Fatalf("dropped %v events while the stream was missing", v)
 	}
-	st, err := bus.EnsureEventStream(context.Background(), js, 1, time.Hour)
+	if _, err := bus.EnsureEventStream(context.Background(), js, 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(context.Background(), events.StreamPodEvents)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,12 +34,16 @@ func TestRotatorWaitsForPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The event stream the rotator waits for, on one replica: it can be placed now.
-	testkit.EventuallyWithin(t, time.Minute, "the event stream created", func() bool {
+	// The event streams the rotator waits for, on one replica: they can be placed now.
+	testkit.EventuallyWithin(t, time.Minute, "the event streams created", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
 		_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: events.StreamEvents,
-			Subjects: []string{"meshagent.evt.>"}, Replicas: 1, Storage: jetstream.FileStorage})
+			Subjects: events.CAEventSubjects, Replicas: 1, Storage: jetstream.FileStorage})
+		if err == nil {
+			_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: events.StreamPodEvents,
+				Subjects: []string{events.PodEventsWildcard}, Replicas: 1, Storage: jetstream.FileStorage})
+		}
 		return err == nil
 	})
 

@@ -55,7 +55,11 @@ func Start(c Config) (*server.Server, error) {
 	opts.DontListen = c.DontListen
 	opts.NoSigs = true
 	opts.NoLog = c.Logger == nil
-	opts.MaxPayload = 8 << 20
+	// The largest message any client may send, as deploy/kubernetes's servers. A
+	// callout-admitted pod's user JWT carries a smaller bound (policy.PodLimits),
+	// which nats-server v2.15 does not apply in server-configuration mode; the
+	// streams' MaxMsgSize bounds what is kept (docs/security.md).
+	opts.MaxPayload = 1 << 20
 	if c.TLS != nil {
 		opts.TLSConfig = c.TLS
 		opts.TLSTimeout = 2

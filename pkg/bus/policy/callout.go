@@ -47,6 +47,11 @@ func AdmitPodIdentity(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims,
 }
 
 func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, p Permissions, expires time.Time) ([]byte, error) {
+	return admitWith(issuer, req, pod, p, expires, nil)
+}
+
+// admitWith is admit with more claims set by limit (PodLimits.apply) when not nil.
+func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
 	if !expires.After(time.Now()) {
 		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
 	}
@@ -56,6 +61,9 @@ func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string
 	uc.Expires = expires.Unix()
 	uc.Pub.Allow.Add(p.Publish...)
 	uc.Sub.Allow.Add(p.Subscribe...)
+	if limit != nil {
+		limit(uc)
+	}
 	ujwt, err := uc.Encode(issuer)
 	if err != nil {
 		return nil, fmt.Errorf("sign pod user: %w", err)

@@ -91,7 +91,9 @@ func For(r Role) (Permissions, error) {
 		p = Permissions{
 			Publish: cat(
 				[]string{events.SubjectCertIssued, events.SubjectTrustChanged, events.TrustFederatedWildcard},
+				// The signer alone creates (and may update) both event streams.
 				streamManage(events.StreamEvents),
+				streamManage(events.StreamPodEvents),
 				// Reads the last trust.changed, so that a change is announced once.
 				streamRead(events.StreamEvents)[1:],
 				kvBucket(BucketCA),
@@ -110,6 +112,9 @@ func For(r Role) (Permissions, error) {
 				[]string{events.PodRenewWildcard, events.SubjectRenewSent, events.SubjectTrustBundle},
 				streamRead(events.StreamEvents),
 				durable(events.StreamEvents, RotatorConsumer),
+				// pod.down, from the pods' own stream.
+				streamRead(events.StreamPodEvents),
+				durable(events.StreamPodEvents, RotatorConsumer),
 				kvBucket(BucketRotator),
 				kvBucket(BucketRotatorLease),
 			),
@@ -121,6 +126,7 @@ func For(r Role) (Permissions, error) {
 				// Read only: whoever may update the stream could make it capture sign
 				// requests (bearer tokens) or source the CA bucket. The signer creates it.
 				streamRead(events.StreamEvents),
+				streamRead(events.StreamPodEvents),
 				streamRead("KV_"+BucketInventory),
 			),
 			Subscribe: []string{events.EventsWildcard},
@@ -129,7 +135,8 @@ func For(r Role) (Permissions, error) {
 		p = Permissions{
 			// The events, the inventory (read by sequence, like the events) and the
 			// trust bundle (public roots, as any pod may ask).
-			Publish:   cat([]string{events.SubjectTrustBundle}, streamRead(events.StreamEvents), streamRead("KV_"+BucketInventory)),
+			Publish: cat([]string{events.SubjectTrustBundle}, streamRead(events.StreamEvents), streamRead(events.StreamPodEvents),
+				streamRead("KV_"+BucketInventory)),
 			Subscribe: []string{events.EventsWildcard},
 		}
 	case Inventory:
@@ -138,6 +145,8 @@ func For(r Role) (Permissions, error) {
 				[]string{events.SubjectTrustBundle},
 				streamRead(events.StreamEvents),
 				durable(events.StreamEvents, InventoryConsumer),
+				streamRead(events.StreamPodEvents),
+				durable(events.StreamPodEvents, InventoryConsumer),
 				kvBucket(BucketInventory),
 			),
 			Subscribe: []string{events.EventsWildcard},

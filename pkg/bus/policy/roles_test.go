@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -96,17 +97,23 @@ func request(t *testing.T, nc *nats.Conn, subj string) string {
 	return string(resp.Data)
 }
 
+// streamMsgs counts the events both streams hold (the CA's history and the pods').
 func streamMsgs(t *testing.T, m *mesh) uint64 {
 	t.Helper()
-	st, err := bustest.JetStream(t, m.Conn(t, policy.Audit, nil)).Stream(ctxT(t), events.StreamEvents)
-	if err != nil {
-		t.Fatal(err)
+	js := bustest.JetStream(t, m.Conn(t, policy.Audit, nil))
+	var n uint64
+	for _, name := range []string{events.StreamEvents, events.StreamPodEvents} {
+		st, err := js.Stream(ctxT(t), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += info.State.Msgs
 	}
-	info, err := st.Info(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
+	return n
 }
 
 func TestPodSignsAndPublishesItsEvents(t *testing.T) {
@@ -318,7 +325,7 @@ func TestAdminCannotReconfigureTheEventStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if subj := s.CachedInfo().Config.Subjects; len(subj) != 1 || subj[0] != events.EventsWildcard {
+	if subj := s.CachedInfo().Config.Subjects; !slices.Equal(subj, events.CAEventSubjects) {
 		t.Fatalf("event stream subjects %v", subj)
 	}
 	if !violated(&errs, "$JS.API.STREAM.UPDATE."+events.StreamEvents) {

@@ -58,7 +58,7 @@ func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registe
 		}
 		return nil
 	}}
-	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, now)
+	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, now).Limit(s.cfg.BusCallout.Pods)
 	return nil
 }
 

@@ -6,6 +6,7 @@
 package signer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -126,7 +127,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
-		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
+		MaxTTL: cfg.Certs.MaxTTL, PodMaxTTL: cmp.Or(cfg.Certs.PodMaxTTL, cfg.Certs.DefaultTTL), Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 		Records: s.issued,
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
@@ -261,18 +262,27 @@ func (s *Signer) startupFailed(ctx context.Context, err error) error {
 // cold cluster electing its leader delays the signer by seconds instead of failing it.
 const setupTimeout = time.Minute
 
-// ensureStream creates the event stream when it does not exist yet, and leaves an
-// existing one as its operator (or meshctl, or the rotator) configured it.
+// ensureStream creates the event streams (the CA's history and the pods' events)
+// when they do not exist yet, and leaves existing ones as their operator (or
+// meshctl) configured them. A CA history stream from before the split, which
+// captured the pods' events too, is narrowed to the CA's subjects.
 func (s *Signer) ensureStream(ctx context.Context) error {
 	return bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
-		_, err := s.js.Stream(ctx, events.StreamEvents)
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		ca, err := s.js.Stream(ctx, events.StreamEvents)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return err
+		}
+		_, perr := s.js.Stream(ctx, events.StreamPodEvents)
+		if perr != nil && !errors.Is(perr, jetstream.ErrStreamNotFound) {
+			return perr
+		}
+		if err == nil && perr == nil && slices.Equal(ca.CachedInfo().Config.Subjects, events.CAEventSubjects) {
+			return nil
 		}
 		if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
 			return err
 		}
-		s.log.Info("event stream created", "stream", events.StreamEvents)
+		s.log.Info("event streams created", "stream", events.StreamEvents, "pod_stream", events.StreamPodEvents)
 		return nil
 	})
 }

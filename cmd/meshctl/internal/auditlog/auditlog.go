@@ -1,5 +1,7 @@
 // Package auditlog reads the event history — the JetStream stream MESHAGENT_EVENTS,
-// which is the mesh's audit log — the way an auditor needs it: from a point in time,
+// the CA's history, which is the mesh's audit log, merged by time with
+// MESHAGENT_POD_EVENTS, what pods publish about themselves — the way an auditor
+// needs it: from a point in time,
 // filtered by pod and type, then live. It needs nothing but the audit role's rights
 // (reading messages by sequence and subscribing to events): no consumer is created,
 // so a reader can never disturb another role's durable. Sink writes the events it is
@@ -22,7 +24,9 @@ import (
 
 // Entry is one event from the history (Seq > 0) or from the live feed (Seq 0).
 type Entry struct {
-	Seq     uint64
+	Seq uint64
+	// Stream is the stream Seq counts in (events.StreamEvents or StreamPodEvents).
+	Stream  string
 	Subject string
 	Meta    events.Meta
 	Payload events.Payload // nil when Err is set
@@ -98,13 +102,15 @@ func (f Filter) Match(e Entry) bool {
 	return false
 }
 
-// Log is the event stream, opened for reading.
+// Log is the event history, opened for reading: the CA's stream and, when there is
+// one, the pods'.
 type Log struct {
-	nc *nats.Conn
-	st jetstream.Stream
+	nc   *nats.Conn
+	st   jetstream.Stream
+	pods *Log // nil: no pods' stream (a bus from before the split)
 }
 
-// Open looks the event stream up.
+// Open looks the event streams up.
 func Open(ctx context.Context, nc *nats.Conn) (*Log, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -114,7 +120,15 @@ func Open(ctx context.Context, nc *nats.Conn) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("event stream %s: %w", events.StreamEvents, err)
 	}
-	return &Log{nc: nc, st: st}, nil
+	l := &Log{nc: nc, st: st}
+	ps, err := js.Stream(ctx, events.StreamPodEvents)
+	switch {
+	case err == nil:
+		l.pods = &Log{nc: nc, st: ps}
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("event stream %s: %w", events.StreamPodEvents, err)
+	}
+	return l, nil
 }
 
 // Bounds describes what the stream holds now.
@@ -125,6 +139,8 @@ type Bounds struct {
 	Bytes       uint64
 	MaxAge      time.Duration
 	MaxBytes    int64
+	// MaxPerSubject bounds the events of one subject (the pods' stream); <= 0: none.
+	MaxPerSubject int64
 }
 
 // Bounds asks the server what the stream holds.
@@ -135,7 +151,7 @@ func (l *Log) Bounds(ctx context.Context) (Bounds, error) {
 	}
 	s := info.State
 	return Bounds{First: s.FirstSeq, Last: s.LastSeq, FirstTime: s.FirstTime, Messages: s.Msgs, Bytes: s.Bytes,
-		MaxAge: info.Config.MaxAge, MaxBytes: info.Config.MaxBytes}, nil
+		MaxAge: info.Config.MaxAge, MaxBytes: info.Config.MaxBytes, MaxPerSubject: info.Config.MaxMsgsPerSubject}, nil
 }
 
 // next returns the first message at or after seq, or nil past the end.
@@ -181,6 +197,7 @@ func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(E
 	}
 	return Scan(ctx, l.nc, l.st, events.EventsWildcard, from, upto, func(m *jetstream.RawStreamMsg) error {
 		e := decode(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, m.Sequence)
+		e.Stream = l.st.CachedInfo().Config.Name
 		if e.Meta.Time.IsZero() {
 			e.Meta.Time = m.Time
 		}
@@ -196,12 +213,14 @@ func decode(m *nats.Msg, seq uint64) Entry {
 	return Entry{Seq: seq, Subject: m.Subject, Meta: meta, Payload: p, Err: err}
 }
 
-// Start says where a Read begins, for the reader to tell its user.
+// Start says where a Read begins, for the reader to tell its user: in the CA's
+// history, and in the pods' events (Pods; zero without that stream).
 type Start struct {
 	Seq    uint64    // first sequence read
 	Last   uint64    // last sequence stored when the replay began
 	Oldest time.Time // the oldest event the stream still holds
 	Bounds Bounds
+	Pods   *Start
 }
 
 // Read replays the history from f.Since (all of it when zero) and then, if follow,
@@ -221,21 +240,22 @@ func (l *Log) Read(ctx context.Context, f Filter, follow bool, started func(Star
 			return err
 		}
 	}
-	b, err := l.Bounds(ctx)
+	start, err := l.start(ctx, f.Since)
 	if err != nil {
 		return err
 	}
-	from := b.First
-	if !f.Since.IsZero() {
-		if from, err = l.SeqAt(ctx, b, f.Since); err != nil {
+	var pstart Start
+	if l.pods != nil {
+		if pstart, err = l.pods.start(ctx, f.Since); err != nil {
 			return err
 		}
+		start.Pods = &pstart
 	}
 	if started != nil {
-		started(Start{Seq: from, Last: b.Last, Oldest: b.FirstTime, Bounds: b})
+		started(start)
 	}
 	seen := map[string]bool{}
-	err = l.Replay(ctx, from, b.Last, Filter{}, func(e Entry) error {
+	err = l.replayMerged(ctx, start, pstart, func(e Entry) error {
 		if follow {
 			seen[e.Meta.ID] = true
 		}
@@ -264,4 +284,60 @@ func (l *Log) Read(ctx context.Context, f Filter, follow bool, started func(Star
 			}
 		}
 	}
+}
+
+// start is where a replay of l's stream from since (all of it when zero) begins.
+func (l *Log) start(ctx context.Context, since time.Time) (Start, error) {
+	b, err := l.Bounds(ctx)
+	if err != nil {
+		return Start{}, err
+	}
+	from := b.First
+	if !since.IsZero() {
+		if from, err = l.SeqAt(ctx, b, since); err != nil {
+			return Start{}, err
+		}
+	}
+	return Start{Seq: from, Last: b.Last, Oldest: b.FirstTime, Bounds: b}, nil
+}
+
+// replayMerged replays the CA's history from s and the pods' events from ps, in
+// the order of their times (the CA's first on a tie): the pods' stream is read
+// ahead in a goroutine, a bounded channel apart.
+func (l *Log) replayMerged(ctx context.Context, s, ps Start, fn func(Entry) error) error {
+	if l.pods == nil || ps.Last < ps.Seq {
+		return l.Replay(ctx, s.Seq, s.Last, Filter{}, fn)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	podc := make(chan Entry, 256)
+	perr := make(chan error, 1)
+	go func() {
+		defer close(podc)
+		perr <- l.pods.Replay(ctx, ps.Seq, ps.Last, Filter{}, func(e Entry) error {
+			select {
+			case podc <- e:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	next, ok := <-podc
+	err := l.Replay(ctx, s.Seq, s.Last, Filter{}, func(e Entry) error {
+		for ok && next.Meta.Time.Before(e.Meta.Time) {
+			if err := fn(next); err != nil {
+				return err
+			}
+			next, ok = <-podc
+		}
+		return fn(e)
+	})
+	for ; err == nil && ok; next, ok = <-podc {
+		err = fn(next)
+	}
+	if err != nil {
+		return err
+	}
+	return <-perr
 }

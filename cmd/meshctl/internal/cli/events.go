@@ -63,6 +63,10 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 		}
 		fmt.Fprintf(env.Stderr, "meshctl: reading %s from %s (sequence %d; %d event(s) kept, oldest %s; retention %s)",
 			events.StreamEvents, from, s.Seq, s.Bounds.Messages, oldest(s.Oldest), retention(s.Bounds))
+		if p := s.Pods; p != nil {
+			fmt.Fprintf(env.Stderr, ", with %s (%d pod event(s) kept, oldest %s; at most %d per pod and kind)",
+				events.StreamPodEvents, p.Bounds.Messages, oldest(p.Oldest), p.Bounds.MaxPerSubject)
+		}
 		if f.follow {
 			fmt.Fprintf(env.Stderr, ", then following new events (Ctrl-C stops)\n")
 		} else {

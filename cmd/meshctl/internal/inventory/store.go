@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // Snapshot is the whole inventory at one moment.
@@ -196,7 +197,8 @@ type Keeper struct {
 	Applied func(events.Payload)
 }
 
-// Subjects the keeper consumes.
+// Subjects the keeper consumes: three from the CA's history, then two from the
+// pods' events.
 var Subjects = []string{
 	events.SubjectCertIssued, events.SubjectTrustChanged, events.SubjectRenewSent,
 	events.PodEventWildcard(events.PodEventSecretPushed), events.PodEventWildcard(events.PodEventDown),
@@ -247,22 +249,30 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err := k.bootstrapTrust(ctx); err != nil {
 		k.log.Warn("trust bundle not known until the next trust.changed", "error", err)
 	}
-	cons, err := k.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
-		Durable: policy.InventoryConsumer, Description: "meshagent certificate inventory",
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: maxDeliver,
-		DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubjects: Subjects,
-	})
-	if err != nil {
-		return fmt.Errorf("inventory consumer: %w", err)
+	// One durable on each stream: the CA's history and the pods' events.
+	g, gctx := errgroup.WithContext(ctx)
+	for stream, subjects := range map[string][]string{events.StreamEvents: Subjects[:3], events.StreamPodEvents: Subjects[3:]} {
+		cons, err := k.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable: policy.InventoryConsumer, Description: "meshagent certificate inventory",
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: maxDeliver,
+			DeliverPolicy: jetstream.DeliverAllPolicy, FilterSubjects: subjects,
+		})
+		if err != nil {
+			return fmt.Errorf("inventory consumer on %s: %w", stream, err)
+		}
+		g.Go(func() error { return k.consume(gctx, cons) })
 	}
+	return g.Wait()
+}
+
+// consume folds cons's events in until ctx ends.
+func (k *Keeper) consume(ctx context.Context, cons jetstream.Consumer) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(64))
 	if err != nil {
 		return fmt.Errorf("inventory consumer: %w", err)
 	}
-	go func() {
-		<-ctx.Done()
-		it.Stop()
-	}()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
 	for {
 		m, err := it.Next()
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {

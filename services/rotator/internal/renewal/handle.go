@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -31,7 +32,11 @@ func (r *Replica) handle(ctx context.Context, msg jetstream.Msg) error {
 		err = r.onCertIssued(ctx, nm)
 	case podKind == events.PodEventDown:
 		kind = "pod.down"
-		err = r.onPodDown(ctx, nm)
+		var at time.Time
+		if md, merr := msg.Metadata(); merr == nil {
+			at = md.Timestamp
+		}
+		err = r.onPodDown(ctx, nm, at)
 	case msg.Subject() == events.SubjectTrustChanged:
 		kind = "trust.changed"
 		err = r.onTrustChanged(ctx, nm)
@@ -107,7 +112,9 @@ func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	return fmt.Errorf("cert.issued for %s: still conflicting after 3 tries", c.Pod)
 }
 
-func (r *Replica) onPodDown(ctx context.Context, nm *nats.Msg) error {
+// onPodDown retires the pod's entries of certificates issued before the event was
+// stored (at, the stream's time; zero: all of them).
+func (r *Replica) onPodDown(ctx context.Context, nm *nats.Msg, at time.Time) error {
 	ev, _, err := events.Decode[events.PodDown](nm)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
@@ -117,7 +124,7 @@ func (r *Replica) onPodDown(ctx context.Context, nm *nats.Msg) error {
 		return fmt.Errorf("%w: pod.down for %q on %s", errRejected, ev.Pod, nm.Subject)
 	}
 	r.mu.Lock()
-	gone := r.sched.RetirePod(ev.Pod)
+	gone := r.sched.RetirePodBefore(ev.Pod, at)
 	r.mu.Unlock()
 	for _, res := range gone {
 		if err := r.store.Delete(ctx, ev.Pod, res, 0); err != nil {

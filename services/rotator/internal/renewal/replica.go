@@ -178,11 +178,16 @@ func (r *Replica) setup(ctx context.Context) error {
 // unanswered, and one long request would outlast the moment the stream appears.
 func (r *Replica) awaitStream(ctx context.Context) error {
 	return bus.Retry(ctx, r.log, "event stream "+events.StreamEvents+" (a signer creates it)", func(ctx context.Context) error {
-		_, err := r.js.Stream(ctx, events.StreamEvents)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return bus.Pending(err)
+		for _, name := range []string{events.StreamEvents, events.StreamPodEvents} {
+			_, err := r.js.Stream(ctx, name)
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return bus.Pending(fmt.Errorf("%s: %w", name, err))
+			}
+			if err != nil {
+				return err
+			}
 		}
-		return err
+		return nil
 	})
 }
 

@@ -259,7 +259,7 @@ func TestReadyAfterCatchingUp(t *testing.T) {
 	h := newHarness(t)
 	now := h.clk.Now()
 	// History written before any rotator runs (the stream is the signer's too).
-	if _, err := h.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: events.StreamEvents, Subjects: []string{events.EventsWildcard}}); err != nil {
+	if _, err := h.js.CreateOrUpdateStream(context.Background(), jetstream.StreamConfig{Name: events.StreamEvents, Subjects: events.CAEventSubjects}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 50 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -56,10 +57,49 @@ func (r *Replica) term(ctx context.Context) error {
 		r.log.Warn("cannot fetch the trust bundle", "error", err)
 	}
 
-	cons, err := r.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{
+	// Two durables of one name: the CA's history (certificates, trust changes) and
+	// the pods' stream (pod.down), which pods may flood without touching the former.
+	cons, err := r.consumer(ctx, events.StreamEvents, "renewal schedule", events.SubjectCertIssued, events.SubjectTrustChanged)
+	if err != nil {
+		return err
+	}
+	pods, err := r.consumer(ctx, events.StreamPodEvents, "retired pods", events.PodEventWildcard(events.PodEventDown))
+	if err != nil {
+		return err
+	}
+	var caCaught, podsCaught atomic.Bool
+	caught := func(c *atomic.Bool) {
+		c.Store(true)
+		if caCaught.Load() && podsCaught.Load() {
+			r.caughtUp.Store(true)
+		}
+	}
+	for _, c := range []struct {
+		cons jetstream.Consumer
+		flag *atomic.Bool
+	}{{cons, &caCaught}, {pods, &podsCaught}} {
+		info, err := c.cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("consumer info: %w", err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			caught(c.flag)
+		}
+	}
+	r.wake()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.consume(gctx, cons, func() { caught(&caCaught) }) })
+	g.Go(func() error { return r.consume(gctx, pods, func() { caught(&podsCaught) }) })
+	g.Go(func() error { return r.dispatch(gctx) })
+	return g.Wait()
+}
+
+// consumer creates or updates the rotator's durable on stream for subjects.
+func (r *Replica) consumer(ctx context.Context, stream, what string, subjects ...string) (jetstream.Consumer, error) {
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable:        r.opts.Consumer,
-		Description:    "meshagent rotator: renewal schedule",
-		FilterSubjects: []string{events.SubjectCertIssued, events.PodEventWildcard(events.PodEventDown), events.SubjectTrustChanged},
+		Description:    "meshagent rotator: " + what,
+		FilterSubjects: subjects,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        10 * time.Second,
@@ -70,23 +110,14 @@ func (r *Replica) term(ctx context.Context) error {
 		Replicas:      r.opts.Replicas,
 	})
 	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", r.opts.Consumer, err)
+		return nil, fmt.Errorf("create consumer %s on %s: %w", r.opts.Consumer, stream, err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer info: %w", err)
-	}
-	if info.NumPending == 0 && info.NumAckPending == 0 {
-		r.caughtUp.Store(true)
-	}
-	r.wake()
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return r.consume(gctx, cons) })
-	g.Go(func() error { return r.dispatch(gctx) })
-	return g.Wait()
+	return cons, nil
 }
 
-func (r *Replica) consume(ctx context.Context, cons jetstream.Consumer) error {
+// consume applies cons's messages until ctx ends; caughtUp is called whenever
+// nothing is left pending.
+func (r *Replica) consume(ctx context.Context, cons jetstream.Consumer, caughtUp func()) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(256))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
@@ -111,7 +142,7 @@ func (r *Replica) consume(ctx context.Context, cons jetstream.Consumer) error {
 		}
 		_ = msg.Ack()
 		if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
-			r.caughtUp.Store(true)
+			caughtUp()
 		}
 	}
 }

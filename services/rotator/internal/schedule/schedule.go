@@ -356,12 +356,31 @@ func (s *Schedule) removeAt(i int32) {
 
 // RetirePod removes every entry of pod and returns the resources it had.
 func (s *Schedule) RetirePod(pod string) []string {
+	return s.RetirePodBefore(pod, time.Time{})
+}
+
+// RetirePodBefore is RetirePod for the entries of certificates issued before t (all
+// when t is zero): a pod.down, read from the pods' stream, may be applied after the
+// cert.issued of the pod that replaced the one that went down (same name), which
+// comes from the CA's stream; that newer certificate stays scheduled.
+func (s *Schedule) RetirePodBefore(pod string, t time.Time) []string {
 	var out []string
 	for _, r := range append([]string{DefaultResource}, s.extra[pod]...) {
 		if i, ok := s.index.get(key(pod, r)); ok {
+			if e := &s.entries[i]; !t.IsZero() && !time.Unix(0, issuedOrNotBefore(e)).Before(t) {
+				continue
+			}
 			s.removeAt(i)
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// issuedOrNotBefore is when e's certificate was issued, as well as known.
+func issuedOrNotBefore(e *entry) int64 {
+	if e.issued != 0 {
+		return e.issued
+	}
+	return e.notBefore
 }

@@ -356,3 +356,30 @@ func TestRecordRestoreKeepsSentState(t *testing.T) {
 		t.Fatalf("after restore: %v, want %v", reasons, want)
 	}
 }
+
+// A pod.down applied after the cert.issued of the pod that replaced it (same name,
+// read from another stream) retires only the certificates issued before it.
+func TestRetirePodBefore(t *testing.T) {
+	s := New(cfg())
+	old := cert("web-0", "1", t0, time.Hour)
+	old.Issued = t0.Add(time.Second)
+	if _, err := s.Upsert(old, t0); err != nil {
+		t.Fatal(err)
+	}
+	down := t0.Add(time.Minute)
+	if got := s.RetirePodBefore("web-0", down); len(got) != 1 {
+		t.Fatalf("retired %v, want the certificate issued before the pod went down", got)
+	}
+	newer := cert("web-0", "2", t0.Add(2*time.Minute), time.Hour)
+	newer.Issued = t0.Add(2 * time.Minute)
+	if _, err := s.Upsert(newer, t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RetirePodBefore("web-0", down); len(got) != 0 || s.Len() != 1 {
+		t.Fatalf("a late pod.down retired %v of the newer pod's certificate (%d left)", got, s.Len())
+	}
+	// A pod.down stored after that certificate retires it.
+	if got := s.RetirePodBefore("web-0", t0.Add(3*time.Minute)); len(got) != 1 || s.Len() != 0 {
+		t.Fatalf("retired %v, %d left", got, s.Len())
+	}
+}

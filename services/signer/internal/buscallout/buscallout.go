@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,9 @@ const (
 	// subject token, so it cannot be granted its identity sign subject (refused,
 	// never escaped: two identities must never share a subject).
 	ReasonNotSubjectSafe = "identity_not_subject_safe"
+	// ReasonTooManyConnections: the pod already had PodLimits.MaxAdmissions
+	// connections admitted within one user lifetime.
+	ReasonTooManyConnections = "too_many_connections"
 )
 
 // Responder answers the server's auth callout requests.
@@ -71,6 +75,10 @@ type Responder struct {
 	admittedByCert prometheus.Counter
 	refused        *prometheus.CounterVec
 	ready          atomic.Bool
+
+	limits     policy.PodLimits
+	admissions *admissions
+	jitter     func() float64
 }
 
 // New builds a responder that signs its answers with issuer (the account key named
@@ -83,6 +91,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 		now = time.Now
 	}
 	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, now: now,
+		limits: policy.DefaultPodLimits(), admissions: newAdmissions(), jitter: rand.Float64,
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_total",
 			Help: "Pod connections to the bus admitted by the auth callout.",
@@ -96,7 +105,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 			Help: "Connections to the bus refused by the auth callout, by reason.",
 		}, []string{"reason"}),
 	}
-	reasons := []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch}
+	reasons := []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections}
 	if certs != nil {
 		reasons = append(reasons, ReasonCertExpired, ReasonCertNotYetValid, ReasonCertForeignRoot, ReasonCertForeignDomain, ReasonBadCert, ReasonCertNotRecorded)
 	}
@@ -104,6 +113,13 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 		r.refused.WithLabelValues(reason)
 	}
 	reg.MustRegister(r.admitted, r.admittedByCert, r.refused)
+	return r
+}
+
+// Limit sets the limits of the users the responder mints (default:
+// policy.DefaultPodLimits; a zero field takes its default); call it before Run.
+func (r *Responder) Limit(l policy.PodLimits) *Responder {
+	r.limits = l.WithDefaults()
 	return r
 }
 
@@ -196,7 +212,7 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 	if byCert {
 		r.admittedByCert.Inc()
 	}
-	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "credential", caller.Source, "client_host", host, "expires", caller.Expires)
+	r.log.Debug("bus connection admitted", "pod", caller.Pod, "identity", caller.ID.String(), "credential", caller.Source, "client_host", host, "credential_expires", caller.Expires)
 	return resp, nil
 }
 
@@ -243,7 +259,12 @@ func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Call
 	if _, err := events.IdentitySignSubject(ns, sa, caller.Pod); err != nil {
 		return nil, ReasonNotSubjectSafe, err
 	}
-	resp, err := policy.AdmitPodIdentity(r.issuer, req, ns, sa, caller.Pod, caller.Expires)
+	now := r.now()
+	expires := r.limits.Expiry(now, caller.Expires, r.jitter())
+	if !r.admissions.take(caller.Pod, now, r.limits.Lifetime, r.limits.MaxAdmissions) {
+		return nil, ReasonTooManyConnections, fmt.Errorf("pod %s had %d connections admitted within %s already", caller.Pod, r.limits.MaxAdmissions, r.limits.Lifetime)
+	}
+	resp, err := policy.AdmitPodIdentityLimited(r.issuer, req, ns, sa, caller.Pod, expires, r.limits)
 	if err != nil {
 		return nil, ReasonBadToken, err
 	}

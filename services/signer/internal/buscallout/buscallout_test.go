@@ -38,6 +38,13 @@ func start(t *testing.T) *fixture {
 // startWith runs the responder with verifier v.
 func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
 	t.Helper()
+	return startLimited(t, iss, v, policy.PodLimits{})
+}
+
+// startLimited runs the responder with verifier v and limits lim (zero fields:
+// the defaults).
+func startLimited(t *testing.T, iss *signertest.Issuer, v Verifier, lim policy.PodLimits) *fixture {
+	t.Helper()
 	srv := bustest.SecureServer(t)
 	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
 	if err != nil {
@@ -46,7 +53,7 @@ func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
 	dial := func(ctx context.Context) (*nats.Conn, error) {
 		return nats.Connect(srv.Server.ClientURL(), srv.RoleOptions(t, policy.Callout)...)
 	}
-	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil)
+	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil).Limit(lim)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -35,6 +35,8 @@ type Config struct {
 		// identity from the subject the callout granted instead of verifying the
 		// token per request (docs/security.md). Only with IssuerSeed.
 		SignByIdentity bool
+		// Pods bounds every user the callout mints for a pod (policy.PodLimits).
+		Pods policy.PodLimits
 	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {
@@ -63,6 +65,10 @@ type Config struct {
 	Certs struct {
 		DefaultTTL time.Duration
 		MaxTTL     time.Duration
+		// PodMaxTTL caps what a pod (a request whose certificate is recorded for
+		// a pod) gets, whatever it asks: a longer request is clamped, not refused.
+		// 0: DefaultTTL.
+		PodMaxTTL time.Duration
 		Signers    []string // accepted CertSigner names besides the empty default
 		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
 		// default: -cacerts-dir.
@@ -180,6 +186,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	var keyAlg, dnsNames, ips, signers string
 	fs.String(&c.BusCallout.IssuerSeed, "bus-callout-seed", "BUS_CALLOUT_SEED", "", "seed file of the bus auth callout's issuer (account nkey); set: admit pods to the bus by their service-account token")
 	fs.String(&c.BusCallout.NKeyFile, "bus-callout-nkey", "BUS_CALLOUT_NKEY", "", "seed file of the callout user the responder connects as (with -bus-callout-seed)")
+	c.BusCallout.Pods = policy.DefaultPodLimits()
+	fs.Duration(&c.BusCallout.Pods.Lifetime, "bus-pod-user-lifetime", "BUS_POD_USER_LIFETIME", c.BusCallout.Pods.Lifetime, "longest life of a pod's bus user, whatever its token's (less up to 10% at random); the pod reconnects and is admitted again with the token its file then holds")
+	fs.Int(&c.BusCallout.Pods.MaxAdmissions, "bus-pod-max-connections", "BUS_POD_MAX_CONNECTIONS", c.BusCallout.Pods.MaxAdmissions, "connections the callout admits per pod within -bus-pod-user-lifetime (so: at most this many at once, per signer replica); more are refused (too_many_connections)")
+	fs.Int(&c.BusCallout.Pods.MaxPayload, "bus-pod-max-payload", "BUS_POD_MAX_PAYLOAD", c.BusCallout.Pods.MaxPayload, "largest message (bytes) a pod's bus user may send, written into its user JWT")
+	fs.Int(&c.BusCallout.Pods.MaxSubs, "bus-pod-max-subs", "BUS_POD_MAX_SUBS", c.BusCallout.Pods.MaxSubs, "most subscriptions a pod's bus user may hold, written into its user JWT")
 	fs.Bool(&c.BusCallout.SignByIdentity, "bus-sign-id", "BUS_SIGN_ID", false, "answer sign requests on meshagent.rpc.sign.id.<ns>.<sa>.<pod> taking the identity from the subject (the callout grants it from the token it verified) instead of verifying the token per request; only with -bus-callout-seed, when nothing but callout-admitted pods can publish there")
 	fs.String(&c.Instance, "instance", "SIGNER_INSTANCE", c.Instance, "signer instance id (default: hostname)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
@@ -201,6 +212,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.KEKFile, "ca-kek-file", "CA_KEK_FILE", "", "file with 32 random bytes (raw or base64; mode 0600, or 0440 with a group of this process) sealing the self-signed root keys in KV; required in self-signed mode")
 	fs.Duration(&c.CA.RotateMinInterval, "root-rotate-min-interval", "ROOT_ROTATE_MIN_INTERVAL", c.CA.RotateMinInterval, "refuse a forced root rotation this soon after the last rotation (0: no limit)")
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
+	fs.Duration(&c.Certs.PodMaxTTL, "pod-max-ttl", "POD_MAX_WORKLOAD_CERT_TTL", 0, "longest certificate a pod gets (a request recorded for a pod); longer requests are clamped to it and counted (meshagent_signer_ttl_clamped_total); 0: -default-ttl")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
 	fs.String(&c.Certs.SignersDir, "cert-signers-dir", "CERT_SIGNERS_DIR", "", "directory of the named signers' CA material, <dir>/<signer>/ with Istio's cacerts file names (default: -cacerts-dir)")
@@ -328,6 +340,7 @@ func (c Config) Validate() error {
 		p.Check(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
 	}
 	p.Check(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
+	p.Check(c.Certs.PodMaxTTL >= 0 && c.Certs.PodMaxTTL <= c.Certs.MaxTTL, "-pod-max-ttl: must be between 0 (-default-ttl) and -max-ttl (%s)", c.Certs.MaxTTL)
 	p.Check(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
 	sources := 0
 	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {
@@ -355,6 +368,9 @@ func (c Config) Validate() error {
 	p.Check(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url, -token-issuer-discovery or -token-review")
 	if c.BusCallout.IssuerSeed != "" {
 		p.Check(c.BusCallout.NKeyFile != "", "-bus-callout-nkey: required with -bus-callout-seed")
+		if err := c.BusCallout.Pods.Validate(); err != nil {
+			p.Add(fmt.Errorf("-bus-pod-*: %w", err))
+		}
 		p.Check(sources > 0, "-bus-callout-seed: needs -jwks-file, -jwks-url, -token-issuer-discovery or -token-review to verify pods' tokens")
 	} else {
 		p.Check(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")

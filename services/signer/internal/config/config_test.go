@@ -292,3 +292,26 @@ func TestGCPercentAndPprof(t *testing.T) {
 		}
 	}
 }
+
+// A pod's bus user and certificate are bounded by default, the bounds are flags
+// (and env), and unusable ones are refused naming the flag.
+func TestPodLimits(t *testing.T) {
+	base := []string{"-bus-callout-seed", "issuer.nk", "-bus-callout-nkey", "callout.nk", "-jwks-file", "jwks.json", "-nats-nkey", "signer.nk", "-ca-kek-file", "kek"}
+	c, err := Load(base, testkit.Env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.BusCallout.Pods; p.Lifetime != time.Hour || p.MaxAdmissions != 32 || p.MaxPayload != 72<<10 || p.MaxSubs != 32 || p.Jitter != 0.1 || c.Certs.PodMaxTTL != 0 {
+		t.Fatalf("defaults %+v, pod max ttl %s", p, c.Certs.PodMaxTTL)
+	}
+	c, err = Load(append(base, "-bus-pod-max-connections", "4", "-pod-max-ttl", "2h"), testkit.Env(map[string]string{"BUS_POD_USER_LIFETIME": "10m"}))
+	if err != nil || c.BusCallout.Pods.Lifetime != 10*time.Minute || c.BusCallout.Pods.MaxAdmissions != 4 || c.Certs.PodMaxTTL != 2*time.Hour {
+		t.Fatalf("%v: %+v, %s", err, c.BusCallout.Pods, c.Certs.PodMaxTTL)
+	}
+	_, err = Load(append(base, "-bus-pod-max-connections", "0", "-bus-pod-user-lifetime", "1s", "-pod-max-ttl", "2400h"), testkit.Env(nil))
+	for _, want := range []string{"-bus-pod-*", "admissions", "lifetime", "-pod-max-ttl"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+}

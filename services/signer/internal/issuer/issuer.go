@@ -6,6 +6,7 @@
 package issuer
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"encoding/base64"
@@ -91,7 +92,11 @@ type Config struct {
 	Instance    string
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
-	Signers     []string // accepted CertSigner names besides ""
+	// PodMaxTTL caps the lifetime of a certificate for a pod (one recorded for a
+	// pod, or asked with a pod-bound token): a longer request is clamped to it,
+	// counted (Metrics.Clamped) and logged. 0: no cap below MaxTTL.
+	PodMaxTTL time.Duration
+	Signers   []string // accepted CertSigner names besides ""
 	// Named holds the material of the named signers; nil: a CertSigner is only
 	// checked against Signers and signed by the mesh CA.
 	Named *ca.NamedSigners
@@ -332,6 +337,11 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	if perr != nil {
 		i.log.Warn("pod not proved", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "bus_pod", via.BusPod, "token_pod", caller.Pod)
 		return reject("pod_mismatch", perr)
+	}
+	if (pod != "" || caller.Pod != "") && i.cfg.PodMaxTTL > 0 && ttl > i.cfg.PodMaxTTL {
+		i.metrics.Clamped.WithLabelValues(t).Inc()
+		i.log.Info("ttl clamped", "transport", t, "spiffe_id", caller.ID.String(), "pod", cmp.Or(pod, caller.Pod), "requested", ttl, "granted", i.cfg.PodMaxTTL)
+		ttl = i.cfg.PodMaxTTL
 	}
 	now := i.now()
 	// A named signer signs with its own chain; the caller was authenticated against

@@ -22,6 +22,8 @@ type Metrics struct {
 	// TokensVerified counts bearer tokens verified per request (not those the bus
 	// auth callout verifies once per connection).
 	TokensVerified *prometheus.CounterVec
+	// Clamped counts pods' requests whose TTL was cut to the pods' cap.
+	Clamped *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
@@ -38,6 +40,7 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 		SignFail:       counter("sign_failures_total", "Requests that failed while signing or recording the certificate, by transport.", "transport"),
 		Rejected:       counter("rejected_total", "Requests rejected before signing, by transport and reason.", "transport", "reason"),
 		Issued:         counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
+		Clamped:        counter("ttl_clamped_total", "Pods' requests for a longer certificate than -pod-max-ttl, given that cap instead, by transport.", "transport"),
 		TokensVerified: counter("tokens_verified_total", "Bearer tokens verified per request, by transport (requests on identity sign subjects carry none to verify).", "transport"),
 	}
 	gauge := func(name, help string, f func(*ca.Material) time.Time) {
