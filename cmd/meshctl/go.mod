@@ -55,7 +55,7 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/miekg/dns v1.1.73
-	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/client_golang v1.25.0 // indirect
 )
 
 require github.com/meshagent/meshagent/pkg v0.0.0

@@ -12,13 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 )

@@ -9,11 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"

@@ -86,8 +86,6 @@ type Runner struct {
 	// nodeAPI answers the signer's pod reads (caextras.go); stopNodeAPI stops it.
 	nodeAPI     *kubeapi.Server
 	stopNodeAPI func()
-	// stopDashboard stops meshctl serve's server (dashboard.go).
-	stopDashboard func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
@@ -198,9 +196,6 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := r.writeBundle(ctx); err != nil {
-		return err
-	}
-	if err := r.startDashboard(ctx); err != nil {
 		return err
 	}
 	if err := r.startControlPlane(ctx); err != nil {
@@ -638,9 +633,6 @@ func (r *Runner) stop() {
 	}
 	if r.stopNodeAPI != nil {
 		r.stopNodeAPI()
-	}
-	if r.stopDashboard != nil {
-		r.stopDashboard()
 	}
 	if r.nc != nil {
 		_ = r.nc.Drain()

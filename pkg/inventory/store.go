@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"

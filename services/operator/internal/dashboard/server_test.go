@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"

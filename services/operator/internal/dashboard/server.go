@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/nats-io/nats.go"

@@ -3,9 +3,9 @@ package dashboard
 import (
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
