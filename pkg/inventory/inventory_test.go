@@ -108,7 +108,7 @@ func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload, at t
 	}
 }
 
-// TestKeepersShareTheDurable: two keepers (two meshctl serve replicas) on the secured
+// TestKeepersShareTheDurable: two keepers (two operator replicas) on the secured
 // bus, as the inventory role, fold events published out of order; the inventory an
 // auditor reads ends as if one keeper had read them in order.
 func TestKeepersShareTheDurable(t *testing.T) {

@@ -7,6 +7,7 @@ require (
 	github.com/meshagent/meshagent/pkg v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
+	go.uber.org/goleak v1.3.0
 )
 
 require (

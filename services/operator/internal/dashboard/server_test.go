@@ -17,6 +17,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
@@ -51,8 +53,8 @@ func TestExpiryBuckets(t *testing.T) {
 	}
 }
 
-// TestServeKeepsAndShowsTheFleet: meshctl serve on the secured bus, as the inventory
-// role, folds a certificate into the inventory, serves it as JSON, counts it in the
+// TestServeKeepsAndShowsTheFleet: the dashboard on the secured bus, as the inventory
+// role, mounted on an obs server as the operator service mounts it, folds a certificate into the inventory, serves it as JSON, counts it in the
 // metrics, streams it over server-sent events and writes it to the audit file.
 func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 	m := bustest.SecureServer(t)
@@ -68,13 +70,16 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errs bustest.Errors
-	s, err := New(Config{Addr: "127.0.0.1:0", Sink: sink}, m.Conn(t, policy.Inventory, &errs), hclog.NewNullLogger())
+	hs := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	s, err := New(Config{Metrics: hs.Registry(), Sink: sink}, m.Conn(t, policy.Inventory, &errs), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
+	hs.Handle("/", s.Handler())
+	hs.AddReadyCheck("inventory", s.Ready)
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- s.Run(sctx) }()
+	go func() { done <- lifecycle.Tasks(sctx, hs.Run, s.Run) }()
 	t.Cleanup(func() {
 		stop()
 		if err := <-done; err != nil {
@@ -82,11 +87,11 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		}
 	})
 	select {
-	case <-s.Bound():
+	case <-hs.Bound():
 	case err := <-done:
 		t.Fatal(err)
 	}
-	base := "http://" + s.Addr().String()
+	base := "http://" + hs.Addr().String()
 	testkit.Eventually(t, "serve ready", func() bool { code, _ := testkit.HTTPGet(base + "/readyz"); return code == 200 })
 
 	now := time.Now()
