@@ -1,5 +1,6 @@
 // Package devstack runs the local development stack of meshctl up: an embedded
-// NATS server with the bus secured, a signer, a rotator, the demo control plane
+// NATS server with the bus secured, a signer, a rotator, the operator service
+// (inventory and dashboard), the demo control plane
 // (democp) and demo pods (sds-edge, xds-relay and launcher each, their tokens kept
 // fresh by the kubelet stand-in), as child processes of its supervisor. What runs
 // where is written to stack.json (stackfile). Its subpackages are the stack's parts,
@@ -59,7 +60,8 @@ type Config struct {
 	// OnEvent, when set, receives every event from the moment the bus is up, so that
 	// what happens during start-up (the pods' first certificates) is seen too.
 	OnEvent nats.MsgHandler
-	// DashboardAddr is where meshctl serve's page listens; empty: any free port.
+	// DashboardAddr is where the operator service's page, API and metrics listen;
+	// empty or port 0: a free port.
 	DashboardAddr string
 	// EventsMaxAge is how long the event history (the audit log) is kept; 0: 7 days.
 	EventsMaxAge time.Duration
@@ -196,6 +198,9 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := r.writeBundle(ctx); err != nil {
+		return err
+	}
+	if err := r.startOperator(ctx); err != nil {
 		return err
 	}
 	if err := r.startControlPlane(ctx); err != nil {
