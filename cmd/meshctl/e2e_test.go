@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for _, svc := range []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher", "launcher/cmd/envoy-standin"} {
+		for _, svc := range []string{"signer", "rotator", "operator", "sds-edge", "xds-relay", "launcher", "launcher/cmd/envoy-standin"} {
 			cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", filepath.Join(dir, filepath.Base(svc)), "github.com/meshagent/meshagent/services/"+svc)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
@@ -128,8 +128,9 @@ func TestUpSignAndServe(t *testing.T) {
 	if st.ControlPlane == nil || st.ControlPlane.XDSAddr == "" {
 		t.Fatal("stack.json names no control plane")
 	}
-	if len(st.Processes) != 5 {
-		t.Fatalf("want 5 processes in stack.json, got %d", len(st.Processes))
+	// signer, rotator, operator and the pod's sds-edge, xds-relay and launcher.
+	if len(st.Processes) != 6 {
+		t.Fatalf("want 6 processes in stack.json, got %d", len(st.Processes))
 	}
 	if out, err := meshctl(t, "status", "-dir", dir); err != nil {
 		t.Fatalf("status: %v\n%s", err, out)

@@ -54,8 +54,8 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/miekg/dns v1.1.73
-	github.com/prometheus/client_golang v1.25.0
-	golang.org/x/sync v0.24.0
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 )
 
 require (

@@ -16,6 +16,7 @@ func TestEveryBinaryListsItsFlags(t *testing.T) {
 	}{
 		{"signer", []string{"-ca-kek-file", "env CA_KEK_FILE", "-nats-url", "env NATS_URL", "-http-addr"}},
 		{"rotator", []string{"-grace-ratio", "env SECRET_GRACE_PERIOD_RATIO", "-nats-nkey", "env NATS_NKEY"}},
+		{"operator", []string{"-http-addr", "-bucket-replicas", "env INVENTORY_REPLICAS", "-audit-file", "-nats-nkey", "env NATS_NKEY"}},
 		{"sds-edge", []string{"-trust-anchors-file", "env TRUST_ANCHORS_FILE", "-pod", "-nats-token-file", "env NATS_TOKEN_FILE"}},
 		{"xds-relay", []string{"-pod", "-discovery-address", "-nats-url"}},
 		{"launcher", []string{"-http-addr", "default "}},

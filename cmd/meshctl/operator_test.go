@@ -15,9 +15,9 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 

@@ -69,6 +69,7 @@ func newStack(t *testing.T) *stack {
 		s.monitor[n] = port("MESHAGENT_NATS" + suffix + "_MONITOR_PORT")
 	}
 	port("MESHAGENT_CA_PORT")
+	port("MESHAGENT_DASHBOARD_PORT")
 	s.podReady = "http://" + port("MESHAGENT_POD_HTTP_PORT") + "/readyz"
 	s.env = os.Environ()
 	for k, v := range env {

@@ -20,7 +20,7 @@ type binary struct {
 }
 
 // services are the binaries the manifests run, by directory under services/.
-var services = []string{"signer", "rotator", "sds-edge", "xds-relay", "launcher"}
+var services = []string{"signer", "rotator", "operator", "sds-edge", "xds-relay", "launcher"}
 
 var (
 	bindingsOnce sync.Once
@@ -128,6 +128,7 @@ func TestBindingsAreDerivedPerBinary(t *testing.T) {
 	want := map[string][]string{
 		"signer":    {"CA_KEK_FILE", "TOKEN_ISSUER_DISCOVERY", "BUS_CALLOUT_SEED", "NATS_URL", "NATS_NKEY", "NATS_TLS_CA", "HTTP_ADDR", "LOG_JSON"},
 		"rotator":   {"ROTATOR_INSTANCE", "NATS_NKEY", "HTTP_ADDR"},
+		"operator":  {"OPERATOR_INSTANCE", "INVENTORY_REPLICAS", "NATS_NKEY", "NATS_TLS_CA", "HTTP_ADDR", "LOG_JSON"},
 		"sds-edge":  {"TRUST_ANCHORS_FILE", "TOKEN_FILE", "SDS_SOCKET", "NATS_TOKEN_FILE", "POD_NAME"},
 		"xds-relay": {"XDS_TOKEN_FILE", "DISCOVERY_ADDRESS", "NATS_URL"},
 		"launcher":  {"ENVOY_BINARY", "TERMINATION_DRAIN_DURATION", "SDS_SOCKET", "NATS_URL", "TOKEN_FILE", "ISTIO_KUBE_APP_PROBERS"},

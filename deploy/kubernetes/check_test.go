@@ -18,7 +18,7 @@ import (
 
 // imageBinary maps an image (without registry or tag) to the binary it runs.
 var imageBinary = map[string]string{
-	"meshagent/signer": "signer", "meshagent/rotator": "rotator", "meshagent/sds-edge": "sds-edge",
+	"meshagent/signer": "signer", "meshagent/rotator": "rotator", "meshagent/operator": "operator", "meshagent/sds-edge": "sds-edge",
 	"meshagent/xds-relay": "xds-relay", "meshagent/launcher-envoy": "launcher", "meshagent/nats-server": "nats-server",
 }
 

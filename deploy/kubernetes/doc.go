@@ -1,5 +1,5 @@
 // Package kubernetes holds meshagent's Kubernetes manifests (base: NATS, signer,
-// rotator; external-nats: the same on an existing NATS cluster; token-review: base
+// rotator, operator; external-nats: the same on an existing NATS cluster; token-review: base
 // with tokens checked by the API server's TokenReview; sidecar: the per-pod
 // services) and the test that checks them without a cluster: every object decodes
 // strictly into the Kubernetes API types, every image, env var, flag, port and

@@ -16,7 +16,7 @@ import (
 // "Install"): credentials from `meshctl bus-auth`, the CA KEK, bus TLS, and the
 // public roots pods trust.
 var operatorObjects = map[string]bool{
-	"meshagent-signer-bus": true, "meshagent-rotator-bus": true, "meshagent-ca-kek": true,
+	"meshagent-signer-bus": true, "meshagent-rotator-bus": true, "meshagent-operator-bus": true, "meshagent-ca-kek": true,
 	"meshagent-nats-tls": true, "meshagent-nats-auth": true, "meshagent-bus-ca": true, "meshagent-ca-root-cert": true,
 }
 
@@ -58,13 +58,16 @@ func TestManifestsMatchBinaries(t *testing.T) {
 			if byName["Deployment/rotator"] == nil {
 				t.Error("no rotator Deployment")
 			}
+			if w := byName["Deployment/operator"]; w == nil || w.replicas != 2 {
+				t.Errorf("operator Deployment: %+v, want 2 replicas", w)
+			}
 			if nats := byName["StatefulSet/nats"]; (nats != nil) != tt.nats || (nats != nil && nats.replicas != 3) {
 				t.Errorf("nats StatefulSet: %+v, want present=%v with 3 replicas", nats, tt.nats)
 			}
 			if got := inv.configMaps["meshagent-config"].Data["nats-url"]; !strings.Contains(got, tt.natsURLHas) {
 				t.Errorf("nats-url %q", got)
 			}
-			if inv.kinds["PodDisruptionBudget"] < 2 || inv.kinds["Service"] < 1 {
+			if inv.kinds["PodDisruptionBudget"] < 3 || inv.kinds["Service"] < 2 {
 				t.Errorf("kinds %v", inv.kinds)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -36,6 +37,9 @@ type Deps struct {
 	Log     hclog.Logger
 	Metrics *prometheus.Registry
 	Health  Health
+	// Routes mounts a service's own HTTP handlers (a page, an API) on the listener
+	// of /healthz, /readyz and /metrics; most services mount nothing.
+	Routes Routes
 }
 
 // WithDefaults fills what d leaves nil: the real clock, a logger that drops
@@ -52,9 +56,22 @@ func (d Deps) WithDefaults() Deps {
 		d.Metrics = prometheus.NewRegistry()
 	}
 	if d.Health == nil {
-		d.Health = obs.NewServer("", d.Log)
+		srv := obs.NewServer("", d.Log)
+		d.Health = srv
+		if d.Routes == nil {
+			d.Routes = srv
+		}
+	}
+	if d.Routes == nil {
+		d.Routes = obs.NewServer("", d.Log)
 	}
 	return d
+}
+
+// Routes is where a service mounts HTTP handlers of its own beside the health and
+// metrics endpoints (obs.Server.Handle).
+type Routes interface {
+	Handle(pattern string, h http.Handler)
 }
 
 // Health is where a service registers its readiness checks (/readyz).
@@ -160,7 +177,7 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 		defer bus.Drain(nc)
 	}
 	http := obs.NewServer(p.HTTP, log.Named("http"))
-	svc, err := build(cfg, Deps{Bus: nc, Clock: clock.Real{}, Log: log, Metrics: http.Registry(), Health: http})
+	svc, err := build(cfg, Deps{Bus: nc, Clock: clock.Real{}, Log: log, Metrics: http.Registry(), Health: http, Routes: http})
 	if err != nil {
 		return err
 	}

@@ -20,12 +20,14 @@ import (
 // Check reports nil when a dependency is ready.
 type Check func() error
 
-// Server serves /healthz, /readyz and /metrics. /readyz is 200 only when every
-// registered readiness check passes; the body names the ones that fail.
+// Server serves /healthz, /readyz and /metrics, and whatever else a service mounts
+// with Handle on the same listener. /readyz is 200 only when every registered
+// readiness check passes; the body names the ones that fail.
 type Server struct {
 	addr     string
 	log      hclog.Logger
 	registry *prometheus.Registry
+	mux      *http.ServeMux
 
 	mu     sync.Mutex
 	checks map[string]Check
@@ -38,8 +40,16 @@ type Server struct {
 func NewServer(addr string, log hclog.Logger) *Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Server{addr: addr, log: log, registry: reg, checks: map[string]Check{}, bound: make(chan struct{})}
+	s := &Server{addr: addr, log: log, registry: reg, checks: map[string]Check{}, bound: make(chan struct{})}
+	s.mux = s.handler()
+	return s
 }
+
+// Handle serves h for pattern (http.ServeMux syntax) on the same listener as
+// /healthz, /readyz and /metrics, which stay the server's own: a service with a
+// page or an API of its own (the operator's dashboard) mounts it at "/". It panics,
+// as ServeMux does, when pattern conflicts with a route already there.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
 // Registry is where the service registers its metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
@@ -83,7 +93,7 @@ func (s *Server) Ready() error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) handler() http.Handler {
+func (s *Server) handler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -113,7 +123,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("http listening", "addr", ln.Addr().String())
-	return Serve(ctx, ln, s.handler())
+	return Serve(ctx, ln, s.mux)
 }
 
 // Serve answers HTTP on ln with h until ctx is done, then shuts down within five

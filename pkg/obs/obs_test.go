@@ -85,3 +85,34 @@ func TestLoggerJSONAndLevel(t *testing.T) {
 		t.Fatalf("log output %q", out)
 	}
 }
+
+// TestHandleMountsBesideTheOwnEndpoints: a page mounted at "/" answers every other
+// path, while /healthz, /readyz and /metrics stay the server's own.
+func TestHandleMountsBesideTheOwnEndpoints(t *testing.T) {
+	s := NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	s.AddReadyCheck("page", func() error { return errors.New("not yet") })
+	s.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "page "+r.URL.Path)
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-s.Bound():
+	case err := <-done:
+		t.Fatal(err)
+	}
+	base := "http://" + s.Addr().String()
+	for path, want := range map[string]string{"/": "page /", "/api/x": "page /api/x", "/healthz": "ok\n",
+		"/readyz": "page: not yet\n", "/metrics": "go_goroutines"} {
+		if _, body := get(t, base+path); !strings.Contains(body, want) {
+			t.Errorf("%s: %q, want %q", path, body, want)
+		}
+	}
+}

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestInventoryKeepsItsBucketAndAuditReadsIt: the inventory role (meshctl serve)
+// TestInventoryKeepsItsBucketAndAuditReadsIt: the inventory role (the operator service)
 // consumes the events through its own durable and writes its own bucket; audit and
 // admin read that bucket by sequence but cannot write it; the inventory role cannot
 // take the rotator's durable or read CA state.

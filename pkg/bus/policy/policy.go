@@ -21,7 +21,7 @@ const (
 	Rotator Role = "rotator" // the renewal schedule
 	Admin   Role = "admin"   // an operator's meshctl
 	Audit   Role = "audit"   // read-only event consumers (audit, metrics)
-	// Inventory keeps the fleet's certificate inventory (meshctl serve): it reads the
+	// Inventory keeps the fleet's certificate inventory (the operator service): it reads the
 	// events through its own durable and writes its own bucket, which audit may read.
 	Inventory Role = "inventory"
 	Callout   Role = "callout" // the auth-callout responder inside the signer

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/inventory"
 )
 
 func runCerts(ctx context.Context, env Env, args []string) error {

@@ -25,7 +25,6 @@ var operator = []command.Command{
 	{Name: "events", Usage: "replay and follow the audit log: events [-follow] [-since 1h|RFC3339] [-pod P] [-type T] [-o json]", Run: runEvents},
 	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json]", Run: runCerts},
 	{Name: "inspect", Usage: "show a certificate and whether it verifies: inspect <pod | serial | PEM file>", Run: runInspect},
-	{Name: "serve", Usage: "keep the certificate inventory and serve the dashboard and fleet metrics: serve [-http-addr A]", Run: runServe},
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-pod POD] [-out DIR] [-grpc]", Run: runSign},
 	{Name: "csr", Usage: "one CreateCertificate over the Istio gRPC API, printing the chain: csr -ns NS -sa SA | -cert F -key F [-impersonate ID] [-signer NAME]; csr -bus -pod POD -cert F -key F renews by certificate over the bus", Run: runCSR},
 	{Name: "bench", Usage: "load the signer for capacity planning: bench sign [-n N | -duration D] [-in-flight K] [-key-alg A]", Run: runBench},

@@ -9,9 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 )

@@ -6,9 +6,9 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/nats-io/nats.go"
 )
 

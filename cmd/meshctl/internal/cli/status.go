@@ -12,13 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 )
@@ -163,7 +163,7 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	if n := len(snap.Skipped); n > 0 {
 		row("inventory", "%d malformed record(s) skipped", n)
 		attention = append(attention, strings.TrimPrefix(snap.SkippedLine(), "warning: ")+
-			" (written with the inventory credential: meshctl serve replaces a record with the next certificate of its holder)")
+			" (written with the inventory credential: the operator service replaces a record with the next certificate of its holder)")
 	}
 	row("pods", "%d up, %d down", len(up), len(down))
 	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)

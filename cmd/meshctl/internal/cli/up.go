@@ -9,11 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/democp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -42,7 +42,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.Int(&cfg.NATSPort, "nats-port", "MESHAGENT_NATS_PORT", -1, "embedded NATS port (-1: any free port)")
 	fs.Duration(&cfg.ReadyWait, "ready-wait", "", time.Minute, "how long to wait for each service to be ready")
 	fs.Duration(&cfg.EventsMaxAge, "events-max-age", "EVENTS_MAX_AGE", bus.DefaultEventStreamMaxAge, "how long the event history (the audit log) is kept; its size is bounded at 1 GiB")
-	fs.String(&cfg.DashboardAddr, "dashboard-addr", "MESHAGENT_DASHBOARD_ADDR", "127.0.0.1:9080", "listen address of the dashboard, its API and the fleet metrics (meshctl serve, in this process)")
+	fs.String(&cfg.DashboardAddr, "dashboard-addr", "MESHAGENT_DASHBOARD_ADDR", "127.0.0.1:9080", "listen address of the dashboard, its API and the fleet metrics (the operator service)")
 	fs.List(&cfg.DashboardHosts, "dashboard-allowed-hosts", "MESHAGENT_DASHBOARD_HOSTS", nil, "host names the dashboard answers besides -dashboard-addr's (and localhost on loopback); other Host headers are refused (DNS rebinding)")
 	fs.String(&cfg.BundleEndpointAddr, "bundle-endpoint-addr", "BUNDLE_ENDPOINT_ADDR", "127.0.0.1:0", "where the signer serves this trust domain's SPIFFE bundle for other domains to follow (port 0: a free one; empty: not served)")
 	fs.String(&cfg.Federate, "federate", "SPIFFE_BUNDLE_ENDPOINTS", "", "foreign trust domains to follow, as Istio: td|https://url||td2|https://url2 (another local stack's stack.json signer.bundle_endpoint)")

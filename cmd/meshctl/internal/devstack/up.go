@@ -1,5 +1,6 @@
 // Package devstack runs the local development stack of meshctl up: an embedded
-// NATS server with the bus secured, a signer, a rotator, the demo control plane
+// NATS server with the bus secured, a signer, a rotator, the operator service
+// (inventory and dashboard), the demo control plane
 // (democp) and demo pods (sds-edge, xds-relay and launcher each, their tokens kept
 // fresh by the kubelet stand-in), as child processes of its supervisor. What runs
 // where is written to stack.json (stackfile). Its subpackages are the stack's parts,
@@ -59,7 +60,8 @@ type Config struct {
 	// OnEvent, when set, receives every event from the moment the bus is up, so that
 	// what happens during start-up (the pods' first certificates) is seen too.
 	OnEvent nats.MsgHandler
-	// DashboardAddr is where meshctl serve's page listens; empty: any free port.
+	// DashboardAddr is where the operator service's page, API and metrics listen;
+	// empty or port 0: a free port.
 	DashboardAddr string
 	// DashboardHosts are host names the dashboard answers besides its address's.
 	DashboardHosts []string
@@ -88,8 +90,6 @@ type Runner struct {
 	// nodeAPI answers the signer's pod reads (caextras.go); stopNodeAPI stops it.
 	nodeAPI     *kubeapi.Server
 	stopNodeAPI func()
-	// stopDashboard stops meshctl serve's server (dashboard.go).
-	stopDashboard func()
 	// podsDir holds the pods' roots: under Dir, or under the temp dir when Dir is
 	// too deep for the pods' unix socket paths.
 	podsDir string
@@ -205,7 +205,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err := r.writeBundle(ctx); err != nil {
 		return err
 	}
-	if err := r.startDashboard(ctx); err != nil {
+	if err := r.startOperator(ctx); err != nil {
 		return err
 	}
 	if err := r.startControlPlane(ctx); err != nil {
@@ -643,9 +643,6 @@ func (r *Runner) stop() {
 	}
 	if r.stopNodeAPI != nil {
 		r.stopNodeAPI()
-	}
-	if r.stopDashboard != nil {
-		r.stopDashboard()
 	}
 	if r.nc != nil {
 		_ = r.nc.Drain()

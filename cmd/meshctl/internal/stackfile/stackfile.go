@@ -37,7 +37,7 @@ type Stack struct {
 	Signer        Signer        `json:"signer"`
 	Rotator       Service       `json:"rotator"`
 	ControlPlane  *ControlPlane `json:"control_plane,omitempty"`
-	// Dashboard is the HTTP address of meshctl serve's page, API and fleet metrics.
+	// Dashboard is the HTTP address of the operator service's page, API and fleet metrics.
 	Dashboard string    `json:"dashboard,omitempty"`
 	Pods      []Pod     `json:"pods"`
 	Processes []Process `json:"processes"`

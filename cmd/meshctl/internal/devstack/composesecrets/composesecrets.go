@@ -25,10 +25,12 @@ import (
 const (
 	SignerDir  = "signer"  // signer.nk, callout.nk, callout-issuer.nk, ca-kek, ca.pem
 	RotatorDir = "rotator" // rotator.nk, ca.pem
-	PodDir     = "pod"     // ca.pem: pods authenticate with their service-account token
-	HostDir    = "host"    // admin.nk, audit.nk, ca.pem, owned by the directory's owner
-	KubeletDir = "kubelet" // the token issuer's key and JWKS (devtoken's -issuer-dir)
-	JWKSDir    = "jwks"    // the JWKS alone: the signers verify tokens, they cannot mint them
+	// InventoryDir is the operator service's: inventory.nk (its bus role), ca.pem.
+	InventoryDir = "inventory"
+	PodDir       = "pod"     // ca.pem: pods authenticate with their service-account token
+	HostDir      = "host"    // admin.nk, audit.nk, ca.pem, owned by the directory's owner
+	KubeletDir   = "kubelet" // the token issuer's key and JWKS (devtoken's -issuer-dir)
+	JWKSDir      = "jwks"    // the JWKS alone: the signers verify tokens, they cannot mint them
 )
 
 // Names of the files a NATS server's directory holds (Config.Out/<server>), as the
@@ -63,7 +65,7 @@ func (c Config) Validate() error {
 	}
 	for _, s := range c.Servers {
 		switch s {
-		case SignerDir, RotatorDir, PodDir, HostDir, KubeletDir, JWKSDir:
+		case SignerDir, RotatorDir, InventoryDir, PodDir, HostDir, KubeletDir, JWKSDir:
 			errs = append(errs, fmt.Errorf("-servers: %q is a holder's directory, not a server name", s))
 		}
 	}
@@ -110,9 +112,10 @@ func Write(c Config) error {
 			"signer.nk": seed(policy.Signer), "callout.nk": seed(policy.Callout),
 			"callout-issuer.nk": src(creds.IssuerFile(), 0o600), KEKFile: src(kek, 0o600), bustls.CAFile: ca,
 		},
-		RotatorDir: {"rotator.nk": seed(policy.Rotator), bustls.CAFile: ca},
-		PodDir:     {bustls.CAFile: ca},
-		HostDir:    {"admin.nk": seed(policy.Admin), "audit.nk": seed(policy.Audit), bustls.CAFile: ca},
+		RotatorDir:   {"rotator.nk": seed(policy.Rotator), bustls.CAFile: ca},
+		InventoryDir: {"inventory.nk": seed(policy.Inventory), bustls.CAFile: ca},
+		PodDir:       {bustls.CAFile: ca},
+		HostDir:      {"admin.nk": seed(policy.Admin), "audit.nk": seed(policy.Audit), bustls.CAFile: ca},
 		KubeletDir: {
 			filepath.Base(devtoken.KeyPath(issuerDir)):  src(devtoken.KeyPath(issuerDir), 0o600),
 			filepath.Base(devtoken.JWKSPath(issuerDir)): jwks,

@@ -50,14 +50,15 @@ func TestEachHolderGetsOnlyItsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]map[string]os.FileMode{
-		SignerDir:  {"signer.nk": 0o600, "callout.nk": 0o600, "callout-issuer.nk": 0o600, KEKFile: 0o600, "ca.pem": 0o644},
-		RotatorDir: {"rotator.nk": 0o600, "ca.pem": 0o644},
-		PodDir:     {"ca.pem": 0o644},
-		HostDir:    {"admin.nk": 0o600, "audit.nk": 0o600, "ca.pem": 0o644},
-		KubeletDir: {filepath.Base(devtoken.KeyPath("")): 0o600, filepath.Base(devtoken.JWKSPath("")): 0o644},
-		JWKSDir:    {filepath.Base(devtoken.JWKSPath("")): 0o644},
-		"nats-1":   {AuthConf: 0o644, ServerCert: 0o644, ServerKey: 0o600, "ca.pem": 0o644},
-		"nats-2":   {AuthConf: 0o644, ServerCert: 0o644, ServerKey: 0o600, "ca.pem": 0o644},
+		SignerDir:    {"signer.nk": 0o600, "callout.nk": 0o600, "callout-issuer.nk": 0o600, KEKFile: 0o600, "ca.pem": 0o644},
+		RotatorDir:   {"rotator.nk": 0o600, "ca.pem": 0o644},
+		InventoryDir: {"inventory.nk": 0o600, "ca.pem": 0o644},
+		PodDir:       {"ca.pem": 0o644},
+		HostDir:      {"admin.nk": 0o600, "audit.nk": 0o600, "ca.pem": 0o644},
+		KubeletDir:   {filepath.Base(devtoken.KeyPath("")): 0o600, filepath.Base(devtoken.JWKSPath("")): 0o644},
+		JWKSDir:      {filepath.Base(devtoken.JWKSPath("")): 0o644},
+		"nats-1":     {AuthConf: 0o644, ServerCert: 0o644, ServerKey: 0o600, "ca.pem": 0o644},
+		"nats-2":     {AuthConf: 0o644, ServerCert: 0o644, ServerKey: 0o600, "ca.pem": 0o644},
 	}
 	ents, _ := os.ReadDir(c.Out)
 	if len(ents) != len(want) {

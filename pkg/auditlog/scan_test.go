@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )

@@ -1,11 +1,12 @@
 package dashboard
 
 import (
+	"fmt"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -40,7 +41,7 @@ type fleetMetrics struct {
 	events   *prometheus.CounterVec
 }
 
-func newFleetMetrics(reg *prometheus.Registry, snap func() (inventory.Snapshot, bool)) *fleetMetrics {
+func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot, bool)) (*fleetMetrics, error) {
 	m := &fleetMetrics{
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_certs_issued_total",
 			Help: "Certificates issued in the fleet (cert.issued), by signer."}, []string{"signer"}),
@@ -55,8 +56,12 @@ func newFleetMetrics(reg *prometheus.Registry, snap func() (inventory.Snapshot, 
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_events_total",
 			Help: "Events seen on the bus, by type."}, []string{"type"}),
 	}
-	reg.MustRegister(m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{snap: snap})
-	return m
+	for _, c := range []prometheus.Collector{m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{snap: snap}} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("fleet metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 const secretTypeURL = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"

@@ -12,7 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -161,7 +161,7 @@ func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 	}
 	st, err := js.Stream(ctx, "KV_"+policy.BucketInventory)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return Snapshot{}, fmt.Errorf("no inventory on this bus yet (bucket %s): is meshctl serve running?", policy.BucketInventory)
+		return Snapshot{}, fmt.Errorf("no inventory on this bus yet (bucket %s): is the operator service running?", policy.BucketInventory)
 	}
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("inventory bucket: %w", err)
@@ -228,7 +228,7 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jets
 	kv, err := js.KeyValue(ctx, policy.BucketInventory)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: policy.BucketInventory, History: 1,
-			Description: "meshagent certificate inventory (meshctl serve)", Replicas: max(replicas, 1), Storage: jetstream.FileStorage})
+			Description: "meshagent certificate inventory (the operator service)", Replicas: max(replicas, 1), Storage: jetstream.FileStorage})
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = js.KeyValue(ctx, policy.BucketInventory)
 		}

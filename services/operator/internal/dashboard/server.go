@@ -1,9 +1,9 @@
-// Package dashboard is meshctl serve: the operator's view of a fleet. It keeps the
-// certificate inventory current (inventory.Keeper), serves it as a web page (HTML,
-// CSS and JS embedded in the binary, nothing fetched from elsewhere) with a live
-// event feed over server-sent events, serves fleet metrics computed from the events
-// in Prometheus format, and optionally writes every event it sees to a JSON-lines
-// file (auditlog.Sink).
+// Package dashboard is the operator service's work: the operator's view of a fleet.
+// It keeps the certificate inventory current (inventory.Keeper), serves it as a web
+// page (HTML, CSS and JS embedded in the binary, nothing fetched from elsewhere)
+// with a live event feed over server-sent events, registers fleet metrics computed
+// from the events (served at the process's /metrics), and optionally writes every
+// event it sees to a JSON-lines file (auditlog.Sink).
 package dashboard
 
 import (
@@ -13,21 +13,19 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/auditlog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/auditlog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
-	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 //go:embed web
@@ -35,25 +33,26 @@ var web embed.FS
 
 // Config is what a Server needs besides its bus connection.
 type Config struct {
-	Addr     string         // HTTP listen address
-	Replicas int            // of the inventory bucket
-	Sink     *auditlog.Sink // optional JSON-lines copy of every event seen live
+	Metrics  prometheus.Registerer // where the fleet metrics go (the process's /metrics)
+	Replicas int                   // of the inventory bucket
+	Sink     *auditlog.Sink        // optional JSON-lines copy of every event seen live
 	// History is how far back the feed starts for a new page (replayed from the
 	// stream); 0 means 30 minutes.
 	History time.Duration
+	// Listen is the address the process serves the dashboard on (-http-addr).
+	Listen string
 	// Hosts are host names the dashboard answers besides its own address
 	// (hostGuard): the names an operator reaches it by through a proxy or DNS.
 	Hosts []string
 }
 
-// Server is one replica of meshctl serve.
+// Server is one replica of the operator's inventory keeper and dashboard.
 type Server struct {
 	cfg     Config
 	nc      *nats.Conn
 	log     hclog.Logger
 	keeper  *inventory.Keeper
 	metrics *fleetMetrics
-	reg     *prometheus.Registry
 
 	mu      sync.Mutex
 	values  map[string][]byte // the bucket, as the watch last saw it
@@ -61,9 +60,6 @@ type Server struct {
 	synced  bool
 	recent  []feedItem // the last events, oldest first
 	clients map[chan feedItem]struct{}
-
-	bound chan struct{}
-	addr  net.Addr
 }
 
 // feedItem is one message of the live feed.
@@ -74,48 +70,61 @@ type feedItem struct {
 
 const recentMax = 300
 
-// New builds a server; nothing runs until Run.
+// New builds a server and registers its metrics on cfg.Metrics; nothing runs until Run.
 func New(cfg Config, nc *nats.Conn, log hclog.Logger) (*Server, error) {
-	if cfg.Addr == "" {
-		return nil, errors.New("-http-addr: required")
+	if nc == nil {
+		return nil, errors.New("dashboard: no bus connection")
+	}
+	if cfg.Metrics == nil {
+		return nil, errors.New("dashboard: no metrics registry")
 	}
 	if cfg.History <= 0 {
 		cfg.History = 30 * time.Minute
 	}
-	s := &Server{cfg: cfg, nc: nc, log: log, reg: prometheus.NewRegistry(), values: map[string][]byte{},
-		clients: map[chan feedItem]struct{}{}, bound: make(chan struct{})}
-	s.metrics = newFleetMetrics(s.reg, s.snapshot)
+	s := &Server{cfg: cfg, nc: nc, log: log, values: map[string][]byte{}, clients: map[chan feedItem]struct{}{}}
+	m, err := newFleetMetrics(cfg.Metrics, s.snapshot)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
 	return s, nil
 }
 
-// Bound is closed once the HTTP listener is bound.
-func (s *Server) Bound() <-chan struct{} { return s.bound }
-
-// Addr is the bound HTTP address (after Bound).
-func (s *Server) Addr() net.Addr { return s.addr }
-
-// Run keeps the inventory, follows the events and serves HTTP until ctx ends; it
-// returns nil on cancellation. Its tasks run under lifecycle.Tasks: the first to
-// fail stops the others.
-func (s *Server) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
+// Ready is nil once the inventory has been loaded (the process's /readyz).
+func (s *Server) Ready() error {
+	if _, ok := s.snapshot(); !ok {
+		return errors.New("inventory not loaded yet")
 	}
-	defer func() { _ = ln.Close() }()
+	return nil
+}
+
+// Run keeps the inventory and follows the events until ctx ends; it returns nil on
+// cancellation. Its tasks run under lifecycle.Tasks: the first to fail stops the
+// others. The page is served by whoever serves Handler (the operator mounts it on
+// the process's HTTP listener).
+func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.Sink != nil {
 		defer func() { _ = s.cfg.Sink.Close() }()
 	}
-	s.addr = ln.Addr()
+	// The signers create the event stream: a replica started before them waits for
+	// it, not ready until then, rather than failing.
+	err := bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
+		_, err := auditlog.Open(ctx, s.nc)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return bus.Pending(err)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
 	if s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, s.log.Named("inventory")); err != nil {
 		return err
 	}
 	if err := s.follow(ctx); err != nil {
 		return err
 	}
-	close(s.bound)
-	s.log.Info("dashboard listening", "addr", s.addr.String())
-	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch, func(ctx context.Context) error { return obs.Serve(ctx, ln, s.Handler()) })
+	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch)
 }
 
 // follow replays the recent history into the feed, then follows the live events.
@@ -243,24 +252,15 @@ func (s *Server) snapshot() (inventory.Snapshot, bool) {
 	return s.snap, s.synced
 }
 
-// Handler serves the page, its API, the metrics and health, to requests that name
-// this server (hostGuard).
+// Handler serves the page and its API (the process serves /metrics and health),
+// to requests that name this dashboard (hostGuard).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(web, "web")
 	mux.Handle("GET /", http.FileServerFS(static))
 	mux.HandleFunc("GET /api/inventory", s.serveInventory)
 	mux.HandleFunc("GET /api/events", s.serveEvents)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if _, ok := s.snapshot(); !ok {
-			http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
-	return newHostGuard(s.cfg.Addr, s.addr, s.cfg.Hosts, mux)
+	return newHostGuard(s.cfg.Listen, nil, s.cfg.Hosts, mux)
 }
 
 func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {

@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
@@ -111,7 +111,7 @@ func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload, at t
 	}
 }
 
-// TestKeepersShareTheDurable: two keepers (two meshctl serve replicas) on the secured
+// TestKeepersShareTheDurable: two keepers (two operator replicas) on the secured
 // bus, as the inventory role, fold events published out of order; the inventory an
 // auditor reads ends as if one keeper had read them in order.
 func TestKeepersShareTheDurable(t *testing.T) {

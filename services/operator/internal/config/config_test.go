@@ -1,0 +1,38 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
+
+func TestLoadFlagsOverEnvOverDefaults(t *testing.T) {
+	env := testkit.Env(map[string]string{"HTTP_ADDR": "0.0.0.0:9080", "INVENTORY_REPLICAS": "3", "AUDIT_FILE": "/var/log/a.jsonl",
+		"OPERATOR_INSTANCE": "op-env", "NATS_URL": "nats://nats:4222"})
+	c, err := Load([]string{"-bucket-replicas", "2", "-history", "5m"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen.HTTP != "0.0.0.0:9080" || c.Inventory.Replicas != 2 || c.History != 5*time.Minute ||
+		c.Audit.File != "/var/log/a.jsonl" || c.Audit.MaxMB != 100 || c.Audit.Keep != 5 || c.Bus.Name != "operator/op-env" {
+		t.Fatalf("config: %+v", c)
+	}
+	if c.Bus.InboxPrefix == "" {
+		t.Fatal("no inbox prefix of the inventory role")
+	}
+}
+
+func TestValidateNamesEveryBadFlag(t *testing.T) {
+	_, err := Load([]string{"-http-addr", "", "-instance", "x", "-bucket-replicas", "0", "-history", "-1s",
+		"-audit-file-max-mb", "0", "-audit-file-keep", "-1"}, testkit.Env(nil))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, flag := range []string{"-http-addr", "-bucket-replicas", "-history", "-audit-file-max-mb", "-audit-file-keep"} {
+		if !strings.Contains(err.Error(), flag) {
+			t.Errorf("error does not name %s: %v", flag, err)
+		}
+	}
+}
