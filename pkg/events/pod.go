@@ -75,6 +75,17 @@ func ParsePodRef(s string) (PodRef, error) {
 	return p, nil
 }
 
+// PodRefFromString reads what String wrote, "<namespace>/<name>", strictly: a bare
+// name is an error here (a key or a record written by meshagent always has both).
+func PodRefFromString(s string) (PodRef, error) {
+	var p PodRef
+	_ = p.UnmarshalText([]byte(s))
+	if err := p.Validate(); err != nil {
+		return PodRef{}, err
+	}
+	return p, nil
+}
+
 // ValidateNamespace reports whether ns is a Kubernetes namespace name: a DNS label,
 // 1-63 of [a-z0-9-], starting and ending alphanumeric. Such a name is always one
 // subject token as it is.
