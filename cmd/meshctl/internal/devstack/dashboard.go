@@ -8,6 +8,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/dashboard"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
 )
 
 // startDashboard runs meshctl serve's server in meshctl's own process, as the
@@ -19,7 +20,7 @@ func (r *Runner) startDashboard(ctx context.Context) error {
 	}
 	log := r.log.Named("serve")
 	nc, err := bus.Connect(ctx, bus.Config{URL: r.natsURL(), Name: "meshctl serve", NKeyFile: r.creds.SeedFile(policy.Inventory),
-		InboxPrefix: policy.Inbox(policy.Inventory, ""), ConnectWait: 5 * time.Second}, log)
+		InboxPrefix: policy.Inbox(policy.Inventory, events.PodRef{}), ConnectWait: 5 * time.Second}, log)
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)
 	}
