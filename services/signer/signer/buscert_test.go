@@ -151,7 +151,7 @@ func TestVMRenewsOverTheBusWithItsCertificate(t *testing.T) {
 				t.Fatalf("admitted by certificate = %v, want 1", v)
 			}
 			// Its pod's subjects: a renew command reaches it.
-			renewSubj, _ := events.PodRenewSubject("vm-1")
+			renewSubj, _ := events.PodRenewSubject(events.PodRef{Namespace: "default", Name: "vm-1"})
 			got, err := vm.SubscribeSync(renewSubj)
 			if err != nil {
 				t.Fatal(err)
@@ -167,8 +167,8 @@ func TestVMRenewsOverTheBusWithItsCertificate(t *testing.T) {
 			}
 
 			key, csr := signertest.CSR(t, pki.ECP256, askedID)
-			req := events.SignRequest{CSR: string(csr), Pod: "vm-1"}
-			subject, _ := events.PodSignSubject("vm-1")
+			req := events.SignRequest{CSR: string(csr), Pod: events.PodRef{Namespace: "default", Name: "vm-1"}}
+			subject, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "vm-1"})
 			// What a VM's sds-edge sends: its certificate and a proof (on the identity
 			// subject the signer takes the identity from the subject and uses neither).
 			req.CertChain, req.Proof = first.pems(), proof(t, first.key, csr)
@@ -289,7 +289,7 @@ func TestBusRefusesCertificatesItShouldNot(t *testing.T) {
 	if _, err := nc.RequestMsg(msg, 300*time.Millisecond); err == nil {
 		t.Fatal("a request on vm-1's identity subject was answered")
 	}
-	renewSubj, _ := events.PodRenewSubject("vm-1")
+	renewSubj, _ := events.PodRenewSubject(events.PodRef{Namespace: "default", Name: "vm-1"})
 	if _, err := nc.Subscribe(renewSubj, func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}

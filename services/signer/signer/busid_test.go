@@ -126,7 +126,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	}
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	for range 3 {
-		rep := sign(own, events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: "web-0"})
+		rep := sign(own, events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 		if rep.Error != nil {
 			t.Fatalf("sign on %s: %v", own, rep.Error)
 		}
@@ -146,9 +146,9 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 		req  events.SignRequest
 		code string
 	}{
-		{events.SignRequest{CSR: tampered(t, csr), Token: "x", Pod: "web-0"}, events.CodeInvalidArgument},
+		{events.SignRequest{CSR: tampered(t, csr), Token: "x", Pod: events.PodRef{Namespace: "default", Name: "web-0"}}, events.CodeInvalidArgument},
 		{events.SignRequest{CSR: string(csr), Token: "x", TTL: cfg.Certs.MaxTTL + time.Hour}, events.CodeInvalidArgument},
-		{events.SignRequest{CSR: string(csr), Token: "x", Pod: "db-0"}, events.CodePermissionDenied},
+		{events.SignRequest{CSR: string(csr), Token: "x", Pod: events.PodRef{Namespace: "default", Name: "db-0"}}, events.CodePermissionDenied},
 	} {
 		if rep := sign(own, tc.req); rep.Error == nil || rep.Error.Code != tc.code {
 			t.Fatalf("pod %q ttl %s: got %v, want %s", tc.req.Pod, tc.req.TTL, rep.Error, tc.code)
@@ -156,7 +156,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	}
 
 	// The same pod on its pod subject: its token is verified per request, as before.
-	podSubject, _ := events.PodSignSubject("web-0")
+	podSubject, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-0"})
 	tok := e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
 	if rep := sign(podSubject, events.SignRequest{CSR: string(csr), Token: tok}); rep.Error != nil {
 		t.Fatal(rep.Error)

@@ -29,7 +29,7 @@ var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 func issued(pod string, gen int) events.CertIssued {
 	nb := t0.Add(time.Duration(gen) * time.Minute)
 	return events.CertIssued{Serial: fmt.Sprintf("%s%02x", "abcdef", gen), SPIFFEID: "spiffe://td/ns/default/sa/" + pod, NotBefore: nb,
-		NotAfter: nb.Add(2 * time.Minute), Pod: pod, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt",
+		NotAfter: nb.Add(2 * time.Minute), Pod: events.PodRef{Namespace: "default", Name: pod}, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt",
 		Signer: "signer-0", RootFingerprint: "root1"}
 }
 
@@ -54,7 +54,7 @@ func TestApplyIsIdempotentAndKeepsTheNewest(t *testing.T) {
 	if c.Serial != "abcdef03" || c.Renewals != 1 {
 		t.Fatalf("after a renewal: %+v", c)
 	}
-	push := events.SecretPushed{Pod: "p", Resource: "default", Serial: "ABCDEF03", Version: "7", Streams: 2, Kind: "pushed"}
+	push := events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "p"}, Resource: "default", Serial: "ABCDEF03", Version: "7", Streams: 2, Kind: "pushed"}
 	c, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute)))
 	if !changed || c.Streams != 2 || c.Version != "7" {
 		t.Fatalf("push not recorded: %+v", c)
@@ -62,7 +62,7 @@ func TestApplyIsIdempotentAndKeepsTheNewest(t *testing.T) {
 	if _, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute))); changed {
 		t.Fatal("the same push twice changed the record")
 	}
-	c, changed = inventory.Apply(c, events.PodDown{Pod: "p", Reason: "shutdown"}, meta(t0.Add(5*time.Minute)))
+	c, changed = inventory.Apply(c, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "p"}, Reason: "shutdown"}, meta(t0.Add(5*time.Minute)))
 	if !changed || !c.Down {
 		t.Fatalf("pod.down not recorded: %+v", c)
 	}
@@ -161,14 +161,27 @@ func TestKeepersShareTheDurable(t *testing.T) {
 		publish(t, signer, events.SubjectCertIssued, e.p, e.at)
 	}
 	// pod-0 pushes its newest certificate and stops: pod events come from the pod.
-	pod, err := m.PodConn(t, "pod-0", "pod:pod-0", nil)
+	pod, err := m.PodConn(t, events.PodRef{Namespace: "default", Name: "pod-0"}, "pod:pod-0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pushed, _ := events.PodEventSubject("pod-0", events.PodEventSecretPushed)
-	down, _ := events.PodEventSubject("pod-0", events.PodEventDown)
-	publish(t, pod, pushed, events.SecretPushed{Pod: "pod-0", Resource: "default", Serial: "abcdef04", Version: "9", Streams: 1, Kind: "pushed"}, t0.Add(5*time.Minute))
-	publish(t, pod, down, events.PodDown{Pod: "pod-0", Reason: "shutdown"}, t0.Add(6*time.Minute))
+	// attacker/pod-1, a pod of another namespace with pod-1's name, says default/pod-1
+	// stopped: on its own subject (the only one the bus lets it use) with
+	// default/pod-1 in the payload, and as itself. Neither touches default/pod-1.
+	evil := events.PodRef{Namespace: "attacker", Name: "pod-1"}
+	attacker, err := m.PodConn(t, evil, "pod:attacker/pod-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evilDown, _ := events.PodEventSubject(evil, events.PodEventDown)
+	evilPushed, _ := events.PodEventSubject(evil, events.PodEventSecretPushed)
+	publish(t, attacker, evilDown, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "pod-1"}, Reason: "forged"}, t0.Add(7*time.Minute))
+	publish(t, attacker, evilPushed, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "pod-1"}, Resource: "default", Serial: "abcdef04", Version: "66", Streams: 9, Kind: "pushed"}, t0.Add(7*time.Minute))
+	publish(t, attacker, evilDown, events.PodDown{Pod: evil, Reason: "shutdown"}, t0.Add(7*time.Minute))
+	pushed, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "pod-0"}, events.PodEventSecretPushed)
+	down, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "pod-0"}, events.PodEventDown)
+	publish(t, pod, pushed, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "pod-0"}, Resource: "default", Serial: "abcdef04", Version: "9", Streams: 1, Kind: "pushed"}, t0.Add(5*time.Minute))
+	publish(t, pod, down, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "pod-0"}, Reason: "shutdown"}, t0.Add(6*time.Minute))
 
 	auditor := m.Conn(t, policy.Audit, nil)
 	var snap inventory.Snapshot
@@ -181,8 +194,11 @@ func TestKeepersShareTheDurable(t *testing.T) {
 			if c.Serial != "abcdef04" || c.Renewals > 3 {
 				return false
 			}
-			if c.Pod == "pod-0" && (c.Streams != 1 || !c.Down) {
+			if c.Pod == "default/pod-0" && (c.Streams != 1 || !c.Down) {
 				return false
+			}
+			if c.Pod == "default/pod-1" && (c.Streams != 0 || c.Down || c.Version != "") {
+				t.Fatalf("attacker/pod-1 changed default/pod-1's record: %+v", c)
 			}
 		}
 		return true

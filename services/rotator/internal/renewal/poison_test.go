@@ -36,7 +36,7 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 
 	// pkg/events refuses to encode such a resource: build the message by hand.
 	ev := events.CertIssued{Serial: "09", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web-9",
-		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", Resource: "default", KeyAlgorithm: "EC-P256",
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: events.PodRef{Namespace: "default", Name: "web-9"}, Resource: "default", KeyAlgorithm: "EC-P256",
 		AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "root-a"}
 	m, err := events.NewMsg(events.SubjectCertIssued, "test", ev)
 	if err != nil {
@@ -96,7 +96,7 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	term := r.schedPtr()
 	long := strings.Repeat("r", 3000)
 	r.mu.Lock()
-	_, err := r.sched.Upsert(schedule.Cert{Pod: "web-9", Resource: long, Serial: "09", Root: "root-a",
+	_, err := r.sched.Upsert(schedule.Cert{Pod: events.PodRef{Namespace: "default", Name: "web-9"}, Resource: long, Serial: "09", Root: "root-a",
 		NotBefore: now, NotAfter: now.Add(time.Hour)}, now)
 	r.mu.Unlock()
 	if err != nil {

@@ -86,7 +86,7 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	testkit.Eventually(t, "expired cert counted", func() bool {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
 	})
-	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: "web-0", Reason: "deleted"})
+	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "deleted"})
 	waitScheduled(t, r, 1)
 	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {
 		t.Fatalf("unscheduled = %v", v)
@@ -142,7 +142,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 	waitScheduled(t, r, 1)
 
 	valid, _ := events.NewMsg(events.SubjectCertIssued, "test", events.CertIssued{Serial: "1", SPIFFEID: "spiffe://x/y",
-		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "r"})
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: events.PodRef{Namespace: "default", Name: "web-9"}, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "r"})
 	tests := []struct {
 		name    string
 		subject string
@@ -151,7 +151,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 		{"no headers", events.SubjectCertIssued, func() *nats.Msg { return &nats.Msg{Data: []byte(`{"serial":"1"}`)} }},
 		{"not json", events.SubjectCertIssued, func() *nats.Msg { m := copyMsg(valid); m.Data = []byte("garbage"); return m }},
 		{"wrong type on subject", events.SubjectCertIssued, func() *nats.Msg {
-			m, _ := events.NewMsg(events.SubjectCertIssued, "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(events.SubjectCertIssued, "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			return m
 		}},
 		{"invalid payload", events.SubjectCertIssued, func() *nats.Msg {
@@ -160,12 +160,12 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 			return m
 		}},
 		{"pod down without pod", podSubject(t, "web-0", events.PodEventDown), func() *nats.Msg {
-			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			m.Data = []byte(`{"pod":""}`)
 			return m
 		}},
 		{"pod down for another pod", podSubject(t, "web-1", events.PodEventDown), func() *nats.Msg {
-			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			return m
 		}},
 		{"trust changed with bad roots", events.SubjectTrustChanged, func() *nats.Msg {

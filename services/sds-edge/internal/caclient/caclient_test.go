@@ -89,7 +89,7 @@ const pemCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE 
 // those.
 func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 	idSubject, _ := events.IdentitySignSubject("shop", "web", "web-0")
-	podSubject, _ := events.PodSignSubject("web-0")
+	podSubject, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-0"})
 	for _, tc := range []struct {
 		name           string
 		subscribe      []string
@@ -108,7 +108,7 @@ func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: "web-0"})
+			_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			if want := "answered on " + tc.want + " (" + tc.encoding + ")"; !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("got %v, want %q", err, want)
 			}
@@ -118,7 +118,7 @@ func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 		_, pod := securedPod(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: "web-0"})
+		_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 		if !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("got %v, want unreachable", err)
 		}

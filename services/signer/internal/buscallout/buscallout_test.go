@@ -86,11 +86,11 @@ func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
 	if err := sc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	own, _ := events.PodSignSubject("web-1")
+	own, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-1"})
 	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
 		t.Fatalf("own sign subject: %v", err)
 	}
-	other, _ := events.PodSignSubject("web-2")
+	other, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-2"})
 	if _, err := nc.Request(other, nil, 300*time.Millisecond); err == nil {
 		t.Fatal("pod web-1 had a request on web-2's sign subject answered")
 	}

@@ -41,7 +41,7 @@ func pc(t *testing.T, pems ...string) *anypb.Any {
 func TestHandle(t *testing.T) {
 	ns := bustest.Server(t)
 	nc := bustest.Conn(t, ns)
-	subj, _ := events.PodAnchorsSubject("web-0")
+	subj, _ := events.PodAnchorsSubject(events.PodRef{Namespace: "default", Name: "web-0"})
 	got := make(chan *nats.Msg, 16)
 	if _, err := nc.ChanSubscribe(subj, got); err != nil {
 		t.Fatal(err)
