@@ -3,6 +3,7 @@ package authn
 import (
 	"context"
 	"errors"
+	"github.com/meshagent/meshagent/pkg/events"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
