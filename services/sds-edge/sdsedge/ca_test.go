@@ -145,7 +145,7 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 		want = append(want, s)
 	}
 	// The pod connects with its token, so it signs on its identity subject.
-	sign, _ := events.IdentitySignSubject("default", "web", "web-0")
+	sign, _ := events.IdentitySignSubject(testPodRef, "web")
 	for _, s := range append(want, sign) {
 		if subjects[s] == 0 {
 			t.Errorf("saw no message on %s: the test did not watch the whole cycle (%v)", s, subjects)

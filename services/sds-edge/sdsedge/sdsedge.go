@@ -89,7 +89,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
 		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
-	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/"+cfg.PodRef().String(), Size: 4096, Flush: 3 * time.Second,
+	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.PodRef().String(), Size: 4096, Flush: 3 * time.Second,
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ func TestRenewFilteringAndDedup(t *testing.T) {
 	nc := bustest.Conn(t, s)
 	var mu sync.Mutex
 	var got []events.RenewDue
-	unsub, err := Subscribe(nc, "web-0", Handlers{Renew: func(r events.RenewDue) { mu.Lock(); got = append(got, r); mu.Unlock() }}, hclog.NewNullLogger())
+	unsub, err := Subscribe(nc, events.PodRef{Namespace: "default", Name: "web-0"}, Handlers{Renew: func(r events.RenewDue) { mu.Lock(); got = append(got, r); mu.Unlock() }}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,8 +36,9 @@ func TestRenewFilteringAndDedup(t *testing.T) {
 	send("a", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "scheduled", Serial: "1"})
 	send("a", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "scheduled", Serial: "1"})        // repeat from a second replica
 	send("b", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-1"}, Reason: "scheduled"})                     // another pod's
+	send("e", events.RenewDue{Pod: events.PodRef{Namespace: "attacker", Name: "web-0"}, Reason: "forced"})                       // the same name in another namespace
 	send("c", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Resource: "ROOTCA", Reason: "scheduled"}) // not issued here
-	_ = nc.PublishMsg(&nats.Msg{Subject: subj, Data: []byte("garbage")})              // not an event
+	_ = nc.PublishMsg(&nats.Msg{Subject: subj, Data: []byte("garbage")})                                                         // not an event
 	send("d", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Resource: "default", Reason: "forced"})
 	testkit.Eventually(t, "two renewals handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 2 })
 	_ = nc.Flush()
