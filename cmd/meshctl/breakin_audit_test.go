@@ -92,7 +92,7 @@ func (h *auditBreakin) podFile(id string) string {
 // re-admitted) as its own processes do; v collects the server's refusals.
 func (h *auditBreakin) attackerConn(t *testing.T, v *violations) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(h.st.NATSURL, nats.Token(h.token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attacker)),
+	nc, err := nats.Connect(h.st.NATSURL, nats.Token(h.token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attackerRef)),
 		nats.Name("breakin/audit"), nats.ErrorHandler(v.handler), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 		nats.IgnoreAuthErrorAbort(), nats.Timeout(5*time.Second))
 	if err != nil {
@@ -160,8 +160,8 @@ func (h *auditBreakin) floodPodEvents(t *testing.T) {
 		t.Fatalf("CA history holds %d records before the flood", len(before))
 	}
 	pods := h.stream(t, events.StreamPodEvents)
-	victimUp, _ := events.PodEventSubject(victim, events.PodEventUp)
-	victimEvents, _ := events.PodEventsOf(victim)
+	victimUp, _ := events.PodEventSubject(victimRef, events.PodEventUp)
+	victimEvents, _ := events.PodEventsOf(victimRef)
 	pinfo, err := pods.Info(ctxT(t, 5*time.Second), jetstream.WithSubjectFilter(victimEvents))
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func (h *auditBreakin) floodPodEvents(t *testing.T) {
 		events.PodEventXDSConnected, events.PodEventXDSNack, events.PodEventEnvoyReady, events.PodEventCertExpiring}
 	body := make([]byte, events.MaxEventSize)
 	for i := range 600 {
-		subj, _ := events.PodEventSubject(attacker, kinds[i%len(kinds)])
+		subj, _ := events.PodEventSubject(attackerRef, kinds[i%len(kinds)])
 		m := nats.NewMsg(subj)
 		m.Header.Set(events.HeaderID, fmt.Sprint("flood-", i))
 		m.Data = body
@@ -204,7 +204,7 @@ func (h *auditBreakin) floodPodEvents(t *testing.T) {
 		}
 	}
 	// The flood did reach the stream (75 of each kind): it holds the bound, no more.
-	if flooded, _ := events.PodEventSubject(attacker, events.PodEventSDSNack); pinfo.State.Subjects[flooded] != bus.DefaultPodEventsMaxMsgsPerSubject {
+	if flooded, _ := events.PodEventSubject(attackerRef, events.PodEventSDSNack); pinfo.State.Subjects[flooded] != bus.DefaultPodEventsMaxMsgsPerSubject {
 		t.Errorf("pods' stream holds %d events on %s after the flood, want the bound %d", pinfo.State.Subjects[flooded], flooded, bus.DefaultPodEventsMaxMsgsPerSubject)
 	}
 	for subj, n := range victimBefore {
@@ -261,7 +261,7 @@ func (h *auditBreakin) oversize(t *testing.T) {
 	}
 	last := info.State.LastSeq
 	nc := h.attackerConn(t, &violations{})
-	subj, _ := events.PodEventSubject(attacker, events.PodEventUp)
+	subj, _ := events.PodEventSubject(attackerRef, events.PodEventUp)
 	m := nats.NewMsg(subj)
 	m.Header.Set(events.HeaderID, "oversize")
 	m.Data = make([]byte, 100<<10)
@@ -289,7 +289,7 @@ func (h *auditBreakin) longCertificate(t *testing.T) {
 	const clamped = `meshagent_signer_ttl_clamped_total{transport="nats"}`
 	before := metric(t, h.st.Signer.HTTP, clamped)
 	nc := h.attackerConn(t, &violations{})
-	subj, err := events.IdentitySignSubject("default", "demo", attacker)
+	subj, err := events.IdentitySignSubject(attackerRef, "demo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +322,7 @@ func (h *auditBreakin) tenYearToken(t *testing.T) {
 	}
 	var closed atomic.Int64
 	start := time.Now()
-	nc, err := nats.Connect(h.st.NATSURL, nats.Token(tok), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attacker)),
+	nc, err := nats.Connect(h.st.NATSURL, nats.Token(tok), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attackerRef)),
 		nats.MaxReconnects(0), nats.Timeout(5*time.Second), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
 		nats.ClosedHandler(func(*nats.Conn) { closed.Store(int64(time.Since(start))) }))
 	if err != nil {
@@ -348,7 +348,7 @@ func (h *auditBreakin) connectionsWithoutEnd(t *testing.T) {
 	}()
 	refused := 0
 	for range auditMaxConns + 5 {
-		nc, err := nats.Connect(h.st.NATSURL, nats.Token(h.token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attacker)),
+		nc, err := nats.Connect(h.st.NATSURL, nats.Token(h.token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, attackerRef)),
 			nats.MaxReconnects(0), nats.Timeout(5*time.Second))
 		if err != nil {
 			refused++
@@ -384,10 +384,10 @@ func (h *auditBreakin) podsStillServed(t *testing.T) {
 	last := h.caInfo(t).State.LastSeq
 	// A renew command reaches a pod only while it is connected, and the attacker pod
 	// may be waiting out the connection bound it used up: send again now and then.
-	sent := map[string]time.Time{}
+	sent := map[events.PodRef]time.Time{}
 	testkit.EventuallyWithin(t, 30*time.Second, "both pods renewed over the bus", func() bool {
 		s := h.stream(t, events.StreamEvents)
-		seen := map[string]bool{}
+		seen := map[events.PodRef]bool{}
 		info := h.caInfo(t)
 		for seq := last + 1; seq <= info.State.LastSeq; seq++ {
 			m, err := s.GetMsg(ctxT(t, 5*time.Second), seq)
@@ -399,13 +399,13 @@ func (h *auditBreakin) podsStillServed(t *testing.T) {
 				seen[ev.Pod] = true
 			}
 		}
-		for _, pod := range []string{victim, attacker} {
+		for _, pod := range []events.PodRef{victimRef, attackerRef} {
 			if !seen[pod] && time.Since(sent[pod]) > 2*time.Second {
 				subj, _ := events.PodRenewSubject(pod)
 				publish(t, h.admin, subj, events.RenewDue{Pod: pod, Resource: "default", Reason: events.RenewForced})
 				sent[pod] = time.Now()
 			}
 		}
-		return seen[victim] && seen[attacker]
+		return seen[victimRef] && seen[attackerRef]
 	})
 }

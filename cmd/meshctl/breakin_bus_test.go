@@ -75,7 +75,7 @@ func (h *breakin) badTokens(t *testing.T) {
 		}
 		want[series]++
 		t.Run(c.name, func(t *testing.T) {
-			if nc, err := h.connToken(t, c.token, victim, nil); err == nil {
+			if nc, err := h.connToken(t, c.token, victimRef, nil); err == nil {
 				nc.Close()
 				t.Fatal("connected")
 			}
@@ -169,7 +169,7 @@ func (h *breakin) readCAKey(t *testing.T) {
 // answerSignRequests: nobody but the signer may listen to sign requests (they carry
 // tokens) or answer them; the victim still renews under the genuine root.
 func (h *breakin) answerSignRequests(t *testing.T) {
-	victimSign, _ := events.PodSignSubject(victim)
+	victimSign, _ := events.PodSignSubject(victimRef)
 	for _, who := range []struct {
 		name string
 		nc   *nats.Conn
@@ -218,29 +218,29 @@ func (h *breakin) inBundle(t *testing.T, fingerprint string) bool {
 // anchors as demo-0, and a token stolen from demo-0 does not make demo-1's requests
 // demo-0's.
 func (h *breakin) otherPods(t *testing.T) {
-	victimSign, _ := events.PodSignSubject(victim)
-	victimRenew, _ := events.PodRenewSubject(victim)
-	victimAnchors, _ := events.PodAnchorsSubject(victim)
-	attackerSign, _ := events.PodSignSubject(attacker)
+	victimSign, _ := events.PodSignSubject(victimRef)
+	victimRenew, _ := events.PodRenewSubject(victimRef)
+	victimAnchors, _ := events.PodAnchorsSubject(victimRef)
+	attackerSign, _ := events.PodSignSubject(attackerRef)
 	issued := h.stored(t, events.SubjectCertIssued)
 	received := metric(t, h.st.Signer.HTTP, `meshagent_signer_csr_received_total{transport="nats"}`)
 	before := h.serving(t, victim)
 
 	_, evilRoot := newCA(t, "cluster.local")
-	publish(t, h.pod, victimAnchors, events.TrustAnchors{Pod: victim, Roots: []string{string(pki.EncodeCertPEM(evilRoot))}})
-	publish(t, h.pod, victimRenew, events.RenewDue{Pod: victim, Resource: "default", Reason: events.RenewForced})
+	publish(t, h.pod, victimAnchors, events.TrustAnchors{Pod: victimRef, Roots: []string{string(pki.EncodeCertPEM(evilRoot))}})
+	publish(t, h.pod, victimRenew, events.RenewDue{Pod: victimRef, Resource: "default", Reason: events.RenewForced})
 	victimTok, err := readToken(h.podInfo(victim).TokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	csr := newCSR(t, "spiffe://cluster.local/ns/default/sa/demo")
-	publish(t, h.pod, victimSign, events.SignRequest{CSR: csr, Token: victimTok, Pod: victim})
+	publish(t, h.pod, victimSign, events.SignRequest{CSR: csr, Token: victimTok, Pod: victimRef})
 	flush(t, h.pod)
 	requireViolations(t, "pod", h.podErrs, victimAnchors, victimRenew, victimSign)
 
 	// demo-0's token, on demo-1's own sign subject: the signer sees demo-1's subject
 	// and demo-0's token and refuses.
-	for _, p := range []string{"", victim} {
+	for _, p := range []events.PodRef{{}, victimRef} {
 		reply, err := request[events.SignReply](t, h.pod, attackerSign, events.SignRequest{CSR: csr, Token: victimTok, Pod: p})
 		if err != nil {
 			t.Fatal(err)
@@ -272,24 +272,24 @@ func (h *breakin) lieToRotator(t *testing.T) {
 	retired := `meshagent_rotator_events_total{kind="pod.down",result="retired"}`
 	rejected := `meshagent_rotator_events_total{kind="pod.down",result="rejected"}`
 	retiredBefore, rejectedBefore := metric(t, rot, retired), metric(t, rot, rejected)
-	victimDown, _ := events.PodEventSubject(victim, events.PodEventDown)
-	attackerDown, _ := events.PodEventSubject(attacker, events.PodEventDown)
+	victimDown, _ := events.PodEventSubject(victimRef, events.PodEventDown)
+	attackerDown, _ := events.PodEventSubject(attackerRef, events.PodEventDown)
 	downs := h.stored(t, victimDown)
 	issued := h.stored(t, events.SubjectCertIssued)
 
-	forged := h.forgedRecord(t, victim)
+	forged := h.forgedRecord(t, victimRef)
 	for _, who := range []struct {
 		name string
 		nc   *nats.Conn
 		v    *violations
 	}{{"audit", h.audit, h.auditErrs}, {"pod", h.pod, h.podErrs}} {
-		publish(t, who.nc, victimDown, events.PodDown{Pod: victim, Reason: "deleted"})
+		publish(t, who.nc, victimDown, events.PodDown{Pod: victimRef, Reason: "deleted"})
 		publish(t, who.nc, events.SubjectCertIssued, forged)
 		flush(t, who.nc)
 		requireViolations(t, who.name, who.v, victimDown, events.SubjectCertIssued)
 	}
 	// demo-1 may report its own pod.down; one that names demo-0 is refused by the rotator.
-	publish(t, h.pod, attackerDown, events.PodDown{Pod: victim, Reason: "deleted"})
+	publish(t, h.pod, attackerDown, events.PodDown{Pod: victimRef, Reason: "deleted"})
 	flush(t, h.pod)
 	testkit.EventuallyWithin(t, 10*time.Second, "the rotator did not refuse demo-1's pod.down naming demo-0", func() bool { return metric(t, rot, rejected) == rejectedBefore+1 })
 	if got := h.stored(t, victimDown); got != downs {
@@ -307,7 +307,7 @@ func (h *breakin) lieToRotator(t *testing.T) {
 
 // forgedRecord is a cert.issued for pod under an attacker's CA, valid for a year,
 // which would put off the pod's renewal if believed.
-func (h *breakin) forgedRecord(t *testing.T, pod string) events.CertIssued {
+func (h *breakin) forgedRecord(t *testing.T, pod events.PodRef) events.CertIssued {
 	key, root := newCA(t, "cluster.local")
 	leaf := newLeaf(t, key, root, "spiffe://cluster.local/ns/default/sa/demo", 365*24*time.Hour)
 	return events.CertIssued{

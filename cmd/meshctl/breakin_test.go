@@ -40,10 +40,17 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// The pod under attack and the pod whose token the attacker holds.
+// The pod under attack and the pod whose token the attacker holds (the stack's
+// demo pods, in namespace default).
 const (
 	victim   = "demo-0"
 	attacker = "demo-1"
+)
+
+// victimRef and attackerRef are those pods on the bus.
+var (
+	victimRef   = events.PodRef{Namespace: devstack.DemoNamespace, Name: victim}
+	attackerRef = events.PodRef{Namespace: devstack.DemoNamespace, Name: attacker}
 )
 
 // rotateMin is the signer's -root-rotate-min-interval in the suite: short, so that
@@ -111,7 +118,7 @@ func newBreakin(t *testing.T) *breakin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.pod, err = h.connToken(t, string(tok), attacker, h.podErrs); err != nil {
+	if h.pod, err = h.connToken(t, string(tok), attackerRef, h.podErrs); err != nil {
 		t.Fatalf("the attacker pod's own token: %v", err)
 	}
 	h.signer = h.connRole(t, dir+"/secrets/"+string(policy.Signer)+".nk", policy.Signer, nil)
@@ -123,8 +130,8 @@ func newBreakin(t *testing.T) *breakin {
 		nc   *nats.Conn
 	}{{"audit", h.audit}, {"pod " + attacker, h.pod}} {
 		for _, subj := range []string{">", "$KV.>", "$KV." + policy.BucketCA + ".>", "$JS.>", "_INBOX.>",
-			events.SignWildcard, "meshagent.rpc.>", "meshagent.pod.>", "meshagent.pod." + victim + ".>",
-			policy.Inbox(policy.Pod, victim) + ".>", policy.Inbox(policy.Signer, "") + ".>", policy.Inbox(policy.Admin, "") + ".>"} {
+			events.SignWildcard, "meshagent.rpc.>", "meshagent.pod.>", "meshagent.pod.*." + victim + ".>", "meshagent.pod.default." + victim + ".>",
+			policy.Inbox(policy.Pod, victimRef) + ".>", policy.Inbox(policy.Signer, events.PodRef{}) + ".>", policy.Inbox(policy.Admin, events.PodRef{}) + ".>"} {
 			h.listening = append(h.listening, listen(t, who.name, who.nc, subj, ""))
 		}
 		h.listening = append(h.listening, listen(t, who.name, who.nc, events.SignWildcard, events.SignerQueue))
@@ -157,7 +164,7 @@ func (h *breakin) connRole(t *testing.T, seedFile string, r policy.Role, v *viol
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(h.st.NATSURL, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, "")),
+	nc, err := nats.Connect(h.st.NATSURL, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, events.PodRef{})),
 		nats.Name("breakin/"+string(r)), nats.ErrorHandler(v.handler), nats.MaxReconnects(0))
 	if err != nil {
 		t.Fatalf("connect as %s: %v", r, err)
@@ -166,8 +173,9 @@ func (h *breakin) connRole(t *testing.T, seedFile string, r policy.Role, v *viol
 	return nc
 }
 
-// connToken connects with token as the connect token, the way a pod does.
-func (h *breakin) connToken(t *testing.T, token, pod string, v *violations) (*nats.Conn, error) {
+// connToken connects with token as the connect token, the way a pod does, with
+// pod's inbox.
+func (h *breakin) connToken(t *testing.T, token string, pod events.PodRef, v *violations) (*nats.Conn, error) {
 	t.Helper()
 	nc, err := nats.Connect(h.st.NATSURL, nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
 		nats.Name("breakin/pod"), nats.ErrorHandler(v.handler), nats.MaxReconnects(0), nats.Timeout(5*time.Second))
@@ -278,7 +286,7 @@ func (w *wiretap) all() []*nats.Msg {
 }
 
 // renewsSent counts the rotator's renew_sent records for pod with reason.
-func (w *wiretap) renewsSent(pod, reason string) int {
+func (w *wiretap) renewsSent(pod events.PodRef, reason string) int {
 	n := 0
 	for _, m := range w.all() {
 		if m.Subject != events.SubjectRenewSent {

@@ -27,7 +27,7 @@ import (
 func (h *breakin) replyIntoState(t *testing.T) {
 	ca := h.caState(t)
 	trust, issued := h.stored(t, events.SubjectTrustChanged), h.stored(t, events.SubjectCertIssued)
-	attackerSign, _ := events.PodSignSubject(attacker)
+	attackerSign, _ := events.PodSignSubject(attackerRef)
 	targets := []string{
 		"$KV." + policy.BucketCA + ".root",
 		"$KV." + policy.BucketCA + ".evil",
@@ -208,10 +208,10 @@ func (h *breakin) forgeTrustChanged(t *testing.T) {
 	}
 
 	// The genuine rotation (the full run's first, with a new key) still applies.
-	renewed := h.tap.renewsSent(victim, events.RenewRootRotation)
+	renewed := h.tap.renewsSent(victimRef, events.RenewRootRotation)
 	fp := h.rotate(t, true)
 	h.followed(t, fp)
-	if h.tap.renewsSent(victim, events.RenewRootRotation) <= renewed {
+	if h.tap.renewsSent(victimRef, events.RenewRootRotation) <= renewed {
 		t.Fatal("the rotator did not renew demo-0 at the root rotation: it believed a lie")
 	}
 }

@@ -89,7 +89,7 @@ func TestDashboardInChromium(t *testing.T) {
 	// The page shows this stack's certificates: one row per pod, with the serial the
 	// inventory holds.
 	serialOnPage := func(pod string) string {
-		s, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector('tr[data-pod="`+pod+`"]')||{dataset:{}}).dataset.serial||""`))
+		s, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`(document.querySelector('tr[data-pod="`+devstack.DemoNamespace+"/"+pod+`"]')||{dataset:{}}).dataset.serial||""`))
 		return s
 	}
 	count := func(css string) int {

@@ -42,7 +42,7 @@ func podCert(t *testing.T, dir, pod string, not ...string) inventory.Cert {
 	var got inventory.Cert
 	testkit.EventuallyWithin(t, time.Minute, "meshctl certs lists "+pod+" with a new certificate", func() bool {
 		for _, c := range certsJSON(t, dir) {
-			if c.Pod == pod && !slices.Contains(not, c.Serial) {
+			if c.Pod == devstack.DemoNamespace+"/"+pod && !slices.Contains(not, c.Serial) {
 				got = c
 				return true
 			}

@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
@@ -159,7 +160,7 @@ func malformedInventoryRecord(t *testing.T, st *stackfile.Stack) {
 		t.Fatal(err)
 	}
 	pub, _ := kp.PublicKey()
-	nc, err := nats.Connect(st.NATSURL, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(policy.Inventory, "")), nats.MaxReconnects(0))
+	nc, err := nats.Connect(st.NATSURL, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(policy.Inventory, events.PodRef{})), nats.MaxReconnects(0))
 	if err != nil {
 		t.Fatal(err)
 	}

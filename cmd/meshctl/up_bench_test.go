@@ -49,12 +49,12 @@ func upOnce(b *testing.B, n int) (up, certs time.Duration) {
 			return
 		}
 		ev, _, err := events.Decode[events.CertIssued](m)
-		if err != nil || ev.Pod == "" {
+		if err != nil || ev.Pod.IsZero() {
 			return
 		}
 		mu.Lock()
-		if !pods[ev.Pod] {
-			pods[ev.Pod], last = true, time.Now()
+		if !pods[ev.Pod.String()] {
+			pods[ev.Pod.String()], last = true, time.Now()
 		}
 		mu.Unlock()
 	}

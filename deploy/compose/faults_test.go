@@ -93,7 +93,7 @@ func TestComposeFaults(t *testing.T) {
 func signersAgree(t *testing.T, nc *nats.Conn) {
 	issued := make(chan events.CertIssued, 64)
 	sub, err := nc.Subscribe(events.SubjectCertIssued, func(m *nats.Msg) {
-		if e, _, err := events.Decode[events.CertIssued](m); err == nil && e.Pod == pod {
+		if e, _, err := events.Decode[events.CertIssued](m); err == nil && e.Pod == podRef {
 			issued <- e
 		}
 	})

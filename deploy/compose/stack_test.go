@@ -33,6 +33,9 @@ const secretTTL = time.Minute
 // pod is the demo pod of compose.yaml.
 const pod = "demo-0"
 
+// podRef is the demo pod on the bus: the compose stack runs it in namespace default.
+var podRef = events.PodRef{Namespace: "default", Name: pod}
+
 // natsNodes are the compose services of the NATS cluster.
 var natsNodes = []string{"nats-1", "nats-2", "nats-3"}
 
@@ -226,7 +229,7 @@ func (s *stack) metaLeader(t *testing.T) string {
 
 // forceRenew tells demo-0 to renew now.
 func forceRenew(t *testing.T, nc *nats.Conn) {
-	if err := faultcheck.ForceRenew(nc, pod); err != nil {
+	if err := faultcheck.ForceRenew(nc, podRef); err != nil {
 		t.Logf("force renewal: %v", err)
 	}
 }

@@ -33,16 +33,17 @@ type Entry struct {
 	Err     error          // the event could not be decoded
 }
 
-// Pod is the pod an entry is about: the one its subject names, else its payload's.
+// Pod is the pod an entry is about, "<namespace>/<name>": the one its subject
+// names, else its payload's; "" for none.
 func (e Entry) Pod() string {
 	if p, ok := events.PodFromSubject(e.Subject); ok {
-		return p
+		return p.String()
 	}
 	switch p := e.Payload.(type) {
 	case events.CertIssued:
-		return p.Pod
+		return p.Pod.String()
 	case events.RenewDue:
-		return p.Pod
+		return p.Pod.String()
 	}
 	return ""
 }

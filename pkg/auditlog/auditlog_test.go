@@ -24,7 +24,7 @@ func issue(t *testing.T, signer *nats.Conn, pod string) {
 	t.Helper()
 	now := time.Now()
 	msg, err := events.NewMsg(events.SubjectCertIssued, "signer-0", events.CertIssued{Serial: events.NewID(), SPIFFEID: "spiffe://td/ns/a/sa/" + pod,
-		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: pod, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: events.PodRef{Namespace: "default", Name: pod}, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +80,8 @@ func TestReadFromATimeThenFollow(t *testing.T) {
 	}{
 		{"everything", auditlog.Filter{}, 10},
 		{"since", auditlog.Filter{Since: since}, 5},
-		{"pod", auditlog.Filter{Pod: "p1"}, 2},
-		{"pod since", auditlog.Filter{Pod: "p1", Since: since}, 1},
+		{"pod", auditlog.Filter{Pod: "default/p1"}, 2},
+		{"pod since", auditlog.Filter{Pod: "default/p1", Since: since}, 1},
 		{"short type", auditlog.Filter{Types: []string{"cert.issued"}}, 10},
 		{"other type", auditlog.Filter{Types: []string{"trust.changed", events.TypePodDown}}, 0},
 		{"future", auditlog.Filter{Since: time.Now().Add(time.Hour)}, 0},
@@ -129,7 +129,7 @@ func TestReadFromATimeThenFollow(t *testing.T) {
 		}
 		ids[e.Meta.ID] = true
 	}
-	if len(got) != 8 || got[0].Seq != 6 || got[7].Pod() != "live2" {
+	if len(got) != 8 || got[0].Seq != 6 || got[7].Pod() != "default/live2" {
 		t.Errorf("got %d entries, first seq %d", len(got), got[0].Seq)
 	}
 	if e := errs.All(); len(e) > 0 {
@@ -148,7 +148,7 @@ func TestSinkRotatesBySize(t *testing.T) {
 	}
 	for i := range 40 {
 		e := auditlog.Entry{Seq: uint64(i + 1), Subject: events.SubjectCertIssued, Meta: events.Meta{ID: fmt.Sprint(i), Type: events.TypePodDown, Time: time.Now()},
-			Payload: events.PodDown{Pod: "p", Reason: "r"}}
+			Payload: events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "p"}, Reason: "r"}}
 		if err := s.Write(e); err != nil {
 			t.Fatal(err)
 		}

@@ -24,7 +24,7 @@ func Describe(p events.Payload, now time.Time) string {
 	var what string
 	switch e := p.(type) {
 	case events.CertIssued:
-		what = fmt.Sprintf("%-8s %s serial=%s expires in %s (by %s over %s, %s)", orDash(e.Pod), e.SPIFFEID, short8(e.Serial),
+		what = fmt.Sprintf("%-8s %s serial=%s expires in %s (by %s over %s, %s)", orDash(e.Pod.String()), e.SPIFFEID, short8(e.Serial),
 			e.NotAfter.Sub(now).Round(time.Second), e.Signer, orDash(e.Transport), e.AuthSource)
 	case events.TrustChanged:
 		what = fmt.Sprintf("%d root(s) in bundle, generation %d, reason %s", len(e.Roots), e.Generation, e.Reason)

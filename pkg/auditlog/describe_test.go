@@ -16,19 +16,19 @@ func TestLineNamesWhatHappened(t *testing.T) {
 		want []string
 		not  []string
 	}{
-		{"issued", events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: "demo-0", Signer: "s1", AuthSource: "jwt"},
+		{"issued", events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Signer: "s1", AuthSource: "jwt"},
 			[]string{"cert.issued", "demo-0", "spiffe://td/ns/a/sa/b", "serial=abcdef01", "expires in 1m0s"}, nil},
-		{"renew scheduled", events.RenewDue{Pod: "demo-0", Reason: events.RenewScheduled, NotAfter: now.Add(time.Hour)},
+		{"renew scheduled", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Reason: events.RenewScheduled, NotAfter: now.Add(time.Hour)},
 			[]string{"rotation.renew_due", "renew default", "scheduled", "cert expires in 1h0m0s"}, nil},
 		// meshctl rotate pod names no certificate: no made-up expiry (was -2562047h47m16s).
-		{"renew forced", events.RenewDue{Pod: "demo-0", Reason: events.RenewForced},
+		{"renew forced", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Reason: events.RenewForced},
 			[]string{"renew default", "forced", "current cert"}, []string{"expires in", "-2562047"}},
 		{"federated", events.TrustFederated{TrustDomain: "west.example", Foreign: "cluster.local", Roots: []string{"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"},
 			Source: "https://127.0.0.1:8443", Sequence: 3, RefreshHint: 5 * time.Minute},
 			[]string{"trust.federated", "west.example trusts cluster.local", "1 root(s) from https://127.0.0.1:8443", "sequence 3", "refresh in 5m0s"}, []string{"BEGIN CERTIFICATE"}},
 		{"federation removed", events.TrustFederated{TrustDomain: "west.example", Foreign: "cluster.local", Removed: true},
 			[]string{"west.example no longer trusts cluster.local"}, nil},
-		{"pushed", events.SecretPushed{Pod: "demo-0", Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}, nil},
+		{"pushed", events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

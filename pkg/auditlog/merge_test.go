@@ -28,12 +28,13 @@ func TestReadMergesThePodsStream(t *testing.T) {
 	for i := range 4 {
 		issue(t, signer, fmt.Sprintf("p%d", i))
 		want = append(want, events.StreamEvents)
-		pod, err := m.PodConn(t, fmt.Sprintf("p%d", i), fmt.Sprintf("pod:p%d", i), nil)
+		ref := events.PodRef{Namespace: "default", Name: fmt.Sprintf("p%d", i)}
+		pod, err := m.PodConn(t, ref, "pod:"+ref.String(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		subj, _ := events.PodEventSubject(fmt.Sprintf("p%d", i), events.PodEventDown)
-		msg, err := events.NewMsg(subj, "sds-edge", events.PodDown{Pod: fmt.Sprintf("p%d", i)})
+		subj, _ := events.PodEventSubject(ref, events.PodEventDown)
+		msg, err := events.NewMsg(subj, "sds-edge", events.PodDown{Pod: ref})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +65,7 @@ func TestReadMergesThePodsStream(t *testing.T) {
 	}
 	// Filtered by pod: its certificate and its own event.
 	n := 0
-	if err := l.Read(ctx, auditlog.Filter{Pod: "p2"}, false, nil, func(e auditlog.Entry) error { n++; return nil }); err != nil || n != 2 {
+	if err := l.Read(ctx, auditlog.Filter{Pod: "default/p2"}, false, nil, func(e auditlog.Entry) error { n++; return nil }); err != nil || n != 2 {
 		t.Fatalf("pod p2: %d entries, %v", n, err)
 	}
 }

@@ -38,7 +38,7 @@ func (o *outcome) wait(t *testing.T, what string) error {
 
 func podDown(t *testing.T, pod string) *nats.Msg {
 	t.Helper()
-	msg, err := events.NewMsg("meshagent.evt.pod."+pod+".down", "test", events.PodDown{Pod: pod})
+	msg, err := events.NewMsg("meshagent.evt.pod.default."+pod+".down", "test", events.PodDown{Pod: ref(pod)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,3 +195,5 @@ func TestAsyncPublishRefusedAndStopped(t *testing.T) {
 		}
 	}
 }
+
+func ref(name string) events.PodRef { return events.PodRef{Namespace: "default", Name: name} }

@@ -60,7 +60,7 @@ func TestConnectAndPublishToStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := events.NewMsg("meshagent.evt.pod.p1.down", "test", events.PodDown{Pod: "p1"})
+	msg, err := events.NewMsg("meshagent.evt.pod.default.p1.down", "test", events.PodDown{Pod: ref("p1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestConnectWithRoleCredential(t *testing.T) {
 	s := bustest.SecureServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cfg := Config{URL: s.Server.ClientURL(), NKeyFile: s.Creds.SeedFile(policy.Signer), InboxPrefix: policy.Inbox(policy.Signer, ""), ConnectWait: time.Second}
+	cfg := Config{URL: s.Server.ClientURL(), NKeyFile: s.Creds.SeedFile(policy.Signer), InboxPrefix: policy.Inbox(policy.Signer, events.PodRef{}), ConnectWait: time.Second}
 	nc, err := Connect(ctx, cfg, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)

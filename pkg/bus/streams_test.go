@@ -34,7 +34,7 @@ func TestPodFloodKeepsCAHistoryAndOtherPods(t *testing.T) {
 		}
 	}
 	podEvent := func(pod string) {
-		subj, _ := events.PodEventSubject(pod, events.PodEventUp)
+		subj, _ := events.PodEventSubject(ref(pod), events.PodEventUp)
 		// As large as a pod event may be.
 		n++
 		if err := Publish(ctx, js, rawEvent(subj, fmt.Sprint(pod, n), events.MaxEventSize)); err != nil {
@@ -68,13 +68,13 @@ func TestPodFloodKeepsCAHistoryAndOtherPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	victim, _ := events.PodEventSubject("victim", events.PodEventUp)
-	flooder, _ := events.PodEventSubject("flooder", events.PodEventUp)
+	victim, _ := events.PodEventSubject(ref("victim"), events.PodEventUp)
+	flooder, _ := events.PodEventSubject(ref("flooder"), events.PodEventUp)
 	if info.State.Subjects[victim] != 3 || info.State.Subjects[flooder] != 5 {
 		t.Fatalf("pods' stream holds %v, want victim 3 and flooder 5", info.State.Subjects)
 	}
 	// A pod event larger than the bound is refused, not stored.
-	subj, _ := events.PodEventSubject("flooder", events.PodEventUp)
+	subj, _ := events.PodEventSubject(ref("flooder"), events.PodEventUp)
 	big := rawEvent(subj, "big", DefaultPodEventsMaxMsgSize+1)
 	if _, err := js.PublishMsg(ctx, big); err == nil {
 		t.Fatal("oversize pod event stored")

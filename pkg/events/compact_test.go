@@ -21,7 +21,7 @@ func fullSignRequest() SignRequest {
 	return SignRequest{
 		CSR: pemOf("CERTIFICATE REQUEST", 0x30, 1, 2, 3), Token: "eyJ.x.y",
 		CertChain: []string{pemOf("CERTIFICATE", 0x30, 9), pemOf("CERTIFICATE", 0x30, 8)}, Proof: "c2ln",
-		TTL: 90 * time.Minute, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256", CertSigner: "clusterA",
+		TTL: 90 * time.Minute, Pod: web0, Resource: "default", KeyAlgorithm: "EC-P256", CertSigner: "clusterA",
 	}
 }
 

@@ -21,13 +21,17 @@
 //
 // # Subjects
 //
-//	meshagent.evt.>                 events: the CA's (cert, trust, rotation) in the
-//	                                MESHAGENT_EVENTS stream, pods' (evt.pod.>) in
-//	                                MESHAGENT_POD_EVENTS
-//	meshagent.pod.<pod>.renew       renew-due commands to one pod's sds-edge
-//	meshagent.rpc.sign              sign request/reply (queue group "signer")
-//	meshagent.rpc.trust.bundle      current trust bundle, request/reply
-//	meshagent.rpc.root.rotate       force a root rotation, request/reply
+//	meshagent.evt.>                        events: the CA's (cert, trust, rotation) in the
+//	                                       MESHAGENT_EVENTS stream, pods' (evt.pod.>) in
+//	                                       MESHAGENT_POD_EVENTS
+//	meshagent.pod.<ns>.<name>.renew        renew-due commands to one pod's sds-edge
+//	meshagent.pod.<ns>.<name>.anchors      one pod's extra trust anchors, to itself
+//	meshagent.rpc.sign.pod.<ns>.<name>     sign request/reply (queue group "signer")
+//	meshagent.rpc.trust.bundle             current trust bundle, request/reply
+//	meshagent.rpc.root.rotate              force a root rotation, request/reply
+//
+// A pod is its namespace and its name (PodRef), never a bare name: the same name in
+// another namespace is another pod.
 //
 // Requests carry bearer tokens and so live outside meshagent.evt.>: an audit
 // subscriber on meshagent.evt.> never sees a credential, and no subject ever carries

@@ -5,7 +5,7 @@ package events
 
 // EnvoyStarted is published when the launcher has started Envoy (or its stand-in).
 type EnvoyStarted struct {
-	Pod     string `json:"pod"`
+	Pod     PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	PID     int    `json:"pid"`
 	Version string `json:"version,omitempty"` // first line of `envoy --version`
 	Binary  string `json:"binary"`
@@ -24,7 +24,7 @@ func (e EnvoyStarted) Validate() error {
 
 // EnvoyReady is published when Envoy's admin /ready first answers LIVE.
 type EnvoyReady struct {
-	Pod string `json:"pod"`
+	Pod PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	PID int    `json:"pid"`
 	// StartupMillis is the time from start to ready.
 	StartupMillis int64 `json:"startup_ms"`
@@ -48,7 +48,7 @@ const (
 // EnvoyDraining is published when the launcher starts draining Envoy (SIGTERM, or
 // /drain or /quitquitquit on the status port).
 type EnvoyDraining struct {
-	Pod      string `json:"pod"`
+	Pod      PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	PID      int    `json:"pid"`
 	Strategy string `json:"strategy"` // DrainDuration or DrainZeroConnections
 	// DeadlineMillis bounds the whole drain; Envoy is killed after it.
@@ -80,7 +80,7 @@ const (
 // EnvoyExited is published when Envoy's process has ended: its exit code or the
 // signal that ended it, and how the drain before it went.
 type EnvoyExited struct {
-	Pod    string `json:"pod"`
+	Pod    PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	PID    int    `json:"pid"`
 	Code   int    `json:"code"`             // -1 when a signal ended it
 	Signal string `json:"signal,omitempty"` // e.g. "killed", "segmentation fault"

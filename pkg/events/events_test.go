@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -27,31 +28,31 @@ var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 // encoded, and every schema must accept them.
 var samples = []Payload{
 	CertIssued{Serial: "1f2e", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web", NotBefore: t0, NotAfter: t0.Add(24 * time.Hour),
-		Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-a", Transport: "nats", RootFingerprint: "ab12"},
+		Pod: web0, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-a", Transport: "nats", RootFingerprint: "ab12"},
 	TrustChanged{TrustDomain: "cluster.local", Roots: []string{pemCert, pemCert}, Added: []string{"ab12"}, Reason: TrustReasonRotation, Generation: 2},
-	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTL: time.Hour, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"},
+	SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n", Token: "eyJ.x.y", TTL: time.Hour, Pod: web0, Resource: "default", KeyAlgorithm: "EC-P256"},
 	SignReply{CertChain: []string{pemCert, pemCert}, Roots: []string{pemCert}},
 	BundleRequest{},
 	BundleReply{TrustDomain: "cluster.local", Roots: []string{pemCert}, Generation: 1},
 	RotateRequest{NewKey: true, Reason: "operator"},
 	RotateReply{Fingerprint: "ab12", Roots: []string{pemCert, pemCert}},
-	RenewDue{Pod: "web-0", Resource: "default", Serial: "1f2e", NotAfter: t0.Add(24 * time.Hour), Reason: RenewScheduled},
-	SecretPushed{Pod: "web-0", Resource: "default", Serial: "1f2e", Version: "3", Streams: 2, Kind: "pushed"},
-	SDSNack{Pod: "web-0", Node: "sidecar~10.0.0.1~web-0.default~default.svc.cluster.local", Resource: "default", Version: "3", Nonce: "7", Error: "bad key"},
-	PodUp{Pod: "web-0", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web", Mode: "ca", Socket: "/var/run/secrets/workload-spiffe-uds/socket"},
-	PodDown{Pod: "web-0", Reason: "shutdown"},
-	XDSConnected{Pod: "web-0", Stream: "1", Mode: "sotw", Node: "sidecar~web-0", Upstream: "istiod:15012"},
-	XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "upstream closed"},
-	XDSNack{Pod: "web-0", Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "4", ErrorDetail: "bad cluster"},
-	TrustAnchors{Pod: "web-0", Roots: []string{pemCert}},
-	EnvoyStarted{Pod: "web-0", PID: 42, Version: "envoy  version: 1.36.0/Clean/RELEASE/BoringSSL", Binary: "/usr/local/bin/envoy",
+	RenewDue{Pod: web0, Resource: "default", Serial: "1f2e", NotAfter: t0.Add(24 * time.Hour), Reason: RenewScheduled},
+	SecretPushed{Pod: web0, Resource: "default", Serial: "1f2e", Version: "3", Streams: 2, Kind: "pushed"},
+	SDSNack{Pod: web0, Node: "sidecar~10.0.0.1~web-0.default~default.svc.cluster.local", Resource: "default", Version: "3", Nonce: "7", Error: "bad key"},
+	PodUp{Pod: web0, SPIFFEID: "spiffe://cluster.local/ns/default/sa/web", Mode: "ca", Socket: "/var/run/secrets/workload-spiffe-uds/socket"},
+	PodDown{Pod: web0, Reason: "shutdown"},
+	XDSConnected{Pod: web0, Stream: "1", Mode: "sotw", Node: "sidecar~web-0", Upstream: "istiod:15012"},
+	XDSDisconnected{Pod: web0, Stream: "1", Reason: "upstream closed"},
+	XDSNack{Pod: web0, Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "4", ErrorDetail: "bad cluster"},
+	TrustAnchors{Pod: web0, Roots: []string{pemCert}},
+	EnvoyStarted{Pod: web0, PID: 42, Version: "envoy  version: 1.36.0/Clean/RELEASE/BoringSSL", Binary: "/usr/local/bin/envoy",
 		Args: []string{"-c", "/etc/istio/proxy/envoy-rev.json", "--drain-time-s", "45"}},
-	EnvoyReady{Pod: "web-0", PID: 42, StartupMillis: 850},
-	EnvoyDraining{Pod: "web-0", PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
-	EnvoyExited{Pod: "web-0", PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
+	EnvoyReady{Pod: web0, PID: 42, StartupMillis: 850},
+	EnvoyDraining{Pod: web0, PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
+	EnvoyExited{Pod: web0, PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
 	TrustFederated{TrustDomain: "cluster.local", Foreign: "west.example", Roots: []string{pemCert}, Version: 1763892000000000000,
 		Source: "https://west.example/bundle", Sequence: 3, RefreshHint: 5 * time.Minute, FetchedAt: t0},
-	CertExpiring{Pod: "web-0", Resource: "default", Serial: "1f2e", NotAfter: t0.Add(time.Hour), State: CertStateExpired,
+	CertExpiring{Pod: web0, Resource: "default", Serial: "1f2e", NotAfter: t0.Add(time.Hour), State: CertStateExpired,
 		Failures: 7, LastError: "sign request: nats: no responders available for request"},
 }
 
@@ -119,7 +120,14 @@ func TestGoldenRoundTrip(t *testing.T) {
 }
 
 func TestSchemasMatchTypesAndAcceptGoldens(t *testing.T) {
-	r := jsonschema.Reflector{DoNotReference: true, ExpandedStruct: true, AllowAdditionalProperties: true}
+	r := jsonschema.Reflector{DoNotReference: true, ExpandedStruct: true, AllowAdditionalProperties: true,
+		// A PodRef travels as one string (its MarshalText).
+		Mapper: func(t reflect.Type) *jsonschema.Schema {
+			if t == reflect.TypeFor[PodRef]() {
+				return &jsonschema.Schema{Type: "string"}
+			}
+			return nil
+		}}
 	for _, s := range samples {
 		t.Run(s.EventType(), func(t *testing.T) {
 			path := filepath.Join("schemas", fileName(s.EventType()))
@@ -196,7 +204,7 @@ func TestDecodeRejects(t *testing.T) {
 			m.Header.Set(HeaderType, "io.meshagent.cert.issued.v9")
 			return m
 		}, ErrUnknownType},
-		{"wrong type", func() *nats.Msg { return mustMsg(t, PodDown{Pod: "a"}) }, ErrWrongType},
+		{"wrong type", func() *nats.Msg { return mustMsg(t, PodDown{Pod: podP}) }, ErrWrongType},
 		{"garbled body", func() *nats.Msg { m := mustMsg(t, good); m.Data = []byte("\x00\x01garbage"); return m }, ErrInvalid},
 		{"array body", func() *nats.Msg { m := mustMsg(t, good); m.Data = []byte(`[1,2]`); return m }, ErrInvalid},
 		{"trailing data", func() *nats.Msg { m := mustMsg(t, good); m.Data = append(m.Data, []byte(`{}`)...); return m }, ErrInvalid},
@@ -234,11 +242,11 @@ func TestEncodeRefusesInvalidAndOversize(t *testing.T) {
 	if _, err := NewMsg("s", "src", CertIssued{}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("invalid payload encoded: %v", err)
 	}
-	big := TrustAnchors{Pod: "p", Roots: []string{pemCert + strings.Repeat("A", MaxEventSize)}}
+	big := TrustAnchors{Pod: podP, Roots: []string{pemCert + strings.Repeat("A", MaxEventSize)}}
 	if _, err := NewMsg("s", "src", big); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversize payload encoded: %v", err)
 	}
-	if _, err := NewMsg("s", "", PodDown{Pod: "p"}); err == nil {
+	if _, err := NewMsg("s", "", PodDown{Pod: podP}); err == nil {
 		t.Fatal("empty source accepted")
 	}
 }
@@ -254,27 +262,36 @@ func TestValidationReportsEveryProblem(t *testing.T) {
 
 func TestPodSubjects(t *testing.T) {
 	tests := []struct {
-		pod, want string
-		ok        bool
+		ns, name, want string
+		ok             bool
 	}{
-		{"web-0", "meshagent.pod.web-0.renew", true},
-		{"web-0.default", "meshagent.pod.web-0~default.renew", true},
-		{"", "", false},
-		{"a b", "", false},
-		{"a.*", "", false},
-		{"a>", "", false},
-		{"-a", "", false},
-		{"a-", "", false},
-		{"a", "meshagent.pod.a.renew", true},
-		{"a~b", "", false},
-		{strings.Repeat("a", 253), "meshagent.pod." + strings.Repeat("a", 253) + ".renew", true},
-		{strings.Repeat("a", 254), "", false},
+		{"default", "web-0", "meshagent.pod.default.web-0.renew", true},
+		{"shop", "web-0.default", "meshagent.pod.shop.web-0~default.renew", true},
+		{"default", "", "", false},
+		{"", "web-0", "", false},
+		{"default", "a b", "", false},
+		{"default", "a.*", "", false},
+		{"default", "a>", "", false},
+		{"default", "-a", "", false},
+		{"default", "a-", "", false},
+		{"default", "a", "meshagent.pod.default.a.renew", true},
+		{"default", "a~b", "", false},
+		{"default", "a/b", "", false},
+		{"Default", "a", "", false},
+		{"de.fault", "a", "", false},
+		{"de_fault", "a", "", false},
+		{"*", "a", "", false},
+		{"-ns", "a", "", false},
+		{strings.Repeat("n", 63), "a", "meshagent.pod." + strings.Repeat("n", 63) + ".a.renew", true},
+		{strings.Repeat("n", 64), "a", "", false},
+		{"default", strings.Repeat("a", 253), "meshagent.pod.default." + strings.Repeat("a", 253) + ".renew", true},
+		{"default", strings.Repeat("a", 254), "", false},
 	}
 	for _, tt := range tests {
-		t.Run(tt.pod, func(t *testing.T) {
-			got, err := PodRenewSubject(tt.pod)
+		t.Run(tt.ns+"/"+tt.name, func(t *testing.T) {
+			got, err := PodRenewSubject(PodRef{Namespace: tt.ns, Name: tt.name})
 			if (err == nil) != tt.ok || got != tt.want {
-				t.Fatalf("PodRenewSubject(%q) = %q, %v", tt.pod, got, err)
+				t.Fatalf("PodRenewSubject(%s/%s) = %q, %v", tt.ns, tt.name, got, err)
 			}
 		})
 	}
@@ -287,7 +304,7 @@ func TestResourceNamesAreBounded(t *testing.T) {
 			AuthSource: "jwt", Signer: "s", RootFingerprint: "ab", Resource: long},
 		SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----", Token: "t", Resource: long},
 		SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----", Token: "t", Resource: "default\n"},
-		RenewDue{Pod: "p", Reason: RenewForced, Resource: "a b"},
+		RenewDue{Pod: podP, Reason: RenewForced, Resource: "a b"},
 	}
 	for _, p := range bad {
 		t.Run(p.EventType(), func(t *testing.T) {
@@ -297,8 +314,13 @@ func TestResourceNamesAreBounded(t *testing.T) {
 			}
 		})
 	}
-	ok := RenewDue{Pod: "p", Reason: RenewForced, Resource: "default"}
+	ok := RenewDue{Pod: podP, Reason: RenewForced, Resource: "default"}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
 }
+
+var (
+	web0 = PodRef{Namespace: "default", Name: "web-0"}
+	podP = PodRef{Namespace: "shop", Name: "p"}
+)

@@ -75,13 +75,15 @@ func (f *fields) pems(v []string, name string, min int) {
 		f.need(strings.Contains(p, "-----BEGIN CERTIFICATE-----"), fmt.Sprintf("%s[%d]", name, i), "not a PEM certificate")
 	}
 }
-func (f *fields) pod(v, name string, required bool) {
-	if v == "" {
+
+// pod checks a pod field: "<namespace>/<name>", both valid (PodRef.Validate).
+func (f *fields) pod(v PodRef, name string, required bool) {
+	if v.IsZero() {
 		f.need(!required, name, "required")
 		return
 	}
-	if err := ValidatePodID(v); err != nil {
-		*f = append(*f, fmt.Errorf("%s: %w", name, err))
+	if err := v.Validate(); err != nil {
+		*f = append(*f, fmt.Errorf("%s: want <namespace>/<name>: %w", name, err))
 	}
 }
 
@@ -98,7 +100,7 @@ type CertIssued struct {
 	SPIFFEID     string    `json:"spiffe_id"`
 	NotBefore    time.Time `json:"not_before"`
 	NotAfter     time.Time `json:"not_after"`
-	Pod          string    `json:"pod,omitempty"`                                                              // from a pod-bound token, else as the request named it; empty when neither does
+	Pod          PodRef    `json:"pod,omitzero" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`             // from a pod-bound token, else as the request named it; empty when neither does
 	Resource     string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // SDS resource the cert is for, "default" unless said
 	KeyAlgorithm string    `json:"key_algorithm"`                                                              // of the leaf's public key: EC-P256, EC-P384, RSA-2048, ...
 	AuthSource   string    `json:"auth_source"`                                                                // "jwt", "x509" or "bus" (an identity sign subject)
@@ -247,7 +249,7 @@ const (
 // RenewDue tells one pod to renew one resource now. It goes to PodRenewSubject(pod)
 // and, for audit, to SubjectRenewSent.
 type RenewDue struct {
-	Pod      string    `json:"pod"`
+	Pod      PodRef    `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Resource string    `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"` // "default" when empty
 	Serial   string    `json:"serial,omitempty"`                                                           // the certificate being replaced
 	NotAfter time.Time `json:"not_after,omitempty"`
@@ -267,7 +269,7 @@ func (e RenewDue) Validate() error {
 
 // SecretPushed is published by sds-edge when it serves or pushes a secret.
 type SecretPushed struct {
-	Pod      string `json:"pod"`
+	Pod      PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Resource string `json:"resource"`
 	Serial   string `json:"serial,omitempty"` // leaf serial for a certificate resource
 	Version  string `json:"version"`
@@ -288,7 +290,7 @@ func (e SecretPushed) Validate() error {
 
 // SDSNack is published by sds-edge when Envoy rejects a secret.
 type SDSNack struct {
-	Pod      string `json:"pod"`
+	Pod      PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Node     string `json:"node"`
 	Resource string `json:"resource,omitempty"`
 	Version  string `json:"version"`
@@ -307,7 +309,7 @@ func (e SDSNack) Validate() error {
 // PodUp is published when a pod's sds-edge starts serving; Mode says how it got its
 // identity: "ca", "file" or "external" (another SDS provider owns the socket).
 type PodUp struct {
-	Pod      string `json:"pod"`
+	Pod      PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	SPIFFEID string `json:"spiffe_id,omitempty"`
 	Mode     string `json:"mode"`
 	Socket   string `json:"socket,omitempty"`
@@ -323,7 +325,7 @@ func (e PodUp) Validate() error {
 
 // PodDown is published when a pod's sds-edge stops; the rotator retires its entries.
 type PodDown struct {
-	Pod    string `json:"pod"`
+	Pod    PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -348,7 +350,7 @@ const (
 // about to expire with no renewal in sight, or has expired: once per certificate
 // and state. The pod reports not ready meanwhile.
 type CertExpiring struct {
-	Pod      string    `json:"pod"`
+	Pod      PodRef    `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Resource string    `json:"resource"`
 	Serial   string    `json:"serial"`
 	NotAfter time.Time `json:"not_after"`
@@ -373,7 +375,7 @@ func (e CertExpiring) Validate() error {
 
 // XDSConnected is published by xds-relay when a downstream stream is relayed upstream.
 type XDSConnected struct {
-	Pod      string `json:"pod"`
+	Pod      PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Stream   string `json:"stream"`
 	Mode     string `json:"mode"` // "sotw" or "delta"
 	Node     string `json:"node,omitempty"`
@@ -392,7 +394,7 @@ func (e XDSConnected) Validate() error {
 
 // XDSDisconnected is published when a relayed stream ends, with the reason.
 type XDSDisconnected struct {
-	Pod    string `json:"pod"`
+	Pod    PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Stream string `json:"stream"`
 	Reason string `json:"reason"`
 }
@@ -408,7 +410,7 @@ func (e XDSDisconnected) Validate() error {
 
 // XDSNack is published when Envoy NACKs a relayed response.
 type XDSNack struct {
-	Pod         string `json:"pod"`
+	Pod         PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Stream      string `json:"stream,omitempty"`
 	TypeURL     string `json:"type_url"`
 	Nonce       string `json:"nonce"`
@@ -428,7 +430,7 @@ func (e XDSNack) Validate() error {
 // received by xds-relay) to that pod's sds-edge, which merges them into ROOTCA.
 // Roots replaces the previous set; an empty Roots removes them.
 type TrustAnchors struct {
-	Pod   string   `json:"pod"`
+	Pod   PodRef   `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Roots []string `json:"roots"`
 }
 
@@ -440,10 +442,11 @@ func (e TrustAnchors) Validate() error {
 	return f.err()
 }
 
-// PodAnchorsSubject is where a pod's xds-relay publishes its extra trust anchors.
-func PodAnchorsSubject(podID string) (string, error) {
-	if err := ValidatePodID(podID); err != nil {
+// PodAnchorsSubject is where a pod's xds-relay publishes its extra trust anchors
+// for its own sds-edge: only that pod may publish or subscribe there (pkg/bus/policy).
+func PodAnchorsSubject(pod PodRef) (string, error) {
+	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return Prefix + ".pod." + podToken(podID) + ".anchors", nil
+	return Prefix + ".pod." + pod.tokens() + ".anchors", nil
 }

@@ -22,7 +22,7 @@ type SignRequest struct {
 	// MarshalJSON): a sub-second remainder is dropped, and a negative value or one
 	// too large for a Duration is refused when decoded, never wrapped.
 	TTL      time.Duration `json:"ttl_seconds,omitempty"`
-	Pod      string        `json:"pod,omitempty"`
+	Pod      PodRef        `json:"pod,omitzero" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
 	Resource string        `json:"resource,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
 	// KeyAlgorithm names the CSR key's algorithm for the cert.issued event; the signer
 	// checks it against the CSR.

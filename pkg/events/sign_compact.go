@@ -22,7 +22,7 @@ func NewSignRequestMsg(subject string, enc Encoding, source string, req SignRequ
 	if blk == nil || blk.Type != "CERTIFICATE REQUEST" || len(bytes.TrimSpace(rest)) != 0 {
 		return nil, fmt.Errorf("%w: %s: csr: not one PEM certificate request", ErrInvalid, TypeSignRequest)
 	}
-	b := make([]byte, 0, 64+len(blk.Bytes)+len(req.Token)+len(req.Pod)+len(req.Proof))
+	b := make([]byte, 0, 64+len(blk.Bytes)+len(req.Token)+len(req.Pod.Name)+len(req.Pod.Namespace)+1+len(req.Proof))
 	b = append(b, compactPrefix(TypeSignRequest)...)
 	b = appendBytes(b, 1, blk.Bytes)
 	b = appendString(b, 2, req.Token)
@@ -32,7 +32,7 @@ func NewSignRequestMsg(subject string, enc Encoding, source string, req SignRequ
 	}
 	b = appendString(b, 4, req.Proof)
 	b = appendVarint(b, 5, uint64(req.TTL.Seconds()))
-	b = appendString(b, 6, req.Pod)
+	b = appendString(b, 6, req.Pod.String())
 	b = appendString(b, 7, req.Resource)
 	b = appendString(b, 8, req.KeyAlgorithm)
 	b = appendString(b, 9, req.CertSigner)
@@ -68,7 +68,9 @@ func DecodeSignRequest(msg *nats.Msg) (SignRequest, Encoding, error) {
 				req.TTL, _ = TTLFromSeconds(int64(f.u))
 			}
 		case 6:
-			r.str(f, &req.Pod)
+			var s string
+			r.str(f, &s)
+			_ = req.Pod.UnmarshalText([]byte(s)) // never fails; Validate checks it
 		case 7:
 			r.str(f, &req.Resource)
 		case 8:

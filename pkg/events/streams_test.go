@@ -10,7 +10,7 @@ func TestCAEventSubjectsCoverEveryEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := PodEventSubject("demo-1", PodEventDown)
+	pod, err := PodEventSubject(PodRef{Namespace: "default", Name: "demo-1"}, PodEventDown)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,22 +91,24 @@ func allIn(s, extra string) bool {
 func podToken(id string) string { return strings.ReplaceAll(id, ".", "~") }
 
 // PodRenewSubject is the subject a pod's sds-edge listens on for renew-due commands.
-func PodRenewSubject(podID string) (string, error) {
-	if err := ValidatePodID(podID); err != nil {
+func PodRenewSubject(pod PodRef) (string, error) {
+	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return Prefix + ".pod." + podToken(podID) + ".renew", nil
+	return Prefix + ".pod." + pod.tokens() + ".renew", nil
 }
 
 // PodRenewWildcard matches the renew subject of every pod.
-const PodRenewWildcard = Prefix + ".pod.*.renew"
+const PodRenewWildcard = Prefix + ".pod.*.*.renew"
 
-// Everything a pod publishes or is told carries its id in the subject, so that the bus
-// itself (NATS permissions) can allow each pod its own subjects and no other's:
+// Everything a pod publishes or is told carries its namespace and name in the
+// subject, as two tokens, so that the bus itself (NATS permissions) can allow each
+// pod its own subjects and no other's, and a pod of one namespace is never the pod
+// of the same name in another:
 //
-//	meshagent.rpc.sign.pod.<pod>        sign requests from the pod
-//	meshagent.evt.pod.<pod>.<kind>      the pod's events (kinds below)
-//	meshagent.pod.<pod>.renew|anchors   commands and anchors to the pod
+//	meshagent.rpc.sign.pod.<ns>.<name>        sign requests from the pod
+//	meshagent.evt.pod.<ns>.<name>.<kind>      the pod's events (kinds below)
+//	meshagent.pod.<ns>.<name>.renew|anchors   commands and anchors to the pod
 //
 // Receivers still check that a payload's pod matches its subject (PodFromSubject).
 
@@ -129,56 +131,67 @@ const (
 // podEventPrefix starts every pod event subject.
 const podEventPrefix = Prefix + ".evt.pod."
 
+// podSignPrefix starts every pod sign subject.
+const podSignPrefix = Prefix + ".rpc.sign.pod."
+
 // PodSignSubject is where a pod's sds-edge sends its sign requests.
-func PodSignSubject(podID string) (string, error) {
-	if err := ValidatePodID(podID); err != nil {
+func PodSignSubject(pod PodRef) (string, error) {
+	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return Prefix + ".rpc.sign.pod." + podToken(podID), nil
+	return podSignPrefix + pod.tokens(), nil
 }
 
 // PodEventSubject is where a pod publishes events of one kind (PodEvent*).
-func PodEventSubject(podID, kind string) (string, error) {
-	if err := ValidatePodID(podID); err != nil {
+func PodEventSubject(pod PodRef, kind string) (string, error) {
+	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return podEventPrefix + podToken(podID) + "." + kind, nil
+	return podEventPrefix + pod.tokens() + "." + kind, nil
 }
 
 // PodEventWildcard matches one kind of event from every pod.
-func PodEventWildcard(kind string) string { return podEventPrefix + "*." + kind }
+func PodEventWildcard(kind string) string { return podEventPrefix + "*.*." + kind }
 
 // PodEventsOf matches every event of one pod.
-func PodEventsOf(podID string) (string, error) {
-	if err := ValidatePodID(podID); err != nil {
+func PodEventsOf(pod PodRef) (string, error) {
+	if err := pod.Validate(); err != nil {
 		return "", err
 	}
-	return podEventPrefix + podToken(podID) + ".>", nil
+	return podEventPrefix + pod.tokens() + ".>", nil
+}
+
+// PodInboxPrefix is the reply-subject prefix of one pod (nats.CustomInboxPrefix):
+// only that pod may subscribe below it (pkg/bus/policy).
+func PodInboxPrefix(pod PodRef) (string, error) {
+	if err := pod.Validate(); err != nil {
+		return "", err
+	}
+	return "_INBOX.pod." + pod.tokens(), nil
 }
 
 // PodFromSubject returns the pod a pod-scoped subject names (a sign request, a pod
 // event or a command to a pod), and false for any other subject.
-func PodFromSubject(subject string) (string, bool) {
+func PodFromSubject(subject string) (PodRef, bool) {
 	var rest string
 	switch {
-	case strings.HasPrefix(subject, Prefix+".rpc.sign.pod."):
-		rest = strings.TrimPrefix(subject, Prefix+".rpc.sign.pod.")
-		if strings.Contains(rest, ".") {
-			return "", false
+	case strings.HasPrefix(subject, podSignPrefix):
+		rest = strings.TrimPrefix(subject, podSignPrefix)
+		if strings.Count(rest, ".") != 1 {
+			return PodRef{}, false
 		}
 	case strings.HasPrefix(subject, podEventPrefix):
 		rest = strings.TrimPrefix(subject, podEventPrefix)
 	case strings.HasPrefix(subject, Prefix+".pod."):
 		rest = strings.TrimPrefix(subject, Prefix+".pod.")
 	default:
-		return "", false
+		return PodRef{}, false
 	}
-	tok, _, _ := strings.Cut(rest, ".")
-	id := strings.ReplaceAll(tok, "~", ".")
-	if ValidatePodID(id) != nil {
-		return "", false
+	parts := strings.SplitN(rest, ".", 3)
+	if len(parts) < 2 {
+		return PodRef{}, false
 	}
-	return id, true
+	return podFromTokens(parts[0], parts[1])
 }
 
 // PodEventKind returns the kind of a pod event subject ("up", "sds.pushed", ...).
@@ -187,8 +200,11 @@ func PodEventKind(subject string) (string, bool) {
 	if _, valid := PodFromSubject(subject); !ok || !valid {
 		return "", false
 	}
-	_, kind, ok := strings.Cut(rest, ".")
-	return kind, ok && kind != ""
+	parts := strings.SplitN(rest, ".", 3)
+	if len(parts) != 3 || parts[2] == "" {
+		return "", false
+	}
+	return parts[2], true
 }
 
 // Signing by identity (docs/security.md, "Authenticating bus sign requests once per
@@ -204,7 +220,7 @@ const (
 	// SignIDWildcard matches every identity sign subject.
 	SignIDWildcard = Prefix + ".rpc.sign.id.*.*.*"
 	// SignPodWildcard matches every pod sign subject.
-	SignPodWildcard = Prefix + ".rpc.sign.pod.*"
+	SignPodWildcard = Prefix + ".rpc.sign.pod.*.*"
 	signIDPrefix    = Prefix + ".rpc.sign.id."
 )
 
@@ -220,35 +236,34 @@ func ValidateIdentityToken(name string) error {
 	return nil
 }
 
-// IdentitySignSubject is where a pod admitted by the auth callout as namespace ns,
-// service account sa and pod podID sends its sign requests.
-func IdentitySignSubject(ns, sa, podID string) (string, error) {
-	if err := ValidateIdentityToken(ns); err != nil {
-		return "", fmt.Errorf("namespace: %w", err)
+// IdentitySignSubject is where a pod admitted by the auth callout as pod (whose
+// namespace is its identity's namespace) and service account sa sends its sign
+// requests: meshagent.rpc.sign.id.<pod namespace>.<sa>.<pod name>.
+func IdentitySignSubject(pod PodRef, sa string) (string, error) {
+	if err := pod.Validate(); err != nil {
+		return "", err
 	}
 	if err := ValidateIdentityToken(sa); err != nil {
 		return "", fmt.Errorf("service account: %w", err)
 	}
-	if err := ValidatePodID(podID); err != nil {
-		return "", err
-	}
-	return signIDPrefix + ns + "." + sa + "." + podToken(podID), nil
+	return signIDPrefix + pod.Namespace + "." + sa + "." + podToken(pod.Name), nil
 }
 
-// IdentityFromSignSubject is IdentitySignSubject's inverse: the namespace, service
-// account and pod an identity sign subject names, and false for any other subject.
-func IdentityFromSignSubject(subject string) (ns, sa, podID string, ok bool) {
+// IdentityFromSignSubject is IdentitySignSubject's inverse: the pod (its namespace
+// the identity's) and service account an identity sign subject names, and false
+// for any other subject.
+func IdentityFromSignSubject(subject string) (pod PodRef, sa string, ok bool) {
 	rest, found := strings.CutPrefix(subject, signIDPrefix)
 	if !found {
-		return "", "", "", false
+		return PodRef{}, "", false
 	}
 	parts := strings.Split(rest, ".")
 	if len(parts) != 3 {
-		return "", "", "", false
+		return PodRef{}, "", false
 	}
-	ns, sa, podID = parts[0], parts[1], strings.ReplaceAll(parts[2], "~", ".")
-	if ValidateIdentityToken(ns) != nil || ValidateIdentityToken(sa) != nil || ValidatePodID(podID) != nil {
-		return "", "", "", false
+	pod, ok = podFromTokens(parts[0], parts[2])
+	if !ok || ValidateIdentityToken(parts[1]) != nil {
+		return PodRef{}, "", false
 	}
-	return ns, sa, podID, true
+	return pod, parts[1], true
 }

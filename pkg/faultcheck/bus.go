@@ -13,7 +13,7 @@ import (
 
 // ForceRenew tells pod to renew its `default` certificate now, as `meshctl rotate
 // pod` does (a core publish: lost if no sds-edge listens at the moment).
-func ForceRenew(nc *nats.Conn, pod string) error {
+func ForceRenew(nc *nats.Conn, pod events.PodRef) error {
 	subj, err := events.PodRenewSubject(pod)
 	if err != nil {
 		return err

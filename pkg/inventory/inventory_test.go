@@ -32,7 +32,7 @@ var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 func issued(pod string, gen int) events.CertIssued {
 	nb := t0.Add(time.Duration(gen) * time.Minute)
 	return events.CertIssued{Serial: fmt.Sprintf("%s%02x", "abcdef", gen), SPIFFEID: "spiffe://td/ns/default/sa/" + pod, NotBefore: nb,
-		NotAfter: nb.Add(2 * time.Minute), Pod: pod, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt",
+		NotAfter: nb.Add(2 * time.Minute), Pod: events.PodRef{Namespace: "default", Name: pod}, Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt",
 		Signer: "signer-0", RootFingerprint: "root1"}
 }
 
@@ -57,7 +57,7 @@ func TestApplyIsIdempotentAndKeepsTheNewest(t *testing.T) {
 	if c.Serial != "abcdef03" || c.Renewals != 1 {
 		t.Fatalf("after a renewal: %+v", c)
 	}
-	push := events.SecretPushed{Pod: "p", Resource: "default", Serial: "ABCDEF03", Version: "7", Streams: 2, Kind: "pushed"}
+	push := events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "p"}, Resource: "default", Serial: "ABCDEF03", Version: "7", Streams: 2, Kind: "pushed"}
 	c, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute)))
 	if !changed || c.Streams != 2 || c.Version != "7" {
 		t.Fatalf("push not recorded: %+v", c)
@@ -65,7 +65,7 @@ func TestApplyIsIdempotentAndKeepsTheNewest(t *testing.T) {
 	if _, changed = inventory.Apply(c, push, meta(t0.Add(4*time.Minute))); changed {
 		t.Fatal("the same push twice changed the record")
 	}
-	c, changed = inventory.Apply(c, events.PodDown{Pod: "p", Reason: "shutdown"}, meta(t0.Add(5*time.Minute)))
+	c, changed = inventory.Apply(c, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "p"}, Reason: "shutdown"}, meta(t0.Add(5*time.Minute)))
 	if !changed || !c.Down {
 		t.Fatalf("pod.down not recorded: %+v", c)
 	}
@@ -164,14 +164,27 @@ func TestKeepersShareTheDurable(t *testing.T) {
 		publish(t, signer, events.SubjectCertIssued, e.p, e.at)
 	}
 	// pod-0 pushes its newest certificate and stops: pod events come from the pod.
-	pod, err := m.PodConn(t, "pod-0", "pod:pod-0", nil)
+	pod, err := m.PodConn(t, events.PodRef{Namespace: "default", Name: "pod-0"}, "pod:pod-0", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pushed, _ := events.PodEventSubject("pod-0", events.PodEventSecretPushed)
-	down, _ := events.PodEventSubject("pod-0", events.PodEventDown)
-	publish(t, pod, pushed, events.SecretPushed{Pod: "pod-0", Resource: "default", Serial: "abcdef04", Version: "9", Streams: 1, Kind: "pushed"}, t0.Add(5*time.Minute))
-	publish(t, pod, down, events.PodDown{Pod: "pod-0", Reason: "shutdown"}, t0.Add(6*time.Minute))
+	// attacker/pod-1, a pod of another namespace with pod-1's name, says default/pod-1
+	// stopped: on its own subject (the only one the bus lets it use) with
+	// default/pod-1 in the payload, and as itself. Neither touches default/pod-1.
+	evil := events.PodRef{Namespace: "attacker", Name: "pod-1"}
+	attacker, err := m.PodConn(t, evil, "pod:attacker/pod-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evilDown, _ := events.PodEventSubject(evil, events.PodEventDown)
+	evilPushed, _ := events.PodEventSubject(evil, events.PodEventSecretPushed)
+	publish(t, attacker, evilDown, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "pod-1"}, Reason: "forged"}, t0.Add(7*time.Minute))
+	publish(t, attacker, evilPushed, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "pod-1"}, Resource: "default", Serial: "abcdef04", Version: "66", Streams: 9, Kind: "pushed"}, t0.Add(7*time.Minute))
+	publish(t, attacker, evilDown, events.PodDown{Pod: evil, Reason: "shutdown"}, t0.Add(7*time.Minute))
+	pushed, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "pod-0"}, events.PodEventSecretPushed)
+	down, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "pod-0"}, events.PodEventDown)
+	publish(t, pod, pushed, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "pod-0"}, Resource: "default", Serial: "abcdef04", Version: "9", Streams: 1, Kind: "pushed"}, t0.Add(5*time.Minute))
+	publish(t, pod, down, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "pod-0"}, Reason: "shutdown"}, t0.Add(6*time.Minute))
 
 	auditor := m.Conn(t, policy.Audit, nil)
 	var snap inventory.Snapshot
@@ -184,8 +197,11 @@ func TestKeepersShareTheDurable(t *testing.T) {
 			if c.Serial != "abcdef04" || c.Renewals > 3 {
 				return false
 			}
-			if c.Pod == "pod-0" && (c.Streams != 1 || !c.Down) {
+			if c.Pod == "default/pod-0" && (c.Streams != 1 || !c.Down) {
 				return false
+			}
+			if c.Pod == "default/pod-1" && (c.Streams != 0 || c.Down || c.Version != "") {
+				t.Fatalf("attacker/pod-1 changed default/pod-1's record: %+v", c)
 			}
 		}
 		return true
@@ -263,7 +279,7 @@ func TestMalformedRecordIsSkipped(t *testing.T) {
 	})
 
 	// The attack: malformed values written with the inventory credential.
-	bad := inventory.CertKey("pod-b", "default", "")
+	bad := inventory.CertKey(events.PodRef{Namespace: "default", Name: "pod-b"}, "default", "")
 	for key, v := range map[string]string{
 		bad:                  "\x1b[2J\x1b[31mnot json",
 		"pod.ghost.64656661": `{"pod":"ghost","resource":"default"}`,
@@ -278,7 +294,7 @@ func TestMalformedRecordIsSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatalf("one bad record failed the whole read: %v", err)
 	}
-	if len(snap.Certs) != 2 || snap.Certs[0].Pod == "pod-b" || snap.Certs[1].Pod == "pod-b" {
+	if len(snap.Certs) != 2 || snap.Certs[0].Pod == "default/pod-b" || snap.Certs[1].Pod == "default/pod-b" {
 		t.Fatalf("certificates: %+v", snap.Certs)
 	}
 	if snap.Trust != nil {

@@ -20,7 +20,7 @@ import (
 
 // Cert is what the inventory knows of one holder's (pod, resource) current certificate.
 type Cert struct {
-	Pod          string    `json:"pod,omitempty"`
+	Pod          string    `json:"pod,omitempty"` // "<namespace>/<name>" (events.PodRef.String)
 	Resource     string    `json:"resource"`
 	SPIFFEID     string    `json:"spiffe_id"`
 	Serial       string    `json:"serial"`
@@ -62,16 +62,24 @@ type Root struct {
 // TrustKey is the key of the trust record.
 const TrustKey = "trust"
 
-// CertKey is the key of a holder's record: "pod.<pod>.<resource in hex>", or for a
-// certificate without a pod (an Istio agent over gRPC) "id.<SPIFFE ID in hex>".
-func CertKey(pod, resource, spiffeID string) string {
+// CertKey is the key of a holder's record: "pod.<namespace>.<name in hex>.<resource
+// in hex>" (a pod is namespace + name: the same name in another namespace is
+// another holder), or for a certificate without a pod (an Istio agent over gRPC)
+// "id.<SPIFFE ID in hex>".
+func CertKey(pod events.PodRef, resource, spiffeID string) string {
 	if resource == "" {
 		resource = "default"
 	}
-	if pod == "" {
+	if pod.IsZero() {
 		return "id." + hex.EncodeToString([]byte(spiffeID))
 	}
-	return "pod." + pod + "." + hex.EncodeToString([]byte(resource))
+	return podPrefix(pod) + hex.EncodeToString([]byte(resource))
+}
+
+// podPrefix starts the keys of every record of pod. The name is hex: a pod name
+// may hold '.', which would make one pod's prefix another's ("a." of "a.b").
+func podPrefix(pod events.PodRef) string {
+	return "pod." + pod.Namespace + "." + hex.EncodeToString([]byte(pod.Name)) + "."
 }
 
 // KeyOf is the key an event updates, "" for events the inventory does not keep.
@@ -89,7 +97,7 @@ func KeyOf(p events.Payload) string {
 	case events.RenewDue:
 		return CertKey(e.Pod, e.Resource, "")
 	case events.PodDown:
-		return "pod." + e.Pod + "."
+		return podPrefix(e.Pod)
 	case events.TrustChanged:
 		return TrustKey
 	}
@@ -132,7 +140,7 @@ func Apply(c *Cert, p events.Payload, meta events.Meta) (*Cert, bool) {
 		if res == "" {
 			res = "default"
 		}
-		return &Cert{Pod: e.Pod, Resource: res, SPIFFEID: e.SPIFFEID, Serial: e.Serial, NotBefore: e.NotBefore,
+		return &Cert{Pod: e.Pod.String(), Resource: res, SPIFFEID: e.SPIFFEID, Serial: e.Serial, NotBefore: e.NotBefore,
 			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, KeyAlgorithm: e.KeyAlgorithm,
 			Issued: meta.Time, Renewals: renewals, Chain: e.CertChain,
 			// The renewal that brought it (if any) stays on the record.

@@ -53,12 +53,17 @@ func (s Snapshot) SkippedLine() string {
 	return fmt.Sprintf("warning: %d malformed inventory record(s) skipped: %s", len(s.Skipped), strings.Join(keys, ", "))
 }
 
-// Find returns the certificates held by pod, or with a serial starting with what
-// (case-insensitive, at least 6 hex digits).
+// Find returns the certificates held by pod ("<namespace>/<name>", a bare name in
+// the default namespace), or with a serial starting with what (case-insensitive,
+// at least 6 hex digits).
 func (s Snapshot) Find(what string) []Cert {
+	pod := ""
+	if p, err := events.ParsePodRef(what); err == nil {
+		pod = p.String()
+	}
 	var out []Cert
 	for _, c := range s.Certs {
-		if c.Pod == what || len(what) >= 6 && strings.HasPrefix(strings.ToLower(c.Serial), strings.ToLower(what)) {
+		if pod != "" && c.Pod == pod || len(what) >= 6 && strings.HasPrefix(strings.ToLower(c.Serial), strings.ToLower(what)) {
 			out = append(out, c)
 		}
 	}
@@ -337,6 +342,14 @@ func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
 			meta.Time = md.Timestamp
 		}
 	}
+	// What a pod publishes about itself is taken only from that pod (its subject,
+	// which the bus lets no other pod publish on): a pod.down or sds.pushed naming
+	// another pod, even one of the same name in another namespace, changes nothing.
+	if err := fromItsPod(m.Subject(), p); err != nil {
+		k.log.Warn("inventory: event for another pod dropped", "subject", m.Subject(), "error", err)
+		_ = m.Term()
+		return
+	}
 	if err := k.Fold(ctx, p, meta); err != nil {
 		var n uint64 = 1
 		if md, err := m.Metadata(); err == nil {
@@ -409,7 +422,7 @@ func (k *Keeper) updateCert(ctx context.Context, key string, p events.Payload, m
 				cur = nil
 			}
 		}
-		if d, ok := p.(events.PodDown); ok && (cur == nil || cur.Pod != d.Pod) {
+		if d, ok := p.(events.PodDown); ok && (cur == nil || cur.Pod != d.Pod.String()) {
 			return nil, false, nil
 		}
 		// A push can be delivered before the cert.issued of what it pushed (keepers
@@ -478,4 +491,22 @@ func conflict(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
 		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// fromItsPod is nil unless p is an event a pod publishes about itself whose pod is
+// not the one its subject names.
+func fromItsPod(subject string, p events.Payload) error {
+	var pod events.PodRef
+	switch e := p.(type) {
+	case events.PodDown:
+		pod = e.Pod
+	case events.SecretPushed:
+		pod = e.Pod
+	default:
+		return nil
+	}
+	if from, ok := events.PodFromSubject(subject); !ok || from != pod {
+		return fmt.Errorf("%s for pod %q on subject %s", p.EventType(), pod, subject)
+	}
+	return nil
 }

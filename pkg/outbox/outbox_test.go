@@ -44,9 +44,9 @@ func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Queued before Run starts and flushed when it stops.
-	b.Publish("meshagent.evt.pod.web-0.xds.connected", events.XDSConnected{Pod: "web-0", Stream: "1", Mode: "sotw", Upstream: "cp:1"})
-	b.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "downstream closed"})
-	b.Publish("meshagent.evt.pod.web-0.xds.nack", events.XDSNack{Pod: "not a pod!"}) // invalid: dropped, counted
+	b.Publish("meshagent.evt.pod.default.web-0.xds.connected", events.XDSConnected{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Stream: "1", Mode: "sotw", Upstream: "cp:1"})
+	b.Publish("meshagent.evt.pod.default.web-0.xds.disconnected", events.XDSDisconnected{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Stream: "1", Reason: "downstream closed"})
+	b.Publish("meshagent.evt.pod.default.web-0.xds.nack", events.XDSNack{Pod: events.PodRef{Namespace: "default", Name: "not a pod!"}}) // invalid: dropped, counted
 	rctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := b.Run(rctx); err != nil {
@@ -63,7 +63,7 @@ func TestPublishesInOrderAndFlushesOnShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Subject != "meshagent.evt.pod.web-0.xds.connected" || m.Header.Get(events.HeaderSource) != "xds-relay/web-0" {
+	if m.Subject != "meshagent.evt.pod.default.web-0.xds.connected" || m.Header.Get(events.HeaderSource) != "xds-relay/web-0" {
 		t.Fatalf("first event %s from %s", m.Subject, m.Header.Get(events.HeaderSource))
 	}
 	// The counter is registered under the caller's name.
@@ -85,7 +85,7 @@ func TestFullQueueDropsInsteadOfBlocking(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		for range 16 + 10 {
-			b.Publish("meshagent.evt.pod.web-0.xds.disconnected", events.XDSDisconnected{Pod: "web-0", Stream: "1", Reason: "x"})
+			b.Publish("meshagent.evt.pod.default.web-0.xds.disconnected", events.XDSDisconnected{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Stream: "1", Reason: "x"})
 		}
 		close(done)
 	}()
@@ -109,7 +109,7 @@ func TestFlushIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		b.Publish("meshagent.evt.pod.web-0.down", events.PodDown{Pod: "web-0", Reason: "shutdown"})
+		b.Publish("meshagent.evt.pod.default.web-0.down", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "shutdown"})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -173,8 +173,8 @@ func TestHoldsEventsUntilTheStreamIsBack(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- b.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	b.Publish("meshagent.evt.pod.web-0.up", events.PodUp{Pod: "web-0", Mode: "ca"})
-	b.Publish("meshagent.evt.pod.web-0.sds.pushed", events.SecretPushed{Pod: "web-0", Resource: "default", Version: "1", Kind: "pushed"})
+	b.Publish("meshagent.evt.pod.default.web-0.up", events.PodUp{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Mode: "ca"})
+	b.Publish("meshagent.evt.pod.default.web-0.sds.pushed", events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Resource: "default", Version: "1", Kind: "pushed"})
 	// A whole round of attempts fails, and the events are held, not dropped.
 	select {
 	case <-held:
@@ -196,7 +196,7 @@ func TestHoldsEventsUntilTheStreamIsBack(t *testing.T) {
 		return err == nil && info.State.Msgs == 2
 	})
 	m, err := st.GetMsg(context.Background(), 1)
-	if err != nil || m.Subject != "meshagent.evt.pod.web-0.up" {
+	if err != nil || m.Subject != "meshagent.evt.pod.default.web-0.up" {
 		t.Fatalf("first event %v (%v), want pod.up", m, err)
 	}
 	if v := testutil.ToFloat64(b.dropped); v != 0 {

@@ -55,7 +55,7 @@ func TestRunServesDashboardReadyAndMetrics(t *testing.T) {
 
 	now := time.Now()
 	msg, err := events.NewMsg(events.SubjectCertIssued, "signer-0", events.CertIssued{Serial: "0a7e12", SPIFFEID: "spiffe://td/ns/a/sa/web",
-		NotBefore: now, NotAfter: now.Add(3 * time.Hour), Pod: "web-0", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
+		NotBefore: now, NotAfter: now.Add(3 * time.Hour), Pod: events.PodRef{Namespace: "default", Name: "web-0"}, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func eventTimes(b *testing.B, js jetstream.JetStream) map[string]time.Time {
 		if err != nil {
 			b.Fatalf("stored cert.issued: %v", err)
 		}
-		out[ev.Pod] = at
+		out[ev.Pod.Name] = at
 	})
 	return out
 }
@@ -247,7 +247,7 @@ func stepCosts(b *testing.B, nc *nats.Conn, js jetstream.JetStream, n int) (c st
 	}
 	start = time.Now()
 	for _, ev := range evs {
-		rec := schedule.Record{Pod: ev.Pod, Resource: "default", Serial: ev.Serial, Root: ev.RootFingerprint,
+		rec := schedule.Record{Pod: ev.Pod.String(), Resource: "default", Serial: ev.Serial, Root: ev.RootFingerprint,
 			NotBefore: ev.NotBefore.UnixNano(), NotAfter: ev.NotAfter.UnixNano()}
 		if _, err := st.Write(ctx, rec); err != nil {
 			b.Fatal(err)

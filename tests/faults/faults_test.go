@@ -64,7 +64,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			testkit.EventuallyWithin(t, time.Minute, "a new certificate served with "+node+" down", func() bool {
 				f.alive(t)
 				if time.Since(last) > time.Second { // a renew-due, as the rotator would send
-					_ = faultcheck.ForceRenew(nc, pod)
+					_ = faultcheck.ForceRenew(nc, events.PodRef{Namespace: "default", Name: pod})
 					last = time.Now()
 				}
 				s := watch.Now()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -97,7 +98,7 @@ func (s *Secured) RoleOptions(t testing.TB, r policy.Role) []nats.Option {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return append([]nats.Option{nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, "")), nats.Name(string(r))}, s.TLSOptions()...)
+	return append([]nats.Option{nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(r, events.PodRef{})), nats.Name(string(r))}, s.TLSOptions()...)
 }
 
 // Conn connects as role r and closes the connection when the test ends. Permission
@@ -108,10 +109,10 @@ func (s *Secured) Conn(t testing.TB, r policy.Role, errs *Errors) *nats.Conn {
 }
 
 // PodConn connects as pod with token (what the callout checks) and pod's inbox.
-func (s *Secured) PodConn(t testing.TB, pod, token string, errs *Errors) (*nats.Conn, error) {
+func (s *Secured) PodConn(t testing.TB, pod events.PodRef, token string, errs *Errors) (*nats.Conn, error) {
 	t.Helper()
 	nc, err := nats.Connect(s.Server.ClientURL(), append([]nats.Option{nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
-		nats.Name("pod/" + pod), nats.ErrorHandler(errs.handler())}, s.TLSOptions()...)...)
+		nats.Name("pod/" + pod.String()), nats.ErrorHandler(errs.handler())}, s.TLSOptions()...)...)
 	if err == nil {
 		t.Cleanup(nc.Close)
 	}
@@ -129,14 +130,19 @@ func connect(t testing.TB, url string, errs *Errors, opts ...nats.Option) *nats.
 }
 
 // Admit decides a connect token for ServeCallout: the pod it admits and until when.
-type Admit func(token string) (pod string, expires time.Time, err error)
+type Admit func(token string) (pod events.PodRef, expires time.Time, err error)
 
-// PodTokens admits a token "pod:<id>" as that pod for an hour: a stand-in for the
-// signer's service-account check, for tests of the permissions alone.
-func PodTokens(token string) (string, time.Time, error) {
-	pod, ok := strings.CutPrefix(token, "pod:")
+// PodTokens admits a token "pod:<namespace>/<name>" (a bare name: the default
+// namespace) as that pod for an hour: a stand-in for the signer's service-account
+// check, for tests of the permissions alone.
+func PodTokens(token string) (events.PodRef, time.Time, error) {
+	s, ok := strings.CutPrefix(token, "pod:")
 	if !ok {
-		return "", time.Time{}, errors.New("not a test pod token")
+		return events.PodRef{}, time.Time{}, errors.New("not a test pod token")
+	}
+	pod, err := events.ParsePodRef(s)
+	if err != nil {
+		return events.PodRef{}, time.Time{}, err
 	}
 	return pod, time.Now().Add(time.Hour), nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 )
@@ -25,7 +26,7 @@ func DecodeAuthRequest(data []byte) (*jwt.AuthorizationRequestClaims, error) {
 // AdmitPod answers req with a user in AccountMesh holding ForPod(pod)'s permissions
 // and expiring at expires (the credential's own expiry: the server disconnects the
 // client then, and it reconnects with a fresh credential).
-func AdmitPod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, expires time.Time) ([]byte, error) {
+func AdmitPod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, expires time.Time) ([]byte, error) {
 	p, err := ForPod(pod)
 	if err != nil {
 		return nil, err
@@ -33,30 +34,30 @@ func AdmitPod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod str
 	return admit(issuer, req, pod, p, expires)
 }
 
-// AdmitPodIdentity is AdmitPod for a pod whose token proved namespace ns and service
-// account sa: it may also publish on its identity sign subject
+// AdmitPodIdentity is AdmitPod for a pod whose token proved its namespace (the
+// pod's) and service account sa: it may also publish on its identity sign subject
 // (events.IdentitySignSubject), where a signer run with -bus-sign-id takes the
 // identity from the subject instead of verifying a token per request. A name that
 // cannot be one subject token is an error (refuse the connection), never escaped.
-func AdmitPodIdentity(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, ns, sa, pod string, expires time.Time) ([]byte, error) {
-	p, err := ForPodIdentity(ns, sa, pod)
+func AdmitPodIdentity(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, sa string, expires time.Time) ([]byte, error) {
+	p, err := ForPodIdentity(pod, sa)
 	if err != nil {
 		return nil, err
 	}
 	return admit(issuer, req, pod, p, expires)
 }
 
-func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, p Permissions, expires time.Time) ([]byte, error) {
+func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, p Permissions, expires time.Time) ([]byte, error) {
 	return admitWith(issuer, req, pod, p, expires, nil)
 }
 
 // admitWith is admit with more claims set by limit (PodLimits.apply) when not nil.
-func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod string, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
+func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
 	if !expires.After(time.Now()) {
 		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
 	}
 	uc := jwt.NewUserClaims(req.UserNkey)
-	uc.Name = "pod/" + pod
+	uc.Name = "pod/" + pod.String()
 	uc.Audience = AccountMesh // server-config mode: the audience is the account
 	uc.Expires = expires.Unix()
 	uc.Pub.Allow.Add(p.Publish...)

@@ -70,7 +70,7 @@ func TestAuditCannotTouchCAStateOrRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := m.pod(t, "pod-a", nil)
-	sign, _ := events.PodSignSubject("pod-a")
+	sign, _ := events.PodSignSubject(ref("pod-a"))
 	request(t, pod, sign)
 
 	// Publishing what only the signer or an operator may: nobody receives it, the
@@ -114,11 +114,11 @@ func TestPodConfinedToItself(t *testing.T) {
 	b := m.pod(t, "pod-b", nil)
 	rotator := m.Conn(t, policy.Rotator, nil)
 
-	renewB, _ := events.PodRenewSubject("pod-b")
-	renewA, _ := events.PodRenewSubject("pod-a")
+	renewB, _ := events.PodRenewSubject(ref("pod-b"))
+	renewA, _ := events.PodRenewSubject(ref("pod-a"))
 	stolen := counter(t, a, renewB)
 	stolenAll := counter(t, a, "meshagent.pod.>")
-	stolenInbox := counter(t, a, "_INBOX.pod.pod-b.>")
+	stolenInbox := counter(t, a, "_INBOX.pod.default.pod-b.>")
 	answered := counter(t, a, events.SignWildcard)
 	own := counter(t, a, renewA)
 	gotB := counter(t, b, renewB)
@@ -133,15 +133,15 @@ func TestPodConfinedToItself(t *testing.T) {
 	}
 	eventually(t, func() bool { return own.Load() == 1 && gotB.Load() == 1 })
 	// B signs (its reply goes to B's inbox) while A subscribes sign requests.
-	signB, _ := events.PodSignSubject("pod-b")
-	if got := request(t, b, signB); got != "signed for pod-b" {
+	signB, _ := events.PodSignSubject(ref("pod-b"))
+	if got := request(t, b, signB); got != "signed for default/pod-b" {
 		t.Fatalf("B's sign reply %q", got)
 	}
 
 	// A speaks for B: sign request, events, anchors; and for the signer.
 	before := streamMsgs(t, m)
-	eventB, _ := events.PodEventSubject("pod-b", events.PodEventDown)
-	anchorsB, _ := events.PodAnchorsSubject("pod-b")
+	eventB, _ := events.PodEventSubject(ref("pod-b"), events.PodEventDown)
+	anchorsB, _ := events.PodAnchorsSubject(ref("pod-b"))
 	for _, s := range []string{signB, eventB, anchorsB, events.SubjectTrustChanged, events.SubjectCertIssued, renewB} {
 		if err := a.Publish(s, []byte("forged")); err != nil {
 			t.Fatal(err)
@@ -149,15 +149,15 @@ func TestPodConfinedToItself(t *testing.T) {
 	}
 	flushed(t, a)
 	// A's own request still works after the refusals, so the server did see them.
-	signA, _ := events.PodSignSubject("pod-a")
-	if got := request(t, a, signA); got != "signed for pod-a" {
+	signA, _ := events.PodSignSubject(ref("pod-a"))
+	if got := request(t, a, signA); got != "signed for default/pod-a" {
 		t.Fatalf("A's sign reply %q", got)
 	}
 	if n := stolen.Load() + stolenAll.Load() + stolenInbox.Load() + answered.Load(); n != 0 {
 		t.Fatalf("pod A received %d messages meant for others", n)
 	}
-	if m.signed["pod-b"].Load() != 1 {
-		t.Fatalf("signer saw %d sign requests for pod-b, want only B's own", m.signed["pod-b"].Load())
+	if m.signed["default/pod-b"].Load() != 1 {
+		t.Fatalf("signer saw %d sign requests for pod-b, want only B's own", m.signed["default/pod-b"].Load())
 	}
 	if gotB.Load() != 1 || trust.Load() != 0 {
 		t.Fatal("pod B received A's forgeries")
@@ -165,7 +165,7 @@ func TestPodConfinedToItself(t *testing.T) {
 	if got := streamMsgs(t, m); got != before {
 		t.Fatalf("stream grew from %d to %d on A's forgeries", before, got)
 	}
-	for _, s := range []string{renewB, "_INBOX.pod.pod-b.>", events.SignWildcard, signB, eventB, events.SubjectTrustChanged} {
+	for _, s := range []string{renewB, "_INBOX.pod.default.pod-b.>", events.SignWildcard, signB, eventB, events.SubjectTrustChanged} {
 		if !violated(&errs, s) {
 			t.Errorf("no permission violation reported for %s", s)
 		}
@@ -175,6 +175,81 @@ func TestPodConfinedToItself(t *testing.T) {
 	defer cancel()
 	if _, err := bustest.JetStream(t, a).KeyValue(short, policy.BucketCA); err == nil {
 		t.Fatal("a pod opened the CA bucket")
+	}
+}
+
+// TestPodOfAnotherNamespaceIsAnotherPod: attacker/pod-b, a pod of the same name as
+// default/pod-b in a namespace the attacker may create pods in, gets nothing of
+// default/pod-b's (renew commands, sign replies, anchors) and cannot speak for it
+// (sign requests, events, anchors), while both keep doing their own work.
+func TestPodOfAnotherNamespaceIsAnotherPod(t *testing.T) {
+	m := newMesh(t)
+	var errs bustest.Errors
+	victim := m.pod(t, "default/pod-b", nil)
+	evil := m.pod(t, "attacker/pod-b", &errs)
+	rotator := m.Conn(t, policy.Rotator, nil)
+
+	renewV, _ := events.PodRenewSubject(ref("default/pod-b"))
+	anchorsV, _ := events.PodAnchorsSubject(ref("default/pod-b"))
+	signV, _ := events.PodSignSubject(ref("default/pod-b"))
+	downV, _ := events.PodEventSubject(ref("default/pod-b"), events.PodEventDown)
+	renewE, _ := events.PodRenewSubject(ref("attacker/pod-b"))
+	signE, _ := events.PodSignSubject(ref("attacker/pod-b"))
+	inboxV := policy.Inbox(policy.Pod, ref("default/pod-b")) + ".>"
+
+	stolenRenew := counter(t, evil, renewV)
+	stolenAnchors := counter(t, evil, anchorsV)
+	stolenInbox := counter(t, evil, inboxV)
+	stolenAll := counter(t, evil, "meshagent.pod.*.pod-b.>")
+	ownRenew := counter(t, evil, renewE)
+	victimRenew := counter(t, victim, renewV)
+	victimAnchors := counter(t, victim, anchorsV)
+	flushed(t, evil, victim)
+
+	// The rotator renews both, the victim signs and publishes its anchors.
+	for _, s := range []string{renewV, renewE} {
+		if err := rotator.Publish(s, []byte("renew")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := request(t, victim, signV); got != "signed for default/pod-b" {
+		t.Fatalf("victim's sign reply %q", got)
+	}
+	if err := victim.Publish(anchorsV, []byte("own anchors")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, func() bool { return victimRenew.Load() == 1 && ownRenew.Load() == 1 && victimAnchors.Load() == 1 })
+
+	// The attacker speaks for its namesake.
+	before := streamMsgs(t, m)
+	for _, s := range []string{signV, anchorsV, downV} {
+		if err := evil.Publish(s, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flushed(t, evil)
+	if got := request(t, evil, signE); got != "signed for attacker/pod-b" {
+		t.Fatalf("attacker's own sign reply %q", got)
+	}
+	if n := stolenRenew.Load() + stolenAnchors.Load() + stolenInbox.Load() + stolenAll.Load(); n != 0 {
+		t.Fatalf("attacker/pod-b received %d messages meant for default/pod-b", n)
+	}
+	if got := m.signed["default/pod-b"].Load(); got != 1 {
+		t.Fatalf("signer saw %d sign requests for default/pod-b, want only its own", got)
+	}
+	if got := m.signed["attacker/pod-b"].Load(); got != 1 {
+		t.Fatalf("signer saw %d sign requests for attacker/pod-b, want 1", got)
+	}
+	if victimAnchors.Load() != 1 || victimRenew.Load() != 1 {
+		t.Fatalf("default/pod-b received the attacker's forgeries: %d anchors, %d renews", victimAnchors.Load(), victimRenew.Load())
+	}
+	if got := streamMsgs(t, m); got != before {
+		t.Fatalf("stream grew from %d to %d on the attacker's pod.down", before, got)
+	}
+	for _, s := range []string{renewV, anchorsV, inboxV, signV, downV} {
+		if !violated(&errs, s) {
+			t.Errorf("no permission violation reported for %s; got %v", s, errs.All())
+		}
 	}
 }
 
@@ -194,7 +269,7 @@ func TestRotatorCannotSignOrTouchCA(t *testing.T) {
 		t.Fatal("rotator had a sign request answered")
 	}
 	pod := m.pod(t, "pod-a", nil)
-	sign, _ := events.PodSignSubject("pod-a")
+	sign, _ := events.PodSignSubject(ref("pod-a"))
 	request(t, pod, sign)
 	if answered.Load() != 0 || m.signed["any"].Load() != 0 {
 		t.Fatal("rotator saw or sent a sign request")
@@ -240,19 +315,18 @@ func TestPodReconnectsWithRefreshedToken(t *testing.T) {
 	s := bustest.SecureServer(t)
 	var calls atomic.Int64
 	var lastToken atomic.Value
-	s.ServeCallout(t, func(token string) (string, time.Time, error) {
+	s.ServeCallout(t, func(token string) (events.PodRef, time.Time, error) {
 		calls.Add(1)
 		lastToken.Store(token)
-		pod, err := strings.CutPrefix(token, "short:")
-		if err {
-			return pod, time.Now().Add(2 * time.Second), nil
+		if pod, short := strings.CutPrefix(token, "short:"); short {
+			return ref(pod), time.Now().Add(2 * time.Second), nil
 		}
 		return bustest.PodTokens(token)
 	})
 	dir := t.TempDir()
 	tokenFile := dir + "/token"
 	writeFile(t, tokenFile, "short:pod-a")
-	nc, cerr := bus.Connect(ctxT(t), bus.Config{URL: s.Server.ClientURL(), TokenFile: tokenFile, InboxPrefix: policy.Inbox(policy.Pod, "pod-a"),
+	nc, cerr := bus.Connect(ctxT(t), bus.Config{URL: s.Server.ClientURL(), TokenFile: tokenFile, InboxPrefix: policy.Inbox(policy.Pod, ref("pod-a")),
 		ConnectWait: time.Second}, nullLogger())
 	if cerr != nil {
 		t.Fatal(cerr)
@@ -271,7 +345,7 @@ func TestPodReconnectsWithRefreshedToken(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("callout asked %d times, want 2", calls.Load())
 	}
-	renew, _ := events.PodRenewSubject("pod-a")
+	renew, _ := events.PodRenewSubject(ref("pod-a"))
 	got := counter(t, nc, renew)
 	flushed(t, nc)
 	if err := s.Conn(t, policy.Rotator, nil).Publish(renew, nil); err != nil {

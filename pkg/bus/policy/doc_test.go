@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
 )
 
 // TestSecurityDocMatchesTable: docs/security.md names every core subject each role
@@ -33,12 +34,12 @@ func TestSecurityDocMatchesTable(t *testing.T) {
 		}
 		check(string(r), append(p.Publish, p.Subscribe...))
 	}
-	p, err := policy.ForPod("ID")
+	p, err := policy.ForPod(events.PodRef{Namespace: "ns", Name: "name"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range append(p.Publish, p.Subscribe...) {
-		s = strings.ReplaceAll(strings.ReplaceAll(s+".", ".ID.", ".<id>."), "..", ".")
+		s = strings.ReplaceAll(strings.ReplaceAll(s+".", ".ns.name.", ".<ns>.<name>."), "..", ".")
 		check("pod", []string{strings.TrimSuffix(s, ".")})
 	}
 }

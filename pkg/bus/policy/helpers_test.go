@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/events"
 )
 
 func contextTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
@@ -21,6 +22,16 @@ func writeFile(t *testing.T, path, data string) {
 	if err := os.Rename(path+".tmp", path); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ref is a pod as a test writes it: "<namespace>/<name>", a bare name in the
+// default namespace.
+func ref(s string) events.PodRef {
+	p, err := events.ParsePodRef(s)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 func nullLogger() hclog.Logger { return hclog.NewNullLogger() }

@@ -33,7 +33,7 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 			return
 		}
 		parts := strings.Split(strings.TrimPrefix(req.ConnectOptions.Token, "id:"), "/")
-		resp, err := policy.AdmitPodIdentity(issuer, req, parts[0], parts[1], parts[2], time.Now().Add(time.Hour))
+		resp, err := policy.AdmitPodIdentity(issuer, req, events.PodRef{Namespace: parts[0], Name: parts[2]}, parts[1], time.Now().Add(time.Hour))
 		if err != nil {
 			resp, err = policy.Refuse(issuer, req, err.Error())
 		}
@@ -48,10 +48,12 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	// The signer counts what arrives on each identity subject.
 	signer := s.Conn(t, policy.Signer, nil)
 	got := map[string]*atomic.Int64{}
-	own, _ := events.IdentitySignSubject("shop", "web", "web-0")
-	otherSA, _ := events.IdentitySignSubject("shop", "admin", "web-0")
-	otherPod, _ := events.IdentitySignSubject("bank", "vault", "vault-0")
-	for _, subj := range []string{own, otherSA, otherPod} {
+	own, _ := events.IdentitySignSubject(ref("shop/web-0"), "web")
+	otherSA, _ := events.IdentitySignSubject(ref("shop/web-0"), "admin")
+	otherPod, _ := events.IdentitySignSubject(ref("bank/vault-0"), "vault")
+	// The same pod name and service account in another namespace.
+	otherNS, _ := events.IdentitySignSubject(ref("attacker/web-0"), "web")
+	for _, subj := range []string{own, otherSA, otherPod, otherNS} {
 		got[subj] = &atomic.Int64{}
 	}
 	if _, err := signer.QueueSubscribe(events.SignIDWildcard, events.SignerQueue, func(m *nats.Msg) {
@@ -65,7 +67,7 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	flushed(t, signer)
 
 	var podErrs bustest.Errors
-	pod, err := s.PodConn(t, "web-0", "id:shop/web/web-0", &podErrs)
+	pod, err := s.PodConn(t, ref("shop/web-0"), "id:shop/web/web-0", &podErrs)
 	if err != nil {
 		t.Fatalf("pod admitted: %v", err)
 	}
@@ -88,6 +90,7 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	}
 	publish("pod on another service account", pod, &podErrs, otherSA)
 	publish("pod on another pod's identity", pod, &podErrs, otherPod)
+	publish("pod on its namesake's identity in another namespace", pod, &podErrs, otherNS)
 	for _, r := range policy.Users {
 		if r == policy.Callout {
 			continue // another account: its publishes never reach the mesh (checked below)

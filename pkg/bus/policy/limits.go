@@ -114,8 +114,8 @@ func (l PodLimits) apply(uc *jwt.UserClaims) {
 
 // AdmitPodIdentityLimited is AdmitPodIdentity with the user's payload and
 // subscription limits set from lim. expires is the user's expiry (lim.Expiry).
-func AdmitPodIdentityLimited(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, ns, sa, pod string, expires time.Time, lim PodLimits) ([]byte, error) {
-	p, err := ForPodIdentity(ns, sa, pod)
+func AdmitPodIdentityLimited(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, sa string, expires time.Time, lim PodLimits) ([]byte, error) {
+	p, err := ForPodIdentity(pod, sa)
 	if err != nil {
 		return nil, err
 	}

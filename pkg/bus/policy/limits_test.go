@@ -77,7 +77,7 @@ func TestAdmittedUserCarriesLimits(t *testing.T) {
 	req.Server = jwt.ServerID{ID: spub, Name: "s"}
 	lim := policy.DefaultPodLimits()
 	exp := time.Now().Add(lim.Lifetime).Truncate(time.Second)
-	resp, err := policy.AdmitPodIdentityLimited(issuer, req, "default", "web", "web-1", exp, lim)
+	resp, err := policy.AdmitPodIdentityLimited(issuer, req, events.PodRef{Namespace: "default", Name: "web-1"}, "web", exp, lim)
 	if err != nil {
 		t.Fatal(err)
 	}

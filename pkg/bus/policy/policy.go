@@ -66,21 +66,18 @@ type Permissions struct {
 }
 
 // Inbox is the reply-subject prefix of a role (nats.CustomInboxPrefix); every role
-// may subscribe only below its own. pod is the pod id for Pod and ignored otherwise.
-func Inbox(r Role, pod string) string {
+// may subscribe only below its own. pod is the pod for Pod (namespace and name: one
+// pod's replies never reach a pod of the same name in another namespace) and
+// ignored otherwise.
+func Inbox(r Role, pod events.PodRef) string {
 	if r == Pod {
-		return "_INBOX.pod." + podToken(pod)
+		in, err := events.PodInboxPrefix(pod)
+		if err != nil {
+			return "_INBOX.pod.invalid" // never reached: callers validate the pod first
+		}
+		return in
 	}
 	return "_INBOX." + string(r)
-}
-
-// podToken is the pod's subject token, as pkg/events spells it.
-func podToken(pod string) string {
-	s, err := events.PodSignSubject(pod)
-	if err != nil {
-		return "invalid" // never reached: callers validate the pod id first
-	}
-	return strings.TrimPrefix(s, events.Prefix+".rpc.sign.pod.")
 }
 
 // For returns the permissions of a role that holds an nkey.
@@ -156,14 +153,17 @@ func For(r Role) (Permissions, error) {
 	default:
 		return Permissions{}, fmt.Errorf("role %q holds no nkey (pods are admitted by the auth callout)", r)
 	}
-	p.Subscribe = append(p.Subscribe, Inbox(r, "")+".>")
+	p.Subscribe = append(p.Subscribe, Inbox(r, events.PodRef{})+".>")
 	return p, nil
 }
 
-// ForPod returns the permissions of one pod: its own subjects, the trust bundle, and
-// publishing its events (JetStream's acks come to its inbox); nothing of another pod,
-// no JetStream API.
-func ForPod(pod string) (Permissions, error) {
+// ForPod returns the permissions of one pod (namespace and name): its own
+// subjects, the trust bundle, and publishing its events (JetStream's acks come to
+// its inbox); nothing of another pod — a pod of the same name in another namespace
+// is another pod — and no JetStream API. Its extra trust anchors
+// (events.PodAnchorsSubject) are among its own subjects: it alone may publish and
+// read them.
+func ForPod(pod events.PodRef) (Permissions, error) {
 	sign, err := events.PodSignSubject(pod)
 	if err != nil {
 		return Permissions{}, err
@@ -179,12 +179,12 @@ func ForPod(pod string) (Permissions, error) {
 }
 
 // ForPodIdentity is ForPod plus publishing on the pod's identity sign subject
-// (events.IdentitySignSubject(ns, sa, pod)). Only the auth callout grants it, from a
-// token it verified: no role that holds an nkey may publish below
-// meshagent.rpc.sign.id, or a signer reading identities from those subjects would
-// believe it.
-func ForPodIdentity(ns, sa, pod string) (Permissions, error) {
-	id, err := events.IdentitySignSubject(ns, sa, pod)
+// (events.IdentitySignSubject(pod, sa); its namespace is the pod's). Only the auth
+// callout grants it, from a token it verified: no role that holds an nkey may
+// publish below meshagent.rpc.sign.id, or a signer reading identities from those
+// subjects would believe it.
+func ForPodIdentity(pod events.PodRef, sa string) (Permissions, error) {
+	id, err := events.IdentitySignSubject(pod, sa)
 	if err != nil {
 		return Permissions{}, err
 	}

@@ -99,7 +99,7 @@ func TestRenderNamesEveryUserAndDeniesByDefault(t *testing.T) {
 }
 
 func TestPodPermissionsAreItsOwn(t *testing.T) {
-	p, err := policy.ForPod("web.v1")
+	p, err := policy.ForPod(events.PodRef{Namespace: "shop", Name: "web.v1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,16 +108,17 @@ func TestPodPermissionsAreItsOwn(t *testing.T) {
 		if s == events.TrustFederatedWildcard {
 			continue
 		}
-		if strings.Contains(s, "*") || (strings.HasSuffix(s, ">") && !strings.Contains(s, "web~v1")) {
+		if strings.Contains(s, "*") || (strings.HasSuffix(s, ">") && !strings.Contains(s, ".shop.web~v1.")) {
 			t.Errorf("pod permission %q reaches beyond the pod", s)
 		}
 	}
-	if !slices.Contains(p.Subscribe, "_INBOX.pod.web~v1.>") || p.Responses {
+	if !slices.Contains(p.Subscribe, "_INBOX.pod.shop.web~v1.>") || p.Responses {
 		t.Errorf("pod permissions %+v", p)
 	}
-	for _, id := range []string{"", "a.>", "a*", "a b"} {
+	for _, id := range []events.PodRef{{}, {Namespace: "shop"}, {Name: "web-0"}, {Namespace: "shop", Name: "a.>"}, {Namespace: "shop", Name: "a*"},
+		{Namespace: "shop", Name: "a b"}, {Namespace: "*", Name: "a"}, {Namespace: "sh.op", Name: "a"}, {Namespace: ">", Name: "a"}} {
 		if _, err := policy.ForPod(id); err == nil {
-			t.Errorf("pod id %q accepted", id)
+			t.Errorf("pod %+v accepted", id)
 		}
 	}
 	if _, err := policy.For(policy.Pod); err == nil {

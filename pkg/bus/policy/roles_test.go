@@ -52,18 +52,18 @@ func newMesh(t *testing.T) *mesh {
 	if _, err := kv.Put(ctx, "root", []byte("secret key")); err != nil {
 		t.Fatalf("signer writes its bucket: %v %v", err, errs.All())
 	}
-	for _, p := range []string{"pod-a", "pod-b", "any"} {
+	for _, p := range []string{"default/pod-a", "default/pod-b", "attacker/pod-b", "any"} {
 		m.signed[p] = &atomic.Int64{}
 	}
 	_, err = m.signer.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(msg *nats.Msg) {
-		pod, ok := events.PodFromSubject(msg.Subject)
-		if !ok {
-			pod = "any"
+		name := "any"
+		if pod, ok := events.PodFromSubject(msg.Subject); ok {
+			name = pod.String()
 		}
-		if c := m.signed[pod]; c != nil {
+		if c := m.signed[name]; c != nil {
 			c.Add(1)
 		}
-		_ = msg.Respond([]byte("signed for " + pod))
+		_ = msg.Respond([]byte("signed for " + name))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func newMesh(t *testing.T) *mesh {
 
 func (m *mesh) pod(t *testing.T, id string, errs *bustest.Errors) *nats.Conn {
 	t.Helper()
-	nc, err := m.PodConn(t, id, "pod:"+id, errs)
+	nc, err := m.PodConn(t, ref(id), "pod:"+id, errs)
 	if err != nil {
 		t.Fatalf("pod %s connects: %v", id, err)
 	}
@@ -120,16 +120,16 @@ func TestPodSignsAndPublishesItsEvents(t *testing.T) {
 	m := newMesh(t)
 	var errs bustest.Errors
 	pod := m.pod(t, "pod-a", &errs)
-	sign, _ := events.PodSignSubject("pod-a")
-	if got := request(t, pod, sign); got != "signed for pod-a" {
+	sign, _ := events.PodSignSubject(ref("pod-a"))
+	if got := request(t, pod, sign); got != "signed for default/pod-a" {
 		t.Fatalf("sign reply %q", got)
 	}
 	if got := request(t, pod, events.SubjectTrustBundle); !strings.HasPrefix(got, "ok ") {
 		t.Fatalf("bundle reply %q", got)
 	}
 	before := streamMsgs(t, m)
-	up, _ := events.PodEventSubject("pod-a", events.PodEventUp)
-	msg, err := events.NewMsg(up, "sds-edge/pod-a", events.PodDown{Pod: "pod-a"})
+	up, _ := events.PodEventSubject(ref("pod-a"), events.PodEventUp)
+	msg, err := events.NewMsg(up, "sds-edge/pod-a", events.PodDown{Pod: ref("pod-a")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestRotatorConsumesAndKeepsItsSchedule(t *testing.T) {
 	// It tells pods to renew and records that it did.
 	var got atomic.Int64
 	pod := m.pod(t, "pod-a", nil)
-	renew, _ := events.PodRenewSubject("pod-a")
+	renew, _ := events.PodRenewSubject(ref("pod-a"))
 	if _, err := pod.Subscribe(renew, func(*nats.Msg) { got.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestAdminRotatesAndForcesRenewal(t *testing.T) {
 	}
 	var got atomic.Int64
 	pod := m.pod(t, "pod-b", nil)
-	renew, _ := events.PodRenewSubject("pod-b")
+	renew, _ := events.PodRenewSubject(ref("pod-b"))
 	if _, err := pod.Subscribe(renew, func(*nats.Msg) { got.Add(1) }); err != nil {
 		t.Fatal(err)
 	}

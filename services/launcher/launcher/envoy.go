@@ -78,7 +78,7 @@ func (l *Launcher) supervisorConfig(admin envoy.Admin) (supervise.Config, error)
 		exclude = append(exclude, bootstrap.ListenerName(host, uint32(p)))
 	}
 	return supervise.Config{
-		Pod:         c.Pod.ID,
+		Pod:         c.PodRef(),
 		Spec:        envoy.Spec{Binary: l.binary, Args: args, UID: c.Envoy.UID, GID: c.Envoy.GID},
 		Admin:       admin,
 		InboundOnly: c.Pod.Type == config.Sidecar,

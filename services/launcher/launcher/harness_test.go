@@ -130,7 +130,7 @@ func newPod(t *testing.T) *pod {
 	if _, err := bus.EnsureEventStream(context.Background(), bustest.JetStream(t, p.nc), 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	subj, _ := events.PodEventsOf(podID)
+	subj, _ := events.PodEventsOf(events.PodRef{Namespace: "default", Name: podID})
 	if _, err := p.nc.Subscribe(subj, func(m *nats.Msg) {
 		pl, _, err := events.DecodeAny(m)
 		if err != nil {

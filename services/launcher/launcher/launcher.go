@@ -74,7 +74,7 @@ func New(cfg Config, d lifecycle.Deps) (*Launcher, error) {
 		if err != nil {
 			return nil, fmt.Errorf("jetstream: %w", err)
 		}
-		l.pub, err = outbox.New(js, outbox.Options{Source: "launcher/" + cfg.Pod.ID, Metric: EventsDropped,
+		l.pub, err = outbox.New(js, outbox.Options{Source: "launcher/" + cfg.PodRef().String(), Metric: EventsDropped,
 			Registry: d.Metrics, Log: d.Log.Named("events")})
 		if err != nil {
 			return nil, err

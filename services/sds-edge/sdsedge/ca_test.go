@@ -97,7 +97,7 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 	// The pod's publisher hands pod.down to its own connection on the way out;
 	// wait for it to reach the recorder rather than reading too soon.
 	_ = p.nc.Flush()
-	down, _ := events.PodEventSubject("web-0", events.PodEventDown)
+	down, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "web-0"}, events.PodEventDown)
 	testkit.Eventually(t, "pod.down recorded", func() bool {
 		for _, m := range all.Msgs() {
 			if m.Subject == down {
@@ -141,11 +141,11 @@ func TestNoPrivateKeyOnBus(t *testing.T) {
 	}
 	want := []string{}
 	for _, kind := range []string{events.PodEventSecretPushed, events.PodEventUp, events.PodEventDown} {
-		s, _ := events.PodEventSubject("web-0", kind)
+		s, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "web-0"}, kind)
 		want = append(want, s)
 	}
 	// The pod connects with its token, so it signs on its identity subject.
-	sign, _ := events.IdentitySignSubject("default", "web", "web-0")
+	sign, _ := events.IdentitySignSubject(testPodRef, "web")
 	for _, s := range append(want, sign) {
 		if subjects[s] == 0 {
 			t.Errorf("saw no message on %s: the test did not watch the whole cycle (%v)", s, subjects)

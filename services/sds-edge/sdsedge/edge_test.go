@@ -61,11 +61,11 @@ func TestColdStartServesIdentityAndRoots(t *testing.T) {
 	if err := p.e.Ready(); err != nil {
 		t.Fatalf("not ready after serving: %v", err)
 	}
-	if req := v.ca.lastReq.Load(); req.Pod != testPod || req.Resource != "default" || req.KeyAlgorithm != "EC-P256" || req.TTL != 24*time.Hour || req.Token == "" {
+	if req := v.ca.lastReq.Load(); req.Pod != testPodRef || req.Resource != "default" || req.KeyAlgorithm != "EC-P256" || req.TTL != 24*time.Hour || req.Token == "" {
 		t.Errorf("sign request = %+v", *req)
 	}
 	testkit.Eventually(t, "pod.up published", func() bool {
-		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Pod == testPod && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
+		return len(bustest.Find(up, func(e events.PodUp) bool { return e.Pod == testPodRef && e.Mode == "ca" && e.SPIFFEID != "" })) == 1
 	})
 	if got := p.metric(t, "meshagent_sds_edge_csr_sent_total"); got < 1 {
 		t.Errorf("csr sent = %v", got)
@@ -131,8 +131,8 @@ func TestTrustChangeAndAnchorsPushRootCA(t *testing.T) {
 	}
 
 	anchor := newTestCA(t).roots[0]
-	subj, _ := events.PodAnchorsSubject(testPod)
-	msg, _ = events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPod, Roots: pki.CertPEMs([]*x509.Certificate{anchor})})
+	subj, _ := events.PodAnchorsSubject(testPodRef)
+	msg, _ = events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPodRef, Roots: pki.CertPEMs([]*x509.Certificate{anchor})})
 	if err := v.nc.PublishMsg(msg); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestTrustChangeAndAnchorsPushRootCA(t *testing.T) {
 	// A stale trust.changed (older generation) changes nothing: the next push is the anchors' removal.
 	msg, _ = events.NewMsg(events.SubjectTrustChanged, "test-ca", v.ca.trustChanged(t, 1, v.ca.bundle()[1:], pki.Fingerprint(v.ca.roots[0])))
 	_ = v.nc.PublishMsg(msg)
-	msg, _ = events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPod, Roots: []string{}})
+	msg, _ = events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPodRef, Roots: []string{}})
 	_ = v.nc.PublishMsg(msg)
 	certs, _ = pki.ParseCertsPEM(recv(t, st).Secrets["ROOTCA"].TrustedCA)
 	if len(certs) != 2 {

@@ -30,6 +30,9 @@ import (
 
 const testPod = "web-0"
 
+// testPodRef is the test pod on the bus: the harness runs it in namespace default.
+var testPodRef = events.PodRef{Namespace: "default", Name: testPod}
+
 // env is one test's bus and CA.
 type env struct {
 	t  testing.TB
@@ -217,8 +220,8 @@ func leafOf(t testing.TB, s sdsclient.Secret) *x509.Certificate {
 
 func renew(t testing.TB, nc *nats.Conn, serial string) {
 	t.Helper()
-	subj, _ := events.PodRenewSubject(testPod)
-	msg, err := events.NewMsg(subj, "test-rotator", events.RenewDue{Pod: testPod, Serial: serial, Reason: events.RenewScheduled})
+	subj, _ := events.PodRenewSubject(testPodRef)
+	msg, err := events.NewMsg(subj, "test-rotator", events.RenewDue{Pod: testPodRef, Serial: serial, Reason: events.RenewScheduled})
 	if err != nil {
 		t.Fatal(err)
 	}

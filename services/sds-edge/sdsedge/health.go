@@ -92,7 +92,7 @@ func (e *Edge) watchExpiry(ctx context.Context, mgr *identity.Manager) error {
 			said = st.Serial + "/" + state
 			e.log.Error("serving a certificate that is "+state+", still serving it until a renewal succeeds",
 				"serial", st.Serial, "not_after", st.NotAfter, "failures", st.Failures, "last_error", st.LastError)
-			e.publish(events.PodEventCertExpiring, events.CertExpiring{Pod: e.cfg.Pod.ID, Resource: secrets.Default, Serial: st.Serial,
+			e.publish(events.PodEventCertExpiring, events.CertExpiring{Pod: e.cfg.PodRef(), Resource: secrets.Default, Serial: st.Serial,
 				NotAfter: st.NotAfter, State: state, Failures: st.Failures, LastError: truncate(st.LastError, 1024)})
 		}
 		var t clock.Timer

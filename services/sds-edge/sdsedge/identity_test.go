@@ -16,8 +16,8 @@ import (
 // renewAbout publishes a renew-due naming serial, valid until notAfter.
 func renewAbout(t testing.TB, nc *nats.Conn, serial string, notAfter time.Time) {
 	t.Helper()
-	subj, _ := events.PodRenewSubject(testPod)
-	msg, err := events.NewMsg(subj, "test-rotator", events.RenewDue{Pod: testPod, Serial: serial, NotAfter: notAfter, Reason: events.RenewScheduled})
+	subj, _ := events.PodRenewSubject(testPodRef)
+	msg, err := events.NewMsg(subj, "test-rotator", events.RenewDue{Pod: testPodRef, Serial: serial, NotAfter: notAfter, Reason: events.RenewScheduled})
 	if err != nil {
 		t.Fatal(err)
 	}

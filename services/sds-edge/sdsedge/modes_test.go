@@ -294,7 +294,7 @@ func TestSocketModeAndPodDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "pod.down published", func() bool {
-		return len(bustest.Find(down, func(e events.PodDown) bool { return e.Pod == testPod })) == 1
+		return len(bustest.Find(down, func(e events.PodDown) bool { return e.Pod == testPodRef })) == 1
 	})
 	if _, err := os.Stat(filepath.Join(root, "deep/er/sds.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind after shutdown: %v", err)

@@ -13,7 +13,7 @@ type sdsObserver struct{ e *Edge }
 
 func (h sdsObserver) Served(node string, en *secrets.Entry) {
 	h.e.m.Served.WithLabelValues(en.Name).Inc()
-	h.e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: h.e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+	h.e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: h.e.cfg.PodRef(), Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: 1, Kind: "served"})
 }
 
@@ -23,7 +23,7 @@ func (h sdsObserver) Nacked(node string, names []string, version, nonce, msg str
 	}
 	for _, n := range names {
 		h.e.m.Nacks.WithLabelValues(n).Inc()
-		h.e.publish(events.PodEventSDSNack, events.SDSNack{Pod: h.e.cfg.Pod.ID, Node: node, Resource: n,
+		h.e.publish(events.PodEventSDSNack, events.SDSNack{Pod: h.e.cfg.PodRef(), Node: node, Resource: n,
 			Version: version, Nonce: nonce, Error: truncate(msg, 1024)})
 	}
 }

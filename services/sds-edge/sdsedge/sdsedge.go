@@ -89,7 +89,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
 		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
-	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.Pod.ID, Size: 4096, Flush: 3 * time.Second,
+	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.PodRef().String(), Size: 4096, Flush: 3 * time.Second,
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
@@ -169,8 +169,8 @@ func (e *Edge) serve(ctx context.Context) error {
 	}
 	e.mode.Store(dec.Mode)
 	e.log.Info("identity mode chosen", "mode", dec.Mode, "spiffe_id", e.spiffeID, "socket", e.cfg.SDS.Socket)
-	e.publish(events.PodEventUp, events.PodUp{Pod: e.cfg.Pod.ID, SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
-	defer e.publish(events.PodEventDown, events.PodDown{Pod: e.cfg.Pod.ID, Reason: "shutdown"})
+	e.publish(events.PodEventUp, events.PodUp{Pod: e.cfg.PodRef(), SPIFFEID: e.spiffeID, Mode: dec.Mode, Socket: e.cfg.SDS.Socket})
+	defer e.publish(events.PodEventDown, events.PodDown{Pod: e.cfg.PodRef(), Reason: "shutdown"})
 
 	if dec.Mode == identitymode.External {
 		close(e.bound)
@@ -199,7 +199,7 @@ func (e *Edge) serve(ctx context.Context) error {
 			return err
 		}
 		defer closeSigner()
-		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.Pod.ID, podfeed.Handlers{
+		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.PodRef(), podfeed.Handlers{
 			Renew: mgr.Renew, Trust: mgr.TrustChanged, Federated: mgr.Federated, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
 			return err
@@ -253,12 +253,12 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		closeSigner = func() { _ = istio.Close() }
 		return istio
 	}
-	busCA := caclient.NewNATS(e.d.Bus, "sds-edge/"+c.Pod.ID)
+	busCA := caclient.NewNATS(e.d.Bus, "sds-edge/"+c.PodRef().String())
 	if c.Bus.TokenFile != "" || c.ClientCert.Provisioned() {
 		// Admitted by the signer's auth callout with the pod's token or certificate:
 		// sign on the identity subject it grants (the credential proves this
 		// namespace and account).
-		busCA = caclient.NewNATSAs(e.d.Bus, "sds-edge/"+c.Pod.ID, c.Pod.Namespace, c.Pod.ServiceAccount)
+		busCA = caclient.NewNATSAs(e.d.Bus, "sds-edge/"+c.PodRef().String(), c.Pod.ServiceAccount)
 	}
 	var signer identity.Signer
 	switch {
@@ -269,7 +269,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	default:
 		signer = busCA
 	}
-	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
+	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
@@ -299,7 +299,7 @@ func readRoots(flag, path string) ([]*x509.Certificate, error) {
 func (e *Edge) Changed(en *secrets.Entry, streams int) {
 	e.logReady()
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
-	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.Pod.ID, Resource: en.Name, Serial: en.Serial,
+	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.PodRef(), Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
 }
 
@@ -328,7 +328,7 @@ func (e *Edge) refreshOnReconnect(ctx context.Context, mgr *identity.Manager) er
 func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
 	defer cancel()
-	r, err := trustbundle.Fetch(ctx, e.d.Bus, "sds-edge/"+e.cfg.Pod.ID)
+	r, err := trustbundle.Fetch(ctx, e.d.Bus, "sds-edge/"+e.cfg.PodRef().String())
 	if err == nil {
 		if r.TrustDomain == "" {
 			r.TrustDomain = e.cfg.Pod.TrustDomain
@@ -344,7 +344,7 @@ func (e *Edge) refreshBundle(ctx context.Context, mgr *identity.Manager) {
 
 // publish queues one of the pod's events (kind: events.PodEvent*) on its pod subject.
 func (e *Edge) publish(kind string, p events.Payload) {
-	subject, err := events.PodEventSubject(e.cfg.Pod.ID, kind)
+	subject, err := events.PodEventSubject(e.cfg.PodRef(), kind)
 	if err != nil {
 		e.log.Warn("dropping event", "kind", kind, "error", err)
 		return

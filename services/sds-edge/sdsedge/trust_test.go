@@ -156,9 +156,9 @@ func TestEndorsedRotationsApplyAndReplaysDoNot(t *testing.T) {
 	// A replay of an older, genuinely endorsed generation (one that would drop the
 	// newest root) is ignored: the next push is the one after it.
 	v.publishTrust(t, v.ca.trustChanged(t, 2, pki.CertPEMs([]*x509.Certificate{r1, r0}), pki.Fingerprint(r2)))
-	subj, _ := events.PodAnchorsSubject(testPod)
+	subj, _ := events.PodAnchorsSubject(testPodRef)
 	anchor := newTestCA(t).roots[0]
-	msg, _ := events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPod, Roots: pki.CertPEMs([]*x509.Certificate{anchor})})
+	msg, _ := events.NewMsg(subj, "xds-relay", events.TrustAnchors{Pod: testPodRef, Roots: pki.CertPEMs([]*x509.Certificate{anchor})})
 	if err := v.nc.PublishMsg(msg); err != nil {
 		t.Fatal(err)
 	}

@@ -320,11 +320,11 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 	e := &endToEnd{client: connect(), msgs: make([]*nats.Msg, n)}
 	for i := range e.msgs {
 		pod := fmt.Sprintf("pod-%d", i)
-		subject, err := events.PodSignSubject(pod)
+		subject, err := events.PodSignSubject(shopPod(pod))
 		if err != nil {
 			b.Fatal(err)
 		}
-		e.msgs[i], err = events.NewMsg(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: pod})
+		e.msgs[i], err = events.NewMsg(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: shopPod(pod)})
 		if err != nil {
 			b.Fatal(err)
 		}

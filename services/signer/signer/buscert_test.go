@@ -66,7 +66,7 @@ func (e *certEnv) issueTo(t *testing.T, pod string) heldCert {
 	defer nc.Close()
 	key, csr := signertest.CSR(t, pki.ECP256, "spiffe://cluster.local/ns/shop/sa/web")
 	tok := e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod(pod))
-	rep := natsSignAs(t, nc, pod, events.SignRequest{CSR: string(csr), Token: tok, Pod: pod})
+	rep := natsSignAs(t, nc, pod, events.SignRequest{CSR: string(csr), Token: tok, Pod: shopPod(pod)})
 	if rep.Error != nil {
 		t.Fatalf("first certificate of %s: %v", pod, rep.Error)
 	}
@@ -84,7 +84,10 @@ func (e *certEnv) vmConn(t *testing.T, claim, token string, cert func() *tls.Cer
 // vmConnInbox is vmConn with the inbox of pod inbox, whatever it claims.
 func (e *certEnv) vmConnInbox(t *testing.T, claim, inbox, token string, cert func() *tls.Certificate, errs *bustest.Errors) (*nats.Conn, error) {
 	t.Helper()
-	opts := append([]nats.Option{nats.Name("vm"), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, inbox)), nats.MaxReconnects(-1),
+	if claim != "" && !strings.Contains(claim, "/") {
+		claim = "shop/" + claim // the claim is "<namespace>/<name>"
+	}
+	opts := append([]nats.Option{nats.Name("vm"), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, shopPod(inbox))), nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond), nats.ErrorHandler(errs.Handler()),
 		func(o *nats.Options) error {
 			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -151,7 +154,7 @@ func TestVMRenewsOverTheBusWithItsCertificate(t *testing.T) {
 				t.Fatalf("admitted by certificate = %v, want 1", v)
 			}
 			// Its pod's subjects: a renew command reaches it.
-			renewSubj, _ := events.PodRenewSubject("vm-1")
+			renewSubj, _ := events.PodRenewSubject(events.PodRef{Namespace: "shop", Name: "vm-1"})
 			got, err := vm.SubscribeSync(renewSubj)
 			if err != nil {
 				t.Fatal(err)
@@ -167,13 +170,13 @@ func TestVMRenewsOverTheBusWithItsCertificate(t *testing.T) {
 			}
 
 			key, csr := signertest.CSR(t, pki.ECP256, askedID)
-			req := events.SignRequest{CSR: string(csr), Pod: "vm-1"}
-			subject, _ := events.PodSignSubject("vm-1")
+			req := events.SignRequest{CSR: string(csr), Pod: events.PodRef{Namespace: "shop", Name: "vm-1"}}
+			subject, _ := events.PodSignSubject(events.PodRef{Namespace: "shop", Name: "vm-1"})
 			// What a VM's sds-edge sends: its certificate and a proof (on the identity
 			// subject the signer takes the identity from the subject and uses neither).
 			req.CertChain, req.Proof = first.pems(), proof(t, first.key, csr)
 			if signByID {
-				subject, _ = events.IdentitySignSubject("shop", "web", "vm-1")
+				subject, _ = events.IdentitySignSubject(shopPod("vm-1"), "web")
 			}
 			msg, err := events.NewMsg(subject, "vm", req)
 			if err != nil {
@@ -280,7 +283,7 @@ func TestBusRefusesCertificatesItShouldNot(t *testing.T) {
 		t.Fatalf("vm-2's certificate without a claim: %v", err)
 	}
 	received := metricValue(t, e.r.metrics(t), csrsReceived)
-	own, _ := events.IdentitySignSubject("shop", "web", "vm-1")
+	own, _ := events.IdentitySignSubject(shopPod("vm-1"), "web")
 	_, csr := signertest.CSR(t, pki.ECP256, web)
 	msg, err := events.NewMsg(own, "vm", events.SignRequest{CSR: string(csr), CertChain: issued.pems(), Proof: proof(t, issued.key, csr)})
 	if err != nil {
@@ -289,7 +292,7 @@ func TestBusRefusesCertificatesItShouldNot(t *testing.T) {
 	if _, err := nc.RequestMsg(msg, 300*time.Millisecond); err == nil {
 		t.Fatal("a request on vm-1's identity subject was answered")
 	}
-	renewSubj, _ := events.PodRenewSubject("vm-1")
+	renewSubj, _ := events.PodRenewSubject(events.PodRef{Namespace: "shop", Name: "vm-1"})
 	if _, err := nc.Subscribe(renewSubj, func(*nats.Msg) {}); err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func (e *secureEnv) start(t *testing.T, cfg config.Config) *replica {
 func (e *secureEnv) pod(t *testing.T, ns, sa, pod string, errs *bustest.Errors) *nats.Conn {
 	t.Helper()
 	tok := e.iss.Mint(t, e.iss.ServiceAccount(ns, sa, time.Now().Add(-time.Second), time.Hour).ForPod(pod))
-	nc, err := e.sec.PodConn(t, pod, tok, errs)
+	nc, err := e.sec.PodConn(t, events.PodRef{Namespace: ns, Name: pod}, tok, errs)
 	if err != nil {
 		t.Fatalf("pod %s/%s/%s admitted: %v", ns, sa, pod, err)
 	}
@@ -114,7 +114,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	r := e.start(t, cfg)
 	var errs bustest.Errors
 	pod := e.pod(t, "shop", "web", "web-0", &errs)
-	own, _ := events.IdentitySignSubject("shop", "web", "web-0")
+	own, _ := events.IdentitySignSubject(shopPod("web-0"), "web")
 
 	sign := func(subject string, req events.SignRequest) events.SignReply {
 		t.Helper()
@@ -126,7 +126,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	}
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	for range 3 {
-		rep := sign(own, events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: "web-0"})
+		rep := sign(own, events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 		if rep.Error != nil {
 			t.Fatalf("sign on %s: %v", own, rep.Error)
 		}
@@ -146,9 +146,9 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 		req  events.SignRequest
 		code string
 	}{
-		{events.SignRequest{CSR: tampered(t, csr), Token: "x", Pod: "web-0"}, events.CodeInvalidArgument},
+		{events.SignRequest{CSR: tampered(t, csr), Token: "x", Pod: events.PodRef{Namespace: "shop", Name: "web-0"}}, events.CodeInvalidArgument},
 		{events.SignRequest{CSR: string(csr), Token: "x", TTL: cfg.Certs.MaxTTL + time.Hour}, events.CodeInvalidArgument},
-		{events.SignRequest{CSR: string(csr), Token: "x", Pod: "db-0"}, events.CodePermissionDenied},
+		{events.SignRequest{CSR: string(csr), Token: "x", Pod: events.PodRef{Namespace: "shop", Name: "db-0"}}, events.CodePermissionDenied},
 	} {
 		if rep := sign(own, tc.req); rep.Error == nil || rep.Error.Code != tc.code {
 			t.Fatalf("pod %q ttl %s: got %v, want %s", tc.req.Pod, tc.req.TTL, rep.Error, tc.code)
@@ -156,7 +156,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	}
 
 	// The same pod on its pod subject: its token is verified per request, as before.
-	podSubject, _ := events.PodSignSubject("web-0")
+	podSubject, _ := events.PodSignSubject(events.PodRef{Namespace: "shop", Name: "web-0"})
 	tok := e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
 	if rep := sign(podSubject, events.SignRequest{CSR: string(csr), Token: tok}); rep.Error != nil {
 		t.Fatal(rep.Error)
@@ -169,7 +169,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	// nothing and issues nothing.
 	before := metricValue(t, r.metrics(t), csrsReceived)
 	for _, other := range [][3]string{{"shop", "admin", "web-0"}, {"bank", "vault", "vault-0"}} {
-		subj, _ := events.IdentitySignSubject(other[0], other[1], other[2])
+		subj, _ := events.IdentitySignSubject(events.PodRef{Namespace: other[0], Name: other[2]}, other[1])
 		msg, err := events.NewMsg(subj, "test", events.SignRequest{CSR: string(csr), Token: "x"})
 		if err != nil {
 			t.Fatal(err)
@@ -198,7 +198,7 @@ func TestIdentitySubjectsOnlyWhenOptedIn(t *testing.T) {
 	e := newSecureEnv(t)
 	r := e.start(t, e.config("signer-a", false))
 	pod := e.pod(t, "shop", "web", "web-0", nil)
-	own, _ := events.IdentitySignSubject("shop", "web", "web-0")
+	own, _ := events.IdentitySignSubject(shopPod("web-0"), "web")
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	msg, err := events.NewMsg(own, "test", events.SignRequest{CSR: string(csr), Token: "x"})
 	if err != nil {

@@ -54,7 +54,7 @@ func TestSignerWaitsForAColdJetStream(t *testing.T) {
 	}
 	e.js = bustest.JetStream(t, e.nc)
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), Pod: "web-0"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 	if rep.Error != nil {
 		t.Fatalf("sign after a cold start: %v", rep.Error)
 	}

@@ -65,7 +65,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	sign := func(iss *signertest.Issuer) *events.ReplyError {
 		_, csr := signertest.CSR(t, pki.ECP256, askedID)
 		tok := iss.Mint(t, iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
-		return natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, TTL: time.Hour, Pod: "web-0", Resource: "default"}).Error
+		return natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, TTL: time.Hour, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}, Resource: "default"}).Error
 	}
 	if err := sign(first); err != nil {
 		t.Fatalf("token of the cluster issuer: %v", err)

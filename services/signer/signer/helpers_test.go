@@ -188,7 +188,7 @@ func natsSignIn(t *testing.T, nc *nats.Conn, enc events.Encoding, busPod string,
 	subject := events.SubjectSignAny
 	if busPod != "" {
 		var err error
-		if subject, err = events.PodSignSubject(busPod); err != nil {
+		if subject, err = events.PodSignSubject(shopPod(busPod)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -402,4 +402,23 @@ func proof(t *testing.T, key crypto.Signer, csrPEM []byte) string {
 		t.Fatal(err)
 	}
 	return base64.StdEncoding.EncodeToString(sig)
+}
+
+// shopPod is a test pod: "<namespace>/<name>", or a bare name in namespace shop,
+// where the tests' pods are.
+func shopPod(s string) events.PodRef {
+	if !strings.Contains(s, "/") {
+		s = "shop/" + s
+	}
+	var p events.PodRef
+	_ = p.UnmarshalText([]byte(s))
+	return p
+}
+
+// optPod is shopPod, and the zero PodRef for "".
+func optPod(s string) events.PodRef {
+	if s == "" {
+		return events.PodRef{}
+	}
+	return shopPod(s)
 }

@@ -34,7 +34,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	if first.Error != nil {
 		t.Fatal(first.Error)
 	}
-	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Pod != "web-0" {
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Pod != shopPod("web-0") {
 		t.Fatalf("first cert recorded for pod %q", ev.Pod)
 	}
 	leaf := mustCerts(t, first.CertChain)[0]
@@ -59,7 +59,7 @@ func TestPodComesFromTheCredential(t *testing.T) {
 		if n := count(t, e.js, events.SubjectCertIssued); n != before+1 {
 			t.Fatalf("cert.issued %d -> %d, want one more", before, n)
 		}
-		if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Pod != wantPod || ev.AuthSource != wantAuth {
+		if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Pod != optPod(wantPod) || ev.AuthSource != wantAuth {
 			t.Fatalf("cert.issued pod %q auth %s, want %q %s", ev.Pod, ev.AuthSource, wantPod, wantAuth)
 		}
 	}
@@ -75,23 +75,27 @@ func TestPodComesFromTheCredential(t *testing.T) {
 			wantCode, wantMsg  string
 			wantPod, wantAuthn string
 		}{
-			{"token for another pod", "", bound, false, "db-0", denied, `request names pod "db-0" but its credentials prove pod "web-0"`, "", ""},
+			{"token for another pod", "", bound, false, "db-0", denied, `request names pod "shop/db-0" but its credentials prove pod "shop/web-0"`, "", ""},
 			{"token pod used when the request names none", "", bound, false, "", "", "", "web-0", "jwt"},
 			{"matching pod", "", bound, false, "web-0", "", "", "web-0", "jwt"},
-			{"unproved pod refused", "", unbound, false, "db-0", denied, `request names pod "db-0", which neither its bus subject nor its token proves`, "", ""},
+			{"unproved pod refused", "", unbound, false, "db-0", denied, `request names pod "shop/db-0", which neither its bus subject nor its token proves`, "", ""},
 			{"bus subject proves the pod", "db-0", unbound, false, "", "", "", "db-0", "jwt"},
 			{"bus subject and token agree", "web-0", bound, false, "web-0", "", "", "web-0", "jwt"},
-			{"bus subject and token disagree", "db-0", bound, false, "", denied, `request came on pod "db-0"'s subject but the token was issued for pod "web-0"`, "", ""},
-			{"request pod other than the bus subject", "db-0", unbound, false, "web-0", denied, `request names pod "web-0" but its credentials prove pod "db-0"`, "", ""},
+			{"bus subject and token disagree", "db-0", bound, false, "", denied, `request came on pod "shop/db-0"'s subject but the token was issued for pod "shop/web-0"`, "", ""},
+			{"request pod other than the bus subject", "db-0", unbound, false, "web-0", denied, `request names pod "shop/web-0" but its credentials prove pod "shop/db-0"`, "", ""},
 			{"no pod anywhere", "", unbound, false, "", "", "", "", "jwt"},
 			{"empty pod claim", "", broken, false, "web-0", unauth, "token pod claim", "", ""},
 			{"x509 renewal on the pod subject", "web-0", "", true, "", "", "", "web-0", "x509"},
+			// The same pod name in another namespace is another pod: never the
+			// token's, and never one outside the identity's namespace.
+			{"token pod's name in another namespace", "", bound, false, "attacker/web-0", denied, `request names pod "attacker/web-0" but its credentials prove pod "shop/web-0"`, "", ""},
+			{"bus subject of another namespace than the identity", "attacker/web-0", unbound, false, "", denied, `pod "attacker/web-0" is not in the namespace of identity`, "", ""},
 			{"x509 renewal naming an unproved pod", "", "", true, "web-0", denied, "neither its bus subject nor its token proves", "", ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				check(t, func() (string, string) {
 					_, csr := signertest.CSR(t, pki.ECP256, askedID)
-					req := events.SignRequest{CSR: string(csr), Token: tc.token, Pod: tc.pod}
+					req := events.SignRequest{CSR: string(csr), Token: tc.token, Pod: optPod(tc.pod)}
 					if tc.x509 {
 						req.CertChain, req.Proof = first.CertChain, proof(t, key, csr)
 					}
@@ -150,5 +154,5 @@ func TestPodComesFromTheCredential(t *testing.T) {
 	if got := rootRevision(t, e.js); got != rev {
 		t.Fatalf("kv root revision %d -> %d", rev, got)
 	}
-	s.wantMetrics(t, `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 5`)
+	s.wantMetrics(t, `meshagent_signer_rejected_total{reason="pod_mismatch",transport="nats"} 7`)
 }

@@ -18,7 +18,7 @@ func TestPodTTLClamped(t *testing.T) {
 	cfg.Certs.PodMaxTTL = 2 * time.Hour
 	e.start(t, cfg)
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: 2159 * time.Hour, Pod: "web-0"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: 2159 * time.Hour, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
@@ -26,7 +26,7 @@ func TestPodTTLClamped(t *testing.T) {
 	if got := leaf.NotAfter.Sub(leaf.NotBefore); got != 2*time.Hour+ca.Backdate {
 		t.Fatalf("a pod asking 2159h got %s, want the pods' cap 2h", got)
 	}
-	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); !ev.NotAfter.Equal(leaf.NotAfter) || ev.Pod != "web-0" {
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); !ev.NotAfter.Equal(leaf.NotAfter) || ev.Pod != (events.PodRef{Namespace: "shop", Name: "web-0"}) {
 		t.Fatalf("cert.issued %+v", ev)
 	}
 	// An operator's request for no pod: -max-ttl still bounds it, the pods' cap does not.

@@ -91,7 +91,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 	t.Run("nats", func(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
-				req := events.SignRequest{CSR: string(tc.csr), Token: tc.token, TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: "web-0"}
+				req := events.SignRequest{CSR: string(tc.csr), Token: tc.token, TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}}
 				var rep events.SignReply
 				if tc.token == "" {
 					// SignRequest.Validate refuses a request without a credential before it
@@ -127,7 +127,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 					rep = natsRaw(t, e.nc, compactSign(compactField(1, der), compactField(2, tc.token), compactField(50, tc.csr)))
 				default:
 					rep = natsSignIn(t, e.nc, events.EncodingCompact, "", events.SignRequest{CSR: string(tc.csr), Token: tc.token,
-						TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: "web-0"})
+						TTL: time.Duration(tc.ttl) * time.Second, CertSigner: tc.signer, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 				}
 				tc.checkNATS(t, rep)
 			})
@@ -213,7 +213,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 
 	// JWT over NATS: the identity comes from the token, not from the CSR.
 	key, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Hour, Pod: "web-0", Resource: "default", KeyAlgorithm: "EC-P256"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web"), TTL: time.Hour, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}, Resource: "default", KeyAlgorithm: "EC-P256"})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
@@ -226,14 +226,14 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	}
 	ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
 	rootFP := pki.Fingerprint(mustCerts(t, b.Roots)[0])
-	if ev.Serial != pki.SerialHex(leaf) || ev.SPIFFEID != want || ev.Pod != "web-0" || ev.Resource != "default" || ev.KeyAlgorithm != "EC-P256" ||
+	if ev.Serial != pki.SerialHex(leaf) || ev.SPIFFEID != want || ev.Pod != shopPod("web-0") || ev.Resource != "default" || ev.KeyAlgorithm != "EC-P256" ||
 		ev.AuthSource != "jwt" || ev.Signer != "signer-a" || ev.Transport != "nats" || ev.RootFingerprint != rootFP || !ev.NotAfter.Equal(leaf.NotAfter) {
 		t.Fatalf("cert.issued %+v", ev)
 	}
 
 	// Renewal over NATS with the still-valid cert and a proof over the new CSR.
 	_, csr2 := signertest.CSR(t, pki.RSA2048, askedID)
-	rep2 := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: "web-0"})
+	rep2 := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr2), CertChain: rep.CertChain, Proof: proof(t, key, csr2), Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 	if rep2.Error != nil {
 		t.Fatal(rep2.Error)
 	}
@@ -261,7 +261,7 @@ func TestSignAndRenewOverBothTransports(t *testing.T) {
 	if leaf3.URIs[0].String() != want || leaf3.NotAfter.Sub(leaf3.NotBefore) != 10*time.Minute+ca.Backdate {
 		t.Fatalf("grpc leaf %v", leaf3.URIs)
 	}
-	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Transport != "grpc" || ev.Pod != "" || ev.AuthSource != "jwt" {
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.Transport != "grpc" || !ev.Pod.IsZero() || ev.AuthSource != "jwt" {
 		t.Fatalf("grpc event %+v", ev)
 	}
 

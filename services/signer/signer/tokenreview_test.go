@@ -75,7 +75,7 @@ func TestSignerVerifiesTokensByTokenReview(t *testing.T) {
 	known[tok] = "web-0"
 	mu.Unlock()
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, Pod: "web-0"})
+	rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 	if rep.Error != nil {
 		t.Fatal(rep.Error)
 	}
@@ -107,7 +107,7 @@ func TestSignerVerifiesTokensByTokenReview(t *testing.T) {
 	if _, err := istioCreate(c, fresh, "", csr, 3600); status.Code(err) != codes.Unavailable {
 		t.Fatalf("API down over gRPC: %v", err)
 	}
-	if rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: fresh, Pod: "web-0"}); rep.Error == nil || rep.Error.Code != events.CodeUnavailable {
+	if rep := natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: fresh, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}}); rep.Error == nil || rep.Error.Code != events.CodeUnavailable {
 		t.Fatalf("API down over NATS: %+v", rep.Error)
 	}
 	mu.Lock()

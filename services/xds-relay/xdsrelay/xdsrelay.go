@@ -74,11 +74,11 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc, err := proxyconfig.New(cfg.Pod.ID, d.Bus, x.dialer, d.Log.Named("proxyconfig"))
+	pc, err := proxyconfig.New(cfg.PodRef(), d.Bus, x.dialer, d.Log.Named("proxyconfig"))
 	if err != nil {
 		return nil, err
 	}
-	x.events, err = outbox.New(js, outbox.Options{Source: "xds-relay/" + cfg.Pod.ID, Metric: relay.EventsDropped,
+	x.events, err = outbox.New(js, outbox.Options{Source: "xds-relay/" + cfg.PodRef().String(), Metric: relay.EventsDropped,
 		Registry: d.Metrics, Log: d.Log.Named("events")})
 	if err != nil {
 		return nil, err
@@ -94,7 +94,7 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 		}
 		handlers = append(handlers, x.dns.Handler())
 	}
-	x.relay, err = relay.New(relay.Config{Pod: cfg.Pod.ID, Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
+	x.relay, err = relay.New(relay.Config{Pod: cfg.PodRef(), Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
 		x.dialer, handlers, x.events, d.Metrics, d.Log.Named("relay"))
 	if err != nil {
 		return nil, err

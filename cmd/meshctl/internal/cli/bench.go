@@ -255,18 +255,18 @@ func benchPods(url, tlsCA string, toks []string, mode string) ([]string, []*nats
 	var subjects []string
 	var conns []*nats.Conn
 	for i, tok := range toks {
-		ns, sa, pod, err := tokenPod(tok)
+		sa, pod, err := tokenPod(tok)
 		if err != nil {
 			return nil, conns, fmt.Errorf("-tokens: token %d: %w", i+1, err)
 		}
 		subj, err := events.PodSignSubject(pod)
 		if mode == "id" {
-			subj, err = events.IdentitySignSubject(ns, sa, pod)
+			subj, err = events.IdentitySignSubject(pod, sa)
 		}
 		if err != nil {
 			return nil, conns, fmt.Errorf("-tokens: token %d: %w", i+1, err)
 		}
-		opts := []nats.Option{nats.Token(tok), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)), nats.Name("meshctl bench sign/pod/" + pod)}
+		opts := []nats.Option{nats.Token(tok), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)), nats.Name("meshctl bench sign/pod/" + pod.String())}
 		if tlsCA != "" {
 			opts = append(opts, nats.RootCAs(tlsCA))
 		}
@@ -280,16 +280,16 @@ func benchPods(url, tlsCA string, toks []string, mode string) ([]string, []*nats
 	return subjects, conns, nil
 }
 
-// tokenPod reads the namespace, service account and pod a Kubernetes token is
-// bound to, without verifying it.
-func tokenPod(tok string) (ns, sa, pod string, err error) {
+// tokenPod reads the service account and pod (in the token's namespace) a
+// Kubernetes token is bound to, without verifying it.
+func tokenPod(tok string) (sa string, pod events.PodRef, err error) {
 	parts := strings.Split(tok, ".")
 	if len(parts) != 3 {
-		return "", "", "", errors.New("not a JWT")
+		return "", pod, errors.New("not a JWT")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return "", "", "", fmt.Errorf("claims: %w", err)
+		return "", pod, fmt.Errorf("claims: %w", err)
 	}
 	var c struct {
 		K8s struct {
@@ -303,12 +303,12 @@ func tokenPod(tok string) (ns, sa, pod string, err error) {
 		} `json:"kubernetes.io"`
 	}
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return "", "", "", fmt.Errorf("claims: %w", err)
+		return "", pod, fmt.Errorf("claims: %w", err)
 	}
 	if c.K8s.Pod.Name == "" {
-		return "", "", "", errors.New("not bound to a pod (no kubernetes.io.pod.name): -subject pod and id need pod-bound tokens")
+		return "", pod, errors.New("not bound to a pod (no kubernetes.io.pod.name): -subject pod and id need pod-bound tokens")
 	}
-	return c.K8s.Namespace, c.K8s.ServiceAccount.Name, c.K8s.Pod.Name, nil
+	return c.K8s.ServiceAccount.Name, events.PodRef{Namespace: c.K8s.Namespace, Name: c.K8s.Pod.Name}, nil
 }
 
 // benchRequests prepares n sign requests encoded as enc, each with a fresh key's

@@ -75,7 +75,7 @@ func (b *busFlags) connectAs(ctx context.Context, st *stackfile.Stack, name stri
 	if b.nkey != "" && b.creds != "" {
 		return nil, errors.New("-nats-nkey, -nats-creds: set one, not both")
 	}
-	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(role, ""),
+	cfg := bus.Config{URL: b.url, NKeyFile: b.nkey, CredsFile: b.creds, Name: name, InboxPrefix: policy.Inbox(role, events.PodRef{}),
 		TLS: bus.TLSConfig{CAFile: b.tlsCA}, ConnectWait: 2 * time.Second}
 	if st != nil {
 		if cfg.URL == "" {

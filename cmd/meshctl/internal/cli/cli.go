@@ -31,7 +31,7 @@ var operator = []command.Command{
 	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", Run: runSDS},
 	{Name: "trust", Usage: "show the trust domains the fleet trusts, where each bundle came from and when it refreshes: trust [-o json]", Run: runTrust},
 	{Name: "dns", Usage: "ask a pod's DNS proxy for a name: dns [-pod ID | -server ADDR] [-type A] [-tcp] NAME", Run: runDNS},
-	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod ID", Run: runRotate},
+	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod [NAMESPACE/]NAME (a bare name: namespace default)", Run: runRotate},
 	{Name: "token", Usage: "mint a dev service-account token: token -ns NS -sa SA [-ttl D]", Run: runToken},
 	{Name: "bus-auth", Usage: "generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", Run: runBusAuth},
 }

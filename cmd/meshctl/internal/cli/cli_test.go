@@ -27,7 +27,7 @@ func TestBadInvocationsGiveClearErrors(t *testing.T) {
 	}{
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"rotate without target", []string{"rotate"}, "meshctl rotate root"},
-		{"rotate pod without id", []string{"rotate", "pod"}, "meshctl rotate pod ID"},
+		{"rotate pod without id", []string{"rotate", "pod"}, "meshctl rotate pod [NAMESPACE/]NAME"},
 		{"rotate pod with -new-key", []string{"rotate", "-dir", dir, "pod", "p", "-new-key"}, "meshctl rotate root [-new-key]"},
 		{"rotate root with extra words", []string{"rotate", "root", "now"}, "meshctl rotate root"},
 		{"rotate with flags first reaches the stack", []string{"rotate", "-dir", dir, "pod", "demo-0"}, "is meshctl up running?"},

@@ -65,7 +65,7 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 	fs.String(&f.alg, "key-alg", "", string(pki.ECP256), "key algorithm")
 	fs.Duration(&f.ttl, "ttl", "", time.Hour, "requested certificate TTL")
 	fs.Bool(&f.bus, "bus", "", false, "renew by certificate over the bus instead of gRPC: connect presenting -cert (no token), admitted as -pod (a VM)")
-	fs.String(&f.pod, "pod", "", "", "the pod the minted token is bound to (a node agent impersonating needs one); with -bus: the pod -cert was issued to")
+	fs.String(&f.pod, "pod", "", "", "the pod the minted token is bound to, a name in -ns or <ns>/<name> (a node agent impersonating needs one); with -bus: the pod -cert was issued to, <ns>/<name> or a name in the default namespace")
 	fs.String(&f.natsURL, "nats-url", "NATS_URL", "", "with -bus: NATS URL (default: the local stack's)")
 	fs.String(&f.natsCA, "nats-tls-ca", "NATS_TLS_CA", "", "with -bus: CA to verify the bus's TLS (default: the local stack's bus CA)")
 	fs.String(&f.out, "out", "", "", "write the new key.pem (0600), cert-chain.pem and root-cert.pem here (as OUTPUT_CERTS and PROV_CERT hold them)")
@@ -103,7 +103,15 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 		if err != nil {
 			return err
 		}
-		if tok, err = iss.MintForPod(f.ns, f.sa, f.pod, st.TokenIssuer.Audience, 10*time.Minute, time.Now()); err != nil {
+		podName := ""
+		if f.pod != "" {
+			p, err := mintPod(f.ns, f.pod)
+			if err != nil {
+				return fmt.Errorf("-pod: %w", err)
+			}
+			podName = p.Name
+		}
+		if tok, err = iss.MintForPod(f.ns, f.sa, podName, st.TokenIssuer.Audience, 10*time.Minute, time.Now()); err != nil {
 			return err
 		}
 	}

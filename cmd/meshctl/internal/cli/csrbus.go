@@ -40,10 +40,17 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 	if err != nil {
 		return nil, nil, fmt.Errorf("-cert: %w", err)
 	}
-	nc, err := bus.Connect(ctx, bus.Config{URL: natsURL, Name: "meshctl csr", Pod: f.pod, InboxPrefix: policy.Inbox(policy.Pod, f.pod),
+	pod, err := parsePod(f.pod)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-pod: %w", err)
+	}
+	if pod.Namespace != ns {
+		return nil, nil, fmt.Errorf("-pod: %s is not in the namespace of -cert's identity (%s)", pod, leaf.URIs[0])
+	}
+	nc, err := bus.Connect(ctx, bus.Config{URL: natsURL, Name: "meshctl csr", Pod: pod.String(), InboxPrefix: policy.Inbox(policy.Pod, pod),
 		TLS: bus.TLSConfig{CAFile: caFile, ClientCert: func() (*tls.Certificate, error) { return &held, nil }}, ConnectWait: 2 * time.Second}, hclog.NewNullLogger())
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w (the bus must speak TLS and ask for client certificates, and -cert must have been issued to pod %s)", err, f.pod)
+		return nil, nil, fmt.Errorf("%w (the bus must speak TLS and ask for client certificates, and -cert must have been issued to pod %s)", err, pod)
 	}
 	defer nc.Close()
 	alg, key, csr, err := newKeyCSR(f.alg, leaf.URIs[0].String())
@@ -66,13 +73,13 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 		}
 		chain = append(chain, c)
 	}
-	req := events.SignRequest{CSR: string(csr), TTL: f.ttl, Pod: f.pod, KeyAlgorithm: string(alg),
+	req := events.SignRequest{CSR: string(csr), TTL: f.ttl, Pod: pod, KeyAlgorithm: string(alg),
 		CertChain: pki.CertPEMs(chain), Proof: base64.StdEncoding.EncodeToString(sig)}
-	idSubject, err := events.IdentitySignSubject(ns, sa, f.pod)
+	idSubject, err := events.IdentitySignSubject(pod, sa)
 	if err != nil {
 		return nil, nil, err
 	}
-	podSubject, err := events.PodSignSubject(f.pod)
+	podSubject, err := events.PodSignSubject(pod)
 	if err != nil {
 		return nil, nil, err
 	}

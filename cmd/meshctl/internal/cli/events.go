@@ -32,7 +32,7 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 	bf.bindRole(fs)
 	fs.Bool(&f.follow, "follow", "", false, "after the history, print new events as they happen until Ctrl-C")
 	fs.String(&f.since, "since", "", "", "replay from this long ago (10m, 1h, 7d) or this time (RFC 3339); default: the whole history kept")
-	fs.String(&f.pod, "pod", "", "", "only the events of this pod")
+	fs.String(&f.pod, "pod", "", "", "only the events of this pod, <namespace>/<name> or a name in the default namespace")
 	fs.List(&f.types, "type", "", nil, "only events of these types, comma-separated (cert.issued,rotation.renew_due,...)")
 	fs.String(&f.output, "o", "", "text", "output: text or json (one JSON object per line)")
 	if err := command.Parse(fs, args); err != nil {
@@ -99,7 +99,7 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 // filter checks the flags and turns them into a filter; bad values name their flag.
 func (f eventsFlags) filter(now time.Time) (auditlog.Filter, error) {
 	var errs []error
-	out := auditlog.Filter{Pod: f.pod, Types: f.types}
+	out := auditlog.Filter{Types: f.types}
 	if f.since != "" {
 		t, err := parseSince(f.since, now)
 		if err != nil {
@@ -108,9 +108,11 @@ func (f eventsFlags) filter(now time.Time) (auditlog.Filter, error) {
 		out.Since = t
 	}
 	if f.pod != "" {
-		if err := events.ValidatePodID(f.pod); err != nil {
+		p, err := parsePod(f.pod)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("-pod: %w", err))
 		}
+		out.Pod = p.String()
 	}
 	known := map[string]bool{}
 	for _, t := range events.KnownTypes() {

@@ -27,7 +27,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-dry-run] [-wait D] | meshctl rotate pod ID", errUsage)
+	usage := fmt.Errorf("%w: meshctl rotate root [-new-key] [-dry-run] [-wait D] | meshctl rotate pod [NAMESPACE/]NAME", errUsage)
 	switch {
 	case len(words) == 1 && words[0] == "root":
 	case len(words) == 2 && words[0] == "pod" && !newKey && !dryRun:
@@ -163,7 +163,11 @@ func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait tim
 	}
 }
 
-func rotatePod(nc *nats.Conn, env Env, pod string) error {
+func rotatePod(nc *nats.Conn, env Env, arg string) error {
+	pod, err := parsePod(arg)
+	if err != nil {
+		return fmt.Errorf("pod: %w", err)
+	}
 	subj, err := events.PodRenewSubject(pod)
 	if err != nil {
 		return err

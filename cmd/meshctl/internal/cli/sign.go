@@ -35,7 +35,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	bf.bind(fs)
 	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace of the identity")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account of the identity")
-	fs.String(&pod, "pod", "", "", "bind the minted token to this pod: the certificate is recorded as issued to it, so it admits that pod to the bus later (a VM's provisioned certificate, PROV_CERT)")
+	fs.String(&pod, "pod", "", "", "bind the minted token to this pod (a name in -ns, or <ns>/<name>): the certificate is recorded as issued to it, so it admits that pod to the bus later (a VM's provisioned certificate, PROV_CERT)")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "requested certificate TTL")
 	fs.String(&out, "out", "", "", "write key.pem (0600), cert-chain.pem and root-cert.pem here, as OUTPUT_CERTS holds them")
@@ -56,8 +56,12 @@ func runSign(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	var tok string
+	var podRef events.PodRef
 	if pod != "" {
-		tok, err = iss.MintForPod(ns, sa, pod, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
+		if podRef, err = mintPod(ns, pod); err != nil {
+			return fmt.Errorf("-pod: %w", err)
+		}
+		tok, err = iss.MintForPod(ns, sa, podRef.Name, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
 	} else {
 		tok, err = iss.Mint(ns, sa, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
 	}
@@ -82,7 +86,7 @@ func runSign(ctx context.Context, env Env, args []string) error {
 	if useGRPC {
 		chain, err = signGRPC(ctx, st, string(csr), tok, ttl)
 	} else {
-		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTL: ttl, KeyAlgorithm: string(ka), Pod: pod})
+		chain, err = signNATS(ctx, &bf, st, events.SignRequest{CSR: string(csr), Token: tok, TTL: ttl, KeyAlgorithm: string(ka), Pod: podRef})
 	}
 	if err != nil {
 		return err

@@ -18,7 +18,7 @@ func runToken(_ context.Context, env Env, args []string) error {
 	dirFlag(fs, &dir)
 	fs.String(&ns, "ns", "POD_NAMESPACE", "", "namespace")
 	fs.String(&sa, "sa", "SERVICE_ACCOUNT", "", "service account")
-	fs.String(&pod, "pod", "POD_NAME", "", "bind the token to this pod (the signer then records certificates for it only)")
+	fs.String(&pod, "pod", "POD_NAME", "", "bind the token to this pod, a name in -ns or <ns>/<name> (the signer then records certificates for it only)")
 	fs.String(&aud, "aud", "", devtoken.DefaultAudience, "audience")
 	fs.Duration(&ttl, "ttl", "", time.Hour, "token lifetime")
 	if err := command.Parse(fs, args); err != nil {
@@ -27,6 +27,13 @@ func runToken(_ context.Context, env Env, args []string) error {
 	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
 	if err != nil {
 		return err
+	}
+	if pod != "" {
+		p, err := mintPod(ns, pod)
+		if err != nil {
+			return fmt.Errorf("-pod: %w", err)
+		}
+		pod = p.Name
 	}
 	tok, err := iss.MintForPod(ns, sa, pod, aud, ttl, time.Now())
 	if err != nil {

@@ -146,21 +146,21 @@ func (r *Runner) freeAddrs(n int) ([]string, error) {
 type podWaiter struct {
 	began   time.Time // before the first pod starts
 	mu      sync.Mutex
-	cert    map[string]time.Duration // since began
-	envoy   map[string]time.Duration
+	cert    map[events.PodRef]time.Duration // since began
+	envoy   map[events.PodRef]time.Duration
 	changed chan struct{} // a token when something was recorded
 }
 
 func newPodWaiter(began time.Time) *podWaiter {
-	return &podWaiter{began: began, cert: map[string]time.Duration{}, envoy: map[string]time.Duration{}, changed: make(chan struct{}, 1)}
+	return &podWaiter{began: began, cert: map[events.PodRef]time.Duration{}, envoy: map[events.PodRef]time.Duration{}, changed: make(chan struct{}, 1)}
 }
 
 // observe records a cert.issued, sds.pushed or envoy.ready; anything else, or what
 // does not decode, is ignored (wait's /readyz check is the judge).
 func (w *podWaiter) observe(m *nats.Msg) {
 	var (
-		pod  string
-		into map[string]time.Duration
+		pod  events.PodRef
+		into map[events.PodRef]time.Duration
 	)
 	if m.Subject == events.SubjectCertIssued {
 		ev, _, err := events.Decode[events.CertIssued](m)
@@ -187,7 +187,7 @@ func (w *podWaiter) observe(m *nats.Msg) {
 		}
 	}
 	w.mu.Lock()
-	if _, seen := into[pod]; !seen && pod != "" {
+	if _, seen := into[pod]; !seen && !pod.IsZero() {
 		into[pod] = time.Since(w.began)
 	}
 	w.mu.Unlock()
@@ -197,11 +197,11 @@ func (w *podWaiter) observe(m *nats.Msg) {
 	}
 }
 
-// times is when pod got its certificate and when its Envoy was ready.
-func (w *podWaiter) times(pod string) (cert, envoy time.Duration) {
+// times is when demo pod id got its certificate and when its Envoy was ready.
+func (w *podWaiter) times(id string) (cert, envoy time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cert[pod], w.envoy[pod]
+	return w.cert[demoPod(id)], w.envoy[demoPod(id)]
 }
 
 // missing lists what each pod has not shown yet.
@@ -210,10 +210,10 @@ func (w *podWaiter) missing(pods []*podStart) []string {
 	defer w.mu.Unlock()
 	var out []string
 	for _, p := range pods {
-		if _, ok := w.cert[p.id]; !ok {
+		if _, ok := w.cert[demoPod(p.id)]; !ok {
 			out = append(out, p.id+": certificate")
 		}
-		if _, ok := w.envoy[p.id]; !ok {
+		if _, ok := w.envoy[demoPod(p.id)]; !ok {
 			out = append(out, p.id+": envoy.ready")
 		}
 	}

@@ -175,7 +175,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	r.nc, err = bus.Connect(ctx, bus.Config{URL: r.natsURL(), Name: "meshctl", NKeyFile: r.creds.SeedFile(policy.Admin),
-		InboxPrefix: policy.Inbox(policy.Admin, ""), ConnectWait: 5 * time.Second}, r.log.Named("bus"))
+		InboxPrefix: policy.Inbox(policy.Admin, events.PodRef{}), ConnectWait: 5 * time.Second}, r.log.Named("bus"))
 	if err != nil {
 		return fmt.Errorf("connect embedded nats: %w", err)
 	}
@@ -415,8 +415,14 @@ func (r *Runner) startRotator(ctx context.Context) error {
 	return nil
 }
 
+// DemoNamespace and DemoServiceAccount are the demo pods' (demoPod).
+const DemoNamespace, DemoServiceAccount = "default", "demo"
+
+// demoPod is demo pod id as the bus knows it.
+func demoPod(id string) events.PodRef { return events.PodRef{Namespace: DemoNamespace, Name: id} }
+
 func (r *Runner) startPod(id string) (*podStart, error) {
-	const ns, sa = "default", "demo"
+	const ns, sa = DemoNamespace, DemoServiceAccount
 	root := filepath.Join(r.podsDir, id)
 	pod := stackfile.Pod{
 		ID: id, Namespace: ns, ServiceAccount: sa, Root: root,

@@ -233,8 +233,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if c.Envoy.Template != "" {
 		c.Envoy.Template = c.Pod.Path(c.Envoy.Template)
 	}
-	c.Bus.Name = "launcher/" + c.Pod.ID
-	c.Bus.AsPod(c.Pod.ID, c.Pod.TokenFile)
+	c.Bus.Name = "launcher/" + c.PodRef().String()
+	c.Bus.AsPod(c.PodRef(), c.Pod.TokenFile)
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -256,7 +256,13 @@ func proxyCommand(args []string) (rest []string, proxyType string, err error) {
 // Process is what the lifecycle needs: the launcher is on the bus as its pod.
 func (c Config) Process() lifecycle.Process {
 	b := c.Bus
-	return lifecycle.Process{Name: "launcher", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &b}
+	return lifecycle.Process{Name: "launcher", Log: c.Log, LogWith: []any{"pod", c.PodRef().String()}, HTTP: c.Listen.HTTP, Bus: &b}
+}
+
+// PodRef is the launcher's pod as the bus knows it: its namespace (-namespace,
+// POD_NAMESPACE) and name (-pod, POD_NAME).
+func (c Config) PodRef() events.PodRef {
+	return events.PodRef{Namespace: c.Pod.Namespace, Name: c.Pod.ID}
 }
 
 // Validate reports every problem at once, naming the flag.
@@ -267,8 +273,8 @@ func (c Config) Validate() error {
 	p.Add(c.Bus.Validate())
 	if c.Pod.ID == "" {
 		add("-pod: required")
-	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		add("-pod: %v", err)
+	} else if err := c.PodRef().Validate(); err != nil {
+		add("-pod/-namespace: %v", err)
 	}
 	if c.Listen.HTTP == "" {
 		add("-http-addr: required")

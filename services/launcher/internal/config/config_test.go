@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"github.com/meshagent/meshagent/pkg/events"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ func TestLoadResolvesPathsUnderPodRootAndJoinsTheBusAsThePod(t *testing.T) {
 		t.Fatalf("paths %s %s %s", c.SDSSocket, c.OutputCerts, c.GRPCBootstrap)
 	}
 	p := c.Process()
-	if p.Bus == nil || p.Bus.InboxPrefix != "_INBOX.pod.web-0" || p.Name != "launcher" || p.HTTP != "127.0.0.1:15021" {
+	if p.Bus == nil || p.Bus.InboxPrefix != "_INBOX.pod.default.web-0" || p.Bus.Pod != "default/web-0" || p.Name != "launcher" || p.HTTP != "127.0.0.1:15021" {
 		t.Fatalf("process %+v bus %+v", p, p.Bus)
 	}
 	if c.Pod.DNSDomain != "default.svc.cluster.local" || c.Pod.IPs[0] != "127.0.0.1" || c.Listen.Status != ":15020" {
@@ -39,6 +40,12 @@ func TestIstioEnvNames(t *testing.T) {
 	c, err := Load(nil, func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.PodRef() != (events.PodRef{Namespace: "shop", Name: "web-0"}) || c.Bus.Pod != "shop/web-0" {
+		t.Fatalf("pod on the bus %v, claim %q", c.PodRef(), c.Bus.Pod)
+	}
+	if _, err := Load([]string{"-pod", "web-0", "-namespace", "sh.op"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "-pod/-namespace") {
+		t.Fatalf("namespace sh.op: %v", err)
 	}
 	if c.Pod.Namespace != "shop" || c.Pod.DNSDomain != "shop.svc.cluster.local" || len(c.Pod.IPs) != 2 || c.Pod.Labels["app"] != "web" ||
 		c.Drain.Duration.String() != "7s" || !c.Drain.ExitOnZero || c.Drain.MinDuration.String() != "3s" || !c.Envoy.Disabled ||

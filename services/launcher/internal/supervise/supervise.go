@@ -28,7 +28,7 @@ type Publisher interface {
 
 // Config says how to run and drain Envoy.
 type Config struct {
-	Pod         string
+	Pod         events.PodRef
 	Spec        envoy.Spec
 	Admin       envoy.Admin
 	InboundOnly bool     // drain inbound listeners only (a sidecar)

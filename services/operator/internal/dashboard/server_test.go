@@ -168,7 +168,7 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 
 	now := time.Now()
 	msg, err := events.NewMsg(events.SubjectCertIssued, "signer-0", events.CertIssued{Serial: "5e41a1", SPIFFEID: "spiffe://td/ns/a/sa/web",
-		NotBefore: now, NotAfter: now.Add(30 * time.Minute), Pod: "web-0", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
+		NotBefore: now, NotAfter: now.Add(30 * time.Minute), Pod: events.PodRef{Namespace: "default", Name: "web-0"}, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 	}
 	testkit.Eventually(t, "the inventory API lists web-0", func() bool {
 		code, body := testkit.HTTPGet(base + "/api/inventory")
-		return code == 200 && strings.Contains(body, `"serial":"5e41a1"`) && strings.Contains(body, `"pod":"web-0"`)
+		return code == 200 && strings.Contains(body, `"serial":"5e41a1"`) && strings.Contains(body, `"pod":"default/web-0"`)
 	})
 	testkit.Eventually(t, "the metrics count it", func() bool {
 		_, body := testkit.HTTPGet(base + "/metrics")

@@ -112,7 +112,13 @@ func isConflict(err error) bool { return errors.Is(err, store.ErrConflict) }
 
 // send publishes renew-due to the pod (core NATS) and to the audit stream.
 func (r *Replica) send(ctx context.Context, d schedule.Renewal) {
-	rd := events.RenewDue{Pod: d.Pod, Resource: d.Resource, Serial: d.Serial, NotAfter: d.NotAfter,
+	pod, err := events.PodRefFromString(d.Pod) // the schedule's key: "<namespace>/<name>"
+	if err != nil {
+		r.m.sendErrors.Inc()
+		r.log.Warn("renew-due not sent", "pod", clip(d.Pod), "resource", clip(d.Resource), "error", err)
+		return
+	}
+	rd := events.RenewDue{Pod: pod, Resource: d.Resource, Serial: d.Serial, NotAfter: d.NotAfter,
 		Reason: d.Reason, Attempt: d.Attempt}
 	meta := events.Meta{ID: renewalID(d), Source: "rotator/" + r.opts.Instance, Subject: d.Pod, Time: r.clk.Now()}
 	if err := r.publishPod(meta, rd); err != nil {

@@ -212,7 +212,7 @@ func TestReplicaKilledFailover(t *testing.T) {
 	}
 	h.clk.Add(31 * time.Minute)
 	got := h.waitSent(1)
-	if got[0].Pod != "web-0" {
+	if got[0].Pod != dpod("web-0") {
 		t.Fatalf("after failover: %+v", got)
 	}
 }

@@ -57,7 +57,7 @@ func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
 	}
-	if ev.Pod == "" {
+	if ev.Pod.IsZero() {
 		// Istio agents over gRPC name no pod: they renew by themselves.
 		r.m.events.WithLabelValues("cert.issued", "unscheduled").Inc()
 		return nil
@@ -67,7 +67,11 @@ func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 		r.m.events.WithLabelValues("cert.issued", "expired").Inc()
 		return nil
 	}
-	if _, err := store.Key(ev.Pod, ev.Resource); err != nil {
+	// The schedule is keyed by the pod's "<namespace>/<name>": a certificate issued
+	// to a pod of the same name in another namespace is another entry, and never
+	// replaces this one's.
+	pod := ev.Pod.String()
+	if _, err := store.Key(pod, ev.Resource); err != nil {
 		// Could never be stored: refuse it before it reaches the schedule.
 		return fmt.Errorf("%w: %w", errRejected, err)
 	}
@@ -79,7 +83,7 @@ func (r *Replica) onCertIssued(ctx context.Context, nm *nats.Msg) error {
 	}
 	// The event's time is when the signer issued it: the grace ratio counts from there,
 	// as Istio's agent does, not from the backdated notBefore.
-	c := schedule.Cert{Pod: ev.Pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
+	c := schedule.Cert{Pod: pod, Resource: ev.Resource, Serial: ev.Serial, Root: ev.RootFingerprint,
 		NotBefore: ev.NotBefore, NotAfter: ev.NotAfter, Issued: meta.Time}
 	for range 3 {
 		r.mu.Lock()
@@ -119,15 +123,17 @@ func (r *Replica) onPodDown(ctx context.Context, nm *nats.Msg, at time.Time) err
 	if err != nil {
 		return fmt.Errorf("%w: %w", errRejected, err)
 	}
-	// The bus lets a pod publish only on its own subjects: believe the subject.
+	// The bus lets a pod publish only on its own subjects (namespace and name):
+	// believe the subject, and only a pod.down for the pod that published it.
 	if from, ok := events.PodFromSubject(nm.Subject); !ok || from != ev.Pod {
 		return fmt.Errorf("%w: pod.down for %q on %s", errRejected, ev.Pod, nm.Subject)
 	}
+	pod := ev.Pod.String()
 	r.mu.Lock()
-	gone := r.sched.RetirePodBefore(ev.Pod, at)
+	gone := r.sched.RetirePodBefore(pod, at)
 	r.mu.Unlock()
 	for _, res := range gone {
-		if err := r.store.Delete(ctx, ev.Pod, res, 0); err != nil {
+		if err := r.store.Delete(ctx, pod, res, 0); err != nil {
 			return err
 		}
 	}

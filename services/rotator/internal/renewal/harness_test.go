@@ -148,7 +148,7 @@ func (h *harness) sent() []events.RenewDue {
 func (h *harness) perPod() map[string]int {
 	out := map[string]int{}
 	for _, r := range h.sent() {
-		out[fmt.Sprintf("%s#%d", r.Pod, r.Attempt)]++
+		out[fmt.Sprintf("%s#%d", r.Pod.Name, r.Attempt)]++
 	}
 	return out
 }
@@ -191,8 +191,17 @@ func counter(t *testing.T, c prometheus.Collector) float64 {
 func sortedPods(rs []events.RenewDue) []string {
 	var out []string
 	for _, r := range rs {
-		out = append(out, r.Pod)
+		out = append(out, r.Pod.Name)
 	}
 	sort.Strings(out)
 	return out
+}
+
+// dpod is test pod name in namespace default, where the tests' identities are.
+// The zero PodRef for "" (a certificate of no pod).
+func dpod(name string) events.PodRef {
+	if name == "" {
+		return events.PodRef{}
+	}
+	return events.PodRef{Namespace: "default", Name: name}
 }

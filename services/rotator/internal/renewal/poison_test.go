@@ -36,14 +36,14 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 
 	// pkg/events refuses to encode such a resource: build the message by hand.
 	ev := events.CertIssued{Serial: "09", SPIFFEID: "spiffe://cluster.local/ns/default/sa/web-9",
-		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", Resource: "default", KeyAlgorithm: "EC-P256",
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: events.PodRef{Namespace: "default", Name: "web-9"}, Resource: "default", KeyAlgorithm: "EC-P256",
 		AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "root-a"}
 	m, err := events.NewMsg(events.SubjectCertIssued, "test", ev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ev.Resource = "file-cert:/" + strings.Repeat("a", 3000)
-	if _, err := store.Key(ev.Pod, ev.Resource); !errors.Is(err, store.ErrKeyTooLong) {
+	if _, err := store.Key(ev.Pod.String(), ev.Resource); !errors.Is(err, store.ErrKeyTooLong) {
 		t.Fatalf("test resource fits a key: %v", err)
 	}
 	if m.Data, err = json.Marshal(ev); err != nil {
@@ -74,7 +74,7 @@ func TestOverlongResourceIsTerminated(t *testing.T) {
 	if r.schedPtr() != term {
 		t.Fatal("the leader term restarted")
 	}
-	if _, ok := r.Record("web-9", ev.Resource); ok {
+	if _, ok := r.Record("default/web-9", ev.Resource); ok {
 		t.Fatal("overlong entry scheduled")
 	}
 	h.clk.Add(31 * time.Minute)
@@ -96,7 +96,7 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	term := r.schedPtr()
 	long := strings.Repeat("r", 3000)
 	r.mu.Lock()
-	_, err := r.sched.Upsert(schedule.Cert{Pod: "web-9", Resource: long, Serial: "09", Root: "root-a",
+	_, err := r.sched.Upsert(schedule.Cert{Pod: "default/web-9", Resource: long, Serial: "09", Root: "root-a",
 		NotBefore: now, NotAfter: now.Add(time.Hour)}, now)
 	r.mu.Unlock()
 	if err != nil {
@@ -105,11 +105,11 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	h.clk.Add(31 * time.Minute)
 	h.waitSent(1)
 	testkit.Eventually(t, "overlong entry dropped", func() bool {
-		_, ok := r.Record("web-9", long)
+		_, ok := r.Record("default/web-9", long)
 		return !ok
 	})
 	h.settle(r)
-	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-0" {
+	if got := h.sent(); len(got) != 1 || got[0].Pod != dpod("web-0") {
 		t.Fatalf("renewals %+v, want one for web-0", got)
 	}
 	if r.schedPtr() != term || !r.Leader() {
@@ -117,7 +117,7 @@ func TestUnstorableEntryIsDropped(t *testing.T) {
 	}
 	h.issue("web-1", "02", h.clk.Now(), time.Hour, "root-a")
 	testkit.Eventually(t, "web-1 scheduled", func() bool {
-		rec, ok := r.Record("web-1", "default")
+		rec, ok := r.Record("default/web-1", "default")
 		return ok && rec.Serial == "02" && rec.Rev != 0
 	})
 }

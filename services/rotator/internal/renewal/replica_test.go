@@ -2,7 +2,9 @@ package renewal
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
 	h.clk.Add(2 * time.Minute)
 	got := h.waitSent(1)
 	rd := got[0]
-	if rd.Pod != "web-0" || rd.Serial != "0a" || rd.Reason != events.RenewScheduled || rd.Attempt != 1 || rd.Resource != "default" {
+	if rd.Pod != dpod("web-0") || rd.Serial != "0a" || rd.Reason != events.RenewScheduled || rd.Attempt != 1 || rd.Resource != "default" {
 		t.Fatalf("renew-due %+v", rd)
 	}
 	// The audit copy is in the stream.
@@ -41,7 +43,7 @@ func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
 			return false
 		}
 		a, _, err := events.Decode[events.RenewDue](&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
-		return err == nil && a.Pod == "web-0"
+		return err == nil && a.Pod == dpod("web-0")
 	})
 	if v := counter(t, r.m.sent.WithLabelValues(events.RenewScheduled)); v != 1 {
 		t.Fatalf("sent counter %v", v)
@@ -59,12 +61,12 @@ func TestReplacementOverTheBus(t *testing.T) {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "stale")) == 1 &&
 			counter(t, r.m.events.WithLabelValues("cert.issued", "duplicate")) == 1
 	})
-	if rec, _ := r.Record("web-0", "default"); rec.Serial != "02" {
+	if rec, _ := r.Record("default/web-0", "default"); rec.Serial != "02" {
 		t.Fatalf("older cert replaced the newer: %+v", rec)
 	}
 	h.issue("web-0", "03", now.Add(time.Minute), time.Hour, "root-a")
 	testkit.Eventually(t, "newer cert replaces", func() bool {
-		rec, _ := r.Record("web-0", "default")
+		rec, _ := r.Record("default/web-0", "default")
 		return rec.Serial == "03"
 	})
 	h.clk.Add(40 * time.Minute)
@@ -86,19 +88,19 @@ func TestPodDownRetiresAndPodlessIsCounted(t *testing.T) {
 	testkit.Eventually(t, "expired cert counted", func() bool {
 		return counter(t, r.m.events.WithLabelValues("cert.issued", "expired")) == 1
 	})
-	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: "web-0", Reason: "deleted"})
+	h.publish(podSubject(t, "web-0", events.PodEventDown), events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "deleted"})
 	waitScheduled(t, r, 1)
 	if v := counter(t, r.m.events.WithLabelValues("cert.issued", "unscheduled")); v != 1 {
 		t.Fatalf("unscheduled = %v", v)
 	}
 	testkit.Eventually(t, "retired entry deleted from the bucket", func() bool {
-		_, ok, err := r.store.Get(context.Background(), "web-0", "default")
+		_, ok, err := r.store.Get(context.Background(), "default/web-0", "default")
 		return err == nil && !ok
 	})
 	h.clk.Add(45 * time.Minute)
 	h.waitSent(1)
 	h.settle(r)
-	if got := h.sent(); len(got) != 1 || got[0].Pod != "web-1" {
+	if got := h.sent(); len(got) != 1 || got[0].Pod != dpod("web-1") {
 		t.Fatalf("renewals %+v, want only web-1", got)
 	}
 }
@@ -127,7 +129,7 @@ func TestResendWhenNoNewCert(t *testing.T) {
 	}
 	// A new certificate stops the retries.
 	h.issue("web-0", "02", h.clk.Now(), 10*time.Hour, "root-a")
-	testkit.Eventually(t, "replaced", func() bool { rec, _ := r.Record("web-0", ""); return rec.Serial == "02" })
+	testkit.Eventually(t, "replaced", func() bool { rec, _ := r.Record("default/web-0", ""); return rec.Serial == "02" })
 	h.clk.Add(30 * time.Minute)
 	h.settle(r)
 	if got := h.sent(); len(got) != 4 {
@@ -142,7 +144,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 	waitScheduled(t, r, 1)
 
 	valid, _ := events.NewMsg(events.SubjectCertIssued, "test", events.CertIssued{Serial: "1", SPIFFEID: "spiffe://x/y",
-		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: "web-9", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "r"})
+		NotBefore: now, NotAfter: now.Add(time.Hour), Pod: events.PodRef{Namespace: "default", Name: "web-9"}, KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "r"})
 	tests := []struct {
 		name    string
 		subject string
@@ -151,7 +153,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 		{"no headers", events.SubjectCertIssued, func() *nats.Msg { return &nats.Msg{Data: []byte(`{"serial":"1"}`)} }},
 		{"not json", events.SubjectCertIssued, func() *nats.Msg { m := copyMsg(valid); m.Data = []byte("garbage"); return m }},
 		{"wrong type on subject", events.SubjectCertIssued, func() *nats.Msg {
-			m, _ := events.NewMsg(events.SubjectCertIssued, "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(events.SubjectCertIssued, "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			return m
 		}},
 		{"invalid payload", events.SubjectCertIssued, func() *nats.Msg {
@@ -160,12 +162,12 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 			return m
 		}},
 		{"pod down without pod", podSubject(t, "web-0", events.PodEventDown), func() *nats.Msg {
-			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(podSubject(t, "web-0", events.PodEventDown), "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			m.Data = []byte(`{"pod":""}`)
 			return m
 		}},
 		{"pod down for another pod", podSubject(t, "web-1", events.PodEventDown), func() *nats.Msg {
-			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: "web-0"})
+			m, _ := events.NewMsg(podSubject(t, "web-1", events.PodEventDown), "test", events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}})
 			return m
 		}},
 		{"trust changed with bad roots", events.SubjectTrustChanged, func() *nats.Msg {
@@ -185,7 +187,7 @@ func TestGarbledEventsChangeNothing(t *testing.T) {
 			if st, _ := r.Stats(); st.Scheduled != 1 {
 				t.Fatalf("schedule changed: %d entries", st.Scheduled)
 			}
-			if rec, ok := r.Record("web-0", "default"); !ok || rec.Serial != "01" {
+			if rec, ok := r.Record("default/web-0", "default"); !ok || rec.Serial != "01" {
 				t.Fatalf("entry changed: %+v", rec)
 			}
 		})
@@ -246,7 +248,7 @@ func TestRootRotationRenewsOldRootLeavesMostUrgentFirst(t *testing.T) {
 		t.Fatalf("renewals %+v, want the 5 old-root leaves", got)
 	}
 	for i, rd := range got {
-		if want := fmt.Sprintf("old-%d", 4-i); rd.Pod != want || rd.Reason != events.RenewRootRotation {
+		if want := fmt.Sprintf("old-%d", 4-i); rd.Pod != dpod(want) || rd.Reason != events.RenewRootRotation {
 			t.Fatalf("renewal %d: %s %s, want %s root-rotation (most urgent first)", i, rd.Pod, rd.Reason, want)
 		}
 	}
@@ -274,7 +276,7 @@ func TestReadyAfterCatchingUp(t *testing.T) {
 
 func podSubject(t *testing.T, pod, kind string) string {
 	t.Helper()
-	s, err := events.PodEventSubject(pod, kind)
+	s, err := events.PodEventSubject(dpod(pod), kind)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +301,68 @@ func TestScheduleCountsFromIssuance(t *testing.T) {
 	if got := h.waitSent(1); got[0].Serial != "0c" {
 		t.Fatalf("renew-due %+v", got[0])
 	}
+}
+
+// TestSameNameInAnotherNamespaceIsAnotherEntry: attacker/web-0, a pod of another
+// namespace with default/web-0's name, gets a genuine certificate (of its own
+// identity) and says it stopped; default/web-0's schedule entry is neither replaced
+// nor retired, in memory or in the bucket, and a record of the attacker's identity
+// naming default/web-0 is rejected.
+func TestSameNameInAnotherNamespaceIsAnotherEntry(t *testing.T) {
+	h, r := newLeader(t)
+	now := h.clk.Now()
+	h.issue("web-0", "01", now, time.Hour, "root-a")
+	waitScheduled(t, r, 1)
+
+	evil := events.PodRef{Namespace: "attacker", Name: "web-0"}
+	attackerRecord := func(serial string, pod events.PodRef) events.CertIssued {
+		id := "spiffe://cluster.local/ns/attacker/sa/evil"
+		leaf := h.ca.leaf(t, id, serial, now, 10*time.Hour, "root-a")
+		_, fp := h.ca.root("root-a")
+		return events.CertIssued{Serial: serial, SPIFFEID: id, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Pod: pod,
+			Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: fp,
+			CertChain: pki.CertPEMs([]*x509.Certificate{leaf})}
+	}
+	victimKept := func(what string) {
+		t.Helper()
+		if rec, ok := r.Record("default/web-0", "default"); !ok || rec.Serial != "01" {
+			t.Fatalf("%s: default/web-0's entry is %+v (present %v), want serial 01", what, rec, ok)
+		}
+		if rec, ok, err := r.store.Get(context.Background(), "default/web-0", "default"); err != nil || !ok || rec.Serial != "01" {
+			t.Fatalf("%s: default/web-0's bucket entry is %+v (present %v, %v), want serial 01", what, rec, ok, err)
+		}
+	}
+
+	// A certificate issued to attacker/web-0 is attacker/web-0's entry.
+	h.publishAt(events.SubjectCertIssued, attackerRecord("02", evil), now)
+	waitScheduled(t, r, 2)
+	if rec, ok := r.Record("attacker/web-0", "default"); !ok || rec.Serial != "02" {
+		t.Fatalf("attacker/web-0's entry %+v (present %v)", rec, ok)
+	}
+	victimKept("after attacker/web-0's certificate")
+
+	// A record of the attacker's identity naming default/web-0: rejected.
+	h.publishAt(events.SubjectCertIssued, attackerRecord("03", events.PodRef{Namespace: "default", Name: "web-0"}), now)
+	testkit.Eventually(t, "the record naming another namespace's pod rejected", func() bool {
+		return counter(t, r.m.certRejected.WithLabelValues(reasonMismatch)) == 1
+	})
+	victimKept("after a record naming default/web-0 for the attacker's identity")
+
+	// pod.down on the attacker's own subject naming default/web-0: rejected; as
+	// itself: retires its own entry only.
+	evilDown, err := events.PodEventSubject(evil, events.PodEventDown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.publish(evilDown, events.PodDown{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "forged"})
+	h.publish(evilDown, events.PodDown{Pod: evil, Reason: "shutdown"})
+	waitScheduled(t, r, 1)
+	testkit.Eventually(t, "attacker/web-0's entry gone from the bucket", func() bool {
+		_, ok, err := r.store.Get(context.Background(), "attacker/web-0", "default")
+		return err == nil && !ok
+	})
+	if v := counter(t, r.m.events.WithLabelValues("pod.down", "rejected")); v != 1 {
+		t.Fatalf("pod.down rejected = %v, want the forged one", v)
+	}
+	victimKept("after attacker/web-0's pod.down")
 }

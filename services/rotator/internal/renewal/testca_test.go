@@ -132,7 +132,7 @@ func (c *testCA) record(t testing.TB, pod, serial string, nb time.Time, life tim
 	id := "spiffe://cluster.local/ns/default/sa/" + pod
 	leaf := c.leaf(t, id, serial, nb, life, root)
 	_, fp := c.root(root)
-	return events.CertIssued{Serial: serial, SPIFFEID: id, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Pod: pod,
+	return events.CertIssued{Serial: serial, SPIFFEID: id, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter, Pod: dpod(pod),
 		Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: fp,
 		CertChain: pki.CertPEMs([]*x509.Certificate{leaf})}
 }

@@ -26,7 +26,8 @@ const (
 const bundleTimeout = 5 * time.Second
 
 // verifyRecord checks a cert.issued record against its own chain and the trust
-// bundle: the leaf's serial, SPIFFE ID and validity are the record's, the chain
+// bundle: the leaf's serial, SPIFFE ID and validity are the record's, the pod is
+// in the identity's namespace, the chain
 // verifies (at the leaf's NotBefore) to a trusted root, and that root is the one
 // the record names. A record naming a root the rotator does not know yet (it may
 // come before its trust.changed) makes it ask for the bundle once. It returns the
@@ -73,6 +74,11 @@ func matches(leaf *x509.Certificate, ev events.CertIssued) error {
 	}
 	if !leaf.NotBefore.Equal(ev.NotBefore) || !leaf.NotAfter.Equal(ev.NotAfter) {
 		return fmt.Errorf("record valid %s to %s, leaf %s to %s", ev.NotBefore, ev.NotAfter, leaf.NotBefore, leaf.NotAfter)
+	}
+	// A pod is only ever in its identity's namespace (the signer records no other):
+	// a record for a pod of another namespace would be another namespace's entry.
+	if _, ns, _, err := pki.ParseWorkloadID(ev.SPIFFEID); err != nil || ns != ev.Pod.Namespace {
+		return fmt.Errorf("record for pod %s, leaf of identity %s in another namespace", ev.Pod, ev.SPIFFEID)
 	}
 	return nil
 }

@@ -71,7 +71,7 @@ func TestForgedRecordsAreRejected(t *testing.T) {
 		}},
 		{"another pod's certificate", reasonMismatch, func() events.CertIssued {
 			ev := h.ca.record(t, "web-1", "02", now, time.Hour, "root-a")
-			ev.Pod = "web-0" // a genuine chain, replayed for the pod already scheduled
+			ev.Pod = dpod("web-0") // a genuine chain, replayed for the pod already scheduled
 			ev.SPIFFEID = "spiffe://cluster.local/ns/default/sa/web-0"
 			return ev
 		}},
@@ -88,7 +88,7 @@ func TestForgedRecordsAreRejected(t *testing.T) {
 				t.Fatalf("schedule changed: %d entries", st.Scheduled)
 			}
 			for _, pod := range []string{"web-0", "web-1"} {
-				rec, ok, err := r.store.Get(ctx, pod, "default")
+				rec, ok, err := r.store.Get(ctx, "default/"+pod, "default")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -118,7 +118,7 @@ func TestRecordUnderNewRootBeforeTrustChanged(t *testing.T) {
 	}
 	h.issue("web-0", "01", now, time.Hour, "root-new")
 	waitScheduled(t, r, 1)
-	if rec, _ := r.Record("web-0", "default"); rec.Root != fpNew {
+	if rec, _ := r.Record("default/web-0", "default"); rec.Root != fpNew {
 		t.Fatalf("scheduled under root %.16s", rec.Root)
 	}
 

@@ -32,7 +32,9 @@ type Config struct {
 	Burst      int           // renew-due that may go at once
 }
 
-// Cert is what the schedule needs of a cert.issued event.
+// Cert is what the schedule needs of a cert.issued event. Pod is the pod's
+// "<namespace>/<name>" (events.PodRef.String): two pods of one name in two
+// namespaces are two entries.
 type Cert struct {
 	Pod, Resource, Serial string
 	Root                  string // fingerprint of the root the chain ends at

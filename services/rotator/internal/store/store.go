@@ -27,8 +27,8 @@ var ErrKeyTooLong = errors.New("store: key too long")
 // MaxKeyLen bounds an entry key. The key travels in the NATS control line of
 // every write ("PUB $KV.<bucket>.<key> <reply> <size>"), which the server caps at
 // 4 KiB by default and answers by closing the connection; 1 KiB leaves ample room
-// for the bucket and reply subject while fitting any valid pod and resource
-// (253 characters each, so at most 2+338+1+338 bytes).
+// for the bucket and reply subject while fitting any valid pod ("<namespace>/<name>",
+// 63+1+253 characters) and resource (253), so at most 2+423+1+338 bytes.
 const MaxKeyLen = 1024
 
 const (

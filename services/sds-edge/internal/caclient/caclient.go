@@ -48,29 +48,30 @@ var ErrUnreachable = errors.New("ca unreachable")
 type NATS struct {
 	nc     *nats.Conn
 	source string
-	ns, sa string // the identity the callout admitted the connection as; "" if none
+	sa     string // the service account the callout admitted the connection as; "" if none
 }
 
 // NewNATS returns a signer client on nc; source names this pod in event envelopes.
 func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: source} }
 
 // NewNATSAs is NewNATS for a connection the bus auth callout admitted by the pod's
-// token, which proves namespace ns and service account sa.
-func NewNATSAs(nc *nats.Conn, source, ns, sa string) *NATS {
-	return &NATS{nc: nc, source: source, ns: ns, sa: sa}
+// token, which proves the pod's namespace (the request's pod's) and service
+// account sa.
+func NewNATSAs(nc *nats.Conn, source, sa string) *NATS {
+	return &NATS{nc: nc, source: source, sa: sa}
 }
 
 // Sign sends req and waits for the reply until ctx ends.
 func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
 	subject, fallback := events.SubjectSignAny, ""
-	if req.Pod != "" {
+	if !req.Pod.IsZero() {
 		s, err := events.PodSignSubject(req.Pod)
 		if err != nil {
 			return Response{}, fmt.Errorf("build sign request: %w", err)
 		}
 		subject = s
-		if n.ns != "" {
-			if id, err := events.IdentitySignSubject(n.ns, n.sa, req.Pod); err == nil {
+		if n.sa != "" {
+			if id, err := events.IdentitySignSubject(req.Pod, n.sa); err == nil {
 				subject, fallback = id, s
 			}
 		}

@@ -30,7 +30,7 @@ func securedPod(t *testing.T) (*bustest.Secured, *nats.Conn) {
 		if err != nil {
 			return
 		}
-		resp, err := policy.AdmitPodIdentity(issuer, req, "shop", "web", "web-0", time.Now().Add(time.Hour))
+		resp, err := policy.AdmitPodIdentity(issuer, req, shopWeb0, "web", time.Now().Add(time.Hour))
 		if err == nil {
 			_ = m.Respond(resp)
 		}
@@ -40,7 +40,7 @@ func securedPod(t *testing.T) (*bustest.Secured, *nats.Conn) {
 	if err := callout.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	pod, err := s.PodConn(t, "web-0", "token", nil)
+	pod, err := s.PodConn(t, shopWeb0, "token", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func signer(t *testing.T, s *bustest.Secured, subject string, old, jsonOnly bool
 			_, _, err = events.Decode[events.SignRequest](m)
 		}
 		msg := "answered on " + m.Subject + " (" + enc.String() + ")"
-		if _, _, _, id := events.IdentityFromSignSubject(m.Subject); id && old {
+		if _, _, id := events.IdentityFromSignSubject(m.Subject); id && old {
 			msg = "unknown sign subject " + m.Subject
 		}
 		if err != nil {
@@ -79,6 +79,9 @@ func signer(t *testing.T, s *bustest.Secured, subject string, old, jsonOnly bool
 	}
 }
 
+// shopWeb0 is the test pod, shop/web-0.
+var shopWeb0 = events.PodRef{Namespace: "shop", Name: "web-0"}
+
 // pemCSR passes the request's schema; the stand-in signers never parse it.
 const pemCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE REQUEST-----\n"
 
@@ -88,8 +91,8 @@ const pemCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE 
 // in the compact encoding, and again as a CloudEvent of a signer that reads only
 // those.
 func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
-	idSubject, _ := events.IdentitySignSubject("shop", "web", "web-0")
-	podSubject, _ := events.PodSignSubject("web-0")
+	idSubject, _ := events.IdentitySignSubject(shopWeb0, "web")
+	podSubject, _ := events.PodSignSubject(shopWeb0)
 	for _, tc := range []struct {
 		name           string
 		subscribe      []string
@@ -108,7 +111,7 @@ func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: "web-0"})
+			_, err := NewNATSAs(pod, "sds-edge/shop/web-0", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: shopWeb0})
 			if want := "answered on " + tc.want + " (" + tc.encoding + ")"; !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("got %v, want %q", err, want)
 			}
@@ -118,7 +121,7 @@ func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
 		_, pod := securedPod(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := NewNATSAs(pod, "sds-edge/web-0", "shop", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: "web-0"})
+		_, err := NewNATSAs(pod, "sds-edge/shop/web-0", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: shopWeb0})
 		if !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("got %v, want unreachable", err)
 		}

@@ -175,9 +175,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	} else {
 		c.SDS.SocketMode = os.FileMode(m)
 	}
-	c.Bus.Name = "sds-edge/" + c.Pod.ID
+	c.Bus.Name = "sds-edge/" + c.PodRef().String()
 	c.CA.TokenFile = c.Pod.Path(c.CA.TokenFile)
-	c.Bus.AsPod(c.Pod.ID, c.CA.TokenFile)
+	c.Bus.AsPod(c.PodRef(), c.CA.TokenFile)
 	if c.CA.RootCert != "" {
 		c.CA.RootCert = c.Pod.Path(c.CA.RootCert)
 	}
@@ -229,7 +229,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 // CA is configured that answers without the bus (-ca-addr, -ca-fallback-addr), is
 // made in the background (bus.Config.Background) so that start never waits for it.
 func (c Config) Process() lifecycle.Process {
-	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
+	return lifecycle.Process{Name: "sds-edge", Log: c.Log, LogWith: []any{"pod", c.PodRef().String()}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }
 
 // DefaultFileCertDirs are where Istio's file-mounted certificates live in a pod
@@ -248,6 +248,12 @@ func fileExists(p string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
+// PodRef is the pod this sds-edge serves, as the bus knows it: its namespace
+// (-namespace, POD_NAMESPACE) and name (-pod, POD_NAME).
+func (c Config) PodRef() events.PodRef {
+	return events.PodRef{Namespace: c.Pod.Namespace, Name: c.Pod.ID}
+}
+
 // SPIFFEID is the identity this pod asks for.
 func (c Config) SPIFFEID() (string, error) {
 	id, err := pki.WorkloadID(c.Pod.TrustDomain, c.Pod.Namespace, c.Pod.ServiceAccount)
@@ -264,8 +270,8 @@ func (c Config) Validate() error {
 	p.Add(c.Bus.Validate())
 	if c.Pod.ID == "" {
 		p.Addf("-pod: required")
-	} else if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		p.Addf("-pod: %w", err)
+	} else if err := c.PodRef().Validate(); err != nil {
+		p.Addf("-pod/-namespace: %w", err)
 	}
 	if _, err := c.SPIFFEID(); err != nil {
 		p.Addf("-trust-domain/-namespace/-service-account: %w", err)

@@ -34,7 +34,7 @@ import (
 
 // Config is what the manager needs to know about the pod.
 type Config struct {
-	Pod            string
+	Pod            events.PodRef
 	SPIFFEID       string
 	TrustDomain    string
 	TokenFile      string

@@ -21,10 +21,11 @@ type Handlers struct {
 	Anchors   func(events.TrustAnchors) error
 }
 
-// Subscribe subscribes pod's renew and anchors subjects and the trust subject on nc.
-// Malformed events and events for another pod are logged and dropped. The returned
-// function unsubscribes.
-func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(), error) {
+// Subscribe subscribes pod's renew and anchors subjects (its namespace and name:
+// nothing a pod of the same name in another namespace publishes) and the trust
+// subject on nc. Malformed events and events whose subject or payload names another
+// pod are logged and dropped. The returned function unsubscribes.
+func Subscribe(nc *nats.Conn, pod events.PodRef, h Handlers, log hclog.Logger) (func(), error) {
 	renewSubj, err := events.PodRenewSubject(pod)
 	if err != nil {
 		return nil, err
@@ -56,8 +57,8 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 				log.Debug("dropping repeated renew event", "id", meta.ID)
 				return
 			}
-			if err == nil && ev.Pod != pod {
-				err = fmt.Errorf("renew for pod %q, not %q", ev.Pod, pod)
+			if err == nil {
+				err = forPod(m.Subject, ev.Pod, pod)
 			}
 			if err == nil && ev.Resource != "" && ev.Resource != "default" {
 				err = fmt.Errorf("renew for resource %q: only default is issued here", ev.Resource)
@@ -104,8 +105,8 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 	if h.Anchors != nil {
 		if err := add(anchorSubj, func(m *nats.Msg) {
 			ev, _, err := events.Decode[events.TrustAnchors](m)
-			if err == nil && ev.Pod != pod {
-				err = fmt.Errorf("anchors for pod %q, not %q", ev.Pod, pod)
+			if err == nil {
+				err = forPod(m.Subject, ev.Pod, pod)
 			}
 			if err == nil {
 				err = h.Anchors(ev)
@@ -118,6 +119,17 @@ func Subscribe(nc *nats.Conn, pod string, h Handlers, log hclog.Logger) (func(),
 		}
 	}
 	return unsub, nil
+}
+
+// forPod is nil when both the subject and the payload of an event name pod.
+func forPod(subject string, payload, pod events.PodRef) error {
+	if s, ok := events.PodFromSubject(subject); !ok || s != pod {
+		return fmt.Errorf("event on %s, not on pod %s's subject", subject, pod)
+	}
+	if payload != pod {
+		return fmt.Errorf("event for pod %q, not %q", payload, pod)
+	}
+	return nil
 }
 
 // recent remembers the last n event ids, to drop repeats (several rotator replicas

@@ -17,12 +17,12 @@ func TestRenewFilteringAndDedup(t *testing.T) {
 	nc := bustest.Conn(t, s)
 	var mu sync.Mutex
 	var got []events.RenewDue
-	unsub, err := Subscribe(nc, "web-0", Handlers{Renew: func(r events.RenewDue) { mu.Lock(); got = append(got, r); mu.Unlock() }}, hclog.NewNullLogger())
+	unsub, err := Subscribe(nc, events.PodRef{Namespace: "default", Name: "web-0"}, Handlers{Renew: func(r events.RenewDue) { mu.Lock(); got = append(got, r); mu.Unlock() }}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unsub()
-	subj, _ := events.PodRenewSubject("web-0")
+	subj, _ := events.PodRenewSubject(events.PodRef{Namespace: "default", Name: "web-0"})
 	send := func(id string, rd events.RenewDue) {
 		t.Helper()
 		msg, err := events.Encode(subj, events.Meta{ID: id, Source: "rotator"}, rd)
@@ -33,12 +33,13 @@ func TestRenewFilteringAndDedup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	send("a", events.RenewDue{Pod: "web-0", Reason: "scheduled", Serial: "1"})
-	send("a", events.RenewDue{Pod: "web-0", Reason: "scheduled", Serial: "1"})        // repeat from a second replica
-	send("b", events.RenewDue{Pod: "web-1", Reason: "scheduled"})                     // another pod's
-	send("c", events.RenewDue{Pod: "web-0", Resource: "ROOTCA", Reason: "scheduled"}) // not issued here
-	_ = nc.PublishMsg(&nats.Msg{Subject: subj, Data: []byte("garbage")})              // not an event
-	send("d", events.RenewDue{Pod: "web-0", Resource: "default", Reason: "forced"})
+	send("a", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "scheduled", Serial: "1"})
+	send("a", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Reason: "scheduled", Serial: "1"})        // repeat from a second replica
+	send("b", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-1"}, Reason: "scheduled"})                     // another pod's
+	send("e", events.RenewDue{Pod: events.PodRef{Namespace: "attacker", Name: "web-0"}, Reason: "forced"})                       // the same name in another namespace
+	send("c", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Resource: "ROOTCA", Reason: "scheduled"}) // not issued here
+	_ = nc.PublishMsg(&nats.Msg{Subject: subj, Data: []byte("garbage")})                                                         // not an event
+	send("d", events.RenewDue{Pod: events.PodRef{Namespace: "default", Name: "web-0"}, Resource: "default", Reason: "forced"})
 	testkit.Eventually(t, "two renewals handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 2 })
 	_ = nc.Flush()
 	mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"github.com/meshagent/meshagent/pkg/events"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -138,7 +139,7 @@ func TestDiscoveryVerifiesClusterTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod != "web-0" {
+	if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod != (events.PodRef{Namespace: "shop", Name: "web-0"}) {
 		t.Fatalf("caller %v pod %q", c.ID, c.Pod)
 	}
 	// The issuer's name is checked in the token as well: the same key under another iss is refused.

@@ -65,7 +65,7 @@ func FuzzJWTVerify(f *testing.F) {
 	mintValid := func(c signertest.Claims, kid, wantID, wantPod string) {
 		tok := signertest.MintWith(f, iss.Key, kid, c)
 		got, err := v.Verify(tok)
-		if err != nil || got.ID.String() != wantID || got.Pod != wantPod || got.Source != SourceJWT {
+		if err != nil || got.ID.String() != wantID || got.Pod.Name != wantPod || got.Source != SourceJWT {
 			f.Fatalf("seed token for %s pod %q: caller %v %q, %v", wantID, wantPod, got.ID, got.Pod, err)
 		}
 		payload, _ := base64.RawURLEncoding.DecodeString(strings.Split(tok, ".")[1])

@@ -35,9 +35,13 @@ type Caller struct {
 	ID     *url.URL // spiffe://<td>/ns/<ns>/sa/<sa>
 	Source string   // SourceJWT or SourceX509
 	// Pod is the pod the credential was issued for: the kubernetes.io.pod.name claim
-	// of a pod-bound token. Empty when the credential names no pod (tokens without
-	// the claim, client certificates).
-	Pod string
+	// of a pod-bound token, in the token's namespace (a pod is namespace + name: the
+	// same name in another namespace is another pod). Zero when the credential names
+	// no pod (tokens without the claim, client certificates).
+	Pod events.PodRef
+	// PodUID is the kubernetes.io.pod.uid claim, when the token has one: it tells a
+	// recreated pod of the same name from the one before.
+	PodUID string
 	// Expires is when the credential stops being valid (a token's exp); zero when
 	// the credential has no expiry of its own to report.
 	Expires time.Time
@@ -148,14 +152,14 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 		}
 		return Caller{}, fail("token claims: %v", err)
 	}
-	ns, sa, pod := "", "", ""
+	ns, sa, podName, podUID := "", "", "", ""
 	if k := c.Kubernetes; k != nil {
 		ns, sa = k.Namespace, k.ServiceAccount.Name
 		if k.Pod != nil {
-			pod = k.Pod.Name
+			podName, podUID = k.Pod.Name, k.Pod.UID
 			// A pod claim that is present must name a pod: an empty or odd name is a
 			// broken token, not a token without a pod binding.
-			if err := events.ValidatePodID(pod); err != nil {
+			if err := events.ValidatePodID(podName); err != nil {
 				return Caller{}, fail("token pod claim: %v", err)
 			}
 		}
@@ -172,5 +176,13 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if err != nil {
 		return Caller{}, fail("token identity: %v", err)
 	}
-	return Caller{ID: id.URL(), Source: SourceJWT, Pod: pod, Expires: std.Expiry.Time()}, nil
+	caller := Caller{ID: id.URL(), Source: SourceJWT, Expires: std.Expiry.Time()}
+	if podName != "" {
+		// The pod is in the token's namespace, the one its identity names.
+		caller.Pod, caller.PodUID = events.PodRef{Namespace: ns, Name: podName}, podUID
+		if err := caller.Pod.Validate(); err != nil {
+			return Caller{}, fail("token pod: %v", err)
+		}
+	}
+	return caller, nil
 }

@@ -74,16 +74,16 @@ func (n *NodeAuthorizer) Authorize(ctx context.Context, caller Caller, target st
 	if !slices.Contains(n.Trusted, cns+"/"+csa) {
 		return Caller{}, deny("%s may not impersonate: it is not a trusted node account (CA_TRUSTED_NODE_ACCOUNTS)", caller.ID)
 	}
-	if caller.Pod == "" {
+	if caller.Pod.IsZero() {
 		return Caller{}, deny("%s may impersonate only with a pod-bound token: its credential names no pod, so its node is unknown", caller.ID)
 	}
 	var self pod
-	if err := n.get(ctx, "/api/v1/namespaces/"+url.PathEscape(cns)+"/pods/"+url.PathEscape(caller.Pod), &self); err != nil {
+	if err := n.get(ctx, "/api/v1/namespaces/"+url.PathEscape(caller.Pod.Namespace)+"/pods/"+url.PathEscape(caller.Pod.Name), &self); err != nil {
 		return Caller{}, err
 	}
 	node := self.Spec.NodeName
 	if node == "" {
-		return Caller{}, deny("node agent pod %s/%s is not scheduled on a node", cns, caller.Pod)
+		return Caller{}, deny("node agent pod %s is not scheduled on a node", caller.Pod)
 	}
 	var list struct {
 		Items []pod `json:"items"`

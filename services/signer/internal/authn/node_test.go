@@ -3,6 +3,7 @@ package authn
 import (
 	"context"
 	"errors"
+	"github.com/meshagent/meshagent/pkg/events"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -33,7 +34,7 @@ func TestNodeAuthorizerWithoutAnAnswer(t *testing.T) {
 	}))
 	defer srv.Close()
 	n := &NodeAuthorizer{URL: srv.URL, Client: srv.Client(), Trusted: []string{"istio-system/ztunnel"}, TrustDomain: "cluster.local"}
-	caller := Caller{ID: &url.URL{Scheme: "spiffe", Host: "cluster.local", Path: "/ns/istio-system/sa/ztunnel"}, Pod: "ztunnel-a"}
+	caller := Caller{ID: &url.URL{Scheme: "spiffe", Host: "cluster.local", Path: "/ns/istio-system/sa/ztunnel"}, Pod: events.PodRef{Namespace: "istio-system", Name: "ztunnel-a"}}
 	for c, want := range map[int32]string{503: "503", 403: "may not get and list pods"} {
 		code.Store(c)
 		_, err := n.Authorize(context.Background(), caller, "spiffe://cluster.local/ns/shop/sa/web")

@@ -37,7 +37,7 @@ func TestJWTPodClaim(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Pod != tt.wantPod || c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" {
+			if c.Pod.Name != tt.wantPod || (tt.wantPod != "" && c.Pod.Namespace != "shop") || c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" {
 				t.Fatalf("caller %v pod %q, want pod %q", c.ID, c.Pod, tt.wantPod)
 			}
 		})

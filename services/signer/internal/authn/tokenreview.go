@@ -23,6 +23,9 @@ import (
 // service-account token is bound to (Kubernetes 1.29+ with pod-bound tokens).
 const PodNameExtra = "authentication.kubernetes.io/pod-name"
 
+// PodUIDExtra is the user extra in which the API server gives that pod's UID.
+const PodUIDExtra = "authentication.kubernetes.io/pod-uid"
+
 // TokenReviewPath is where the API server takes TokenReviews.
 const TokenReviewPath = "/apis/authentication.k8s.io/v1/tokenreviews"
 
@@ -220,10 +223,13 @@ func (v *TokenReviewer) callerOf(token string, st reviewStatus) (Caller, error) 
 		if len(pods) != 1 {
 			return Caller{}, fail("token names %d pods", len(pods))
 		}
-		if err := events.ValidatePodID(pods[0]); err != nil {
+		c.Pod = events.PodRef{Namespace: parts[0], Name: pods[0]}
+		if err := c.Pod.Validate(); err != nil {
 			return Caller{}, fail("token pod: %v", err)
 		}
-		c.Pod = pods[0]
+		if uids := st.User.Extra[PodUIDExtra]; len(uids) == 1 {
+			c.PodUID = uids[0]
+		}
 	}
 	// TokenReview says nothing of expiry; the token's own exp does, and the API
 	// server has just vouched for the token it is read from.

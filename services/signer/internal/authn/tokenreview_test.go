@@ -172,7 +172,7 @@ func TestTokenReview(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod != tt.want || c.Source != SourceJWT ||
+			if c.ID.String() != "spiffe://cluster.local/ns/shop/sa/web" || c.Pod.Name != tt.want || (tt.want != "" && c.Pod.Namespace != "shop") || c.Source != SourceJWT ||
 				!c.Expires.Equal(fake.Now().Add(time.Hour).Truncate(time.Second)) {
 				t.Fatalf("caller %+v", c)
 			}
@@ -222,7 +222,7 @@ func TestTokenReview(t *testing.T) {
 			t.Fatalf("err = %v, want unavailable", err)
 		}
 		api.setDown(false)
-		if c, err := v.Verify(fresh); err != nil || c.Pod != "web-3" {
+		if c, err := v.Verify(fresh); err != nil || c.Pod.Name != "web-3" {
 			t.Fatalf("after the API is back: %+v, %v", c, err)
 		}
 	})

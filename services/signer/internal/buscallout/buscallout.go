@@ -201,7 +201,9 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 	if err != nil {
 		return refuse(reason, err)
 	}
-	if claim := req.ConnectOptions.Username; claim != "" && claim != caller.Pod {
+	// The claim is "<namespace>/<name>" (bus.Config.AsPod), compared as it is: a
+	// bare name is no claim to the default namespace's pod.
+	if claim := req.ConnectOptions.Username; claim != "" && claim != caller.Pod.String() {
 		return refuse(ReasonPodMismatch, fmt.Errorf("the connection claims pod %q, its credential proves pod %q (%s)", claim, caller.Pod, caller.ID))
 	}
 	resp, reason, err := r.admit(req, caller)
@@ -237,7 +239,7 @@ func (r *Responder) byToken(token string) (authn.Caller, string, error) {
 	if err != nil {
 		return authn.Caller{}, ReasonBadToken, err
 	}
-	if caller.Pod == "" {
+	if caller.Pod.IsZero() {
 		return authn.Caller{}, ReasonNotPodBound, fmt.Errorf("token of %s names no pod (kubernetes.io.pod.name)", caller.ID)
 	}
 	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
@@ -247,7 +249,7 @@ func (r *Responder) byToken(token string) (authn.Caller, string, error) {
 }
 
 // admit grants the pod its own subjects and its identity sign subject
-// (meshagent.rpc.sign.id.<ns>.<sa>.<pod>), computed from the credential just verified:
+// (meshagent.rpc.sign.id.<ns>.<sa>.<name>), computed from the credential just verified:
 // nats-server then lets no other connection publish there, so a signer run with
 // -bus-sign-id reads the identity from the subject instead of verifying the token
 // again per request. On failure it returns the refusal's reason.
@@ -256,15 +258,20 @@ func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Call
 	if err != nil {
 		return nil, ReasonBadToken, err
 	}
-	if _, err := events.IdentitySignSubject(ns, sa, caller.Pod); err != nil {
+	// The pod's namespace is the credential's (authn takes it from the token; a
+	// record from the token that was signed for): never another's.
+	if caller.Pod.Namespace != ns {
+		return nil, ReasonPodMismatch, fmt.Errorf("pod %s is not in the namespace of identity %s", caller.Pod, caller.ID)
+	}
+	if _, err := events.IdentitySignSubject(caller.Pod, sa); err != nil {
 		return nil, ReasonNotSubjectSafe, err
 	}
 	now := r.now()
 	expires := r.limits.Expiry(now, caller.Expires, r.jitter())
-	if !r.admissions.take(caller.Pod, now, r.limits.Lifetime, r.limits.MaxAdmissions) {
+	if !r.admissions.take(caller.Pod.String(), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
 		return nil, ReasonTooManyConnections, fmt.Errorf("pod %s had %d connections admitted within %s already", caller.Pod, r.limits.MaxAdmissions, r.limits.Lifetime)
 	}
-	resp, err := policy.AdmitPodIdentityLimited(r.issuer, req, ns, sa, caller.Pod, expires, r.limits)
+	resp, err := policy.AdmitPodIdentityLimited(r.issuer, req, caller.Pod, sa, expires, r.limits)
 	if err != nil {
 		return nil, ReasonBadToken, err
 	}

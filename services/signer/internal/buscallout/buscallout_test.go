@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,9 +68,15 @@ func startLimited(t *testing.T, iss *signertest.Issuer, v Verifier, lim policy.P
 	return &fixture{srv: srv, iss: iss, r: r}
 }
 
+// connect connects with token and the inbox of pod ("<namespace>/<name>", a bare
+// name in the default namespace).
 func (f *fixture) connect(pod, token string, opts ...nats.Option) (*nats.Conn, error) {
+	ref, err := events.ParsePodRef(pod)
+	if err != nil {
+		return nil, err
+	}
 	return nats.Connect(f.srv.Server.ClientURL(), append([]nats.Option{nats.Token(token),
-		nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)), nats.Timeout(5 * time.Second)}, opts...)...)
+		nats.CustomInboxPrefix(policy.Inbox(policy.Pod, ref)), nats.Timeout(5 * time.Second)}, opts...)...)
 }
 
 func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
@@ -93,11 +100,11 @@ func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
 	if err := sc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	own, _ := events.PodSignSubject("web-1")
+	own, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-1"})
 	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
 		t.Fatalf("own sign subject: %v", err)
 	}
-	other, _ := events.PodSignSubject("web-2")
+	other, _ := events.PodSignSubject(events.PodRef{Namespace: "default", Name: "web-2"})
 	if _, err := nc.Request(other, nil, 300*time.Millisecond); err == nil {
 		t.Fatal("pod web-1 had a request on web-2's sign subject answered")
 	}
@@ -236,7 +243,7 @@ func TestPodAdmittedOnItsIdentitySubject(t *testing.T) {
 	f := start(t)
 	now := time.Now()
 	tok := f.iss.Mint(t, f.iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1"))
-	nc, err := f.connect("web-1", tok, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	nc, err := f.connect("shop/web-1", tok, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
 		t.Fatalf("pod-bound token refused: %v", err)
 	}
@@ -252,23 +259,82 @@ func TestPodAdmittedOnItsIdentitySubject(t *testing.T) {
 	if err := sc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	own, _ := events.IdentitySignSubject("shop", "web", "web-1")
+	own, _ := events.IdentitySignSubject(events.PodRef{Namespace: "shop", Name: "web-1"}, "web")
 	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
 		t.Fatalf("own identity sign subject: %v", err)
 	}
 	for _, other := range [][3]string{{"shop", "admin", "web-1"}, {"bank", "web", "web-1"}, {"shop", "web", "web-2"}} {
-		subj, _ := events.IdentitySignSubject(other[0], other[1], other[2])
+		subj, _ := events.IdentitySignSubject(events.PodRef{Namespace: other[0], Name: other[2]}, other[1])
 		if _, err := nc.Request(subj, nil, 300*time.Millisecond); err == nil {
 			t.Fatalf("pod shop/web/web-1 had a request on %s answered", subj)
 		}
 	}
 
 	dotted := f.iss.Mint(t, f.iss.ServiceAccount("shop", "web.v2", now.Add(-time.Minute), time.Hour).ForPod("web-3"))
-	if nc, err := f.connect("web-3", dotted); err == nil {
+	if nc, err := f.connect("shop/web-3", dotted); err == nil {
 		nc.Close()
 		t.Fatal("service account web.v2 admitted: it cannot be one subject token")
 	}
 	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonNotSubjectSafe)); got != 1 {
 		t.Fatalf("refused as %s = %v, want 1", ReasonNotSubjectSafe, got)
+	}
+}
+
+// TestSameNameInAnotherNamespaceIsAnotherPod: a token for attacker/web-1 admits pod
+// attacker/web-1, whose subjects are none of default/web-1's; claiming to be
+// default/web-1 (the connect user name) with it is refused.
+func TestSameNameInAnotherNamespaceIsAnotherPod(t *testing.T) {
+	f := start(t)
+	now := time.Now()
+	tok := f.iss.Mint(t, f.iss.ServiceAccount("attacker", "evil", now.Add(-time.Minute), time.Hour).ForPod("web-1"))
+	sc, err := nats.Connect(f.srv.Server.ClientURL(), f.srv.RoleOptions(t, policy.Signer)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	var victimRequests atomic.Int64
+	victim := events.PodRef{Namespace: "default", Name: "web-1"}
+	victimSign, _ := events.PodSignSubject(victim)
+	victimID, _ := events.IdentitySignSubject(victim, "evil")
+	if _, err := sc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		if m.Subject == victimSign || m.Subject == victimID {
+			victimRequests.Add(1)
+		}
+		_ = m.Respond([]byte(m.Subject))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Claiming the victim's name: refused at connect.
+	if nc, err := f.connect("attacker/web-1", tok, nats.UserInfo("default/web-1", "")); err == nil {
+		nc.Close()
+		t.Fatal("a token for attacker/web-1 admitted as default/web-1")
+	}
+	if got := testutil.ToFloat64(f.r.refused.WithLabelValues(ReasonPodMismatch)); got != 1 {
+		t.Fatalf("refused as %s = %v, want 1", ReasonPodMismatch, got)
+	}
+
+	nc, err := f.connect("attacker/web-1", tok, nats.UserInfo("attacker/web-1", ""), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatalf("attacker/web-1 refused with its own token and claim: %v", err)
+	}
+	defer nc.Close()
+	own, _ := events.PodSignSubject(events.PodRef{Namespace: "attacker", Name: "web-1"})
+	if resp, err := nc.Request(own, nil, 5*time.Second); err != nil || string(resp.Data) != own {
+		t.Fatalf("own sign subject: %v", err)
+	}
+	for _, subj := range []string{victimSign, victimID} {
+		if _, err := nc.Request(subj, nil, 300*time.Millisecond); err == nil {
+			t.Fatalf("attacker/web-1 had a request on %s answered", subj)
+		}
+	}
+	if err := sc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := victimRequests.Load(); n != 0 {
+		t.Fatalf("the signer received %d requests on default/web-1's subjects", n)
 	}
 }

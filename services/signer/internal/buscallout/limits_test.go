@@ -91,7 +91,7 @@ func TestPodUserLifetimeCappedThenReadmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer audit.Close()
-	own, _ := events.PodEventSubject("web-1", events.PodEventUp)
+	own, _ := events.PodEventSubject(events.PodRef{Namespace: "default", Name: "web-1"}, events.PodEventUp)
 	sub, err := audit.SubscribeSync(own)
 	if err != nil {
 		t.Fatal(err)

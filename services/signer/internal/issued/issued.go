@@ -26,7 +26,11 @@ import (
 
 // Record is what the bucket keeps of one certificate issued to a pod.
 type Record struct {
-	Pod      string    `json:"pod"`
+	// Pod is the pod the certificate was issued to, namespace and name ("ns/name").
+	Pod events.PodRef `json:"pod"`
+	// PodUID is that pod's UID when its token carried one (kubernetes.io.pod.uid):
+	// a pod recreated under the same name has another.
+	PodUID   string    `json:"pod_uid,omitempty"`
 	SPIFFEID string    `json:"spiffe_id"`
 	SHA256   string    `json:"sha256"` // of the certificate's DER: only that certificate matches
 	NotAfter time.Time `json:"not_after"`
@@ -70,13 +74,17 @@ func (s *Store) Open(ctx context.Context) error {
 	})
 }
 
-// Msg is the bucket write recording that leaf was issued to pod, until leaf
+// Msg is the bucket write recording that leaf was issued to pod (with its UID, ""
+// when unknown), until leaf
 // expires, for the caller to store durably (bus.Publish, bus.AsyncPublisher): a
 // JetStream publish on the bucket's subject whose dedup id is the serial, so a
 // retried write is stored once.
-func (s *Store) Msg(leaf *x509.Certificate, pod string, now time.Time) (*nats.Msg, error) {
+func (s *Store) Msg(leaf *x509.Certificate, pod events.PodRef, podUID string, now time.Time) (*nats.Msg, error) {
 	serial := pki.SerialHex(leaf)
-	data, err := json.Marshal(Record{Pod: pod, SPIFFEID: leaf.URIs[0].String(), SHA256: pki.Fingerprint(leaf), NotAfter: leaf.NotAfter})
+	if err := pod.Validate(); err != nil {
+		return nil, fmt.Errorf("issued record %s: %w", serial, err)
+	}
+	data, err := json.Marshal(Record{Pod: pod, PodUID: podUID, SPIFFEID: leaf.URIs[0].String(), SHA256: pki.Fingerprint(leaf), NotAfter: leaf.NotAfter})
 	if err != nil {
 		return nil, fmt.Errorf("issued record %s: %w", serial, err)
 	}
@@ -88,8 +96,8 @@ func (s *Store) Msg(leaf *x509.Certificate, pod string, now time.Time) (*nats.Ms
 }
 
 // Put records that leaf was issued to pod (Msg), and returns once it is stored.
-func (s *Store) Put(ctx context.Context, leaf *x509.Certificate, pod string, now time.Time) error {
-	msg, err := s.Msg(leaf, pod, now)
+func (s *Store) Put(ctx context.Context, leaf *x509.Certificate, pod events.PodRef, podUID string, now time.Time) error {
+	msg, err := s.Msg(leaf, pod, podUID, now)
 	if err != nil {
 		return err
 	}
@@ -111,6 +119,9 @@ func (s *Store) Get(ctx context.Context, serial string) (Record, error) {
 	}
 	var r Record
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return Record{}, fmt.Errorf("issued record %s: %w", serial, err)
+	}
+	if err := r.Pod.Validate(); err != nil {
 		return Record{}, fmt.Errorf("issued record %s: %w", serial, err)
 	}
 	return r, nil

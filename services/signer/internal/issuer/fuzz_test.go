@@ -178,7 +178,7 @@ func FuzzIssue(f *testing.F) {
 	for i, csr := range csrSeeds(f) {
 		cred := uint8(i % credCount)
 		f.Add(csr, int64(0), cred, "", "", "")
-		f.Add(csr, int64(time.Hour), uint8(credToken), "EC-P256", "default", tokenPod)
+		f.Add(csr, int64(time.Hour), uint8(credToken), "EC-P256", "default", "shop/"+tokenPod)
 		f.Add(csr, int64(time.Hour), uint8(credCertProof), "", "", "")
 	}
 	good := csrSeeds(f)[0]
@@ -201,15 +201,17 @@ func FuzzIssue(f *testing.F) {
 	}
 	f.Add(good, int64(maxTTL+time.Second), uint8(credToken), "", "", "")
 	f.Add(good, int64(1<<62), uint8(credPeer), "", "", "")
-	f.Add(good, int64(-time.Second), uint8(credPeer), "rsa", "ROOTCA", "web-1")
-	f.Add(good, int64(time.Second), uint8(credToken), "", "default", "web-1")
+	f.Add(good, int64(-time.Second), uint8(credPeer), "rsa", "ROOTCA", "shop/web-1")
+	f.Add(good, int64(time.Second), uint8(credToken), "", "default", "attacker/web-0")
 	f.Add(good, int64(1), uint8(credToken), "", "", "")
 
 	// ttl is a time.Duration: the issuer gets durations, whatever the wire did.
 	f.Fuzz(func(t *testing.T, csrPEM []byte, ttlNanos int64, cred uint8, keyAlg, resource, pod string) {
 		fi.published = fi.published[:0]
 		ttl := time.Duration(ttlNanos)
-		req := events.SignRequest{CSR: string(csrPEM), TTL: ttl, KeyAlgorithm: keyAlg, Resource: resource, Pod: pod}
+		var podRef events.PodRef
+		_ = podRef.UnmarshalText([]byte(pod)) // as the wire reads it; Issue validates
+		req := events.SignRequest{CSR: string(csrPEM), TTL: ttl, KeyAlgorithm: keyAlg, Resource: resource, Pod: podRef}
 		via := Via{Transport: TransportNATS}
 		csr, csrErr := pki.ParseCSR(csrPEM)
 		wantID := ""
@@ -293,7 +295,7 @@ func FuzzIssue(f *testing.F) {
 		if ev.SPIFFEID != wantID || ev.Serial != pki.SerialHex(leaf) {
 			t.Fatalf("cert.issued names %s serial %s, want %s serial %s", ev.SPIFFEID, ev.Serial, wantID, pki.SerialHex(leaf))
 		}
-		if cred%credCount == credToken && ev.Pod != tokenPod {
+		if cred%credCount == credToken && ev.Pod != (events.PodRef{Namespace: "shop", Name: tokenPod}) {
 			t.Fatalf("cert.issued pod %q, want the token's %q", ev.Pod, tokenPod)
 		}
 	})

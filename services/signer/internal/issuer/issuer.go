@@ -43,8 +43,8 @@ type Via struct {
 	// credential when the request carries no token.
 	PeerChain []*x509.Certificate
 	// BusPod is the pod the bus vouches for: the pod sign subject the request came
-	// on, which NATS permissions let only that pod publish to.
-	BusPod string
+	// on, which NATS permissions let only that pod (namespace and name) publish to.
+	BusPod events.PodRef
 	// Impersonate is the identity the caller asks for instead of its own (Istio's
 	// ImpersonatedIdentity request metadata): only a trusted node agent gets it.
 	Impersonate string
@@ -110,7 +110,7 @@ type Config struct {
 // Recorder makes the write recording that leaf was issued to pod (issued.Store),
 // which the issuer stores durably beside cert.issued.
 type Recorder interface {
-	Msg(leaf *x509.Certificate, pod string, now time.Time) (*nats.Msg, error)
+	Msg(leaf *x509.Certificate, pod events.PodRef, podUID string, now time.Time) (*nats.Msg, error)
 }
 
 // NodeAuthorizer decides whether an authenticated caller may have target's identity
@@ -283,8 +283,8 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	if req.Resource != "" && req.Resource != DefaultResource {
 		return reject("resource", errf(events.CodeInvalidArgument, "resource %q is not signed by the CA: only %q (or empty) is", req.Resource, DefaultResource))
 	}
-	if req.Pod != "" {
-		if err := events.ValidatePodID(req.Pod); err != nil {
+	if !req.Pod.IsZero() {
+		if err := req.Pod.Validate(); err != nil {
 			return reject("pod", errf(events.CodeInvalidArgument, "%v", err))
 		}
 	}
@@ -338,7 +338,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		i.log.Warn("pod not proved", "transport", t, "spiffe_id", caller.ID.String(), "request_pod", req.Pod, "bus_pod", via.BusPod, "token_pod", caller.Pod)
 		return reject("pod_mismatch", perr)
 	}
-	if (pod != "" || caller.Pod != "") && i.cfg.PodMaxTTL > 0 && ttl > i.cfg.PodMaxTTL {
+	if (!pod.IsZero() || !caller.Pod.IsZero()) && i.cfg.PodMaxTTL > 0 && ttl > i.cfg.PodMaxTTL {
 		i.metrics.Clamped.WithLabelValues(t).Inc()
 		i.log.Info("ttl clamped", "transport", t, "spiffe_id", caller.ID.String(), "pod", cmp.Or(pod, caller.Pod), "requested", ttl, "granted", i.cfg.PodMaxTTL)
 		ttl = i.cfg.PodMaxTTL
@@ -372,9 +372,9 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	msgs := []*nats.Msg{msg}
-	if err == nil && pod != "" && i.cfg.Records != nil {
+	if err == nil && !pod.IsZero() && i.cfg.Records != nil {
 		var rec *nats.Msg
-		rec, err = i.cfg.Records.Msg(leaf, pod, now)
+		rec, err = i.cfg.Records.Msg(leaf, pod, caller.PodUID, now)
 		msgs = append(msgs, rec)
 	}
 	if err != nil {
@@ -443,19 +443,30 @@ func (i *Issuer) Malformed(transport string, tooLarge bool) {
 // provePod returns the pod a certificate is recorded for: the one the bus subject
 // proves, else the one a pod-bound token proves, else none. A pod named by the
 // request, or by the token, that disagrees with what is proved is refused.
-func provePod(reqPod, busPod string, caller authn.Caller) (string, *Error) {
+//
+// A pod is namespace + name, and a pod is only ever in its identity's namespace: a
+// proved pod of another namespace than the certificate's SPIFFE ID is refused, so
+// that no certificate is recorded for (and no schedule entry replaced of) a pod of
+// another namespace.
+func provePod(reqPod, busPod events.PodRef, caller authn.Caller) (events.PodRef, *Error) {
+	var none events.PodRef
 	proved := busPod
-	if caller.Pod != "" {
-		if proved != "" && proved != caller.Pod {
-			return "", errf(events.CodePermissionDenied, "request came on pod %q's subject but the token was issued for pod %q", proved, caller.Pod)
+	if !caller.Pod.IsZero() {
+		if !proved.IsZero() && proved != caller.Pod {
+			return none, errf(events.CodePermissionDenied, "request came on pod %q's subject but the token was issued for pod %q", proved, caller.Pod)
 		}
 		proved = caller.Pod
 	}
-	if reqPod != "" && reqPod != proved {
-		if proved == "" {
-			return "", errf(events.CodePermissionDenied, "request names pod %q, which neither its bus subject nor its token proves", reqPod)
+	if !reqPod.IsZero() && reqPod != proved {
+		if proved.IsZero() {
+			return none, errf(events.CodePermissionDenied, "request names pod %q, which neither its bus subject nor its token proves", reqPod)
 		}
-		return "", errf(events.CodePermissionDenied, "request names pod %q but its credentials prove pod %q", reqPod, proved)
+		return none, errf(events.CodePermissionDenied, "request names pod %q but its credentials prove pod %q", reqPod, proved)
+	}
+	if !proved.IsZero() {
+		if _, ns, _, err := pki.ParseWorkloadID(caller.ID.String()); err != nil || ns != proved.Namespace {
+			return none, errf(events.CodePermissionDenied, "pod %q is not in the namespace of identity %s", proved, caller.ID)
+		}
 	}
 	return proved, nil
 }

@@ -248,7 +248,7 @@ func (a *API) Run(ctx context.Context) error {
 // _INBOX., pkg/bus/policy), never its own.
 var (
 	inboxes  = "_INBOX."
-	ownInbox = policy.Inbox(policy.Signer, "") + "."
+	ownInbox = policy.Inbox(policy.Signer, events.PodRef{}) + "."
 )
 
 // replyAllowed reports whether the signer may answer a request on reply. The reply
@@ -295,11 +295,11 @@ func (a *API) signVia(subject string) (issuer.Via, bool) {
 		via.BusPod = pod
 		return via, true
 	}
-	ns, sa, pod, ok := events.IdentityFromSignSubject(subject)
+	pod, sa, ok := events.IdentityFromSignSubject(subject)
 	if !ok || !a.signByID {
 		return via, false
 	}
-	id, err := pki.WorkloadID(a.trustDomain, ns, sa)
+	id, err := pki.WorkloadID(a.trustDomain, pod.Namespace, sa)
 	if err != nil {
 		return via, false
 	}

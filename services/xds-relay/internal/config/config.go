@@ -113,7 +113,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.Bool(&c.DNS.Capture, "dns-capture", "ISTIO_META_DNS_CAPTURE", c.DNS.Capture, "serve the pod's DNS proxy from the control plane's name table (Istio's DNS capture)")
 	fs.String(&c.DNS.Addr, "dns-addr", "DNS_PROXY_ADDR", c.DNS.Addr, "DNS proxy address, UDP and TCP")
 	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
-	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: its services answer to their short names")
+	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -127,13 +127,13 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	if c.Upstream.RootCA != "" && c.Upstream.RootCA != "SYSTEM" {
 		c.Upstream.RootCA = c.Pod.Path(c.Upstream.RootCA)
 	}
-	c.Bus.Name = "xds-relay/" + c.Pod.ID
+	c.Bus.Name = "xds-relay/" + c.PodRef().String()
 	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
 	busToken := c.Upstream.TokenFile
 	if busToken == "" {
 		busToken = c.Pod.Path(PodTokenFile)
 	}
-	c.Bus.AsPod(c.Pod.ID, busToken)
+	c.Bus.AsPod(c.PodRef(), busToken)
 	if c.Upstream.Mode == ModeAuto {
 		c.Upstream.Mode = ModeMTLS
 		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {
@@ -159,13 +159,19 @@ func headers(environ []string, getenv func(string) string) map[string]string {
 	return out
 }
 
+// PodRef is the relay's pod as the bus knows it: its namespace (-pod-namespace,
+// POD_NAMESPACE; the DNS proxy's too) and name (-pod, POD_NAME).
+func (c Config) PodRef() events.PodRef {
+	return events.PodRef{Namespace: c.DNS.Namespace, Name: c.Pod.ID}
+}
+
 // Validate reports every problem at once, naming the flag.
 func (c Config) Validate() error {
 	var p flagenv.Problems
 	p.Add(c.Log.Validate())
 	p.Add(c.Bus.Validate())
-	if err := events.ValidatePodID(c.Pod.ID); err != nil {
-		p.Addf("-pod: %w", err)
+	if err := c.PodRef().Validate(); err != nil {
+		p.Addf("-pod/-pod-namespace: %w", err)
 	}
 	if c.Listen.HTTP == "" {
 		p.Addf("-http-addr: required")
@@ -240,5 +246,5 @@ func (c Config) NeedsSDS() bool {
 // Process is what the lifecycle reads: the logger (every line names the pod), the
 // health and metrics address, and the bus.
 func (c Config) Process() lifecycle.Process {
-	return lifecycle.Process{Name: "xds-relay", Log: c.Log, LogWith: []any{"pod", c.Pod.ID}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
+	return lifecycle.Process{Name: "xds-relay", Log: c.Log, LogWith: []any{"pod", c.PodRef().String()}, HTTP: c.Listen.HTTP, Bus: &c.Bus}
 }

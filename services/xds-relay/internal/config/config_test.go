@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/meshagent/meshagent/pkg/events"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,8 +101,8 @@ func TestProcessNamesThePodOnEveryLogLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := c.Process()
-	if p.Name != "xds-relay" || p.Bus == nil || p.Bus.Name != "xds-relay/web-0" || p.HTTP != c.Listen.HTTP ||
-		len(p.LogWith) != 2 || p.LogWith[0] != "pod" || p.LogWith[1] != "web-0" {
+	if p.Name != "xds-relay" || p.Bus == nil || p.Bus.Name != "xds-relay/default/web-0" || p.HTTP != c.Listen.HTTP ||
+		len(p.LogWith) != 2 || p.LogWith[0] != "pod" || p.LogWith[1] != "default/web-0" {
 		t.Fatalf("process %+v", p)
 	}
 }
@@ -122,6 +123,23 @@ func TestDNSCaptureKnobs(t *testing.T) {
 	for _, f := range []string{"-dns-addr", "-dns-resolv-conf", "-pod-namespace"} {
 		if err == nil || !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}
+
+// The relay is its pod on the bus: namespace (POD_NAMESPACE) and name; a namespace
+// that is no DNS label is refused, naming the flags.
+func TestPodOnTheBusIsNamespaceAndName(t *testing.T) {
+	c, err := Load([]string{"-pod", "web-0"}, testkit.Env(map[string]string{"POD_NAMESPACE": "shop"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PodRef() != (events.PodRef{Namespace: "shop", Name: "web-0"}) || c.Bus.Pod != "shop/web-0" || c.Bus.InboxPrefix != "_INBOX.pod.shop.web-0" {
+		t.Fatalf("pod %v, bus claim %q inbox %q", c.PodRef(), c.Bus.Pod, c.Bus.InboxPrefix)
+	}
+	for _, ns := range []string{"Shop", "sh.op", "sh_op", "*"} {
+		if _, err := Load([]string{"-pod", "web-0", "-pod-namespace", ns}, testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), "-pod/-pod-namespace") {
+			t.Errorf("namespace %q: %v", ns, err)
 		}
 	}
 }

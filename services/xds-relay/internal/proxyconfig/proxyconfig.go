@@ -39,7 +39,7 @@ type UpstreamTLS interface {
 
 // Handler is the relay.Handler for ProxyConfig.
 type Handler struct {
-	pod     string
+	pod     events.PodRef
 	subject string
 	bus     Sender
 	tls     UpstreamTLS
@@ -50,7 +50,7 @@ type Handler struct {
 }
 
 // New returns the handler for pod. tls may be nil: the anchors then reach only sds-edge.
-func New(pod string, bus Sender, tls UpstreamTLS, log hclog.Logger) (*Handler, error) {
+func New(pod events.PodRef, bus Sender, tls UpstreamTLS, log hclog.Logger) (*Handler, error) {
 	subj, err := events.PodAnchorsSubject(pod)
 	if err != nil {
 		return nil, err
@@ -100,7 +100,7 @@ func (h *Handler) Handle(_ context.Context, resources []*anypb.Any) error {
 	// Every accepted response is published, changed or not: sds-edge replaces its
 	// set, so a repeat is harmless and heals an sds-edge that restarted and missed
 	// the last one (core NATS keeps nothing for late subscribers).
-	msg, err := events.NewMsg(h.subject, "xds-relay/"+h.pod, events.TrustAnchors{Pod: h.pod, Roots: roots})
+	msg, err := events.NewMsg(h.subject, "xds-relay/"+h.pod.String(), events.TrustAnchors{Pod: h.pod, Roots: roots})
 	if err != nil {
 		return fmt.Errorf("trust anchors: %w", err)
 	}

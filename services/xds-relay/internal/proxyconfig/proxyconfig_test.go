@@ -41,7 +41,7 @@ func pc(t *testing.T, pems ...string) *anypb.Any {
 func TestHandle(t *testing.T) {
 	ns := bustest.Server(t)
 	nc := bustest.Conn(t, ns)
-	subj, _ := events.PodAnchorsSubject("web-0")
+	subj, _ := events.PodAnchorsSubject(events.PodRef{Namespace: "default", Name: "web-0"})
 	got := make(chan *nats.Msg, 16)
 	if _, err := nc.ChanSubscribe(subj, got); err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestHandle(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &upstreamTLS{}
-	h, err := New("web-0", nc, s, hclog.NewNullLogger())
+	h, err := New(events.PodRef{Namespace: "default", Name: "web-0"}, nc, s, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestHandle(t *testing.T) {
 				select {
 				case m := <-got:
 					ev, _, err := events.Decode[events.TrustAnchors](m)
-					if err != nil || ev.Pod != "web-0" || len(ev.Roots) != tt.wantRoots {
+					if err != nil || ev.Pod != (events.PodRef{Namespace: "default", Name: "web-0"}) || len(ev.Roots) != tt.wantRoots {
 						t.Fatalf("event %+v, %v", ev, err)
 					}
 				case <-time.After(5 * time.Second):

@@ -53,7 +53,7 @@ func consumedTypes(t *testing.T) []consumedType {
 				return nil, func(env *relayEnv) bool {
 					// Exactly one: the bad config must publish nothing.
 					return len(bustest.Find(env.rec, func(e events.TrustAnchors) bool {
-						return e.Pod == testPod && len(e.Roots) == 1 && e.Roots[0] == anchor
+						return e.Pod == testPodRef && len(e.Roots) == 1 && e.Roots[0] == anchor
 					})) == 1 && len(bustest.Find(env.rec, func(events.TrustAnchors) bool { return true })) == 1
 				}
 			},

@@ -37,6 +37,9 @@ import (
 
 const testPod = "web-0"
 
+// testPodRef is the test pod on the bus, in namespace default.
+var testPodRef = events.PodRef{Namespace: "default", Name: testPod}
+
 func testLog(t testing.TB) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn, Output: os.Stderr})
 }
@@ -233,7 +236,7 @@ func startRelayWith(t testing.TB, ucfg upstream.Config, mat upstream.Material, m
 	if _, err := bus.EnsureEventStream(ctx, js, 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	rec := bustest.Record(t, nc, events.EventsWildcard, events.Prefix+".pod.*.anchors")
+	rec := bustest.Record(t, nc, events.EventsWildcard, events.Prefix+".pod.*.*.anchors")
 	if ucfg.Mode == "" {
 		ucfg.Mode = upstream.Plaintext
 	}
@@ -253,12 +256,12 @@ func startRelayWith(t testing.TB, ucfg upstream.Config, mat upstream.Material, m
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, err := proxyconfig.New(testPod, nc, d, log)
+	pc, err := proxyconfig.New(testPodRef, nc, d, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	socket := filepath.Join(testkit.ShortDir(t), "XDS")
-	srv, err := relay.New(relay.Config{Pod: testPod, Socket: socket, MaxMsgSize: 64 << 20}, d, append([]relay.Handler{pc}, more...), pub, reg, log)
+	srv, err := relay.New(relay.Config{Pod: testPodRef, Socket: socket, MaxMsgSize: 64 << 20}, d, append([]relay.Handler{pc}, more...), pub, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func TestSecondRelayDoesNotStealSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := relay.New(relay.Config{Pod: testPod, Socket: env.socket, MaxMsgSize: 1 << 20},
+	second, err := relay.New(relay.Config{Pod: testPodRef, Socket: env.socket, MaxMsgSize: 1 << 20},
 		env.dialer, nil, nopPublisher{}, nil, testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +73,7 @@ func TestRelayReplacesStaleSocketAndRemovesOnlyItsOwn(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer d.Close()
-			srv, err := relay.New(relay.Config{Pod: testPod, Socket: path, MaxMsgSize: 1 << 20}, d, nil, nopPublisher{}, nil, testLog(t))
+			srv, err := relay.New(relay.Config{Pod: testPodRef, Socket: path, MaxMsgSize: 1 << 20}, d, nil, nopPublisher{}, nil, testLog(t))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -53,7 +53,7 @@ const WindowSize = 1 << 20
 
 // Config is the relay's part of the service configuration.
 type Config struct {
-	Pod        string
+	Pod        events.PodRef
 	Socket     string      // unix socket path Envoy connects to
 	SocketMode os.FileMode // the socket's permissions; zero means DefaultSocketMode
 	MaxMsgSize int         // bytes, both directions

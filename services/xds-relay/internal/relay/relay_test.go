@@ -76,7 +76,7 @@ func TestSotWVersionsAndNonces(t *testing.T) {
 	})
 	testkit.Eventually(t, "connected event", func() bool {
 		return len(bustest.Find(env.rec, func(e events.XDSConnected) bool {
-			return e.Pod == testPod && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
+			return e.Pod == testPodRef && e.Mode == "sotw" && e.Node == "n1" && e.Upstream == up.addr
 		})) == 1
 	})
 	if v := obstest.Metric(t, env.reg, "meshagent_xds_relay_responses_total", map[string]string{"type": resource.ClusterType}); v != 2 {
@@ -143,7 +143,7 @@ func TestNackIsReportedAndForwarded(t *testing.T) {
 	}
 	testkit.Eventually(t, "nack event", func() bool {
 		return len(bustest.Find(env.rec, func(e events.XDSNack) bool {
-			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPod
+			return e.TypeURL == resource.ClusterType && e.Nonce == r1.GetNonce() && e.ErrorDetail == "cluster a: bad thing" && e.Pod == testPodRef
 		})) == 1
 	})
 	testkit.Eventually(t, "nack upstream", func() bool {
