@@ -72,6 +72,9 @@ func (d Deps) WithDefaults() Deps {
 // metrics endpoints (obs.Server.Handle).
 type Routes interface {
 	Handle(pattern string, h http.Handler)
+	// Use wraps everything the listener serves, health and metrics included (the
+	// operator's Host check, against DNS rebinding).
+	Use(mw func(http.Handler) http.Handler)
 }
 
 // Health is where a service registers its readiness checks (/readyz).

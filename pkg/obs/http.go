@@ -28,6 +28,7 @@ type Server struct {
 	log      hclog.Logger
 	registry *prometheus.Registry
 	mux      *http.ServeMux
+	wrap     []func(http.Handler) http.Handler
 
 	mu     sync.Mutex
 	checks map[string]Check
@@ -50,6 +51,10 @@ func NewServer(addr string, log hclog.Logger) *Server {
 // page or an API of its own (the operator's dashboard) mounts it at "/". It panics,
 // as ServeMux does, when pattern conflicts with a route already there.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// Use wraps every request the server answers in mw, its own endpoints included;
+// the last wrapper added sees a request first. Call it before Run.
+func (s *Server) Use(mw func(http.Handler) http.Handler) { s.wrap = append(s.wrap, mw) }
 
 // Registry is where the service registers its metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
@@ -123,7 +128,11 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("http listening", "addr", ln.Addr().String())
-	return Serve(ctx, ln, s.mux)
+	var h http.Handler = s.mux
+	for _, mw := range s.wrap {
+		h = mw(h)
+	}
+	return Serve(ctx, ln, h)
 }
 
 // Serve answers HTTP on ln with h until ctx is done, then shuts down within five

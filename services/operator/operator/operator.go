@@ -54,6 +54,7 @@ func New(cfg Config, d lifecycle.Deps) (*Operator, error) {
 	}
 	d.Health.AddReadyCheck("inventory", dash.Ready)
 	d.Routes.Handle("/", dash.Handler())
+	d.Routes.Use(dash.Guard)
 	return &Operator{dash: dash}, nil
 }
 

@@ -252,15 +252,20 @@ func (s *Server) snapshot() (inventory.Snapshot, bool) {
 	return s.snap, s.synced
 }
 
-// Handler serves the page and its API (the process serves /metrics and health),
-// to requests that name this dashboard (hostGuard).
+// Handler serves the page and its API (the process serves /metrics and health).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(web, "web")
 	mux.Handle("GET /", http.FileServerFS(static))
 	mux.HandleFunc("GET /api/inventory", s.serveInventory)
 	mux.HandleFunc("GET /api/events", s.serveEvents)
-	return newHostGuard(s.cfg.Listen, nil, s.cfg.Hosts, mux)
+	return mux
+}
+
+// Guard lets through only requests that name this dashboard (hostGuard): the
+// operator wraps its whole listener in it, /metrics and health included.
+func (s *Server) Guard(next http.Handler) http.Handler {
+	return newHostGuard(s.cfg.Listen, nil, s.cfg.Hosts, next)
 }
 
 func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {

@@ -148,6 +148,7 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs.Handle("/", s.Handler())
+	hs.Use(s.Guard)
 	hs.AddReadyCheck("inventory", s.Ready)
 	sctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -197,10 +198,8 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 		!strings.Contains(body, `meshagent_fleet_certificates{expires_in="1h"} 1`) {
 		t.Fatalf("metrics with a skipped record:\n%s", body)
 	}
-	// DNS rebinding: the same socket, asked for by an attacker's name, gives nothing
-	// of the page or its API. (/metrics is the process's, beside /healthz: counts by
-	// expiry and root, no identity.)
-	for _, path := range []string{"/api/inventory", "/api/events", "/", "/app.js"} {
+	// DNS rebinding: the same socket, asked for by an attacker's name, gives nothing.
+	for _, path := range []string{"/api/inventory", "/api/events", "/metrics", "/", "/app.js"} {
 		for _, host := range []string{"evil.example", "evil.example:" + portOf(hs.Addr()), "127.0.0.1.evil.example", "localhost.evil.example"} {
 			code, body := getWithHost(t, base+path, host)
 			if code != http.StatusMisdirectedRequest || strings.Contains(body, "5e41a1") || strings.Contains(body, "web-0") ||
