@@ -69,7 +69,7 @@ type Config struct {
 		// a pod) gets, whatever it asks: a longer request is clamped, not refused.
 		// 0: DefaultTTL.
 		PodMaxTTL time.Duration
-		Signers    []string // accepted CertSigner names besides the empty default
+		Signers   []string // accepted CertSigner names besides the empty default
 		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
 		// default: -cacerts-dir.
 		SignersDir string
