@@ -1,10 +1,15 @@
 package ca
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"errors"
 	"fmt"
 	"time"
 
@@ -134,10 +139,28 @@ func sameKey(a, b *x509.Certificate) bool {
 
 // crossSign certifies root's key under prev (signed with prevKey): the same subject
 // and key identifier as root, so that a leaf root signs chains to either root.
+//
+// Both key identifiers are set explicitly. The cross certificate's subject equals its
+// issuer's (every root of a trust domain has one name), and for such a template Go's
+// x509.CreateCertificate leaves the Authority Key Identifier out, taking it for
+// self-signed; OpenSSL and BoringSSL then take it for a self-signed root too and fail
+// every chain through it ("self-signed certificate in certificate chain"). With the
+// AKI naming prev's key they look for prev, as Go does by signature.
 func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Time) (*x509.Certificate, error) {
 	serial, err := randomSerial()
 	if err != nil {
 		return nil, err
+	}
+	ski, err := keyIDOf(root)
+	if err != nil {
+		return nil, err
+	}
+	aki, err := keyIDOf(prev)
+	if err != nil {
+		return nil, err
+	}
+	if bytes.Equal(ski, aki) {
+		return nil, errors.New("cross-sign the new root: it has the key of the root it would be certified by")
 	}
 	notAfter := root.NotAfter
 	if prev.NotAfter.Before(notAfter) {
@@ -146,7 +169,8 @@ func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Tim
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               root.Subject,
-		SubjectKeyId:          root.SubjectKeyId,
+		SubjectKeyId:          ski,
+		AuthorityKeyId:        aki,
 		NotBefore:             now.Add(-Backdate),
 		NotAfter:              notAfter,
 		IsCA:                  true,
@@ -158,6 +182,23 @@ func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Tim
 		return nil, fmt.Errorf("cross-sign the new root: %w", err)
 	}
 	return x509.ParseCertificate(der)
+}
+
+// keyIDOf is c's Subject Key Identifier, or when c has none, the one Go would
+// derive for its key (SHA-1 of the subjectPublicKey bits, RFC 5280 4.2.1.2 method 1).
+func keyIDOf(c *x509.Certificate) ([]byte, error) {
+	if len(c.SubjectKeyId) > 0 {
+		return c.SubjectKeyId, nil
+	}
+	var spki struct {
+		Algorithm pkix.AlgorithmIdentifier
+		PublicKey asn1.BitString
+	}
+	if _, err := asn1.Unmarshal(c.RawSubjectPublicKeyInfo, &spki); err != nil {
+		return nil, fmt.Errorf("key identifier of %q: %w", c.Subject, err)
+	}
+	h := sha1.Sum(spki.PublicKey.Bytes)
+	return h[:], nil
 }
 
 // withChain replaces what follows a leaf in a reply by above (signing key's
