@@ -235,19 +235,27 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(anchors) == 0 {
+		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
+		// pod's trust before its first bundle, not only the one a reply ends at.
+		anchors = seed
+	}
 	closeSigner = func() {}
 	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
-	// with -ca-root-cert or else the roots the pod trusts.
+	// with -ca-root-cert and the roots the pod trusts (which follow a rotation).
 	grpcCA := func(addr string) *caclient.Istio {
 		istio := caclient.NewIstio(addr, c.CA.ClusterID, strings.HasSuffix(addr, ":15010"), func() *x509.CertPool {
-			if len(seed) > 0 {
-				p := x509.NewCertPool()
-				for _, r := range seed {
-					p.AddCert(r)
-				}
-				return p
+			if len(seed) == 0 {
+				return mgr.Roots()
 			}
-			return mgr.Roots()
+			p := mgr.Roots()
+			if p == nil {
+				p = x509.NewCertPool()
+			}
+			for _, r := range seed {
+				p.AddCert(r)
+			}
+			return p
 		})
 		istio.SetClientCert(c.ClientCert.Get)
 		closeSigner = func() { _ = istio.Close() }

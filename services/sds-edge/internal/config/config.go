@@ -39,7 +39,7 @@ type Config struct {
 		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
 		// is unreachable or no signer answers on it; signing is on the bus otherwise.
 		FallbackAddr string
-		RootCert     string // PEM roots to verify Addr's TLS; empty: the current bundle
+		RootCert     string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
 		ClusterID    string
 		TokenFile    string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
@@ -133,7 +133,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
 	fs.String(&c.CA.FallbackAddr, "ca-fallback-addr", "CA_FALLBACK_ADDR", c.CA.FallbackAddr,
 		"the CA's Istio gRPC API, used when the bus is unreachable (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
-	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
+	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots (a bundle, all trusted) for the CA's TLS, with the roots the pod trusts; also the pod's first trust when -trust-anchors-file is unset; empty: the trust anchors, then the pod's bundle (with neither, a TLS CA cannot be verified)")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
 	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate (a VM's; may be -output-certs), used when there is no token and no valid certificate of our own: presented to the bus and to -ca-addr over TLS; empty: none")
