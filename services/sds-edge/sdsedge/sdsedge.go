@@ -11,7 +11,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -238,7 +240,17 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if len(anchors) == 0 {
 		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
 		// pod's trust before its first bundle, not only the one a reply ends at.
-		anchors = seed
+		anchors = slices.Clone(seed)
+	}
+	// What the pod trusted before a restart stays trusted: no trust on first use again.
+	kept, err := readRoots("trust state", c.CA.TrustState)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Warn("ignoring the kept trusted roots", "path", c.CA.TrustState, "error", err)
+	}
+	for _, r := range kept {
+		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
+			anchors = append(anchors, r)
+		}
 	}
 	closeSigner = func() {}
 	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
@@ -280,6 +292,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	mgr = identity.New(identity.Config{Pod: c.Pod.ID, SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
+		TrustState:  c.CA.TrustState,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	// From now on the bus and the gRPC CA are shown the pod's own certificate.
 	c.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)

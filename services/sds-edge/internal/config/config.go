@@ -48,6 +48,10 @@ type Config struct {
 		// to anyone: the first trust bundle must be endorsed by one of them. Empty:
 		// trust on first use.
 		TrustAnchorsFile string
+		// TrustState is where the pod keeps the CA roots it trusts (0600, under the
+		// pod root), read back at start as trust anchors: a restarted pod trusts
+		// what it trusted before, not the first bundle it hears.
+		TrustState string
 		// ProvCert is Istio's PROV_CERT: a directory with cert-chain.pem and key.pem
 		// of a provisioned certificate (a VM's; its own OUTPUT_CERTS from before a
 		// restart), used when there is neither a token nor a still-valid certificate
@@ -188,6 +192,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	} else if p := c.Pod.Path(DefaultTrustAnchors); fileExists(p) {
 		c.CA.TrustAnchorsFile = p
 	}
+	c.CA.TrustState = c.Pod.Path(DefaultTrustState)
 	if c.Cert.OutputDir != "" {
 		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
@@ -218,6 +223,10 @@ func (c Config) Process() lifecycle.Process {
 // DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
 // root; used as -trust-anchors-file when it exists.
 const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
+
+// DefaultTrustState is where, under the pod root, sds-edge keeps the CA roots it
+// trusts across restarts.
+const DefaultTrustState = "var/lib/meshagent/trusted-roots.pem"
 
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)

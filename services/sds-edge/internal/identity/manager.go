@@ -17,12 +17,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -55,6 +57,9 @@ type Config struct {
 	// TrustDomainAliases are trust domains accepted as this one (Istio's
 	// TRUST_DOMAIN_ALIASES): ROOTCA_SPIFFE verifies their IDs against our roots.
 	TrustDomainAliases []string
+	// TrustState is the file the CA roots the pod trusts are written to (0600) at
+	// every change, to be read back as Anchors after a restart; "": none.
+	TrustState string
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -468,12 +473,29 @@ func (m *Manager) publish(cert, roots bool) {
 	if roots && len(rootsPEM) > 0 {
 		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: rootsPEM})
 		m.publishSPIFFE(rootsPEM)
+		m.keepTrust()
 	}
 	if cert && haveCert {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
 	}
 	if haveCert {
 		m.obs.Files(keyPEM, chainPEM, rootsPEM)
+	}
+}
+
+// keepTrust writes the CA roots trusted now to TrustState (not the relay's extra
+// anchors, which are not trusted to vouch for the CA).
+func (m *Manager) keepTrust() {
+	roots := m.trust.ca.Roots()
+	if m.cfg.TrustState == "" || len(roots) == 0 {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(m.cfg.TrustState), 0o700); err != nil {
+		m.log.Warn("cannot keep the trusted roots across restarts", "path", m.cfg.TrustState, "error", err)
+		return
+	}
+	if err := atomicfile.Write(m.cfg.TrustState, pki.EncodeCertsPEM(roots), 0o600); err != nil {
+		m.log.Warn("cannot keep the trusted roots across restarts", "path", m.cfg.TrustState, "error", err)
 	}
 }
 
