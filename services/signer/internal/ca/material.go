@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +34,22 @@ type Material struct {
 	rootFP       string
 	notAfter     time.Time
 	endorsements []events.Endorsement
-	phase        Phase    // of a rotation to a new key (self-signed only)
-	ownInter     []string // intermediates under the signing key's own root (see withChain)
+	phase        Phase             // of a rotation to a new key (self-signed only)
+	ownInter     []string          // intermediates under the signing key's own root (see withChain)
+	cross        *x509.Certificate // the current key certified by the old root, while that root is in the bundle
+}
+
+// ServingIntermediates is what a TLS server whose certificate this material signed
+// sends after it: the chain above a leaf without its root and, after phase 2 of a
+// rotation to a new key until the old root leaves the bundle, the cross-signed
+// certificate, so that a client still trusting only the old root (an Istio agent
+// restarted with the mounted root of before) verifies the CA's own endpoint.
+func (m *Material) ServingIntermediates() []*x509.Certificate {
+	out := append([]*x509.Certificate{}, m.Chain[:len(m.Chain)-1]...)
+	if m.cross != nil && !slices.ContainsFunc(out, m.cross.Equal) {
+		out = append(out, m.cross)
+	}
+	return out
 }
 
 // MaxRoots bounds the trust bundle: a self-signed rotation that would make it larger

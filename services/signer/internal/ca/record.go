@@ -132,6 +132,7 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.cross = rec.cross
 	if err := m.endorse(s.cfg.TrustDomain, rec.keys[1:]...); err != nil {
 		return nil, fmt.Errorf("endorse bundle: %w", err)
 	}

@@ -195,6 +195,30 @@ func TestPhaseChainsHandshakeInEveryTLSStack(t *testing.T) {
 			t.Fatalf("%s: phase %s, want %s", cp.label, m.Phase(), cp.phase)
 		}
 		renew(cp.label)
+		// The CA's own gRPC endpoint: a client trusting only the old root (an Istio
+		// agent restarted with the root mounted before the rotation) reaches it
+		// until the old root leaves the bundle.
+		skey, err := pki.GenerateKey(pki.ECP256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sleaf, err := m.SignServing(skey.Public(), []string{"istiod.istio-system.svc"}, []net.IP{net.ParseIP("127.0.0.1")}, fake.Now(), 48*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serving := append([]*x509.Certificate{sleaf}, m.ServingIntermediates()...)
+		trusts := map[string][]*x509.Certificate{"new root": {m.Roots[0]}, "the bundle": m.Roots}
+		if len(m.Roots) > 1 {
+			trusts["old root"] = m.Roots[len(m.Roots)-1:]
+		}
+		for tname, trust := range trusts {
+			for _, stack := range stacks {
+				if err := testkit.ToolAccepts(t, stack, serving, skey, trust); err != nil {
+					t.Errorf("%s: a client trusting the %s does not reach the CA's gRPC endpoint: %v", cp.label, tname, err)
+				}
+				handshakes++
+			}
+		}
 		var live []*tlsPod
 		for _, p := range pods {
 			if fake.Now().Sub(p.born) < maxTTL {
