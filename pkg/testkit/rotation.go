@@ -22,24 +22,35 @@ type Rotation struct {
 func NewRotation(t testing.TB, now time.Time, ttl time.Duration) *Rotation {
 	t.Helper()
 	r := &Rotation{Old: NewCA(t, "meshagent root CA", nil, now, ttl), New: NewCA(t, "meshagent root CA", nil, now, ttl)}
+	r.Cross = CrossSign(t, r.New.Cert, r.Old, now, ttl)
+	return r
+}
+
+// CrossSign certifies root's key and name under by, with both key identifiers set
+// (as the signer does: without the AKI, OpenSSL and BoringSSL take a certificate
+// whose subject equals its issuer's for a self-signed root), valid from a minute
+// before now for ttl.
+func CrossSign(t testing.TB, root *x509.Certificate, by *CA, now time.Time, ttl time.Duration) *x509.Certificate {
+	t.Helper()
 	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: r.New.Cert.Subject,
-		SubjectKeyId: r.New.Cert.SubjectKeyId, AuthorityKeyId: r.Old.Cert.SubjectKeyId,
+		SerialNumber: serial, Subject: root.Subject,
+		SubjectKeyId: root.SubjectKeyId, AuthorityKeyId: by.Cert.SubjectKeyId,
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: r.New.Cert.KeyUsage,
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: root.KeyUsage,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, r.Old.Cert, r.New.Cert.PublicKey, r.Old.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, by.Cert, root.PublicKey, by.Key)
 	if err != nil {
 		t.Fatalf("cross-sign: %v", err)
 	}
-	if r.Cross, err = x509.ParseCertificate(der); err != nil {
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return c
 }
 
 // The phases of a rotation to a new key (the signer's ca.Phase), and before it.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/inventory"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
@@ -34,5 +35,24 @@ func TestInspectVerifiesEveryRotationPhase(t *testing.T) {
 	if describeChain(&out, []*x509.Certificate{old.Cert, rot.Old.Cert}, inventory.Cert{}, []*x509.Certificate{rot.New.Cert}, 3, now) ||
 		!strings.Contains(out.String(), "verifies    NO") {
 		t.Fatalf("a leaf under the retired key verified:\n%s", out.String())
+	}
+}
+
+// The plan says what each phase lasts for: the longest certificates actually signed.
+func TestPlanSaysWhatThePhasesLastFor(t *testing.T) {
+	rotated := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	day := int64((24*time.Hour + 10*time.Second) / time.Second)
+	six := int64((6*time.Hour + 10*time.Second) / time.Second)
+	p := &events.RotationPlan{Phase: 1, Rotated: rotated,
+		NewRootLast:   rotated.Add(time.Duration(day)*time.Second + time.Minute),
+		OldKeyLongest: day, Phase1Longest: six}
+	p.Settled = p.NewRootLast.Add(time.Duration(six)*time.Second + time.Minute)
+	p.OldRootLeaves = p.Settled.Add(time.Duration(six)*time.Second + time.Minute)
+	var out bytes.Buffer
+	printPlan(Env{Stdout: &out}, "plan", p)
+	for _, want := range []string{"phase 1 lasts 24h1m10s", "old key signed lives 24h0m10s", "phase 2 lasts 6h1m10s", "phase 1 (so far) lives 6h0m10s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("plan lacks %q:\n%s", want, out.String())
+		}
 	}
 }

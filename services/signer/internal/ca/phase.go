@@ -51,23 +51,25 @@ func (p Phase) String() string {
 // Phase is the rotation phase this material was built for.
 func (m *Material) Phase() Phase { return m.phase }
 
-// PhaseStep is how long each of phases 1 and 2 lasts: the longest leaf lifetime plus
+// PhaseStep is the longest a phase lasts: the longest leaf lifetime allowed plus
 // RetireSlack, so that every certificate issued before a phase began has expired
-// (and its holder renewed) by the time the next one begins.
+// (and its holder renewed) by the time the next one begins. Phases 1 and 2 last as
+// long as the longest leaf actually issued before them (see Lives), at most this.
 func (s *SelfSigned) PhaseStep() time.Duration { return s.cfg.MaxLeafTTL + RetireSlack }
 
 // phaseAt is rec's phase at now: derived from the stored record and the clock only,
-// so replicas agree on it without writing anything (RetireSlack covers their skew).
+// so replicas agree on it (RetireSlack covers their skew).
 func (s *SelfSigned) phaseAt(rec record, now time.Time) Phase {
 	j := keyStart(rec.roots)
 	if rec.cross == nil || j+1 >= len(rec.roots) {
 		return PhaseSettled
 	}
 	t := createdAt(rec.roots[j])
-	switch step := s.PhaseStep(); {
-	case now.Before(t.Add(step)):
+	step1, step2 := s.steps(rec)
+	switch {
+	case now.Before(t.Add(step1)):
 		return PhaseCrossOldLast
-	case now.Before(t.Add(2 * step)):
+	case now.Before(t.Add(step1 + step2)):
 		return PhaseCrossNewLast
 	}
 	return PhaseSettled
@@ -80,6 +82,9 @@ type Plan struct {
 	NewLast  time.Time // the old root stops being the reply's last PEM (phase 2)
 	Settled  time.Time // the cross-signed intermediate leaves the chain (phase 3)
 	OldLeave time.Time // the old root leaves the bundle; zero when no old root is in it
+	// What phases 1 and 2 last for: the longest leaf the old key signed, and the
+	// longest signed in phase 1 so far (-max-ttl when not known).
+	OldLongest, Phase1Longest time.Duration
 }
 
 // planOf is rec's plan at now.
@@ -92,12 +97,15 @@ func (s *SelfSigned) planOf(rec record, now time.Time) Plan {
 	if j+1 >= len(rec.roots) { // same-key rotations only: the root before leaves one step after
 		p.Rotated = createdAt(rec.roots[0])
 		p.NewLast, p.Settled = p.Rotated, p.Rotated
-		p.OldLeave = s.leavesAt(rec.roots[1], rec.roots[0])
+		p.OldLeave = s.leavesAt(rec, 1)
 		return p
 	}
 	p.Rotated = createdAt(rec.roots[j])
-	p.NewLast, p.Settled = p.Rotated.Add(s.PhaseStep()), p.Rotated.Add(2*s.PhaseStep())
-	p.OldLeave = s.leavesAt(rec.roots[j+1], rec.roots[j])
+	step1, step2 := s.steps(rec)
+	p.NewLast, p.Settled = p.Rotated.Add(step1), p.Rotated.Add(step1+step2)
+	p.OldLeave = s.oldLeaves(rec)
+	old, phase1 := s.livesBasis(rec)
+	p.OldLongest, p.Phase1Longest = s.lifeOr(old), s.lifeOr(phase1)
 	return p
 }
 
@@ -235,7 +243,8 @@ func (s *SelfSigned) installRec(rec record, m *Material) bool {
 // Event is p as meshctl sees it.
 func (p Plan) Event() *events.RotationPlan {
 	n := map[Phase]int{PhaseCrossOldLast: 1, PhaseCrossNewLast: 2, PhaseSettled: 3}[p.Phase]
-	return &events.RotationPlan{Phase: n, Rotated: p.Rotated, NewRootLast: p.NewLast, Settled: p.Settled, OldRootLeaves: p.OldLeave}
+	return &events.RotationPlan{Phase: n, Rotated: p.Rotated, NewRootLast: p.NewLast, Settled: p.Settled, OldRootLeaves: p.OldLeave,
+		OldKeyLongest: ceilSecs(p.OldLongest), Phase1Longest: ceilSecs(p.Phase1Longest)}
 }
 
 // RotationPlan is the schedule of the current rotation or, with dryRun, of the one

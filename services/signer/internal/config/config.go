@@ -49,6 +49,9 @@ type Config struct {
 	CA          struct {
 		Dir               string // plugged-in mode when set (Istio cacerts layout)
 		ReloadDelay       time.Duration
+		// ForceRootChange installs a cacerts reload whose CA does not chain to a
+		// root trusted now (refused otherwise: the fleet would refuse it).
+		ForceRootChange bool
 		KeyAlg            pki.KeyAlg // self-signed root key
 		KVBucket          string
 		KVReplicas        int
@@ -183,6 +186,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.TrustDomain, "SPIFFE trust domain")
 	fs.String(&c.CA.Dir, "cacerts-dir", "CACERTS_DIR", "", "plugged-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); empty: self-signed root in KV")
 	fs.Duration(&c.CA.ReloadDelay, "cacerts-reload-delay", "CACERTS_RELOAD_DELAY", c.CA.ReloadDelay, "debounce for cacerts directory changes")
+	fs.Bool(&c.CA.ForceRootChange, "cacerts-force-root-change", "CACERTS_FORCE_ROOT_CHANGE", false,
+		"install a cacerts reload whose CA does not chain to a root trusted now (refused by default: pods would refuse it and expire)")
 	fs.String(&keyAlg, "key-alg", "CA_KEY_ALG", string(c.CA.KeyAlg), "self-signed root key algorithm: EC-P256, EC-P384, RSA-2048, RSA-4096")
 	fs.String(&c.CA.KVBucket, "kv-bucket", "CA_KV_BUCKET", c.CA.KVBucket, "JetStream KV bucket for the self-signed root")
 	fs.Int(&c.CA.KVReplicas, "kv-replicas", "CA_KV_REPLICAS", c.CA.KVReplicas, "replicas of the KV bucket (3 on a cluster)")

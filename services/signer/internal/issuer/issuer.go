@@ -100,7 +100,18 @@ type Config struct {
 	// Records keeps which pod each certificate was issued to (issued.Store), what
 	// the bus auth callout admits a pod's certificate by; nil: none kept.
 	Records Recorder
+	// Lives is told, before the mesh CA signs a leaf, how long it will live
+	// (ca.SelfSigned: a rotation's phases last as long as the longest leaf issued);
+	// nil: nobody.
+	Lives LifeRecorder
 }
+
+// LifeRecorder records the lifetime of a leaf about to be signed; an error refuses it.
+type LifeRecorder interface {
+	NoteLife(ctx context.Context, life time.Duration) error
+}
+
+var _ LifeRecorder = (*ca.SelfSigned)(nil)
 
 // Recorder makes the write recording that leaf was issued to pod (issued.Store),
 // which the issuer stores durably beside cert.issued.
@@ -343,6 +354,13 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 			return reject("signer_material", errf(events.CodeInvalidArgument, "%v", err))
 		}
 		signing = named
+	}
+	if signing == mat && i.cfg.Lives != nil {
+		if err := i.cfg.Lives.NoteLife(ctx, ttl+ca.Backdate); err != nil {
+			i.metrics.SignFail.WithLabelValues(t).Inc()
+			i.log.Error("sign refused: leaf lifetime not recorded", "spiffe_id", caller.ID.String(), "error", err)
+			return nil, errf(events.CodeUnavailable, "%v", err)
+		}
 	}
 	leaf, err := signing.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
 	if err != nil {
