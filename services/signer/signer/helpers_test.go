@@ -68,7 +68,7 @@ func (e *env) config(instance string) config.Config {
 	c.Workers = 8
 	// These tests sign for one identity many times a minute on purpose; the
 	// bound is tested on its own (TestPodThatKeepsAskingIsToldWhy).
-	c.Certs.MaxPerPodMinute = 0
+	c.Certs.MaxEarlyPerMinute = 0
 	return c
 }
 

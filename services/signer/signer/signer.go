@@ -132,7 +132,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
-		Records: s.issued, Lives: lives, MaxPerPodMinute: cfg.Certs.MaxPerPodMinute,
+		Records: s.issued, Lives: lives, MaxEarlyPerMinute: cfg.Certs.MaxEarlyPerMinute,
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",

@@ -49,9 +49,6 @@ type Config struct {
 	CA          struct {
 		Dir               string // plugged-in mode when set (Istio cacerts layout)
 		ReloadDelay       time.Duration
-		// ForceRootChange installs a cacerts reload whose CA does not chain to a
-		// root trusted now (refused otherwise: the fleet would refuse it).
-		ForceRootChange bool
 		KeyAlg            pki.KeyAlg // self-signed root key
 		KVBucket          string
 		KVReplicas        int
@@ -61,6 +58,9 @@ type Config struct {
 		NewKeyOnRotate    bool
 		KEKFile           string        // key-encryption key sealing the self-signed root keys in KV
 		RotateMinInterval time.Duration // shortest time between rotations a forced one may follow; 0: no limit
+		// ForceRootChange installs a cacerts reload whose CA does not chain to a
+		// root trusted now (refused otherwise: the fleet would refuse it).
+		ForceRootChange bool
 	}
 	Certs struct {
 		DefaultTTL time.Duration
@@ -69,9 +69,9 @@ type Config struct {
 		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
 		// default: -cacerts-dir.
 		SignersDir string
-		// MaxPerPodMinute bounds the certificates one pod is issued per minute
-		// (per replica); 0: no bound.
-		MaxPerPodMinute int
+		// MaxEarlyPerMinute bounds the early certificates (the one before less than
+		// a quarter through its life) one pod is issued per minute (per replica); 0: no bound.
+		MaxEarlyPerMinute int
 	}
 	Auth struct {
 		JWKSFile    string
@@ -155,7 +155,7 @@ func Default() Config {
 	c.CA.RotateMinInterval = time.Minute
 	c.Certs.DefaultTTL = 24 * time.Hour
 	c.Certs.MaxTTL = 90 * 24 * time.Hour
-	c.Certs.MaxPerPodMinute = 10
+	c.Certs.MaxEarlyPerMinute = 10
 	c.Auth.JWKSRefresh = 5 * time.Minute
 	c.Auth.JWKSMinRefresh = 10 * time.Second
 	c.Auth.Issuer = "meshagent-dev"
@@ -202,8 +202,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.KEKFile, "ca-kek-file", "CA_KEK_FILE", "", "file with 32 random bytes (raw or base64; mode 0600, or 0440 with a group of this process) sealing the self-signed root keys in KV; required in self-signed mode")
 	fs.Duration(&c.CA.RotateMinInterval, "root-rotate-min-interval", "ROOT_ROTATE_MIN_INTERVAL", c.CA.RotateMinInterval, "refuse a forced root rotation this soon after the last rotation (0: no limit)")
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
-	fs.Int(&c.Certs.MaxPerPodMinute, "max-certs-per-pod-minute", "MAX_CERTS_PER_POD_MINUTE", c.Certs.MaxPerPodMinute,
-		"most certificates one pod (or SPIFFE ID without a pod) is issued per minute by this replica; more are refused saying why (a pod that keeps asking refuses what it gets); 0: no limit")
+	fs.Int(&c.Certs.MaxEarlyPerMinute, "max-early-certs-per-minute", "MAX_EARLY_CERTS_PER_MINUTE", c.Certs.MaxEarlyPerMinute,
+		"most certificates one pod (or SPIFFE ID without a pod) is issued per minute by this replica while the one before is less than a quarter through its life; more are refused saying why (a pod that keeps asking refuses what it gets); 0: no limit")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
 	fs.String(&c.Certs.SignersDir, "cert-signers-dir", "CERT_SIGNERS_DIR", "", "directory of the named signers' CA material, <dir>/<signer>/ with Istio's cacerts file names (default: -cacerts-dir)")
@@ -323,7 +323,7 @@ func (c Config) Validate() error {
 		p.Check(c.CA.ReloadDelay >= 0, "-cacerts-reload-delay: must not be negative")
 	}
 	p.Check(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
-	p.Check(c.Certs.MaxPerPodMinute >= 0, "-max-certs-per-pod-minute: must not be negative")
+	p.Check(c.Certs.MaxEarlyPerMinute >= 0, "-max-early-certs-per-minute: must not be negative")
 	p.Check(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
 	sources := 0
 	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {

@@ -100,10 +100,11 @@ type Config struct {
 	// Records keeps which pod each certificate was issued to (issued.Store), what
 	// the bus auth callout admits a pod's certificate by; nil: none kept.
 	Records Recorder
-	// MaxPerPodMinute is the most certificates one pod (or SPIFFE ID without a
-	// pod) is issued per ReissueWindow by this replica; more are refused with a
-	// reason (a pod that keeps asking refuses what it gets); 0: no limit.
-	MaxPerPodMinute int
+	// MaxEarlyPerMinute is the most early certificates (the one before less than a
+	// quarter through its life) one pod, or SPIFFE ID without a pod, is issued per
+	// ReissueWindow by this replica; more are refused with a reason (a pod that keeps
+	// asking refuses what it gets); 0: no limit.
+	MaxEarlyPerMinute int
 	// Lives is told, before the mesh CA signs a leaf, how long it will live
 	// (ca.SelfSigned: a rotation's phases last as long as the longest leaf issued);
 	// nil: nobody.
@@ -163,7 +164,7 @@ func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher
 		now = time.Now
 	}
 	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, now: now,
-		again: &reissues{limit: cfg.MaxPerPodMinute}}
+		again: &reissues{limit: cfg.MaxEarlyPerMinute}}
 }
 
 // Source is the CloudEvents source of this signer's events.
@@ -358,7 +359,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	if ok, n, next := i.again.allow(holder, now); !ok {
 		i.log.Warn("not issuing: the holder keeps asking for certificates", "transport", t, "holder", holder, "issued", n, "window", ReissueWindow)
 		return reject("reissue_limit", errf(events.CodeResourceExhausted,
-			"%s was issued %d certificates in the last %s and keeps asking: it may be refusing them (check that its trust bundle, ROOTCA, accepts the chain); the next is issued after %s",
+			"%s was issued %d certificates in the last %s, each before the one before it was a quarter through its life, and keeps asking: it may be refusing them (check that its trust bundle, ROOTCA, accepts the chain); the next is issued after %s",
 			holder, n, ReissueWindow, next.UTC().Format(time.RFC3339)))
 	}
 	// A named signer signs with its own chain; the caller was authenticated against
@@ -406,7 +407,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
 		return nil, errf(events.CodeInternal, "could not record the certificate: %v", err)
 	}
-	i.again.issued(holder, now)
+	i.again.issued(holder, now, leaf.NotAfter.Sub(now)) // its life from now: NotBefore is backdated
 	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
 	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
 		Signing: signing, Bundle: mat}
