@@ -224,6 +224,10 @@ type RotationPlan struct {
 	NewRootLast   time.Time `json:"new_root_last,omitzero"`
 	Settled       time.Time `json:"settled,omitzero"`
 	OldRootLeaves time.Time `json:"old_root_leaves,omitzero"`
+	// What phases 1 and 2 last for, in seconds: the longest leaf the old key signed
+	// and the longest signed in phase 1 so far (the signer's -max-ttl when unknown).
+	OldKeyLongest int64 `json:"old_key_longest_s,omitempty"`
+	Phase1Longest int64 `json:"phase1_longest_s,omitempty"`
 }
 
 func (RotateReply) EventType() string { return TypeRotateReply }

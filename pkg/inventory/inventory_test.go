@@ -353,3 +353,24 @@ func TestDecodeSkipsWhatItCannotRead(t *testing.T) {
 		}
 	}
 }
+
+// A pod that refuses the certificates it is issued serves the one it last pushed:
+// when that one has expired, the record says so (status counts it as expired), even
+// though the newest certificate issued to the pod is fresh.
+func TestExpiredServedCertificateCountsAsExpired(t *testing.T) {
+	c, _ := inventory.Apply(nil, issued("p", 1), meta(t0.Add(time.Minute)))
+	c, _ = inventory.Apply(c, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "p"}, Resource: "default", Serial: "abcdef01", Version: "1", Streams: 1, Kind: "pushed"}, meta(t0.Add(time.Minute)))
+	for gen := 2; gen <= 12; gen++ { // issued, never pushed
+		c, _ = inventory.Apply(c, issued("p", gen), meta(t0.Add(time.Duration(gen)*time.Minute)))
+	}
+	now := t0.Add(12*time.Minute + 30*time.Second) // abcdef01 expired at 3m, abcdef0c is fresh
+	w := c.Warnings(now, nil)
+	if len(w) != 1 || !strings.HasPrefix(w[0], "expired: the pod serves serial abcdef01") {
+		t.Fatalf("warnings %v", w)
+	}
+	// Once it pushes the fresh one, nothing to say.
+	c, _ = inventory.Apply(c, events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "p"}, Resource: "default", Serial: "abcdef0c", Version: "2", Streams: 1, Kind: "pushed"}, meta(now))
+	if w := c.Warnings(now, nil); len(w) != 0 {
+		t.Fatalf("after the push: %v", w)
+	}
+}

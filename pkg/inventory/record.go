@@ -39,6 +39,11 @@ type Cert struct {
 	RenewSent    time.Time `json:"renew_sent,omitzero"`
 	Down         bool      `json:"down,omitempty"` // the pod said it stopped
 	DownAt       time.Time `json:"down_at,omitzero"`
+	// Served is the serial the pod last pushed to Envoy, and ServedUntil its
+	// NotAfter: an older certificate than Serial when the pod did not take the
+	// newer ones (it refused them), which is what it serves all the same.
+	Served      string    `json:"served_serial,omitempty"`
+	ServedUntil time.Time `json:"served_not_after,omitzero"`
 }
 
 // Trust is the trust bundle the inventory last heard of.
@@ -143,14 +148,16 @@ func Apply(c *Cert, p events.Payload, meta events.Meta) (*Cert, bool) {
 		return &Cert{Pod: e.Pod.String(), Resource: res, SPIFFEID: e.SPIFFEID, Serial: e.Serial, NotBefore: e.NotBefore,
 			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, KeyAlgorithm: e.KeyAlgorithm,
 			Issued: meta.Time, Renewals: renewals, Chain: e.CertChain,
-			// The renewal that brought it (if any) stays on the record.
-			LastRenewal: cur.LastRenewal, RenewSent: cur.RenewSent}, true
+			// The renewal that brought it (if any) stays on the record, and what the
+			// pod serves until it pushes the new one.
+			LastRenewal: cur.LastRenewal, RenewSent: cur.RenewSent, Served: cur.Served, ServedUntil: cur.ServedUntil}, true
 	case events.SecretPushed:
 		if cur.Serial == "" || !strings.EqualFold(cur.Serial, e.Serial) || meta.Time.Before(cur.Pushed) ||
 			(meta.Time.Equal(cur.Pushed) && cur.Streams == e.Streams && cur.Version == e.Version) {
 			return c, false
 		}
 		cur.Streams, cur.Pushed, cur.Version = e.Streams, meta.Time, e.Version
+		cur.Served, cur.ServedUntil = cur.Serial, cur.NotAfter
 		if cur.Down && meta.Time.After(cur.DownAt) {
 			cur.Down = false
 		}

@@ -1,7 +1,9 @@
 package inventory
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,6 +23,10 @@ func (c Cert) Warnings(now time.Time, t *Trust) []string {
 	switch {
 	case !now.Before(c.NotAfter):
 		w = append(w, "expired")
+	case c.Served != "" && !strings.EqualFold(c.Served, c.Serial) && !now.Before(c.ServedUntil):
+		// Issued a newer one, but the pod serves the one it last pushed.
+		w = append(w, fmt.Sprintf("expired: the pod serves serial %s, expired %s, and has not taken the newer %s",
+			c.Served, c.ServedUntil.UTC().Format(time.RFC3339), c.Serial))
 	case now.After(c.NotBefore.Add(time.Duration(float64(life) * OverdueRatio))):
 		w = append(w, "renewal overdue")
 	}

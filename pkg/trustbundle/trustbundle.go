@@ -7,6 +7,7 @@
 package trustbundle
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/x509"
 	"errors"
@@ -363,4 +364,69 @@ func (s *Set) list() []*x509.Certificate {
 		out[i] = s.roots[fp]
 	}
 	return out
+}
+
+// ErrNotCertified says that a root offered without an endorsement is not certified
+// by a trusted root.
+var ErrNotCertified = fmt.Errorf("%w: the new root's key is not certified under a trusted root", ErrRejected)
+
+// Certified returns the roots at the end of chain that are not trusted yet but whose
+// key a trusted root has certified, at time at, through a CA certificate in chain
+// of the same name and key (the cross-signed certificate of a rotation to a new
+// key: Istio's CreateCertificate reply carries no endorsement, and in phase 2 it is
+// [leaf, cross, new root]). The old root's key vouches for the new root's key this
+// way as it does by endorsing a bundle. extra are roots trusted as well (an update
+// not applied yet). Nothing is changed; AddCertified applies.
+func (s *Set) Certified(chain, extra []*x509.Certificate, at time.Time) ([]*x509.Certificate, error) {
+	if len(chain) < 2 {
+		return nil, nil
+	}
+	root := chain[len(chain)-1]
+	if s.Has(pki.Fingerprint(root)) || slices.ContainsFunc(extra, root.Equal) || !root.IsCA || root.CheckSignatureFrom(root) != nil {
+		return nil, nil // trusted already, or no self-signed root at the end
+	}
+	if at.Before(root.NotBefore) || at.After(root.NotAfter) {
+		return nil, fmt.Errorf("%w: the new root is not valid at %s", ErrNotCertified, at.Format(time.RFC3339))
+	}
+	trusted := x509.NewCertPool()
+	for _, r := range append(s.Roots(), extra...) {
+		trusted.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1 : len(chain)-1] {
+		inter.AddCert(c)
+	}
+	for _, c := range chain[1 : len(chain)-1] {
+		if !c.IsCA || !bytes.Equal(c.RawSubject, root.RawSubject) || !sameKey(c.PublicKey, root.PublicKey) {
+			continue
+		}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: trusted, Intermediates: inter, CurrentTime: at,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err == nil {
+			return []*x509.Certificate{root}, nil
+		}
+	}
+	return nil, ErrNotCertified
+}
+
+// AddCertified trusts roots that Certified returned, keeping the generation; it
+// reports whether the trusted roots changed.
+func (s *Set) AddCertified(roots []*x509.Certificate) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for _, r := range roots {
+		fp := pki.Fingerprint(r)
+		if _, ok := s.roots[fp]; !ok {
+			s.roots[fp] = r
+			s.seq++
+			s.order[fp] = s.seq
+			changed = true
+		}
+	}
+	return changed
+}
+
+func sameKey(a, b crypto.PublicKey) bool {
+	e, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && e.Equal(b)
 }

@@ -210,3 +210,40 @@ func TestExpiredRootsAreDropped(t *testing.T) {
 		t.Fatalf("endorsed by an expired root: %v", err)
 	}
 }
+
+// A root offered without an endorsement (Istio's reply) is trusted only when a
+// certificate in the chain certifies its key under a trusted root: the cross-signed
+// certificate of a rotation. A stranger's root, with a "cross" certificate it made
+// itself, is refused and the set does not change.
+func TestCertifiedTakesOnlyACrossSignedRoot(t *testing.T) {
+	now := time.Now()
+	rot := testkit.NewRotation(t, now, time.Hour)
+	s := New("cluster.local", nil, nil)
+	if _, err := s.Check(Bundle{TrustDomain: "cluster.local", Roots: pki.CertPEMs([]*x509.Certificate{rot.Old.Cert})}); err != nil {
+		t.Fatal(err)
+	}
+	s.Apply(Update{Roots: []*x509.Certificate{rot.Old.Cert}})
+	leaf := rot.New.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/a/sa/b"}).Cert
+	got, err := s.Certified(append([]*x509.Certificate{leaf}, rot.Above(testkit.PhaseNewLast)...), nil, now)
+	if err != nil || len(got) != 1 || !got[0].Equal(rot.New.Cert) {
+		t.Fatalf("phase 2 chain: certified %d roots, %v", len(got), err)
+	}
+	if got, err := s.Certified(append([]*x509.Certificate{leaf}, rot.Above(testkit.PhaseOldLast)...), nil, now); err != nil || len(got) != 0 {
+		t.Fatalf("phase 1 chain ends at a trusted root: %d, %v", len(got), err)
+	}
+
+	evil := testkit.NewRotation(t, now, time.Hour) // its "old root" is no root of ours
+	evilLeaf := evil.New.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/a/sa/b"}).Cert
+	if got, err := s.Certified(append([]*x509.Certificate{evilLeaf}, evil.Above(testkit.PhaseNewLast)...), nil, now); !errors.Is(err, ErrNotCertified) || len(got) != 0 {
+		t.Fatalf("a stranger's cross chain: %d roots, %v", len(got), err)
+	}
+	if got, err := s.Certified([]*x509.Certificate{leaf, evil.New.Cert}, nil, now); !errors.Is(err, ErrNotCertified) || len(got) != 0 {
+		t.Fatalf("a stranger's root alone: %d roots, %v", len(got), err)
+	}
+	if roots := s.Roots(); len(roots) != 1 || !roots[0].Equal(rot.Old.Cert) {
+		t.Fatalf("the set changed: %d roots", len(roots))
+	}
+	if !s.AddCertified([]*x509.Certificate{rot.New.Cert}) || len(s.Roots()) != 2 || s.Generation() != 0 {
+		t.Fatalf("AddCertified: %d roots, generation %d", len(s.Roots()), s.Generation())
+	}
+}

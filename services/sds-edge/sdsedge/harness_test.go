@@ -43,6 +43,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvCA(t, newTestCA(t))
+}
+
+// newEnvCA is newEnv with ca as the CA.
+func newEnvCA(t testing.TB, ca *testCA) *env {
+	t.Helper()
 	ns := bustest.Server(t)
 	nc := bustest.Conn(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -50,7 +56,6 @@ func newEnv(t testing.TB) *env {
 	if _, err := bus.EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	ca := newTestCA(t)
 	ca.serveNATS(t, nc)
 	return &env{t: t, ns: ns, nc: nc, ca: ca}
 }

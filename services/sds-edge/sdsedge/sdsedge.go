@@ -11,7 +11,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -235,19 +237,37 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(anchors) == 0 {
+		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
+		// pod's trust before its first bundle, not only the one a reply ends at.
+		anchors = slices.Clone(seed)
+	}
+	// What the pod trusted before a restart stays trusted: no trust on first use again.
+	kept, err := readRoots("trust state", c.CA.TrustState)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Warn("ignoring the kept trusted roots", "path", c.CA.TrustState, "error", err)
+	}
+	for _, r := range kept {
+		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
+			anchors = append(anchors, r)
+		}
+	}
 	closeSigner = func() {}
 	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
-	// with -ca-root-cert or else the roots the pod trusts.
+	// with -ca-root-cert and the roots the pod trusts (which follow a rotation).
 	grpcCA := func(addr string) *caclient.Istio {
 		istio := caclient.NewIstio(addr, c.CA.ClusterID, strings.HasSuffix(addr, ":15010"), func() *x509.CertPool {
-			if len(seed) > 0 {
-				p := x509.NewCertPool()
-				for _, r := range seed {
-					p.AddCert(r)
-				}
-				return p
+			if len(seed) == 0 {
+				return mgr.Roots()
 			}
-			return mgr.Roots()
+			p := mgr.Roots()
+			if p == nil {
+				p = x509.NewCertPool()
+			}
+			for _, r := range seed {
+				p.AddCert(r)
+			}
+			return p
 		})
 		istio.SetClientCert(c.ClientCert.Get)
 		closeSigner = func() { _ = istio.Close() }
@@ -272,6 +292,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
+		TrustState:  c.CA.TrustState,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	// From now on the bus and the gRPC CA are shown the pod's own certificate.
 	c.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)

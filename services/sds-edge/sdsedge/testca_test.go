@@ -62,6 +62,19 @@ type testCA struct {
 	rogueID   atomic.Pointer[string] // when set, sign for this identity instead (a rogue responder)
 	silent    atomic.Bool            // when set, sign requests get no answer (a rogue answers alone)
 	certAuth  atomic.Int32           // gRPC requests authenticated by a client certificate
+	// phased, when set, is who signs and what follows the leaf in a reply: a phase
+	// of a rotation to a new key, as the signer replies in it (testkit.Rotation).
+	phased atomic.Pointer[phasedChain]
+}
+
+type phasedChain struct {
+	signer *testkit.CA
+	above  []*x509.Certificate
+}
+
+// setPhase makes the CA sign and reply as the signer does in phase of rot.
+func (c *testCA) setPhase(rot *testkit.Rotation, phase int) {
+	c.phased.Store(&phasedChain{signer: rot.Signer(phase), above: rot.Above(phase)})
 }
 
 func newTestCA(tb testing.TB) *testCA {
@@ -200,6 +213,10 @@ func (c *testCA) sign(csrPEM []byte, id string, ttl time.Duration) ([]string, er
 	c.mu.Lock()
 	root, key := c.roots[0], c.keys[0]
 	c.mu.Unlock()
+	above := []*x509.Certificate{root}
+	if p := c.phased.Load(); p != nil {
+		root, key, above = p.signer.Cert, p.signer.Key, p.above
+	}
 	now := time.Now()
 	tmpl := &x509.Certificate{SerialNumber: serial(), URIs: []*url.URL{u}, NotBefore: now.Add(-time.Second), NotAfter: now.Add(ttl),
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
@@ -208,7 +225,7 @@ func (c *testCA) sign(csrPEM []byte, id string, ttl time.Duration) ([]string, er
 		return nil, err
 	}
 	leaf, _ := x509.ParseCertificate(der)
-	return pki.CertPEMs([]*x509.Certificate{leaf, root}), nil
+	return pki.CertPEMs(append([]*x509.Certificate{leaf}, above...)), nil
 }
 
 func (c *testCA) enter() func() {

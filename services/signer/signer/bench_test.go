@@ -307,6 +307,8 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		c.Auth.JWKSFile = jwks
 		c.CA.KEKFile = kek
 		c.CA.KeyAlg = alg
+		// Each pod signs many times a second here.
+		c.Certs.MaxEarlyPerMinute = 0
 		health := obs.NewServer(c.Listen.HTTP, hclog.NewNullLogger()) // not served: only its readiness is read
 		svc, err := New(c, lifecycle.Deps{Bus: connect(), Metrics: health.Registry(), Health: health}.WithDefaults())
 		if err != nil {

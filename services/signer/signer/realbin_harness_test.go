@@ -142,7 +142,7 @@ func (e *realEnv) startSigner(b *testing.B, bin string, confined bool, env ...st
 	b.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	s := &signerProc{url: ns.ClientURL(), httpAddr: testkit.FreeAddr(b), logs: &bytes.Buffer{}, confined: confined}
 	args := []string{"-instance", "bench-0", "-nats-url", s.url, "-http-addr", s.httpAddr, "-grpc-addr", testkit.FreeAddr(b),
-		"-jwks-file", e.jwks, "-ca-kek-file", e.kek, "-log-level", "warn"}
+		"-jwks-file", e.jwks, "-ca-kek-file", e.kek, "-log-level", "warn", "-max-early-certs-per-minute", "0"}
 	if e.creds != nil {
 		args = append(args, "-nats-nkey", e.creds.SeedFile(policy.Signer), "-bus-callout-seed", e.creds.IssuerFile(),
 			"-bus-callout-nkey", e.creds.SeedFile(policy.Callout), "-bus-sign-id")

@@ -174,10 +174,17 @@ func TestPluggedInMode(t *testing.T) {
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 0 {
 		t.Fatalf("trust.changed after an invalid reload")
 	}
-	// A new root and intermediate, with both roots in the bundle.
+	// A new root and intermediate, with both roots in the bundle: unrelated to the
+	// current root, refused (pods would refuse it); cross-signed by it, installed.
 	root2 := testkit.NewCA(t, "root2", nil, now, 96*time.Hour)
 	inter2 := testkit.NewCA(t, "inter2", root2, now, 24*time.Hour)
 	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
+	testkit.EventuallyWithin(t, 10*time.Second, "root swap refused", func() bool { return plugged.Rejected() >= 2 })
+	if !s.auth.Current().Cert.Equal(inter.Cert) || count(t, e.js, events.SubjectTrustChanged) != 0 {
+		t.Fatal("a root swap that strands the fleet was installed")
+	}
+	cross := testkit.CrossSign(t, root2.Cert, root, now, 24*time.Hour)
+	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{cross, root2.Cert}, root2.Cert, root.Cert)
 	testkit.EventuallyWithin(t, 10*time.Second, "reload", func() bool { return s.auth.Current().Cert.Equal(inter2.Cert) })
 	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return count(t, e.js, events.SubjectTrustChanged) == 1 })
 	if tc := last[events.TrustChanged](t, e.js, events.SubjectTrustChanged); tc.Reason != events.TrustReasonReload || len(tc.Roots) != 2 {

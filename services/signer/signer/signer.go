@@ -125,11 +125,15 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	}
 	metrics := issuer.NewMetrics(d.Metrics, s.auth, now)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
+	var lives issuer.LifeRecorder
+	if ss, ok := s.source.(*ca.SelfSigned); ok {
+		lives = ss // the phases of a rotation follow the leaves actually issued
+	}
 	s.iss = issuer.New(issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, PodMaxTTL: cmp.Or(cfg.Certs.PodMaxTTL, cfg.Certs.DefaultTTL), Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
-		Records: s.issued,
+		Records: s.issued, Lives: lives, MaxEarlyPerMinute: cfg.Certs.MaxEarlyPerMinute,
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
@@ -163,8 +167,9 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 	}
 	if cfg.CA.Dir != "" {
 		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, s.log.Named("ca"), now)
+		p.ForceRootChange = cfg.CA.ForceRootChange
 		counter("ca_reload_rejected_total",
-			"Reloads of the cacerts directory refused because the new material was invalid.", p.Rejected)
+			"Reloads of the cacerts directory refused because the new material was invalid, or would strand the fleet (a CA chaining to no root trusted now).", p.Rejected)
 		s.source = p
 		return nil
 	}

@@ -98,6 +98,14 @@ func printPlan(env Env, label string, p *events.RotationPlan) {
 		fmt.Fprintf(env.Stdout, "  phase 1 from %s: the new key signs, chain [cross-signed new key, old root]\n", at(p.Rotated))
 		fmt.Fprintf(env.Stdout, "  phase 2 from %s: the old root stops being the replies' last PEM\n", at(p.NewRootLast))
 		fmt.Fprintf(env.Stdout, "  phase 3 from %s: the cross-signed certificate leaves the chain\n", at(p.Settled))
+		if p.OldKeyLongest > 0 {
+			secs := func(n int64) time.Duration { return time.Duration(n) * time.Second }
+			fmt.Fprintf(env.Stdout, "  phase 1 lasts %s: the longest certificate the old key signed lives %s\n",
+				p.NewRootLast.Sub(p.Rotated), secs(p.OldKeyLongest))
+			fmt.Fprintf(env.Stdout, "  phase 2 lasts %s: the longest certificate signed in phase 1 (so far) lives %s\n",
+				p.Settled.Sub(p.NewRootLast), secs(p.Phase1Longest))
+			fmt.Fprintln(env.Stdout, "  (each plus a minute of slack; the signer's -max-ttl where nothing was counted)")
+		}
 	}
 	if !p.OldRootLeaves.IsZero() {
 		fmt.Fprintf(env.Stdout, "  the old root leaves the bundle at %s\n", at(p.OldRootLeaves))

@@ -146,10 +146,10 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 			dueHour++
 		}
 		for _, warn := range c.Warnings(now, snap.Trust) {
-			switch warn {
-			case "expired":
+			switch {
+			case strings.HasPrefix(warn, "expired"): // the current certificate, or the one the pod still serves
 				expired++
-			case "renewal overdue":
+			case warn == "renewal overdue":
 				overdue++
 			}
 			attention = append(attention, fmt.Sprintf("certificate of %s (%s, serial %s): %s", orDash(c.Pod), c.SPIFFEID, short(c.Serial, 16), warn))

@@ -136,3 +136,15 @@ func (c *testCA) record(t testing.TB, pod, serial string, nb time.Time, life tim
 		Resource: "default", KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "signer-0", RootFingerprint: fp,
 		CertChain: pki.CertPEMs([]*x509.Certificate{leaf})}
 }
+
+// adopt makes ca the newest root, named name (a root made elsewhere: a rotation's).
+func (c *testCA) adopt(name string, ca *testkit.CA) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.roots = append([]*testkit.CA{ca}, c.roots...)
+	for n, i := range c.names {
+		c.names[n] = i + 1
+	}
+	c.names[name] = 0
+	c.gen++
+}

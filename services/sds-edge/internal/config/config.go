@@ -40,7 +40,7 @@ type Config struct {
 		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
 		// is unreachable or no signer answers on it; signing is on the bus otherwise.
 		FallbackAddr string
-		RootCert     string // PEM roots to verify Addr's TLS; empty: the current bundle
+		RootCert     string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
 		ClusterID    string
 		TokenFile    string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
@@ -49,6 +49,10 @@ type Config struct {
 		// to anyone: the first trust bundle must be endorsed by one of them. Empty:
 		// trust on first use.
 		TrustAnchorsFile string
+		// TrustState is where the pod keeps the CA roots it trusts (0600, under the
+		// pod root), read back at start as trust anchors: a restarted pod trusts
+		// what it trusted before, not the first bundle it hears.
+		TrustState string
 		// ProvCert is Istio's PROV_CERT: a directory with cert-chain.pem and key.pem
 		// of a provisioned certificate (a VM's; its own OUTPUT_CERTS from before a
 		// restart), used when there is neither a token nor a still-valid certificate
@@ -138,7 +142,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
 	fs.String(&c.CA.FallbackAddr, "ca-fallback-addr", "CA_FALLBACK_ADDR", c.CA.FallbackAddr,
 		"the CA's Istio gRPC API, used when the bus is unreachable (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
-	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots for the CA's TLS; empty: the current bundle")
+	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots (a bundle, all trusted) for the CA's TLS, with the roots the pod trusts; also the pod's first trust when -trust-anchors-file is unset; empty: the trust anchors, then the pod's bundle (with neither, a TLS CA cannot be verified)")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
 	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate (a VM's; may be -output-certs), used when there is no token and no valid certificate of our own: presented to the bus and to -ca-addr over TLS; empty: none")
@@ -195,6 +199,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	} else if p := c.Pod.Path(DefaultTrustAnchors); fileExists(p) {
 		c.CA.TrustAnchorsFile = p
 	}
+	c.CA.TrustState = c.Pod.Path(DefaultTrustState)
 	if c.Cert.OutputDir != "" {
 		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
@@ -242,6 +247,10 @@ var DefaultFileCertDirs = []string{"etc/certs", "etc/istio", "var/run/secrets"}
 // DefaultTrustAnchors is where Istio mounts the mesh root in a pod, under the pod
 // root; used as -trust-anchors-file when it exists.
 const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
+
+// DefaultTrustState is where, under the pod root, sds-edge keeps the CA roots it
+// trusts across restarts.
+const DefaultTrustState = "var/lib/meshagent/trusted-roots.pem"
 
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)

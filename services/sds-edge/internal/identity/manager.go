@@ -17,12 +17,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -55,6 +57,9 @@ type Config struct {
 	// TrustDomainAliases are trust domains accepted as this one (Istio's
 	// TRUST_DOMAIN_ALIASES): ROOTCA_SPIFFE verifies their IDs against our roots.
 	TrustDomainAliases []string
+	// TrustState is the file the CA roots the pod trusts are written to (0600) at
+	// every change, to be read back as Anchors after a restart; "": none.
+	TrustState string
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -366,7 +371,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	chain, u, err := m.checkReply(resp, key)
+	chain, u, certified, err := m.checkReply(resp, key)
 	if err != nil {
 		return nil, err
 	}
@@ -380,6 +385,10 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 		m.mu.Unlock()
 		// A new root in the reply is a trust change, like trust.changed.
 		rootsChanged := m.apply(u)
+		if m.trust.ca.AddCertified(certified) {
+			m.log.Info("new root learned from a sign reply: its key is certified under a trusted root", "roots", fingerprints(certified))
+			rootsChanged = true
+		}
 		m.publish(true, rootsChanged || !m.has(secrets.RootCA))
 	}, nil
 }
@@ -464,12 +473,29 @@ func (m *Manager) publish(cert, roots bool) {
 	if roots && len(rootsPEM) > 0 {
 		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: rootsPEM})
 		m.publishSPIFFE(rootsPEM)
+		m.keepTrust()
 	}
 	if cert && haveCert {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
 	}
 	if haveCert {
 		m.obs.Files(keyPEM, chainPEM, rootsPEM)
+	}
+}
+
+// keepTrust writes the CA roots trusted now to TrustState (not the relay's extra
+// anchors, which are not trusted to vouch for the CA).
+func (m *Manager) keepTrust() {
+	roots := m.trust.ca.Roots()
+	if m.cfg.TrustState == "" || len(roots) == 0 {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(m.cfg.TrustState), 0o700); err != nil {
+		m.log.Warn("cannot keep the trusted roots across restarts", "path", m.cfg.TrustState, "error", err)
+		return
+	}
+	if err := atomicfile.Write(m.cfg.TrustState, pki.EncodeCertsPEM(roots), 0o600); err != nil {
+		m.log.Warn("cannot keep the trusted roots across restarts", "path", m.cfg.TrustState, "error", err)
 	}
 }
 
@@ -486,30 +512,38 @@ func trimAll(ss []string) []string {
 }
 
 // checkReply decides whether a signing reply may be installed for key and returns
-// the parsed chain and the bundle update to apply with it. The chain must be leaf
-// first, each certificate signed by the next, and the leaf must carry key and
-// exactly the pod's SPIFFE ID (so that no responder can hand the pod another
-// identity). An endorsed bundle in the reply (or, before any, the first one, see
-// trustbundle.Set.Check) may add roots; then the leaf must verify to a root trusted
-// now or just endorsed. An unendorsed reply (Istio's) adds nothing after the
-// first: its leaf must verify to the roots trusted already.
-func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509.Certificate, trustbundle.Update, error) {
+// the parsed chain, the bundle update to apply with it and the roots it certifies.
+// The chain must be leaf first, each certificate signed by the next (see
+// checkChain), and the leaf must carry key and exactly the pod's SPIFFE ID (so that
+// no responder can hand the pod another identity). An endorsed bundle in the reply
+// (or, before any, the first one, see trustbundle.Set.Check) may add roots; then the
+// leaf must verify to a root trusted now or just endorsed. An unendorsed reply
+// (Istio's) is trusted first only as far as the configured anchors go (all of them:
+// -ca-root-cert or -trust-anchors-file is a bundle), or on first use without any;
+// after that it adds only a root whose key a trusted root has certified in the
+// chain (the cross-signed certificate of a rotation), and its leaf must verify to
+// the roots trusted already.
+func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509.Certificate, trustbundle.Update, []*x509.Certificate, error) {
 	u := trustbundle.Update{Stale: true}
 	chain, err := checkChain(resp.ChainPEM, m.cfg.SPIFFEID)
 	if err != nil {
-		return nil, u, err
+		return nil, u, nil, err
 	}
 	if !publicKeysEqual(chain[0].PublicKey, key.Public()) {
-		return nil, u, errors.New("signed certificate is not for our key")
+		return nil, u, nil, errors.New("signed certificate is not for our key")
 	}
 	b := resp.Bundle
 	if b.TrustDomain == "" {
 		b.TrustDomain = m.cfg.TrustDomain
 	}
+	if !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) > 0 {
+		// Istio's reply vouches for nothing: begin with every configured anchor.
+		b.Roots = pki.CertPEMs(m.cfg.Anchors)
+	}
 	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
 		if u, err = m.trust.ca.Check(b); err != nil {
 			m.obs.TrustRejected(SourceSignReply)
-			return nil, u, fmt.Errorf("sign reply: %w", err)
+			return nil, u, nil, fmt.Errorf("sign reply: %w", err)
 		}
 	}
 	var extra []*x509.Certificate
@@ -523,14 +557,36 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509
 	}
 	if err := m.trust.ca.VerifyChain(chain, extra, at); err != nil {
 		m.obs.TrustRejected(SourceSignReply)
-		return nil, u, fmt.Errorf("signed certificate: %w", err)
+		return nil, u, nil, fmt.Errorf("signed certificate: %w", err)
 	}
-	return chain, u, nil
+	var certified []*x509.Certificate
+	if !resp.Endorsed {
+		var cerr error
+		if certified, cerr = m.trust.ca.Certified(chain, extra, at); cerr != nil {
+			// The leaf verifies to a trusted root: keep it, but not the stranger.
+			m.log.Warn("sign reply ends at a root not certified under a trusted one; not trusting it", "root", pki.Fingerprint(chain[len(chain)-1]), "error", cerr)
+		}
+	}
+	return chain, u, certified, nil
 }
 
-// checkChain parses and checks a reply chain: at least leaf and root, each signed by
-// the next, and a leaf for exactly id. Whether the root is one the pod trusts is
-// checkReply's next step.
+func fingerprints(certs []*x509.Certificate) []string {
+	out := make([]string, len(certs))
+	for i, c := range certs {
+		out[i] = pki.Fingerprint(c)
+	}
+	return out
+}
+
+// checkChain parses and checks a reply chain: at least leaf and root, the leaf
+// signed by the next, each CA certificate after it signed by the next or certifying
+// the same key as the next, and a leaf for exactly id. Whether the root is one the
+// pod trusts is checkReply's next step.
+//
+// The same-key case is phase 2 of a rotation to a new key: [leaf, cross, new root],
+// where the cross-signed certificate carries the new key under the old root and the
+// new root is that key's own certificate (the reply's last PEM, which Istio agents
+// trust). Both are the one CA; the leaf verifies through either.
 func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
 	if len(pems) < 2 {
 		return nil, fmt.Errorf("chain has %d certificate(s): want leaf and root at least", len(pems))
@@ -540,7 +596,11 @@ func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
 		return nil, fmt.Errorf("parse chain: %w", err)
 	}
 	for i := 0; i+1 < len(chain); i++ {
-		if err := chain[i].CheckSignatureFrom(chain[i+1]); err != nil {
+		err := chain[i].CheckSignatureFrom(chain[i+1])
+		if err != nil && i > 0 && chain[i].IsCA && publicKeysEqual(chain[i].PublicKey, chain[i+1].PublicKey) {
+			continue // a cross-signed certificate, then its key's own root
+		}
+		if err != nil {
 			return nil, fmt.Errorf("chain[%d] not signed by chain[%d]: %w", i, i+1, err)
 		}
 	}

@@ -52,3 +52,31 @@ func TestCheckChainWantsExactlyOurSPIFFEID(t *testing.T) {
 		})
 	}
 }
+
+// Every chain shape the signer returns across a rotation to a new key passes
+// checkChain (phase 2's [leaf, cross, new root] failed with "chain[1] not signed by
+// chain[2]" and left the pod on an expiring certificate); a chain whose CA
+// certificates neither sign nor share a key with the next does not.
+func TestCheckChainTakesEveryRotationPhase(t *testing.T) {
+	const own = "spiffe://cluster.local/ns/default/sa/web"
+	rot := testkit.NewRotation(t, time.Now(), time.Hour)
+	for phase := testkit.PhaseBefore; phase <= testkit.PhaseSettled; phase++ {
+		leaf := rot.Signer(phase).Issue(t, testkit.Spec{ID: own})
+		pems := pki.CertPEMs(append([]*x509.Certificate{leaf.Cert}, rot.Above(phase)...))
+		if chain, err := checkChain(pems, own); err != nil || len(chain) != len(pems) {
+			t.Errorf("phase %d: checkChain = %d certs, %v", phase, len(chain), err)
+		}
+	}
+	other := testkit.NewCA(t, "meshagent root CA", nil, time.Now(), time.Hour)
+	leaf := rot.New.Issue(t, testkit.Spec{ID: own})
+	for name, above := range map[string][]*x509.Certificate{
+		"cross then an unrelated root":      {rot.Cross, other.Cert},
+		"leaf under the old key's position": {rot.Old.Cert, rot.Cross},
+		"new root then the cross":           {rot.New.Cert, rot.Cross, other.Cert},
+	} {
+		pems := pki.CertPEMs(append([]*x509.Certificate{leaf.Cert}, above...))
+		if _, err := checkChain(pems, own); err == nil || !strings.Contains(err.Error(), "not signed by") {
+			t.Errorf("%s: checkChain error %v, want a refusal", name, err)
+		}
+	}
+}

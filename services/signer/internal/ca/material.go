@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +34,23 @@ type Material struct {
 	rootFP       string
 	notAfter     time.Time
 	endorsements []events.Endorsement
-	phase        Phase    // of a rotation to a new key (self-signed only)
-	ownInter     []string // intermediates under the signing key's own root (see withChain)
+	phase        Phase               // of a rotation to a new key (self-signed only)
+	ownInter     []string            // intermediates under the signing key's own root (see withChain)
+	cross        *x509.Certificate   // the current key certified by the old root, while that root is in the bundle
+	given        []*x509.Certificate // the intermediates given (cert-chain.pem), whether in Chain or not
+}
+
+// ServingIntermediates is what a TLS server whose certificate this material signed
+// sends after it: the chain above a leaf without its root and, after phase 2 of a
+// rotation to a new key until the old root leaves the bundle, the cross-signed
+// certificate, so that a client still trusting only the old root (an Istio agent
+// restarted with the mounted root of before) verifies the CA's own endpoint.
+func (m *Material) ServingIntermediates() []*x509.Certificate {
+	out := append([]*x509.Certificate{}, m.Chain[:len(m.Chain)-1]...)
+	if m.cross != nil && !slices.ContainsFunc(out, m.cross.Equal) {
+		out = append(out, m.cross)
+	}
+	return out
 }
 
 // MaxRoots bounds the trust bundle: a self-signed rotation that would make it larger
@@ -86,7 +102,7 @@ func NewMaterial(key crypto.Signer, cert *x509.Certificate, intermediates, roots
 	if len(roots) > MaxRoots {
 		return nil, bad("the trust bundle holds %d roots, at most %d", len(roots), MaxRoots)
 	}
-	m := &Material{Key: key, Cert: cert, Chain: chains[0], Roots: roots, Generation: gen}
+	m := &Material{Key: key, Cert: cert, Chain: chains[0], Roots: roots, Generation: gen, given: intermediates}
 	m.chainPEMs = pki.CertPEMs(m.Chain)
 	m.rootPEMs = pki.CertPEMs(m.Roots)
 	if n := 2*pemBytes(m.chainPEMs) + pemBytes(m.rootPEMs); n > MaxMaterialBytes {
@@ -153,13 +169,32 @@ func (m *Material) endorse(trustDomain string, others ...crypto.Signer) error {
 			return err
 		}
 		e := events.Endorsement{KeyID: id, Signature: sig}
-		if i == 0 && len(m.IntermediatePEMs()) > 0 {
-			e.Chain = m.IntermediatePEMs()
+		if i == 0 {
+			e.Chain = m.endorsementChain()
 		}
 		out = append(out, e)
 	}
 	m.endorsements = out
 	return nil
+}
+
+// endorsementChain is what the signing key's endorsement carries to a root: the
+// intermediates, then the other CA certificates given that are no self-signed root
+// (a new root cross-signed by the current one, in cert-chain.pem), so that a pod
+// trusting only the current root verifies the endorsement of a plugged-in change.
+func (m *Material) endorsementChain() []string {
+	out := append([]string{}, m.IntermediatePEMs()...)
+	for _, c := range m.given {
+		p := string(pki.EncodeCertPEM(c))
+		if c.CheckSignatureFrom(c) == nil || c.Equal(m.Cert) || slices.Contains(out, p) {
+			continue
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // RootPEMs is the trust bundle, newest first.

@@ -181,9 +181,11 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	if auth.Current() != first || len(rec.all()) != 0 {
 		t.Fatal("old material not kept")
 	}
-	// Valid: new intermediate under a new root, with both roots in the bundle. The
-	// watcher picks it up and announces it.
-	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root2.Cert}, root2.Cert, root.Cert)
+	// Valid: a new intermediate under the same root. The watcher picks it up and
+	// announces it. (A new root must come cross-signed: TestPluggedRootSwapThatWouldStrandTheFleet.)
+	inter2 = testkit.NewCA(t, "inter2", root, t0, 12*time.Hour)
+	root2 = testkit.NewCA(t, "root2", nil, t0, 48*time.Hour) // in the bundle beside the current root
+	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root.Cert}, root2.Cert, root.Cert)
 	testkit.EventuallyWithin(t, 5*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
 	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
 	tc := rec.all()[0]

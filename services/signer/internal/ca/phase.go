@@ -1,10 +1,15 @@
 package ca
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/rand"
+	"crypto/sha1"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,23 +51,25 @@ func (p Phase) String() string {
 // Phase is the rotation phase this material was built for.
 func (m *Material) Phase() Phase { return m.phase }
 
-// PhaseStep is how long each of phases 1 and 2 lasts: the longest leaf lifetime plus
+// PhaseStep is the longest a phase lasts: the longest leaf lifetime allowed plus
 // RetireSlack, so that every certificate issued before a phase began has expired
-// (and its holder renewed) by the time the next one begins.
+// (and its holder renewed) by the time the next one begins. Phases 1 and 2 last as
+// long as the longest leaf actually issued before them (see Lives), at most this.
 func (s *SelfSigned) PhaseStep() time.Duration { return s.cfg.MaxLeafTTL + RetireSlack }
 
 // phaseAt is rec's phase at now: derived from the stored record and the clock only,
-// so replicas agree on it without writing anything (RetireSlack covers their skew).
+// so replicas agree on it (RetireSlack covers their skew).
 func (s *SelfSigned) phaseAt(rec record, now time.Time) Phase {
 	j := keyStart(rec.roots)
 	if rec.cross == nil || j+1 >= len(rec.roots) {
 		return PhaseSettled
 	}
 	t := createdAt(rec.roots[j])
-	switch step := s.PhaseStep(); {
-	case now.Before(t.Add(step)):
+	step1, step2 := s.steps(rec)
+	switch {
+	case now.Before(t.Add(step1)):
 		return PhaseCrossOldLast
-	case now.Before(t.Add(2 * step)):
+	case now.Before(t.Add(step1 + step2)):
 		return PhaseCrossNewLast
 	}
 	return PhaseSettled
@@ -75,6 +82,9 @@ type Plan struct {
 	NewLast  time.Time // the old root stops being the reply's last PEM (phase 2)
 	Settled  time.Time // the cross-signed intermediate leaves the chain (phase 3)
 	OldLeave time.Time // the old root leaves the bundle; zero when no old root is in it
+	// What phases 1 and 2 last for: the longest leaf the old key signed, and the
+	// longest signed in phase 1 so far (-max-ttl when not known).
+	OldLongest, Phase1Longest time.Duration
 }
 
 // planOf is rec's plan at now.
@@ -87,12 +97,15 @@ func (s *SelfSigned) planOf(rec record, now time.Time) Plan {
 	if j+1 >= len(rec.roots) { // same-key rotations only: the root before leaves one step after
 		p.Rotated = createdAt(rec.roots[0])
 		p.NewLast, p.Settled = p.Rotated, p.Rotated
-		p.OldLeave = s.leavesAt(rec.roots[1], rec.roots[0])
+		p.OldLeave = s.leavesAt(rec, 1)
 		return p
 	}
 	p.Rotated = createdAt(rec.roots[j])
-	p.NewLast, p.Settled = p.Rotated.Add(s.PhaseStep()), p.Rotated.Add(2*s.PhaseStep())
-	p.OldLeave = s.leavesAt(rec.roots[j+1], rec.roots[j])
+	step1, step2 := s.steps(rec)
+	p.NewLast, p.Settled = p.Rotated.Add(step1), p.Rotated.Add(step1+step2)
+	p.OldLeave = s.oldLeaves(rec)
+	old, phase1 := s.livesBasis(rec)
+	p.OldLongest, p.Phase1Longest = s.lifeOr(old), s.lifeOr(phase1)
 	return p
 }
 
@@ -134,10 +147,28 @@ func sameKey(a, b *x509.Certificate) bool {
 
 // crossSign certifies root's key under prev (signed with prevKey): the same subject
 // and key identifier as root, so that a leaf root signs chains to either root.
+//
+// Both key identifiers are set explicitly. The cross certificate's subject equals its
+// issuer's (every root of a trust domain has one name), and for such a template Go's
+// x509.CreateCertificate leaves the Authority Key Identifier out, taking it for
+// self-signed; OpenSSL and BoringSSL then take it for a self-signed root too and fail
+// every chain through it ("self-signed certificate in certificate chain"). With the
+// AKI naming prev's key they look for prev, as Go does by signature.
 func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Time) (*x509.Certificate, error) {
 	serial, err := randomSerial()
 	if err != nil {
 		return nil, err
+	}
+	ski, err := keyIDOf(root)
+	if err != nil {
+		return nil, err
+	}
+	aki, err := keyIDOf(prev)
+	if err != nil {
+		return nil, err
+	}
+	if bytes.Equal(ski, aki) {
+		return nil, errors.New("cross-sign the new root: it has the key of the root it would be certified by")
 	}
 	notAfter := root.NotAfter
 	if prev.NotAfter.Before(notAfter) {
@@ -146,7 +177,8 @@ func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Tim
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               root.Subject,
-		SubjectKeyId:          root.SubjectKeyId,
+		SubjectKeyId:          ski,
+		AuthorityKeyId:        aki,
 		NotBefore:             now.Add(-Backdate),
 		NotAfter:              notAfter,
 		IsCA:                  true,
@@ -158,6 +190,23 @@ func crossSign(root, prev *x509.Certificate, prevKey crypto.Signer, now time.Tim
 		return nil, fmt.Errorf("cross-sign the new root: %w", err)
 	}
 	return x509.ParseCertificate(der)
+}
+
+// keyIDOf is c's Subject Key Identifier, or when c has none, the one Go would
+// derive for its key (SHA-1 of the subjectPublicKey bits, RFC 5280 4.2.1.2 method 1).
+func keyIDOf(c *x509.Certificate) ([]byte, error) {
+	if len(c.SubjectKeyId) > 0 {
+		return c.SubjectKeyId, nil
+	}
+	var spki struct {
+		Algorithm pkix.AlgorithmIdentifier
+		PublicKey asn1.BitString
+	}
+	if _, err := asn1.Unmarshal(c.RawSubjectPublicKeyInfo, &spki); err != nil {
+		return nil, fmt.Errorf("key identifier of %q: %w", c.Subject, err)
+	}
+	h := sha1.Sum(spki.PublicKey.Bytes)
+	return h[:], nil
 }
 
 // withChain replaces what follows a leaf in a reply by above (signing key's
@@ -194,7 +243,8 @@ func (s *SelfSigned) installRec(rec record, m *Material) bool {
 // Event is p as meshctl sees it.
 func (p Plan) Event() *events.RotationPlan {
 	n := map[Phase]int{PhaseCrossOldLast: 1, PhaseCrossNewLast: 2, PhaseSettled: 3}[p.Phase]
-	return &events.RotationPlan{Phase: n, Rotated: p.Rotated, NewRootLast: p.NewLast, Settled: p.Settled, OldRootLeaves: p.OldLeave}
+	return &events.RotationPlan{Phase: n, Rotated: p.Rotated, NewRootLast: p.NewLast, Settled: p.Settled, OldRootLeaves: p.OldLeave,
+		OldKeyLongest: ceilSecs(p.OldLongest), Phase1Longest: ceilSecs(p.Phase1Longest)}
 }
 
 // RotationPlan is the schedule of the current rotation or, with dryRun, of the one

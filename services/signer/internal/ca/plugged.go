@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -96,6 +97,35 @@ type Plugged struct {
 	now         func() time.Time
 	rejected    atomic.Uint64
 	ann         *announcer
+	// ForceRootChange installs a reload whose CA does not chain to a root trusted
+	// now (see ErrFleetWouldRefuse); set before Run.
+	ForceRootChange bool
+}
+
+// ErrFleetWouldRefuse is a reload whose CA certificate does not chain to any root in
+// the current bundle: pods trusting the bundle would refuse its trust bundle (its
+// endorsement verifies under no root they trust) and its certificates, and expire.
+var ErrFleetWouldRefuse = errors.New("the new CA material would strand the fleet")
+
+// continuous checks that next's CA certificate chains, through next's own chain, to
+// a root of cur's bundle: the new root is cross-signed by a current one (its
+// cross certificate in cert-chain.pem), or the root stays and only the CA below it
+// changes. Then pods follow the change; otherwise they cannot.
+func continuous(cur, next *Material, now time.Time) error {
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range cur.Roots {
+		roots.AddCert(r)
+	}
+	for _, c := range append(next.Chain[1:], next.given...) {
+		inter.AddCert(c)
+	}
+	if _, err := next.Cert.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("%w: the CA certificate %q does not chain to any root trusted now (%d in the bundle): pods would refuse its bundle and its certificates; "+
+			"put the new root cross-signed by the current one in %s first (or keep the current root), or set -cacerts-force-root-change: %v",
+			ErrFleetWouldRefuse, next.Cert.Subject, len(cur.Roots), CertChainFile, err)
+	}
+	return nil
 }
 
 // Rejected counts reloads refused because the new material was invalid.
@@ -198,6 +228,16 @@ func (p *Plugged) Reload(context.Context) bool {
 	old := p.auth.Current()
 	if old != nil && sameMaterial(old, m) {
 		return false
+	}
+	if old != nil {
+		if err := continuous(old, m, p.now()); err != nil {
+			if !p.ForceRootChange {
+				p.rejected.Add(1)
+				p.log.Error("cacerts reload refused, keeping the current material", "dir", p.dir, "error", err)
+				return false
+			}
+			p.log.Warn("cacerts reload installed although pods trusting the current roots will refuse it (-cacerts-force-root-change)", "dir", p.dir, "error", err)
+		}
 	}
 	if old != nil && m.Generation <= old.Generation {
 		m.Generation = old.Generation + 1

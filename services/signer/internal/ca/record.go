@@ -38,6 +38,10 @@ type stored struct {
 	// Cross is Roots[0]'s key certified by Roots[1] (a rotation to a new key), while
 	// Roots[1] is in the bundle: the intermediate of phases 1 and 2 (see Phase).
 	Cross string `json:"cross,omitempty"`
+	// Whether the lifetimes of the current key's leaves (and the previous key's) are
+	// counted from its first leaf (see Lives): a key made by this version.
+	KeyTracked bool `json:"key_tracked,omitempty"`
+	OldTracked bool `json:"old_tracked,omitempty"`
 	// The change that made this generation, so that every replica announces it alike.
 	Reason  string   `json:"reason,omitempty"`
 	Added   []string `json:"added,omitempty"`
@@ -46,14 +50,15 @@ type stored struct {
 
 // record is a stored value opened: certificates parsed, keys unsealed.
 type record struct {
-	gen    uint64
-	roots  []*x509.Certificate // newest first
-	keys   []crypto.Signer     // keys[0] is roots[0]'s
-	legacy bool                // read from a clear key_pem
-	cross  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
-	reason string
-	added  []string
-	remove []string
+	gen                    uint64
+	roots                  []*x509.Certificate // newest first
+	keys                   []crypto.Signer     // keys[0] is roots[0]'s
+	legacy                 bool                // read from a clear key_pem
+	cross                  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
+	keyTracked, oldTracked bool                // see stored
+	reason                 string
+	added                  []string
+	remove                 []string
 }
 
 // open decodes and unseals a stored value.
@@ -69,7 +74,8 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 	if err != nil || len(roots) == 0 {
 		return record{}, fmt.Errorf("%w: stored roots: %v", ErrInvalidMaterial, err)
 	}
-	rec := record{gen: st.Generation, roots: roots, reason: st.Reason, added: st.Added, remove: st.Removed}
+	rec := record{gen: st.Generation, roots: roots, reason: st.Reason, added: st.Added, remove: st.Removed,
+		keyTracked: st.KeyTracked, oldTracked: st.OldTracked}
 	if st.Cross != "" {
 		cs, err := pki.ParseCertPEMs([]string{st.Cross})
 		if err != nil || !sameKey(cs[0], roots[0]) || crossParent(roots, cs[0]) == nil {
@@ -101,7 +107,8 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 // seal encodes rec with every key sealed.
 func (s *SelfSigned) seal(rec record) ([]byte, error) {
 	st := stored{Generation: rec.gen, TrustDomain: s.cfg.TrustDomain, Roots: pki.CertPEMs(rec.roots),
-		Reason: rec.reason, Added: rec.added, Removed: rec.remove}
+		Reason: rec.reason, Added: rec.added, Removed: rec.remove,
+		KeyTracked: rec.keyTracked, OldTracked: rec.oldTracked}
 	if rec.cross != nil {
 		st.Cross = string(pki.EncodeCertPEM(rec.cross))
 	}
@@ -132,6 +139,7 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.cross = rec.cross
 	if err := m.endorse(s.cfg.TrustDomain, rec.keys[1:]...); err != nil {
 		return nil, fmt.Errorf("endorse bundle: %w", err)
 	}
@@ -141,13 +149,33 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 // createdAt is when a root of ours was made (and the root before it retired).
 func createdAt(root *x509.Certificate) time.Time { return root.NotBefore.Add(Backdate) }
 
-// leavesAt is when root, succeeded by next, leaves the bundle: when no leaf it signed
-// can still be valid, or when it expires, whichever comes first. After a same-key
-// rotation that is one PhaseStep after next was made; after a new key, leaves chain
-// to root through the cross-signed intermediate until phase 3 begins (two steps), and
-// those issued then are valid one step more.
-func (s *SelfSigned) leavesAt(root, next *x509.Certificate) time.Time {
+// leavesAt is when rec.roots[i] (i > 0), succeeded by rec.roots[i-1], leaves the
+// bundle: when no leaf it signed can still be valid, or when it expires, whichever
+// comes first. After a same-key rotation that is one PhaseStep after its successor
+// was made. The root the current key was rotated from stays through the phases and
+// one more step (the leaves of phases 1 and 2, which chain to it through the
+// cross-signed certificate), each as long as the longest leaf actually issued (Lives).
+func (s *SelfSigned) leavesAt(rec record, i int) time.Time {
+	root, next := rec.roots[i], rec.roots[i-1]
+	if i == keyStart(rec.roots)+1 && !sameKey(root, next) {
+		return s.oldLeaves(rec)
+	}
 	return s.leavesAfter(root, createdAt(next), !sameKey(root, next))
+}
+
+// oldLeaves is when the root the current key was rotated from leaves the bundle.
+func (s *SelfSigned) oldLeaves(rec record) time.Time {
+	j := keyStart(rec.roots)
+	step1, step2 := s.steps(rec)
+	var key time.Duration
+	if rec.keyTracked {
+		key = s.livesOf(rec.roots[0]).Key
+	}
+	t := createdAt(rec.roots[j]).Add(step1 + step2 + s.lifeOr(key) + RetireSlack)
+	if old := rec.roots[j+1]; old.NotAfter.Before(t) {
+		return old.NotAfter
+	}
+	return t
 }
 
 // leavesAfter is leavesAt for a root retired at retired, by a new key when newKey.
@@ -170,7 +198,7 @@ func (s *SelfSigned) pruned(rec record, now time.Time) (record, string) {
 	next.roots = rec.roots[:1:1]
 	reason := ""
 	for i, r := range rec.roots[1:] {
-		at := s.leavesAt(r, rec.roots[i])
+		at := s.leavesAt(rec, i+1)
 		if at.After(now) {
 			next.roots = append(next.roots, r)
 			continue
@@ -231,7 +259,7 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 	// pods that trusted the root before it must all have moved on. (A same-key
 	// rotation meanwhile keeps the cross-signed certificate and the phases' clock.)
 	if ph := s.phaseAt(rec, now); ph != PhaseSettled && newKey {
-		settled := createdAt(rec.roots[keyStart(rec.roots)]).Add(2 * s.PhaseStep())
+		settled := s.planOf(rec, now).Settled
 		return rec, "", fmt.Errorf("%w: the last rotation to a new key is in phase %s; a new key is allowed at %s",
 			ErrRotateTooSoon, ph, settled.UTC().Format(time.RFC3339))
 	}
@@ -243,7 +271,7 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 		if i == 0 {
 			at = s.leavesAfter(r, now, keyChanges)
 		} else {
-			at = s.leavesAt(r, rec.roots[i-1])
+			at = s.leavesAt(rec, i)
 		}
 		if at.After(now) {
 			kept++
@@ -274,6 +302,9 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 		if next.cross, err = crossSign(root, rec.roots[0], rec.keys[0], now); err != nil {
 			return rec, "", err
 		}
+		// The new key's leaves are counted from its first; the old key's longest
+		// sets phase 1 (unknown, so -max-ttl, when it was not counted from its first).
+		next.keyTracked, next.oldTracked = true, rec.keyTracked
 	}
 	next, _ = s.pruned(next, now)
 	return next, events.TrustReasonRotation, nil

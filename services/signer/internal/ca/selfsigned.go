@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,9 @@ type SelfSigned struct {
 	kv   jetstream.KeyValue
 	rec  atomic.Pointer[record] // the record the current material was built from
 	ann  *announcer
+
+	livesMu sync.Mutex
+	lives   map[string]Lives // by key id: the longest leaves each key signed (see Lives)
 }
 
 // NewSelfSigned returns the self-signed source; Start loads or creates the root.
@@ -112,6 +116,9 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
 			}
+			if err := bus.Retry(ctx, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
+				return fmt.Errorf("load leaf lifetimes: %w", err)
+			}
 			s.installRec(rec, m)
 			s.ann.settle(m.Generation)
 			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
@@ -125,7 +132,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}}
+			rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}, keyTracked: true}
 			data, err := s.seal(rec)
 			if err != nil {
 				return err
@@ -196,6 +203,14 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 		return fmt.Errorf("watch root: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	lw, err := s.kv.Watch(ctx, LivesKeyPrefix+"*")
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("watch leaf lifetimes: %w", err)
+	}
+	defer func() { _ = lw.Stop() }()
 	t := time.NewTicker(s.cfg.CheckInterval)
 	defer t.Stop()
 	for {
@@ -213,6 +228,16 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 				continue
 			}
 			s.follow(ctx, e)
+		case e, ok := <-lw.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return errors.New("leaf lifetimes watch closed")
+			}
+			if e != nil && e.Operation() == jetstream.KeyValuePut {
+				s.followLives(e.Key(), e.Value())
+			}
 		case <-t.C:
 			if err := s.Check(ctx); err != nil {
 				s.log.Error("root check failed", "error", err)
@@ -280,8 +305,9 @@ func (s *SelfSigned) Check(ctx context.Context) error {
 		_, err := s.update(ctx, func(rec record) (record, string, error) { return rec, "", nil })
 		return err
 	}
-	for i, r := range m.Roots[1:] {
-		if !s.leavesAt(r, m.Roots[i]).After(now) {
+	rec := s.rec.Load()
+	for i := 1; rec != nil && i < len(rec.roots); i++ {
+		if !s.leavesAt(*rec, i).After(now) {
 			_, err := s.update(ctx, func(rec record) (record, string, error) {
 				next, reason := s.pruned(rec, s.now())
 				return next, reason, nil

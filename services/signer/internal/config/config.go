@@ -61,6 +61,9 @@ type Config struct {
 		NewKeyOnRotate    bool
 		KEKFile           string        // key-encryption key sealing the self-signed root keys in KV
 		RotateMinInterval time.Duration // shortest time between rotations a forced one may follow; 0: no limit
+		// ForceRootChange installs a cacerts reload whose CA does not chain to a
+		// root trusted now (refused otherwise: the fleet would refuse it).
+		ForceRootChange bool
 	}
 	Certs struct {
 		DefaultTTL time.Duration
@@ -73,6 +76,9 @@ type Config struct {
 		// SignersDir holds each named signer's cacerts directory, <dir>/<name>/;
 		// default: -cacerts-dir.
 		SignersDir string
+		// MaxEarlyPerMinute bounds the early certificates (the one before less than
+		// a quarter through its life) one pod is issued per minute (per replica); 0: no bound.
+		MaxEarlyPerMinute int
 	}
 	Auth struct {
 		JWKSFile    string
@@ -161,6 +167,7 @@ func Default() Config {
 	c.CA.RotateMinInterval = time.Minute
 	c.Certs.DefaultTTL = 24 * time.Hour
 	c.Certs.MaxTTL = 90 * 24 * time.Hour
+	c.Certs.MaxEarlyPerMinute = 10
 	c.Auth.JWKSRefresh = 5 * time.Minute
 	c.Auth.JWKSMinRefresh = 10 * time.Second
 	c.Auth.Issuer = "meshagent-dev"
@@ -202,6 +209,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.List(&c.Federation.Aliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil, "trust domains the pods accept as this one (Istio's trustDomainAliases), comma-separated: never followed as foreign domains")
 	fs.String(&c.CA.Dir, "cacerts-dir", "CACERTS_DIR", "", "plugged-in CA directory (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); empty: self-signed root in KV")
 	fs.Duration(&c.CA.ReloadDelay, "cacerts-reload-delay", "CACERTS_RELOAD_DELAY", c.CA.ReloadDelay, "debounce for cacerts directory changes")
+	fs.Bool(&c.CA.ForceRootChange, "cacerts-force-root-change", "CACERTS_FORCE_ROOT_CHANGE", false,
+		"install a cacerts reload whose CA does not chain to a root trusted now (refused by default: pods would refuse it and expire)")
 	fs.String(&keyAlg, "key-alg", "CA_KEY_ALG", string(c.CA.KeyAlg), "self-signed root key algorithm: EC-P256, EC-P384, RSA-2048, RSA-4096")
 	fs.String(&c.CA.KVBucket, "kv-bucket", "CA_KV_BUCKET", c.CA.KVBucket, "JetStream KV bucket for the self-signed root")
 	fs.Int(&c.CA.KVReplicas, "kv-replicas", "CA_KV_REPLICAS", c.CA.KVReplicas, "replicas of the KV bucket (3 on a cluster)")
@@ -213,6 +222,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Duration(&c.CA.RotateMinInterval, "root-rotate-min-interval", "ROOT_ROTATE_MIN_INTERVAL", c.CA.RotateMinInterval, "refuse a forced root rotation this soon after the last rotation (0: no limit)")
 	fs.Duration(&c.Certs.DefaultTTL, "default-ttl", "DEFAULT_WORKLOAD_CERT_TTL", c.Certs.DefaultTTL, "workload certificate lifetime when the request asks for none")
 	fs.Duration(&c.Certs.PodMaxTTL, "pod-max-ttl", "POD_MAX_WORKLOAD_CERT_TTL", 0, "longest certificate a pod gets (a request recorded for a pod); longer requests are clamped to it and counted (meshagent_signer_ttl_clamped_total); 0: -default-ttl")
+	fs.Int(&c.Certs.MaxEarlyPerMinute, "max-early-certs-per-minute", "MAX_EARLY_CERTS_PER_MINUTE", c.Certs.MaxEarlyPerMinute,
+		"most certificates one pod (or SPIFFE ID without a pod) is issued per minute by this replica while the one before is less than a quarter through its life; more are refused saying why (a pod that keeps asking refuses what it gets); 0: no limit")
 	fs.Duration(&c.Certs.MaxTTL, "max-ttl", "MAX_WORKLOAD_CERT_TTL", c.Certs.MaxTTL, "longest workload certificate lifetime; longer requests are rejected")
 	fs.String(&signers, "cert-signers", "CERT_SIGNERS", "", "CertSigner names accepted besides the default (empty), comma-separated")
 	fs.String(&c.Certs.SignersDir, "cert-signers-dir", "CERT_SIGNERS_DIR", "", "directory of the named signers' CA material, <dir>/<signer>/ with Istio's cacerts file names (default: -cacerts-dir)")
@@ -341,6 +352,7 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.Certs.DefaultTTL > 0, "-default-ttl: must be positive")
 	p.Check(c.Certs.PodMaxTTL >= 0 && c.Certs.PodMaxTTL <= c.Certs.MaxTTL, "-pod-max-ttl: must be between 0 (-default-ttl) and -max-ttl (%s)", c.Certs.MaxTTL)
+	p.Check(c.Certs.MaxEarlyPerMinute >= 0, "-max-early-certs-per-minute: must not be negative")
 	p.Check(c.Certs.MaxTTL >= c.Certs.DefaultTTL, "-max-ttl: must be at least -default-ttl (%s)", c.Certs.DefaultTTL)
 	sources := 0
 	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {

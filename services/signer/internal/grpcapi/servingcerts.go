@@ -90,7 +90,7 @@ func (s *ServingCerts) Get() (*tls.Certificate, error) {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}
 	c := &tls.Certificate{PrivateKey: s.key, Leaf: leaf, Certificate: [][]byte{leaf.Raw}}
-	for _, x := range mat.Chain[:len(mat.Chain)-1] { // intermediates; the client has the root
+	for _, x := range mat.ServingIntermediates() { // the client has the root
 		c.Certificate = append(c.Certificate, x.Raw)
 	}
 	s.cert, s.mat = c, mat

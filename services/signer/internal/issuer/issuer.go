@@ -105,7 +105,23 @@ type Config struct {
 	// Records keeps which pod each certificate was issued to (issued.Store), what
 	// the bus auth callout admits a pod's certificate by; nil: none kept.
 	Records Recorder
+	// MaxEarlyPerMinute is the most early certificates (the one before less than a
+	// quarter through its life) one pod, or SPIFFE ID without a pod, is issued per
+	// ReissueWindow by this replica; more are refused with a reason (a pod that keeps
+	// asking refuses what it gets); 0: no limit.
+	MaxEarlyPerMinute int
+	// Lives is told, before the mesh CA signs a leaf, how long it will live
+	// (ca.SelfSigned: a rotation's phases last as long as the longest leaf issued);
+	// nil: nobody.
+	Lives LifeRecorder
 }
+
+// LifeRecorder records the lifetime of a leaf about to be signed; an error refuses it.
+type LifeRecorder interface {
+	NoteLife(ctx context.Context, life time.Duration) error
+}
+
+var _ LifeRecorder = (*ca.SelfSigned)(nil)
 
 // Recorder makes the write recording that leaf was issued to pod (issued.Store),
 // which the issuer stores durably beside cert.issued.
@@ -144,6 +160,7 @@ type Issuer struct {
 	metrics *Metrics
 	log     hclog.Logger
 	now     func() time.Time
+	again   *reissues
 }
 
 // New returns an issuer. tokens may be nil (tokens then fail to authenticate).
@@ -151,7 +168,8 @@ func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher
 	if now == nil {
 		now = time.Now
 	}
-	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, now: now}
+	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, now: now,
+		again: &reissues{limit: cfg.MaxEarlyPerMinute}}
 }
 
 // Source is the CloudEvents source of this signer's events.
@@ -344,6 +362,17 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		ttl = i.cfg.PodMaxTTL
 	}
 	now := i.now()
+	// A pod is its namespace/name; a caller that is no pod, its SPIFFE ID.
+	holder := caller.ID.String()
+	if !pod.IsZero() {
+		holder = pod.String()
+	}
+	if ok, n, next := i.again.allow(holder, now); !ok {
+		i.log.Warn("not issuing: the holder keeps asking for certificates", "transport", t, "holder", holder, "issued", n, "window", ReissueWindow)
+		return reject("reissue_limit", errf(events.CodeResourceExhausted,
+			"%s was issued %d certificates in the last %s, each before the one before it was a quarter through its life, and keeps asking: it may be refusing them (check that its trust bundle, ROOTCA, accepts the chain); the next is issued after %s",
+			holder, n, ReissueWindow, next.UTC().Format(time.RFC3339)))
+	}
 	// A named signer signs with its own chain; the caller was authenticated against
 	// the mesh's roots above.
 	signing := mat
@@ -353,6 +382,13 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 			return reject("signer_material", errf(events.CodeInvalidArgument, "%v", err))
 		}
 		signing = named
+	}
+	if signing == mat && i.cfg.Lives != nil {
+		if err := i.cfg.Lives.NoteLife(ctx, ttl+ca.Backdate); err != nil {
+			i.metrics.SignFail.WithLabelValues(t).Inc()
+			i.log.Error("sign refused: leaf lifetime not recorded", "spiffe_id", caller.ID.String(), "error", err)
+			return nil, errf(events.CodeUnavailable, "%v", err)
+		}
 	}
 	leaf, err := signing.SignLeaf(csr.PublicKey, caller.ID, now, ttl)
 	if err != nil {
@@ -382,6 +418,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
 		return nil, errf(events.CodeInternal, "could not record the certificate: %v", err)
 	}
+	i.again.issued(holder, now, leaf.NotAfter.Sub(now)) // its life from now: NotBefore is backdated
 	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
 	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
 		Signing: signing, Bundle: mat}

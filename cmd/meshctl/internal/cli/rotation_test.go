@@ -1,0 +1,58 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/x509"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
+
+// meshctl inspect verifies every chain shape the signer returns across a rotation
+// to a new key against the bundle of that phase, as a pod's cert-chain.pem holds it
+// (the reply, root included) and without the root; a leaf of a key the bundle does
+// not hold is reported as not verifying.
+func TestInspectVerifiesEveryRotationPhase(t *testing.T) {
+	now := time.Now()
+	rot := testkit.NewRotation(t, now, 24*time.Hour)
+	for phase := testkit.PhaseBefore; phase <= testkit.PhaseSettled; phase++ {
+		leaf := rot.Signer(phase).Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/default/sa/web"})
+		reply := append([]*x509.Certificate{leaf.Cert}, rot.Above(phase)...)
+		for _, cs := range [][]*x509.Certificate{reply, reply[:len(reply)-1]} {
+			var out bytes.Buffer
+			if !describeChain(&out, cs, inventory.Cert{}, rot.Bundle(phase), 2, now) {
+				t.Errorf("phase %d, %d certificates: does not verify:\n%s", phase, len(cs), out.String())
+			}
+		}
+	}
+	// After the old root left the bundle, a leaf the old key signed does not verify.
+	old := rot.Old.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/default/sa/web"})
+	var out bytes.Buffer
+	if describeChain(&out, []*x509.Certificate{old.Cert, rot.Old.Cert}, inventory.Cert{}, []*x509.Certificate{rot.New.Cert}, 3, now) ||
+		!strings.Contains(out.String(), "verifies    NO") {
+		t.Fatalf("a leaf under the retired key verified:\n%s", out.String())
+	}
+}
+
+// The plan says what each phase lasts for: the longest certificates actually signed.
+func TestPlanSaysWhatThePhasesLastFor(t *testing.T) {
+	rotated := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	day := int64((24*time.Hour + 10*time.Second) / time.Second)
+	six := int64((6*time.Hour + 10*time.Second) / time.Second)
+	p := &events.RotationPlan{Phase: 1, Rotated: rotated,
+		NewRootLast:   rotated.Add(time.Duration(day)*time.Second + time.Minute),
+		OldKeyLongest: day, Phase1Longest: six}
+	p.Settled = p.NewRootLast.Add(time.Duration(six)*time.Second + time.Minute)
+	p.OldRootLeaves = p.Settled.Add(time.Duration(six)*time.Second + time.Minute)
+	var out bytes.Buffer
+	printPlan(Env{Stdout: &out}, "plan", p)
+	for _, want := range []string{"phase 1 lasts 24h1m10s", "old key signed lives 24h0m10s", "phase 2 lasts 6h1m10s", "phase 1 (so far) lives 6h0m10s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("plan lacks %q:\n%s", want, out.String())
+		}
+	}
+}

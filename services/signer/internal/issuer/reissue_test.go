@@ -1,0 +1,38 @@
+package issuer
+
+import (
+	"testing"
+	"time"
+)
+
+// Only early certificates count (the one before less than a quarter through its
+// life): a pod on 6 s certificates renewing at half their life is never refused,
+// however many it gets a minute; one asking again at once is refused once it had
+// the limit of early ones in the window, until the oldest of them leaves it.
+func TestReissuesCountOnlyEarlyCertificates(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	r := &reissues{limit: 2}
+	for i := range 40 { // 2 minutes of renewals at half of a 6 s life
+		at := t0.Add(time.Duration(i) * 3 * time.Second)
+		if ok, _, _ := r.allow("vm", at); !ok {
+			t.Fatalf("a renewal on schedule refused at %s", at.Sub(t0))
+		}
+		r.issued("vm", at, 6*time.Second)
+	}
+	life := time.Hour
+	r.issued("a", t0, life)                     // the first: not early
+	r.issued("a", t0.Add(5*time.Second), life)  // early
+	r.issued("a", t0.Add(10*time.Second), life) // early
+	if ok, n, next := r.allow("a", t0.Add(20*time.Second)); ok || n != 2 || !next.Equal(t0.Add(5*time.Second+ReissueWindow)) {
+		t.Fatalf("after 2 early: ok %t, %d, next %s", ok, n, next)
+	}
+	if ok, _, _ := r.allow("b", t0.Add(20*time.Second)); !ok {
+		t.Fatal("another holder refused")
+	}
+	if ok, n, _ := r.allow("a", t0.Add(5*time.Second+ReissueWindow+time.Second)); !ok || n != 1 {
+		t.Fatalf("after the oldest early one left the window: ok %t, %d", ok, n)
+	}
+	if ok, _, _ := (&reissues{}).allow("a", t0); !ok {
+		t.Fatal("no limit refused")
+	}
+}
