@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
