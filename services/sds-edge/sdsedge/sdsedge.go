@@ -66,6 +66,10 @@ type Edge struct {
 	readyOnce sync.Once
 	// reconnected wakes the task that fetches the trust bundle after a bus outage.
 	reconnected chan struct{}
+	// ca is the CA flow and closeCA releases the client it signs with (the gRPC
+	// connection); built in New, run only when the start-up decision is the CA flow.
+	ca      *identity.Manager
+	closeCA func()
 	// mgr is the CA flow, once chosen (nil in the other modes).
 	mgr atomic.Pointer[identity.Manager]
 	// certWake wakes watchExpiry when the CA flow's status changed.
@@ -101,6 +105,9 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 		if e.gateway, err = newGatewayServer(e); err != nil {
 			return nil, err
 		}
+	}
+	if e.ca, e.closeCA, err = e.manager(); err != nil {
+		return nil, err
 	}
 	d.Health.AddReadyCheck("secrets", e.Ready)
 	return e, nil
@@ -196,11 +203,10 @@ func (e *Edge) serve(ctx context.Context) error {
 			return fmt.Errorf("mounted certificates in %s: %w", dec.Dir, err)
 		}
 	case identitymode.CA:
-		mgr, closeSigner, err := e.manager()
-		if err != nil {
-			return err
-		}
-		defer closeSigner()
+		mgr := e.ca
+		defer e.closeCA()
+		// From now on the bus and the gRPC CA are shown the pod's own certificate.
+		e.cfg.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)
 		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.PodRef(), podfeed.Handlers{
 			Renew: mgr.Renew, Trust: mgr.TrustChanged, Federated: mgr.Federated, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
@@ -227,6 +233,7 @@ func (e *Edge) serve(ctx context.Context) error {
 // manager builds the CA flow with the NATS or the gRPC client, or both (the bus,
 // and gRPC when the bus is unreachable: -ca-fallback-addr); closeSigner
 // releases a client it made (the gRPC connection), once the manager has stopped.
+// It reads the roots the pod is configured with and kept, and starts nothing.
 func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) {
 	c := e.cfg
 	seed, err := readRoots("-ca-root-cert", c.CA.RootCert)
@@ -294,8 +301,6 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		TrustState:  c.CA.TrustState,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
-	// From now on the bus and the gRPC CA are shown the pod's own certificate.
-	c.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)
 	return mgr, closeSigner, nil
 }
 
