@@ -1,0 +1,134 @@
+package identity
+
+// This file is the CA flow's the checks on the CA's reply before anything of it is
+// believed.
+
+import (
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
+)
+
+// checkReply decides whether a signing reply may be installed for key and returns
+// the parsed chain, the bundle update to apply with it and the roots it certifies.
+// The chain must be leaf first, each certificate signed by the next (see
+// checkChain), and the leaf must carry key and exactly the pod's SPIFFE ID (so that
+// no responder can hand the pod another identity). An endorsed bundle in the reply
+// (or, before any, the first one, see trustbundle.Set.Check) may add roots; then the
+// leaf must verify to a root trusted now or just endorsed. An unendorsed reply
+// (Istio's) is trusted first only as far as the configured anchors go (all of them:
+// -ca-root-cert or -trust-anchors-file is a bundle), or on first use without any;
+// after that it adds only a root whose key a trusted root has certified in the
+// chain (the cross-signed certificate of a rotation), and its leaf must verify to
+// the roots trusted already.
+func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509.Certificate, trustbundle.Update, []*x509.Certificate, error) {
+	u := trustbundle.Update{Stale: true}
+	chain, err := checkChain(resp.ChainPEM, m.cfg.SPIFFEID)
+	if err != nil {
+		return nil, u, nil, err
+	}
+	if !publicKeysEqual(chain[0].PublicKey, key.Public()) {
+		return nil, u, nil, errors.New("signed certificate is not for our key")
+	}
+	b := resp.Bundle
+	if b.TrustDomain == "" {
+		b.TrustDomain = m.cfg.TrustDomain
+	}
+	if !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) > 0 {
+		// Istio's reply vouches for nothing: begin with every configured anchor.
+		b.Roots = pki.CertPEMs(m.cfg.Anchors)
+	}
+	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
+		if u, err = m.trust.ca.Check(b); err != nil {
+			m.obs.TrustRejected(SourceSignReply)
+			return nil, u, nil, fmt.Errorf("sign reply: %w", err)
+		}
+	}
+	var extra []*x509.Certificate
+	if !u.Stale {
+		extra = u.Roots
+	}
+	// A CA clock a little ahead of ours must not fail a fresh leaf.
+	at := m.clock.Now()
+	if nb := chain[0].NotBefore; at.Before(nb) {
+		at = nb
+	}
+	if err := m.trust.ca.VerifyChain(chain, extra, at); err != nil {
+		m.obs.TrustRejected(SourceSignReply)
+		return nil, u, nil, fmt.Errorf("signed certificate: %w", err)
+	}
+	var certified []*x509.Certificate
+	if !resp.Endorsed {
+		var cerr error
+		if certified, cerr = m.trust.ca.Certified(chain, extra, at); cerr != nil {
+			// The leaf verifies to a trusted root: keep it, but not the stranger.
+			m.log.Warn("sign reply ends at a root not certified under a trusted one; not trusting it", "root", pki.Fingerprint(chain[len(chain)-1]), "error", cerr)
+		}
+	}
+	return chain, u, certified, nil
+}
+
+func fingerprints(certs []*x509.Certificate) []string {
+	out := make([]string, len(certs))
+	for i, c := range certs {
+		out[i] = pki.Fingerprint(c)
+	}
+	return out
+}
+
+// checkChain parses and checks a reply chain: at least leaf and root, the leaf
+// signed by the next, each CA certificate after it signed by the next or certifying
+// the same key as the next, and a leaf for exactly id. Whether the root is one the
+// pod trusts is checkReply's next step.
+//
+// The same-key case is phase 2 of a rotation to a new key: [leaf, cross, new root],
+// where the cross-signed certificate carries the new key under the old root and the
+// new root is that key's own certificate (the reply's last PEM, which Istio agents
+// trust). Both are the one CA; the leaf verifies through either.
+func checkChain(pems []string, id string) ([]*x509.Certificate, error) {
+	if len(pems) < 2 {
+		return nil, fmt.Errorf("chain has %d certificate(s): want leaf and root at least", len(pems))
+	}
+	chain, err := pki.ParseCertPEMs(pems)
+	if err != nil {
+		return nil, fmt.Errorf("parse chain: %w", err)
+	}
+	for i := 0; i+1 < len(chain); i++ {
+		err := chain[i].CheckSignatureFrom(chain[i+1])
+		if err != nil && i > 0 && chain[i].IsCA && publicKeysEqual(chain[i].PublicKey, chain[i+1].PublicKey) {
+			continue // a cross-signed certificate, then its key's own root
+		}
+		if err != nil {
+			return nil, fmt.Errorf("chain[%d] not signed by chain[%d]: %w", i, i+1, err)
+		}
+	}
+	if err := checkLeafID(chain[0], id); err != nil {
+		return nil, err
+	}
+	return chain, nil
+}
+
+// checkLeafID checks that leaf's one URI SAN is exactly id.
+func checkLeafID(leaf *x509.Certificate, id string) error {
+	if id == "" {
+		return errors.New("no spiffe id to check the signed certificate against")
+	}
+	uris := make([]string, len(leaf.URIs))
+	for i, u := range leaf.URIs {
+		uris[i] = u.String()
+	}
+	if len(uris) != 1 || uris[0] != id {
+		return fmt.Errorf("signed certificate is for %v, not %s", uris, id)
+	}
+	return nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && ea.Equal(b)
+}

@@ -1,0 +1,121 @@
+package identity
+
+// This file is the CA flow's retrying: the wait between signing attempts and what each
+// attempt leaves on record.
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
+)
+
+// issue gets a new certificate, retrying until it succeeds or ctx ends. Only Run
+// calls it: one CSR is in flight at a time. The wait between attempts (retryWait)
+// grows from RetryMin to RetryMax but never past a quarter of the time the current
+// certificate has left, and RetryNow ends it early.
+func (m *Manager) issue(ctx context.Context, reason string) error {
+	select { // a wake-up from before this renewal is not news
+	case <-m.retryNow:
+	default:
+	}
+	bo := backoff.Policy{First: m.cfg.RetryMin, Max: m.cfg.RetryMax}.Start()
+	for attempt := 0; ; attempt++ {
+		commit, err := m.issueOnce(ctx)
+		m.record(err)
+		m.obs.CSR(err, attempt > 0)
+		if err == nil {
+			commit()
+			m.log.Info("certificate issued", "reason", reason, "serial", m.Serial(), "attempt", attempt+1)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := m.retryWait(bo.Current(), err)
+		// Probes a second apart would fill the log: the first few failures and
+		// then every tenth at WARN, the rest at DEBUG.
+		logf := m.log.Debug
+		if attempt < 3 || (attempt+1)%10 == 0 {
+			logf = m.log.Warn
+		}
+		logf("signing failed, will retry", "reason", reason, "attempt", attempt+1, "retry_in", d, "error", err)
+		if !m.wait(ctx, d) {
+			return ctx.Err()
+		}
+		bo.Next()
+		if m.woken {
+			bo.Reset() // a new chance: start over
+		}
+	}
+}
+
+// Retry-wait bounds besides RetryMin and RetryMax.
+const (
+	// probeWait is the longest wait after an attempt that nobody answered (no
+	// signer on the bus, the CA refusing connections): such an attempt costs the
+	// CA nothing, and the next one is how the pod sees it back.
+	probeWait = time.Second
+	// capFloor is the shortest cap that time-to-expiry puts on a wait: a quarter
+	// of the time left, but not less (a certificate about to expire, or expired).
+	capFloor = time.Second
+)
+
+// retryWait is the wait before the next attempt: the scheduled one, shortened for an
+// attempt nobody answered (probeWait) and to a quarter of the time left before the
+// current certificate expires (capFloor at least), with half of it jittered.
+func (m *Manager) retryWait(scheduled time.Duration, err error) time.Duration {
+	ceil := scheduled
+	if errors.Is(err, caclient.ErrUnreachable) {
+		ceil = min(ceil, probeWait)
+	}
+	if st := m.Status(); !st.NotAfter.IsZero() {
+		ceil = min(ceil, max(st.NotAfter.Sub(m.clock.Now())/4, capFloor))
+	}
+	return retryJitter.Apply(ceil)
+}
+
+// retryJitter spreads pods that failed together (a signer outage) over half of
+// each wait.
+var retryJitter = backoff.Policy{Jitter: 0.5}
+
+// wait waits d on the manager's clock, or less if RetryNow is called (setting
+// m.woken), but at least RetryMin after the failed attempt. It returns false when
+// ctx ends first.
+func (m *Manager) wait(ctx context.Context, d time.Duration) bool {
+	m.woken = false
+	floorAt := m.clock.Now().Add(m.cfg.RetryMin)
+	t := m.clock.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C():
+			return true
+		case why := <-m.retryNow:
+			m.log.Info("retrying now", "why", why)
+			m.woken = true
+			// The rest of RetryMin, if any (none if the clock was set back).
+			if rest := floorAt.Sub(m.clock.Now()); rest > 0 && rest <= m.cfg.RetryMin && rest < d {
+				t.Reset(rest)
+				continue
+			}
+			return true
+		}
+	}
+}
+
+// record keeps the outcome of one signing attempt for Status.
+func (m *Manager) record(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil {
+		m.failures, m.lastErr = 0, nil
+		return
+	}
+	m.failures++
+	m.lastErr = err
+}
