@@ -266,8 +266,8 @@ func (x *nsAttack) podDown(t *testing.T) {
 }
 
 // evilCert gets attacker/<name> (connected as nc) a certificate of its own
-// identity, on its identity sign subject (sign.id.attacker.evil.<name>) or, when no
-// signer answers there, on its pod subject; it returns the leaf's serial.
+// identity, on its identity sign subject (sign.id.attacker.evil.<name>); it returns
+// the leaf's serial.
 func (x *nsAttack) evilCert(t *testing.T, nc *nats.Conn, name string) string {
 	t.Helper()
 	pod := events.PodRef{Namespace: evilNS, Name: name}
@@ -278,10 +278,6 @@ func (x *nsAttack) evilCert(t *testing.T, nc *nats.Conn, name string) string {
 	csr := newCSR(t, "spiffe://cluster.local/ns/"+evilNS+"/sa/"+evilSA)
 	idSubject, _ := events.IdentitySignSubject(pod, evilSA)
 	reply, err := request[events.SignReply](t, nc, idSubject, events.SignRequest{CSR: csr, Token: tok, Pod: pod})
-	if errors.Is(err, nats.ErrNoResponders) {
-		podSubject, _ := events.PodSignSubject(pod)
-		reply, err = request[events.SignReply](t, nc, podSubject, events.SignRequest{CSR: csr, Token: tok, Pod: pod})
-	}
 	if err != nil || reply.Error != nil || len(reply.CertChain) == 0 {
 		t.Fatalf("%s's own certificate: %v %+v", pod, err, reply.Error)
 	}

@@ -435,7 +435,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func request[R events.Payload](t *testing.T, nc *nats.Conn, subject string, p events.Payload) (R, error) {
 	t.Helper()
 	var zero R
-	msg, err := events.NewMsg(subject, "breakin", p)
+	msg, err := events.NewMsgOn(subject, "breakin", p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ func request[R events.Payload](t *testing.T, nc *nats.Conn, subject string, p ev
 	if err != nil {
 		return zero, err
 	}
-	r, _, err := events.Decode[R](resp)
+	r, err := events.DecodeReply[R](resp)
 	if err != nil {
 		return zero, fmt.Errorf("reply: %w", err)
 	}
@@ -452,7 +452,7 @@ func request[R events.Payload](t *testing.T, nc *nats.Conn, subject string, p ev
 
 func publish(t *testing.T, nc *nats.Conn, subject string, p events.Payload) {
 	t.Helper()
-	msg, err := events.NewMsg(subject, "breakin", p)
+	msg, err := events.NewMsgOn(subject, "breakin", p)
 	if err != nil {
 		t.Fatal(err)
 	}

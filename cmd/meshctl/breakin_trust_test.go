@@ -37,7 +37,7 @@ func (h *breakin) replyIntoState(t *testing.T) {
 	}
 	send := func(nc *nats.Conn, subject string, p events.Payload) {
 		for _, reply := range targets {
-			m, err := events.NewMsg(subject, "breakin", p)
+			m, err := events.NewMsgOn(subject, "breakin", p)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -232,11 +232,31 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 	})
 }
 
-// CompactRefused reports whether rep, decoded from a reply in encoding enc, is a
-// signer's refusal of a compact request it cannot read: a signer from before the
-// compact encoding answers one in JSON with invalid_argument, "not a cloudevent"
-// (ErrNotEvent). Asked again in JSON, the same signer answers it.
-func CompactRefused(rep SignReply, enc Encoding) bool {
-	return enc == EncodingJSON && rep.Error != nil && rep.Error.Code == CodeInvalidArgument &&
-		strings.HasPrefix(rep.Error.Message, ErrNotEvent.Error())
+// IsSignSubject reports whether subject is a sign subject (meshagent.rpc.sign.>),
+// whose one encoding is the compact form: a signer refuses a CloudEvent there.
+func IsSignSubject(subject string) bool {
+	return strings.HasPrefix(subject, SignWildcard[:len(SignWildcard)-1])
+}
+
+// NewMsgOn builds p as subject carries it: a sign request in the compact form on
+// a sign subject, anything else as a CloudEvent (NewMsg). Tools and tests that send
+// every kind of request through one helper use it, so that none of them picks an
+// encoding the subject does not take.
+func NewMsgOn(subject, source string, p Payload) (*nats.Msg, error) {
+	if req, ok := p.(SignRequest); ok && IsSignSubject(subject) {
+		return NewSignRequestMsg(subject, EncodingCompact, source, req)
+	}
+	return NewMsg(subject, source, p)
+}
+
+// DecodeReply decodes a reply as T in whichever form it came: a sign reply may be
+// compact (DecodeSignReply), every other payload is a CloudEvent (Decode).
+func DecodeReply[T Payload](msg *nats.Msg) (T, error) {
+	var zero T
+	if _, ok := any(zero).(SignReply); ok {
+		rep, _, err := DecodeSignReply(msg)
+		return any(rep).(T), err
+	}
+	v, _, err := Decode[T](msg)
+	return v, err
 }

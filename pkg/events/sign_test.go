@@ -98,3 +98,38 @@ func TestSignRequestRefusesTTLsTheWireCannotCarry(t *testing.T) {
 		}
 	}
 }
+
+// TestTheSubjectDecidesTheEncoding: a sign request is built compact on a sign
+// subject and as a CloudEvent elsewhere; any other payload is always a CloudEvent;
+// DecodeReply reads a sign reply in either form.
+func TestTheSubjectDecidesTheEncoding(t *testing.T) {
+	req := SignRequest{CSR: "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE REQUEST-----\n", Token: "t"}
+	for _, tc := range []struct {
+		subject string
+		p       Payload
+		compact bool
+	}{
+		{SubjectSignAny, req, true},
+		{Prefix + ".rpc.sign.id.shop.web.web-0", req, true},
+		{SubjectTrustBundle, BundleRequest{}, false},
+		{Prefix + ".rpc.signer", req, false},
+	} {
+		m, err := NewMsgOn(tc.subject, "test", tc.p)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.subject, err)
+		}
+		if IsCompact(m) != tc.compact {
+			t.Errorf("%s: compact %t, want %t", tc.subject, IsCompact(m), tc.compact)
+		}
+	}
+	for _, enc := range []Encoding{EncodingCompact, EncodingJSON} {
+		m, err := NewSignReplyMsg("_INBOX.x", enc, "signer", SignReply{Error: &ReplyError{Code: CodeUnavailable, Message: "m"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := DecodeReply[SignReply](m)
+		if err != nil || rep.Error == nil || rep.Error.Code != CodeUnavailable {
+			t.Fatalf("%s: %+v, %v", enc, rep, err)
+		}
+	}
+}

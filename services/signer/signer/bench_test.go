@@ -326,7 +326,7 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		if err != nil {
 			b.Fatal(err)
 		}
-		e.msgs[i], err = events.NewMsg(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: shopPod(pod)})
+		e.msgs[i], err = events.NewMsgOn(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: shopPod(pod)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -340,7 +340,7 @@ func (e *endToEnd) run(b *testing.B) result {
 		if err != nil {
 			return err
 		}
-		rep, _, err := events.Decode[events.SignReply](resp)
+		rep, _, err := events.DecodeSignReply(resp)
 		if err != nil {
 			return err
 		}

@@ -178,7 +178,7 @@ func TestVMRenewsOverTheBusWithItsCertificate(t *testing.T) {
 			if signByID {
 				subject, _ = events.IdentitySignSubject(shopPod("vm-1"), "web")
 			}
-			msg, err := events.NewMsg(subject, "vm", req)
+			msg, err := events.NewMsgOn(subject, "vm", req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,7 +285,7 @@ func TestBusRefusesCertificatesItShouldNot(t *testing.T) {
 	received := metricValue(t, e.r.metrics(t), csrsReceived)
 	own, _ := events.IdentitySignSubject(shopPod("vm-1"), "web")
 	_, csr := signertest.CSR(t, pki.ECP256, web)
-	msg, err := events.NewMsg(own, "vm", events.SignRequest{CSR: string(csr), CertChain: issued.pems(), Proof: proof(t, issued.key, csr)})
+	msg, err := events.NewMsgOn(own, "vm", events.SignRequest{CSR: string(csr), CertChain: issued.pems(), Proof: proof(t, issued.key, csr)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,12 +2,12 @@ package signer
 
 import (
 	"encoding/pem"
-	"errors"
-	"github.com/hashicorp/go-hclog"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -118,7 +118,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 
 	sign := func(subject string, req events.SignRequest) events.SignReply {
 		t.Helper()
-		msg, err := events.NewMsg(subject, "test", req)
+		msg, err := events.NewMsgOn(subject, "test", req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	before := metricValue(t, r.metrics(t), csrsReceived)
 	for _, other := range [][3]string{{"shop", "admin", "web-0"}, {"bank", "vault", "vault-0"}} {
 		subj, _ := events.IdentitySignSubject(events.PodRef{Namespace: other[0], Name: other[2]}, other[1])
-		msg, err := events.NewMsg(subj, "test", events.SignRequest{CSR: string(csr), Token: "x"})
+		msg, err := events.NewMsgOn(subj, "test", events.SignRequest{CSR: string(csr), Token: "x"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,24 +191,44 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 	}
 }
 
-// TestIdentitySubjectsOnlyWhenOptedIn: without -bus-sign-id the signer does not
-// subscribe to identity subjects (the pod sees no responders and falls back to its
-// pod subject, where its token is verified).
-func TestIdentitySubjectsOnlyWhenOptedIn(t *testing.T) {
+// TestIdentitySubjectWithoutOptInVerifiesTheToken: without -bus-sign-id the signer
+// still answers identity subjects — one round trip for every pod, whatever its
+// signers run with — but believes only the token in the request, as on the pod
+// subject: a garbage token is refused and signs nothing, the pod's own is signed.
+func TestIdentitySubjectWithoutOptInVerifiesTheToken(t *testing.T) {
 	e := newSecureEnv(t)
 	r := e.start(t, e.config("signer-a", false))
 	pod := e.pod(t, "shop", "web", "web-0", nil)
 	own, _ := events.IdentitySignSubject(shopPod("web-0"), "web")
-	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	msg, err := events.NewMsg(own, "test", events.SignRequest{CSR: string(csr), Token: "x"})
-	if err != nil {
-		t.Fatal(err)
+	ask := func(token string) events.SignReply {
+		t.Helper()
+		_, csr := signertest.CSR(t, pki.ECP256, askedID)
+		msg, err := events.NewSignRequestMsg(own, events.EncodingCompact, "test", events.SignRequest{CSR: string(csr), Token: token, Pod: shopPod("web-0")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := pod.RequestMsg(msg, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request on %s: %v", own, err)
+		}
+		rep, _, err := events.DecodeSignReply(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
 	}
-	if _, err := pod.RequestMsg(msg, 5*time.Second); !errors.Is(err, nats.ErrNoResponders) {
-		t.Fatalf("request on %s: %v, want no responders", own, err)
+	if rep := ask("x"); rep.Error == nil || rep.Error.Code != events.CodeUnauthenticated {
+		t.Fatalf("garbage token on the identity subject without -bus-sign-id: %+v, want unauthenticated", rep.Error)
 	}
-	if v := metricValue(t, r.metrics(t), csrsReceived); v != 0 {
-		t.Fatalf("csrs received = %v, want 0", v)
+	if v := metricValue(t, r.metrics(t), certsIssued); v != 0 {
+		t.Fatalf("certs issued = %v after a refused request", v)
+	}
+	tok := e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
+	if rep := ask(tok); rep.Error != nil || len(rep.CertChain) == 0 {
+		t.Fatalf("the pod's own token: %+v", rep.Error)
+	}
+	if v := metricValue(t, r.metrics(t), tokensVerified); v < 1 {
+		t.Fatalf("tokens verified = %v: the token was not checked", v)
 	}
 }
 

@@ -75,8 +75,8 @@ func BenchmarkSignRealBinary(b *testing.B) {
 // confined, as BenchmarkSignRealBinary says), alternating with the in-process
 // crypto ceiling, rounds times; medians. id/pod-cpu is the id path's signer CPU per
 // CSR over the pod path's. MESHAGENT_SIGNER_BASE adds "base-id" runs against that
-// binary (JSON requests) and "id-json" runs (this signer, JSON requests: an older
-// pod's). Run with -benchtime 1x.
+// binary (JSON requests unless MESHAGENT_SIGNER_BASE_ENCODING says compact). Run
+// with -benchtime 1x.
 func BenchmarkSignRealBinaryBusID(b *testing.B) {
 	e := newRealEnv(b, true)
 	// One pod-bound token per pod connection.
@@ -89,7 +89,6 @@ func BenchmarkSignRealBinaryBusID(b *testing.B) {
 	vs := e.variants(b, filepath.Join(e.bin, "signer"), "id", "-subject", "id")
 	vs = append(vs, realVariant{label: "pod", s: vs[0].s, args: []string{"-subject", "pod"}})
 	if base := os.Getenv("MESHAGENT_SIGNER_BASE"); base != "" {
-		vs = append(vs, realVariant{label: "id-json", s: vs[0].s, args: []string{"-subject", "id", "-encoding", "json"}})
 		vs = append(vs, e.variants(b, base, "base-id", "-subject", "id", "-encoding", baseEncoding())...)
 	}
 	st := e.run(b, vs, false)

@@ -55,7 +55,7 @@ func TestRepliesGoOnlyToInboxes(t *testing.T) {
 		"$JS.API.STREAM.UPDATE." + events.StreamEvents, "_INBOX.signer.x"}
 	for _, reply := range replies {
 		for _, r := range requests {
-			m, err := events.NewMsg(r.subject, "test", r.p)
+			m, err := events.NewMsgOn(r.subject, "test", r.p)
 			if err != nil {
 				t.Fatal(err)
 			}

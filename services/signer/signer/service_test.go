@@ -195,7 +195,7 @@ func rawSign(t *testing.T, body string) *nats.Msg {
 }
 
 func mustMsg(t *testing.T, subject string, p events.Payload) *nats.Msg {
-	m, err := events.NewMsg(subject, "test", p)
+	m, err := events.NewMsgOn(subject, "test", p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	c.Workers = 1
 	s := e.start(t, c)
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	msg, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+	msg, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +465,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	testkit.EventuallyWithin(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
 	// Once the storm has passed, a request is answered again.
 	testkit.EventuallyWithin(t, 60*time.Second, "storm drained", func() bool {
-		m, err := events.NewMsg(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+		m, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -473,7 +473,7 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		rep, _, err := events.Decode[events.SignReply](resp)
+		rep, _, err := events.DecodeSignReply(resp)
 		return err == nil && rep.Error == nil && len(rep.CertChain) > 0
 	})
 	if n := count(t, e.js, events.SubjectCertIssued); n >= 2000 {

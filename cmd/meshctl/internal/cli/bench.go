@@ -81,7 +81,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.String(&metricsURL, "signer-metrics", "", "", "the signer's /metrics URL, for its process_cpu_seconds_total when it is not local (default: the local stack's)")
 	fs.String(&output, "o", "", "text", "output: text or json")
 	fs.String(&subject, "subject", "", "any", "where requests go: any (sign.any, as the -nats-* user); pod or id: each in-flight requester connects as the pod its token is bound to (-tokens: pod-bound), admitted by the signer's auth callout, and signs on its sign.pod subject (token verified per request) or its sign.id subject (identity from the subject: signer run with -bus-sign-id)")
-	fs.String(&encoding, "encoding", "", "compact", "how requests are encoded: compact (what sds-edge sends) or json (a CloudEvent, as a pod before the compact encoding, or to load a signer before it)")
+	fs.String(&encoding, "encoding", "", "compact", "how requests are encoded: compact (the sign subjects' one encoding; what sds-edge sends) or json (a CloudEvent: only to load a signer binary from before the compact encoding in an A/B run — a current signer refuses it)")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -397,12 +397,9 @@ func signOnce(ctx context.Context, nc *nats.Conn, m *nats.Msg) error {
 	if err != nil {
 		return fmt.Errorf("sign over nats: %w", err)
 	}
-	reply, enc, err := events.DecodeSignReply(resp)
+	reply, _, err := events.DecodeSignReply(resp)
 	if err != nil {
 		return fmt.Errorf("sign reply: %w", err)
-	}
-	if events.CompactRefused(reply, enc) {
-		return fmt.Errorf("signer refused: %w (a signer from before the compact encoding: use -encoding json)", reply.Error)
 	}
 	if reply.Error != nil {
 		return fmt.Errorf("signer refused: %w", reply.Error)

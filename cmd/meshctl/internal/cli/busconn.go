@@ -120,6 +120,24 @@ func request[Rep events.Payload](ctx context.Context, nc *nats.Conn, subject str
 	return rep, nil
 }
 
+// signRequest sends req on a sign subject in its one encoding (compact) and
+// decodes the reply.
+func signRequest(ctx context.Context, nc *nats.Conn, subject string, req events.SignRequest, what string) (events.SignReply, error) {
+	msg, err := events.NewSignRequestMsg(subject, events.EncodingCompact, "meshctl", req)
+	if err != nil {
+		return events.SignReply{}, err
+	}
+	resp, err := nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return events.SignReply{}, fmt.Errorf("%s: %w", what, err)
+	}
+	rep, _, err := events.DecodeSignReply(resp)
+	if err != nil {
+		return rep, fmt.Errorf("%s reply: %w", what, err)
+	}
+	return rep, nil
+}
+
 // stackFor reads the local stack unless the flags name a bus and a credential.
 func (b *busFlags) stackFor(dir string) (*stackfile.Stack, error) {
 	if b.url != "" && (b.nkey != "" || b.creds != "") {

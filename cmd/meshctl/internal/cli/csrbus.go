@@ -15,7 +15,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/nats-io/nats.go"
 )
 
 // csrOverBus renews by certificate over the bus, as a VM with no token does: it
@@ -75,19 +74,13 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 	}
 	req := events.SignRequest{CSR: string(csr), TTL: f.ttl, Pod: pod, KeyAlgorithm: string(alg),
 		CertChain: pki.CertPEMs(chain), Proof: base64.StdEncoding.EncodeToString(sig)}
+	// The identity subject the callout granted: the signer proves the request by
+	// the certificate the connection was admitted with and the proof over the CSR.
 	idSubject, err := events.IdentitySignSubject(pod, sa)
 	if err != nil {
 		return nil, nil, err
 	}
-	podSubject, err := events.PodSignSubject(pod)
-	if err != nil {
-		return nil, nil, err
-	}
-	rep, err := request[events.SignReply](ctx, nc, idSubject, req, "sign over the bus")
-	if errors.Is(err, nats.ErrNoResponders) {
-		// No signer answers identity subjects (none runs with -bus-sign-id).
-		rep, err = request[events.SignReply](ctx, nc, podSubject, req, "sign over the bus")
-	}
+	rep, err := signRequest(ctx, nc, idSubject, req, "sign over the bus")
 	if err != nil {
 		return nil, nil, err
 	}

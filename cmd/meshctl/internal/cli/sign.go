@@ -133,7 +133,7 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 		return nil, err
 	}
 	defer nc.Close()
-	reply, err := request[events.SignReply](ctx, nc, events.SubjectSignAny, req, "sign over nats")
+	reply, err := signRequest(ctx, nc, events.SubjectSignAny, req, "sign over nats")
 	if err != nil {
 		return nil, err
 	}

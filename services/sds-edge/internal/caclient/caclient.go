@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -38,13 +37,13 @@ var ErrRejected = errors.New("rejected by ca")
 // refused, and trying again, or another path, costs the CA nothing.
 var ErrUnreachable = errors.New("ca unreachable")
 
-// NATS asks the signer over NATS request-reply on the pod sign subject
-// (events.PodSignSubject), or events.SubjectSignAny for a caller that is no pod. A
-// pod the bus auth callout admitted by its token (NewNATSAs) asks on its identity
-// sign subject first (events.IdentitySignSubject), where a signer run with
-// -bus-sign-id takes the identity from the subject instead of verifying the token
-// again; a signer without it does not answer there, and the request goes again on
-// the pod sign subject. The token is in the request either way.
+// NATS asks the signer over NATS request-reply, once, in the compact encoding (the
+// one encoding of the sign subjects): on the pod's identity sign subject
+// (events.IdentitySignSubject) when the bus auth callout admitted the connection by
+// the pod's credential (NewNATSAs) — a signer run with -bus-sign-id takes the
+// identity from that subject, any other verifies the token the request carries —
+// else on the pod sign subject (events.PodSignSubject), or events.SubjectSignAny for
+// a caller that is no pod.
 type NATS struct {
 	nc     *nats.Conn
 	source string
@@ -63,29 +62,15 @@ func NewNATSAs(nc *nats.Conn, source, sa string) *NATS {
 
 // Sign sends req and waits for the reply until ctx ends.
 func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
-	subject, fallback := events.SubjectSignAny, ""
-	if !req.Pod.IsZero() {
-		s, err := events.PodSignSubject(req.Pod)
-		if err != nil {
-			return Response{}, fmt.Errorf("build sign request: %w", err)
-		}
-		subject = s
-		if n.sa != "" {
-			if id, err := events.IdentitySignSubject(req.Pod, n.sa); err == nil {
-				subject, fallback = id, s
-			}
-		}
+	subject, err := n.subject(req.Pod)
+	if err != nil {
+		return Response{}, fmt.Errorf("build sign request: %w", err)
 	}
 	if !n.nc.IsConnected() {
 		// A request now would wait out ctx in the reconnect buffer.
 		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
 	}
 	r, err := n.ask(ctx, subject, req)
-	if fallback != "" && (errors.Is(err, nats.ErrNoResponders) || err == nil && unknownSubject(r)) {
-		// No signer answers identity subjects (an older one, or none run with
-		// -bus-sign-id): ask on the pod subject, where the token is verified.
-		r, err = n.ask(ctx, fallback, req)
-	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Response{}, fmt.Errorf("sign request: %w: %w", ErrUnreachable, err)
 	}
@@ -104,39 +89,33 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
 }
 
-// ask sends req on subject in the compact encoding and decodes the reply; a signer
-// from before the compact encoding refuses it, and is asked again with a
-// CloudEvent.
-func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
-	r, enc, err := n.askAs(ctx, subject, events.EncodingCompact, req)
-	if err == nil && events.CompactRefused(r, enc) {
-		r, _, err = n.askAs(ctx, subject, events.EncodingJSON, req)
+// subject is where a request for pod goes (see NATS).
+func (n *NATS) subject(pod events.PodRef) (string, error) {
+	switch {
+	case pod.IsZero():
+		return events.SubjectSignAny, nil
+	case n.sa != "":
+		return events.IdentitySignSubject(pod, n.sa)
+	default:
+		return events.PodSignSubject(pod)
 	}
-	return r, err
 }
 
-// askAs sends req on subject encoded as enc and decodes the reply, in whichever
-// encoding it comes.
-func (n *NATS) askAs(ctx context.Context, subject string, enc events.Encoding, req events.SignRequest) (events.SignReply, events.Encoding, error) {
-	msg, err := events.NewSignRequestMsg(subject, enc, n.source, req)
+// ask sends req on subject and decodes the reply.
+func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
+	msg, err := events.NewSignRequestMsg(subject, events.EncodingCompact, n.source, req)
 	if err != nil {
-		return events.SignReply{}, enc, fmt.Errorf("build sign request: %w", err)
+		return events.SignReply{}, fmt.Errorf("build sign request: %w", err)
 	}
 	reply, err := n.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
-		return events.SignReply{}, enc, fmt.Errorf("sign request: %w", err)
+		return events.SignReply{}, fmt.Errorf("sign request: %w", err)
 	}
-	r, renc, err := events.DecodeSignReply(reply)
+	r, _, err := events.DecodeSignReply(reply)
 	if err != nil {
-		return events.SignReply{}, renc, fmt.Errorf("sign reply: %w", err)
+		return events.SignReply{}, fmt.Errorf("sign reply: %w", err)
 	}
-	return r, renc, nil
-}
-
-// unknownSubject is a signer's answer to a sign subject it does not serve (signers
-// before identity subjects subscribed to every sign subject and answered so).
-func unknownSubject(r events.SignReply) bool {
-	return r.Error != nil && r.Error.Code == events.CodeInvalidArgument && strings.HasPrefix(r.Error.Message, "unknown sign subject ")
+	return r, nil
 }
 
 // Fallback signs on the bus (Bus) while it is connected and a signer answers

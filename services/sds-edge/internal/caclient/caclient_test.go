@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,23 +48,18 @@ func securedPod(t *testing.T) (*bustest.Secured, *nats.Conn) {
 	return s, pod
 }
 
-// signer answers subject (as the signer role, queue "signer") with a refusal naming
-// the subject and encoding the request came in, or with the answer of a signer
-// that predates identity subjects when old is set; jsonOnly, it reads CloudEvents
-// only and answers anything else as a signer from before the compact encoding does.
-func signer(t *testing.T, s *bustest.Secured, subject string, old, jsonOnly bool) {
+// signer answers every sign subject (as the signer role, queue "signer") with a
+// refusal naming the subject and encoding each request came in, and counts them.
+// The refusal reads as old signers' "unknown sign subject" did: a client that
+// decided by the text would ask again elsewhere.
+func signer(t *testing.T, s *bustest.Secured) *atomic.Int32 {
 	t.Helper()
+	var asked atomic.Int32
 	nc := s.Conn(t, policy.Signer, nil)
-	if _, err := nc.QueueSubscribe(subject, events.SignerQueue, func(m *nats.Msg) {
+	if _, err := nc.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		asked.Add(1)
 		_, enc, err := events.DecodeSignRequest(m)
-		if jsonOnly {
-			enc = events.EncodingJSON
-			_, _, err = events.Decode[events.SignRequest](m)
-		}
-		msg := "answered on " + m.Subject + " (" + enc.String() + ")"
-		if _, _, id := events.IdentityFromSignSubject(m.Subject); id && old {
-			msg = "unknown sign subject " + m.Subject
-		}
+		msg := "unknown sign subject " + m.Subject + " (" + enc.String() + ")"
 		if err != nil {
 			msg = err.Error()
 		}
@@ -77,6 +73,7 @@ func signer(t *testing.T, s *bustest.Secured, subject string, old, jsonOnly bool
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	return &asked
 }
 
 // shopWeb0 is the test pod, shop/web-0.
@@ -85,35 +82,35 @@ var shopWeb0 = events.PodRef{Namespace: "shop", Name: "web-0"}
 // pemCSR passes the request's schema; the stand-in signers never parse it.
 const pemCSR = "-----BEGIN CERTIFICATE REQUEST-----\nMA==\n-----END CERTIFICATE REQUEST-----\n"
 
-// TestSignsOnIdentitySubjectThenFallsBack: a pod admitted as shop/web asks on its
-// identity subject when a signer answers there, and on its pod subject (token in
-// the body) when none does or an older signer does not know the subject; it asks
-// in the compact encoding, and again as a CloudEvent of a signer that reads only
-// those.
-func TestSignsOnIdentitySubjectThenFallsBack(t *testing.T) {
+// TestSignsOnceOnItsSubjectInTheCompactEncoding: one request, one round trip. A pod
+// admitted by its credential as shop/web asks on its identity subject, one without
+// on its pod subject, always in the compact encoding; a refusal is final for the
+// attempt (no second subject or encoding is tried), and with no signer at all the
+// CA is unreachable.
+func TestSignsOnceOnItsSubjectInTheCompactEncoding(t *testing.T) {
 	idSubject, _ := events.IdentitySignSubject(shopWeb0, "web")
 	podSubject, _ := events.PodSignSubject(shopWeb0)
 	for _, tc := range []struct {
-		name           string
-		subscribe      []string
-		old, jsonOnly  bool
-		want, encoding string
+		name, sa, want string
 	}{
-		{"signer with -bus-sign-id", []string{events.SignWildcard}, false, false, idSubject, "compact"},
-		{"signer without it", []string{events.SignPodWildcard, events.SubjectSignAny}, false, false, podSubject, "compact"},
-		{"signer from before identity subjects", []string{events.SignWildcard}, true, true, podSubject, "json"},
-		{"signer from before the compact encoding", []string{events.SignWildcard}, false, true, idSubject, "json"},
+		{"admitted by its credential", "web", idSubject},
+		{"no service account known", "", podSubject},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, pod := securedPod(t)
-			for _, subj := range tc.subscribe {
-				signer(t, s, subj, tc.old, tc.jsonOnly)
-			}
+			asked := signer(t, s)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := NewNATSAs(pod, "sds-edge/shop/web-0", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: shopWeb0})
-			if want := "answered on " + tc.want + " (" + tc.encoding + ")"; !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), want) {
+			c := NewNATS(pod, "sds-edge/shop/web-0")
+			if tc.sa != "" {
+				c = NewNATSAs(pod, "sds-edge/shop/web-0", tc.sa)
+			}
+			_, err := c.Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: shopWeb0})
+			if want := "unknown sign subject " + tc.want + " (compact)"; !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), want) {
 				t.Fatalf("got %v, want %q", err, want)
+			}
+			if n := asked.Load(); n != 1 {
+				t.Fatalf("%d requests for one signing: want exactly one round trip", n)
 			}
 		})
 	}

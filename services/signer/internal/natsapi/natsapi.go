@@ -52,8 +52,8 @@ type API struct {
 	rot         Rotator
 	trustDomain string
 	workers     int
-	// signByID answers identity sign subjects, taking the identity from the subject
-	// (-bus-sign-id): off, the signer does not subscribe there at all.
+	// signByID takes the identity from an identity sign subject (-bus-sign-id);
+	// off, a request there is signed like one on the pod subject, by its token.
 	signByID bool
 	log      hclog.Logger
 
@@ -88,22 +88,12 @@ func (a *API) ours(sub *nats.Subscription) bool {
 	return slices.Contains(a.subs, sub)
 }
 
-// New returns the API; Run subscribes. signByID also answers identity sign
-// subjects (events.IdentitySignSubject), trusting the identity they name: only when
-// nothing but pods admitted by this signer's auth callout can publish there.
+// New returns the API; Run subscribes. signByID trusts the identity an identity
+// sign subject (events.IdentitySignSubject) names: only when nothing but pods
+// admitted by this signer's auth callout can publish there.
 func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
 	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log,
 		pub: bus.NewAsyncPublisher(nc)}
-}
-
-// signSubjects are the sign subjects the API answers: every one with signByID,
-// else the pod and the any subjects only, so that a pod's request on its identity
-// subject finds no responder here and is sent again on its pod subject.
-func (a *API) signSubjects() []string {
-	if a.signByID {
-		return []string{events.SignWildcard}
-	}
-	return []string{events.SignPodWildcard, events.SubjectSignAny}
 }
 
 // Ready reports whether the subscriptions are in place.
@@ -216,11 +206,11 @@ func (a *API) Run(ctx context.Context) error {
 		a.mu.Unlock()
 		return nil
 	}
-	subjects := a.signSubjects()
-	for _, subj := range subjects {
-		if err := subscribed(a.nc.ChanQueueSubscribe(subj, events.SignerQueue, signs)); err != nil {
-			return err
-		}
+	// Every sign subject: a request on one this signer does not serve gets a typed
+	// refusal, never silence that a client would have to guess about.
+	subjects := []string{events.SignWildcard}
+	if err := subscribed(a.nc.ChanQueueSubscribe(events.SignWildcard, events.SignerQueue, signs)); err != nil {
+		return err
 	}
 	for _, s := range []struct {
 		subject string
@@ -282,9 +272,10 @@ func decodeCode(err error) string {
 }
 
 // signVia is what a sign subject proves. Only the pod itself may publish on its pod
-// sign subject (bus permissions), so that subject proves the pod; on an identity
-// sign subject (answered only with signByID) the callout admitted the connection
-// with a token proving namespace, service account and pod, so it proves all three;
+// sign subject (bus permissions), so that subject proves the pod; so does its
+// identity sign subject, where the callout admitted the connection with a token
+// proving namespace, service account and pod — with signByID the subject proves all
+// three, without it the request's token is verified as on the pod subject;
 // SubjectSignAny proves nothing.
 func (a *API) signVia(subject string) (issuer.Via, bool) {
 	via := issuer.Via{Transport: issuer.TransportNATS}
@@ -296,8 +287,12 @@ func (a *API) signVia(subject string) (issuer.Via, bool) {
 		return via, true
 	}
 	pod, sa, ok := events.IdentityFromSignSubject(subject)
-	if !ok || !a.signByID {
+	if !ok {
 		return via, false
+	}
+	if !a.signByID {
+		via.BusPod = pod
+		return via, true
 	}
 	id, err := pki.WorkloadID(a.trustDomain, pod.Namespace, sa)
 	if err != nil {

@@ -3,6 +3,7 @@ package natsapi
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
@@ -14,14 +15,18 @@ import (
 // a certificate once its cert.issued is stored.
 func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	req, enc, err := events.DecodeSignRequest(m)
+	if err == nil && enc != events.EncodingCompact {
+		// One encoding per subject: the sign subjects carry the compact form.
+		err = fmt.Errorf("%w: sign subjects take the compact encoding, not a CloudEvent", events.ErrInvalid)
+	}
 	if err != nil {
 		a.iss.Malformed(issuer.TransportNATS, errors.Is(err, events.ErrTooLarge))
-		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		a.respondSign(m, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
 	via, ok := a.signVia(m.Subject)
 	if !ok {
-		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "unknown sign subject " + m.Subject}})
+		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "not a sign subject: " + m.Subject}})
 		return
 	}
 	a.recording.Add(1)
