@@ -50,7 +50,7 @@ run: build
 vet:
 	$(GO) vet $(PKGS)
 
-test: vet tidy-check
+test: lint tidy-check
 	@[ -n "$(RACE)" ] || echo "note: no C compiler ($$($(GO) env CC)) found, so tests run without -race; install gcc for the race detector"
 	$(GO) test $(RACE) -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) --no-print-directory fuzz-smoke

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -34,10 +35,14 @@ type AsyncPublisher struct {
 type asyncEvent struct {
 	msg      *nats.Msg
 	deadline time.Time
-	backoff  time.Duration
+	retries  *backoff.Backoff
 	timer    *time.Timer // the current attempt's
 	done     func(error)
 }
+
+// asyncRetry is the wait before an event is sent again (no stream leader yet, no
+// ack in time).
+var asyncRetry = backoff.Policy{First: 50 * time.Millisecond, Max: time.Second}
 
 // ErrPublisherStopped is what an event published after Stop is done with.
 var ErrPublisherStopped = errors.New("async publisher stopped")
@@ -92,7 +97,7 @@ func (p *AsyncPublisher) Pending() int {
 // caller must not touch it afterwards.
 func (p *AsyncPublisher) Publish(msg *nats.Msg, deadline time.Time, done func(error)) {
 	msg.Header.Set(jetstream.MsgIDHeader, msg.Header.Get(events.HeaderID))
-	e := &asyncEvent{msg: msg, deadline: deadline, backoff: 50 * time.Millisecond, done: done}
+	e := &asyncEvent{msg: msg, deadline: deadline, retries: asyncRetry.Start(), done: done}
 	p.mu.Lock()
 	if p.stopped || p.inbox == "" {
 		p.mu.Unlock()
@@ -136,8 +141,7 @@ func (p *AsyncPublisher) retry(token string, err error) {
 		return
 	}
 	e.timer.Stop()
-	wait := e.backoff
-	e.backoff = min(2*e.backoff, time.Second)
+	wait := e.retries.Next()
 	if time.Now().Add(wait).After(e.deadline) {
 		delete(p.pending, token)
 		p.mu.Unlock()

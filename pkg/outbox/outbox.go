@@ -18,7 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
@@ -152,7 +154,7 @@ func (b *Outbox) Run(ctx context.Context) error {
 // one still unsent when ctx ends, is dropped and counted.
 func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
 	var waited bool
-	backoff := 100 * time.Millisecond
+	bo := holdRetry.Start()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		err := bus.Publish(pctx, b.js, msg)
@@ -172,12 +174,10 @@ func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
 			b.o.Log.Warn("event stream unavailable, holding events until it is back", "queued", len(b.q)+1, "error", err)
 		}
 		// bus.Publish backs off on its own for most of these; not for all.
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		backoff = min(2*backoff, 2*time.Second)
+		backoff.Wait(ctx, clock.Real{}, bo.Next())
 	}
 }
+
+// holdRetry is how often a held event is tried again while the stream is away:
+// jittered, so that the pods that lost it together do not all come back at once.
+var holdRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.5}
