@@ -10,6 +10,7 @@ import (
 	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 )
 
 // operatorObjects are created by the operator, not by the manifests (docs/kubernetes.md,
@@ -111,16 +112,23 @@ func TestTokenReviewOverlay(t *testing.T) {
 	if signer.spec.AutomountServiceAccountToken == nil || !*signer.spec.AutomountServiceAccountToken {
 		t.Fatal("the signer needs its service-account token to call the API server")
 	}
-	if len(inv.bindings) != 1 {
-		t.Fatalf("%d ClusterRoleBindings", len(inv.bindings))
+	var b *rbacv1.ClusterRoleBinding
+	for _, x := range inv.bindings {
+		if x.RoleRef.Name == "system:auth-delegator" {
+			b = x
+		}
 	}
-	b := inv.bindings[0]
-	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "system:auth-delegator" || len(b.Subjects) != 1 ||
+	if b == nil || len(inv.bindings) != 2 {
+		t.Fatalf("%d ClusterRoleBindings, none to system:auth-delegator", len(inv.bindings))
+	}
+	if b.RoleRef.Kind != "ClusterRole" || len(b.Subjects) != 1 ||
 		b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != signer.spec.ServiceAccountName || b.Subjects[0].Namespace != signer.namespace {
 		t.Fatalf("binding %+v", b)
 	}
-	// base binds nothing cluster-wide.
-	if base, err := decodeAll(build(t, "base")); err != nil || len(base.bindings) != 0 {
+	// base binds one ClusterRole cluster-wide: the root ConfigMap publisher's
+	// (what it allows is checked against a real API server in kube_test.go).
+	base, err := decodeAll(build(t, "base"))
+	if err != nil || len(base.bindings) != 1 || base.bindings[0].RoleRef.Name != "meshagent-signer-root-configmap" {
 		t.Fatalf("base: %v, %d bindings", err, len(base.bindings))
 	}
 }
