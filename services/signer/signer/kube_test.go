@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -251,8 +252,9 @@ func TestKubeImpersonationAgainstRealPods(t *testing.T) {
 
 // The root publisher: with -root-configmap and the RBAC of deploy/kubernetes, every
 // namespace gets istio-ca-root-cert holding the bundle, a new namespace gets it, a
-// hand edit and a deletion are undone, and a root rotation puts old and new roots
-// in every namespace within seconds.
+// hand edit and a deletion are undone, a terminating namespace is left alone, and
+// a root rotation puts old and new roots in every namespace within seconds, with
+// no write refused.
 func TestKubeRootConfigMapThroughRotation(t *testing.T) {
 	k := kubetest.Start(t)
 	a := k.Admin
@@ -299,6 +301,20 @@ func TestKubeRootConfigMapThroughRotation(t *testing.T) {
 	a.Call(t, http.MethodDelete, "/api/v1/namespaces/other/configmaps/istio-ca-root-cert", nil, nil)
 	allHave("an edited ConfigMap corrected and a deleted one put back", want, "shop", "other")
 
+	// A namespace being deleted (Terminating for good here: no controller manager
+	// empties it) is no longer written to: its ConfigMap keeps the old bundle.
+	a.Call(t, http.MethodDelete, "/api/v1/namespaces/other", nil, nil)
+	testkit.Eventually(t, "namespace other terminating", func() bool {
+		var ns struct {
+			Status struct {
+				Phase string `json:"phase"`
+			} `json:"status"`
+		}
+		a.Call(t, http.MethodGet, "/api/v1/namespaces/other", nil, &ns)
+		return ns.Status.Phase == "Terminating"
+	})
+	namespaces = slices.DeleteFunc(namespaces, func(ns string) bool { return ns == "other" })
+
 	start := time.Now()
 	rr := natsCall[events.RotateRequest, events.RotateReply](t, s.nc, events.SubjectRootRotate, events.RotateRequest{Reason: "kube test"})
 	if rr.Error != nil || len(rr.Roots) < 2 {
@@ -310,6 +326,9 @@ func TestKubeRootConfigMapThroughRotation(t *testing.T) {
 	}
 	allHave("old and new roots in every namespace after the rotation", rotated, append(namespaces, "late")...)
 	t.Logf("rotation to %d roots in every ConfigMap after %s", len(rr.Roots), time.Since(start).Round(time.Millisecond))
+	if v, ok := published("other"); !ok || v != want {
+		t.Errorf("the terminating namespace's ConfigMap was rewritten (present %v)", ok)
+	}
 	if m := strings.Join(metricLines(t, s.svc, "meshagent_signer_root_configmap_write_failures_total"), ""); !strings.HasSuffix(m, " 0") {
 		t.Errorf("write failures: %q", m)
 	}
