@@ -14,11 +14,11 @@ import (
 )
 
 // operatorObjects are created by the operator, not by the manifests (docs/kubernetes.md,
-// "Install"): credentials from `meshctl bus-auth`, the CA KEK, bus TLS, and the
-// public roots pods trust.
+// "Install"): credentials from `meshctl bus-auth`, the CA KEK and bus TLS. The
+// roots pods trust (istio-ca-root-cert) the signer publishes itself.
 var operatorObjects = map[string]bool{
 	"meshagent-signer-bus": true, "meshagent-rotator-bus": true, "meshagent-operator-bus": true, "meshagent-ca-kek": true,
-	"meshagent-nats-tls": true, "meshagent-nats-auth": true, "meshagent-bus-ca": true, "meshagent-ca-root-cert": true,
+	"meshagent-nats-tls": true, "meshagent-nats-auth": true, "meshagent-bus-ca": true,
 }
 
 func TestManifestsMatchBinaries(t *testing.T) {
@@ -338,4 +338,44 @@ func TestDocCreatesEveryOperatorObject(t *testing.T) {
 			t.Errorf("docs/kubernetes.md does not name %q", cmd)
 		}
 	}
+}
+
+// The ConfigMap an injected pod mounts as its trust anchors is the one the signer
+// of base publishes into every namespace (ROOT_CONFIGMAP), with the key it writes.
+func TestSidecarMountsTheRootsTheSignerPublishes(t *testing.T) {
+	inv, err := decodeAll(build(t, "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := ""
+	for _, w := range inv.workloads {
+		if w.name == "signer" {
+			for _, e := range w.spec.Containers[0].Env {
+				if e.Name == "ROOT_CONFIGMAP" {
+					published = e.Value
+				}
+			}
+		}
+	}
+	if published == "" {
+		t.Fatal("the signer publishes no root ConfigMap (ROOT_CONFIGMAP)")
+	}
+	out, err := inject.Inject(kubernetes.SidecarTemplate, []byte(sampleDeployment), inject.DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := strict.Unmarshal(out, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name != "meshagent-root-cert" {
+			continue
+		}
+		if v.ConfigMap == nil || v.ConfigMap.Name != published || len(v.ConfigMap.Items) != 1 || v.ConfigMap.Items[0].Key != "root-cert.pem" {
+			t.Fatalf("trust anchors volume %+v, want ConfigMap %s key root-cert.pem", v.VolumeSource, published)
+		}
+		return
+	}
+	t.Fatal("no meshagent-root-cert volume in the injected pod")
 }
