@@ -11,7 +11,7 @@ import (
 
 // The API server the helper starts enforces Pod Security "restricted", issues
 // pod-bound tokens through TokenRequest, reviews them, and authorizes by RBAC.
-func TestServerIsARealAPIServer(t *testing.T) {
+func TestKubeServerIsARealAPIServer(t *testing.T) {
 	s := kubetest.Start(t)
 	a := s.Admin
 	a.Namespace(t, "shop", map[string]string{"pod-security.kubernetes.io/enforce": "restricted"})
