@@ -59,11 +59,15 @@ type Server struct {
 	pool *x509.CertPool
 }
 
-// BinaryPath is where the kube-apiserver is: $MESHAGENT_KUBE_APISERVER, or
-// hack/kube-apiserver.sh's cache, ${XDG_CACHE_HOME:-$HOME/.cache}/meshagent/kube-apiserver-<Version>/.
+// BinaryPath is where the kube-apiserver is: $MESHAGENT_KUBE_APISERVER, or in
+// hack/kube-apiserver.sh's cache: $MESHAGENT_KUBE_CACHE, by default
+// ${XDG_CACHE_HOME:-$HOME/.cache}/meshagent/kube-apiserver-<Version>/.
 func BinaryPath() string {
 	if p := os.Getenv("MESHAGENT_KUBE_APISERVER"); p != "" {
 		return p
+	}
+	if dir := os.Getenv("MESHAGENT_KUBE_CACHE"); dir != "" {
+		return filepath.Join(dir, "kube-apiserver")
 	}
 	cache := os.Getenv("XDG_CACHE_HOME")
 	if cache == "" {
