@@ -411,8 +411,8 @@ func (p *Publisher) watchFrom(ctx context.Context, path, sel, rv string, handle 
 			}
 			handle(false, ev.Type, []object{o})
 		case "BOOKMARK":
-		case "ERROR": // most often 410 Gone: the version is too old; list again
-			return nil
+		case "ERROR": // most often 410 Gone: the version is too old; list again (after a short wait)
+			return fmt.Errorf("watch %s: %s", path, brief(ev.Object))
 		}
 	}
 }
