@@ -119,7 +119,7 @@ test-compose: images
 
 # Tests against a real Kubernetes API server (build tag kube; docs/kubernetes.md):
 # hack/kube-apiserver.sh builds a pinned kube-apiserver once into ~/.cache (about
-# 6-13 minutes cold) and installs Debian's etcd-server when missing; the tests then
+# 8 minutes cold here) and installs Debian's etcd-server when missing; the tests then
 # fail instead of skipping if either is missing.
 KUBE_TEST_DIRS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build kube' cmd deploy pkg services tests)))
 test-kube:
