@@ -124,6 +124,7 @@ test-compose: images
 KUBE_TEST_DIRS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build kube' cmd deploy pkg services tests)))
 test-kube:
 	@hack/kube-apiserver.sh >/dev/null
+	$(GO) vet -tags kube $(addprefix ./,$(KUBE_TEST_DIRS))
 	MESHAGENT_REQUIRE_KUBE=1 $(GO) test $(RACE) -tags kube -count=1 -timeout $(TEST_TIMEOUT) -run '^TestKube' $(addprefix ./,$(KUBE_TEST_DIRS))
 
 clean:

@@ -258,11 +258,10 @@ func (p *Publisher) work(ctx context.Context) {
 				failed = append(failed, ns)
 				continue
 			}
+			// What the ConfigMap holds now is learnt from the watch, not assumed
+			// here: an edit that lands just after this write must not be missed.
 			p.writes.Add(1)
 			p.log.Info("root configmap written", "namespace", ns, "configmap", p.cfg.Name)
-			p.mu.Lock()
-			p.have[ns] = *bundle
-			p.mu.Unlock()
 		}
 		if len(failed) == 0 {
 			b.Reset()
