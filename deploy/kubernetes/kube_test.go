@@ -14,6 +14,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -285,4 +287,39 @@ func TestKubeInjectedDeploymentIsAdmitted(t *testing.T) {
 	pod := corev1.Pod{Spec: *bad}
 	pod.APIVersion, pod.Kind, pod.Name = "v1", "Pod", "escalating"
 	k.Admin.Call(t, http.MethodPost, "/api/v1/namespaces/shop/pods", pod, nil, http.StatusForbidden)
+}
+
+// kubectl's own kustomize (5.5 in kubectl 1.32, which crashed on a patch file of
+// several deletions) builds every overlay into the objects the tests apply.
+func TestKubeKubectlKustomizeBuildsEveryOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("no kubectl in PATH")
+	}
+	for _, dir := range []string{"base", "external-nats", "token-review"} {
+		out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v\n%.2000s", dir, err, out)
+		}
+		if got, want := refsOf(t, out), refsOf(t, build(t, dir)); !slices.Equal(got, want) {
+			t.Errorf("%s: kubectl kustomize builds %v, the kustomize library %v", dir, got, want)
+		}
+	}
+}
+
+func refsOf(t *testing.T, out []byte) []string {
+	t.Helper()
+	var refs []string
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		r, err := kubetest.RefOf([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, r.String())
+	}
+	slices.Sort(refs)
+	return refs
 }
