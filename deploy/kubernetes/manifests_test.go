@@ -10,14 +10,15 @@ import (
 	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 )
 
 // operatorObjects are created by the operator, not by the manifests (docs/kubernetes.md,
-// "Install"): credentials from `meshctl bus-auth`, the CA KEK, bus TLS, and the
-// public roots pods trust.
+// "Install"): credentials from `meshctl bus-auth`, the CA KEK and bus TLS. The
+// roots pods trust (istio-ca-root-cert) the signer publishes itself.
 var operatorObjects = map[string]bool{
 	"meshagent-signer-bus": true, "meshagent-rotator-bus": true, "meshagent-operator-bus": true, "meshagent-ca-kek": true,
-	"meshagent-nats-tls": true, "meshagent-nats-auth": true, "meshagent-bus-ca": true, "meshagent-ca-root-cert": true,
+	"meshagent-nats-tls": true, "meshagent-nats-auth": true, "meshagent-bus-ca": true,
 }
 
 func TestManifestsMatchBinaries(t *testing.T) {
@@ -111,16 +112,23 @@ func TestTokenReviewOverlay(t *testing.T) {
 	if signer.spec.AutomountServiceAccountToken == nil || !*signer.spec.AutomountServiceAccountToken {
 		t.Fatal("the signer needs its service-account token to call the API server")
 	}
-	if len(inv.bindings) != 1 {
-		t.Fatalf("%d ClusterRoleBindings", len(inv.bindings))
+	var b *rbacv1.ClusterRoleBinding
+	for _, x := range inv.bindings {
+		if x.RoleRef.Name == "system:auth-delegator" {
+			b = x
+		}
 	}
-	b := inv.bindings[0]
-	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "system:auth-delegator" || len(b.Subjects) != 1 ||
+	if b == nil || len(inv.bindings) != 2 {
+		t.Fatalf("%d ClusterRoleBindings, none to system:auth-delegator", len(inv.bindings))
+	}
+	if b.RoleRef.Kind != "ClusterRole" || len(b.Subjects) != 1 ||
 		b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != signer.spec.ServiceAccountName || b.Subjects[0].Namespace != signer.namespace {
 		t.Fatalf("binding %+v", b)
 	}
-	// base binds nothing cluster-wide.
-	if base, err := decodeAll(build(t, "base")); err != nil || len(base.bindings) != 0 {
+	// base binds one ClusterRole cluster-wide: the root ConfigMap publisher's
+	// (what it allows is checked against a real API server in kube_test.go).
+	base, err := decodeAll(build(t, "base"))
+	if err != nil || len(base.bindings) != 1 || base.bindings[0].RoleRef.Name != "meshagent-signer-root-configmap" {
 		t.Fatalf("base: %v, %d bindings", err, len(base.bindings))
 	}
 }
@@ -330,4 +338,44 @@ func TestDocCreatesEveryOperatorObject(t *testing.T) {
 			t.Errorf("docs/kubernetes.md does not name %q", cmd)
 		}
 	}
+}
+
+// The ConfigMap an injected pod mounts as its trust anchors is the one the signer
+// of base publishes into every namespace (ROOT_CONFIGMAP), with the key it writes.
+func TestSidecarMountsTheRootsTheSignerPublishes(t *testing.T) {
+	inv, err := decodeAll(build(t, "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := ""
+	for _, w := range inv.workloads {
+		if w.name == "signer" {
+			for _, e := range w.spec.Containers[0].Env {
+				if e.Name == "ROOT_CONFIGMAP" {
+					published = e.Value
+				}
+			}
+		}
+	}
+	if published == "" {
+		t.Fatal("the signer publishes no root ConfigMap (ROOT_CONFIGMAP)")
+	}
+	out, err := inject.Inject(kubernetes.SidecarTemplate, []byte(sampleDeployment), inject.DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := strict.Unmarshal(out, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name != "meshagent-root-cert" {
+			continue
+		}
+		if v.ConfigMap == nil || v.ConfigMap.Name != published || len(v.ConfigMap.Items) != 1 || v.ConfigMap.Items[0].Key != "root-cert.pem" {
+			t.Fatalf("trust anchors volume %+v, want ConfigMap %s key root-cert.pem", v.VolumeSource, published)
+		}
+		return
+	}
+	t.Fatal("no meshagent-root-cert volume in the injected pod")
 }

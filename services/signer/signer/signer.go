@@ -27,6 +27,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/issued"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
+	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,6 +78,8 @@ type Signer struct {
 	nats    *natsapi.API
 	grpc    *grpcapi.Server
 	fed     *fed // SPIFFE bundle endpoint and foreign-bundle follower (federation.go)
+	// rootCM publishes the trust bundle into every namespace (nil unless -root-configmap).
+	rootCM *rootcm.Publisher
 }
 
 var _ lifecycle.Service = (*Signer)(nil)
@@ -144,6 +147,9 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if err := s.newFederation(d.Metrics); err != nil {
 		return nil, fmt.Errorf("federation: %w", err)
 	}
+	if err := s.newRootConfigMap(counter, d); err != nil {
+		return nil, err
+	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)
 	d.Health.AddReadyCheck("nats", s.nats.Ready)
 	d.Health.AddReadyCheck("grpc", s.grpc.Ready)
@@ -185,6 +191,26 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 	return nil
 }
 
+// newRootConfigMap builds the publisher of the trust bundle into every namespace
+// (-root-configmap), fed by every change of the CA material. It is not part of
+// readiness: an API server outage must not stop signing.
+func (s *Signer) newRootConfigMap(counter func(name, help string, value func() uint64), d lifecycle.Deps) error {
+	rc := s.cfg.RootConfigMap
+	if rc.Name == "" {
+		return nil
+	}
+	p, err := rootcm.New(rootcm.Config{URL: rc.APIURL, CAFile: rc.CAFile, BearerFile: rc.BearerFile, Name: rc.Name, Key: rc.Key, Resync: rc.Resync},
+		d.Log.Named("rootcm"), d.Clock)
+	if err != nil {
+		return err
+	}
+	s.auth.OnChange(func(_, cur *ca.Material) { p.SetBundle(cur.RootPEMs()) })
+	counter("root_configmap_writes_total", "Root ConfigMaps (-root-configmap) created or corrected in a namespace.", p.Writes)
+	counter("root_configmap_write_failures_total", "Writes of a root ConfigMap the API server refused or did not answer (retried).", p.Failures)
+	s.rootCM = p
+	return nil
+}
+
 // GRPCAddr is the bound address of the Istio CA gRPC API, nil before Run binds it.
 func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
 
@@ -205,6 +231,9 @@ func (s *Signer) Run(ctx context.Context) error {
 	}
 	if s.cfg.Listen.Pprof != "" {
 		tasks = append(tasks, s.servePprof)
+	}
+	if s.rootCM != nil {
+		tasks = append(tasks, s.rootCM.Run)
 	}
 	return lifecycle.Tasks(ctx, tasks...)
 }

@@ -78,6 +78,12 @@ func (c *clusterIssuer) serve(w http.ResponseWriter, r *http.Request) {
 			"id_token_signing_alg_values_supported": []string{"ES256"}})
 	case "/openid/v1/jwks":
 		c.jwksFetches.Add(1)
+		// As the API server: only application/jwk-set+json, else 406.
+		if !strings.Contains(r.Header.Get("Accept"), "application/jwk-set+json") {
+			http.Error(w, "not acceptable", http.StatusNotAcceptable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/jwk-set+json")
 		_ = json.NewEncoder(w).Encode(c.keys)
 	default:
 		http.NotFound(w, r)

@@ -125,10 +125,10 @@ func (k *KeySet) loadLocked(ctx context.Context) error {
 	case k.Discover:
 		var uri string
 		if uri, err = k.discover(ctx); err == nil {
-			data, err = k.get(ctx, uri)
+			data, err = k.get(ctx, uri, acceptJWKS)
 		}
 	case k.URL != "":
-		data, err = k.get(ctx, k.URL)
+		data, err = k.get(ctx, k.URL, acceptJWKS)
 	default:
 		return errors.New("jwks: no file, url or discovery")
 	}
@@ -169,7 +169,7 @@ func (k *KeySet) discover(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("oidc discovery: issuer %q is not an https URL", k.Issuer)
 	}
 	u := DiscoveryURL(k.Issuer)
-	data, err := k.get(ctx, u)
+	data, err := k.get(ctx, u, "application/json")
 	if err != nil {
 		return "", fmt.Errorf("oidc discovery: %w", err)
 	}
@@ -188,7 +188,13 @@ func (k *KeySet) discover(ctx context.Context) (string, error) {
 	return doc.JWKSURI, nil
 }
 
-func (k *KeySet) get(ctx context.Context, url string) ([]byte, error) {
+// acceptJWKS asks for a JWKS by its media type (RFC 7517, section 8.5) first:
+// Kubernetes' API server answers 406 Not Acceptable to a JWKS request that accepts
+// only application/json.
+const acceptJWKS = "application/jwk-set+json, application/json;q=0.9"
+
+// get fetches url asking for the media types in accept.
+func (k *KeySet) get(ctx context.Context, url, accept string) ([]byte, error) {
 	c := k.Client
 	if c == nil {
 		c = &http.Client{Timeout: 10 * time.Second}
@@ -197,7 +203,7 @@ func (k *KeySet) get(ctx context.Context, url string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Accept", accept)
 	if k.BearerFile != "" {
 		tok, err := os.ReadFile(k.BearerFile)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/federation"
+	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -109,6 +111,16 @@ type Config struct {
 		CAFile          string   // its roots; default with TrustedAccounts in a pod: the in-cluster CA
 		BearerFile      string   // the signer's token (get/list pods); default likewise
 	}
+	// RootConfigMap: the trust bundle published into every namespace as a
+	// ConfigMap (Istio's istio-ca-root-cert), kept by the rootcm package.
+	RootConfigMap struct {
+		Name       string // "": not published
+		Key        string
+		APIURL     string // API server; default: in-cluster
+		CAFile     string // its roots; default with Name in a pod: the in-cluster CA
+		BearerFile string // the signer's token; default likewise
+		Resync     time.Duration
+	}
 	Stream struct {
 		Replicas int
 		MaxAge   time.Duration
@@ -173,6 +185,8 @@ func Default() Config {
 	c.Auth.Issuer = "meshagent-dev"
 	c.Auth.Audience = "istio-ca"
 	c.Auth.TokenReviewCache = authn.DefaultReviewCache
+	c.RootConfigMap.Key = rootcm.DefaultKey
+	c.RootConfigMap.Resync = 5 * time.Minute
 	c.Stream.Replicas = 1
 	c.Stream.MaxAge = 7 * 24 * time.Hour
 	c.Workers = 64
@@ -260,6 +274,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Nodes.APIURL, "node-api-url", "NODE_API_URL", authn.InClusterURL(getenv), "API server read for -trusted-node-accounts (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	fs.String(&c.Nodes.CAFile, "node-api-ca-file", "NODE_API_CA_FILE", "", "PEM roots of -node-api-url (default with -trusted-node-accounts: "+authn.InClusterCAFile+")")
 	fs.String(&c.Nodes.BearerFile, "node-api-bearer-file", "NODE_API_BEARER_FILE", "", "the signer's token for -node-api-url, which must allow get and list pods (default with -trusted-node-accounts: "+authn.InClusterTokenFile+")")
+	fs.String(&c.RootConfigMap.Name, "root-configmap", "ROOT_CONFIGMAP", "", "publish the trust bundle (every root, newest first) into every namespace as a ConfigMap of this name, as istiod does with istio-ca-root-cert; created in new namespaces, put back when edited or deleted, rewritten when the roots change; empty: not published")
+	fs.String(&c.RootConfigMap.Key, "root-configmap-key", "ROOT_CONFIGMAP_KEY", rootcm.DefaultKey, "the key of -root-configmap that holds the bundle")
+	fs.String(&c.RootConfigMap.APIURL, "root-configmap-api-url", "ROOT_CONFIGMAP_API_URL", authn.InClusterURL(getenv), "API server for -root-configmap (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	fs.String(&c.RootConfigMap.CAFile, "root-configmap-api-ca-file", "ROOT_CONFIGMAP_API_CA_FILE", "", "PEM roots of -root-configmap-api-url (default with -root-configmap: "+authn.InClusterCAFile+")")
+	fs.String(&c.RootConfigMap.BearerFile, "root-configmap-api-bearer-file", "ROOT_CONFIGMAP_API_BEARER_FILE", "", "the signer's token for -root-configmap-api-url, which must allow list and watch namespaces, create configmaps, and get, list, watch and patch the ConfigMaps of -root-configmap (default with -root-configmap: "+authn.InClusterTokenFile+")")
+	fs.Duration(&c.RootConfigMap.Resync, "root-configmap-resync", "ROOT_CONFIGMAP_RESYNC", c.RootConfigMap.Resync, "how often the namespaces and ConfigMaps are listed again in full (between lists they are watched)")
 	perr := fs.Parse(args)
 	if accts, err := authn.ParseTrustedAccounts(trusted); err != nil {
 		perr = errors.Join(perr, fmt.Errorf("-trusted-node-accounts: %w", err))
@@ -272,6 +292,14 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		}
 		if c.Nodes.BearerFile == "" {
 			c.Nodes.BearerFile = authn.InClusterTokenFile
+		}
+	}
+	if c.RootConfigMap.Name != "" {
+		if c.RootConfigMap.CAFile == "" {
+			c.RootConfigMap.CAFile = authn.InClusterCAFile
+		}
+		if c.RootConfigMap.BearerFile == "" {
+			c.RootConfigMap.BearerFile = authn.InClusterTokenFile
 		}
 	}
 	c.Listen.DNSNames = flagenv.SplitList(dnsNames)
@@ -388,6 +416,12 @@ func (c Config) Validate() error {
 		p.Check(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 		p.Check(!c.BusCallout.SignByIdentity, "-bus-sign-id: only with -bus-callout-seed (without this signer's callout, the subject proves nothing)")
 	}
+	if c.RootConfigMap.Name != "" {
+		p.Check(dnsSubdomain.MatchString(c.RootConfigMap.Name) && len(c.RootConfigMap.Name) <= 253, "-root-configmap: %q is not a ConfigMap name (lowercase letters, digits, '-' and '.', at most 253)", c.RootConfigMap.Name)
+		p.Check(configMapKey.MatchString(c.RootConfigMap.Key) && len(c.RootConfigMap.Key) <= 253, "-root-configmap-key: %q is not a ConfigMap key (letters, digits, '-', '_' and '.', at most 253)", c.RootConfigMap.Key)
+		p.Check(strings.HasPrefix(c.RootConfigMap.APIURL, "https://"), "-root-configmap-api-url: must be an https URL with -root-configmap, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.RootConfigMap.APIURL)
+		p.Check(c.RootConfigMap.Resync >= 10*time.Second, "-root-configmap-resync: must be at least 10s")
+	}
 	p.Check(c.Stream.Replicas >= 1, "-stream-replicas: must be at least 1")
 	p.Check(c.Stream.MaxAge > 0, "-stream-max-age: must be positive")
 	p.Check(c.Workers >= 1, "-workers: must be at least 1")
@@ -455,6 +489,11 @@ func (c Config) FederationSources() ([]federation.Source, error) {
 	}
 	return srcs, nil
 }
+
+var (
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	configMapKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+)
 
 // DefaultGCPercent is the signer's GC target unless -gogc or GOGC says otherwise:
 // four times Go's default, which on make bench's load cut the signer's CPU per CSR

@@ -315,3 +315,33 @@ func TestPodLimits(t *testing.T) {
 		}
 	}
 }
+
+// -root-configmap: off by default; on, it takes the in-cluster API server, CA and
+// token unless told otherwise, and a bad name, key, URL or resync is refused
+// naming the flag.
+func TestRootConfigMap(t *testing.T) {
+	base := []string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}
+	c, err := Load(base, testkit.Env(nil))
+	if err != nil || c.RootConfigMap.Name != "" {
+		t.Fatalf("default: %q, %v", c.RootConfigMap.Name, err)
+	}
+	inPod := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "ROOT_CONFIGMAP": "istio-ca-root-cert"}
+	c, err = Load(base, testkit.Env(inPod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := c.RootConfigMap
+	if rc.Name != "istio-ca-root-cert" || rc.Key != "root-cert.pem" || rc.APIURL != "https://10.96.0.1:443" ||
+		rc.CAFile != "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt" || rc.BearerFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" || rc.Resync != 5*time.Minute {
+		t.Fatalf("in a pod: %+v", rc)
+	}
+	_, err = Load(append(base, "-root-configmap", "Root_Cert", "-root-configmap-key", "a/b", "-root-configmap-resync", "1s"), testkit.Env(nil))
+	if err == nil {
+		t.Fatal("bad root configmap settings accepted")
+	}
+	for _, f := range []string{"-root-configmap:", "-root-configmap-key", "-root-configmap-api-url", "-root-configmap-resync"} {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}
