@@ -272,7 +272,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
-		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	// From now on the bus and the gRPC CA are shown the pod's own certificate.
 	c.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)
 	return mgr, closeSigner, nil

@@ -55,6 +55,9 @@ type Config struct {
 	// TrustDomainAliases are trust domains accepted as this one (Istio's
 	// TRUST_DOMAIN_ALIASES): ROOTCA_SPIFFE verifies their IDs against our roots.
 	TrustDomainAliases []string
+	// CertSigner is the named signer every request asks for (Istio's
+	// ISTIO_META_CERT_SIGNER); empty: the CA's default.
+	CertSigner string
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -356,7 +359,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
+	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg), CertSigner: m.cfg.CertSigner}
 	if err := m.credential(&req, csrPEM); err != nil {
 		return nil, err
 	}
