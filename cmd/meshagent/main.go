@@ -5,6 +5,10 @@
 //	meshagent xds-relay <xds-relay flags>
 //	meshagent launcher  <launcher flags>
 //	meshagent pod --sds-edge <flags> --xds-relay <flags> --launcher <flags>
+//	meshagent wait [--timeoutSeconds 60] [--periodMillis 500] [--url http://localhost:15020/healthz/ready]
+//
+// `wait` (also `meshagent launcher wait`) is Istio's `pilot-agent wait`: it
+// exits 0 once the pod's proxy is ready, 1 when the timeout passes first.
 //
 // Each role is its service package's lifecycle (Load → Connect → New → Run), with
 // the same flags and environment as the per-service binary. `pod` hosts all three
@@ -37,8 +41,10 @@ var roles = map[string]runFunc{
 	"xds-relay": func(ctx context.Context, args []string, getenv func(string) string) error {
 		return lifecycle.Serve(ctx, args, getenv, xdsrelay.Load, xdsrelay.New)
 	},
-	"launcher": func(ctx context.Context, args []string, getenv func(string) string) error {
-		return lifecycle.Serve(ctx, args, getenv, launcher.Load, launcher.New)
+	"launcher": launcher.Main, // also `launcher wait`
+	// wait is Istio's `pilot-agent wait`: block until the pod's proxy is ready.
+	"wait": func(ctx context.Context, args []string, getenv func(string) string) error {
+		return launcher.Main(ctx, append([]string{"wait"}, args...), getenv)
 	},
 }
 
@@ -49,7 +55,9 @@ const usage = `usage: meshagent <role> [flags]
 roles:
   sds-edge, xds-relay, launcher   one role, with that service's flags (meshagent <role> -h)
   pod --sds-edge <flags> --xds-relay <flags> --launcher <flags>
-                                  all three roles in this one process`
+                                  all three roles in this one process
+  wait [--timeoutSeconds 60] [--periodMillis 500] [--url http://localhost:15020/healthz/ready]
+                                  exit 0 once the pod's proxy is ready, 1 if not in time (Istio's pilot-agent wait)`
 
 func main() {
 	name := "meshagent"
