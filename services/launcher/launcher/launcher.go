@@ -113,6 +113,7 @@ func New(cfg Config, d lifecycle.Deps) (*Launcher, error) {
 	if cfg.Listen.Status != "" {
 		l.status = status.New(status.Config{Addr: cfg.Listen.Status, Ready: l.ready, Quit: l.quit, Drain: l.drain,
 			EnvoyStats: l.envoyStats, Sources: cfg.Status.MetricsURLs, Gatherer: d.Metrics,
+			AppMetrics: cfg.Status.AppMetricsURL, AppTimeout: cfg.Status.AppTimeout,
 			MaxScrape: cfg.Status.MaxScrape, Probers: probers, Log: d.Log.Named("status")})
 	}
 	l.up = prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_launcher_envoy_up",

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,6 +83,12 @@ type Config struct {
 		// MetricsURLs are the pod services' /metrics, merged into /stats/prometheus.
 		MetricsURLs []string
 		MaxScrape   int // bytes per scraped source
+		// AppMetricsURL is the application's own metrics, merged last into
+		// /stats/prometheus (Istio's ISTIO_PROMETHEUS_ANNOTATIONS: the pod's
+		// prometheus.io/scrape, port and path); "" when not asked.
+		AppMetricsURL string
+		// AppTimeout bounds one scrape of the application.
+		AppTimeout time.Duration
 	}
 	SDSSocket string
 	XDSSocket string
@@ -125,6 +132,7 @@ func Default() Config {
 	c.Drain.PollInterval = time.Second
 	c.Drain.Deadline = 60 * time.Second
 	c.Status.MaxScrape = 8 << 20
+	c.Status.AppTimeout = 5 * time.Second
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.CredentialSocket = "var/run/secrets/workload-spiffe-uds/credential-socket"
 	c.Pod.RouterMode = "standard"
@@ -197,6 +205,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Status.AppProbers, "app-probers", "ISTIO_KUBE_APP_PROBERS", c.Status.AppProbers, "the app's probes as JSON, served on the status port under their paths (Istio: ISTIO_KUBE_APP_PROBERS)")
 	fs.List(&c.Status.MetricsURLs, "pod-metrics-urls", "POD_METRICS_URLS", nil, "the pod services' /metrics URLs, comma-separated, merged into /stats/prometheus (Istio: the agent's and app's metrics)")
 	fs.Int(&c.Status.MaxScrape, "stats-max-bytes", "STATS_MAX_BYTES", c.Status.MaxScrape, "largest body read from one stats source for /stats/prometheus")
+	var promAnnotations string
+	fs.String(&promAnnotations, "prometheus-annotations", "ISTIO_PROMETHEUS_ANNOTATIONS", "",
+		`the app's scrape settings as Istio's injector passes them, {"scrape":"true","port":"8080","path":"/metrics"}: the app's metrics (from localhost) are merged into /stats/prometheus (Istio: ISTIO_PROMETHEUS_ANNOTATIONS)`)
+	fs.Duration(&c.Status.AppTimeout, "app-metrics-timeout", "APP_METRICS_TIMEOUT", c.Status.AppTimeout, "bound on one scrape of the app's metrics")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "sds-edge's socket")
 	fs.String(&c.XDSSocket, "xds-socket", "XDS_SOCKET", c.XDSSocket, "xds-relay's socket")
 	fs.String(&c.SDSReadyURL, "sds-ready-url", "SDS_EDGE_READY_URL", c.SDSReadyURL, "sds-edge's /readyz, which is 200 once it holds default and ROOTCA (and default is not expired)")
@@ -226,6 +238,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		}
 	}
 	c.Envoy.ExtraArgs = strings.Fields(extra)
+	if u, err := appMetricsURL(promAnnotations); err != nil {
+		errs = append(errs, fmt.Errorf("-prometheus-annotations: %w", err))
+	} else {
+		c.Status.AppMetricsURL = u
+	}
 	if c.Pod.DNSDomain == "" {
 		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
 	}
@@ -248,6 +265,44 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, err)
 	}
 	return c, errors.Join(errs...)
+}
+
+// appMetricsURL is the app's metrics URL from ISTIO_PROMETHEUS_ANNOTATIONS
+// (Istio's PrometheusScrapeConfiguration: scrape, port, path); "" when the app
+// is not to be scraped. The app is always reached on localhost: the JSON picks a
+// port and a path, never a host.
+func appMetricsURL(v string) (string, error) {
+	if strings.TrimSpace(v) == "" {
+		return "", nil
+	}
+	var a struct {
+		Scrape string `json:"scrape"`
+		Port   string `json:"port"`
+		Path   string `json:"path"`
+	}
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		return "", fmt.Errorf(`want {"scrape":"true","port":"<port>","path":"<path>"}: %v`, err)
+	}
+	if a.Scrape != "true" {
+		return "", nil
+	}
+	port, err := strconv.Atoi(a.Port)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", fmt.Errorf("port %q: want a port number", a.Port)
+	}
+	if a.Path == "" {
+		a.Path = "/metrics"
+	}
+	if !strings.HasPrefix(a.Path, "/") || strings.ContainsAny(a.Path, " #\r\n") {
+		return "", fmt.Errorf("path %q: want an absolute path", a.Path)
+	}
+	u := "http://localhost:" + strconv.Itoa(port) + a.Path
+	if _, err := url.Parse(u); err != nil {
+		return "", fmt.Errorf("path %q: %v", a.Path, err)
+	}
+	return u, nil
 }
 
 // applyProxyConfig sets the defaults PROXY_CONFIG's fields name (Istio's
@@ -380,6 +435,9 @@ func (c Config) Validate() error {
 	}
 	if c.Envoy.UID < -1 || c.Envoy.GID < -1 {
 		add("-envoy-uid, -envoy-gid: -1 or a uid/gid")
+	}
+	if c.Status.AppTimeout <= 0 {
+		add("-app-metrics-timeout: must be positive")
 	}
 	if c.Status.MaxScrape <= 0 {
 		add("-stats-max-bytes: must be positive")

@@ -151,3 +151,27 @@ func TestProxyConfigSetsDefaultsUnderEnvAndFlags(t *testing.T) {
 		t.Fatalf("a misspelt field: %v", err)
 	}
 }
+
+// ISTIO_PROMETHEUS_ANNOTATIONS, as Istio's injector writes it from the pod's
+// prometheus.io annotations: the app's metrics URL, always on localhost.
+func TestPrometheusAnnotations(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"scrape":"true","port":"8080","path":"/stats"}`: "http://localhost:8080/stats",
+		`{"scrape":"true","port":"9090"}`:                 "http://localhost:9090/metrics",
+		`{"scrape":"false","port":"9090"}`:                "",
+		``:                                                "",
+	} {
+		c, err := Load([]string{"-pod", "web-0"}, func(k string) string {
+			return map[string]string{"ISTIO_PROMETHEUS_ANNOTATIONS": in}[k]
+		})
+		if err != nil || c.Status.AppMetricsURL != want {
+			t.Errorf("%s: %q, %v; want %q", in, c.Status.AppMetricsURL, err, want)
+		}
+	}
+	for _, in := range []string{`{"scrape":"true"}`, `{"scrape":"true","port":"80","path":"@evil.example/x"}`,
+		`{"scrape":"true","port":"80","host":"evil.example"}`, `[1]`} {
+		if _, err := Load([]string{"-pod", "web-0", "-prometheus-annotations", in}, none); err == nil || !strings.Contains(err.Error(), "-prometheus-annotations") {
+			t.Errorf("%s: %v, want an error naming -prometheus-annotations", in, err)
+		}
+	}
+}
