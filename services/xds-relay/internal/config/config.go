@@ -140,7 +140,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.String(&c.Upstream.CertProvider, "pilot-cert-provider", "PILOT_CERT_PROVIDER", CertProviderIstiod,
 		"whose CA signed the discovery server's certificate, the default of -xds-root-ca as in Istio: istiod (the mesh roots from sds-edge), kubernetes (the service account's ca.crt), custom (etc/certs/root-cert.pem)")
 	fs.Bool(&c.Upstream.Auth, "xds-auth", "XDS_AUTH", true,
-		"send a token upstream (Istio: XDS_AUTH): -token-file, or else the pod's service-account token when it exists")
+		"send a token upstream (Istio: XDS_AUTH): -token-file, or else, over TLS only, the pod's service-account token when it exists")
 	fs.String(&c.Upstream.Mode, "xds-tls", "XDS_TLS", c.Upstream.Mode, "upstream security: auto, plaintext, tls or mtls (auto: plaintext on :15010, else mtls)")
 	fs.String(&c.Upstream.RootCA, "xds-root-ca", "XDS_ROOT_CA", c.Upstream.RootCA, "PEM file of the upstream's CA, SYSTEM, or empty for the mesh ROOTCA from sds-edge")
 	fs.String(&c.Upstream.ServerName, "xds-server-name", "XDS_SERVER_NAME", c.Upstream.ServerName, "name to verify in the upstream's certificate (default: host of -discovery-address)")
@@ -165,7 +165,9 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		c.Upstream.RootCA = certProviderRoots[c.Upstream.CertProvider]
 	}
 	tokenGiven := c.Upstream.TokenFile != ""
-	if c.Upstream.Auth && !tokenGiven {
+	// The pod's token goes upstream by itself only over TLS: a bearer token in
+	// plaintext is for whoever is on the path (-token-file still sends it).
+	if c.Upstream.Auth && !tokenGiven && !plaintext {
 		if p := c.Pod.Path(PodTokenFile); fileExists(p) {
 			c.Upstream.TokenFile = PodTokenFile
 		}

@@ -188,8 +188,9 @@ func TestIstioProxyEnv(t *testing.T) {
 	}
 	env["PILOT_CERT_PROVIDER"] = "custom"
 	env["DISCOVERY_ADDRESS"] = "istiod:15010"
-	if c, err = Load(nil, getenv); err != nil || c.Upstream.RootCA != "" || c.Upstream.Mode != ModePlaintext {
-		t.Fatalf("plaintext :15010 takes no roots: %q %s, %v", c.Upstream.RootCA, c.Upstream.Mode, err)
+	delete(env, "XDS_AUTH")
+	if c, err = Load(nil, getenv); err != nil || c.Upstream.RootCA != "" || c.Upstream.Mode != ModePlaintext || c.Upstream.TokenFile != "" {
+		t.Fatalf("plaintext :15010 takes no roots and sends no token by itself: %q %s %q, %v", c.Upstream.RootCA, c.Upstream.Mode, c.Upstream.TokenFile, err)
 	}
 	env["PROXY_CONFIG"] = `{"discoveryAddress":1}`
 	if _, err = Load(nil, getenv); err == nil || !strings.Contains(err.Error(), "PROXY_CONFIG") {
