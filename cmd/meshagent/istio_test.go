@@ -216,3 +216,20 @@ func TestIstioInjectedGatewayBehavesAsTheTemplateIntends(t *testing.T) {
 			c.sds.Pod.ServiceAccount, c.sds.Cert.KeyAlg, c.relay.Upstream.Address, c.launcher.Drain.Duration)
 	}
 }
+
+// `meshagent proxy sidecar <flags>` (how Istio's template runs istio-proxy) is the
+// pod mode with the launcher taking pilot-agent's arguments: a role's error, not
+// an unknown role.
+func TestProxyCommandIsThePodMode(t *testing.T) {
+	err := run(t.Context(), []string{"proxy", "sidecar", "--domain", "shop.svc.cluster.local", "--proxyLogLevel=nope-level"}, noEnv)
+	if err == nil || strings.Contains(err.Error(), "unknown role") {
+		t.Fatalf("meshagent proxy sidecar: %v", err)
+	}
+	if !strings.HasPrefix(err.Error(), "sds-edge: ") && !strings.HasPrefix(err.Error(), "xds-relay: ") && !strings.HasPrefix(err.Error(), "launcher: ") {
+		t.Fatalf("meshagent proxy sidecar: %v, want a role's error", err)
+	}
+	err = run(t.Context(), []string{"proxy", "gateway"}, noEnv)
+	if err == nil || !strings.Contains(err.Error(), "proxy sidecar` or `proxy router") {
+		t.Fatalf("meshagent proxy gateway: %v", err)
+	}
+}
