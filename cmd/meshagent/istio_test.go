@@ -229,7 +229,7 @@ func TestProxyCommandIsThePodMode(t *testing.T) {
 		t.Fatalf("meshagent proxy sidecar: %v, want a role's error", err)
 	}
 	err = run(t.Context(), []string{"proxy", "gateway"}, noEnv)
-	if err == nil || !strings.Contains(err.Error(), "proxy sidecar` or `proxy router") {
+	if err == nil || !strings.Contains(err.Error(), "want `meshagent proxy sidecar` or `meshagent proxy router`") {
 		t.Fatalf("meshagent proxy gateway: %v", err)
 	}
 }

@@ -83,6 +83,9 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return runPod(ctx, args[1:], getenv)
 	}
 	if args[0] == "proxy" {
+		if len(args) < 2 || (args[1] != "sidecar" && args[1] != "router") {
+			return fmt.Errorf("proxy: want `meshagent proxy sidecar` or `meshagent proxy router`, got %q\n%s", strings.Join(args[:min(len(args), 2)], " "), usage)
+		}
 		// Istio's `pilot-agent proxy <type> <flags>`, as its injection template runs
 		// the istio-proxy container: the whole pod in this process, sds-edge and
 		// xds-relay configured by the env alone, the launcher by the env and these args.
