@@ -5,6 +5,15 @@
 //	meshagent xds-relay <xds-relay flags>
 //	meshagent launcher  <launcher flags>
 //	meshagent pod --sds-edge <flags> --xds-relay <flags> --launcher <flags>
+//	meshagent proxy sidecar|router <pilot-agent flags>
+//	meshagent wait [--timeoutSeconds 60] [--periodMillis 500] [--url http://localhost:15020/healthz/ready]
+//
+// `wait` (also `meshagent launcher wait`) is Istio's `pilot-agent wait`: it
+// exits 0 once the pod's proxy is ready, 1 when the timeout passes first.
+//
+// `proxy` is Istio's `pilot-agent proxy`, so that the istio-proxy container of
+// Istio's injection template runs meshagent unchanged: the pod mode, the
+// launcher taking pilot-agent's arguments, the other roles only the env.
 //
 // Each role is its service package's lifecycle (Load → Connect → New → Run), with
 // the same flags and environment as the per-service binary. `pod` hosts all three
@@ -37,8 +46,10 @@ var roles = map[string]runFunc{
 	"xds-relay": func(ctx context.Context, args []string, getenv func(string) string) error {
 		return lifecycle.Serve(ctx, args, getenv, xdsrelay.Load, xdsrelay.New)
 	},
-	"launcher": func(ctx context.Context, args []string, getenv func(string) string) error {
-		return lifecycle.Serve(ctx, args, getenv, launcher.Load, launcher.New)
+	"launcher": launcher.Main, // also `launcher wait`
+	// wait is Istio's `pilot-agent wait`: block until the pod's proxy is ready.
+	"wait": func(ctx context.Context, args []string, getenv func(string) string) error {
+		return launcher.Main(ctx, append([]string{"wait"}, args...), getenv)
 	},
 }
 
@@ -49,7 +60,11 @@ const usage = `usage: meshagent <role> [flags]
 roles:
   sds-edge, xds-relay, launcher   one role, with that service's flags (meshagent <role> -h)
   pod --sds-edge <flags> --xds-relay <flags> --launcher <flags>
-                                  all three roles in this one process`
+                                  all three roles in this one process
+  proxy sidecar|router [pilot-agent flags]
+                                  all three roles, as Istio's pilot-agent proxy (docs/istio.md)
+  wait [--timeoutSeconds 60] [--periodMillis 500] [--url http://localhost:15020/healthz/ready]
+                                  exit 0 once the pod's proxy is ready, 1 if not in time (Istio's pilot-agent wait)`
 
 func main() {
 	name := "meshagent"
@@ -66,6 +81,15 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	if args[0] == "pod" {
 		return runPod(ctx, args[1:], getenv)
+	}
+	if args[0] == "proxy" {
+		if len(args) < 2 || (args[1] != "sidecar" && args[1] != "router") {
+			return fmt.Errorf("proxy: want `meshagent proxy sidecar` or `meshagent proxy router`, got %q\n%s", strings.Join(args[:min(len(args), 2)], " "), usage)
+		}
+		// Istio's `pilot-agent proxy <type> <flags>`, as its injection template runs
+		// the istio-proxy container: the whole pod in this process, sds-edge and
+		// xds-relay configured by the env alone, the launcher by the env and these args.
+		return runPod(ctx, append([]string{"--sds-edge", "--xds-relay", "--launcher"}, args...), getenv)
 	}
 	r, ok := roles[args[0]]
 	if !ok {

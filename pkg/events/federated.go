@@ -24,6 +24,22 @@ func TrustFederatedSubject(td string) (string, error) {
 	return Prefix + ".evt.trust.federated." + strings.ReplaceAll(td, ".", "~"), nil
 }
 
+// TrustFederatedLastWildcard matches the JetStream direct-get subjects that
+// answer the last trust.federated of a domain kept in the CA's history
+// (StreamEvents): a pod may ask them (pkg/bus/policy), and nothing else of the
+// stream, so that a pod started after an announcement holds the foreign roots at
+// once (checked like any other announcement).
+const TrustFederatedLastWildcard = "$JS.API.DIRECT.GET." + StreamEvents + "." + TrustFederatedWildcard
+
+// TrustFederatedLastSubject is the direct-get subject of td's last trust.federated.
+func TrustFederatedLastSubject(td string) (string, error) {
+	s, err := TrustFederatedSubject(td)
+	if err != nil {
+		return "", err
+	}
+	return "$JS.API.DIRECT.GET." + StreamEvents + "." + s, nil
+}
+
 func init() { register[TrustFederated]() }
 
 // TrustFederated is published by a signer when the bundle of a foreign trust

@@ -24,6 +24,7 @@ func FuzzWireDecode(f *testing.F) {
 		ErrorDetail: &statuspb.Status{Message: "m"}}))
 	f.Add((Secret{Name: "default", CertChain: []byte("c"), PrivateKey: []byte("k")}).AppendWire(nil))
 	f.Add((Secret{Name: "ROOTCA", TrustedCA: []byte("r")}).AppendWire(nil))
+	f.Add((Secret{Name: "ROOTCA_SPIFFE", SPIFFE: []TrustDomain{{"a", []byte("r")}, {"b.example", []byte("s")}}}).AppendWire(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var sotw discoveryv3.DiscoveryRequest
 		if proto.Unmarshal(b, &sotw) == nil {
@@ -56,7 +57,8 @@ func FuzzWireDecode(f *testing.F) {
 				t.Fatalf("secret %v: error %v", &sec, err)
 			}
 			if err == nil && (got.Name != want.Name || string(got.CertChain) != string(want.CertChain) ||
-				string(got.PrivateKey) != string(want.PrivateKey) || string(got.TrustedCA) != string(want.TrustedCA)) {
+				string(got.PrivateKey) != string(want.PrivateKey) || string(got.TrustedCA) != string(want.TrustedCA) ||
+				!sameDomains(got.SPIFFE, want.SPIFFE)) {
 				t.Fatalf("decoded %+v, generated types %v", got, &sec)
 			}
 		}
@@ -95,6 +97,21 @@ func secretOf(sec *tlsv3.Secret) (s Secret, ok bool) {
 		return s, s.Name != "" && okChain && okKey
 	case *tlsv3.Secret_ValidationContext:
 		s.TrustedCA, ok = inline(t.ValidationContext.GetTrustedCa())
+		if v := t.ValidationContext.GetCustomValidatorConfig(); v != nil {
+			var cfg tlsv3.SPIFFECertValidatorConfig
+			if v.GetTypedConfig() == nil || v.GetTypedConfig().GetTypeUrl() != spiffeConfigTypeURL ||
+				proto.Unmarshal(v.GetTypedConfig().GetValue(), &cfg) != nil {
+				return s, false
+			}
+			s.SPIFFE = []TrustDomain{}
+			for _, td := range cfg.GetTrustDomains() {
+				b, okB := inline(td.GetTrustBundle())
+				if !okB {
+					return s, false
+				}
+				s.SPIFFE = append(s.SPIFFE, TrustDomain{Name: td.GetName(), Bundle: b})
+			}
+		}
 		return s, s.Name != "" && ok
 	}
 	return s, false

@@ -97,6 +97,9 @@ func DecodeSecret(a Any) (Secret, error) {
 		kind = secretNone
 		// the oneof member as decoded so far: chain, key / trusted CA
 		chain, key, ca dataSource
+		// a validation context's custom validator: its typed config (merged
+		// across repeated occurrences, as protobuf merges a message field)
+		validator *validatorConfig
 	)
 	err := Fields(a.Value, func(f Field) error {
 		if f.Type != protowire.BytesType {
@@ -108,7 +111,7 @@ func DecodeSecret(a Any) (Secret, error) {
 			s.Name, err = f.String()
 		case secretTLSCertificate, secretSessionTickets, secretValidation, secretGeneric:
 			if kind != int(f.Num) { // another member of the oneof replaces the last
-				kind, chain, key, ca = int(f.Num), dataSource{}, dataSource{}, dataSource{}
+				kind, chain, key, ca, validator = int(f.Num), dataSource{}, dataSource{}, dataSource{}, nil
 			}
 			switch f.Num {
 			case secretTLSCertificate:
@@ -123,8 +126,14 @@ func DecodeSecret(a Any) (Secret, error) {
 				})
 			case secretValidation:
 				err = Fields(f.Bytes, func(f Field) error {
-					if f.Is(1, protowire.BytesType) {
+					switch {
+					case f.Is(1, protowire.BytesType):
 						return ca.merge(f.Bytes)
+					case f.Is(12, protowire.BytesType):
+						if validator == nil {
+							validator = &validatorConfig{}
+						}
+						return validator.merge(f.Bytes)
 					}
 					return nil
 				})
@@ -150,12 +159,84 @@ func DecodeSecret(a Any) (Secret, error) {
 		if s.TrustedCA, err = ca.inline(); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: trusted_ca: %w", s.Name, err)
 		}
+		if validator != nil {
+			if s.SPIFFE, err = validator.spiffe(); err != nil {
+				return Secret{}, fmt.Errorf("secret %q: custom_validator_config: %w", s.Name, err)
+			}
+		}
 	case secretSessionTickets:
 		return Secret{}, fmt.Errorf("secret %q: unsupported type session_ticket_keys", s.Name)
 	case secretGeneric:
 		return Secret{}, fmt.Errorf("secret %q: unsupported type generic_secret", s.Name)
 	}
 	return s, nil
+}
+
+// validatorConfig is a CertificateValidationContext's custom_validator_config
+// (a TypedExtensionConfig) as far as decoded: its typed_config Any.
+type validatorConfig struct {
+	typeURL string
+	value   []byte
+	set     bool // typed_config present
+}
+
+// merge reads one occurrence of the TypedExtensionConfig b over v.
+func (v *validatorConfig) merge(b []byte) error {
+	return Fields(b, func(f Field) error {
+		switch {
+		case f.Is(1, protowire.BytesType): // name
+			_, err := f.String()
+			return err
+		case f.Is(2, protowire.BytesType): // typed_config
+			v.set = true
+			return Fields(f.Bytes, func(f Field) error {
+				var err error
+				switch {
+				case f.Is(1, protowire.BytesType):
+					v.typeURL, err = f.String()
+				case f.Is(2, protowire.BytesType):
+					v.value = f.Bytes
+				}
+				return err
+			})
+		}
+		return nil
+	})
+}
+
+// spiffe decodes the config as Envoy's SPIFFECertValidatorConfig: its trust
+// domains, each with its inline bundle. Another validator is an error.
+func (v *validatorConfig) spiffe() ([]TrustDomain, error) {
+	if !v.set || v.typeURL != spiffeConfigTypeURL {
+		return nil, fmt.Errorf("unsupported validator config %q (want %s)", v.typeURL, spiffeConfigTypeURL)
+	}
+	tds := []TrustDomain{}
+	err := Fields(v.value, func(f Field) error {
+		if !f.Is(1, protowire.BytesType) {
+			return nil
+		}
+		var td TrustDomain
+		var bundle dataSource
+		err := Fields(f.Bytes, func(f Field) error {
+			var err error
+			switch {
+			case f.Is(1, protowire.BytesType):
+				td.Name, err = f.String()
+			case f.Is(2, protowire.BytesType):
+				err = bundle.merge(f.Bytes)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if td.Bundle, err = bundle.inline(); err != nil {
+			return fmt.Errorf("trust domain %q: trust_bundle: %w", td.Name, err)
+		}
+		tds = append(tds, td)
+		return nil
+	})
+	return tds, err
 }
 
 // dataSource is an envoy.config.core.v3.DataSource's specifier: the field

@@ -1,6 +1,7 @@
 package xdswire
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -205,14 +206,14 @@ func TestSecretsAreEnvoysSecrets(t *testing.T) {
 				if err := got.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil || cfg.ValidateAll() != nil {
 					t.Fatalf("validator config: %v", err)
 				}
-				return
 			}
 			back, err := DecodeSecret(Any{TypeURL: SecretTypeURL, Value: marshal(t, tc.want)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if back.Name != tc.s.Name || string(back.CertChain) != string(tc.s.CertChain) ||
-				string(back.PrivateKey) != string(tc.s.PrivateKey) || string(back.TrustedCA) != string(tc.s.TrustedCA) {
+				string(back.PrivateKey) != string(tc.s.PrivateKey) || string(back.TrustedCA) != string(tc.s.TrustedCA) ||
+				!sameDomains(back.SPIFFE, tc.s.SPIFFE) {
 				t.Fatalf("decoded %+v, want %+v", back, tc.s)
 			}
 		})
@@ -243,4 +244,8 @@ func TestSecretsThatAreNotServedAreErrors(t *testing.T) {
 	if err != nil || string(s.CertChain) != "c" || s.TrustedCA != nil {
 		t.Fatalf("decoded %+v, %v", s, err)
 	}
+}
+
+func sameDomains(a, b []TrustDomain) bool {
+	return slices.EqualFunc(a, b, func(x, y TrustDomain) bool { return x.Name == y.Name && string(x.Bundle) == string(y.Bundle) })
 }

@@ -13,7 +13,8 @@ import (
 
 func main() { lifecycle.Main("launcher", run) }
 
-// run is the whole process: Load → Connect → New → Run (pkg/lifecycle).
+// run is the whole process: Load → Connect → New → Run (pkg/lifecycle), or
+// `launcher wait` (Istio's pilot-agent wait).
 func run(ctx context.Context, args []string, getenv func(string) string) error {
-	return lifecycle.Serve(ctx, args, getenv, launcher.Load, launcher.New)
+	return launcher.Main(ctx, args, getenv)
 }

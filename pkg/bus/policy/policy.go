@@ -160,7 +160,10 @@ func For(r Role) (Permissions, error) {
 // ForPod returns the permissions of one pod (namespace and name): its own
 // subjects, the trust bundle, and publishing its events (JetStream's acks come to
 // its inbox); nothing of another pod — a pod of the same name in another namespace
-// is another pod — and no JetStream API. Its extra trust anchors
+// is another pod — and of JetStream's API only the last trust.federated of each
+// foreign domain (events.TrustFederatedLastWildcard: a direct get by subject,
+// which reads nothing else of the CA's history), so that a new pod holds the
+// foreign roots at once. Its extra trust anchors
 // (events.PodAnchorsSubject) are among its own subjects: it alone may publish and
 // read them.
 func ForPod(pod events.PodRef) (Permissions, error) {
@@ -173,7 +176,7 @@ func ForPod(pod events.PodRef) (Permissions, error) {
 	renew, _ := events.PodRenewSubject(pod)
 	own := strings.TrimSuffix(renew, "renew") + ">"
 	return Permissions{
-		Publish:   []string{sign, events.SubjectTrustBundle, evts, anchors},
+		Publish:   []string{sign, events.SubjectTrustBundle, evts, anchors, events.TrustFederatedLastWildcard},
 		Subscribe: []string{own, events.SubjectTrustChanged, events.TrustFederatedWildcard, Inbox(Pod, pod) + ".>"},
 	}, nil
 }

@@ -377,3 +377,41 @@ func fetchOne(ctx context.Context, t *testing.T, cons jetstream.Consumer) {
 		t.Fatalf("fetched %d messages, want 1 (%v)", n, batch.Error())
 	}
 }
+
+// A pod reads each foreign domain's last trust.federated from the CA's history by
+// direct get (so that a pod started after the announcement holds the foreign roots
+// at once), and nothing else of that stream: not the last cert.issued, not a
+// message by sequence, not the stream's info.
+func TestPodReadsTheLastFederatedAnnouncementOnly(t *testing.T) {
+	m := newMesh(t)
+	js := bustest.JetStream(t, m.signer)
+	fedSubj, _ := events.TrustFederatedSubject("partner.example")
+	for _, s := range []string{fedSubj, events.SubjectCertIssued} {
+		if _, err := js.Publish(ctxT(t), s, []byte("news on "+s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var errs bustest.Errors
+	pod := m.pod(t, "pod-a", &errs)
+	last, _ := events.TrustFederatedLastSubject("partner.example")
+	resp, err := pod.Request(last, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("pod's direct get of the last announcement: %v %v", err, errs.All())
+	}
+	if string(resp.Data) != "news on "+fedSubj {
+		t.Fatalf("pod's direct get of the last announcement: %q", resp.Data)
+	}
+	for subj, body := range map[string]string{
+		"$JS.API.DIRECT.GET." + events.StreamEvents + "." + events.SubjectCertIssued: "",
+		"$JS.API.DIRECT.GET." + events.StreamEvents:                                  `{"seq":2}`,
+		"$JS.API.STREAM.MSG.GET." + events.StreamEvents:                              `{"seq":2}`,
+		"$JS.API.STREAM.INFO." + events.StreamEvents:                                 "",
+	} {
+		if resp, err := pod.Request(subj, []byte(body), 300*time.Millisecond); err == nil {
+			t.Errorf("pod read %s: %q", subj, resp.Data)
+		}
+	}
+	if !violated(&errs, "$JS.API.DIRECT.GET."+events.StreamEvents+"."+events.SubjectCertIssued) {
+		t.Errorf("no permission violation reported: %v", errs.All())
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"syscall"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/meshagent/meshagent/services/launcher/internal/gate"
 	"github.com/meshagent/meshagent/services/launcher/internal/status"
 	"github.com/meshagent/meshagent/services/launcher/internal/supervise"
+	"github.com/meshagent/meshagent/services/launcher/internal/waitready"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -33,6 +35,16 @@ type Config = config.Config
 // Load reads the config from flags and env vars.
 func Load(args []string, getenv func(string) string) (Config, error) {
 	return config.Load(args, getenv)
+}
+
+// Main is the launcher command: `wait [flags]` is Istio's `pilot-agent wait`
+// (block until the pod's proxy is ready; exit 0 ready, 1 not), anything else the
+// launcher itself (Load → Connect → New → Run).
+func Main(ctx context.Context, args []string, getenv func(string) string) error {
+	if len(args) > 0 && args[0] == "wait" {
+		return waitready.Run(ctx, args[1:], os.Stdout)
+	}
+	return lifecycle.Serve(ctx, args, getenv, Load, New)
 }
 
 // EventsDropped names the counter of the launcher's events not published.
@@ -101,6 +113,7 @@ func New(cfg Config, d lifecycle.Deps) (*Launcher, error) {
 	if cfg.Listen.Status != "" {
 		l.status = status.New(status.Config{Addr: cfg.Listen.Status, Ready: l.ready, Quit: l.quit, Drain: l.drain,
 			EnvoyStats: l.envoyStats, Sources: cfg.Status.MetricsURLs, Gatherer: d.Metrics,
+			AppMetrics: cfg.Status.AppMetricsURL, AppTimeout: cfg.Status.AppTimeout,
 			MaxScrape: cfg.Status.MaxScrape, Probers: probers, Log: d.Log.Named("status")})
 	}
 	l.up = prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_launcher_envoy_up",

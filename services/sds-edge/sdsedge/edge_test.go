@@ -348,3 +348,25 @@ func TestReconnectRefreshesTrustBundle(t *testing.T) {
 		t.Fatalf("after reconnect ROOTCA has %d roots, want the new and the old", len(certs))
 	}
 }
+
+// TestIstioKeyAndSignerEnv: Istio's ECC_SIGNATURE_ALGORITHM / ECC_CURVE choose the
+// served key (here through PROXY_CONFIG's proxyMetadata, as a mesh-wide setting
+// reaches the agent), and ISTIO_META_CERT_SIGNER is the signer every request asks for.
+func TestIstioKeyAndSignerEnv(t *testing.T) {
+	v := newEnv(t)
+	p := v.startPod(podOpt{env: map[string]string{
+		"PROXY_CONFIG":           `{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA","ECC_CURVE":"P384"}}`,
+		"ISTIO_META_CERT_SIGNER": "partner",
+	}})
+	def := recv(t, p.open(t, p.dial(t), "default")).Secrets["default"]
+	kp, err := tls.X509KeyPair(def.CertChain, def.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alg, _ := pki.AlgOf(kp.PrivateKey.(crypto.Signer).Public()); alg != pki.ECP384 {
+		t.Fatalf("served key %s, want EC-P384 from ECC_CURVE", alg)
+	}
+	if req := v.ca.lastReq.Load(); req.CertSigner != "partner" || req.KeyAlgorithm != "EC-P384" {
+		t.Fatalf("sign request asks signer %q with %s, want partner, EC-P384", req.CertSigner, req.KeyAlgorithm)
+	}
+}

@@ -79,6 +79,7 @@ type podOpt struct {
 	root  string // pod root; "" makes one
 	clock *clock.Fake
 	noTok bool
+	env   map[string]string // the process environment; nil: empty
 }
 
 // startPod writes a token under a fresh pod root and runs sds-edge in process.
@@ -94,7 +95,7 @@ func (v *env) startPod(o podOpt) *pod {
 	}
 	args := append([]string{"-pod", testPod, "-pod-root", root, "-nats-url", v.ns.ClientURL(), "-namespace", "default",
 		"-service-account", "web", "-socket", "sds.sock", "-http-addr", "127.0.0.1:0", "-retry-min", "20ms", "-retry-max", "200ms"}, o.args...)
-	cfg, err := sdsedge.Load(args, func(string) string { return "" })
+	cfg, err := sdsedge.Load(args, func(k string) string { return o.env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,9 @@ type Edge struct {
 	// connection); built in New, run only when the start-up decision is the CA flow.
 	ca      *identity.Manager
 	closeCA func()
+	// rootsHeld wakes the task that reads the foreign domains' last
+	// announcements once the pod holds its own roots (they are checked by them).
+	rootsHeld chan struct{}
 	// mgr is the CA flow, once chosen (nil in the other modes).
 	mgr atomic.Pointer[identity.Manager]
 	// certWake wakes watchExpiry when the CA flow's status changed.
@@ -93,7 +96,7 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	}
 	store := secrets.New(nil)
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
-		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
+		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), rootsHeld: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
 	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.PodRef().String(), Size: 4096, Flush: 3 * time.Second,
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
@@ -223,6 +226,7 @@ func (e *Edge) serve(ctx context.Context) error {
 		})
 		e.mgr.Store(mgr)
 		tasks = append(tasks, mgr.Run, func(ctx context.Context) error { return e.refreshOnReconnect(ctx, mgr) },
+			func(ctx context.Context) error { return e.catchUpFederated(ctx, mgr) },
 			func(ctx context.Context) error { return e.watchExpiry(ctx, mgr) })
 	}
 	err = lifecycle.Tasks(ctx, tasks...)
@@ -300,7 +304,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		TrustState:  c.CA.TrustState,
-		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }
 
@@ -324,6 +328,12 @@ func readRoots(flag, path string) ([]*x509.Certificate, error) {
 // Changed publishes a change of a resource and counts the push.
 func (e *Edge) Changed(en *secrets.Entry, streams int) {
 	e.logReady()
+	if en.Name == secrets.RootCA {
+		select {
+		case e.rootsHeld <- struct{}{}:
+		default:
+		}
+	}
 	e.m.Pushes.WithLabelValues(en.Name).Add(float64(streams))
 	e.publish(events.PodEventSecretPushed, events.SecretPushed{Pod: e.cfg.PodRef(), Resource: en.Name, Serial: en.Serial,
 		Version: en.Version, Streams: streams, Kind: "pushed"})
@@ -345,8 +355,57 @@ func (e *Edge) refreshOnReconnect(ctx context.Context, mgr *identity.Manager) er
 			return nil
 		case <-e.reconnected:
 			e.refreshBundle(ctx, mgr)
+			e.fetchFederated(ctx, mgr) // announcements made while the bus was away
 		}
 	}
+}
+
+// catchUpFederated applies, once the pod first holds its roots, the last
+// trust.federated of every foreign domain the CA's history keeps: a pod started
+// after an announcement holds the foreign roots at once instead of at the
+// signer's next refresh. Each is checked as a live one (mgr.Federated: endorsed
+// by the home CA). A failed read is retried a few times, then left to the next
+// live announcement.
+func (e *Edge) catchUpFederated(ctx context.Context, mgr *identity.Manager) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-e.rootsHeld:
+	}
+	for delay := 100 * time.Millisecond; delay <= 2*time.Second; delay *= 2 {
+		if e.fetchFederated(ctx, mgr) {
+			return nil
+		}
+		t := time.NewTimer(delay) // real time: a retry, not a schedule
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// fetchFederated reads and applies the foreign domains' last announcements; it
+// reports whether the read worked (an announcement refused is logged, not retried).
+func (e *Edge) fetchFederated(ctx context.Context, mgr *identity.Manager) bool {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Cert.RequestTimeout)
+	defer cancel()
+	evs, err := trustbundle.FetchFederated(ctx, e.d.Bus, "sds-edge/"+e.cfg.PodRef().String())
+	for _, ev := range evs {
+		if aerr := mgr.Federated(ev); aerr != nil {
+			e.log.Warn("refusing a foreign domain's last announcement", "trust_domain", ev.Foreign, "error", aerr)
+		}
+	}
+	if err != nil {
+		e.log.Warn("cannot read the foreign domains' last announcements", "error", err)
+		return false
+	}
+	if len(evs) > 0 {
+		e.log.Info("foreign trust domains read at start", "domains", len(evs))
+	}
+	return true
 }
 
 // refreshBundle applies the signer's current bundle, as if trust.changed had come

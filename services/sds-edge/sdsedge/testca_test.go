@@ -51,6 +51,8 @@ type testCA struct {
 	roots []*x509.Certificate // newest first
 	keys  []crypto.Signer
 	gen   uint64
+	// federated are the foreign domains a bundle request with Federation is told of.
+	federated []string
 
 	failNext  atomic.Int32 // answer this many requests with "unavailable"
 	requests  atomic.Int32
@@ -264,7 +266,17 @@ func (c *testCA) serveNATS(tb testing.TB, nc *nats.Conn) {
 	tb.Cleanup(func() { _ = sub.Unsubscribe() })
 	bsub, err := nc.QueueSubscribe(events.SubjectTrustBundle, events.SignerQueue, func(m *nats.Msg) {
 		roots, gen, ends := c.current(tb)
-		out, _ := events.NewMsg(m.Reply, "test-ca", events.BundleReply{TrustDomain: c.td, Roots: roots, Generation: gen, Endorsements: ends})
+		r := events.BundleReply{TrustDomain: c.td, Roots: roots, Generation: gen, Endorsements: ends}
+		if req, _, err := events.Decode[events.BundleRequest](m); err == nil && req.Federation {
+			st := events.FederationStatus{Signer: "test-ca", At: time.Now(), Domains: []events.FederatedDomain{}}
+			c.mu.Lock()
+			for _, td := range c.federated {
+				st.Domains = append(st.Domains, events.FederatedDomain{TrustDomain: td, State: events.FederationOK})
+			}
+			c.mu.Unlock()
+			r.Federation, _ = json.Marshal(st)
+		}
+		out, _ := events.NewMsg(m.Reply, "test-ca", r)
 		_ = m.RespondMsg(out)
 	})
 	if err != nil {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"io"
 	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"github.com/meshagent/meshagent/pkg/events"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -20,7 +23,7 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 	fs := flagenv.New("sds", env.Getenv)
 	dirFlag(fs, &dir)
 	fs.String(&socket, "socket", "", "", "SDS socket path")
-	fs.String(&pod, "pod", "", "", "pod id from stack.json (instead of -socket)")
+	fs.String(&pod, "pod", "", "", "pod from stack.json, <namespace>/<name> or a name in default (instead of -socket)")
 	fs.String(&node, "node", "", "meshctl", "node id to present")
 	names := []string{"default", "ROOTCA"}
 	fs.AllowArgs()
@@ -38,8 +41,16 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 		if err != nil {
 			return err
 		}
+		want, err := parsePod(pod)
+		if err != nil {
+			return fmt.Errorf("-pod: %w", err)
+		}
 		for _, p := range st.Pods {
-			if p.ID == pod {
+			ns := p.Namespace
+			if ns == "" {
+				ns = events.DefaultNamespace
+			}
+			if p.ID == want.Name && ns == want.Namespace {
 				socket = p.SDSSocket
 			}
 		}
@@ -58,30 +69,53 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("fetch %v: %w", names, err)
 	}
+	return printSecrets(env.Stdout, names, secrets)
+}
+
+// printSecrets prints each named secret: a certificate's identity, serial and
+// expiry (never its key), each root of a validation context, and each trust
+// domain's roots of the SPIFFE validator (ROOTCA_SPIFFE).
+func printSecrets(w io.Writer, names []string, secrets map[string]sdsclient.Secret) error {
+	roots := func(name, label string, pemData []byte) error {
+		cs, err := pki.ParseCertsPEM(pemData)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", name, label, err)
+		}
+		for _, c := range cs {
+			fmt.Fprintf(w, "%-10s %sroot %s sha256 %s expires %s\n", name, label, c.Subject, pki.Fingerprint(c)[:16], c.NotAfter.Format(time.RFC3339))
+		}
+		return nil
+	}
 	for _, n := range names {
 		s, ok := secrets[n]
-		if !ok {
-			fmt.Fprintf(env.Stdout, "%-10s (not returned)\n", n)
-			continue
-		}
-		if s.IsCertificate() {
+		switch {
+		case !ok:
+			fmt.Fprintf(w, "%-10s (not returned)\n", n)
+		case s.IsCertificate():
 			cs, err := pki.ParseCertsPEM(s.CertChain)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s: %w", n, err)
 			}
 			id := "-"
 			if len(cs[0].URIs) > 0 {
 				id = cs[0].URIs[0].String()
 			}
-			fmt.Fprintf(env.Stdout, "%-10s %s serial %s expires %s (key present, not shown)\n", n, id, pki.SerialHex(cs[0]), cs[0].NotAfter.Format(time.RFC3339))
-			continue
-		}
-		cs, err := pki.ParseCertsPEM(s.TrustedCA)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			fmt.Fprintf(env.Stdout, "%-10s root %s sha256 %s expires %s\n", n, c.Subject, pki.Fingerprint(c)[:16], c.NotAfter.Format(time.RFC3339))
+			fmt.Fprintf(w, "%-10s %s serial %s expires %s (key present, not shown)\n", n, id, pki.SerialHex(cs[0]), cs[0].NotAfter.Format(time.RFC3339))
+		case s.SPIFFE != nil:
+			if len(s.SPIFFE) == 0 {
+				fmt.Fprintf(w, "%-10s SPIFFE validator with no trust domain\n", n)
+			}
+			for _, td := range s.SPIFFE {
+				if err := roots(n, "trust domain "+td.Name+" ", td.Bundle); err != nil {
+					return err
+				}
+			}
+		case s.IsValidationContext():
+			if err := roots(n, "", s.TrustedCA); err != nil {
+				return err
+			}
+		default:
+			fmt.Fprintf(w, "%-10s (empty)\n", n)
 		}
 	}
 	return nil

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/istioenv"
 	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -81,6 +83,12 @@ type Config struct {
 		// MetricsURLs are the pod services' /metrics, merged into /stats/prometheus.
 		MetricsURLs []string
 		MaxScrape   int // bytes per scraped source
+		// AppMetricsURL is the application's own metrics, merged last into
+		// /stats/prometheus (Istio's ISTIO_PROMETHEUS_ANNOTATIONS: the pod's
+		// prometheus.io/scrape, port and path); "" when not asked.
+		AppMetricsURL string
+		// AppTimeout bounds one scrape of the application.
+		AppTimeout time.Duration
 	}
 	SDSSocket string
 	XDSSocket string
@@ -124,6 +132,7 @@ func Default() Config {
 	c.Drain.PollInterval = time.Second
 	c.Drain.Deadline = 60 * time.Second
 	c.Status.MaxScrape = 8 << 20
+	c.Status.AppTimeout = 5 * time.Second
 	c.SDSSocket = "var/run/secrets/workload-spiffe-uds/socket"
 	c.CredentialSocket = "var/run/secrets/workload-spiffe-uds/credential-socket"
 	c.Pod.RouterMode = "standard"
@@ -144,13 +153,21 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if err != nil {
 		return c, err
 	}
+	var errs []error
+	// PROXY_CONFIG (Istio's per-proxy ProxyConfig) sets the defaults its fields
+	// name; an env var or a flag of the same knob overrides it.
+	pc, getenv, err := istioenv.Load(getenv)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	applyProxyConfig(&c, pc)
 	fs := flagenv.New("launcher", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	var labels, extra string
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "the launcher's own health and metrics listen address")
 	fs.String(&c.Listen.Status, "status-addr", "STATUS_ADDR", c.Listen.Status,
-		"status server (Istio: --statusPort 15020): /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health; empty: off")
+		"status server (Istio: ProxyConfig statusPort, --statusPort; 15020): /healthz/ready, /stats/prometheus, /quitquitquit, /drain, /app-health; empty: off")
 	c.Pod.Config.Bind(fs)
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "pod namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "pod service account (node metadata)")
@@ -164,7 +181,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CredentialSocket, "credential-socket", "CREDENTIAL_SOCKET", c.CredentialSocket,
 		"a router's gateway credential socket (sds-edge -gateway-credentials-dir), Envoy's cluster sds-external")
 	fs.String(&c.Pod.TokenFile, "token-file", "TOKEN_FILE", c.Pod.TokenFile, "the pod's service-account token: the launcher's bus identity, as sds-edge's")
-	fs.String(&c.Envoy.Binary, "envoy-binary", "ENVOY_BINARY", c.Envoy.Binary, "Envoy: a path or a name on PATH (Istio: --binaryPath); not found: proxyless mode")
+	fs.String(&c.Envoy.Binary, "envoy-binary", "ENVOY_BINARY", c.Envoy.Binary, "Envoy: a path or a name on PATH (Istio: ProxyConfig binaryPath, --binaryPath); not found: proxyless mode")
 	fs.Bool(&c.Envoy.Disabled, "disable-envoy", "DISABLE_ENVOY", c.Envoy.Disabled, "proxyless mode: write a gRPC xDS bootstrap, start no Envoy (Istio: DISABLE_ENVOY)")
 	fs.String(&c.Envoy.BootstrapPath, "bootstrap", "ENVOY_BOOTSTRAP", c.Envoy.BootstrapPath, "where to write Envoy's bootstrap (Istio: envoy-rev.json)")
 	fs.String(&c.Envoy.CustomBootstrap, "custom-bootstrap", "CUSTOM_BOOTSTRAP", c.Envoy.CustomBootstrap, "use this bootstrap file as is (Istio: ProxyConfig customConfigFile)")
@@ -179,7 +196,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Int(&c.Envoy.UID, "envoy-uid", "ENVOY_UID", c.Envoy.UID, "run Envoy as this uid, e.g. 1337 as Istio's proxy (needs CAP_SETUID); -1: the launcher's")
 	fs.Int(&c.Envoy.GID, "envoy-gid", "ENVOY_GID", c.Envoy.GID, "run Envoy as this gid, e.g. 1337; -1: the launcher's")
 	fs.String(&extra, "envoy-extra-args", "ENVOY_EXTRA_ARGS", "", "more Envoy arguments, space-separated")
-	fs.Duration(&c.Drain.Duration, "drain-time", "TERMINATION_DRAIN_DURATION", c.Drain.Duration, "on SIGTERM, drain Envoy this long, then stop it (Istio: TERMINATION_DRAIN_DURATION)")
+	fs.Duration(&c.Drain.Duration, "drain-time", "TERMINATION_DRAIN_DURATION", c.Drain.Duration, "on SIGTERM, drain Envoy this long, then stop it (Istio: ProxyConfig terminationDrainDuration, TERMINATION_DRAIN_DURATION)")
 	fs.Bool(&c.Drain.ExitOnZero, "exit-on-zero-active-connections", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", c.Drain.ExitOnZero,
 		"on SIGTERM, drain until Envoy has no downstream connection left instead of a fixed time (Istio: EXIT_ON_ZERO_ACTIVE_CONNECTIONS)")
 	fs.Duration(&c.Drain.MinDuration, "minimum-drain-duration", "MINIMUM_DRAIN_DURATION", c.Drain.MinDuration, "with -exit-on-zero-active-connections: drain at least this long (Istio: MINIMUM_DRAIN_DURATION)")
@@ -188,6 +205,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Status.AppProbers, "app-probers", "ISTIO_KUBE_APP_PROBERS", c.Status.AppProbers, "the app's probes as JSON, served on the status port under their paths (Istio: ISTIO_KUBE_APP_PROBERS)")
 	fs.List(&c.Status.MetricsURLs, "pod-metrics-urls", "POD_METRICS_URLS", nil, "the pod services' /metrics URLs, comma-separated, merged into /stats/prometheus (Istio: the agent's and app's metrics)")
 	fs.Int(&c.Status.MaxScrape, "stats-max-bytes", "STATS_MAX_BYTES", c.Status.MaxScrape, "largest body read from one stats source for /stats/prometheus")
+	var promAnnotations string
+	fs.String(&promAnnotations, "prometheus-annotations", "ISTIO_PROMETHEUS_ANNOTATIONS", "",
+		`the app's scrape settings as Istio's injector passes them, {"scrape":"true","port":"8080","path":"/metrics"}: the app's metrics (from localhost) are merged into /stats/prometheus (Istio: ISTIO_PROMETHEUS_ANNOTATIONS)`)
+	fs.Duration(&c.Status.AppTimeout, "app-metrics-timeout", "APP_METRICS_TIMEOUT", c.Status.AppTimeout, "bound on one scrape of the app's metrics")
 	fs.String(&c.SDSSocket, "sds-socket", "SDS_SOCKET", c.SDSSocket, "sds-edge's socket")
 	fs.String(&c.XDSSocket, "xds-socket", "XDS_SOCKET", c.XDSSocket, "xds-relay's socket")
 	fs.String(&c.SDSReadyURL, "sds-ready-url", "SDS_EDGE_READY_URL", c.SDSReadyURL, "sds-edge's /readyz, which is 200 once it holds default and ROOTCA (and default is not expired)")
@@ -196,10 +217,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.GRPCBootstrap, "grpc-xds-bootstrap", "GRPC_XDS_BOOTSTRAP", c.GRPCBootstrap, "where proxyless mode writes the gRPC xDS bootstrap (Istio: GRPC_XDS_BOOTSTRAP)")
 	fs.Duration(&c.CertRefresh, "grpc-cert-refresh", "GRPC_CERT_REFRESH_INTERVAL", c.CertRefresh, "how often a proxyless app re-reads the certificate files (file_watcher refresh_interval; Istio: 15m)")
 	fs.Duration(&c.WaitFor, "wait-for", "LAUNCHER_WAIT", c.WaitFor, "how long to wait for sds-edge's certificates and the relay before giving up")
+	istioFlags(fs, &c)
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, errors.Join(append(errs, err)...)
 	}
-	var errs []error
 	if proxyType != "" {
 		c.Pod.Type = proxyType
 	}
@@ -217,6 +238,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		}
 	}
 	c.Envoy.ExtraArgs = strings.Fields(extra)
+	if u, err := appMetricsURL(promAnnotations); err != nil {
+		errs = append(errs, fmt.Errorf("-prometheus-annotations: %w", err))
+	} else {
+		c.Status.AppMetricsURL = u
+	}
 	if c.Pod.DNSDomain == "" {
 		c.Pod.DNSDomain = c.Pod.Namespace + ".svc.cluster.local"
 	}
@@ -240,6 +266,91 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	return c, errors.Join(errs...)
 }
+
+// appMetricsURL is the app's metrics URL from ISTIO_PROMETHEUS_ANNOTATIONS
+// (Istio's PrometheusScrapeConfiguration: scrape, port, path); "" when the app
+// is not to be scraped. The app is always reached on localhost: the JSON picks a
+// port and a path, never a host.
+func appMetricsURL(v string) (string, error) {
+	if strings.TrimSpace(v) == "" {
+		return "", nil
+	}
+	var a struct {
+		Scrape string `json:"scrape"`
+		Port   string `json:"port"`
+		Path   string `json:"path"`
+	}
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		return "", fmt.Errorf(`want {"scrape":"true","port":"<port>","path":"<path>"}: %v`, err)
+	}
+	if a.Scrape != "true" {
+		return "", nil
+	}
+	port, err := strconv.Atoi(a.Port)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", fmt.Errorf("port %q: want a port number", a.Port)
+	}
+	if a.Path == "" {
+		a.Path = "/metrics"
+	}
+	if !strings.HasPrefix(a.Path, "/") || strings.ContainsAny(a.Path, " #\r\n") {
+		return "", fmt.Errorf("path %q: want an absolute path", a.Path)
+	}
+	u := "http://localhost:" + strconv.Itoa(port) + a.Path
+	if _, err := url.Parse(u); err != nil {
+		return "", fmt.Errorf("path %q: %v", a.Path, err)
+	}
+	return u, nil
+}
+
+// applyProxyConfig sets the defaults PROXY_CONFIG's fields name (Istio's
+// ProxyConfig: statusPort, proxyAdminPort, drainDuration, terminationDrainDuration,
+// binaryPath, concurrency); the launcher's own env vars and flags override them.
+func applyProxyConfig(c *Config, pc istioenv.ProxyConfig) {
+	if pc.StatusPort != nil {
+		c.Listen.Status = ""
+		if *pc.StatusPort != 0 { // Istio: statusPort 0 turns the status server off
+			c.Listen.Status = fmt.Sprintf(":%d", *pc.StatusPort)
+		}
+	}
+	if pc.ProxyAdminPort != nil && *pc.ProxyAdminPort != 0 {
+		c.Envoy.AdminAddr = fmt.Sprintf("127.0.0.1:%d", *pc.ProxyAdminPort)
+	}
+	if pc.DrainDuration != nil {
+		c.Envoy.DrainDuration = *pc.DrainDuration
+	}
+	if pc.TerminationDrainDuration != nil {
+		c.Drain.Duration = *pc.TerminationDrainDuration
+	}
+	if pc.BinaryPath != "" {
+		c.Envoy.Binary = pc.BinaryPath
+	}
+	if pc.Concurrency != nil {
+		c.Envoy.Concurrency = int(*pc.Concurrency)
+	}
+}
+
+// istioFlags are pilot-agent's `proxy` flags, as Istio's injection template
+// passes them: the ones with a launcher knob set it, the rest are accepted and
+// ignored (docs/istio.md says why).
+func istioFlags(fs *flagenv.Set, c *Config) {
+	f := fs.FS
+	f.StringVar(&c.Envoy.LogLevel, "proxyLogLevel", c.Envoy.LogLevel, "Istio's name of -proxy-log-level")
+	f.StringVar(&c.Envoy.ComponentLevel, "proxyComponentLogLevel", c.Envoy.ComponentLevel, "Istio's name of -proxy-component-log-level")
+	f.BoolVar(&c.Log.JSON, "log_as_json", c.Log.JSON, "Istio's name of -log-json")
+	var ignored string
+	for _, n := range IgnoredIstioFlags {
+		f.StringVar(&ignored, n, "", "Istio's pilot-agent flag, accepted and ignored (docs/istio.md)")
+	}
+}
+
+// IgnoredIstioFlags are pilot-agent flags Istio's injection template passes that
+// the launcher takes and ignores: the service cluster is the pod's labels, the
+// agent's own log levels are -log-level, the STS server and the trust domain are
+// sds-edge's (-trust-domain).
+var IgnoredIstioFlags = []string{"serviceCluster", "log_output_level", "stsPort", "trust-domain", "outlierLogPath"}
 
 // proxyCommand takes Istio's leading arguments `proxy <type>` (pilot-agent proxy
 // router) off args, returning the rest and the type ("" when not given).
@@ -324,6 +435,9 @@ func (c Config) Validate() error {
 	}
 	if c.Envoy.UID < -1 || c.Envoy.GID < -1 {
 		add("-envoy-uid, -envoy-gid: -1 or a uid/gid")
+	}
+	if c.Status.AppTimeout <= 0 {
+		add("-app-metrics-timeout: must be positive")
 	}
 	if c.Status.MaxScrape <= 0 {
 		add("-stats-max-bytes: must be positive")

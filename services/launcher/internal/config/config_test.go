@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
@@ -79,7 +80,7 @@ func TestHelpNamesIstiosKnobs(t *testing.T) {
 	for _, w := range []string{"TERMINATION_DRAIN_DURATION", "EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "MINIMUM_DRAIN_DURATION",
 		"ISTIO_KUBE_APP_PROBERS", "DISABLE_ENVOY", "OUTPUT_CERTS", "GRPC_XDS_BOOTSTRAP", "CUSTOM_BOOTSTRAP", "ISTIO_BOOTSTRAP",
 		"INSTANCE_IP", "POD_NAMESPACE", "ISTIO_METAJSON_LABELS", "ISTIO_META_CLUSTER_ID", "--statusPort", "--proxyLogLevel",
-		"--proxyComponentLogLevel", "--concurrency", "drainDuration", "parentShutdownDuration", "--binaryPath", "1337"} {
+		"--proxyComponentLogLevel", "--concurrency", "drainDuration", "parentShutdownDuration", "--binaryPath", "1337", "terminationDrainDuration", "proxyLogLevel", "serviceCluster"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("-h lacks %s", w)
 		}
@@ -107,5 +108,70 @@ func TestProxyCommandAndRouterMode(t *testing.T) {
 	}
 	if _, err := Load([]string{"proxy", "router", "-pod", "x", "-router-mode", "fast"}, none); err == nil || !strings.Contains(err.Error(), "-router-mode") {
 		t.Fatalf("bad router mode: %v", err)
+	}
+}
+
+// TestProxyConfigSetsDefaultsUnderEnvAndFlags: PROXY_CONFIG's fields set the
+// launcher's knobs, an env var or flag of the same knob overrides it, and
+// pilot-agent's own `proxy sidecar` flags from Istio's template are taken.
+func TestProxyConfigSetsDefaultsUnderEnvAndFlags(t *testing.T) {
+	env := map[string]string{
+		"POD_NAME": "web-0",
+		"PROXY_CONFIG": `{"statusPort":15120,"proxyAdminPort":15100,"drainDuration":"30s","terminationDrainDuration":"9s",
+			"binaryPath":"/opt/envoy","concurrency":4,"proxyMetadata":{"PROXY_LOG_LEVEL":"debug"},"holdApplicationUntilProxyStarts":true}`,
+	}
+	getenv := func(k string) string { return env[k] }
+	c, err := Load([]string{"proxy", "sidecar", "--domain", "shop.svc.cluster.local", "--serviceCluster", "web.shop",
+		"--proxyComponentLogLevel=misc:info", "--log_output_level=default:info", "--log_as_json"}, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen.Status != ":15120" || c.Envoy.AdminAddr != "127.0.0.1:15100" || c.Envoy.DrainDuration != 30*time.Second ||
+		c.Drain.Duration != 9*time.Second || c.Envoy.Binary != "/opt/envoy" || c.Envoy.Concurrency != 4 {
+		t.Fatalf("from PROXY_CONFIG: status %q admin %q drain %s term %s binary %q concurrency %d",
+			c.Listen.Status, c.Envoy.AdminAddr, c.Envoy.DrainDuration, c.Drain.Duration, c.Envoy.Binary, c.Envoy.Concurrency)
+	}
+	if c.Envoy.LogLevel != "debug" || c.Envoy.ComponentLevel != "misc:info" || !c.Log.JSON || c.Pod.DNSDomain != "shop.svc.cluster.local" {
+		t.Fatalf("proxyMetadata/flags: level %q component %q json %v domain %q", c.Envoy.LogLevel, c.Envoy.ComponentLevel, c.Log.JSON, c.Pod.DNSDomain)
+	}
+	env["TERMINATION_DRAIN_DURATION"] = "2s"
+	c, err = Load([]string{"-concurrency", "1", "-proxyLogLevel", "info"}, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Drain.Duration != 2*time.Second || c.Envoy.Concurrency != 1 || c.Envoy.LogLevel != "info" {
+		t.Fatalf("env and flags over PROXY_CONFIG: drain %s concurrency %d level %q", c.Drain.Duration, c.Envoy.Concurrency, c.Envoy.LogLevel)
+	}
+	env["PROXY_CONFIG"] = `{"statusPort":0}`
+	if c, err = Load(nil, getenv); err != nil || c.Listen.Status != "" {
+		t.Fatalf("statusPort 0: status %q, %v", c.Listen.Status, err)
+	}
+	env["PROXY_CONFIG"] = `{"statusPort":15120,"drainDurationn":"5s"}`
+	if _, err = Load(nil, getenv); err == nil || !strings.Contains(err.Error(), "PROXY_CONFIG") || !strings.Contains(err.Error(), "drainDurationn") {
+		t.Fatalf("a misspelt field: %v", err)
+	}
+}
+
+// ISTIO_PROMETHEUS_ANNOTATIONS, as Istio's injector writes it from the pod's
+// prometheus.io annotations: the app's metrics URL, always on localhost.
+func TestPrometheusAnnotations(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"scrape":"true","port":"8080","path":"/stats"}`: "http://localhost:8080/stats",
+		`{"scrape":"true","port":"9090"}`:                 "http://localhost:9090/metrics",
+		`{"scrape":"false","port":"9090"}`:                "",
+		``:                                                "",
+	} {
+		c, err := Load([]string{"-pod", "web-0"}, func(k string) string {
+			return map[string]string{"ISTIO_PROMETHEUS_ANNOTATIONS": in}[k]
+		})
+		if err != nil || c.Status.AppMetricsURL != want {
+			t.Errorf("%s: %q, %v; want %q", in, c.Status.AppMetricsURL, err, want)
+		}
+	}
+	for _, in := range []string{`{"scrape":"true"}`, `{"scrape":"true","port":"80","path":"@evil.example/x"}`,
+		`{"scrape":"true","port":"80","host":"evil.example"}`, `[1]`} {
+		if _, err := Load([]string{"-pod", "web-0", "-prometheus-annotations", in}, none); err == nil || !strings.Contains(err.Error(), "-prometheus-annotations") {
+			t.Errorf("%s: %v, want an error naming -prometheus-annotations", in, err)
+		}
 	}
 }

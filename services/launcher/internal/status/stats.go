@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 )
 
-// stats merges Envoy's stats, the pod services' metrics and the launcher's own into
-// one Prometheus text page. Each source is streamed line by line and cut at
+// stats merges Envoy's stats, the pod services' metrics, the launcher's own and
+// the application's (last, as Istio merges them) into one Prometheus text page. Each source is streamed line by line and cut at
 // MaxScrape bytes (never mid-line), so a huge or endless source costs bounded
 // memory. A family already written by an earlier source is left out of later
 // ones (every Go service has go_goroutines): the page stays valid.
@@ -36,6 +36,11 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 		}
 		m.copy("launcher", &buf)
 	}
+	if s.cfg.AppMetrics != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.AppTimeout)
+		defer cancel()
+		s.scrape(ctx, &m, "app", s.cfg.AppMetrics)
+	}
 }
 
 func (s *Server) scrape(ctx context.Context, m *merger, name, url string) {
@@ -44,9 +49,15 @@ func (s *Server) scrape(ctx context.Context, m *merger, name, url string) {
 		m.comment(name, err.Error())
 		return
 	}
+	// The text format only: the page is merged line by line.
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		m.comment(name, "unreachable")
+		what := "unreachable"
+		if ctx.Err() != nil {
+			what = "timed out"
+		}
+		m.comment(name, what)
 		return
 	}
 	defer resp.Body.Close()
@@ -92,6 +103,9 @@ func (m *merger) copy(source string, r io.Reader) {
 		}
 		n += len(line) + 1
 		_, _ = io.WriteString(m.w, line+"\n")
+	}
+	if err := sc.Err(); err != nil {
+		m.comment(source, "read: "+err.Error())
 	}
 	for f := range mine {
 		m.seen[f] = true

@@ -33,6 +33,10 @@ type Config struct {
 	EnvoyStats func() string
 	// Sources are more Prometheus text URLs merged in (the pod services' /metrics).
 	Sources []string
+	// AppMetrics is the application's metrics URL (Istio's prometheus
+	// annotation merge), scraped last with AppTimeout; "" for none.
+	AppMetrics string
+	AppTimeout time.Duration
 	// Gatherer adds the launcher's own metrics.
 	Gatherer prometheus.Gatherer
 	// MaxScrape bounds the bytes read from one source.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/prometheus/client_golang/prometheus"
@@ -293,5 +294,58 @@ func TestReadyReportsWhy(t *testing.T) {
 	base := serve(t, Config{Ready: func(context.Context) error { return fmt.Errorf("envoy not ready yet") }})
 	if code, body := testkit.HTTPGet(base + "/healthz/ready"); code != 503 || !strings.Contains(body, "envoy not ready yet") {
 		t.Fatalf("%d %s", code, body)
+	}
+}
+
+// The application's metrics (Istio's ISTIO_PROMETHEUS_ANNOTATIONS merge) come
+// last on /stats/prometheus, from a real HTTP app, in the text format whatever
+// the app prefers, cut at MaxScrape; an app that hangs costs AppTimeout, and the
+// page still answers with everything else.
+func TestAppMetricsMergedAndBounded(t *testing.T) {
+	var accept atomic.Value
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		accept.Store(r.Header.Get("Accept"))
+		if r.URL.Path != "/custom/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, "# HELP app_requests_total Requests.\n# TYPE app_requests_total counter\napp_requests_total{code=\"200\"} 42\n"+
+			"# TYPE go_goroutines gauge\ngo_goroutines 99\n")
+		for i := range 10000 {
+			fmt.Fprintf(w, "app_requests_total{code=\"%d\"} 1\n", i)
+		}
+	}))
+	t.Cleanup(app.Close)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "go_goroutines", Help: "launcher's"}))
+	base := serve(t, Config{Gatherer: reg, MaxScrape: 2048, AppMetrics: app.URL + "/custom/metrics", AppTimeout: 2 * time.Second})
+	code, body := testkit.HTTPGet(base + "/stats/prometheus")
+	if code != 200 || !strings.Contains(body, `app_requests_total{code="200"} 42`) || !strings.Contains(body, "# source app: cut at 2048 bytes") {
+		t.Fatalf("%d, page lacks the app's metrics or their bound:\n%s", code, body)
+	}
+	if strings.Contains(body, "go_goroutines 99") {
+		t.Errorf("the app's go_goroutines repeated a family the launcher serves:\n%s", body)
+	}
+	if a, _ := accept.Load().(string); !strings.HasPrefix(a, "text/plain") {
+		t.Errorf("the app was asked for %q, want the text format", a)
+	}
+	tp := expfmt.NewTextParser(model.UTF8Validation)
+	if _, err := tp.TextToMetricFamilies(strings.NewReader(body)); err != nil {
+		t.Errorf("merged page is not valid Prometheus text: %v", err)
+	}
+
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); hung.Close() })
+	base = serve(t, Config{Gatherer: reg, AppMetrics: hung.URL + "/metrics", AppTimeout: 300 * time.Millisecond})
+	start := time.Now()
+	code, body = testkit.HTTPGet(base + "/stats/prometheus")
+	if d := time.Since(start); code != 200 || d > 3*time.Second || !strings.Contains(body, "# source app: timed out") || !strings.Contains(body, "go_goroutines") {
+		t.Fatalf("a hung app: %d after %s:\n%s", code, d, body)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/istioenv"
 	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -61,8 +62,11 @@ type Config struct {
 		ProvCert string
 	}
 	Cert struct {
-		TTL            time.Duration
-		KeyAlg         pki.KeyAlg
+		TTL    time.Duration
+		KeyAlg pki.KeyAlg
+		// Signer is the named signer asked for (Istio's ISTIO_META_CERT_SIGNER);
+		// empty: the CA's default.
+		Signer         string
 		PKCS8          bool
 		SafetyRatio    float64       // renew by ourselves at this fraction of the lifetime
 		RetryMin       time.Duration // first retry delay after a failed CSR
@@ -127,10 +131,13 @@ func Default() Config {
 // and validates the result.
 func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Default()
+	// PROXY_CONFIG's proxyMetadata are env vars under the container's own (as
+	// Istio's agent applies them); sds-edge acts on no other ProxyConfig field.
+	_, getenv, pcErr := istioenv.Load(getenv)
 	fs := flagenv.New("sds-edge", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
-	var keyAlg, socketMode string
+	var keyAlg, socketMode, eccAlg, eccCurve, certProvider string
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	c.Pod.Bind(fs)
 	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
@@ -148,7 +155,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.ProvCert, "prov-cert", "PROV_CERT", c.CA.ProvCert, "directory with cert-chain.pem and key.pem of a provisioned certificate (a VM's; may be -output-certs), used when there is no token and no valid certificate of our own: presented to the bus and to -ca-addr over TLS; empty: none")
 	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
 	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
-	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
+	fs.String(&keyAlg, "key-alg", "KEY_ALG", "", "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096; empty: -ecc-signature-algorithm's, else EC-P256 (Istio: RSA-2048; docs/istio.md says why not)")
+	fs.String(&eccAlg, "ecc-signature-algorithm", "ECC_SIGNATURE_ALGORITHM", "", "Istio's key choice: ECDSA for an EC key of -ecc-curve; empty: -key-alg's default")
+	fs.String(&eccCurve, "ecc-curve", "ECC_CURVE", "P256", "with -ecc-signature-algorithm ECDSA: P256 or P384 (Istio: ECC_CURVE)")
+	fs.String(&c.Cert.Signer, "cert-signer", "ISTIO_META_CERT_SIGNER", c.Cert.Signer, "the named signer to ask for the workload certificate (one of the CA's CERT_SIGNERS); empty: the default (Istio: ISTIO_META_CERT_SIGNER)")
+	fs.String(&certProvider, "pilot-cert-provider", "PILOT_CERT_PROVIDER", "istiod",
+		"whose roots verify the gRPC CA when -ca-root-cert is not given, as Istio's agent: istiod (the pod's trust bundle), kubernetes (the service account's ca.crt), custom (etc/certs/root-cert.pem)")
 	fs.Bool(&c.Cert.PKCS8, "pkcs8", "PKCS8_KEY", c.Cert.PKCS8, "encode private keys as PKCS#8")
 	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
 	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
@@ -166,13 +178,18 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Gateway.Socket, "credential-socket", "CREDENTIAL_SOCKET", c.Gateway.Socket, "SDS unix socket of the gateway credentials (Istio's credential socket)")
 	fs.Duration(&c.SDS.ExternalWait, "external-wait", "EXTERNAL_SDS_WAIT", c.SDS.ExternalWait, "wait this long for another SDS provider's socket before serving")
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, errors.Join(pcErr, err)
 	}
-	var errs []error
-	if a, err := pki.ParseKeyAlg(keyAlg); err != nil {
-		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
+	errs := []error{pcErr}
+	if a, err := keyAlgorithm(keyAlg, eccAlg, eccCurve); err != nil {
+		errs = append(errs, err)
 	} else {
 		c.Cert.KeyAlg = a
+	}
+	if p, ok := certProviderRoots[certProvider]; !ok {
+		errs = append(errs, fmt.Errorf("-pilot-cert-provider: %q: want istiod, kubernetes or custom", certProvider))
+	} else if c.CA.RootCert == "" && (c.CA.Addr != "" || c.CA.FallbackAddr != "") {
+		c.CA.RootCert = p // only a gRPC CA is verified by these roots
 	}
 	if m, err := strconv.ParseUint(socketMode, 8, 32); err != nil {
 		errs = append(errs, fmt.Errorf("-socket-mode: %q is not an octal mode", socketMode))
@@ -227,6 +244,49 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// certProviderRoots is the default -ca-root-cert of each PILOT_CERT_PROVIDER,
+// as Istio's agent picks the CA's roots (empty: the pod's trust bundle).
+var certProviderRoots = map[string]string{
+	"istiod":     "",
+	"kubernetes": "var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+	"custom":     "etc/certs/root-cert.pem",
+}
+
+// keyAlgorithm is the workload key's algorithm: -key-alg when given, else Istio's
+// ECC_SIGNATURE_ALGORITHM=ECDSA with ECC_CURVE, else EC-P256. Istio's default,
+// with neither set, is RSA-2048: meshagent keeps EC (docs/istio.md).
+func keyAlgorithm(keyAlg, eccAlg, eccCurve string) (pki.KeyAlg, error) {
+	var ecc pki.KeyAlg
+	switch strings.ToUpper(eccAlg) {
+	case "":
+	case "ECDSA":
+		switch strings.ToUpper(eccCurve) {
+		case "P256", "":
+			ecc = pki.ECP256
+		case "P384":
+			ecc = pki.ECP384
+		default:
+			return "", fmt.Errorf("-ecc-curve: %q: want P256 or P384", eccCurve)
+		}
+	default:
+		return "", fmt.Errorf("-ecc-signature-algorithm: %q: want ECDSA (or unset)", eccAlg)
+	}
+	if keyAlg == "" {
+		if ecc == "" {
+			return pki.ECP256, nil
+		}
+		return ecc, nil
+	}
+	a, err := pki.ParseKeyAlg(keyAlg)
+	if err != nil {
+		return "", fmt.Errorf("-key-alg: %w", err)
+	}
+	if ecc != "" && a != ecc {
+		return "", fmt.Errorf("-key-alg %s and -ecc-signature-algorithm %s -ecc-curve %s disagree: set one", a, eccAlg, eccCurve)
+	}
+	return a, nil
 }
 
 // Process is what the lifecycle reads from the config (pkg/lifecycle): sds-edge

@@ -50,6 +50,9 @@ type Config struct {
 	// TrustState is the file the CA roots the pod trusts are written to (0600) at
 	// every change, to be read back as Anchors after a restart; "": none.
 	TrustState string
+	// CertSigner is the named signer every request asks for (Istio's
+	// ISTIO_META_CERT_SIGNER); empty: the CA's default.
+	CertSigner string
 }
 
 // Sources of trust bundles, as counted when one is rejected.

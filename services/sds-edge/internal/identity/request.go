@@ -31,7 +31,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg)}
+	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg), CertSigner: m.cfg.CertSigner}
 	if err := m.credential(&req, csrPEM); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@
 package config
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
+	"github.com/meshagent/meshagent/pkg/flagenv/istioenv"
 	"github.com/meshagent/meshagent/pkg/flagenv/pod"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
@@ -46,6 +48,11 @@ type Config struct {
 		ClusterID      string
 		Headers        map[string]string
 		ConnectTimeout time.Duration
+		// CertProvider is Istio's PILOT_CERT_PROVIDER: which roots verify the
+		// discovery server when -xds-root-ca is not given.
+		CertProvider string
+		// Auth is Istio's XDS_AUTH: send a token upstream.
+		Auth bool
 	}
 	SDSSocket  string // the pod's sds-edge, for the workload certificate and ROOTCA
 	MaxMsgSize int
@@ -62,6 +69,27 @@ type Config struct {
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
 // istio-token, which sds-edge also uses); the relay connects to the bus with it.
 const PodTokenFile = "var/run/secrets/tokens/istio-token"
+
+// Istio's PILOT_CERT_PROVIDER values.
+const (
+	CertProviderIstiod     = "istiod"
+	CertProviderKubernetes = "kubernetes"
+	CertProviderCustom     = "custom"
+)
+
+// certProviderRoots is the default -xds-root-ca of each PILOT_CERT_PROVIDER, as
+// Istio's agent picks the discovery server's roots (empty: the mesh roots from
+// sds-edge, which is what istiod's /var/run/secrets/istio/root-cert.pem holds).
+var certProviderRoots = map[string]string{
+	CertProviderIstiod:     "",
+	CertProviderKubernetes: "var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+	CertProviderCustom:     "etc/certs/root-cert.pem",
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
 
 // Default returns the defaults, as Istio lays out a pod.
 func Default() Config {
@@ -95,13 +123,24 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 // load is Load with the environment that lists the XDS_HEADER_* names.
 func load(args []string, getenv func(string) string, environ []string) (Config, error) {
 	c := Default()
+	// PROXY_CONFIG's discoveryAddress is the default address (and its
+	// proxyMetadata env under the container's); DISCOVERY_ADDRESS or the flag
+	// overrides it.
+	pc, getenv, pcErr := istioenv.Load(getenv)
+	if pc.DiscoveryAddress != "" {
+		c.Upstream.Address = pc.DiscoveryAddress
+	}
 	fs := flagenv.New("xds-relay", getenv)
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	c.Pod.Bind(fs)
 	fs.String(&c.Socket, "socket", "XDS_SOCKET", c.Socket, "ADS socket Envoy connects to (under -pod-root if relative)")
-	fs.String(&c.Upstream.Address, "discovery-address", "DISCOVERY_ADDRESS", c.Upstream.Address, "upstream discovery server host:port")
+	fs.String(&c.Upstream.Address, "discovery-address", "DISCOVERY_ADDRESS", c.Upstream.Address, "upstream discovery server host:port (Istio: ProxyConfig discoveryAddress in PROXY_CONFIG)")
+	fs.String(&c.Upstream.CertProvider, "pilot-cert-provider", "PILOT_CERT_PROVIDER", CertProviderIstiod,
+		"whose CA signed the discovery server's certificate, the default of -xds-root-ca as in Istio: istiod (the mesh roots from sds-edge), kubernetes (the service account's ca.crt), custom (etc/certs/root-cert.pem)")
+	fs.Bool(&c.Upstream.Auth, "xds-auth", "XDS_AUTH", true,
+		"send a token upstream (Istio: XDS_AUTH): -token-file, or else, over TLS only, the pod's service-account token when it exists")
 	fs.String(&c.Upstream.Mode, "xds-tls", "XDS_TLS", c.Upstream.Mode, "upstream security: auto, plaintext, tls or mtls (auto: plaintext on :15010, else mtls)")
 	fs.String(&c.Upstream.RootCA, "xds-root-ca", "XDS_ROOT_CA", c.Upstream.RootCA, "PEM file of the upstream's CA, SYSTEM, or empty for the mesh ROOTCA from sds-edge")
 	fs.String(&c.Upstream.ServerName, "xds-server-name", "XDS_SERVER_NAME", c.Upstream.ServerName, "name to verify in the upstream's certificate (default: host of -discovery-address)")
@@ -115,7 +154,23 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
 	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, errors.Join(pcErr, err)
+	}
+	if pcErr != nil {
+		return c, pcErr
+	}
+	_, port, _ := net.SplitHostPort(c.Upstream.Address)
+	plaintext := c.Upstream.Mode == ModePlaintext || (c.Upstream.Mode == ModeAuto && port == "15010")
+	if c.Upstream.RootCA == "" && !plaintext {
+		c.Upstream.RootCA = certProviderRoots[c.Upstream.CertProvider]
+	}
+	tokenGiven := c.Upstream.TokenFile != ""
+	// The pod's token goes upstream by itself only over TLS: a bearer token in
+	// plaintext is for whoever is on the path (-token-file still sends it).
+	if c.Upstream.Auth && !tokenGiven && !plaintext {
+		if p := c.Pod.Path(PodTokenFile); fileExists(p) {
+			c.Upstream.TokenFile = PodTokenFile
+		}
 	}
 	c.Upstream.Headers = headers(environ, getenv)
 	c.Socket = c.Pod.Path(c.Socket)
@@ -134,6 +189,12 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		busToken = c.Pod.Path(PodTokenFile)
 	}
 	c.Bus.AsPod(c.PodRef(), busToken)
+	if !c.Upstream.Auth {
+		if tokenGiven {
+			return c, errors.Join(c.Validate(), errors.New("-xds-auth=false (XDS_AUTH): not with -token-file, which sends a token"))
+		}
+		c.Upstream.TokenFile = ""
+	}
 	if c.Upstream.Mode == ModeAuto {
 		c.Upstream.Mode = ModeMTLS
 		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {
@@ -186,6 +247,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Upstream.Address); err != nil {
 		p.Addf("-discovery-address: %q: want host:port", c.Upstream.Address)
+	}
+	if _, ok := certProviderRoots[c.Upstream.CertProvider]; !ok {
+		p.Addf("-pilot-cert-provider: %q: want istiod, kubernetes or custom", c.Upstream.CertProvider)
 	}
 	switch c.Upstream.Mode {
 	case ModePlaintext, ModeTLS, ModeMTLS:

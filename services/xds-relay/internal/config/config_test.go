@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
@@ -141,5 +142,58 @@ func TestPodOnTheBusIsNamespaceAndName(t *testing.T) {
 		if _, err := Load([]string{"-pod", "web-0", "-pod-namespace", ns}, testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), "-pod/-pod-namespace") {
 			t.Errorf("namespace %q: %v", ns, err)
 		}
+	}
+}
+
+// TestIstioProxyEnv: PROXY_CONFIG's discoveryAddress is the default address,
+// PILOT_CERT_PROVIDER picks the upstream roots as Istio's agent does, and XDS_AUTH
+// sends the pod's token when there is one (Istio's default) or none.
+func TestIstioProxyEnv(t *testing.T) {
+	root := t.TempDir()
+	env := map[string]string{"POD_NAME": "web-0", "POD_ROOT": root,
+		"PROXY_CONFIG": `{"discoveryAddress":"istiod.istio-system.svc:15012","proxyMetadata":{"XDS_CONNECT_TIMEOUT":"3s"}}`}
+	getenv := func(k string) string { return env[k] }
+	c, err := Load(nil, getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.Address != "istiod.istio-system.svc:15012" || c.Upstream.ConnectTimeout != 3*time.Second || c.Upstream.RootCA != "" || c.Upstream.TokenFile != "" {
+		t.Fatalf("address %q timeout %s roots %q token %q", c.Upstream.Address, c.Upstream.ConnectTimeout, c.Upstream.RootCA, c.Upstream.TokenFile)
+	}
+	tok := filepath.Join(root, PodTokenFile)
+	if err := os.MkdirAll(filepath.Dir(tok), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tok, []byte("jwt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env["PILOT_CERT_PROVIDER"] = "kubernetes"
+	env["DISCOVERY_ADDRESS"] = "other:15012"
+	if c, err = Load(nil, getenv); err != nil {
+		t.Fatal(err)
+	}
+	if c.Upstream.Address != "other:15012" || c.Upstream.TokenFile != tok || c.Upstream.RootCA != filepath.Join(root, "var/run/secrets/kubernetes.io/serviceaccount/ca.crt") {
+		t.Fatalf("address %q token %q roots %q", c.Upstream.Address, c.Upstream.TokenFile, c.Upstream.RootCA)
+	}
+	env["XDS_AUTH"] = "false"
+	if c, err = Load(nil, getenv); err != nil || c.Upstream.TokenFile != "" {
+		t.Fatalf("XDS_AUTH=false: token %q, %v", c.Upstream.TokenFile, err)
+	}
+	if _, err = Load([]string{"-token-file", "t"}, getenv); err == nil || !strings.Contains(err.Error(), "XDS_AUTH") {
+		t.Fatalf("XDS_AUTH=false with a token file: %v", err)
+	}
+	env["PILOT_CERT_PROVIDER"] = "vault"
+	if _, err = Load(nil, getenv); err == nil || !strings.Contains(err.Error(), "-pilot-cert-provider") {
+		t.Fatalf("PILOT_CERT_PROVIDER=vault: %v", err)
+	}
+	env["PILOT_CERT_PROVIDER"] = "custom"
+	env["DISCOVERY_ADDRESS"] = "istiod:15010"
+	delete(env, "XDS_AUTH")
+	if c, err = Load(nil, getenv); err != nil || c.Upstream.RootCA != "" || c.Upstream.Mode != ModePlaintext || c.Upstream.TokenFile != "" {
+		t.Fatalf("plaintext :15010 takes no roots and sends no token by itself: %q %s %q, %v", c.Upstream.RootCA, c.Upstream.Mode, c.Upstream.TokenFile, err)
+	}
+	env["PROXY_CONFIG"] = `{"discoveryAddress":1}`
+	if _, err = Load(nil, getenv); err == nil || !strings.Contains(err.Error(), "PROXY_CONFIG") {
+		t.Fatalf("bad PROXY_CONFIG: %v", err)
 	}
 }

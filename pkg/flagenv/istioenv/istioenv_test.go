@@ -1,0 +1,200 @@
+package istioenv
+
+import (
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+)
+
+// sample is a ProxyConfig as an Istio mesh sets one, with every field we read.
+func sample() *meshconfig.ProxyConfig {
+	return &meshconfig.ProxyConfig{
+		DiscoveryAddress:                "istiod.istio-system.svc:15012",
+		StatusPort:                      15020,
+		ProxyAdminPort:                  15000,
+		DrainDuration:                   durationpb.New(45 * time.Second),
+		TerminationDrainDuration:        durationpb.New(1500 * time.Millisecond),
+		BinaryPath:                      "/usr/local/bin/envoy",
+		Concurrency:                     wrapperspb.Int32(2),
+		ProxyMetadata:                   map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "ECC_SIGNATURE_ALGORITHM": "ECDSA"},
+		HoldApplicationUntilProxyStarts: wrapperspb.Bool(true),
+		InterceptionMode:                meshconfig.ProxyConfig_REDIRECT,
+		Tracing:                         &meshconfig.Tracing{Tracer: &meshconfig.Tracing_Zipkin_{Zipkin: &meshconfig.Tracing_Zipkin{Address: "zipkin:9411"}}},
+		ClusterName:                     &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
+	}
+}
+
+// TestParseAgreesWithIstioTypes: what istio.io/api's protojson writes (lowerCamel
+// names, and the proto names), Parse reads to the same values.
+func TestParseAgreesWithIstioTypes(t *testing.T) {
+	want := sample()
+	for _, opt := range []protojson.MarshalOptions{{}, {UseProtoNames: true}, {Multiline: true, Indent: "  "}} {
+		b, err := opt.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Parse(string(b))
+		if err != nil {
+			t.Fatalf("Parse(%s): %v", b, err)
+		}
+		check(t, want, got)
+	}
+}
+
+func check(t *testing.T, want *meshconfig.ProxyConfig, got ProxyConfig) {
+	t.Helper()
+	if got.DiscoveryAddress != want.GetDiscoveryAddress() || got.BinaryPath != want.GetBinaryPath() {
+		t.Errorf("strings: %+v, want %v", got, want)
+	}
+	if got.StatusPort == nil || *got.StatusPort != want.GetStatusPort() || got.ProxyAdminPort == nil || *got.ProxyAdminPort != want.GetProxyAdminPort() {
+		t.Errorf("ports: %v %v, want %d %d", got.StatusPort, got.ProxyAdminPort, want.GetStatusPort(), want.GetProxyAdminPort())
+	}
+	if got.DrainDuration == nil || *got.DrainDuration != want.GetDrainDuration().AsDuration() {
+		t.Errorf("drainDuration %v, want %v", got.DrainDuration, want.GetDrainDuration().AsDuration())
+	}
+	if got.TerminationDrainDuration == nil || *got.TerminationDrainDuration != want.GetTerminationDrainDuration().AsDuration() {
+		t.Errorf("terminationDrainDuration %v, want %v", got.TerminationDrainDuration, want.GetTerminationDrainDuration().AsDuration())
+	}
+	if got.Concurrency == nil || *got.Concurrency != want.GetConcurrency().GetValue() {
+		t.Errorf("concurrency %v, want %v", got.Concurrency, want.GetConcurrency())
+	}
+	if !maps.Equal(got.ProxyMetadata, want.GetProxyMetadata()) {
+		t.Errorf("proxyMetadata %v, want %v", got.ProxyMetadata, want.GetProxyMetadata())
+	}
+}
+
+// TestEveryIstioFieldIsUsedOrIgnored: each of ProxyConfig's fields is read or
+// listed as ignored (with a reason), and no name is listed that ProxyConfig lacks:
+// an Istio upgrade that adds a field fails here until it is placed.
+func TestEveryIstioFieldIsUsedOrIgnored(t *testing.T) {
+	fields := (&meshconfig.ProxyConfig{}).ProtoReflect().Descriptor().Fields()
+	istio := map[string]bool{}
+	for i := range fields.Len() {
+		istio[fields.Get(i).JSONName()] = true
+	}
+	ours := map[string]bool{}
+	for _, n := range Used {
+		ours[n] = true
+	}
+	for n, why := range Ignored {
+		if ours[n] {
+			t.Errorf("%s is both used and ignored", n)
+		}
+		if strings.TrimSpace(why) == "" {
+			t.Errorf("%s: ignored without a reason", n)
+		}
+		ours[n] = true
+	}
+	for n := range istio {
+		if !ours[n] {
+			t.Errorf("Istio's ProxyConfig field %s is neither used nor listed as ignored", n)
+		}
+	}
+	for n := range ours {
+		if !istio[n] {
+			t.Errorf("%s is not a field of Istio's ProxyConfig", n)
+		}
+	}
+}
+
+func TestParseRefusesBadInput(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"unknown field", `{"discoveryAddress":"x:1","discoveryAdress":"y:2"}`, "unknown field(s) discoveryAdress"},
+		{"yaml", "discoveryAddress: x:1", "want a JSON object"},
+		{"duration without unit", `{"drainDuration":"45"}`, "drainDuration: want seconds"},
+		{"duration in minutes", `{"terminationDrainDuration":"1m"}`, "terminationDrainDuration: want seconds"},
+		{"negative duration", `{"drainDuration":"-1s"}`, "negative"},
+		{"port out of range", `{"statusPort":70000}`, "statusPort: port 70000 out of range"},
+		{"concurrency not a number", `{"concurrency":"two"}`, "concurrency: want an int32"},
+		{"negative concurrency", `{"concurrency":-1}`, "concurrency: -1 is negative"},
+		{"metadata not strings", `{"proxyMetadata":{"A":1}}`, "proxyMetadata"},
+		{"given twice", `{"statusPort":1,"status_port":2}`, "statusPort: given twice"},
+		{"trailing data", `{} {}`, "trailing data"},
+		{"too big", `{"binaryPath":"` + strings.Repeat("a", MaxSize) + `"}`, "more than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc, err := Parse(tc.in)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse: %v, want an error containing %q", err, tc.want)
+			}
+			if pc.DiscoveryAddress != "" || pc.StatusPort != nil || pc.Set != nil {
+				t.Fatalf("a refused config still set fields: %+v", pc)
+			}
+		})
+	}
+}
+
+func TestParseAcceptsWhatIstioAccepts(t *testing.T) {
+	// protojson takes int32 as strings, and null as unset.
+	in := `{"statusPort":"15021","concurrency":"0","binaryPath":null,"drainDuration":"0.5s"}`
+	var ref meshconfig.ProxyConfig
+	if err := protojson.Unmarshal([]byte(in), &ref); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got.StatusPort != ref.GetStatusPort() || *got.Concurrency != ref.GetConcurrency().GetValue() || got.BinaryPath != "" ||
+		*got.DrainDuration != ref.GetDrainDuration().AsDuration() {
+		t.Fatalf("got %+v, Istio %v", got, &ref)
+	}
+}
+
+func TestLoadFallsBackToProxyMetadata(t *testing.T) {
+	env := map[string]string{
+		Env:         `{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA","ECC_CURVE":"P384"}}`,
+		"ECC_CURVE": "P256", // the container's own env wins, as in Istio
+	}
+	pc, getenv, err := Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if getenv("ECC_SIGNATURE_ALGORITHM") != "ECDSA" || getenv("ECC_CURVE") != "P256" || getenv("OTHER") != "" {
+		t.Fatalf("getenv: %q %q %q", getenv("ECC_SIGNATURE_ALGORITHM"), getenv("ECC_CURVE"), getenv("OTHER"))
+	}
+	if len(pc.ProxyMetadata) != 2 {
+		t.Fatalf("metadata %v", pc.ProxyMetadata)
+	}
+	env[Env] = `{"nope":1}`
+	if _, _, err := Load(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "env PROXY_CONFIG") {
+		t.Fatalf("bad PROXY_CONFIG: %v", err)
+	}
+}
+
+// FuzzParse: Parse never panics, and whatever it and istio.io/api both accept
+// they read the same.
+func FuzzParse(f *testing.F) {
+	b, _ := protojson.Marshal(sample())
+	f.Add(string(b))
+	f.Add(`{"statusPort":"15021","concurrency":0}`)
+	f.Add(`{"drainDuration":"1.000000001s"}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := Parse(in)
+		var ref meshconfig.ProxyConfig
+		if err != nil || protojson.Unmarshal([]byte(in), &ref) != nil {
+			return
+		}
+		if got.DiscoveryAddress != ref.GetDiscoveryAddress() || got.BinaryPath != ref.GetBinaryPath() {
+			t.Fatalf("strings differ: %+v vs %v", got, &ref)
+		}
+		if got.StatusPort != nil && *got.StatusPort != ref.GetStatusPort() {
+			t.Fatalf("statusPort %d vs %d", *got.StatusPort, ref.GetStatusPort())
+		}
+		if got.DrainDuration != nil && *got.DrainDuration != ref.GetDrainDuration().AsDuration() {
+			t.Fatalf("drainDuration %v vs %v", *got.DrainDuration, ref.GetDrainDuration().AsDuration())
+		}
+		if got.Concurrency != nil && *got.Concurrency != ref.GetConcurrency().GetValue() {
+			t.Fatalf("concurrency %d vs %d", *got.Concurrency, ref.GetConcurrency().GetValue())
+		}
+		if len(got.ProxyMetadata) > 0 && !maps.Equal(got.ProxyMetadata, ref.GetProxyMetadata()) {
+			t.Fatalf("metadata %v vs %v", got.ProxyMetadata, ref.GetProxyMetadata())
+		}
+	})
+}
