@@ -1,0 +1,103 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/pkg/testkit"
+)
+
+// TestViewKeepsUpWithABurstOfCertificates is issue 29's first finding: after
+// `bench sign` the page stayed at 1,447 of 5,004 certificates, because the
+// inventory role could not answer its watch's flow control. Thousands of
+// certificates issued fast, then one more renewal of the first pod: the API lists
+// every one and the renewed serial, and the server refused the inventory role
+// nothing.
+func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
+	const n = 2500
+	m := bustest.SecureServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	signer := m.Conn(t, policy.Signer, nil)
+	if _, err := bus.EnsureEventStream(ctx, bustest.JetStream(t, signer), 1, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var errs bustest.Errors
+	hs := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	s, err := New(Config{Metrics: hs.Registry(), Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, &errs), hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs.Handle("/", s.Handler())
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- lifecycle.Tasks(sctx, hs.Run, s.Run) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	<-hs.Bound()
+	base := "http://" + hs.Addr().String()
+	testkit.Eventually(t, "ready", func() bool { code, _ := testkit.HTTPGet(base + "/readyz"); return code == 200 })
+
+	js := bustest.JetStream(t, signer)
+	now := time.Now()
+	issue := func(i int, serial string) {
+		msg, err := events.NewMsg(events.SubjectCertIssued, "signer-0", events.CertIssued{Serial: serial,
+			SPIFFEID: "spiffe://td/ns/load/sa/web", NotBefore: now, NotAfter: now.Add(time.Hour),
+			Pod: events.PodRef{Namespace: "load", Name: fmt.Sprintf("web-%d", i)}, KeyAlgorithm: "EC-P256",
+			AuthSource: "jwt", Signer: "signer-0", RootFingerprint: "r"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishMsgAsync(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		issue(i, fmt.Sprintf("%06x", i+1))
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("publishing the burst timed out")
+	}
+	count := func() (int, string) {
+		code, body := testkit.HTTPGet(base + "/api/inventory")
+		if code != 200 {
+			return -1, ""
+		}
+		var got struct {
+			Certs []struct{ Pod, Serial string } `json:"certificates"`
+		}
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			return -1, ""
+		}
+		first := ""
+		for _, c := range got.Certs {
+			if c.Pod == "load/web-0" {
+				first = c.Serial
+			}
+		}
+		return len(got.Certs), first
+	}
+	testkit.EventuallyWithin(t, 90*time.Second, "the view lists the whole burst", func() bool { c, _ := count(); return c == n })
+	// An update after the load reaches the view too.
+	issue(0, "ffff01")
+	testkit.EventuallyWithin(t, 30*time.Second, "the view shows web-0's renewal", func() bool { c, s := count(); return c == n && s == "ffff01" })
+	if e := errs.All(); len(e) > 0 {
+		t.Fatalf("the inventory role was refused under load: %v", e[0])
+	}
+}
