@@ -47,3 +47,26 @@ func TestLineNamesWhatHappened(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayedHistoryIsPrintedAsItWas: an event replayed an hour later says what it
+// said when it happened ("expires in 30m0s" for a 30-minute certificate), not a
+// duration measured from now (issue 29 saw "expires in -7m33s").
+func TestReplayedHistoryIsPrintedAsItWas(t *testing.T) {
+	then := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	now := then.Add(time.Hour)
+	pod := events.PodRef{Namespace: "default", Name: "demo-0"}
+	for _, p := range []events.Payload{
+		events.CertIssued{Serial: "abcdef0123456789", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: then, NotAfter: then.Add(30 * time.Minute), Pod: pod},
+		events.RenewDue{Pod: pod, Reason: events.RenewScheduled, NotAfter: then.Add(30 * time.Minute)},
+	} {
+		line := Entry{Meta: events.Meta{Type: p.EventType(), Time: then}, Payload: p}.Line(now)
+		if !strings.Contains(line, "expires in 30m0s") || strings.Contains(line, "-30m") {
+			t.Errorf("replayed %s: %q", p.EventType(), line)
+		}
+	}
+	// No time of its own: now stands in.
+	p := events.CertIssued{Serial: "ab", SPIFFEID: "spiffe://td/ns/a/sa/b", NotBefore: now, NotAfter: now.Add(time.Minute), Pod: pod}
+	if line := (Entry{Meta: events.Meta{Type: p.EventType()}, Payload: p}).Line(now); !strings.Contains(line, "expires in 1m0s") {
+		t.Errorf("no event time: %q", line)
+	}
+}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -15,6 +17,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestViewKeepsUpWithABurstOfCertificates is issue 29's first finding: after
@@ -99,5 +103,32 @@ func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
 	testkit.EventuallyWithin(t, 30*time.Second, "the view shows web-0's renewal", func() bool { c, s := count(); return c == n && s == "ffff01" })
 	if e := errs.All(); len(e) > 0 {
 		t.Fatalf("the inventory role was refused under load: %v", e[0])
+	}
+}
+
+// TestFeedPrintsHistoryAsItWas: an event replayed into a new page's feed an hour
+// after it happened says "expires in 30m0s" (its certificate's life at issue), not
+// a negative duration from now.
+func TestFeedPrintsHistoryAsItWas(t *testing.T) {
+	s, err := New(Config{Metrics: prometheus.NewRegistry()}, &nats.Conn{}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	then := time.Now().Add(-time.Hour)
+	s.event(auditlog.Entry{Seq: 7, Meta: events.Meta{Type: events.CertIssued{}.EventType(), Time: then},
+		Payload: events.CertIssued{Serial: "5e41a1", SPIFFEID: "spiffe://td/ns/a/sa/web", NotBefore: then, NotAfter: then.Add(30 * time.Minute),
+			Pod: events.PodRef{Namespace: "default", Name: "web-0"}}})
+	if len(s.recent) != 1 {
+		t.Fatalf("feed holds %d items", len(s.recent))
+	}
+	var item struct {
+		Time time.Time `json:"time"`
+		Text string    `json:"text"`
+	}
+	if err := json.Unmarshal(s.recent[0].Data, &item); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(item.Text, "expires in 30m0s") || !item.Time.Equal(then) {
+		t.Fatalf("replayed item: %+v", item)
 	}
 }

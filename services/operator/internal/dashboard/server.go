@@ -162,13 +162,14 @@ func (s *Server) event(e auditlog.Entry) {
 		}
 	}
 	item := feedEvent{ID: e.Meta.ID, Seq: e.Seq, Time: e.Meta.Time, Type: auditlog.ShortType(e.Meta.Type), Pod: e.Pod(), Data: e.Payload}
+	if item.Time.IsZero() {
+		item.Time = time.Now()
+	}
 	if e.Err != nil {
 		item.Error = e.Err.Error()
 	} else {
-		item.Text = auditlog.Describe(e.Payload, time.Now())
-	}
-	if item.Time.IsZero() {
-		item.Time = time.Now()
+		// As it was: a replayed event's durations are from its own time.
+		item.Text = auditlog.Describe(e.Payload, item.Time)
 	}
 	b, err := json.Marshal(item)
 	if err != nil {
