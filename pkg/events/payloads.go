@@ -112,6 +112,10 @@ type CertIssued struct {
 	// CertChain is the issued chain, leaf first, without the root (public data), so a
 	// consumer can check the record against the trust bundle instead of believing it.
 	CertChain []string `json:"cert_chain,omitempty"`
+	// CertSigner names the named signer (CERT_SIGNERS) whose own CA signed, empty for
+	// the mesh CA: such a chain ends at that signer's root, not at a root of the
+	// mesh's bundle, by design.
+	CertSigner string `json:"cert_signer,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
 }
 
 func (CertIssued) EventType() string { return TypeCertIssued }
@@ -127,6 +131,7 @@ func (e CertIssued) Validate() error {
 	f.nonEmpty(e.AuthSource, "auth_source")
 	f.nonEmpty(e.Signer, "signer")
 	f.nonEmpty(e.RootFingerprint, "root_fingerprint")
+	f.resource(e.CertSigner, "cert_signer")
 	return f.err()
 }
 

@@ -20,14 +20,17 @@ import (
 
 // Cert is what the inventory knows of one holder's (pod, resource) current certificate.
 type Cert struct {
-	Pod          string    `json:"pod,omitempty"` // "<namespace>/<name>" (events.PodRef.String)
-	Resource     string    `json:"resource"`
-	SPIFFEID     string    `json:"spiffe_id"`
-	Serial       string    `json:"serial"`
-	NotBefore    time.Time `json:"not_before"`
-	NotAfter     time.Time `json:"not_after"`
-	Signer       string    `json:"signer"`
-	Root         string    `json:"root"` // SHA-256 fingerprint of the root the chain ends at
+	Pod       string    `json:"pod,omitempty"` // "<namespace>/<name>" (events.PodRef.String)
+	Resource  string    `json:"resource"`
+	SPIFFEID  string    `json:"spiffe_id"`
+	Serial    string    `json:"serial"`
+	NotBefore time.Time `json:"not_before"`
+	NotAfter  time.Time `json:"not_after"`
+	Signer    string    `json:"signer"`
+	Root      string    `json:"root"` // SHA-256 fingerprint of the root the chain ends at
+	// CertSigner is the named signer whose own CA signed ("" : the mesh CA): its
+	// root is that signer's, not one of the bundle's, by design.
+	CertSigner   string    `json:"cert_signer,omitempty"`
 	KeyAlgorithm string    `json:"key_algorithm,omitempty"`
 	Issued       time.Time `json:"issued,omitzero"`       // when cert.issued was published
 	Renewals     int       `json:"renewals"`              // certificates seen for this holder before this one
@@ -141,7 +144,7 @@ func Apply(c *Cert, p events.Payload, meta events.Meta) (*Cert, bool) {
 			res = "default"
 		}
 		return &Cert{Pod: e.Pod.String(), Resource: res, SPIFFEID: e.SPIFFEID, Serial: e.Serial, NotBefore: e.NotBefore,
-			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, KeyAlgorithm: e.KeyAlgorithm,
+			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, CertSigner: e.CertSigner, KeyAlgorithm: e.KeyAlgorithm,
 			Issued: meta.Time, Renewals: renewals, Chain: e.CertChain,
 			// The renewal that brought it (if any) stays on the record.
 			LastRenewal: cur.LastRenewal, RenewSent: cur.RenewSent}, true

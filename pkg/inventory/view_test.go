@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
 )
 
@@ -44,5 +45,26 @@ func TestViewFollowsPutsAndDeletes(t *testing.T) {
 	d := inventory.Decode(map[string][]byte{"pod.a.1": rec("a/one", "01", time.Hour), "pod.b.1": []byte("{}")})
 	if len(d.Certs) != 1 || len(d.Skipped) != 1 {
 		t.Fatalf("decode: %+v", d)
+	}
+}
+
+// TestNamedSignerIsNotABrokenChain: a certificate of a named signer ends at that
+// signer's root, which is not in the mesh's bundle by design: no "root not in
+// bundle" for it, while a mesh certificate under an unknown root still gets one.
+func TestNamedSignerIsNotABrokenChain(t *testing.T) {
+	now := time.Now()
+	trust := &inventory.Trust{Roots: []inventory.Root{{Fingerprint: "mesh"}}}
+	rec, _ := inventory.Apply(nil, events.CertIssued{Serial: "01", SPIFFEID: "spiffe://td/ns/default/sa/web", NotBefore: now, NotAfter: now.Add(time.Hour),
+		Pod: events.PodRef{Namespace: "default", Name: "web"}, RootFingerprint: "partner-root", CertSigner: "partner"}, events.Meta{Time: now})
+	c := *rec
+	if c.CertSigner != "partner" {
+		t.Fatalf("record %+v does not name its signer", c)
+	}
+	if w := c.Warnings(now, trust); len(w) != 0 {
+		t.Fatalf("named signer's certificate: %v", w)
+	}
+	c.CertSigner = ""
+	if w := c.Warnings(now, trust); len(w) != 1 || w[0] != "root not in bundle" {
+		t.Fatalf("mesh certificate under an unknown root: %v", w)
 	}
 }

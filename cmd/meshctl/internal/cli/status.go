@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
@@ -70,7 +72,11 @@ func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string
 		if ready != "ready" {
 			attention = append(attention, fmt.Sprintf("%s is %s (log %s)", p.Name, ready, p.Log))
 		}
-		fmt.Fprintf(w, "%-22s %-7d %-22s %s\n", p.Name, p.PID, p.HTTP, ready)
+		pid := strconv.Itoa(p.PID)
+		if !alive(p.PID) {
+			pid += "?" // not running: the stack is gone, or stack.json is older than a restart
+		}
+		fmt.Fprintf(w, "%-22s %-7s %-22s %s\n", p.Name, pid, p.HTTP, ready)
 	}
 	fmt.Fprintf(w, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES (OUTPUT_CERTS)", "ROOT (sha256)")
 	for _, p := range st.Pods {
@@ -130,8 +136,12 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		return attention
 	}
 	up, down := map[string]bool{}, map[string]bool{}
+	named := map[string]int{}
 	dueHour, expired, overdue := 0, 0, 0
 	for _, c := range snap.Certs {
+		if c.CertSigner != "" && !c.Down {
+			named[c.CertSigner]++
+		}
 		if c.Pod != "" {
 			if c.Down {
 				down[c.Pod] = true
@@ -167,6 +177,14 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	}
 	row("pods", "%d up, %d down", len(up), len(down))
 	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)
+	if len(named) > 0 {
+		var parts []string
+		for _, k := range keys(named) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, named[k]))
+		}
+		// Not a broken chain: a named signer's chain ends at its own CA's root.
+		row("named signers", "%s certificate(s), under their own roots (CERT_SIGNERS), not the mesh's", strings.Join(parts, ", "))
+	}
 	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
 		bundle = snap.Trust.Roots
 	}
@@ -290,4 +308,13 @@ func short(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// alive reports whether a process with this pid runs (signal 0 reaches it).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	p, err := os.FindProcess(pid)
+	return err == nil && p.Signal(syscall.Signal(0)) == nil
 }
