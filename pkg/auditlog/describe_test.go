@@ -70,3 +70,28 @@ func TestReplayedHistoryIsPrintedAsItWas(t *testing.T) {
 		t.Errorf("no event time: %q", line)
 	}
 }
+
+// TestBenchEntries: an entry is meshctl bench's when its pod or, without one, the
+// SPIFFE ID of its certificate is in events.BenchNamespace.
+func TestBenchEntries(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name string
+		e    Entry
+		want bool
+	}{
+		{"bench cert, no pod", Entry{Payload: events.CertIssued{SPIFFEID: "spiffe://td/ns/meshagent-bench/sa/load-3", NotAfter: now}}, true},
+		{"bench pod", Entry{Payload: events.CertIssued{SPIFFEID: "spiffe://td/ns/x/sa/y", Pod: events.PodRef{Namespace: events.BenchNamespace, Name: "p"}}}, true},
+		{"bench pod's subject", Entry{Subject: "meshagent.evt.pod.meshagent-bench.load-0.up", Payload: events.PodUp{}}, true},
+		{"fleet cert", Entry{Payload: events.CertIssued{SPIFFEID: "spiffe://td/ns/default/sa/web"}}, false},
+		{"a namespace that only starts alike", Entry{Payload: events.CertIssued{SPIFFEID: "spiffe://td/ns/meshagent-bench-x/sa/web"}}, false},
+		{"trust change", Entry{Payload: events.TrustChanged{}}, false},
+	} {
+		if got := tc.e.Bench(); got != tc.want {
+			t.Errorf("%s: Bench() = %v", tc.name, got)
+		}
+	}
+	if ns := events.NamespaceOfID("spiffe://td/ns/a/sa/b/extra"); ns != "" {
+		t.Errorf("a longer path: namespace %q", ns)
+	}
+}

@@ -44,6 +44,30 @@ type Cert struct {
 	DownAt       time.Time `json:"down_at,omitzero"`
 }
 
+// Namespace is the namespace of c's holder: its pod's, else its SPIFFE ID's.
+func (c Cert) Namespace() string {
+	if ns, _, ok := strings.Cut(c.Pod, "/"); ok {
+		return ns
+	}
+	return events.NamespaceOfID(c.SPIFFEID)
+}
+
+// Bench reports whether c is meshctl bench's (namespace events.BenchNamespace).
+func (c Cert) Bench() bool { return c.Namespace() == events.BenchNamespace }
+
+// WithoutBench is s less meshctl bench's certificates, and how many those were:
+// what fleet counts show unless asked for the load too.
+func (s Snapshot) WithoutBench() (Snapshot, int) {
+	out := s
+	out.Certs = make([]Cert, 0, len(s.Certs))
+	for _, c := range s.Certs {
+		if !c.Bench() {
+			out.Certs = append(out.Certs, c)
+		}
+	}
+	return out, len(s.Certs) - len(out.Certs)
+}
+
 // Trust is the trust bundle the inventory last heard of.
 type Trust struct {
 	TrustDomain string    `json:"trust_domain"`
