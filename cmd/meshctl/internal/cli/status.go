@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/auditlog"
+	"github.com/meshagent/meshagent/pkg/buildinfo"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
@@ -62,13 +63,15 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string {
 	var attention []string
 	client := &http.Client{Timeout: 2 * time.Second}
+	fmt.Fprintln(w, buildinfo.String("meshctl"))
 	fmt.Fprintf(w, "NATS %s\n", st.NATSURL)
 	if st.Dashboard != "" {
 		fmt.Fprintf(w, "dashboard http://%s/\n", st.Dashboard)
 	}
-	fmt.Fprintf(w, "\n%-22s %-7s %-22s %s\n", "SERVICE", "PID", "HTTP", "READY")
+	fmt.Fprintf(w, "\n%-22s %-7s %-22s %-14s %s\n", "SERVICE", "PID", "HTTP", "VERSION", "READY")
 	for _, p := range st.Processes {
 		ready := readyz(ctx, client, p.HTTP)
+		version := versionOf(ctx, client, p.HTTP)
 		if ready != "ready" {
 			attention = append(attention, fmt.Sprintf("%s is %s (log %s)", p.Name, ready, p.Log))
 		}
@@ -76,7 +79,7 @@ func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string
 		if !alive(p.PID) {
 			pid += "?" // not running: the stack is gone, or stack.json is older than a restart
 		}
-		fmt.Fprintf(w, "%-22s %-7s %-22s %s\n", p.Name, pid, p.HTTP, ready)
+		fmt.Fprintf(w, "%-22s %-7s %-22s %-14s %s\n", p.Name, pid, p.HTTP, version, ready)
 	}
 	fmt.Fprintf(w, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES (OUTPUT_CERTS)", "ROOT (sha256)")
 	for _, p := range st.Pods {
@@ -134,6 +137,11 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		row("inventory", "%v", err)
 		attention = append(attention, fmt.Sprintf("inventory: %v", err))
 		return attention
+	}
+	// meshctl bench's load is not the fleet.
+	snap, bench := snap.WithoutBench()
+	if bench > 0 {
+		row("bench", "%d certificate(s) of meshctl bench (namespace %s) not counted", bench, events.BenchNamespace)
 	}
 	up, down := map[string]bool{}, map[string]bool{}
 	named := map[string]int{}
@@ -284,6 +292,20 @@ func orNone(ks []string) string {
 		return "none"
 	}
 	return strings.Join(ks, ", ")
+}
+
+// versionOf is the version a service names on its /healthz ("-" when it does not answer).
+func versionOf(ctx context.Context, c *http.Client, addr string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return "-"
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "-"
+	}
+	defer resp.Body.Close()
+	return orDash(short(resp.Header.Get(buildinfo.Header), 40))
 }
 
 func readyz(ctx context.Context, c *http.Client, addr string) string {
