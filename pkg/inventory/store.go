@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 	"unicode"
@@ -70,14 +69,13 @@ func (s Snapshot) Find(what string) []Cert {
 	return out
 }
 
-func (s *Snapshot) sort() {
-	sort.Slice(s.Certs, func(i, j int) bool {
-		a, b := s.Certs[i], s.Certs[j]
-		if !a.NotAfter.Equal(b.NotAfter) {
-			return a.NotAfter.Before(b.NotAfter)
-		}
-		return a.Pod < b.Pod
-	})
+// compareCerts orders certificates by expiry, then holder (pointers: a Cert is a
+// few hundred bytes, and a fleet's sort compares millions of pairs).
+func compareCerts(a, b *Cert) int {
+	if c := a.NotAfter.Compare(b.NotAfter); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Pod, b.Pod)
 }
 
 // maxReason bounds the text of a skip reason (it quotes what the record held).

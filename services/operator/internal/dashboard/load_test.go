@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,11 +16,13 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestViewKeepsUpWithABurstOfCertificates is issue 29's first finding: after
@@ -78,12 +82,17 @@ func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("publishing the burst timed out")
 	}
+	// The whole burst is counted; the page holds web-0's record (the API pages:
+	// one pod asked for by name).
 	count := func() (int, string) {
-		code, body := testkit.HTTPGet(base + "/api/inventory")
+		code, body := testkit.HTTPGet(base + "/api/inventory?pod=load/web-0&limit=5")
 		if code != 200 {
 			return -1, ""
 		}
 		var got struct {
+			Counts struct {
+				Certificates int `json:"certificates"`
+			} `json:"counts"`
 			Certs []struct{ Pod, Serial string } `json:"certificates"`
 		}
 		if err := json.Unmarshal([]byte(body), &got); err != nil {
@@ -95,7 +104,7 @@ func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
 				first = c.Serial
 			}
 		}
-		return len(got.Certs), first
+		return got.Counts.Certificates, first
 	}
 	testkit.EventuallyWithin(t, 90*time.Second, "the view lists the whole burst", func() bool { c, _ := count(); return c == n })
 	// An update after the load reaches the view too.
@@ -130,5 +139,64 @@ func TestFeedPrintsHistoryAsItWas(t *testing.T) {
 	}
 	if !strings.Contains(item.Text, "expires in 30m0s") || !item.Time.Equal(then) {
 		t.Fatalf("replayed item: %+v", item)
+	}
+}
+
+// TestBenchLoadStaysOutOfTheView: meshctl bench's certificates (namespace
+// meshagent-bench) are left out of the inventory API unless asked for, out of the
+// fleet gauges (counted on a gauge of their own) and out of the page's feed.
+func TestBenchLoadStaysOutOfTheView(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Metrics: reg}, &nats.Conn{}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	put := func(key, pod, id string) {
+		b, _ := json.Marshal(inventory.Cert{Pod: pod, SPIFFEID: id, Serial: key, NotBefore: now, NotAfter: now.Add(30 * time.Minute)})
+		s.view.Put(key, b)
+	}
+	put("pod.default.1", "default/web-0", "spiffe://td/ns/default/sa/web")
+	put("id.1", "", "spiffe://td/ns/meshagent-bench/sa/load-0")
+	put("pod.bench.1", "meshagent-bench/load-1", "spiffe://td/ns/meshagent-bench/sa/load-1")
+	s.synced = true
+
+	get := func(url string) (got struct {
+		Bench int `json:"bench_hidden"`
+		Certs []struct {
+			Pod string `json:"pod"`
+		} `json:"certificates"`
+	}) {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, url, nil))
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		return got
+	}
+	if got := get("/api/inventory"); len(got.Certs) != 1 || got.Certs[0].Pod != "default/web-0" || got.Bench != 2 {
+		t.Fatalf("inventory API: %+v", got)
+	}
+	if got := get("/api/inventory?bench=1"); len(got.Certs) != 3 || got.Bench != 0 {
+		t.Fatalf("inventory API with bench=1: %+v", got)
+	}
+	if n := testutil.CollectAndCount(reg, "meshagent_fleet_certificates"); n == 0 {
+		t.Fatal("no fleet gauges")
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP meshagent_fleet_bench_certificates Certificates of meshctl bench (namespace meshagent-bench) in the inventory, left out of the other gauges.
+# TYPE meshagent_fleet_bench_certificates gauge
+meshagent_fleet_bench_certificates 2
+# HELP meshagent_fleet_pods Pods holding a certificate in the inventory, by state (up, down).
+# TYPE meshagent_fleet_pods gauge
+meshagent_fleet_pods{state="down"} 0
+meshagent_fleet_pods{state="up"} 1
+`), "meshagent_fleet_bench_certificates", "meshagent_fleet_pods"); err != nil {
+		t.Fatal(err)
+	}
+	s.event(auditlog.Entry{Meta: events.Meta{Type: events.TypeCertIssued, Time: now}, Payload: events.CertIssued{Serial: "b1",
+		SPIFFEID: "spiffe://td/ns/meshagent-bench/sa/load-0", NotBefore: now, NotAfter: now.Add(time.Hour)}})
+	if len(s.recent) != 0 {
+		t.Fatalf("bench event in the feed: %s", s.recent[0].Data)
 	}
 }
