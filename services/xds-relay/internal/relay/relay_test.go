@@ -413,7 +413,9 @@ func TestAckIsReportedOncePerVersion(t *testing.T) {
 		ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "no"}}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, "nack event", func() bool { return len(bustest.Find(env.rec, func(e events.XDSNack) bool { return e.Nonce == r2.GetNonce() })) == 1 })
+	testkit.Eventually(t, "nack event", func() bool {
+		return len(bustest.Find(env.rec, func(e events.XDSNack) bool { return e.Nonce == r2.GetNonce() })) == 1
+	})
 	ack(r2)
 	testkit.Eventually(t, "the next version's ack", func() bool { return acks(r2.GetVersionInfo()) == 1 })
 	if n := acks(r1.GetVersionInfo()); n != 1 {
