@@ -57,6 +57,8 @@ func Describe(p events.Payload, at time.Time) string {
 		what = fmt.Sprintf("%-8s ads %s stream %s -> %s", e.Pod, e.Mode, e.Stream, e.Upstream)
 	case events.XDSDisconnected:
 		what = fmt.Sprintf("%-8s ads stream %s closed: %s", e.Pod, e.Stream, e.Reason)
+	case events.XDSAcked:
+		what = fmt.Sprintf("%-8s ACK %s version=%s (stream %s)", e.Pod, e.TypeURL, orDash(e.Version), e.Stream)
 	case events.XDSNack:
 		what = fmt.Sprintf("%-8s NACK %s nonce=%s: %s", e.Pod, e.TypeURL, e.Nonce, e.ErrorDetail)
 	case events.EnvoyStarted:

@@ -28,6 +28,8 @@ func TestLineNamesWhatHappened(t *testing.T) {
 			[]string{"trust.federated", "west.example trusts cluster.local", "1 root(s) from https://127.0.0.1:8443", "sequence 3", "refresh in 5m0s"}, []string{"BEGIN CERTIFICATE"}},
 		{"federation removed", events.TrustFederated{TrustDomain: "west.example", Foreign: "cluster.local", Removed: true},
 			[]string{"west.example no longer trusts cluster.local"}, nil},
+		{"acked", events.XDSAcked{Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Version: "4"},
+			[]string{"xds.acked", "default/demo-0 ACK type.googleapis.com/envoy.config.cluster.v3.Cluster version=4 (stream 1)"}, []string{"{Pod"}},
 		{"pushed", events.SecretPushed{Pod: events.PodRef{Namespace: "default", Name: "demo-0"}, Resource: "ROOTCA", Version: "2", Streams: 3, Kind: "pushed"}, []string{"pushed ROOTCA", "3 stream(s)"}, nil},
 	}
 	for _, tt := range tests {

@@ -25,6 +25,8 @@ var operator = []command.Command{
 	{Name: "status", Usage: "summarise the stack and the fleet; exits non-zero when something needs attention", Run: runStatus},
 	{Name: "events", Usage: "replay and follow the audit log: events [-follow] [-since 1h|RFC3339] [-pod P] [-type T] [-o json]", Run: runEvents},
 	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json] [-bench]", Run: runCerts},
+	{Name: "describe", Usage: "one pod in one view: identity, certificate, roots, xDS streams, recent events: describe pod [NAMESPACE/]NAME", Run: runDescribe},
+	{Name: "proxy-status", Usage: "each pod's ADS streams: upstream, last version ACKed or NACKed per type: proxy-status [-all] [NAMESPACE/NAME]", Run: runProxyStatus},
 	{Name: "inspect", Usage: "show a certificate and whether it verifies: inspect <pod | serial | PEM file>", Run: runInspect},
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-pod POD] [-out DIR] [-grpc]", Run: runSign},
 	{Name: "csr", Usage: "one CreateCertificate over the Istio gRPC API, printing the chain: csr -ns NS -sa SA | -cert F -key F [-impersonate ID] [-signer NAME]; csr -bus -pod POD -cert F -key F renews by certificate over the bus", Run: runCSR},
