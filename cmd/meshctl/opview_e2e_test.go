@@ -1,6 +1,12 @@
 package main
 
 import (
+	"archive/tar"
+	"compress/gzip"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -51,5 +57,65 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 	}
 	if _, err := meshctl(t, "describe", "-dir", dir, "demo-0"); err == nil || !strings.Contains(err.Error(), "usage") {
 		t.Fatalf("describe without pod: %v", err)
+	}
+
+	// The pre-flight passes on a healthy stack, every check named.
+	out, err = meshctl(t, "check", "-dir", dir)
+	if err != nil || !strings.Contains(out, "all checks passed") {
+		t.Fatalf("check: %v\n%s", err, out)
+	}
+	// The support bundle: every part there, none holding a credential.
+	bundlePath := filepath.Join(t.TempDir(), "report.tar.gz")
+	if out, err := meshctl(t, "bug-report", "-dir", dir, "-o", bundlePath); err != nil || !strings.Contains(out, "wrote "+bundlePath) {
+		t.Fatalf("bug-report: %v\n%s", err, out)
+	}
+	files := untar(t, bundlePath)
+	for name, want := range map[string]string{"version.txt": "meshctl ", "status.txt": "FLEET", "check.txt": "all checks passed",
+		"proxy-status.txt": "default/demo-0", "certs.txt": serial[:12], "events.jsonl": `"type":"io.meshagent.cert.issued.v1"`,
+		"trust.txt": "cluster.local", "stack.json": `"nats_url"`, "logs/signer.log": ""} {
+		if got, ok := files[name]; !ok || !strings.Contains(got, want) {
+			t.Errorf("bug report's %s (present %v) lacks %q", name, ok, want)
+		}
+	}
+	for name, data := range files {
+		if strings.Contains(data, "PRIVATE KEY-----\n") || regexp.MustCompile(`\bSU[A-Z2-7]{50,}`).MatchString(data) {
+			t.Errorf("bug report's %s holds a private key or an nkey seed", name)
+		}
+	}
+	for _, want := range []string{"ok   roles enforced", "ok   stream MESHAGENT_EVENTS", "ok   stream MESHAGENT_POD_EVENTS",
+		"ok   stream KV_meshagent_inventory", "ok   signers", "ok   clocks", "ok   CA material", "ok   certificates"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// untar reads a .tar.gz into file name (without its top directory) -> content.
+func untar(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	out := map[string]string{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[strings.TrimPrefix(h.Name, "meshagent-bug-report/")] = string(data)
 	}
 }

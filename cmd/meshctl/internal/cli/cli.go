@@ -25,6 +25,8 @@ var operator = []command.Command{
 	{Name: "status", Usage: "summarise the stack and the fleet; exits non-zero when something needs attention", Run: runStatus},
 	{Name: "events", Usage: "replay and follow the audit log: events [-follow] [-since 1h|RFC3339] [-pod P] [-type T] [-o json]", Run: runEvents},
 	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json] [-bench]", Run: runCerts},
+	{Name: "check", Usage: "pre-flight of a running bus and fleet: roles enforced, streams in quorum, signers, clocks, CA material, expiry horizons; exits non-zero with what to fix", Run: runCheck},
+	{Name: "bug-report", Usage: "write a support bundle (tar.gz): versions, status, check, proxy-status, certs, recent events, logs where reachable: bug-report [-o FILE] [-since 1h]", Run: runBugReport},
 	{Name: "describe", Usage: "one pod in one view: identity, certificate, roots, xDS streams, recent events: describe pod [NAMESPACE/]NAME", Run: runDescribe},
 	{Name: "proxy-status", Usage: "each pod's ADS streams: upstream, last version ACKed or NACKed per type: proxy-status [-all] [NAMESPACE/NAME]", Run: runProxyStatus},
 	{Name: "inspect", Usage: "show a certificate and whether it verifies: inspect <pod | serial | PEM file>", Run: runInspect},
