@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
@@ -68,7 +69,7 @@ roles:
 
 func main() {
 	name := "meshagent"
-	if len(os.Args) > 1 {
+	if len(os.Args) > 1 && (roles[os.Args[1]] != nil || os.Args[1] == "pod") {
 		name = "meshagent " + os.Args[1]
 	}
 	lifecycle.Main(name, run)
@@ -78,6 +79,9 @@ func main() {
 func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if len(args) == 0 {
 		return errors.New("no role given\n" + usage)
+	}
+	if slices.Contains([]string{"-h", "-help", "--help", "help"}, args[0]) {
+		return &flagenv.HelpError{Usage: usage + "\n  version                         print the version (also -version)\n"} // printed on stdout, exit 0
 	}
 	if args[0] == "pod" {
 		return runPod(ctx, args[1:], getenv)

@@ -64,3 +64,15 @@ func TestPodModeNamesTheRoleThatFailed(t *testing.T) {
 		t.Fatal("cancellation reported as the failure")
 	}
 }
+
+// meshagent -h is help (printed on stdout, exit 0), not an unknown role (issue 29:
+// it exited 1).
+func TestHelpIsNotAnUnknownRole(t *testing.T) {
+	for _, arg := range []string{"-h", "--help", "help"} {
+		err := run(context.Background(), []string{arg}, noEnv)
+		var b strings.Builder
+		if !flagenv.PrintHelp(err, &b) || !strings.Contains(b.String(), "usage: meshagent") || !strings.Contains(b.String(), "version") {
+			t.Errorf("meshagent %s: %v\n%s", arg, err, b.String())
+		}
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +35,24 @@ func TestBenchSignLoadsTheStacksSigner(t *testing.T) {
 	}
 	if !strings.HasPrefix(r.CPUSource, "/proc/") || r.SignerCPUMicro <= 0 {
 		t.Fatalf("signer CPU not read from its process: %+v", r)
+	}
+	// Its certificates are marked (namespace meshagent-bench): in the inventory, but
+	// out of certs and status unless asked for.
+	var last string
+	if !testkit.Poll(time.Minute, func() bool {
+		out, err := meshctl(t, "certs", "-dir", dir, "-bench")
+		last = fmt.Sprint(out, err)
+		return err == nil && strings.Count(out, "/ns/meshagent-bench/") == 60
+	}) {
+		t.Fatalf("certs -bench does not list the bench's 60 certificates (one per identity: -n 60 tokens):\n%s", last)
+	}
+	if out, err := meshctl(t, "certs", "-dir", dir); err != nil || strings.Contains(out, "meshagent-bench/") ||
+		!strings.Contains(out, "60 certificate(s) of meshctl bench (namespace meshagent-bench) left out") {
+		t.Fatalf("certs without -bench: %v\n%s", err, out)
+	}
+	if out, _ := meshctl(t, "status", "-dir", dir); !strings.Contains(out, "60 certificate(s) of meshctl bench (namespace meshagent-bench) not counted") ||
+		!strings.Contains(out, "certificates   0 current") {
+		t.Fatalf("status after the bench:\n%s", out)
 	}
 	// Tokens the signer does not accept end the run with the signer's refusal.
 	bad := filepath.Join(dir, "bad-tokens")

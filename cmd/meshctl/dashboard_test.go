@@ -130,6 +130,36 @@ func TestDashboardInChromium(t *testing.T) {
 		return strings.Contains(feedTop, after[:8])
 	})
 
+	// A fleet: 2,000 more certificates (bench sign in namespace fleet, so counted as
+	// the fleet's) land while the page is open. It pages them (100 rows of 2,003),
+	// filters by namespace on the server, and still shows an update after the load.
+	if out, err := meshctl(t, "bench", "sign", "-dir", dir, "-ns", "fleet", "-n", "2000", "-warmup", "0", "-in-flight", "8"); err != nil {
+		t.Fatalf("bench sign -ns fleet: %v\n%s", err, out)
+	}
+	js := func(expr string) string {
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
+	testkit.EventuallyWithin(t, time.Minute, "the page counts the fleet of 2,003 and shows its first 100 rows", func() bool {
+		return strings.Contains(js(`document.querySelector('#summary').textContent`), "2003certificates") &&
+			js(`document.querySelector('#range').textContent`) == "1–100 of 2003" && count(`#certs tbody tr`) == 100
+	})
+	js(`document.querySelector('#next').click(), ""`)
+	testkit.Eventually(t, "the next page", func() bool { return js(`document.querySelector('#range').textContent`) == "101–200 of 2003" })
+	js(`(() => { const s = document.querySelector('#f-ns'); s.value = "` + devstack.DemoNamespace + `"; s.dispatchEvent(new Event("change")); return ""; })()`)
+	testkit.Eventually(t, "the namespace filter leaves the demo pods", func() bool {
+		return js(`document.querySelector('#range').textContent`) == "1–3 of 3" && count(`#certs tbody tr`) == 3
+	})
+	before = serialOnPage("demo-2")
+	if out, err := meshctl(t, "rotate", "-dir", dir, "pod", "demo-2"); err != nil {
+		t.Fatalf("rotate pod: %v\n%s", err, out)
+	}
+	after = podCert(t, dir, "demo-2", before).Serial
+	testkit.Eventually(t, "after the load the page shows demo-2's new certificate", func() bool { return serialOnPage("demo-2") == after })
+
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

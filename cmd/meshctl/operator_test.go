@@ -141,7 +141,7 @@ func TestOperatorView(t *testing.T) {
 			out = b.String()
 			return err == nil || !strings.Contains(err.Error(), "allowed at")
 		})
-		if err != nil || !strings.Contains(out, "1/1 pod certificate(s) under the new root") {
+		if err != nil || !strings.Contains(out, "1/1 live pod certificate(s) under the new root") {
 			certs, _ := meshctl(t, "certs", "-dir", dir, "-o", "wide")
 			log, _ := meshctl(t, "events", "-dir", dir, "-since", "5m", "-type", "cert.issued,trust.changed,rotation.renew_due", "-o", "json")
 			t.Fatalf("rotate root -wait: %v\n%s\ninventory:\n%s\nevents:\n%s", err, out, certs, log)

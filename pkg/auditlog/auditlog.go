@@ -48,6 +48,23 @@ func (e Entry) Pod() string {
 	return ""
 }
 
+// Namespace is the namespace the entry is about: its pod's, else that of the
+// SPIFFE ID it names; "" when neither.
+func (e Entry) Namespace() string {
+	if pod := e.Pod(); pod != "" {
+		ns, _, _ := strings.Cut(pod, "/")
+		return ns
+	}
+	if p, ok := e.Payload.(events.CertIssued); ok {
+		return events.NamespaceOfID(p.SPIFFEID)
+	}
+	return ""
+}
+
+// Bench reports whether the entry is about meshctl bench's load (its namespace is
+// events.BenchNamespace).
+func (e Entry) Bench() bool { return e.Namespace() == events.BenchNamespace }
+
 // ShortType is the event type without its namespace and version ("cert.issued").
 func ShortType(t string) string {
 	t = strings.TrimPrefix(t, "io.meshagent.")

@@ -8,6 +8,8 @@ import (
 )
 
 // Line renders an entry as one line for a person watching the stack: time, type, what.
+// History is printed as it was: durations in it ("expires in") are relative to the
+// event's own time, now only standing in for an event that carries none.
 func (e Entry) Line(now time.Time) string {
 	t := e.Meta.Time
 	if t.IsZero() {
@@ -16,16 +18,17 @@ func (e Entry) Line(now time.Time) string {
 	if e.Err != nil {
 		return fmt.Sprintf("%s  (undecodable event on %s: %v)", t.Local().Format("15:04:05"), e.Subject, e.Err)
 	}
-	return fmt.Sprintf("%s  %-22s %s", t.Local().Format("15:04:05"), ShortType(e.Meta.Type), Describe(e.Payload, now))
+	return fmt.Sprintf("%s  %-22s %s", t.Local().Format("15:04:05"), ShortType(e.Meta.Type), Describe(e.Payload, t))
 }
 
-// Describe says what an event is about in a few words.
-func Describe(p events.Payload, now time.Time) string {
+// Describe says what an event is about in a few words, durations relative to at
+// (the event's time, for history).
+func Describe(p events.Payload, at time.Time) string {
 	var what string
 	switch e := p.(type) {
 	case events.CertIssued:
 		what = fmt.Sprintf("%-8s %s serial=%s expires in %s (by %s over %s, %s)", orDash(e.Pod.String()), e.SPIFFEID, short8(e.Serial),
-			e.NotAfter.Sub(now).Round(time.Second), e.Signer, orDash(e.Transport), e.AuthSource)
+			e.NotAfter.Sub(at).Round(time.Second), e.Signer, orDash(e.Transport), e.AuthSource)
 	case events.TrustChanged:
 		what = fmt.Sprintf("%d root(s) in bundle, generation %d, reason %s", len(e.Roots), e.Generation, e.Reason)
 	case events.TrustFederated:
@@ -39,7 +42,7 @@ func Describe(p events.Payload, now time.Time) string {
 		// A forced renewal (meshctl rotate pod) names no certificate: no expiry to show.
 		expires := "current cert"
 		if !e.NotAfter.IsZero() {
-			expires = "cert expires in " + e.NotAfter.Sub(now).Round(time.Second).String()
+			expires = "cert expires in " + e.NotAfter.Sub(at).Round(time.Second).String()
 		}
 		what = fmt.Sprintf("%-8s renew %s (%s, attempt %d, %s)", e.Pod, orDefault(e.Resource), e.Reason, e.Attempt, expires)
 	case events.SecretPushed:
@@ -54,6 +57,8 @@ func Describe(p events.Payload, now time.Time) string {
 		what = fmt.Sprintf("%-8s ads %s stream %s -> %s", e.Pod, e.Mode, e.Stream, e.Upstream)
 	case events.XDSDisconnected:
 		what = fmt.Sprintf("%-8s ads stream %s closed: %s", e.Pod, e.Stream, e.Reason)
+	case events.XDSAcked:
+		what = fmt.Sprintf("%-8s ACK %s version=%s (stream %s)", e.Pod, e.TypeURL, orDash(e.Version), e.Stream)
 	case events.XDSNack:
 		what = fmt.Sprintf("%-8s NACK %s nonce=%s: %s", e.Pod, e.TypeURL, e.Nonce, e.ErrorDetail)
 	case events.EnvoyStarted:

@@ -44,6 +44,7 @@ var samples = []Payload{
 	XDSConnected{Pod: web0, Stream: "1", Mode: "sotw", Node: "sidecar~web-0", Upstream: "istiod:15012"},
 	XDSDisconnected{Pod: web0, Stream: "1", Reason: "upstream closed"},
 	XDSNack{Pod: web0, Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "4", ErrorDetail: "bad cluster"},
+	XDSAcked{Pod: web0, Stream: "1", TypeURL: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Version: "7", Nonce: "5"},
 	TrustAnchors{Pod: web0, Roots: []string{pemCert}},
 	EnvoyStarted{Pod: web0, PID: 42, Version: "envoy  version: 1.36.0/Clean/RELEASE/BoringSSL", Binary: "/usr/local/bin/envoy",
 		Args: []string{"-c", "/etc/istio/proxy/envoy-rev.json", "--drain-time-s", "45"}},

@@ -30,6 +30,7 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeXDSConnected:    decodeAs[XDSConnected],
 	TypeXDSDisconnected: decodeAs[XDSDisconnected],
 	TypeXDSNack:         decodeAs[XDSNack],
+	TypeXDSAcked:        decodeAs[XDSAcked],
 	TypeTrustAnchors:    decodeAs[TrustAnchors],
 	TypeEnvoyStarted:    decodeAs[EnvoyStarted],
 	TypeEnvoyReady:      decodeAs[EnvoyReady],

@@ -26,6 +26,7 @@ const (
 	TypeXDSConnected    = "io.meshagent.xds.connected.v1"
 	TypeXDSDisconnected = "io.meshagent.xds.disconnected.v1"
 	TypeXDSNack         = "io.meshagent.xds.nack.v1"
+	TypeXDSAcked        = "io.meshagent.xds.acked.v1"
 	TypeTrustAnchors    = "io.meshagent.trust.anchors.v1"
 	TypeEnvoyStarted    = "io.meshagent.envoy.started.v1"
 	TypeEnvoyReady      = "io.meshagent.envoy.ready.v1"
@@ -51,6 +52,7 @@ func init() {
 	register[XDSConnected]()
 	register[XDSDisconnected]()
 	register[XDSNack]()
+	register[XDSAcked]()
 	register[TrustAnchors]()
 	register[EnvoyStarted]()
 	register[EnvoyReady]()
@@ -112,6 +114,10 @@ type CertIssued struct {
 	// CertChain is the issued chain, leaf first, without the root (public data), so a
 	// consumer can check the record against the trust bundle instead of believing it.
 	CertChain []string `json:"cert_chain,omitempty"`
+	// CertSigner names the named signer (CERT_SIGNERS) whose own CA signed, empty for
+	// the mesh CA: such a chain ends at that signer's root, not at a root of the
+	// mesh's bundle, by design.
+	CertSigner string `json:"cert_signer,omitempty" jsonschema:"maxLength=253,pattern=^[A-Za-z0-9._:~/-]+$"`
 }
 
 func (CertIssued) EventType() string { return TypeCertIssued }
@@ -127,6 +133,7 @@ func (e CertIssued) Validate() error {
 	f.nonEmpty(e.AuthSource, "auth_source")
 	f.nonEmpty(e.Signer, "signer")
 	f.nonEmpty(e.RootFingerprint, "root_fingerprint")
+	f.resource(e.CertSigner, "cert_signer")
 	return f.err()
 }
 
@@ -424,6 +431,27 @@ type XDSNack struct {
 
 func (XDSNack) EventType() string { return TypeXDSNack }
 func (e XDSNack) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.nonEmpty(e.TypeURL, "type_url")
+	return f.err()
+}
+
+// XDSAcked is published when Envoy ACKs a new version of one resource type on an
+// ADS stream (once per version and type: a re-ACK of the same version is not news),
+// so that an operator sees each pod's sync state (meshctl proxy-status), as
+// istioctl proxy-status shows it. In delta mode, which carries no version, the
+// first ACK of each type.
+type XDSAcked struct {
+	Pod     PodRef `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
+	Stream  string `json:"stream,omitempty"`
+	TypeURL string `json:"type_url"`
+	Version string `json:"version,omitempty"`
+	Nonce   string `json:"nonce,omitempty"`
+}
+
+func (XDSAcked) EventType() string { return TypeXDSAcked }
+func (e XDSAcked) Validate() error {
 	var f fields
 	f.pod(e.Pod, "pod", true)
 	f.nonEmpty(e.TypeURL, "type_url")

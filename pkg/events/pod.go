@@ -9,6 +9,25 @@ import (
 // (ParsePodRef): Kubernetes' own default.
 const DefaultNamespace = "default"
 
+// BenchNamespace is the namespace of meshctl bench's load: its tokens, pods and
+// certificates. Readers keep it out of fleet counts and live prints by default, so
+// that a benchmark leaves the operator's view as it found it.
+const BenchNamespace = "meshagent-bench"
+
+// NamespaceOfID is the namespace of a SPIFFE ID of the form
+// spiffe://<td>/ns/<ns>/sa/<sa>, "" for any other.
+func NamespaceOfID(id string) string {
+	rest, ok := strings.CutPrefix(id, "spiffe://")
+	if !ok {
+		return ""
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 5 || parts[1] != "ns" || parts[3] != "sa" {
+		return ""
+	}
+	return parts[2]
+}
+
 // PodRef names one pod: its namespace and its name. A pod on the bus is always both
 // (docs/security.md): pod names repeat across namespaces (web-0, redis-0), so a name
 // alone would let a pod of one namespace be another namespace's pod of that name.

@@ -121,6 +121,7 @@ const (
 	PodEventXDSConnected    = "xds.connected"
 	PodEventXDSDisconnected = "xds.disconnected"
 	PodEventXDSNack         = "xds.nack"
+	PodEventXDSAcked        = "xds.acked"
 	PodEventEnvoyStarted    = "envoy.started"
 	PodEventEnvoyReady      = "envoy.ready"
 	PodEventEnvoyDraining   = "envoy.draining"

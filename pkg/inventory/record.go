@@ -20,14 +20,17 @@ import (
 
 // Cert is what the inventory knows of one holder's (pod, resource) current certificate.
 type Cert struct {
-	Pod          string    `json:"pod,omitempty"` // "<namespace>/<name>" (events.PodRef.String)
-	Resource     string    `json:"resource"`
-	SPIFFEID     string    `json:"spiffe_id"`
-	Serial       string    `json:"serial"`
-	NotBefore    time.Time `json:"not_before"`
-	NotAfter     time.Time `json:"not_after"`
-	Signer       string    `json:"signer"`
-	Root         string    `json:"root"` // SHA-256 fingerprint of the root the chain ends at
+	Pod       string    `json:"pod,omitempty"` // "<namespace>/<name>" (events.PodRef.String)
+	Resource  string    `json:"resource"`
+	SPIFFEID  string    `json:"spiffe_id"`
+	Serial    string    `json:"serial"`
+	NotBefore time.Time `json:"not_before"`
+	NotAfter  time.Time `json:"not_after"`
+	Signer    string    `json:"signer"`
+	Root      string    `json:"root"` // SHA-256 fingerprint of the root the chain ends at
+	// CertSigner is the named signer whose own CA signed ("" : the mesh CA): its
+	// root is that signer's, not one of the bundle's, by design.
+	CertSigner   string    `json:"cert_signer,omitempty"`
 	KeyAlgorithm string    `json:"key_algorithm,omitempty"`
 	Issued       time.Time `json:"issued,omitzero"`       // when cert.issued was published
 	Renewals     int       `json:"renewals"`              // certificates seen for this holder before this one
@@ -44,6 +47,30 @@ type Cert struct {
 	// newer ones (it refused them), which is what it serves all the same.
 	Served      string    `json:"served_serial,omitempty"`
 	ServedUntil time.Time `json:"served_not_after,omitzero"`
+}
+
+// Namespace is the namespace of c's holder: its pod's, else its SPIFFE ID's.
+func (c Cert) Namespace() string {
+	if ns, _, ok := strings.Cut(c.Pod, "/"); ok {
+		return ns
+	}
+	return events.NamespaceOfID(c.SPIFFEID)
+}
+
+// Bench reports whether c is meshctl bench's (namespace events.BenchNamespace).
+func (c Cert) Bench() bool { return c.Namespace() == events.BenchNamespace }
+
+// WithoutBench is s less meshctl bench's certificates, and how many those were:
+// what fleet counts show unless asked for the load too.
+func (s Snapshot) WithoutBench() (Snapshot, int) {
+	out := s
+	out.Certs = make([]Cert, 0, len(s.Certs))
+	for _, c := range s.Certs {
+		if !c.Bench() {
+			out.Certs = append(out.Certs, c)
+		}
+	}
+	return out, len(s.Certs) - len(out.Certs)
 }
 
 // Trust is the trust bundle the inventory last heard of.
@@ -146,7 +173,7 @@ func Apply(c *Cert, p events.Payload, meta events.Meta) (*Cert, bool) {
 			res = "default"
 		}
 		return &Cert{Pod: e.Pod.String(), Resource: res, SPIFFEID: e.SPIFFEID, Serial: e.Serial, NotBefore: e.NotBefore,
-			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, KeyAlgorithm: e.KeyAlgorithm,
+			NotAfter: e.NotAfter, Signer: e.Signer, Root: e.RootFingerprint, CertSigner: e.CertSigner, KeyAlgorithm: e.KeyAlgorithm,
 			Issued: meta.Time, Renewals: renewals, Chain: e.CertChain,
 			// The renewal that brought it (if any) stays on the record, and what the
 			// pod serves until it pushes the new one.

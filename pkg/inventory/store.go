@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 	"unicode"
@@ -70,14 +69,13 @@ func (s Snapshot) Find(what string) []Cert {
 	return out
 }
 
-func (s *Snapshot) sort() {
-	sort.Slice(s.Certs, func(i, j int) bool {
-		a, b := s.Certs[i], s.Certs[j]
-		if !a.NotAfter.Equal(b.NotAfter) {
-			return a.NotAfter.Before(b.NotAfter)
-		}
-		return a.Pod < b.Pod
-	})
+// compareCerts orders certificates by expiry, then holder (pointers: a Cert is a
+// few hundred bytes, and a fleet's sort compares millions of pairs).
+func compareCerts(a, b *Cert) int {
+	if c := a.NotAfter.Compare(b.NotAfter); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Pod, b.Pod)
 }
 
 // maxReason bounds the text of a skip reason (it quotes what the record held).
@@ -88,35 +86,11 @@ const maxReason = 120
 // listed in Skipped: anyone holding the inventory credential can write any value,
 // and one bad value must not hide the whole fleet.
 func Decode(values map[string][]byte) Snapshot {
-	var s Snapshot
-	skip := func(k string, err error) {
-		s.Skipped = append(s.Skipped, Skipped{Key: printable(k, maxReason), Reason: printable(err.Error(), maxReason)})
+	v := NewView()
+	for k, b := range values {
+		v.Put(k, b)
 	}
-	for k, v := range values {
-		switch {
-		case k == TrustKey:
-			var t Trust
-			if err := json.Unmarshal(v, &t); err != nil {
-				skip(k, err)
-				continue
-			}
-			s.Trust = &t
-		default:
-			var c Cert
-			if err := json.Unmarshal(v, &c); err != nil {
-				skip(k, err)
-				continue
-			}
-			if err := c.check(); err != nil {
-				skip(k, err)
-				continue
-			}
-			s.Certs = append(s.Certs, c)
-		}
-	}
-	s.sort()
-	sort.Slice(s.Skipped, func(i, j int) bool { return s.Skipped[i].Key < s.Skipped[j].Key })
-	return s
+	return v.Snapshot()
 }
 
 // printable is s cut at n bytes with every control or invalid character replaced:

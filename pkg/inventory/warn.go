@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
 )
 
 // OverdueRatio is the fraction of a certificate's life after which its renewal is
@@ -30,7 +32,8 @@ func (c Cert) Warnings(now time.Time, t *Trust) []string {
 	case now.After(c.NotBefore.Add(time.Duration(float64(life) * OverdueRatio))):
 		w = append(w, "renewal overdue")
 	}
-	if t != nil && len(t.Roots) > 0 && !slices.ContainsFunc(t.Roots, func(r Root) bool { return r.Fingerprint == c.Root }) {
+	// A named signer's chain ends at its own root: not in the mesh's bundle by design.
+	if c.CertSigner == "" && t != nil && len(t.Roots) > 0 && !slices.ContainsFunc(t.Roots, func(r Root) bool { return r.Fingerprint == c.Root }) {
 		w = append(w, "root not in bundle")
 	}
 	return w
@@ -40,4 +43,22 @@ func (c Cert) Warnings(now time.Time, t *Trust) []string {
 // SECRET_GRACE_PERIOD_RATIO, without jitter).
 func (c Cert) RenewsBy() time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
+}
+
+// Silent reports whether c's holder has stopped answering, and why: its
+// certificate expired, or the rotator told it to renew and, with no new
+// certificate by its retry deadline (-retry-after, 30 s), had to tell it again. A
+// live pod renews when told; a VM or pod that went away without a pod.down (killed,
+// its host gone) stays in the inventory until its certificate expires, and must not
+// be waited for.
+func (c Cert) Silent(now time.Time) (bool, string) {
+	switch {
+	case c.Down:
+		return true, "said it stopped"
+	case !now.Before(c.NotAfter):
+		return true, "certificate expired"
+	case c.LastRenewal == events.RenewRetry && c.RenewSent.After(c.Issued):
+		return true, "told to renew again at " + c.RenewSent.UTC().Format(time.TimeOnly) + " with no new certificate"
+	}
+	return false, ""
 }

@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/buildinfo"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -110,6 +111,10 @@ type Builder[C Config, S Service] func(cfg C, d Deps) (S, error)
 // Main runs a whole service process: it cancels on SIGINT or SIGTERM, prints the
 // flags for -h, and exits 1 with "<name>: <error>" when run fails.
 func Main(name string, run func(ctx context.Context, args []string, getenv func(string) string) error) {
+	if buildinfo.Asked(os.Args[1:]) { // -version, or the word version
+		fmt.Fprintln(os.Stdout, buildinfo.String(name))
+		os.Exit(0)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv)
 	stop()

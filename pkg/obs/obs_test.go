@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -50,6 +51,12 @@ func TestServerEndpoints(t *testing.T) {
 	base := "http://" + s.Addr().String()
 	if code, _ := get(t, base+"/healthz"); code != 200 {
 		t.Fatalf("healthz %d", code)
+	}
+	// It names the binary's version (meshctl status shows it).
+	if resp, err := http.Get(base + "/healthz"); err != nil || resp.Header.Get(buildinfo.Header) != buildinfo.Get() || buildinfo.Get() == "" {
+		t.Fatalf("healthz version header: %v", err)
+	} else {
+		resp.Body.Close()
 	}
 	if code, body := get(t, base+"/readyz"); code != 503 || !strings.Contains(body, "ca: no root yet") {
 		t.Fatalf("readyz %d %q", code, body)

@@ -1,6 +1,8 @@
 package policy_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -89,5 +91,58 @@ func TestInventoryKeepsItsBucketAndAuditReadsIt(t *testing.T) {
 	}
 	if _, err := js.KeyValue(short, policy.BucketCA); err == nil {
 		t.Fatal("inventory opened the CA bucket")
+	}
+}
+
+// TestInventoryWatchKeepsUpUnderLoad: a KV watch is an ordered push consumer with
+// flow control, and the server stops delivering until the watcher answers a
+// flow-control request on $JS.FC.<stream>.…; without leave to publish there the
+// inventory's live view stalled after a burst of writes (issue 29: the page stayed
+// at 1,447 of 5,004 certificates). Thousands of records written fast all reach the
+// watcher, and the server reports no violation.
+func TestInventoryWatchKeepsUpUnderLoad(t *testing.T) {
+	m := newMesh(t)
+	ctx, cancel := contextTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs bustest.Errors
+	nc := m.Conn(t, policy.Inventory, &errs)
+	js := bustest.JetStream(t, nc)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: policy.BucketInventory, History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	if e := <-w.Updates(); e != nil {
+		t.Fatalf("empty bucket's watch gave %v first", e.Key())
+	}
+	const n = 4000
+	value := []byte(strings.Repeat("x", 1024)) // a certificate record's size
+	go func() {
+		ajs := bustest.JetStream(t, nc)
+		for i := range n {
+			if _, err := ajs.PublishAsync(fmt.Sprintf("$KV.%s.pod.ns.%d", policy.BucketInventory, i), value); err != nil {
+				t.Errorf("put %d: %v", i, err)
+				return
+			}
+		}
+	}()
+	seen := map[string]bool{}
+	for len(seen) < n {
+		select {
+		case e := <-w.Updates():
+			if e != nil {
+				seen[e.Key()] = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("the watch saw %d of %d records; violations: %v", len(seen), n, errs.All())
+		}
+	}
+	flushed(t, nc)
+	if e := errs.All(); len(e) > 0 {
+		t.Fatalf("inventory refused while watching: %v", e)
 	}
 }

@@ -7,6 +7,10 @@ package policy
 const (
 	jsAPI = "$JS.API."
 	jsAck = "$JS.ACK."
+	// jsFC is where a push consumer's client answers the server's flow-control
+	// requests ($JS.FC.<stream>.<consumer>.<id>): until it does, the server sends
+	// that consumer nothing more.
+	jsFC = "$JS.FC."
 )
 
 // streamManage creates, updates and looks up a stream (not delete, not purge).
@@ -43,7 +47,10 @@ func durable(stream, name string) []string {
 }
 
 // kvBucket is everything a key-value bucket's owner does: create and look it up,
-// get, put and delete keys, watch them (ordered consumers of its stream).
+// get, put and delete keys, watch them (ordered consumers of its stream, which
+// are push consumers with flow control: the watcher must answer the server's
+// flow-control requests on its stream, or the watch stalls once a burst of writes
+// fills its window).
 func kvBucket(bucket string) []string {
 	stream := "KV_" + bucket
 	return append(append(streamManage(stream), streamRead(stream)[1:]...),
@@ -52,6 +59,7 @@ func kvBucket(bucket string) []string {
 		jsAPI+"CONSUMER.DELETE."+stream+".>",
 		jsAPI+"CONSUMER.INFO."+stream+".>",
 		jsAPI+"CONSUMER.MSG.NEXT."+stream+".>",
+		jsFC+stream+".>",
 		"$KV."+bucket+".>",
 		jsAPI+"INFO", // account info: nats.go checks the account's limits before creating a bucket
 	)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
@@ -53,10 +54,17 @@ func TestNamedSignerChains(t *testing.T) {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(meshRoot.Cert), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err == nil {
 		t.Fatal("the partner signer's leaf verifies under the mesh root")
 	}
+	// Its record names the signer: readers tell a named signer's root from a broken chain.
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.CertSigner != "partner" || ev.Serial != pki.SerialHex(leaf) {
+		t.Fatalf("cert.issued of the partner's certificate: signer %q serial %s", ev.CertSigner, ev.Serial)
+	}
 
 	def, err := istioCreate(c, tok, "", csr, 3600)
 	if err != nil || def.CertChain[len(def.CertChain)-1] != meshPEM {
 		t.Fatalf("default signer: %v", err)
+	}
+	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.CertSigner != "" {
+		t.Fatalf("the mesh CA's certificate recorded under signer %q", ev.CertSigner)
 	}
 	for _, tc := range []struct{ signer, want string }{
 		{"kubernetes.io/legacy-unknown", "unknown cert signer"},

@@ -74,7 +74,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.Int(&inFlight, "in-flight", "", 32, "requests in flight at once")
 	fs.Int(&warmup, "warmup", "", 200, "requests sent, and not measured, before the run")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm of the CSRs")
-	fs.String(&ns, "ns", "", "bench", "namespace of the minted tokens")
+	fs.String(&ns, "ns", "", events.BenchNamespace, "namespace of the minted tokens; in "+events.BenchNamespace+" (the default) the certificates are kept out of fleet counts (status, certs, the dashboard) and out of meshctl up's event print")
 	fs.String(&sa, "sa", "", "load", "service account of the minted tokens (one per request: sa-0, sa-1, ...)")
 	fs.String(&tokensFile, "tokens", "", "", "pre-minted tokens, one per line, used round robin (default: minted from the local stack's dev issuer)")
 	fs.Int(&pid, "signer-pid", "", 0, "pid of a local signer, whose CPU is read from /proc (default: the local stack's)")

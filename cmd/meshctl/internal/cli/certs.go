@@ -10,18 +10,21 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 )
 
 func runCerts(ctx context.Context, env Env, args []string) error {
 	var dir, output string
+	var withBench bool
 	var bf busFlags
 	fs := flagenv.New("certs", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
 	bf.bindRole(fs)
 	fs.String(&output, "o", "", "text", "output: text, wide or json")
+	fs.Bool(&withBench, "bench", "", false, "also list meshctl bench's certificates (namespace "+events.BenchNamespace+"), left out by default")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -31,6 +34,12 @@ func runCerts(ctx context.Context, env Env, args []string) error {
 	snap, err := readInventory(ctx, &bf, dir, "meshctl certs")
 	if err != nil {
 		return err
+	}
+	if !withBench {
+		var n int
+		if snap, n = snap.WithoutBench(); n > 0 {
+			fmt.Fprintf(env.Stderr, "meshctl: %d certificate(s) of meshctl bench (namespace %s) left out; -bench lists them\n", n, events.BenchNamespace)
+		}
 	}
 	if output == "json" {
 		certs := make([]inventory.Cert, len(snap.Certs))

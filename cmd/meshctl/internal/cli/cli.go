@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/compose"
+	"github.com/meshagent/meshagent/pkg/buildinfo"
 )
 
 // Env is what every command gets from main.
@@ -23,7 +24,11 @@ var operator = []command.Command{
 	{Name: "up", Usage: "start the local stack (embedded NATS, signer, rotator, demo pods) until Ctrl-C", Run: runUp},
 	{Name: "status", Usage: "summarise the stack and the fleet; exits non-zero when something needs attention", Run: runStatus},
 	{Name: "events", Usage: "replay and follow the audit log: events [-follow] [-since 1h|RFC3339] [-pod P] [-type T] [-o json]", Run: runEvents},
-	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json]", Run: runCerts},
+	{Name: "certs", Usage: "list the certificate inventory, soonest expiry first: certs [-o wide|json] [-bench]", Run: runCerts},
+	{Name: "check", Usage: "pre-flight of a running bus and fleet: roles enforced, streams in quorum, signers, clocks, CA material, expiry horizons; exits non-zero with what to fix", Run: runCheck},
+	{Name: "bug-report", Usage: "write a support bundle (tar.gz): versions, status, check, proxy-status, certs, recent events, logs where reachable: bug-report [-o FILE] [-since 1h]", Run: runBugReport},
+	{Name: "describe", Usage: "one pod in one view: identity, certificate, roots, xDS streams, recent events: describe pod [NAMESPACE/]NAME", Run: runDescribe},
+	{Name: "proxy-status", Usage: "each pod's ADS streams: upstream, last version ACKed or NACKed per type: proxy-status [-all] [NAMESPACE/NAME]", Run: runProxyStatus},
 	{Name: "inspect", Usage: "show a certificate and whether it verifies: inspect <pod | serial | PEM file>", Run: runInspect},
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-pod POD] [-out DIR] [-grpc]", Run: runSign},
 	{Name: "csr", Usage: "one CreateCertificate over the Istio gRPC API, printing the chain: csr -ns NS -sa SA | -cert F -key F [-impersonate ID] [-signer NAME]; csr -bus -pod POD -cert F -key F renews by certificate over the bus", Run: runCSR},
@@ -34,6 +39,12 @@ var operator = []command.Command{
 	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod [NAMESPACE/]NAME (a bare name: namespace default)", Run: runRotate},
 	{Name: "token", Usage: "mint a dev service-account token: token -ns NS -sa SA [-ttl D]", Run: runToken},
 	{Name: "bus-auth", Usage: "generate a fleet's bus credentials and nats-server auth config: bus-auth -out DIR", Run: runBusAuth},
+	{Name: "version", Usage: "print meshctl's version (also -version); status shows each service's", Run: runVersion},
+}
+
+func runVersion(_ context.Context, env Env, _ []string) error {
+	fmt.Fprintln(env.Stdout, buildinfo.String("meshctl"))
+	return nil
 }
 
 // Run dispatches args[0] to its command.
@@ -41,6 +52,9 @@ func Run(ctx context.Context, env Env, args []string) error {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(env.Stdout)
 		return nil
+	}
+	if args[0] == "-version" || args[0] == "--version" {
+		return runVersion(ctx, env, nil)
 	}
 	for _, group := range [][]command.Command{operator, compose.Commands} {
 		for _, c := range group {

@@ -3,8 +3,10 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
+	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -130,45 +132,90 @@ func parseWords(fs *flagenv.Set, args []string) ([]string, error) {
 	}
 }
 
-// followRoot reports, from the inventory, how many pods hold a certificate under the
-// new root, until all do or wait runs out.
+// followRoot reports, from the inventory, how many live pods hold a certificate
+// under the new root, until all do or wait runs out. Pods that no longer answer
+// (inventory.Cert.Silent: stopped, expired, or deaf to the rotator's renewals) and
+// certificates of named signers (whose chains never end at the mesh's root) are
+// left out and named, not waited for.
 func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
-	last := ""
+	last, lastOut := "", ""
+	var err error
 	for {
-		snap, err := inventory.Read(ctx, nc)
+		var snap inventory.Snapshot
+		snap, err = inventory.Read(ctx, nc)
 		if err == nil {
-			held, total := 0, 0
-			for _, c := range snap.Certs {
-				if c.Down || c.Pod == "" {
-					continue
-				}
-				total++
-				if c.Root == fp {
-					held++
-				}
-			}
-			line := fmt.Sprintf("%d/%d pod certificate(s) under the new root", held, total)
-			if line != last {
+			p := rootProgress(snap, fp, time.Now())
+			if line := p.line(); line != last {
 				fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line)
 				last = line
 			}
-			if held == total {
+			if out := p.leftOut(); out != "" && out != lastOut {
+				fmt.Fprintf(env.Stdout, "          left out, not answering: %s\n", out)
+				lastOut = out
+			}
+			if p.held == p.total {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			if err != nil {
-				return fmt.Errorf("rotate root -wait: %w", err)
+			if last == "" {
+				return fmt.Errorf("rotate root -wait: after %s, no inventory: %w", wait, err)
 			}
 			return fmt.Errorf("rotate root -wait: after %s, %s", wait, last)
 		case <-tick.C:
 		}
 	}
+}
+
+// progress is how far a root rotation has reached the fleet.
+type progress struct {
+	held, total, named int
+	silent             []string // "ns/name (why)"
+}
+
+// rootProgress counts the live pods' certificates under the root fp.
+func rootProgress(snap inventory.Snapshot, fp string, now time.Time) progress {
+	var p progress
+	for _, c := range snap.Certs {
+		if c.Pod == "" {
+			continue
+		}
+		if c.CertSigner != "" {
+			p.named++ // its chain ends at its named signer's root, whatever the mesh's
+			continue
+		}
+		if gone, why := c.Silent(now); gone {
+			if !c.Down {
+				p.silent = append(p.silent, c.Pod+" ("+why+")")
+			}
+			continue
+		}
+		p.total++
+		if c.Root == fp {
+			p.held++
+		}
+	}
+	return p
+}
+
+func (p progress) line() string {
+	l := fmt.Sprintf("%d/%d live pod certificate(s) under the new root", p.held, p.total)
+	if p.named > 0 {
+		l += fmt.Sprintf(" (%d of named signers not counted)", p.named)
+	}
+	return l
+}
+
+func (p progress) leftOut() string {
+	if len(p.silent) > 5 {
+		return fmt.Sprintf("%s and %d more", strings.Join(p.silent[:5], ", "), len(p.silent)-5)
+	}
+	return strings.Join(p.silent, ", ")
 }
 
 func rotatePod(nc *nats.Conn, env Env, arg string) error {

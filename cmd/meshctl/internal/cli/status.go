@@ -9,13 +9,16 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/auditlog"
+	"github.com/meshagent/meshagent/pkg/buildinfo"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
@@ -60,17 +63,23 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string {
 	var attention []string
 	client := &http.Client{Timeout: 2 * time.Second}
+	fmt.Fprintln(w, buildinfo.String("meshctl"))
 	fmt.Fprintf(w, "NATS %s\n", st.NATSURL)
 	if st.Dashboard != "" {
 		fmt.Fprintf(w, "dashboard http://%s/\n", st.Dashboard)
 	}
-	fmt.Fprintf(w, "\n%-22s %-7s %-22s %s\n", "SERVICE", "PID", "HTTP", "READY")
+	fmt.Fprintf(w, "\n%-22s %-7s %-22s %-14s %s\n", "SERVICE", "PID", "HTTP", "VERSION", "READY")
 	for _, p := range st.Processes {
 		ready := readyz(ctx, client, p.HTTP)
+		version := versionOf(ctx, client, p.HTTP)
 		if ready != "ready" {
 			attention = append(attention, fmt.Sprintf("%s is %s (log %s)", p.Name, ready, p.Log))
 		}
-		fmt.Fprintf(w, "%-22s %-7d %-22s %s\n", p.Name, p.PID, p.HTTP, ready)
+		pid := strconv.Itoa(p.PID)
+		if !alive(p.PID) {
+			pid += "?" // not running: the stack is gone, or stack.json is older than a restart
+		}
+		fmt.Fprintf(w, "%-22s %-7s %-22s %-14s %s\n", p.Name, pid, p.HTTP, version, ready)
 	}
 	fmt.Fprintf(w, "\n%-10s %-18s %-26s %s\n", "POD", "SERIAL", "EXPIRES (OUTPUT_CERTS)", "ROOT (sha256)")
 	for _, p := range st.Pods {
@@ -129,9 +138,18 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		attention = append(attention, fmt.Sprintf("inventory: %v", err))
 		return attention
 	}
+	// meshctl bench's load is not the fleet.
+	snap, bench := snap.WithoutBench()
+	if bench > 0 {
+		row("bench", "%d certificate(s) of meshctl bench (namespace %s) not counted", bench, events.BenchNamespace)
+	}
 	up, down := map[string]bool{}, map[string]bool{}
+	named := map[string]int{}
 	dueHour, expired, overdue := 0, 0, 0
 	for _, c := range snap.Certs {
+		if c.CertSigner != "" && !c.Down {
+			named[c.CertSigner]++
+		}
 		if c.Pod != "" {
 			if c.Down {
 				down[c.Pod] = true
@@ -167,6 +185,14 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	}
 	row("pods", "%d up, %d down", len(up), len(down))
 	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)
+	if len(named) > 0 {
+		var parts []string
+		for _, k := range keys(named) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, named[k]))
+		}
+		// Not a broken chain: a named signer's chain ends at its own CA's root.
+		row("named signers", "%s certificate(s), under their own roots (CERT_SIGNERS), not the mesh's", strings.Join(parts, ", "))
+	}
 	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
 		bundle = snap.Trust.Roots
 	}
@@ -268,6 +294,20 @@ func orNone(ks []string) string {
 	return strings.Join(ks, ", ")
 }
 
+// versionOf is the version a service names on its /healthz ("-" when it does not answer).
+func versionOf(ctx context.Context, c *http.Client, addr string) string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	if err != nil {
+		return "-"
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "-"
+	}
+	defer resp.Body.Close()
+	return orDash(short(resp.Header.Get(buildinfo.Header), 40))
+}
+
 func readyz(ctx context.Context, c *http.Client, addr string) string {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
 	if err != nil {
@@ -290,4 +330,13 @@ func short(s string, n int) string {
 		return s[:n]
 	}
 	return s
+}
+
+// alive reports whether a process with this pid runs (signal 0 reaches it).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	p, err := os.FindProcess(pid)
+	return err == nil && p.Signal(syscall.Signal(0)) == nil
 }

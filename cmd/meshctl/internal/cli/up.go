@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
@@ -151,10 +152,19 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 	fmt.Fprintf(w, "\nEvents (Ctrl-C stops everything):\n")
 }
 
-// printer turns every event into one line for out.
+// printer turns every event into one line for out, except meshctl bench's load
+// (events.BenchNamespace: thousands of lines a second), said once.
 func printer(out func(string)) nats.MsgHandler {
+	var benchSaid atomic.Bool
 	return func(m *nats.Msg) {
 		p, meta, err := events.DecodeAny(m)
-		out(auditlog.Entry{Subject: m.Subject, Meta: meta, Payload: p, Err: err}.Line(time.Now()))
+		e := auditlog.Entry{Subject: m.Subject, Meta: meta, Payload: p, Err: err}
+		if err == nil && e.Bench() {
+			if !benchSaid.Swap(true) {
+				out(fmt.Sprintf("meshctl: events of namespace %s (meshctl bench) are not printed here; meshctl events shows them", events.BenchNamespace))
+			}
+			return
+		}
+		out(e.Line(time.Now()))
 	}
 }

@@ -96,6 +96,8 @@ type Runner struct {
 	// addrs are the ports startPods reserved for the pods, handed out by freeAddrs.
 	addrs []string
 	Stack stackfile.Stack
+	// stackMu guards Stack.Processes and stack.json, rewritten on each restart.
+	stackMu sync.Mutex
 	// stopOnce: Start stops what it started when it fails, and its caller's
 	// deferred Stop must then not stop the supervisor a second time.
 	stopOnce sync.Once
@@ -131,7 +133,8 @@ func New(cfg Config, out io.Writer, log hclog.Logger) (*Runner, error) {
 	}
 	cfg.Dir = abs
 	r := &Runner{cfg: cfg, out: out, log: log}
-	r.sup.Restart = true // a crashed service comes back, as under a pod's restartPolicy
+	r.sup.Restart = true          // a crashed service comes back, as under a pod's restartPolicy
+	r.sup.OnRestart = r.restarted // stack.json names the live pid (meshctl status)
 	return r, nil
 }
 
@@ -215,10 +218,27 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 		return err
 	}
 	// After every pod is up, so that each process is listed with its pid.
+	r.stackMu.Lock()
+	defer r.stackMu.Unlock()
 	for _, p := range r.sup.Processes() {
 		r.Stack.Processes = append(r.Stack.Processes, stackfile.Process{Name: p.Name, PID: p.PID(), HTTP: p.HTTP, Log: p.LogPath})
 	}
 	return stackfile.Write(r.cfg.Dir, &r.Stack)
+}
+
+// restarted records a restarted child's new pid in stack.json, so that meshctl
+// status shows the process that runs, not the one that died.
+func (r *Runner) restarted(p *supervisor.Process) {
+	r.stackMu.Lock()
+	defer r.stackMu.Unlock()
+	for i := range r.Stack.Processes {
+		if r.Stack.Processes[i].Name == p.Name {
+			r.Stack.Processes[i].PID = p.PID()
+		}
+	}
+	if err := stackfile.Write(r.cfg.Dir, &r.Stack); err != nil {
+		r.log.Warn("stack file not updated after a restart", "process", p.Name, "error", err)
+	}
 }
 
 // maxSocketPath is the longest unix socket path Linux accepts (sun_path less its NUL).

@@ -72,6 +72,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		case a == "--version":
 			fmt.Fprintln(stdout, Version)
 			return 0
+		case a == "-h" || a == "--help":
+			fmt.Fprintln(stdout, "usage: envoy-standin -c <bootstrap> [Envoy's other flags, ignored]: answers the launcher's admin calls as Envoy would")
+			return 0
 		case valued[a]:
 			if i+1 >= len(args) {
 				fmt.Fprintf(stderr, "envoy-standin: %s needs a value\n", a)

@@ -103,6 +103,8 @@ var (
 		"Seconds until each root of the trust bundle expires.", []string{"fingerprint"}, nil)
 	podsDesc = prometheus.NewDesc("meshagent_fleet_pods",
 		"Pods holding a certificate in the inventory, by state (up, down).", []string{"state"}, nil)
+	benchDesc = prometheus.NewDesc("meshagent_fleet_bench_certificates",
+		"Certificates of meshctl bench (namespace meshagent-bench) in the inventory, left out of the other gauges.", nil, nil)
 	skippedDesc = prometheus.NewDesc("meshagent_fleet_inventory_records_skipped",
 		"Inventory records that could not be read and are left out of the other gauges (written malformed with the inventory credential).", nil, nil)
 )
@@ -111,6 +113,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- certsDesc
 	ch <- rootDesc
 	ch <- podsDesc
+	ch <- benchDesc
 	ch <- skippedDesc
 }
 
@@ -122,7 +125,12 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	counts := map[string]int{}
 	pods := map[string]map[string]bool{"up": {}, "down": {}}
+	bench := 0
 	for _, cert := range snap.Certs {
+		if cert.Bench() {
+			bench++
+			continue
+		}
 		if cert.Down {
 			pods["down"][cert.Pod] = true
 			continue
@@ -136,6 +144,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(certsDesc, prometheus.GaugeValue, float64(counts[b.Label]), b.Label)
 	}
 	ch <- prometheus.MustNewConstMetric(skippedDesc, prometheus.GaugeValue, float64(len(snap.Skipped)))
+	ch <- prometheus.MustNewConstMetric(benchDesc, prometheus.GaugeValue, float64(bench))
 	for state, set := range pods {
 		ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(len(set)), state)
 	}

@@ -55,8 +55,7 @@ type Server struct {
 	metrics *fleetMetrics
 
 	mu      sync.Mutex
-	values  map[string][]byte // the bucket, as the watch last saw it
-	snap    inventory.Snapshot
+	view    *inventory.View // the bucket, as the watch last saw it
 	synced  bool
 	recent  []feedItem // the last events, oldest first
 	clients map[chan feedItem]struct{}
@@ -81,7 +80,7 @@ func New(cfg Config, nc *nats.Conn, log hclog.Logger) (*Server, error) {
 	if cfg.History <= 0 {
 		cfg.History = 30 * time.Minute
 	}
-	s := &Server{cfg: cfg, nc: nc, log: log, values: map[string][]byte{}, clients: map[chan feedItem]struct{}{}}
+	s := &Server{cfg: cfg, nc: nc, log: log, view: inventory.NewView(), clients: map[chan feedItem]struct{}{}}
 	m, err := newFleetMetrics(cfg.Metrics, s.snapshot)
 	if err != nil {
 		return nil, err
@@ -162,14 +161,18 @@ func (s *Server) event(e auditlog.Entry) {
 			}
 		}
 	}
+	if e.Err == nil && e.Bench() {
+		return // meshctl bench's load: counted and written, not in the page's feed
+	}
 	item := feedEvent{ID: e.Meta.ID, Seq: e.Seq, Time: e.Meta.Time, Type: auditlog.ShortType(e.Meta.Type), Pod: e.Pod(), Data: e.Payload}
+	if item.Time.IsZero() {
+		item.Time = time.Now()
+	}
 	if e.Err != nil {
 		item.Error = e.Err.Error()
 	} else {
-		item.Text = auditlog.Describe(e.Payload, time.Now())
-	}
-	if item.Time.IsZero() {
-		item.Time = time.Now()
+		// As it was: a replayed event's durations are from its own time.
+		item.Text = auditlog.Describe(e.Payload, item.Time)
 	}
 	b, err := json.Marshal(item)
 	if err != nil {
@@ -206,41 +209,47 @@ func (s *Server) broadcast(it feedItem, keep bool) {
 	}
 }
 
-// watch mirrors the bucket into memory and tells the pages when it changes.
+// inventoryTick is how often, at most, the pages are told that the inventory
+// changed: a burst of thousands of certificates is one reload a tick, not one per
+// certificate.
+const inventoryTick = 250 * time.Millisecond
+
+// watch mirrors the bucket into memory, one record at a time, and tells the pages
+// when it changed.
 func (s *Server) watch(ctx context.Context) error {
 	w, err := s.keeper.Bucket().WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watch inventory: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	var tick <-chan time.Time // armed while a change is not yet announced
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tick:
+			tick = nil
+			s.broadcast(feedItem{Kind: "inventory", Data: []byte("{}")}, false)
 		case e, ok := <-w.Updates():
 			if !ok {
 				return errors.New("inventory watch closed")
 			}
 			s.mu.Lock()
-			if e == nil {
+			switch {
+			case e == nil:
 				s.synced = true
-			} else if e.Operation() == jetstream.KeyValuePut {
-				s.values[e.Key()] = e.Value()
-			} else {
-				delete(s.values, e.Key())
+			case e.Operation() == jetstream.KeyValuePut:
+				if s.view.Put(e.Key(), e.Value()) && s.synced {
+					_, n := s.view.Len()
+					s.log.Warn("inventory record skipped", "count", n, "key", e.Key())
+				}
+			default:
+				s.view.Delete(e.Key())
 			}
 			synced := s.synced
-			if synced {
-				snap := inventory.Decode(s.values)
-				if len(snap.Skipped) > len(s.snap.Skipped) {
-					s.log.Warn("inventory records skipped", "count", len(snap.Skipped), "first_key", snap.Skipped[0].Key,
-						"reason", snap.Skipped[0].Reason)
-				}
-				s.snap = snap
-			}
 			s.mu.Unlock()
-			if synced {
-				s.broadcast(feedItem{Kind: "inventory", Data: []byte("{}")}, false)
+			if synced && tick == nil {
+				tick = time.After(inventoryTick)
 			}
 		}
 	}
@@ -249,7 +258,10 @@ func (s *Server) watch(ctx context.Context) error {
 func (s *Server) snapshot() (inventory.Snapshot, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.snap, s.synced
+	if !s.synced {
+		return inventory.Snapshot{}, false
+	}
+	return s.view.Snapshot(), true
 }
 
 // Handler serves the page and its API (the process serves /metrics and health).
@@ -268,7 +280,15 @@ func (s *Server) Guard(next http.Handler) http.Handler {
 	return newHostGuard(s.cfg.Listen, nil, s.cfg.Hosts, next)
 }
 
-func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {
+// serveInventory is one page of the inventory as JSON: filtered, sorted and cut
+// on the server (query.go), with the whole inventory's counts. meshctl bench's
+// certificates are left out (and counted) unless ?bench=1.
+func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
+	q, err := parseQuery(r.URL.Query())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	snap, ok := s.snapshot()
 	if !ok {
 		http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
@@ -276,10 +296,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(struct {
-		Now time.Time `json:"now"`
-		inventory.Snapshot
-	}{time.Now().UTC(), snap})
+	_ = json.NewEncoder(w).Encode(answer(snap, q, time.Now()))
 }
 
 // serveEvents is the live feed (server-sent events): the recent events first, then

@@ -406,6 +406,9 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: signing.RootFingerprint(),
 		CertChain: append([]string{leafPEM}, signing.IntermediatePEMs()...),
 	}
+	if signing != mat {
+		ev.CertSigner = req.CertSigner // its chain ends at the named signer's root
+	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
 	msgs := []*nats.Msg{msg}
 	if err == nil && !pod.IsZero() && i.cfg.Records != nil {

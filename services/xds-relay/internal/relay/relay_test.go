@@ -375,3 +375,50 @@ func TestTokenAndMetadataReachUpstream(t *testing.T) {
 		t.Fatal("a stream without a token reached the upstream")
 	}
 }
+
+// TestAckIsReportedOncePerVersion: Envoy's ACK of a new version is on the bus
+// (xds.acked, for meshctl proxy-status); its re-ACK of the same version is not;
+// the next version's ACK is; a NACK is not an ACK.
+func TestAckIsReportedOncePerVersion(t *testing.T) {
+	up := startUpstream(t)
+	up.setClusters("n1", "v1", "a")
+	env := startRelay(t, upstream.Config{Address: up.addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := openCDS(t, ctx, env.socket, "n1")
+	r1, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack := func(r *discoveryv3.DiscoveryResponse) {
+		t.Helper()
+		if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acks := func(version string) int {
+		return len(bustest.Find(env.rec, func(e events.XDSAcked) bool {
+			return e.TypeURL == resource.ClusterType && e.Version == version && e.Pod == testPodRef && e.Stream != ""
+		}))
+	}
+	ack(r1)
+	ack(r1) // the same version again
+	testkit.Eventually(t, "ack event", func() bool { return acks(r1.GetVersionInfo()) == 1 })
+	up.setClusters("n1", "v2", "b")
+	r2, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: r1.GetVersionInfo(), ResponseNonce: r2.GetNonce(),
+		ErrorDetail: &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "no"}}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "nack event", func() bool {
+		return len(bustest.Find(env.rec, func(e events.XDSNack) bool { return e.Nonce == r2.GetNonce() })) == 1
+	})
+	ack(r2)
+	testkit.Eventually(t, "the next version's ack", func() bool { return acks(r2.GetVersionInfo()) == 1 })
+	if n := acks(r1.GetVersionInfo()); n != 1 {
+		t.Fatalf("version %s acked %d times on the bus", r1.GetVersionInfo(), n)
+	}
+}

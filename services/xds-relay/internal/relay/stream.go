@@ -27,6 +27,8 @@ type stream struct {
 	ds   grpc.ServerStream
 	us   grpc.ClientStream
 	q    *queue
+	// acked is the last version Envoy ACKed per type URL (fromEnvoy's alone).
+	acked map[string]string
 	// Each loop counts with its own cache of series (they are not shared).
 	reqSeries, respSeries *streamSeries
 }
@@ -139,6 +141,8 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 		countRequest(st.reqSeries, h.TypeURL, f.data.Len())
 		if h.ErrorDetail != nil {
 			st.nack(h)
+		} else if len(h.Nonce) > 0 {
+			st.ack(h) // before the frame is queued: h aliases it
 		}
 		if first {
 			st.connected(h) // before the frame is queued: h aliases it
@@ -271,6 +275,21 @@ func (st *stream) nack(h header) {
 	st.s.log.Warn("envoy rejected config", "stream", st.id, "type", string(h.TypeURL), "nonce", string(h.Nonce), "version", string(h.Version), "error", detail)
 	st.s.publish(events.PodEventXDSNack, events.XDSNack{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: string(h.TypeURL),
 		Nonce: string(h.Nonce), Version: string(h.Version), ErrorDetail: detail})
+}
+
+// ack reports a new version Envoy accepted for a type (a request with a nonce and
+// no error): once per version, so that a pod's sync state is on the bus
+// (events.XDSAcked) without one event per re-ACK.
+func (st *stream) ack(h header) {
+	t, v := string(h.TypeURL), string(h.Version)
+	if st.acked == nil {
+		st.acked = map[string]string{}
+	}
+	if last, seen := st.acked[t]; seen && last == v {
+		return
+	}
+	st.acked[t] = v
+	st.s.publish(events.PodEventXDSAcked, events.XDSAcked{Pod: st.s.cfg.Pod, Stream: st.id, TypeURL: t, Version: v, Nonce: string(h.Nonce)})
 }
 
 func (s *Server) disconnected(id, reason string) {

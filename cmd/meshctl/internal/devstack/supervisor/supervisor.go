@@ -36,6 +36,9 @@ type Supervisor struct {
 	Restart bool
 	// RestartBackoff is the first wait before a restart; DefaultRestartBackoff when zero.
 	RestartBackoff time.Duration
+	// OnRestart, when set, is called after each restart with the child's new run
+	// (its new PID), from the goroutine that restarted it.
+	OnRestart func(*Process)
 
 	mu       sync.Mutex
 	procs    []*Process
@@ -196,6 +199,9 @@ func (s *Supervisor) watch(p *Process) {
 		if err != nil {
 			s.report(fmt.Sprintf("%s: restart failed: %v", p.Name, err))
 			return
+		}
+		if s.OnRestart != nil {
+			s.OnRestart(p)
 		}
 	}
 }

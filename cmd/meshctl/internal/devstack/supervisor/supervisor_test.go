@@ -145,7 +145,8 @@ func TestFreeAddrsAreDistinct(t *testing.T) {
 // again; Stop then stops the new run, and nothing restarts after Stop.
 func TestRestartsACrashedChild(t *testing.T) {
 	dir := t.TempDir()
-	s := Supervisor{Restart: true, RestartBackoff: 10 * time.Millisecond}
+	restarted := make(chan int, 1)
+	s := Supervisor{Restart: true, RestartBackoff: 10 * time.Millisecond, OnRestart: func(p *Process) { restarted <- p.PID() }}
 	defer s.Stop(time.Second)
 	p := newProcess(t, dir, "victim")
 	if err := s.Start(context.Background(), p, time.Minute); err != nil {
@@ -169,6 +170,15 @@ func TestRestartsACrashedChild(t *testing.T) {
 	}
 	if p.PID() == first || p.Restarts() != 1 {
 		t.Fatalf("pid %d (was %d), %d restarts: want a new run, 1 restart", p.PID(), first, p.Restarts())
+	}
+	// OnRestart was told the new run's pid (meshctl up rewrites stack.json with it).
+	select {
+	case pid := <-restarted:
+		if pid != p.PID() {
+			t.Fatalf("OnRestart saw pid %d, the new run is %d", pid, p.PID())
+		}
+	default:
+		t.Fatal("OnRestart not called")
 	}
 	if log, _ := os.ReadFile(p.LogPath); !strings.Contains(string(log), "restarting victim (restart 1)") {
 		t.Fatalf("log %q lacks the restart line", log)

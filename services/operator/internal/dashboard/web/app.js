@@ -1,8 +1,10 @@
-// meshctl serve's page: the inventory (/api/inventory) and the live event feed
-// (/api/events, server-sent events). No libraries: everything is drawn here.
+// The operator's page: the inventory (/api/inventory: one page of it, filtered,
+// sorted and cut on the server, with the whole fleet's counts) and the live event
+// feed (/api/events, server-sent events). No libraries: everything is drawn here.
 "use strict";
 
-const state = { inv: null, skew: 0, events: [], seen: new Set() };
+const state = { inv: null, skew: 0, events: [], seen: new Set(),
+  q: { ns: "", pod: "", root: "", expiry: "", sort: "expiry", order: "asc", offset: 0, limit: 100 } };
 const $ = (s) => document.querySelector(s);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const now = () => Date.now() + state.skew;
@@ -28,7 +30,9 @@ function health(left, life) {
 
 async function load() {
   try {
-    const r = await fetch("api/inventory", { cache: "no-store" });
+    const params = new URLSearchParams();
+    for (const [k, v] of Object.entries(state.q)) if (v !== "" && !(k === "offset" && v === 0)) params.set(k, v);
+    const r = await fetch("api/inventory?" + params, { cache: "no-store" });
     if (!r.ok) throw new Error(await r.text());
     const inv = await r.json();
     state.skew = Date.parse(inv.now) - Date.now();
@@ -42,17 +46,15 @@ async function load() {
 
 function render(before) {
   const inv = state.inv, t = now();
-  const certs = inv.certificates || [];
-  const live = certs.filter((c) => !c.down);
-  const soon = live.filter((c) => Date.parse(c.not_after) - t < 3600e3).length;
-  const expired = live.filter((c) => Date.parse(c.not_after) <= t).length;
-  const pods = new Set(live.map((c) => c.pod).filter(Boolean)).size;
+  const certs = inv.certificates || [], n = inv.counts || {};
+  const soon = n.expire_within_1h || 0, expired = n.expired || 0;
   const roots = inv.trust?.roots || [];
-  const chip = (n, label, cls = "") => `<span class="chip ${cls}"><b>${n}</b>${label}</span>`;
-  $("#summary").innerHTML = chip(live.length, "certificates") + chip(pods, "pods") +
+  const chip = (v, label, cls = "") => `<span class="chip ${cls}"><b>${v}</b>${label}</span>`;
+  $("#summary").innerHTML = chip(n.certificates || 0, "certificates") + chip(n.pods || 0, "pods") +
     chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
     chip(roots.length, "roots") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
-    (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "");
+    (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "") +
+    (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "");
 
   const body = $("#certs tbody");
   body.innerHTML = certs.map((c) => {
@@ -71,16 +73,49 @@ function render(before) {
       <td>${c.renewals}</td></tr>`;
   }).join("");
   $("#nocerts").hidden = certs.length > 0;
+  tools(inv, roots);
 
+  // The newest root signs; any other is leaving the bundle as its certificates renew.
+  const newest = roots.reduce((a, r) => (!a || Date.parse(r.not_before) > Date.parse(a.not_before) ? r : a), null);
   $("#roots").innerHTML = roots.map((r) => {
     const nb = Date.parse(r.not_before), na = Date.parse(r.not_after), left = na - t, h = health(left, na - nb);
     const pct = Math.max(0, Math.min(100, (100 * left) / (na - nb)));
-    return `<div class="root" data-root="${esc(r.fingerprint)}">
-      <div><span class="mono">${esc(r.fingerprint.slice(0, 16))}</span> <span class="muted">${esc(r.subject)}</span></div>
+    const role = roots.length < 2 ? "signs" : r === newest ? "signs now" : "leaving";
+    const held = (n.roots || {})[r.fingerprint] || 0;
+    return `<div class="root" data-root="${esc(r.fingerprint)}" data-role="${role}">
+      <div><span class="mono">${esc(r.fingerprint.slice(0, 16))}</span> <span class="muted">${esc(r.subject)}</span>
+        <span class="chip ${role === "leaving" ? "warn" : ""}">${role}</span> <span class="muted">${held} certificate(s)</span></div>
       <div class="bar"><i class="${h}" style="width:${pct}%"></i></div>
       <div class="${h}">expires in ${human(left)} <span class="muted">(${new Date(na).toISOString().slice(0, 10)})</span></div></div>`;
   }).join("") || '<p class="muted">No trust.changed seen yet.</p>';
   timeline();
+}
+
+// tools fills the table's filter, sort and paging controls from the fleet's counts.
+function tools(inv, roots) {
+  const sel = (id, opts, cur) => {
+    const el = $(id), html = opts.map(([v, l]) => `<option value="${esc(v)}"${v === cur ? " selected" : ""}>${esc(l)}</option>`).join("");
+    if (el.dataset.html !== html) { el.innerHTML = html; el.dataset.html = html; }
+  };
+  const nss = Object.keys(inv.counts?.namespaces || {}).sort();
+  sel("#f-ns", [["", "all namespaces"], ...nss.map((ns) => [ns, `${ns} (${inv.counts.namespaces[ns]})`])], state.q.ns);
+  sel("#f-root", [["", "any root"], ...roots.map((r) => [r.fingerprint, r.fingerprint.slice(0, 12)])], state.q.root);
+  const from = inv.total ? inv.offset + 1 : 0, to = inv.offset + (inv.certificates || []).length;
+  $("#range").textContent = `${from}–${to} of ${inv.total}`;
+  $("#prev").disabled = inv.offset <= 0;
+  $("#next").disabled = to >= inv.total;
+}
+
+function bindTools() {
+  const set = (k, v) => { state.q[k] = v; state.q.offset = 0; load(); };
+  $("#f-ns").onchange = (e) => set("ns", e.target.value);
+  $("#f-root").onchange = (e) => set("root", e.target.value);
+  $("#f-exp").onchange = (e) => set("expiry", e.target.value);
+  $("#f-sort").onchange = (e) => { const [k, o] = e.target.value.split(":"); state.q.order = o; set("sort", k); };
+  let typing;
+  $("#f-pod").oninput = (e) => { clearTimeout(typing); typing = setTimeout(() => set("pod", e.target.value.trim()), 250); };
+  $("#prev").onclick = () => { state.q.offset = Math.max(0, state.q.offset - state.q.limit); load(); };
+  $("#next").onclick = () => { state.q.offset += state.q.limit; load(); };
 }
 
 // timeline draws one lane per current certificate: its validity, its renew-due mark
@@ -171,6 +206,7 @@ function connect() {
   });
 }
 
+bindTools();
 load();
 connect();
 setInterval(() => state.inv && render(null), 5000);
