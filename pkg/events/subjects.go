@@ -129,6 +129,16 @@ const (
 	PodEventCertExpiring    = "cert.expiring"
 )
 
+// PodEventKinds are every kind a pod may publish: a pod's bus permission names
+// each (pkg/bus/policy), not its whole event subtree, so that it cannot spread a
+// flood over subjects of its own making and crowd other pods' events out of their
+// stream's bytes. A new kind goes here too, or no pod can publish it.
+var PodEventKinds = []string{
+	PodEventUp, PodEventDown, PodEventSecretPushed, PodEventSDSNack, PodEventXDSConnected,
+	PodEventXDSDisconnected, PodEventXDSNack, PodEventXDSAcked, PodEventEnvoyStarted,
+	PodEventEnvoyReady, PodEventEnvoyDraining, PodEventEnvoyExited, PodEventCertExpiring,
+}
+
 // podEventPrefix starts every pod event subject.
 const podEventPrefix = Prefix + ".evt.pod."
 

@@ -178,6 +178,36 @@ func TestPodConfinedToItself(t *testing.T) {
 	}
 }
 
+// TestPodPublishesOnlyItsEventKinds: a pod may publish its events of the known
+// kinds and no subject of its own making below them, so that it cannot spread a
+// flood over new subjects (each with its own per-subject quota in the pods' stream).
+func TestPodPublishesOnlyItsEventKinds(t *testing.T) {
+	m := newMesh(t)
+	var errs bustest.Errors
+	a := m.pod(t, "pod-a", &errs)
+	js := bustest.JetStream(t, a)
+	own, _ := events.PodEventSubject(ref("pod-a"), events.PodEventDown)
+	msg, err := events.NewMsg(own, "sds-edge/pod-a", events.PodDown{Pod: ref("pod-a"), Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := streamMsgs(t, m)
+	if err := bus.Publish(ctxT(t), js, msg); err != nil {
+		t.Fatalf("a pod's own pod.down: %v", err)
+	}
+	made := strings.TrimSuffix(own, events.PodEventDown) + "made.up"
+	for _, s := range []string{made, strings.TrimSuffix(own, "."+events.PodEventDown)} {
+		if err := a.Publish(s, []byte("flood")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flushed(t, a)
+	eventually(t, func() bool { return violated(&errs, made) })
+	if got := streamMsgs(t, m); got != before+1 {
+		t.Fatalf("the streams hold %d messages, want %d: only the known kind is stored", got, before+1)
+	}
+}
+
 // TestPodOfAnotherNamespaceIsAnotherPod: attacker/pod-b, a pod of the same name as
 // default/pod-b in a namespace the attacker may create pods in, gets nothing of
 // default/pod-b's (renew commands, sign replies, anchors) and cannot speak for it

@@ -171,12 +171,16 @@ func ForPod(pod events.PodRef) (Permissions, error) {
 	if err != nil {
 		return Permissions{}, err
 	}
-	evts, _ := events.PodEventsOf(pod)
 	anchors, _ := events.PodAnchorsSubject(pod)
 	renew, _ := events.PodRenewSubject(pod)
 	own := strings.TrimSuffix(renew, "renew") + ">"
+	publish := []string{sign, events.SubjectTrustBundle, anchors, events.TrustFederatedLastWildcard}
+	for _, kind := range events.PodEventKinds {
+		subj, _ := events.PodEventSubject(pod, kind)
+		publish = append(publish, subj)
+	}
 	return Permissions{
-		Publish:   []string{sign, events.SubjectTrustBundle, evts, anchors, events.TrustFederatedLastWildcard},
+		Publish:   publish,
 		Subscribe: []string{own, events.SubjectTrustChanged, events.TrustFederatedWildcard, Inbox(Pod, pod) + ".>"},
 	}, nil
 }
