@@ -27,7 +27,7 @@ type SharedBus struct {
 // busKey is what two services' bus configs must agree on to share a connection.
 type busKey struct {
 	url, creds, nkey, token, ca, cert, key, inbox, pod string
-	background                                       bool
+	background                                         bool
 }
 
 func keyOf(c bus.Config) busKey {
