@@ -100,7 +100,11 @@ func storm(b *testing.B, bin string, pods int, conns string) cli.StormBench {
 		b.Fatalf("bench storm -o json: %v\n%s", err, out.String())
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
-	b.Logf("%s: pods=%d certified=%d failed=%d wasted=%d in %.2f s; signer %.0f µs/pod, nats %.0f µs/pod, %.1f KiB/conn; load %s",
-		st.NATSURL, r.Pods, r.Certified, r.Failed, r.Wasted, r.Seconds, r.SignerCPUMicroPerPod, r.NATSCPUMicroPerPod, r.NATSBytesPerConn/1024, strings.TrimSpace(string(load)))
+	b.Logf("%s: pods=%d certified=%d failed=%d wasted=%d (admissions %d, certificates %d) in %.2f s; admitted %.0f (cache hits %.0f), busy %.0f, dropped %.0f; signer %.0f µs/pod, nats %.0f µs/pod, %.1f KiB/conn; load %s",
+		st.NATSURL, r.Pods, r.Certified, r.Failed, r.Wasted, r.WastedAdmissions, r.WastedCerts, r.Seconds, r.Admitted, r.CacheHits, r.Busy, r.Dropped,
+		r.SignerCPUMicroPerPod, r.NATSCPUMicroPerPod, r.NATSBytesPerConn/1024, strings.TrimSpace(string(load)))
+	for e, n := range r.ConnectErrors {
+		b.Logf("retried %d connects after: %s", n, e)
+	}
 	return r
 }

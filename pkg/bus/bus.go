@@ -61,7 +61,7 @@ const PingInterval = 5 * time.Second
 // to the credential). It is above the server's auth timeout (policy.AuthTimeout),
 // so that a client waits as long as the server waits for the auth callout: never
 // does the callout admit a client that has already given up.
-const ConnectTimeout = 5 * time.Second
+const ConnectTimeout = 10 * time.Second
 
 // Reconnect is the schedule of waits between reconnect attempts: a wave of
 // clients that lost the bus together (a server restart, users expiring together,

@@ -60,6 +60,12 @@ func Start(c Config) (*server.Server, error) {
 	// which nats-server v2.15 does not apply in server-configuration mode; the
 	// streams' MaxMsgSize bounds what is kept (docs/security.md).
 	opts.MaxPayload = 1 << 20
+	// A new client's first PING comes only after the ping interval, not 2 s after
+	// its CONNECT: a client admitted by a slow auth callout (a storm) must get its
+	// PONG before any PING, or nats.go fails the connect the callout admitted
+	// (policy.AuthTimeout). A file-configured server cannot set this; there
+	// AuthTimeout alone keeps the answer within the first ping.
+	opts.DisableShortFirstPing = true
 	if c.TLS != nil {
 		opts.TLSConfig = c.TLS
 		opts.TLSTimeout = 2

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,11 +39,20 @@ type StormBench struct {
 	Failed      int `json:"failed"`
 	// Wasted is work done for no one: connections admitted by the callout that no
 	// client holds, and certificates signed that no pod received.
-	Wasted  int     `json:"wasted"`
-	Seconds float64 `json:"seconds"`
+	Wasted int `json:"wasted"`
+	// WastedAdmissions and WastedCerts are Wasted's two parts.
+	WastedAdmissions int     `json:"wasted_admissions"`
+	WastedCerts      int     `json:"wasted_certificates"`
+	Seconds          float64 `json:"seconds"`
 	// Admitted and Busy are the callout's admissions and busy refusals in the run.
 	Admitted float64 `json:"admitted"`
 	Busy     float64 `json:"busy_refusals"`
+	// Dropped are connect requests the callout reached after the server gave up
+	// on them; CacheHits connections admitted without verifying the token again.
+	Dropped   float64 `json:"dropped"`
+	CacheHits float64 `json:"token_cache_hits"`
+	// ConnectErrors counts the clients' failed connect attempts by error.
+	ConnectErrors map[string]int `json:"connect_errors,omitempty"`
 	// CPU per pod of the signer and of the nats-server process (the local
 	// stack's `meshctl up`, which embeds it), and the nats-server's resident
 	// memory per connection held.
@@ -134,11 +144,14 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	var mu sync.Mutex
 	var last time.Time
 	var open []*nats.Conn
+	tally := &errTally{counts: map[string]int{}}
+	log := hclog.NewInterceptLogger(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Debug})
+	log.RegisterSink(tally)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, p := range sim {
 		wg.Go(func() {
-			ncs, err := p.connect(ctx, natsURL, bf.tlsCA, conns)
+			ncs, err := p.connect(ctx, natsURL, bf.tlsCA, conns, log)
 			mu.Lock()
 			open = append(open, ncs...)
 			mu.Unlock()
@@ -177,9 +190,14 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 		res.Admitted = after.sum("meshagent_signer_bus_callout_admitted_total") - before.sum("meshagent_signer_bus_callout_admitted_total")
 		res.Busy = after.sum(`meshagent_signer_bus_callout_refused_total{reason="busy_try_later"}`) - before.sum(`meshagent_signer_bus_callout_refused_total{reason="busy_try_later"}`)
 		issued := after.sum("meshagent_signer_certs_issued_total") - before.sum("meshagent_signer_certs_issued_total")
-		res.Wasted = max(0, int(res.Admitted)-int(held.Load())) + max(0, int(issued)-res.Certified)
+		res.Dropped = after.sum("meshagent_signer_bus_callout_dropped_total") - before.sum("meshagent_signer_bus_callout_dropped_total")
+		res.CacheHits = after.sum("meshagent_signer_bus_callout_token_cache_hits_total") - before.sum("meshagent_signer_bus_callout_token_cache_hits_total")
+		res.WastedAdmissions = max(0, int(res.Admitted)-int(held.Load()))
+		res.WastedCerts = max(0, int(issued)-res.Certified)
+		res.Wasted = res.WastedAdmissions + res.WastedCerts
 	}
 	closeAll(open)
+	res.ConnectErrors = tally.snapshot()
 	if output == "json" {
 		return json.NewEncoder(env.Stdout).Encode(res)
 	}
@@ -189,7 +207,11 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 
 func printStorm(w io.Writer, r StormBench) {
 	fmt.Fprintf(w, "pods=%d certified=%d failed=%d wasted=%d in %.2f s\n", r.Pods, r.Certified, r.Failed, r.Wasted, r.Seconds)
-	fmt.Fprintf(w, "connections %d per pod, %.0f admitted by the callout, %.0f refused as busy (retried)\n", r.ConnsPerPod, r.Admitted, r.Busy)
+	fmt.Fprintf(w, "connections %d per pod, %.0f admitted by the callout (%.0f with a token checked for another connection), %.0f refused as busy (retried), %.0f dropped (the server had given up)\n", r.ConnsPerPod, r.Admitted, r.CacheHits, r.Busy, r.Dropped)
+	fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received\n", r.WastedAdmissions, r.WastedCerts)
+	for e, n := range r.ConnectErrors {
+		fmt.Fprintf(w, "retried     %d connects after: %s\n", n, e)
+	}
 	fmt.Fprintf(w, "signer      %.0f µs CPU per pod\n", r.SignerCPUMicroPerPod)
 	fmt.Fprintf(w, "nats-server %.0f µs CPU per pod, %.1f KiB per connection\n", r.NATSCPUMicroPerPod, r.NATSBytesPerConn/1024)
 }
@@ -234,7 +256,7 @@ func preparePods(iss *devtoken.Issuer, st *stackfile.Stack, dir, ns, sa string, 
 }
 
 // connect opens the pod's n connections at once, as its processes do.
-func (p *simPod) connect(ctx context.Context, natsURL, tlsCA string, n int) ([]*nats.Conn, error) {
+func (p *simPod) connect(ctx context.Context, natsURL, tlsCA string, n int, log hclog.Logger) ([]*nats.Conn, error) {
 	ncs := make([]*nats.Conn, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -243,7 +265,7 @@ func (p *simPod) connect(ctx context.Context, natsURL, tlsCA string, n int) ([]*
 			cfg := bus.Config{URL: natsURL, TokenFile: p.file, Name: fmt.Sprintf("storm/%s/%d", p.pod, i), TLS: bus.TLSConfig{CAFile: tlsCA}}
 			cfg.AsPod(p.pod, p.file)
 			cfg.ConnectWait = time.Until(deadlineOf(ctx))
-			ncs[i], errs[i] = bus.Connect(ctx, cfg, hclog.NewNullLogger())
+			ncs[i], errs[i] = bus.Connect(ctx, cfg, log)
 		})
 	}
 	wg.Wait()
@@ -380,4 +402,33 @@ func listenerPID(natsURL string) int {
 		}
 	}
 	return 0
+}
+
+// addrs are the socket addresses in an error, left out of its kind.
+var addrs = regexp.MustCompile(`[0-9a-fA-F.:\[\]]+:[0-9]+(->[0-9a-fA-F.:\[\]]+:[0-9]+)?`)
+
+// errTally counts the errors bus.Connect logs for its failed attempts.
+type errTally struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (t *errTally) Accept(_ string, _ hclog.Level, _ string, args ...any) {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, _ := args[i].(string); k == "error" {
+			t.mu.Lock()
+			t.counts[addrs.ReplaceAllString(fmt.Sprint(args[i+1]), "<addr>")]++
+			t.mu.Unlock()
+		}
+	}
+}
+
+func (t *errTally) snapshot() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int, len(t.counts))
+	for k, v := range t.counts {
+		out[k] = v
+	}
+	return out
 }

@@ -83,6 +83,7 @@ type Responder struct {
 
 	capacity  Capacity
 	queue     chan pending
+	shedding  chan *nats.Msg
 	tokens    *tokenCache
 	dropped   prometheus.Counter
 	cacheHits prometheus.Counter
@@ -101,7 +102,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 		limits: policy.DefaultPodLimits(), admissions: newAdmissions(), jitter: rand.Float64,
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_dropped_total",
-			Help: "Connect requests dropped unanswered because the server had stopped waiting for them (its auth timeout passed while they were queued or checked).",
+			Help: "Connect requests dropped unanswered: the server had stopped waiting for them (its auth timeout passed while they were queued or checked), or the callout could neither queue nor refuse them.",
 		}),
 		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_token_cache_hits_total",
@@ -137,6 +138,7 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 func (r *Responder) Tune(c Capacity) *Responder {
 	r.capacity = c.WithDefaults()
 	r.queue = make(chan pending, r.capacity.Queue)
+	r.shedding = make(chan *nats.Msg, r.capacity.Queue)
 	r.tokens = newTokenCache(r.capacity.TokenCache, r.capacity.TokenCacheTTL)
 	return r
 }

@@ -75,13 +75,22 @@ type pending struct {
 	received time.Time
 }
 
-// enqueue is the subscription's handler: it hands the request to a worker, or
-// refuses it as busy when every worker is taken and the queue is full.
+// enqueue is the subscription's handler: it hands the request to a worker or, when
+// every worker is taken and the queue is full, to the shedder, which refuses it as
+// busy. It does nothing else, so that requests never wait in the subscription
+// behind work: their arrival time, from which their deadline is counted, is when
+// the bus delivered them. When the shedder is behind too the request is dropped
+// (the server times it out; the client retries after its backoff).
 func (r *Responder) enqueue(m *nats.Msg) {
 	select {
 	case r.queue <- pending{msg: m, received: r.now()}:
+		return
 	default:
-		r.shed(m)
+	}
+	select {
+	case r.shedding <- m:
+	default:
+		r.dropped.Inc()
 	}
 }
 
@@ -104,9 +113,21 @@ func (r *Responder) shed(m *nats.Msg) {
 	}
 }
 
-// work runs the workers until ctx ends.
+// work runs the workers and the shedder until ctx ends.
 func (r *Responder) work(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m := <-r.shedding:
+				r.shed(m)
+			}
+		}
+	}()
 	for range r.capacity.Workers {
 		wg.Add(1)
 		go func() {
@@ -127,16 +148,14 @@ func (r *Responder) work(ctx context.Context) {
 // deadline is when the server stops waiting for the answer to req, on this
 // signer's clock: the request's own lifetime (its expiry less its issue time, the
 // server's auth timeout in whole seconds) counted from its arrival, less a second
-// for the rounding down of both to seconds. Counting from the arrival keeps a skew
-// between the server's clock and the signer's out of it. Zero: no deadline.
+// for the rounding down of both to seconds (at least half a second). Counting from
+// the arrival keeps a skew between the server's clock and the signer's out of it.
+// Zero: no deadline.
 func deadline(req *jwt.AuthorizationRequestClaims, received time.Time) time.Time {
 	if req.Expires == 0 || req.IssuedAt == 0 || req.Expires <= req.IssuedAt {
 		return time.Time{}
 	}
-	life := time.Duration(req.Expires-req.IssuedAt) * time.Second
-	if life > time.Second {
-		life -= time.Second
-	}
+	life := max(time.Duration(req.Expires-req.IssuedAt)*time.Second-time.Second, 500*time.Millisecond)
 	return received.Add(life)
 }
 
