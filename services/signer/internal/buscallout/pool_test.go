@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -242,5 +243,40 @@ func TestTokenCacheBoundedAndExpiring(t *testing.T) {
 	c.put("gone", authn.Caller{Expires: now.Add(-time.Second)}, now)
 	if _, ok := c.get("gone", now); ok {
 		t.Fatal("an expired token cached")
+	}
+}
+
+// The deadline counts the request's own lifetime (whole seconds of the server's
+// clock, less one for their rounding, at least half a second) from its arrival on
+// this clock, whatever the two clocks say; no expiry, no deadline.
+func TestRequestDeadline(t *testing.T) {
+	arrived := time.Date(2026, 11, 27, 6, 0, 0, 0, time.UTC)
+	skewed := arrived.Add(-time.Hour).Unix() // the server's clock an hour behind
+	tests := []struct {
+		name        string
+		issued, exp int64
+		want        time.Duration
+	}{
+		{"three seconds", skewed, skewed + 3, 2 * time.Second},
+		{"two seconds", skewed, skewed + 2, time.Second},
+		{"rounded to one", skewed, skewed + 1, 500 * time.Millisecond},
+		{"no expiry", skewed, 0, 0},
+		{"expiry before issue", skewed, skewed - 1, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := jwt.NewAuthorizationRequestClaims("UABC")
+			req.IssuedAt, req.Expires = tc.issued, tc.exp
+			got := deadline(req, arrived)
+			if tc.want == 0 {
+				if !got.IsZero() {
+					t.Fatalf("deadline %s, want none", got)
+				}
+				return
+			}
+			if got.Sub(arrived) != tc.want {
+				t.Fatalf("deadline %s after arrival, want %s", got.Sub(arrived), tc.want)
+			}
+		})
 	}
 }
