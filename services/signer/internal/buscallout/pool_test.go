@@ -73,7 +73,7 @@ func startTuned(t *testing.T, c Capacity, v *countingVerifier) *fixture {
 // and a queue of 8. The callout sheds what it cannot queue as busy instead of
 // letting it time out, and every client is admitted; admissions spent on clients
 // the server had given up on stay well below a collapse's.
-func TestStormEveryClientAdmittedOnce(t *testing.T) {
+func TestStormEveryClientAdmittedWithoutCollapse(t *testing.T) {
 	v := &countingVerifier{delay: 3 * time.Millisecond}
 	f := startTuned(t, Capacity{Workers: 2, Queue: 8}, v)
 	const pods, perPod = 150, 2
