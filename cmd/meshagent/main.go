@@ -17,9 +17,10 @@
 //
 // Each role is its service package's lifecycle (Load → Connect → New → Run), with
 // the same flags and environment as the per-service binary. `pod` hosts all three
-// in one process, for memory-tight nodes: each role keeps its own Config, bus
-// connection, logger and /healthz, /readyz and /metrics server, and the first to
-// fail stops the others (lifecycle.Tasks).
+// in one process, for memory-tight nodes: each role keeps its own Config, logger
+// and /healthz, /readyz and /metrics server, the roles share one bus connection
+// (lifecycle.SharedBus: one admission by the auth callout instead of three), and
+// the first to fail stops the others (lifecycle.Tasks).
 package main
 
 import (
@@ -37,19 +38,26 @@ import (
 	"github.com/meshagent/meshagent/services/xds-relay/xdsrelay"
 )
 
-type runFunc func(ctx context.Context, args []string, getenv func(string) string) error
+// runFunc runs a role; shared is the process's shared bus connections (nil: the
+// role connects on its own).
+type runFunc func(ctx context.Context, shared *lifecycle.SharedBus, args []string, getenv func(string) string) error
 
 // roles are the pod's roles by the name the per-service binary has.
 var roles = map[string]runFunc{
-	"sds-edge": func(ctx context.Context, args []string, getenv func(string) string) error {
-		return lifecycle.Serve(ctx, args, getenv, sdsedge.Load, sdsedge.New)
+	"sds-edge": func(ctx context.Context, shared *lifecycle.SharedBus, args []string, getenv func(string) string) error {
+		return lifecycle.ServeShared(ctx, shared, args, getenv, sdsedge.Load, sdsedge.New)
 	},
-	"xds-relay": func(ctx context.Context, args []string, getenv func(string) string) error {
-		return lifecycle.Serve(ctx, args, getenv, xdsrelay.Load, xdsrelay.New)
+	"xds-relay": func(ctx context.Context, shared *lifecycle.SharedBus, args []string, getenv func(string) string) error {
+		return lifecycle.ServeShared(ctx, shared, args, getenv, xdsrelay.Load, xdsrelay.New)
 	},
-	"launcher": launcher.Main, // also `launcher wait`
+	"launcher": func(ctx context.Context, shared *lifecycle.SharedBus, args []string, getenv func(string) string) error {
+		if len(args) > 0 && args[0] == "wait" { // `launcher wait`, as Istio's pilot-agent wait
+			return launcher.Main(ctx, args, getenv)
+		}
+		return lifecycle.ServeShared(ctx, shared, args, getenv, launcher.Load, launcher.New)
+	},
 	// wait is Istio's `pilot-agent wait`: block until the pod's proxy is ready.
-	"wait": func(ctx context.Context, args []string, getenv func(string) string) error {
+	"wait": func(ctx context.Context, _ *lifecycle.SharedBus, args []string, getenv func(string) string) error {
 		return launcher.Main(ctx, append([]string{"wait"}, args...), getenv)
 	},
 }
@@ -99,7 +107,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if !ok {
 		return fmt.Errorf("unknown role %q\n%s", args[0], usage)
 	}
-	return r(ctx, args[1:], getenv)
+	return r(ctx, nil, args[1:], getenv)
 }
 
 // splitPod splits pod mode's arguments at the --<role> markers. Every role must be
@@ -141,10 +149,11 @@ func runPod(ctx context.Context, args []string, getenv func(string) string) erro
 		return err
 	}
 	tasks := make([]func(context.Context) error, 0, len(podOrder))
+	shared := &lifecycle.SharedBus{}
 	for _, name := range podOrder {
 		r, a := roles[name], split[name]
 		tasks = append(tasks, func(ctx context.Context) error {
-			if err := r(ctx, a, getenv); err != nil {
+			if err := r(ctx, shared, a, getenv); err != nil {
 				var exit *lifecycle.ExitError
 				if errors.As(err, &exit) {
 					return err // the launcher's Envoy exit code stays the process's

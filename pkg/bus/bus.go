@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -55,6 +56,17 @@ type Config struct {
 // PingInterval is how often a connection pings the server; two unanswered pings
 // end it (and start reconnecting).
 const PingInterval = 5 * time.Second
+
+// ConnectTimeout bounds one connection attempt (dial, TLS, and the server's answer
+// to the credential). It is above the server's auth timeout (policy.AuthTimeout),
+// so that a client waits as long as the server waits for the auth callout: never
+// does the callout admit a client that has already given up.
+const ConnectTimeout = 10 * time.Second
+
+// Reconnect is the schedule of waits between reconnect attempts: a wave of
+// clients that lost the bus together (a server restart, users expiring together,
+// a callout shedding load) comes back spread over time instead of at once.
+var Reconnect = backoff.Policy{First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.75}
 
 // DefaultConnectWait is how long a service waits for the bus at start unless told.
 const DefaultConnectWait = 30 * time.Second
@@ -125,7 +137,8 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
+		nats.Timeout(ConnectTimeout),
+		nats.CustomReconnectDelay(reconnectDelay),
 		// A connection cut without a FIN (a partition, a network detached) looks
 		// alive until pings go unanswered: with nats' default of 2 minutes a pod
 		// cut off for 90 s never notices, keeps sending requests into a dead
@@ -184,7 +197,7 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 		return nc, nil
 	}
 	deadline := time.Now().Add(wait)
-	backoff := 50 * time.Millisecond
+	retry := Reconnect.Start()
 	for {
 		nc, err := nats.Connect(c.URL, opts...)
 		if err == nil {
@@ -198,10 +211,19 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("connect to nats at %s: %w", c.URL, ctx.Err())
-		case <-time.After(backoff):
+		case <-time.After(retry.Next()):
 		}
-		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// reconnectDelay is the wait before a connection's attempt-th reconnect pass
+// (attempt 1 after the loss): Reconnect's schedule, jittered.
+func reconnectDelay(attempt int) time.Duration {
+	d := Reconnect.First
+	for i := 1; i < attempt && d < Reconnect.Max; i++ {
+		d = min(2*d, Reconnect.Max)
+	}
+	return Reconnect.Apply(d)
 }
 
 // Drain drains nc (its subscriptions finish what they hold, its pending

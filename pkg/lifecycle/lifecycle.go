@@ -157,13 +157,24 @@ func (e *ExitError) Error() string { return e.Reason }
 // clean stop and returns nil. Logs go to stderr.
 func Serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
 	load Loader[C], build Builder[C, S]) error {
-	return serve(ctx, args, getenv, load, build, os.Stderr, nil)
+	return serve(ctx, args, getenv, load, build, os.Stderr, nil, nil)
 }
 
-// serve is Serve with the log writer and, for tests, a hook that sees the health
-// server once the service is built.
+// ServeShared is Serve for a service hosted beside others in one process: its bus
+// connection is shared through shared with those whose bus configs allow it (nil:
+// Serve).
+func ServeShared[C Config, S Service](ctx context.Context, shared *SharedBus, args []string, getenv func(string) string,
+	load Loader[C], build Builder[C, S]) error {
+	if shared == nil {
+		return Serve(ctx, args, getenv, load, build)
+	}
+	return serve(ctx, args, getenv, load, build, os.Stderr, nil, shared)
+}
+
+// serve is Serve with the log writer, for tests a hook that sees the health server
+// once the service is built, and the shared bus connections when not nil.
 func serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
-	load Loader[C], build Builder[C, S], logTo io.Writer, built func(*obs.Server)) error {
+	load Loader[C], build Builder[C, S], logTo io.Writer, built func(*obs.Server), shared *SharedBus) error {
 	cfg, err := load(args, getenv)
 	if err != nil {
 		return err
@@ -175,14 +186,20 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 	}
 	var nc *nats.Conn
 	if p.Bus != nil {
-		nc, err = bus.Connect(ctx, *p.Bus, log.Named("bus"))
+		release := func() {}
+		if shared != nil {
+			nc, release, err = shared.Connect(ctx, *p.Bus, log.Named("bus"))
+		} else {
+			nc, err = bus.Connect(ctx, *p.Bus, log.Named("bus"))
+			release = func() { bus.Drain(nc) }
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting for the bus
 			}
 			return err
 		}
-		defer bus.Drain(nc)
+		defer release()
 	}
 	http := obs.NewServer(p.HTTP, log.Named("http"))
 	svc, err := build(cfg, Deps{Bus: nc, Clock: clock.Real{}, Log: log, Metrics: http.Registry(), Health: http, Routes: http})

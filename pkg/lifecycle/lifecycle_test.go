@@ -97,7 +97,7 @@ func start(t *testing.T, ctx context.Context, args ...string) *served {
 		return v, err
 	}
 	go func() {
-		s.err <- serve(ctx, args, func(string) string { return "" }, loadToy, build, s.logs, func(h *obs.Server) { s.http.Store(h) })
+		s.err <- serve(ctx, args, func(string) string { return "" }, loadToy, build, s.logs, func(h *obs.Server) { s.http.Store(h) }, nil)
 	}()
 	return s
 }

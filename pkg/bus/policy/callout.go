@@ -10,6 +10,17 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
+// AuthTimeout is how long nats-server waits for a connecting client's credential
+// and for the auth callout's answer (the rendered configuration's authorization
+// timeout). It must stay below the clients' connect timeout (bus.ConnectTimeout):
+// a client that gives up first leaves the callout admitting connections no one
+// uses, and reconnecting to be admitted again — an overload that feeds itself.
+// And it must stay within the server's first ping to a new client (2 to 2.4 s
+// after its CONNECT): a client still waiting for its PONG when that PING comes
+// fails its connect ("expected PONG, got PING", nats.go) although the callout
+// admitted it — measured as most of the wasted admissions of a storm.
+const AuthTimeout = 2 * time.Second
+
 // DecodeAuthRequest decodes the connect request nats-server sends to the auth callout
 // (a JWT signed by the server's own key).
 func DecodeAuthRequest(data []byte) (*jwt.AuthorizationRequestClaims, error) {

@@ -53,6 +53,9 @@ func Render(k Keys) (string, error) {
 		auth = append(auth, k.Users[r])
 	}
 	fmt.Fprintf(&b, "authorization {\n  # Every other client is a pod: the callout checks its service-account token.\n")
+	fmt.Fprintf(&b, "  # How long the server waits for a client's credential and for the callout's answer:\n")
+	fmt.Fprintf(&b, "  # below the clients' connect timeout, so that nothing is admitted for a client that has gone.\n")
+	fmt.Fprintf(&b, "  timeout: %g\n", AuthTimeout.Seconds())
 	fmt.Fprintf(&b, "  auth_callout {\n    issuer: %s\n    account: %s\n    auth_users: %s\n  }\n}\n",
 		strconv.Quote(k.Issuer), AccountAuth, list(auth))
 	return b.String(), nil

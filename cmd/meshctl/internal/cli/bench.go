@@ -52,10 +52,13 @@ type SignBench struct {
 }
 
 func runBench(ctx context.Context, env Env, args []string) error {
-	if len(args) == 0 || args[0] != "sign" {
-		return fmt.Errorf("%w: bench sign [flags] (the only benchmark so far)", errUsage)
+	switch {
+	case len(args) > 0 && args[0] == "sign":
+		return runBenchSign(ctx, env, args[1:])
+	case len(args) > 0 && args[0] == "storm":
+		return runBenchStorm(ctx, env, args[1:])
 	}
-	return runBenchSign(ctx, env, args[1:])
+	return fmt.Errorf("%w: bench sign [flags] | bench storm [flags]", errUsage)
 }
 
 // runBenchSign loads a signer over NATS: CSRs and tokens are made before the clock

@@ -45,6 +45,9 @@ type Caller struct {
 	// Expires is when the credential stops being valid (a token's exp); zero when
 	// the credential has no expiry of its own to report.
 	Expires time.Time
+	// Issued is when the credential was issued (a token's iat, a certificate's
+	// notBefore); zero when unknown.
+	Issued time.Time
 }
 
 func fail(format string, a ...any) error {
@@ -177,6 +180,9 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 		return Caller{}, fail("token identity: %v", err)
 	}
 	caller := Caller{ID: id.URL(), Source: SourceJWT, Expires: std.Expiry.Time()}
+	if std.IssuedAt != nil {
+		caller.Issued = std.IssuedAt.Time()
+	}
 	if podName != "" {
 		// The pod is in the token's namespace, the one its identity names.
 		caller.Pod, caller.PodUID = events.PodRef{Namespace: ns, Name: podName}, podUID

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -79,6 +80,13 @@ type Responder struct {
 	limits     policy.PodLimits
 	admissions *admissions
 	jitter     func() float64
+
+	capacity  Capacity
+	queue     chan pending
+	shedding  chan *nats.Msg
+	tokens    *tokenCache
+	dropped   prometheus.Counter
+	cacheHits prometheus.Counter
 }
 
 // New builds a responder that signs its answers with issuer (the account key named
@@ -92,6 +100,14 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 	}
 	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, now: now,
 		limits: policy.DefaultPodLimits(), admissions: newAdmissions(), jitter: rand.Float64,
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_dropped_total",
+			Help: "Connect requests dropped unanswered: the server had stopped waiting for them (its auth timeout passed while they were queued or checked), or the callout could neither queue nor refuse them.",
+		}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_token_cache_hits_total",
+			Help: "Connections admitted with a token verified lately for another connection of the pod (not verified again).",
+		}),
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_total",
 			Help: "Pod connections to the bus admitted by the auth callout.",
@@ -105,14 +121,25 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 			Help: "Connections to the bus refused by the auth callout, by reason.",
 		}, []string{"reason"}),
 	}
-	reasons := []string{ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections}
+	r.Tune(Capacity{})
+	reasons := []string{ReasonBusy, ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections}
 	if certs != nil {
 		reasons = append(reasons, ReasonCertExpired, ReasonCertNotYetValid, ReasonCertForeignRoot, ReasonCertForeignDomain, ReasonBadCert, ReasonCertNotRecorded)
 	}
 	for _, reason := range reasons {
 		r.refused.WithLabelValues(reason)
 	}
-	reg.MustRegister(r.admitted, r.admittedByCert, r.refused)
+	reg.MustRegister(r.admitted, r.admittedByCert, r.refused, r.dropped, r.cacheHits)
+	return r
+}
+
+// Tune sets how much work the responder takes on at once (zero fields: the
+// defaults of DefaultCapacity); call it before Run.
+func (r *Responder) Tune(c Capacity) *Responder {
+	r.capacity = c.WithDefaults()
+	r.queue = make(chan pending, r.capacity.Queue)
+	r.shedding = make(chan *nats.Msg, r.capacity.Queue)
+	r.tokens = newTokenCache(r.capacity.TokenCache, r.capacity.TokenCacheTTL)
 	return r
 }
 
@@ -140,9 +167,19 @@ func (r *Responder) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("bus auth callout: %w", err)
 	}
-	defer func() { _ = nc.Drain() }()
-	// A queue group: with several signer replicas, one answers each connect.
-	if _, err := nc.QueueSubscribe(policy.AuthCalloutSubject, events.SignerQueue, r.handle); err != nil {
+	wctx, stop := context.WithCancel(context.Background())
+	workers := make(chan struct{})
+	go func() { defer close(workers); r.work(wctx) }()
+	defer func() {
+		// No new requests first, then the workers end (what is still queued is
+		// left to the server's auth timeout).
+		bus.Drain(nc)
+		stop()
+		<-workers
+	}()
+	// A queue group: with several signer replicas, one answers each connect. The
+	// handler only queues (or sheds); the workers decide.
+	if _, err := nc.QueueSubscribe(policy.AuthCalloutSubject, events.SignerQueue, r.enqueue); err != nil {
 		return fmt.Errorf("bus auth callout: subscribe: %w", err)
 	}
 	if err := nc.Flush(); err != nil {
@@ -150,12 +187,14 @@ func (r *Responder) Run(ctx context.Context) error {
 	}
 	r.ready.Store(true)
 	defer r.ready.Store(false)
-	r.log.Info("bus auth callout serving", "subject", policy.AuthCalloutSubject)
+	r.log.Info("bus auth callout serving", "subject", policy.AuthCalloutSubject, "workers", r.capacity.Workers, "queue", r.capacity.Queue)
 	<-ctx.Done()
 	return nil
 }
 
-func (r *Responder) handle(m *nats.Msg) {
+// serve answers one queued request, unless the server has stopped waiting for it.
+func (r *Responder) serve(p pending) {
+	m := p.msg
 	req, err := policy.DecodeAuthRequest(m.Data)
 	if err != nil {
 		// Not from a server (or garbled): there is no one to answer.
@@ -163,7 +202,12 @@ func (r *Responder) handle(m *nats.Msg) {
 		r.log.Warn("bus auth request refused", "reason", ReasonMalformed, "error", err)
 		return
 	}
-	resp, err := r.decide(req)
+	resp, err := r.decide(req, deadline(req, p.received))
+	if errors.Is(err, errGaveUp) {
+		r.dropped.Inc()
+		r.log.Debug("bus connect request dropped: the server stopped waiting", "client_host", req.ClientInformation.Host, "queued", r.now().Sub(p.received))
+		return
+	}
 	if err != nil {
 		r.log.Error("bus auth response failed", "error", err)
 		return
@@ -177,7 +221,12 @@ func (r *Responder) handle(m *nats.Msg) {
 // no token, or one refused, a client certificate this mesh issued to a pod as that
 // pod until the certificate expires (byCert); and refuses everything else. A pod
 // the connection claims (its user name) must be the one its credential proves.
-func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
+// Past deadline (not zero) it answers nothing and admits no one (errGaveUp).
+func (r *Responder) decide(req *jwt.AuthorizationRequestClaims, deadline time.Time) ([]byte, error) {
+	gone := func() bool { return !deadline.IsZero() && !r.now().Before(deadline) }
+	if gone() {
+		return nil, errGaveUp
+	}
 	host := req.ClientInformation.Host
 	refuse := func(reason string, err error) ([]byte, error) {
 		r.refused.WithLabelValues(reason).Inc()
@@ -206,6 +255,11 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims) ([]byte, error) 
 	if claim := req.ConnectOptions.Username; claim != "" && claim != caller.Pod.String() {
 		return refuse(ReasonPodMismatch, fmt.Errorf("the connection claims pod %q, its credential proves pod %q (%s)", claim, caller.Pod, caller.ID))
 	}
+	// Checking the credential may have taken long (a TokenReview): admit nothing,
+	// and count no admission, for a client the server has given up on.
+	if gone() {
+		return nil, errGaveUp
+	}
 	resp, reason, err := r.admit(req, caller)
 	if err != nil {
 		return refuse(reason, err)
@@ -232,6 +286,11 @@ func (r *Responder) byToken(token string) (authn.Caller, string, error) {
 	if err := r.verify.Ready(); err != nil {
 		return authn.Caller{}, ReasonNotReady, fmt.Errorf("signer not ready to check tokens: %w", err)
 	}
+	now := r.now()
+	if caller, ok := r.tokens.get(token, now); ok {
+		r.cacheHits.Inc()
+		return caller, "", nil
+	}
 	caller, err := r.verify.Verify(token)
 	if errors.Is(err, authn.ErrUnavailable) {
 		return authn.Caller{}, ReasonUnavailable, err
@@ -242,9 +301,10 @@ func (r *Responder) byToken(token string) (authn.Caller, string, error) {
 	if caller.Pod.IsZero() {
 		return authn.Caller{}, ReasonNotPodBound, fmt.Errorf("token of %s names no pod (kubernetes.io.pod.name)", caller.ID)
 	}
-	if caller.Expires.IsZero() || !caller.Expires.After(r.now()) {
+	if caller.Expires.IsZero() || !caller.Expires.After(now) {
 		return authn.Caller{}, ReasonBadToken, errors.New("token has no usable expiry")
 	}
+	r.tokens.put(token, caller, now)
 	return caller, "", nil
 }
 
@@ -267,7 +327,7 @@ func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Call
 		return nil, ReasonNotSubjectSafe, err
 	}
 	now := r.now()
-	expires := r.limits.Expiry(now, caller.Expires, r.jitter())
+	expires := r.userExpiry(now, caller)
 	if !r.admissions.take(caller.Pod.String(), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
 		return nil, ReasonTooManyConnections, fmt.Errorf("pod %s had %d connections admitted within %s already", caller.Pod, r.limits.MaxAdmissions, r.limits.Lifetime)
 	}

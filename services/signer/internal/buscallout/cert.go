@@ -116,6 +116,6 @@ func (r *Responder) byCert(chain []*x509.Certificate) (authn.Caller, string, err
 		// The same serial, another certificate: not the one the signer recorded.
 		return authn.Caller{}, ReasonCertNotRecorded, fmt.Errorf("certificate %s is not the one recorded under its serial", serial)
 	}
-	caller.Pod, caller.Expires = rec.Pod, leaf.NotAfter
+	caller.Pod, caller.Expires, caller.Issued = rec.Pod, leaf.NotAfter, leaf.NotBefore
 	return caller, "", nil
 }

@@ -1,0 +1,119 @@
+package lifecycle
+
+import (
+	"context"
+	"crypto/tls"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/nats-io/nats.go"
+)
+
+// SharedBus lets services hosted in one process (a pod's three roles in
+// `meshagent pod`) use one bus connection instead of one each: a third of the
+// connections, admissions by the auth callout, pings and server memory. Services
+// share a connection when their bus configs name the same servers, credential
+// (token file, nkey or creds), TLS files, inbox and pod, and the same start mode
+// (Background); a service whose config differs connects on its own. The
+// connection is made with the first such service's config, presents the client
+// certificate of whichever of them has one (bus.TLSConfig.ClientCert: a pod's
+// sds-edge), and is drained when the last of them stops.
+type SharedBus struct {
+	mu    sync.Mutex
+	conns map[busKey]*sharedConn
+}
+
+// busKey is what two services' bus configs must agree on to share a connection.
+type busKey struct {
+	url, creds, nkey, token, ca, cert, key, inbox, pod string
+	background                                         bool
+}
+
+func keyOf(c bus.Config) busKey {
+	return busKey{url: c.URL, creds: c.CredsFile, nkey: c.NKeyFile, token: c.TokenFile, ca: c.TLS.CAFile,
+		cert: c.TLS.CertFile, key: c.TLS.KeyFile, inbox: c.InboxPrefix, pod: c.Pod, background: c.Background}
+}
+
+type sharedConn struct {
+	ready chan struct{} // closed once nc or err is set
+	nc    *nats.Conn
+	err   error
+	users int
+	certs []func() (*tls.Certificate, error)
+}
+
+// clientCert is the first certificate any user of the connection has to present.
+func (s *SharedBus) clientCert(sc *sharedConn) func() (*tls.Certificate, error) {
+	return func() (*tls.Certificate, error) {
+		s.mu.Lock()
+		certs := append([]func() (*tls.Certificate, error)(nil), sc.certs...)
+		s.mu.Unlock()
+		for _, get := range certs {
+			if c, err := get(); err == nil && c != nil {
+				return c, nil
+			}
+		}
+		return nil, nil
+	}
+}
+
+// Connect returns the connection for c, making it when it is the first of its
+// kind, and a release to call when the caller stops with it (the last release
+// drains it). A failed first connect is every waiting caller's error, and the next
+// caller tries again.
+func (s *SharedBus) Connect(ctx context.Context, c bus.Config, log hclog.Logger) (*nats.Conn, func(), error) {
+	k := keyOf(c)
+	s.mu.Lock()
+	if s.conns == nil {
+		s.conns = map[busKey]*sharedConn{}
+	}
+	sc, found := s.conns[k]
+	if !found {
+		sc = &sharedConn{ready: make(chan struct{})}
+		s.conns[k] = sc
+	}
+	sc.users++
+	if c.TLS.ClientCert != nil {
+		sc.certs = append(sc.certs, c.TLS.ClientCert)
+	}
+	s.mu.Unlock()
+	if !found {
+		if c.TLS.CertFile == "" {
+			c.TLS.ClientCert = s.clientCert(sc)
+		}
+		sc.nc, sc.err = bus.Connect(ctx, c, log)
+		if sc.err != nil {
+			s.mu.Lock()
+			delete(s.conns, k)
+			s.mu.Unlock()
+		}
+		close(sc.ready)
+	} else {
+		select {
+		case <-sc.ready:
+		case <-ctx.Done():
+			s.release(k, sc)
+			return nil, nil, ctx.Err()
+		}
+	}
+	if sc.err != nil {
+		return nil, nil, sc.err
+	}
+	var once sync.Once
+	return sc.nc, func() { once.Do(func() { s.release(k, sc) }) }, nil
+}
+
+// release drops one user of sc; the last one drains the connection.
+func (s *SharedBus) release(k busKey, sc *sharedConn) {
+	s.mu.Lock()
+	sc.users--
+	last := sc.users == 0
+	if last && s.conns[k] == sc {
+		delete(s.conns, k)
+	}
+	s.mu.Unlock()
+	if last && sc.nc != nil {
+		bus.Drain(sc.nc)
+	}
+}
