@@ -28,14 +28,6 @@ const maxCertTTL = 2 * time.Minute
 // leaf it must outlast.
 const retireSlack = time.Minute
 
-// rotationPhase is one phase of a new-key rotation as the suite checks it: from when,
-// and what a leaf signed in it is followed by in the pod's chain.
-type rotationPhase struct {
-	name  string
-	from  time.Time
-	above func(r *rotationRoots) []*x509.Certificate
-}
-
 // rotationRoots are the two roots of a new-key rotation and the cross certificate
 // (the new key certified by the old root), once seen in a served chain.
 type rotationRoots struct {
@@ -46,13 +38,14 @@ type rotationRoots struct {
 // newKeyRotation: the admin rotates the root to a new key (`meshctl rotate root
 // -new-key`) with the stack's certificates short (SECRET_TTL 1 min, the signers'
 // max 2 min), and the pod is followed through every phase to the old root's
-// retirement. At each phase boundary and after the pod's first renewal in each
-// phase: the pod serves an unexpired certificate whose chain has the phase's shape
-// and verifies, in Go and with `openssl verify` (and in real handshakes by OpenSSL
-// and BoringSSL when the pod's OUTPUT_CERTS hold that certificate's key), against
-// the pod's own ROOTCA and, while its chain still reaches the old root, against the
-// old root alone. At the end the old root has left the bundle and the pod's ROOTCA.
-// h.end then asserts 0 s of expired certificate served, with the rest of every fault.
+// retirement. Every certificate it serves meanwhile, the last of each phase and the
+// first of the next among them, is checked when first seen: its chain has the shape
+// of one phase, never an earlier one than before, and verifies, in Go, with `openssl
+// verify` and (when the pod's OUTPUT_CERTS hold its key) in real handshakes by
+// OpenSSL and BoringSSL, against the pod's own ROOTCA and, while it reaches the old
+// root, against the old root alone. Each phase is served; at the end the old root
+// has left the bundle and the pod's ROOTCA, and sds-edge never restarted. h.end then
+// asserts 0 s of expired certificate served, with the rest of every fault.
 func newKeyRotation(t *testing.T, h *harness) {
 	// The same-key rotation before this one leaves its old root in the bundle for
 	// max TTL + 1 min: start from one root, so that "the old root" is one.
@@ -91,50 +84,71 @@ func newKeyRotation(t *testing.T, h *harness) {
 		t.Errorf("phase 1 lasts %s: the longest leaf the old key signed lived %s (SECRET_TTL + backdating), so it should be that + %s", p1, secretTTL+10*time.Second, retireSlack)
 	}
 
-	phases := []rotationPhase{
-		{"phase 1 (cross, old root last)", plan.Rotated, func(r *rotationRoots) []*x509.Certificate { return []*x509.Certificate{r.cross, r.old} }},
-		{"phase 2 (cross, new root last)", plan.NewRootLast, func(r *rotationRoots) []*x509.Certificate { return []*x509.Certificate{r.cross, r.new} }},
-		{"phase 3 (new root)", plan.Settled, func(r *rotationRoots) []*x509.Certificate { return []*x509.Certificate{r.new} }},
-	}
-	for _, ph := range phases {
-		hold(time.Until(ph.from))
-		at := h.probe.Now()
-		h.checkServed(t, rr, ph.name+": at its start, still served", at)
-		// The pod's first renewal in the phase (it renews at half its 1-min life).
-		var got faultcheck.Sample
-		testkit.EventuallyWithin(t, secretTTL+30*time.Second, ph.name+": a certificate issued in the phase served", func() bool {
-			got = h.probe.Now()
-			first, ok := h.probe.FirstServed(got.Cur.Serial())
-			return ok && first.After(ph.from) && got.Cur.Leaf.NotBefore.Add(10*time.Second).After(ph.from)
-		})
-		if rr.cross == nil && len(got.Cur.Chain) > 1 {
-			rr.cross = got.Cur.Chain[1]
-			if rr.cross.CheckSignatureFrom(old) != nil || !bytes.Equal(rr.cross.RawSubjectPublicKeyInfo, rr.new.RawSubjectPublicKeyInfo) {
-				t.Fatalf("%s: chain[1] %s is not the new key certified by the old root", ph.name, rr.cross.Subject)
-			}
+	// Every certificate the pod serves from now to the old root's retirement is
+	// checked when it is first seen: the first of each phase is the phase's boundary
+	// as the pod lives it (the plan's times are upper bounds: a phase ends earlier
+	// once the leaves issued in it are known to be short).
+	rc := faultcheck.RotationChains{Old: old, New: rr.new}
+	began := map[int]time.Time{}
+	last, checked := faultcheck.ShapeUnknown, map[string]bool{}
+	var bundleAsked time.Time
+	retired := false
+	if !testkit.Poll(time.Until(plan.OldRootLeaves.Add(time.Minute)), func() bool {
+		if last == faultcheck.ShapeNewRoot && time.Since(bundleAsked) > 2*time.Second {
+			bundleAsked = time.Now()
+			retired = h.retiredAt(t, rr.new)
 		}
-		want := append([]*x509.Certificate{got.Cur.Leaf}, ph.above(rr)...)
-		if !sameCerts(got.Cur.Chain, want) {
-			t.Errorf("%s: the pod serves a chain of %d (%s), want leaf + %s", ph.name, len(got.Cur.Chain), describe(got.Cur.Chain, rr), describe(want[1:], rr))
-		}
-		h.checkServed(t, rr, ph.name+": renewed in it", got)
-	}
-
-	// The old root leaves the bundle, then the pod's ROOTCA.
-	hold(time.Until(plan.OldRootLeaves))
-	testkit.EventuallyWithin(t, time.Minute, "the old root gone from the bundle and the pod's ROOTCA", func() bool {
-		roots, err := pki.ParseCertPEMs(bundle(t, h.nc).Roots)
 		s := h.probe.Now()
-		return err == nil && len(roots) == 1 && roots[0].Equal(rr.new) && len(s.Cur.Roots) == 1 && s.Cur.Roots[0].Equal(rr.new)
-	})
+		if s.Cur.Leaf == nil || checked[s.Cur.Serial()] {
+			return retired
+		}
+		checked[s.Cur.Serial()] = true
+		shape := rc.Shape(s.Cur.Chain)
+		if rr.cross == nil && shape == faultcheck.ShapeCrossOld {
+			rr.cross = s.Cur.Chain[1]
+		}
+		switch {
+		case shape == faultcheck.ShapeUnknown:
+			t.Errorf("the pod serves %s: a chain of no phase (%s)", s.Cur.Serial(), describe(s.Cur.Chain, rr))
+		case shape < last:
+			t.Errorf("the pod serves %s, of phase %d, after one of phase %d", s.Cur.Serial(), shape, last)
+		case shape > last:
+			at, _ := h.probe.FirstServed(s.Cur.Serial())
+			began[shape] = at
+			t.Logf("phase %d: first served %s after the rotation", shape, at.Sub(plan.Rotated).Round(100*time.Millisecond))
+			last = shape
+		}
+		h.checkServed(t, rr, fmt.Sprintf("phase %d", shape), s)
+		return false
+	}) {
+		t.Fatalf("the old root was not retired by %s (the plan's time + 1 min)", plan.OldRootLeaves.Add(time.Minute).Format(time.TimeOnly))
+	}
+	for _, shape := range []int{faultcheck.ShapeCrossOld, faultcheck.ShapeCrossNew, faultcheck.ShapeNewRoot} {
+		if began[shape].IsZero() {
+			t.Errorf("the pod never served a chain of phase %d", shape)
+		}
+	}
+	f.note("phases served from +%s / +%s / +%s; %d certificates checked", began[1].Sub(plan.Rotated).Round(time.Second),
+		began[2].Sub(plan.Rotated).Round(time.Second), began[3].Sub(plan.Rotated).Round(time.Second), len(checked))
+
+	// The old root has left the bundle and the pod's ROOTCA.
 	gone := time.Now()
-	f.note("old root gone %s after the plan's time", gone.Sub(plan.OldRootLeaves).Round(100*time.Millisecond))
+	f.note("old root gone from the pod's ROOTCA +%s after the rotation (plan: +%s)", gone.Sub(plan.Rotated).Round(time.Second),
+		plan.OldRootLeaves.Sub(plan.Rotated).Round(time.Second))
 	h.checkServed(t, rr, "old root gone", h.probe.Now())
 	f.heal, f.healFrom = gone.Sub(plan.Rotated), "rotate reply (to the old root's retirement)"
 	if after := h.restarts(t); after != before {
 		t.Errorf("sds-edge restarted during the rotation: %s -> %s", before, after)
 	}
 	h.end(t, f)
+}
+
+// retiredAt reports whether the bundle and the pod's ROOTCA hold root alone.
+func (h *harness) retiredAt(t *testing.T, root *x509.Certificate) bool {
+	t.Helper()
+	roots, err := pki.ParseCertPEMs(bundle(t, h.nc).Roots)
+	s := h.probe.Now()
+	return err == nil && len(roots) == 1 && roots[0].Equal(root) && len(s.Cur.Roots) == 1 && s.Cur.Roots[0].Equal(root)
 }
 
 // checkServed asserts what the pod serves in s: an unexpired certificate, whose
