@@ -233,7 +233,9 @@ func startStack(ctx context.Context, t *testing.T, bin string) string {
 	t.Helper()
 	dir := t.TempDir()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), "up", "-dir", dir,
-		"-dashboard-addr", "127.0.0.1:0", "-bin-dir", bin, "-ttl", rotationTTL.String())
+		"-dashboard-addr", "127.0.0.1:0", "-bin-dir", bin, "-ttl", rotationTTL.String(),
+		// The check installs each phase and retires the old root (default: hourly).
+		"-root-check-interval", "5s")
 	cmd.Env = append(os.Environ(), "DEFAULT_WORKLOAD_CERT_TTL="+rotationTTL.String(), "MAX_WORKLOAD_CERT_TTL="+rotationMaxTTL.String())
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
 	cmd.WaitDelay = 30 * time.Second

@@ -24,6 +24,11 @@ import (
 // at this + 1 min, so a new-key rotation passes in minutes.
 const maxCertTTL = 2 * time.Minute
 
+// rootCheckInterval is the signers' root check interval in the suite: the check
+// installs a rotation's next phase and retires the old root, so it bounds how late
+// either comes (the default, 1 h, would hold a 2-minute phase for an hour).
+const rootCheckInterval = 5 * time.Second
+
 // retireSlack is the signer's ca.RetireSlack: what each phase adds to the longest
 // leaf it must outlast.
 const retireSlack = time.Minute
