@@ -13,14 +13,12 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
-	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
@@ -43,6 +41,10 @@ replace (
 	github.com/meshagent/meshagent/services/xds-relay => ../../services/xds-relay
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/hashicorp/go-hclog v1.6.3
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/nats-io/nats.go v1.55.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg

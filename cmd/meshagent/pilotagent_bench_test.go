@@ -168,7 +168,7 @@ func (t *tailLines) String() string {
 }
 
 // freePort is testkit.FreeAddr's port (below the ephemeral range).
-func freePort(b *testing.B) int {
+func freePort(b testing.TB) int {
 	b.Helper()
 	_, p, _ := net.SplitHostPort(testkit.FreeAddr(b))
 	port, err := strconv.Atoi(p)
@@ -178,7 +178,7 @@ func freePort(b *testing.B) int {
 	return port
 }
 
-func copyFile(b *testing.B, from, to string) {
+func copyFile(b testing.TB, from, to string) {
 	b.Helper()
 	data, err := os.ReadFile(from)
 	if err != nil {
@@ -192,7 +192,7 @@ func copyFile(b *testing.B, from, to string) {
 	}
 }
 
-func writeJSON(b *testing.B, path string, v any) {
+func writeJSON(b testing.TB, path string, v any) {
 	b.Helper()
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {

@@ -22,7 +22,8 @@ import (
 // stack, each checked at the pod's SDS socket (docs/reliability.md): a signer down,
 // the leading rotator killed, the NATS stream and meta leaders killed, both signers
 // down until shortly before expiry, the pod cut off the bus, a root rotation under
-// traffic, `docker-compose restart` and a full stop and start. The secured bus's
+// traffic, `docker-compose restart`, a full stop and start, and a root rotation to a
+// new key through all its phases (rotation_test.go). The secured bus's
 // refusals are checked on the fresh stack first.
 func TestComposeFaults(t *testing.T) {
 	st := newStack(t)
@@ -81,6 +82,7 @@ func TestComposeFaults(t *testing.T) {
 		{"root rotation under traffic", rootRotation},
 		{"docker-compose restart", composeRestart},
 		{"stop and start", composeStopStart},
+		{"new-key rotation", newKeyRotation},
 	} {
 		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, h) }) {
 			return // the faults share one stack: a broken one spoils the rest

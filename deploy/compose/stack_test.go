@@ -56,7 +56,9 @@ func newStack(t *testing.T) *stack {
 	s := &stack{secrets: mkdir(t, "mfs"), podDir: mkdir(t, "mfp"),
 		client: map[string]string{}, monitor: map[string]string{}}
 	env := map[string]string{"MESHAGENT_SECRETS_DIR": s.secrets, "MESHAGENT_POD_DIR": s.podDir,
-		"MESHAGENT_SECRET_TTL": secretTTL.String()}
+		"MESHAGENT_SECRET_TTL":       secretTTL.String(),
+		"MESHAGENT_DEFAULT_CERT_TTL": secretTTL.String(), "MESHAGENT_MAX_CERT_TTL": maxCertTTL.String(),
+		"MESHAGENT_ROOT_CHECK_INTERVAL": rootCheckInterval.String()}
 	port := func(name string) string {
 		addr := testkit.FreeAddr(t)
 		_, p, _ := net.SplitHostPort(addr)
