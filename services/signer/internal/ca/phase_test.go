@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -289,5 +290,46 @@ func TestSameKeyRotationDuringPhasesKeepsThem(t *testing.T) {
 	}
 	if _, err := r.src.Rotate(ctx, true); !errors.Is(err, ErrRotateTooSoon) {
 		t.Fatalf("a new key during the phases: %v", err)
+	}
+}
+
+// TestRootChecksComeAtPhaseBoundaries: the root check, which installs each phase of
+// a rotation to a new key, is due at the next boundary (plus a little slack) when
+// that comes before -root-check-interval, and at the interval once the rotation is
+// settled — a phase never waits up to an interval past its time.
+func TestRootChecksComeAtPhaseBoundaries(t *testing.T) {
+	s := bustest.Server(t)
+	fake := clock.NewFake(t0)
+	cfg := selfSignedCfg()
+	cfg.MaxLeafTTL = 2 * time.Minute
+	cfg.RootTTL = 24 * time.Hour // no rotation of its own while the test steps the clock
+	r := &replica{auth: &Authority{}, rec: &recorder{}}
+	r.src = NewSelfSigned(cfg, bustest.JetStream(t, bustest.Conn(t, s)), r.auth, r.rec.notify, hclog.NewNullLogger(), fake.Now)
+	ctx := context.Background()
+	if err := r.src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.src.nextCheck(); d != cfg.CheckInterval {
+		t.Fatalf("before any rotation the check is due in %s, want the interval %s", d, cfg.CheckInterval)
+	}
+	fake.Add(time.Minute)
+	if _, err := r.src.Rotate(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	p := r.src.Plan()
+	if p.NewLast.IsZero() || !p.NewLast.Before(p.Settled) {
+		t.Fatalf("plan %+v", p)
+	}
+	for _, boundary := range []time.Time{p.NewLast, p.Settled, p.OldLeave} {
+		if want := boundary.Sub(fake.Now()) + boundarySlack; r.src.nextCheck() != want {
+			t.Fatalf("at %s the check is due in %s, want %s (the boundary at %s)", fake.Now(), r.src.nextCheck(), want, boundary)
+		}
+		fake.Set(boundary.Add(time.Second))
+		if err := r.src.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := r.src.nextCheck(); d != cfg.CheckInterval {
+		t.Fatalf("after the old root left the check is due in %s, want the interval (plan %+v, now %s)", d, r.src.Plan(), fake.Now())
 	}
 }

@@ -189,7 +189,8 @@ func (s *SelfSigned) Announced() uint64 { return s.ann.announced() }
 func (s *SelfSigned) AnnounceFailures() uint64 { return s.ann.failures.Load() }
 
 // Run follows root changes made by any replica, announces each new generation, and
-// checks for rotation every CheckInterval, until ctx is done.
+// checks the root every CheckInterval — and at each boundary of a rotation's phases
+// (nextCheck), since the check is what installs a phase — until ctx is done.
 func (s *SelfSigned) Run(ctx context.Context) error {
 	actx, stopAnnounce := context.WithCancel(ctx)
 	announced := make(chan struct{})
@@ -211,7 +212,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 		return fmt.Errorf("watch leaf lifetimes: %w", err)
 	}
 	defer func() { _ = lw.Stop() }()
-	t := time.NewTicker(s.cfg.CheckInterval)
+	t := time.NewTimer(s.nextCheck())
 	defer t.Stop()
 	for {
 		select {
@@ -228,6 +229,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 				continue
 			}
 			s.follow(ctx, e)
+			t.Reset(s.nextCheck()) // a new root brings new boundaries
 		case e, ok := <-lw.Updates():
 			if !ok {
 				if ctx.Err() != nil {
@@ -237,13 +239,36 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 			}
 			if e != nil && e.Operation() == jetstream.KeyValuePut {
 				s.followLives(e.Key(), e.Value())
+				t.Reset(s.nextCheck()) // the leaves issued move the boundaries
 			}
 		case <-t.C:
 			if err := s.Check(ctx); err != nil {
 				s.log.Error("root check failed", "error", err)
 			}
+			t.Reset(s.nextCheck())
 		}
 	}
+}
+
+// boundarySlack is how long after a phase boundary its check runs, so that the
+// check sees the boundary passed on every replica's clock reading.
+const boundarySlack = 250 * time.Millisecond
+
+// nextCheck is the wait before the next root check: CheckInterval, or less when a
+// rotation's next boundary — phase 2, phase 3, the old root leaving — comes first.
+// Without it a phase began only at the first interval after its time: with the
+// default hour, phase-1 chains (ending at the old root) were handed out up to an
+// hour into phase 2 while phase 3 did not move.
+func (s *SelfSigned) nextCheck() time.Duration {
+	d := s.cfg.CheckInterval
+	now := s.now()
+	p := s.Plan()
+	for _, at := range []time.Time{p.NewLast, p.Settled, p.OldLeave} {
+		if at.After(now) {
+			d = min(d, at.Sub(now)+boundarySlack)
+		}
+	}
+	return d
 }
 
 // follow installs a root written to KV (by any replica) and announces it.
