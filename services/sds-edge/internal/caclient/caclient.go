@@ -60,7 +60,8 @@ func NewNATSAs(nc *nats.Conn, source, sa string) *NATS {
 	return &NATS{nc: nc, source: source, sa: sa}
 }
 
-// Sign sends req and waits for the reply until ctx ends.
+// Sign sends req and waits for the reply until ctx ends; ctx's deadline travels
+// with the request (events.SignRequest.Deadline).
 func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
 	subject, err := n.subject(req.Pod)
 	if err != nil {
@@ -70,6 +71,11 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		// A request now would wait out ctx in the reconnect buffer.
 		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
 	}
+	if d, ok := ctx.Deadline(); ok {
+		// The signer drops the request unsigned once we have stopped waiting (a
+		// replica frozen while holding it, answering when it resumes).
+		req.Deadline = d
+	}
 	r, err := n.ask(ctx, subject, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Response{}, fmt.Errorf("sign request: %w: %w", ErrUnreachable, err)
@@ -78,7 +84,8 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		return Response{}, err
 	}
 	if r.Error != nil {
-		if r.Error.Code == events.CodeUnavailable || r.Error.Code == events.CodeResourceExhausted || r.Error.Code == events.CodeInternal {
+		switch r.Error.Code {
+		case events.CodeUnavailable, events.CodeResourceExhausted, events.CodeInternal, events.CodeDeadlineExceeded:
 			return Response{}, fmt.Errorf("signer: %w", r.Error)
 		}
 		return Response{}, fmt.Errorf("%w: %w", ErrRejected, r.Error)

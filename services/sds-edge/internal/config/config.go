@@ -112,7 +112,10 @@ func Default() Config {
 	c.Cert.SafetyRatio = 0.8
 	c.Cert.RetryMin = 100 * time.Millisecond
 	c.Cert.RetryMax = 30 * time.Second
-	c.Cert.RequestTimeout = 10 * time.Second
+	// Short: an attempt that reached a frozen signer replica costs this much, and
+	// the next one (a second or less later) can reach another. A signer signs in
+	// milliseconds, and drops a request whose requester has stopped waiting.
+	c.Cert.RequestTimeout = 4 * time.Second
 	c.Cert.CredentialsDir = "var/run/secrets/workload-spiffe-credentials"
 	c.Cert.FileMountedDir = "etc/certs"
 	c.Cert.FileCertDirs = DefaultFileCertDirs
@@ -153,7 +156,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
 	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
 	fs.Duration(&c.Cert.RetryMax, "retry-max", "CSR_RETRY_MAX", c.Cert.RetryMax, "largest retry delay")
-	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing request")
+	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing attempt (the signer drops a request once it has passed)")
 	fs.String(&c.Cert.OutputDir, "output-certs", "OUTPUT_CERTS", c.Cert.OutputDir, "also write key.pem, cert-chain.pem, root-cert.pem here")
 	fs.Bool(&c.Cert.FileMounted, "file-mounted-certs", "FILE_MOUNTED_CERTS", c.Cert.FileMounted, "serve the certificates mounted in etc/certs")
 	fs.List(&c.Cert.FileCertDirs, "file-cert-dirs", "FILE_CERT_DIRS", c.Cert.FileCertDirs,
