@@ -126,6 +126,7 @@ const (
 	PodEventEnvoyDraining   = "envoy.draining"
 	PodEventEnvoyExited     = "envoy.exited"
 	PodEventCertExpiring    = "cert.expiring"
+	PodEventParts           = "parts"
 )
 
 // podEventPrefix starts every pod event subject.

@@ -15,7 +15,7 @@ import (
 
 // The nodes' client liveness, as deploy/compose's nats.conf sets it.
 const (
-	pingInterval = 2 * time.Second
+	pingInterval = 3 * time.Second
 	pingMax      = 2
 )
 

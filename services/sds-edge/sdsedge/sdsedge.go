@@ -299,7 +299,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
-		TrustState:  c.CA.TrustState,
+		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now)}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }

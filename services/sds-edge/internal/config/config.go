@@ -69,6 +69,10 @@ type Config struct {
 		RetryMax       time.Duration
 		RequestTimeout time.Duration
 		OutputDir      string // OUTPUT_CERTS
+		// State is where the pod keeps its current key and chain (0600, beside
+		// the trust state), served again at once after a restart; "" with
+		// -keep-cert=false (the key then stays in memory only).
+		State          string
 		FileMounted    bool   // FILE_MOUNTED_CERTS: read etc/certs
 		CredentialsDir string // workload-spiffe-credentials
 		FileMountedDir string // etc/certs
@@ -152,6 +156,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.CA.ClusterID, "cluster-id", "CLUSTER_ID", c.CA.ClusterID, "ClusterID metadata sent to the gRPC CA")
 	fs.Duration(&c.Cert.TTL, "secret-ttl", "SECRET_TTL", c.Cert.TTL, "requested certificate lifetime")
 	fs.String(&keyAlg, "key-alg", "KEY_ALG", string(c.Cert.KeyAlg), "key algorithm: EC-P256, EC-P384, RSA-2048, RSA-3072, RSA-4096")
+	keep := true
+	fs.Bool(&keep, "keep-cert", "KEEP_CERT", keep, "keep the current key and certificate under the pod root (0600) to serve them at once after a restart")
 	fs.Bool(&c.Cert.PKCS8, "pkcs8", "PKCS8_KEY", c.Cert.PKCS8, "encode private keys as PKCS#8")
 	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
 	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
@@ -203,6 +209,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		c.CA.TrustAnchorsFile = p
 	}
 	c.CA.TrustState = c.Pod.Path(DefaultTrustState)
+	if keep {
+		c.Cert.State = c.Pod.Path(DefaultCertState)
+	}
 	if c.Cert.OutputDir != "" {
 		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
@@ -254,6 +263,10 @@ const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
 // DefaultTrustState is where, under the pod root, sds-edge keeps the CA roots it
 // trusts across restarts.
 const DefaultTrustState = "var/lib/meshagent/trusted-roots.pem"
+
+// DefaultCertState is where, under the pod root, sds-edge keeps its current key and
+// certificate chain (0600), to serve them at once after a restart.
+const DefaultCertState = "var/lib/meshagent/default-key-and-chain.pem"
 
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)
