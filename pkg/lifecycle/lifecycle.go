@@ -159,7 +159,7 @@ func Serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 // serve is Serve with the log writer and, for tests, a hook that sees the health
 // server once the service is built.
 func serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
-	load Loader[C], build Builder[C, S], logTo io.Writer, built func(*obs.Server)) error {
+	load Loader[C], build Builder[C, S], logTo io.Writer, hook func(*obs.Server)) error {
 	cfg, err := load(args, getenv)
 	if err != nil {
 		return err
@@ -173,6 +173,14 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 	// whose auth callout is down, a bus not up yet) /healthz says ok and /readyz
 	// 503 with what it waits for, as Istio's agent serves its status port unready.
 	http := obs.NewServer(p.HTTP, log.Named("http"))
+	// Not ready before the service is built and has registered its own checks.
+	var built atomic.Bool
+	http.AddReadyCheck("service", func() error {
+		if !built.Load() {
+			return errors.New("starting")
+		}
+		return nil
+	})
 	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopHTTP()
 	httpDone := make(chan error, 1)
@@ -198,8 +206,9 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 		_ = stop()
 		return err
 	}
-	if built != nil {
-		built(http)
+	built.Store(true)
+	if hook != nil {
+		hook(http)
 	}
 	log.Info("starting")
 	err = Tasks(ctx, func(ctx context.Context) error {
