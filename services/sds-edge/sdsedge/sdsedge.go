@@ -291,8 +291,19 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	switch {
 	case c.CA.Addr != "":
 		signer = grpcCA(c.CA.Addr)
-	case c.CA.FallbackAddr != "":
-		signer = caclient.Fallback{Bus: busCA, GRPC: grpcCA(c.CA.FallbackAddr)}
+	case len(c.CA.FallbackAddrs) > 0:
+		fb := caclient.Fallback{Bus: busCA}
+		var closers []func()
+		for _, a := range c.CA.FallbackAddrs {
+			fb.GRPC = append(fb.GRPC, grpcCA(a))
+			closers = append(closers, closeSigner)
+		}
+		closeSigner = func() {
+			for _, c := range closers {
+				c()
+			}
+		}
+		signer = fb
 	default:
 		signer = busCA
 	}

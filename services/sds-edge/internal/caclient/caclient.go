@@ -1,7 +1,7 @@
 // Package caclient sends sds-edge's signing requests to a certificate authority:
 // the signer over NATS request-reply (NATS), an Istio-compatible CA over gRPC
-// (Istio, for CA_ADDR), or the bus with gRPC when the bus is unreachable (Fallback,
-// for CA_FALLBACK_ADDR). Both take the one request type, events.SignRequest, and
+// (Istio, for CA_ADDR), or the bus with gRPC CAs when the bus is unreachable or
+// slow (Fallback, for CA_FALLBACK_ADDR). Both take the one request type, events.SignRequest, and
 // return the reply unchecked: the caller, which owns the key and knows the pod's
 // identity and trust, decides whether to believe it.
 package caclient
@@ -10,8 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
@@ -126,23 +129,59 @@ func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) 
 }
 
 // Fallback signs on the bus (Bus) while it is connected and a signer answers
-// there, and over the CA's gRPC API (GRPC) otherwise: a pod cut off the bus still
-// renews. Both take the same events.SignRequest; a CA's refusal on the bus is
-// final for the attempt (the gRPC CA would refuse it too).
+// there in time, and over the CAs' gRPC API (GRPC, tried in turn) otherwise: a pod
+// cut off the bus, or on a bus whose signers do not answer (a frozen replica, a
+// partition behind a connected node), still renews. All take the same
+// events.SignRequest; a CA's refusal is final for the attempt (the others would
+// refuse it too).
 type Fallback struct {
 	Bus  *NATS
-	GRPC *Istio
+	GRPC []*Istio
 }
 
-// Sign tries the bus, then gRPC when the bus is unreachable.
+// Sign tries the bus with half the time ctx leaves, then, when the bus is
+// unreachable or did not answer in that time, each gRPC CA in turn with an equal
+// share of what is left, moving on from one that is unreachable or times out.
 func (f Fallback) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
-	resp, err := f.Bus.Sign(ctx, req)
-	if err == nil || !errors.Is(err, ErrUnreachable) {
+	bctx, cancel := share(ctx, 2)
+	resp, err := f.Bus.Sign(bctx, req)
+	cancel()
+	if err == nil || !retryElsewhere(ctx, err) {
 		return resp, err
 	}
-	resp, gerr := f.GRPC.Sign(ctx, req)
-	if gerr != nil {
-		return Response{}, fmt.Errorf("%w; over gRPC: %w", err, gerr)
+	errs := fmt.Errorf("on the bus: %w", err)
+	for i, g := range f.GRPC {
+		gctx, cancel := share(ctx, len(f.GRPC)-i)
+		resp, gerr := g.Sign(gctx, req)
+		cancel()
+		if gerr == nil {
+			return resp, nil
+		}
+		errs = fmt.Errorf("%w; over gRPC at %s: %w", errs, g.addr, gerr)
+		if !retryElsewhere(ctx, gerr) {
+			break
+		}
 	}
-	return resp, nil
+	return Response{}, errs
+}
+
+// retryElsewhere reports whether err, from a try whose parent context is ctx,
+// leaves the request for another path: nothing answered it (unreachable), or the
+// try's own share of the time ran out while ctx still has some.
+func retryElsewhere(ctx context.Context, err error) bool {
+	if errors.Is(err, ErrUnreachable) {
+		return true
+	}
+	timedOut := errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
+	return timedOut && ctx.Err() == nil
+}
+
+// share is ctx with 1/n of the time it has left (ctx itself, cancellable, when it
+// has no deadline).
+func share(ctx context.Context, n int) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok || n <= 1 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/time.Duration(n))
 }

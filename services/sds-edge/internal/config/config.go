@@ -37,9 +37,11 @@ type Config struct {
 	}
 	CA struct {
 		Addr string // Istio gRPC CA (host:port); empty: the signer over NATS
-		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
-		// is unreachable or no signer answers on it; signing is on the bus otherwise.
-		FallbackAddr string
+		// FallbackAddrs are the CAs' gRPC APIs (Istio's, host:port; every signer's,
+		// or a service name that reaches them all), tried in turn when the bus is
+		// unreachable or no signer answers on it in time; signing is on the bus
+		// otherwise.
+		FallbackAddrs []string
 		RootCert     string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
 		ClusterID    string
 		TokenFile    string
@@ -147,8 +149,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
-	fs.String(&c.CA.FallbackAddr, "ca-fallback-addr", "CA_FALLBACK_ADDR", c.CA.FallbackAddr,
-		"the CA's Istio gRPC API, used when the bus is unreachable (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
+	fs.List(&c.CA.FallbackAddrs, "ca-fallback-addr", "CA_FALLBACK_ADDR", nil,
+		"the CAs' Istio gRPC APIs, comma-separated, tried in turn when the bus is unreachable or no signer answers on it in time (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots (a bundle, all trusted) for the CA's TLS, with the roots the pod trusts; also the pod's first trust when -trust-anchors-file is unset; empty: the trust anchors, then the pod's bundle (with neither, a TLS CA cannot be verified)")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
@@ -234,7 +236,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
 	// With a CA reachable without the bus, serving must not wait for the bus.
-	c.Bus.Background = c.CA.Addr != "" || c.CA.FallbackAddr != ""
+	c.Bus.Background = c.CA.Addr != "" || len(c.CA.FallbackAddrs) > 0
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return c, err
 	}
@@ -317,6 +319,6 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	p.Check(c.CA.TokenFile != "", "-token-file: required")
-	p.Check(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
+	p.Check(c.CA.Addr == "" || len(c.CA.FallbackAddrs) == 0, "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
 	return p.Err()
 }
