@@ -42,9 +42,9 @@ type Config struct {
 		// unreachable or no signer answers on it in time; signing is on the bus
 		// otherwise.
 		FallbackAddrs []string
-		RootCert     string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
-		ClusterID    string
-		TokenFile    string
+		RootCert      string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
+		ClusterID     string
+		TokenFile     string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
 		// TrustAnchorsFile holds the PEM roots the pod trusts before it has talked
