@@ -3,6 +3,8 @@ package faults
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"syscall"
@@ -13,6 +15,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/faultcheck"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats.go"
 )
@@ -215,4 +218,79 @@ func metricValue(body, sample string) int {
 	}
 	n, _ := strconv.Atoi(m[1])
 	return n
+}
+
+// TestSdsEdgeRestartsWarm kills sds-edge (SIGKILL) and starts it again: the new
+// process serves the certificate the old one held — the same serial, over SDS —
+// without a new signing, and then renews as before. The time from the new process's
+// start to the first answer on its socket is logged (the process start, the bus
+// connection and the kept pair read back), not asserted.
+func TestSdsEdgeRestartsWarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node NATS cluster and the service binaries")
+	}
+	c := startCluster(t)
+	nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool { return c.metaLeader() != "" })
+	f := startFleet(t, c)
+	var held string
+	testkit.EventuallyWithin(t, time.Minute, "the pod's first certificate, kept", func() bool {
+		f.alive(t)
+		held, _ = fetchDefault(f.socket)
+		_, err := os.Stat(filepath.Join(f.podRoot, "var/lib/meshagent/default-key-and-chain.pem"))
+		return held != "" && err == nil
+	})
+	old := f.procs[len(f.procs)-1]
+	if old.name != "sds-edge" {
+		t.Fatalf("the last process is %s, not sds-edge", old.name)
+	}
+	if err := old.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-old.done
+	began := time.Now()
+	f.procs[len(f.procs)-1] = run(t, "sds-edge-again", "sds-edge", f.sdsEnv...)
+	var again string
+	var took time.Duration
+	testkit.EventuallyWithin(t, 30*time.Second, "the restarted sds-edge serving", func() bool {
+		f.alive(t)
+		again, _ = fetchDefault(f.socket)
+		took = time.Since(began)
+		return again != ""
+	})
+	if again != held {
+		t.Fatalf("the restarted sds-edge served %s, not the certificate it held (%s)", again, held)
+	}
+	t.Logf("restarted sds-edge (a new process) served its kept certificate %s after it was started", took.Round(time.Millisecond))
+	testkit.EventuallyWithin(t, 30*time.Second, "a renewal after the restart", func() bool {
+		f.alive(t)
+		_ = faultcheck.ForceRenew(nc, events.PodRef{Namespace: "default", Name: pod})
+		s, _ := fetchDefault(f.socket)
+		return s != "" && s != held
+	})
+}
+
+// fetchDefault asks the pod's SDS socket once for `default` and returns its leaf's
+// serial ("" with the error when there is none yet).
+func fetchDefault(socket string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	cc, err := sdsclient.DialUnix(ctx, socket)
+	if err != nil {
+		return "", err
+	}
+	defer cc.Close()
+	got, err := sdsclient.Fetch(ctx, cc, "sidecar~10.0.0.1~"+pod+".default~default.svc.cluster.local", "default")
+	if err != nil {
+		return "", err
+	}
+	leaf, err := pki.ParseCertsPEM(got["default"].CertChain)
+	if err != nil || len(leaf) == 0 {
+		return "", errors.Join(errors.New("no leaf in default"), err)
+	}
+	return pki.SerialHex(leaf[0]), nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,6 +105,7 @@ type fleet struct {
 	signers         []*proc
 	signerHTTP      []string // each signer's HTTP address, as signers
 	iss             *devtoken.Issuer
+	sdsEnv          []string // sds-edge's environment, to start it again
 }
 
 // layout says which NATS URLs each part connects to: one signer per entry of
@@ -160,11 +162,12 @@ func startFleetAs(t *testing.T, c *cluster, l layout) *fleet {
 		f.procs, f.signers, f.signerHTTP = append(f.procs, p), append(f.signers, p), append(f.signerHTTP, addr)
 	}
 	bus := []string{"NATS_URL=" + l.pod, "TRUST_DOMAIN=cluster.local"}
+	f.sdsEnv = append(slices.Clone(bus), "POD_NAME="+pod, "POD_ROOT="+f.podRoot, "POD_NAMESPACE=default",
+		"SERVICE_ACCOUNT=demo", "SECRET_TTL="+secretTTL.String(), "HTTP_ADDR="+testkit.FreeAddr(t))
 	f.procs = append(f.procs,
 		run(t, "rotator", "rotator", append(bus, "ROTATOR_INSTANCE=rotator-1", "ROTATOR_JS_REPLICAS=3",
 			"HTTP_ADDR="+testkit.FreeAddr(t))...),
-		run(t, "sds-edge", "sds-edge", append(bus, "POD_NAME="+pod, "POD_ROOT="+f.podRoot, "POD_NAMESPACE=default",
-			"SERVICE_ACCOUNT=demo", "SECRET_TTL="+secretTTL.String(), "HTTP_ADDR="+testkit.FreeAddr(t))...),
+		run(t, "sds-edge", "sds-edge", f.sdsEnv...),
 	)
 	return f
 }
