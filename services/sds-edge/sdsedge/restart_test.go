@@ -121,3 +121,28 @@ func TestRestartedPodServesItsKeptCertificateAtOnce(t *testing.T) {
 		t.Fatal("a kept certificate that is not for the kept key was served")
 	}
 }
+
+// With KEEP_CERT off, nothing is kept under the pod root, but a restarted pod
+// still serves at once what OUTPUT_CERTS holds (key.pem, cert-chain.pem).
+func TestRestartedPodServesOutputCertsWhenNothingIsKept(t *testing.T) {
+	v := newEnv(t)
+	args := []string{"-keep-cert=false", "-output-certs", "etc/certs"}
+	p := v.startPod(podOpt{args: args})
+	root := p.cfg.Pod.RootDir
+	testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+	first := leafOf(t, p.fetch(t, "default")["default"])
+	testkit.Eventually(t, "OUTPUT_CERTS written", func() bool {
+		_, err := os.Stat(filepath.Join(root, "etc/certs/cert-chain.pem"))
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(root, config.DefaultCertState)); !os.IsNotExist(err) {
+		t.Fatalf("the pair was kept under the pod root with -keep-cert=false: %v", err)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	q := v.startPod(podOpt{root: root, args: args})
+	if got := leafOf(t, q.fetch(t, "default")["default"]); pki.SerialHex(got) != pki.SerialHex(first) {
+		t.Fatalf("after the restart the pod served %s, not %s from OUTPUT_CERTS", pki.SerialHex(got), pki.SerialHex(first))
+	}
+}
