@@ -66,6 +66,7 @@ func TestComposeFaults(t *testing.T) {
 	t.Cleanup(func() { h.report(t) })
 
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, st, nc) })
+	t.Run("route handshakes all succeed", func(t *testing.T) { checkRoutesClean(t, st) })
 	t.Run("routes are mutual TLS", func(t *testing.T) { checkRoutesTLS(t, st) })
 	t.Run("both signers sign under one root", func(t *testing.T) { signersAgree(t, nc) })
 
@@ -74,6 +75,7 @@ func TestComposeFaults(t *testing.T) {
 		run  func(t *testing.T, h *harness)
 	}{
 		{"one signer down 60s", oneSignerDown},
+		{"one signer paused 40s", oneSignerPaused},
 		{"leading rotator killed", rotatorLeaderKilled},
 		{"stream leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "stream leader") }},
 		{"meta leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "meta leader") }},
@@ -131,6 +133,36 @@ func oneSignerDown(t *testing.T, h *harness) {
 		}
 	}
 	h.st.compose(t, "start", "signer-1")
+	h.end(t, f)
+}
+
+// oneSignerPaused: signer-1 frozen (docker pause: it stays connected, in the sign
+// queue group until the nodes' pings drop it) for 40 s while the pod must renew. The
+// pod renews before expiry (through signer-2, or over gRPC); at unpause signer-1
+// reads the requests it held and drops them (their deadlines passed): no certificate
+// issued then that the pod did not receive.
+func oneSignerPaused(t *testing.T, h *harness) {
+	f := h.begin(t, "one signer paused 40s")
+	h.st.compose(t, "pause", "signer-1")
+	paused := time.Now()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			h.st.compose(t, "unpause", "signer-1")
+		}
+	})
+	h.healed(t, f, paused, "pause", time.Minute, func() { forceRenew(t, h.nc) })
+	hold(time.Until(paused.Add(40 * time.Second)))
+	h.st.compose(t, "unpause", "signer-1")
+	resumed = true
+	unpaused := time.Now()
+	hold(15 * time.Second) // signer-1 reads its backlog and reconnects
+	served := h.probe.ServedSince(paused)
+	for _, s := range h.ledger.SeenSince(unpaused) {
+		if s.Type == events.TypeCertIssued && strings.Contains(s.Source, "signer-1") && !served[s.Key] {
+			t.Errorf("signer-1 issued %s at unpause, which the pod never received", s.Key)
+		}
+	}
 	h.end(t, f)
 }
 

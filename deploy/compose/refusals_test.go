@@ -191,6 +191,24 @@ func checkPlaintextRefused(t *testing.T, st *stack) {
 	}
 }
 
+// checkRoutesClean: over 15 s of a settled cluster no node logs a failed route TLS
+// handshake: every route a node dials (from the routes list or gossip) names a host
+// its peer's certificate carries. A repeating route error would drown a real one.
+func checkRoutesClean(t *testing.T, st *stack) {
+	hold(15 * time.Second)
+	logs := st.compose(t, "logs", "--no-color", "--since", "15s", "nats-1", "nats-2", "nats-3")
+	var bad []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "TLS route handshake error") || strings.Contains(l, "route") && strings.Contains(l, "bad certificate") {
+			bad = append(bad, l)
+		}
+	}
+	if len(bad) >= 3 {
+		t.Fatalf("%d failed route handshakes in 15 s, e.g. %s", len(bad), bad[0])
+	}
+	t.Logf("%d failed route handshakes in 15 s", len(bad))
+}
+
 // checkRoutesTLS: nats-1's routes need TLS with verified certificates, it has its
 // two peers, and a node that speaks plaintext is not let into the cluster.
 func checkRoutesTLS(t *testing.T, st *stack) {

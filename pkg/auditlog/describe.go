@@ -2,6 +2,7 @@ package auditlog
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -70,6 +71,12 @@ func Describe(p events.Payload, at time.Time) string {
 	case events.EnvoyExited:
 		what = fmt.Sprintf("%-8s envoy exited pid=%d code=%d signal=%s crashed=%t drain=%s active=%d", e.Pod, e.PID, e.Code,
 			orDash(e.Signal), e.Crashed, e.Drain, e.ActiveConnections)
+	case events.PodParts:
+		if e.Healthy {
+			what = fmt.Sprintf("%-8s pod parts serving again", e.Pod)
+		} else {
+			what = fmt.Sprintf("%-8s pod parts down: %s", e.Pod, strings.Join(e.Missing, "; "))
+		}
 	default:
 		what = fmt.Sprintf("%+v", p)
 	}

@@ -42,9 +42,14 @@ type Config struct {
 	// name: the auth callout refuses a credential (token or certificate) that proves
 	// another pod. Empty: no claim.
 	Pod string
-	// ConnectWait is how long Connect keeps trying the first connection (zero:
-	// DefaultConnectWait). Once connected, the client reconnects forever.
+	// ConnectWait is how long Connect keeps trying the first connection; zero:
+	// until ctx ends (a pod waits as long as its restart policy lets it, serving
+	// its health endpoints meanwhile). Once connected, the client reconnects forever.
 	ConnectWait time.Duration
+	// Waiting, set in code (not a flag), hears each failed first-connection
+	// attempt's error while Connect keeps trying, for a readiness check that says
+	// what the process waits for.
+	Waiting func(err error)
 	// Background makes Connect return at once with a connection that keeps
 	// trying in the background (nats' RetryOnFailedConnect), for a service that
 	// can do its work without the bus for a while (sds-edge with a gRPC CA).
@@ -68,8 +73,8 @@ const ConnectTimeout = 10 * time.Second
 // a callout shedding load) comes back spread over time instead of at once.
 var Reconnect = backoff.Policy{First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.75}
 
-// DefaultConnectWait is how long a service waits for the bus at start unless told.
-const DefaultConnectWait = 30 * time.Second
+// waitReport is how often Connect says at INFO that it is still waiting for the bus.
+const waitReport = 10 * time.Second
 
 // TLSConfig enables TLS to the bus when CAFile or CertFile is set.
 type TLSConfig struct {
@@ -93,10 +98,7 @@ func (c *Config) Bind(fs *flagenv.Set) {
 	fs.String(&c.TLS.CAFile, "nats-tls-ca", "NATS_TLS_CA", "", "CA bundle to verify the NATS server")
 	fs.String(&c.TLS.CertFile, "nats-tls-cert", "NATS_TLS_CERT", "", "client certificate for NATS mTLS")
 	fs.String(&c.TLS.KeyFile, "nats-tls-key", "NATS_TLS_KEY", "", "client key for NATS mTLS")
-	if c.ConnectWait == 0 {
-		c.ConnectWait = DefaultConnectWait
-	}
-	fs.Duration(&c.ConnectWait, "nats-connect-wait", "NATS_CONNECT_WAIT", c.ConnectWait, "how long to keep trying the first connection to NATS at start")
+	fs.Duration(&c.ConnectWait, "nats-connect-wait", "NATS_CONNECT_WAIT", c.ConnectWait, "how long to keep trying the first connection to NATS at start (0: until stopped)")
 }
 
 // Validate reports every problem with c at once.
@@ -130,10 +132,6 @@ func (c Config) Validate() error {
 // (or, with c.Background, returns at once and keeps trying in the background) and
 // then reconnects forever; connection changes are logged on log.
 func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error) {
-	wait := c.ConnectWait
-	if wait <= 0 {
-		wait = DefaultConnectWait
-	}
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.MaxReconnects(-1),
@@ -196,18 +194,33 @@ func Connect(ctx context.Context, c Config, log hclog.Logger) (*nats.Conn, error
 		}
 		return nc, nil
 	}
-	deadline := time.Now().Add(wait)
+	began := time.Now()
+	var reported time.Time
 	retry := Reconnect.Start()
 	for {
 		nc, err := nats.Connect(c.URL, opts...)
 		if err == nil {
-			log.Debug("nats connected", "url", nc.ConnectedUrlRedacted())
+			if !reported.IsZero() {
+				log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "after", time.Since(began).Round(time.Millisecond))
+			} else {
+				log.Debug("nats connected", "url", nc.ConnectedUrlRedacted())
+			}
 			return nc, nil
 		}
-		if time.Now().After(deadline) {
+		if c.ConnectWait > 0 && time.Since(began) > c.ConnectWait {
 			return nil, fmt.Errorf("connect to nats at %s: %w", c.URL, err)
 		}
-		log.Debug("nats not reachable yet", "url", c.URL, "error", err)
+		if c.Waiting != nil {
+			c.Waiting(err)
+		}
+		if now := time.Now(); now.Sub(reported) >= waitReport {
+			// At the default level: a pod the bus refuses (its auth callout down)
+			// must say what it waits for.
+			log.Info("waiting for the bus", "url", c.URL, "waited", now.Sub(began).Round(time.Second), "error", err)
+			reported = now
+		} else {
+			log.Debug("nats not reachable yet", "url", c.URL, "error", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("connect to nats at %s: %w", c.URL, ctx.Err())

@@ -32,7 +32,8 @@ import (
 // ErrWrongType or ErrTooLarge.
 //
 //	SignRequest: 1 csr (DER), 2 token, 3 cert_chain (DER, repeated), 4 proof,
-//	             5 ttl_seconds (varint), 6 pod, 7 resource, 8 key_algorithm, 9 cert_signer
+//	             5 ttl_seconds (varint), 6 pod, 7 resource, 8 key_algorithm, 9 cert_signer,
+//	             10 deadline_unix_ms (varint: when the requester stops waiting)
 //	SignReply:   1 cert_chain (DER, repeated, leaf first), 2 roots (DER, repeated),
 //	             3 trust_domain, 4 generation (varint), 5 endorsements (repeated
 //	             message: 1 key_id, 2 signature, 3 chain (DER, repeated)),

@@ -22,6 +22,7 @@ func fullSignRequest() SignRequest {
 		CSR: pemOf("CERTIFICATE REQUEST", 0x30, 1, 2, 3), Token: "eyJ.x.y",
 		CertChain: []string{pemOf("CERTIFICATE", 0x30, 9), pemOf("CERTIFICATE", 0x30, 8)}, Proof: "c2ln",
 		TTL: 90 * time.Minute, Pod: web0, Resource: "default", KeyAlgorithm: "EC-P256", CertSigner: "clusterA",
+		Deadline: time.Date(2026, 11, 27, 5, 30, 1, 123e6, time.UTC),
 	}
 }
 
@@ -133,6 +134,9 @@ func TestCompactSignRequestRefused(t *testing.T) {
 		{"ttl too large", compactMsg(TypeSignRequest, csr, tok, varintField(5, 1<<62)), ErrInvalid, "ttl_seconds"},
 		{"bad pod", compactMsg(TypeSignRequest, csr, tok, bytesField(6, "web 0")), ErrInvalid, "pod"},
 		{"chain without proof", compactMsg(TypeSignRequest, csr, bytesField(3, "\x30")), ErrInvalid, "proof"},
+		{"deadline zero", compactMsg(TypeSignRequest, csr, tok, varintField(10, 0)), ErrInvalid, "deadline_unix_ms"},
+		{"deadline past year 9999", compactMsg(TypeSignRequest, csr, tok, varintField(10, 1<<60)), ErrInvalid, "deadline_unix_ms"},
+		{"deadline twice", compactMsg(TypeSignRequest, csr, tok, varintField(10, 5), varintField(10, 6)), ErrInvalid, "repeated"},
 		{"empty chain entry", compactMsg(TypeSignRequest, csr, tok, bytesField(3, ""), bytesField(4, "c2ln")), ErrInvalid, "empty certificate"},
 	}
 	for _, tc := range tests {

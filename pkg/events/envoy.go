@@ -102,3 +102,21 @@ func (e EnvoyExited) Validate() error {
 	f.need(e.ActiveConnections >= -1, "active_connections", "must be -1 or more")
 	return f.err()
 }
+
+// PodParts is published by the launcher when the pod's other parts (sds-edge with
+// its certificate and trust bundle, xds-relay) stop serving after Envoy started,
+// and again when they are back: Missing names what is missing, empty when Healthy.
+type PodParts struct {
+	Pod     PodRef   `json:"pod" jsonschema:"pattern=^[a-z0-9-]+/[A-Za-z0-9._-]+$"`
+	Healthy bool     `json:"healthy"`
+	Missing []string `json:"missing,omitempty"`
+}
+
+func (PodParts) EventType() string { return TypePodParts }
+func (e PodParts) Validate() error {
+	var f fields
+	f.pod(e.Pod, "pod", true)
+	f.need(e.Healthy == (len(e.Missing) == 0), "missing", "must name what is missing exactly when not healthy")
+	f.need(len(e.Missing) <= 16, "missing", "at most 16 entries")
+	return f.err()
+}

@@ -51,6 +51,7 @@ var samples = []Payload{
 	EnvoyReady{Pod: web0, PID: 42, StartupMillis: 850},
 	EnvoyDraining{Pod: web0, PID: 42, Strategy: DrainZeroConnections, DeadlineMillis: 60000, Reason: "SIGTERM"},
 	EnvoyExited{Pod: web0, PID: 42, Code: 0, Drain: DrainZeroReached, ActiveConnections: 0, DrainMillis: 5200},
+	PodParts{Pod: web0, Missing: []string{"sds-edge socket /var/run/secrets/workload-spiffe-uds/socket (connection refused)"}},
 	TrustFederated{TrustDomain: "cluster.local", Foreign: "west.example", Roots: []string{pemCert}, Version: 1763892000000000000,
 		Source: "https://west.example/bundle", Sequence: 3, RefreshHint: 5 * time.Minute, FetchedAt: t0},
 	CertExpiring{Pod: web0, Resource: "default", Serial: "1f2e", NotAfter: t0.Add(time.Hour), State: CertStateExpired,

@@ -37,6 +37,7 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeEnvoyDraining:   decodeAs[EnvoyDraining],
 	TypeEnvoyExited:     decodeAs[EnvoyExited],
 	TypeCertExpiring:    decodeAs[CertExpiring],
+	TypePodParts:        decodeAs[PodParts],
 	TypeTrustFederated:  decodeAs[TrustFederated],
 }
 

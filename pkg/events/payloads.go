@@ -33,6 +33,7 @@ const (
 	TypeEnvoyDraining   = "io.meshagent.envoy.draining.v1"
 	TypeEnvoyExited     = "io.meshagent.envoy.exited.v1"
 	TypeCertExpiring    = "io.meshagent.cert.expiring.v1"
+	TypePodParts        = "io.meshagent.pod.parts.v1"
 )
 
 func init() {
@@ -59,6 +60,7 @@ func init() {
 	register[EnvoyDraining]()
 	register[EnvoyExited]()
 	register[CertExpiring]()
+	register[PodParts]()
 }
 
 // fields collects validation problems so that every one is reported at once.

@@ -30,6 +30,18 @@ type SignRequest struct {
 	// CertSigner names the signer the caller wants (Istio's CertSigner metadata);
 	// empty means the signer's default. A signer rejects names it does not serve.
 	CertSigner string `json:"cert_signer,omitempty"`
+	// Deadline is when the requester stops waiting for the reply (zero: not said).
+	// A signer that reads the request after it drops it unsigned: a certificate
+	// issued then would reach nobody. It travels in milliseconds since the epoch
+	// (compact field 10; RFC 3339 in JSON), so signers and pods need clocks that
+	// agree to well within a request's timeout, as certificates' NotBefore already
+	// asks.
+	Deadline time.Time `json:"deadline,omitzero"`
+}
+
+// Expired reports whether the requester said it stops waiting before now.
+func (e SignRequest) Expired(now time.Time) bool {
+	return !e.Deadline.IsZero() && !now.Before(e.Deadline)
 }
 
 func (SignRequest) EventType() string { return TypeSignRequest }
@@ -97,6 +109,8 @@ const (
 	CodeResourceExhausted = "resource_exhausted"
 	CodeUnavailable       = "unavailable"
 	CodeInternal          = "internal"
+	// CodeDeadlineExceeded: the request's deadline passed before it was signed.
+	CodeDeadlineExceeded = "deadline_exceeded"
 )
 
 // ReplyError is the error half of every reply.

@@ -5,6 +5,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -36,6 +37,9 @@ func NewSignRequestMsg(subject string, enc Encoding, source string, req SignRequ
 	b = appendString(b, 7, req.Resource)
 	b = appendString(b, 8, req.KeyAlgorithm)
 	b = appendString(b, 9, req.CertSigner)
+	if !req.Deadline.IsZero() && req.Deadline.UnixMilli() > 0 {
+		b = appendVarint(b, 10, uint64(req.Deadline.UnixMilli()))
+	}
 	return newCompactMsg(subject, b)
 }
 
@@ -77,9 +81,21 @@ func DecodeSignRequest(msg *nats.Msg) (SignRequest, Encoding, error) {
 			r.str(f, &req.KeyAlgorithm)
 		case 9:
 			r.str(f, &req.CertSigner)
+		case 10:
+			if r.once(f, wireVarint) {
+				if f.u == 0 || f.u > maxDeadlineMilli {
+					r.fail(f, "deadline_unix_ms: %d is no time a request waits until", f.u)
+					return
+				}
+				req.Deadline = time.UnixMilli(int64(f.u)).UTC()
+			}
 		}
 	})
 }
+
+// maxDeadlineMilli bounds a sign request's deadline on the wire (the year 9999):
+// larger values would overflow a time.Time's arithmetic.
+const maxDeadlineMilli = 253402300799999
 
 // decodeEither decodes msg as a T: a CloudEvent (Decode), or a compact body whose
 // fields read fills in, then validated as Decode validates.

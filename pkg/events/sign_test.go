@@ -133,3 +133,17 @@ func TestTheSubjectDecidesTheEncoding(t *testing.T) {
 		}
 	}
 }
+
+// TestSignRequestExpired: a request without a deadline never expires; one with a
+// deadline has expired from that instant on.
+func TestSignRequestExpired(t *testing.T) {
+	at := time.Date(2026, 11, 27, 5, 0, 0, 0, time.UTC)
+	r := SignRequest{}
+	if r.Expired(at.Add(100 * 365 * 24 * time.Hour)) {
+		t.Fatal("a request without a deadline expired")
+	}
+	r.Deadline = at
+	if r.Expired(at.Add(-time.Millisecond)) || !r.Expired(at) || !r.Expired(at.Add(time.Second)) {
+		t.Fatalf("deadline %s: expired before it, or not at or after it", at)
+	}
+}

@@ -127,6 +127,7 @@ const (
 	PodEventEnvoyDraining   = "envoy.draining"
 	PodEventEnvoyExited     = "envoy.exited"
 	PodEventCertExpiring    = "cert.expiring"
+	PodEventParts           = "parts"
 )
 
 // PodEventKinds are every kind a pod may publish: a pod's bus permission names
@@ -137,6 +138,7 @@ var PodEventKinds = []string{
 	PodEventUp, PodEventDown, PodEventSecretPushed, PodEventSDSNack, PodEventXDSConnected,
 	PodEventXDSDisconnected, PodEventXDSNack, PodEventXDSAcked, PodEventEnvoyStarted,
 	PodEventEnvoyReady, PodEventEnvoyDraining, PodEventEnvoyExited, PodEventCertExpiring,
+	PodEventParts,
 }
 
 // podEventPrefix starts every pod event subject.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -107,5 +108,51 @@ func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
 	}
 	if err := l.Recheck(); err == nil {
 		t.Fatal("recheck of a purged stream found nothing missing")
+	}
+}
+
+// TestLedgerAsksTheLeader: a sequence a (lagging) replica answered "not found" for
+// is read from the stream's leader, which has it — headers, subject and data as
+// stored — and one the leader does not hold (deleted) is reported as such.
+func TestLedgerAsksTheLeader(t *testing.T) {
+	nc := bustest.Conn(t, bustest.Server(t))
+	l, err := NewLedger(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := bustest.JetStream(t, nc)
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: events.StreamEvents, Subjects: []string{events.EventsWildcard}, AllowDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, serial := range []string{"0a", "0b"} {
+		m, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: "test", Subject: serial}, events.CertIssued{Serial: serial, SPIFFEID: "spiffe://td/ns/a/sa/b",
+			NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.Header.Get(events.HeaderID))
+	}
+	if err := st.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := l.fromLeader(ctx, events.StreamEvents, 1); err != nil || found {
+		t.Fatalf("deleted message 1: found %v, %v", found, err)
+	}
+	m, found, err := l.fromLeader(ctx, events.StreamEvents, 2)
+	if err != nil || !found {
+		t.Fatalf("message 2: found %v, %v", found, err)
+	}
+	if m.Subject != events.SubjectCertIssued || m.Sequence != 2 || m.Header.Get(events.HeaderID) != ids[1] {
+		t.Fatalf("message 2 from the leader: %s seq %d id %q, want id %q", m.Subject, m.Sequence, m.Header.Get(events.HeaderID), ids[1])
+	}
+	e, _, err := events.Decode[events.CertIssued](&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+	if err != nil || e.Serial != "0b" {
+		t.Fatalf("decode the leader's copy: %+v, %v", e, err)
 	}
 }

@@ -2,6 +2,7 @@ package faultcheck
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -123,7 +124,12 @@ func (l *Ledger) readStream(ctx context.Context, st jetstream.Stream, name strin
 	for last := st.CachedInfo().State.LastSeq; l.next[name] <= last; l.next[name]++ {
 		m, err := st.GetMsg(ctx, l.next[name])
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
+			// A direct get is answered by any replica, and one that lags does not
+			// have this sequence yet: only the leader can say it was deleted.
+			var found bool
+			if m, found, err = l.fromLeader(ctx, name, l.next[name]); err == nil && !found {
+				continue
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("%s message %d: %w", name, l.next[name], err)
@@ -139,6 +145,55 @@ func (l *Ledger) readStream(ctx context.Context, st jetstream.Stream, name strin
 		l.mu.Unlock()
 	}
 	return nil
+}
+
+// fromLeader reads message seq of stream from the stream's leader (the
+// STREAM.MSG.GET API, which only the leader answers), and reports whether the
+// stream holds it.
+func (l *Ledger) fromLeader(ctx context.Context, stream string, seq uint64) (*jetstream.RawStreamMsg, bool, error) {
+	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+	reply, err := l.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, false, err
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return nil, false, fmt.Errorf("leader's reply: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.Code == 404:
+		return nil, false, nil
+	case resp.Error != nil:
+		return nil, false, fmt.Errorf("leader: %d %s", resp.Error.Code, resp.Error.Description)
+	case resp.Message == nil:
+		return nil, false, errors.New("leader's reply without a message")
+	}
+	m := resp.Message
+	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Seq, Header: parseHeader(m.Header), Data: m.Data, Time: m.Time}, true, nil
+}
+
+// parseHeader reads a NATS header block ("NATS/1.0", then "Key: Value" lines).
+func parseHeader(b []byte) nats.Header {
+	h := nats.Header{}
+	lines := strings.Split(string(b), "\r\n")
+	for _, line := range lines[min(1, len(lines)):] {
+		if k, v, ok := strings.Cut(line, ":"); ok && k != "" {
+			h.Add(k, strings.TrimSpace(v))
+		}
+	}
+	return h
 }
 
 // Counts is a copy of the per-kind message counts of the stream read so far.

@@ -1,7 +1,7 @@
 // Package lifecycle is the one way every meshagent service is built, started and
 // stopped:
 //
-//	Load(args, getenv) → Connect (bus, if the config names one) → New(cfg, Deps) → Run(ctx)
+//	Load(args, getenv) → health server up → Connect (bus, if the config names one) → New(cfg, Deps) → Run(ctx)
 //
 // A service package exports Load, New and Run; its main.go hands them to Serve.
 // Constructors only build: they neither listen nor start goroutines. Run runs the
@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -174,7 +175,7 @@ func ServeShared[C Config, S Service](ctx context.Context, shared *SharedBus, ar
 // serve is Serve with the log writer, for tests a hook that sees the health server
 // once the service is built, and the shared bus connections when not nil.
 func serve[C Config, S Service](ctx context.Context, args []string, getenv func(string) string,
-	load Loader[C], build Builder[C, S], logTo io.Writer, built func(*obs.Server), shared *SharedBus) error {
+	load Loader[C], build Builder[C, S], logTo io.Writer, hook func(*obs.Server), shared *SharedBus) error {
 	cfg, err := load(args, getenv)
 	if err != nil {
 		return err
@@ -184,16 +185,38 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 	if len(p.LogWith) > 0 {
 		log = log.With(p.LogWith...)
 	}
+	// The health server answers from the start: while the bus is awaited (a pod
+	// whose auth callout is down, a bus not up yet) /healthz says ok and /readyz
+	// 503 with what it waits for, as Istio's agent serves its status port unready.
+	http := obs.NewServer(p.HTTP, log.Named("http"))
+	// Not ready before the service is built and has registered its own checks.
+	var built atomic.Bool
+	http.AddReadyCheck("service", func() error {
+		if !built.Load() {
+			return errors.New("starting")
+		}
+		return nil
+	})
+	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- http.Run(hctx) }()
+	// stop ends the health server and returns its error.
+	stop := func() error { stopHTTP(); return <-httpDone }
 	var nc *nats.Conn
 	if p.Bus != nil {
-		release := func() {}
-		if shared != nil {
-			nc, release, err = shared.Connect(ctx, *p.Bus, log.Named("bus"))
-		} else {
-			nc, err = bus.Connect(ctx, *p.Bus, log.Named("bus"))
-			release = func() { bus.Drain(nc) }
-		}
+		var release func()
+		nc, release, err = connect(ctx, *p.Bus, log.Named("bus"), http, httpDone, func(ctx context.Context, c bus.Config, log hclog.Logger) (*nats.Conn, func(), error) {
+			if shared != nil {
+				return shared.Connect(ctx, c, log)
+			}
+			nc, err := bus.Connect(ctx, c, log)
+			return nc, func() { bus.Drain(nc) }, err
+		})
 		if err != nil {
+			if herr := stop(); herr != nil {
+				return herr
+			}
 			if ctx.Err() != nil {
 				return nil // stopped while waiting for the bus
 			}
@@ -201,20 +224,81 @@ func serve[C Config, S Service](ctx context.Context, args []string, getenv func(
 		}
 		defer release()
 	}
-	http := obs.NewServer(p.HTTP, log.Named("http"))
 	svc, err := build(cfg, Deps{Bus: nc, Clock: clock.Real{}, Log: log, Metrics: http.Registry(), Health: http, Routes: http})
 	if err != nil {
+		_ = stop()
 		return err
 	}
-	if built != nil {
-		built(http)
+	built.Store(true)
+	if hook != nil {
+		hook(http)
 	}
 	log.Info("starting")
-	err = Tasks(ctx, http.Run, svc.Run)
+	err = Tasks(ctx, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return stop()
+		case err := <-httpDone:
+			httpDone <- err // for the deferred stop
+			return err
+		}
+	}, svc.Run)
 	if err == nil {
 		log.Info("stopped")
 	}
 	return err
+}
+
+// connect waits for the bus (bus.Connect) while the health server runs: its
+// readiness says what the process waits for until connected. A health server
+// that fails to listen ends the wait with its error.
+func connect(ctx context.Context, c bus.Config, log hclog.Logger, health *obs.Server, httpDone chan error,
+	dial func(context.Context, bus.Config, hclog.Logger) (*nats.Conn, func(), error)) (*nats.Conn, func(), error) {
+	var waiting atomic.Pointer[string]
+	msg := "waiting for the bus at " + c.URL
+	waiting.Store(&msg)
+	health.AddReadyCheck("bus", func() error {
+		if m := waiting.Load(); m != nil {
+			return errors.New(*m)
+		}
+		return nil
+	})
+	prev := c.Waiting
+	c.Waiting = func(err error) {
+		m := fmt.Sprintf("waiting for the bus at %s: %v", c.URL, err)
+		waiting.Store(&m)
+		if prev != nil {
+			prev(err)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var httpErr error
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case err := <-httpDone:
+			httpErr = err
+			httpDone <- err // for the caller's stop
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	nc, release, err := dial(cctx, c, log)
+	cancel()
+	<-watched
+	if httpErr != nil {
+		if err == nil {
+			release()
+		}
+		return nil, nil, httpErr
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	waiting.Store(nil)
+	return nc, release, nil
 }
 
 // Tasks runs every task at once until all have returned. The first to fail

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/testkit"
@@ -163,6 +166,58 @@ func TestCancelWhileWaitingForBusIsACleanStop(t *testing.T) {
 	if s.svc.Load() != nil {
 		t.Fatal("the service was built without a bus")
 	}
+}
+
+// A process the bus does not admit yet (the bus not up, its auth callout down)
+// serves its health endpoints meanwhile — /healthz ok, /readyz 503 saying what it
+// waits for — logs that at the default level, and keeps waiting (no connect
+// deadline by default) until the bus comes, then builds and runs the service.
+func TestHealthAnswersWhileWaitingForTheBus(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	httpAddr, natsAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
+	s := start(t, ctx, "-nats-url", "nats://"+natsAddr, "-http-addr", httpAddr)
+	url := "http://" + httpAddr
+	testkit.Eventually(t, "/readyz 503 naming the bus while it is awaited", func() bool {
+		code, body := testkit.HTTPGet(url + "/readyz")
+		return code == 503 && strings.Contains(body, "waiting for the bus at nats://"+natsAddr)
+	})
+	if code, _ := testkit.HTTPGet(url + "/healthz"); code != 200 {
+		t.Fatalf("/healthz %d while waiting for the bus: the process is alive", code)
+	}
+	testkit.Eventually(t, "an INFO line saying what it waits for", func() bool {
+		return strings.Contains(s.logs.String(), "[INFO]  toy.bus: waiting for the bus")
+	})
+	if s.svc.Load() != nil {
+		t.Fatal("the service was built without a bus")
+	}
+	host, port := splitHostPort(t, natsAddr)
+	ns, err := embedded.Start(embedded.Config{Host: host, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	testkit.Eventually(t, "/readyz 200 once the bus came and the service runs", func() bool {
+		code, _ := testkit.HTTPGet(url + "/readyz")
+		return code == 200
+	})
+	cancel()
+	if err := <-s.err; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func splitHostPort(t *testing.T, addr string) (string, int) {
+	t.Helper()
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, port
 }
 
 func TestBusThatNeverComesIsAnError(t *testing.T) {

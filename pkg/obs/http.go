@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -29,7 +30,11 @@ type Server struct {
 	log      hclog.Logger
 	registry *prometheus.Registry
 	mux      *http.ServeMux
-	wrap     []func(http.Handler) http.Handler
+	// wrapped is mux inside every Use wrapper so far: Use may come after Run (a
+	// service built once the bus is up, while the server already answers health).
+	wrapped atomic.Pointer[http.Handler]
+	wrapMu  sync.Mutex
+	wrap    []func(http.Handler) http.Handler
 
 	mu     sync.Mutex
 	checks map[string]Check
@@ -44,6 +49,8 @@ func NewServer(addr string, log hclog.Logger) *Server {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s := &Server{addr: addr, log: log, registry: reg, checks: map[string]Check{}, bound: make(chan struct{})}
 	s.mux = s.handler()
+	var h http.Handler = s.mux
+	s.wrapped.Store(&h)
 	return s
 }
 
@@ -54,8 +61,18 @@ func NewServer(addr string, log hclog.Logger) *Server {
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
 // Use wraps every request the server answers in mw, its own endpoints included;
-// the last wrapper added sees a request first. Call it before Run.
-func (s *Server) Use(mw func(http.Handler) http.Handler) { s.wrap = append(s.wrap, mw) }
+// the last wrapper added sees a request first. Requests from then on go through it,
+// also when the server already runs.
+func (s *Server) Use(mw func(http.Handler) http.Handler) {
+	s.wrapMu.Lock()
+	defer s.wrapMu.Unlock()
+	s.wrap = append(s.wrap, mw)
+	var h http.Handler = s.mux
+	for _, w := range s.wrap {
+		h = w(h)
+	}
+	s.wrapped.Store(&h)
+}
 
 // Registry is where the service registers its metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
@@ -130,11 +147,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	close(s.bound)
 	s.log.Info("http listening", "addr", ln.Addr().String())
-	var h http.Handler = s.mux
-	for _, mw := range s.wrap {
-		h = mw(h)
-	}
-	return Serve(ctx, ln, h)
+	return Serve(ctx, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		(*s.wrapped.Load()).ServeHTTP(w, r)
+	}))
 }
 
 // Serve answers HTTP on ln with h until ctx is done, then shuts down within five

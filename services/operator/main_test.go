@@ -33,7 +33,13 @@ func TestRunServesDashboardReadyAndMetrics(t *testing.T) {
 	}
 	get := func(i int, path string) (int, string) { return testkit.HTTPGet("http://" + addrs[i] + path) }
 	for i := range addrs {
-		testkit.Eventually(t, "/healthz 200", func() bool { code, _ := get(i, "/healthz"); return code == http.StatusOK })
+		// /healthz answers from the start (also while the bus is awaited); the
+		// inventory's check is there once the service is built.
+		testkit.Eventually(t, "/healthz 200 and the service built", func() bool {
+			code, _ := get(i, "/healthz")
+			_, ready := get(i, "/readyz")
+			return code == http.StatusOK && strings.Contains(ready, "inventory")
+		})
 		if code, body := get(i, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "inventory") {
 			t.Fatalf("replica %d ready with no event stream: %d %q", i, code, body)
 		}

@@ -13,6 +13,12 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
+// The nodes' client liveness, as deploy/compose's nats.conf sets it.
+const (
+	pingInterval = 3 * time.Second
+	pingMax      = 2
+)
+
 // cluster is three nats-servers with JetStream, clustered over loopback ports, each
 // of which can be killed and started again on the same ports and state.
 type cluster struct {
@@ -77,6 +83,9 @@ func (c *cluster) start(n string) {
 	}
 	opts := &server.Options{ServerName: n, Host: host, Port: port, NoLog: true, NoSigs: true,
 		JetStream: true, StoreDir: filepath.Join(c.dir, n),
+		// deploy/compose's nats.conf: a frozen client (a SIGSTOPped signer still
+		// in the sign queue group) is dropped after pingInterval x (pingMax+1).
+		PingInterval: pingInterval, MaxPingsOut: pingMax,
 		Cluster: server.ClusterOpts{Name: "faults", Host: rhost, Port: rport},
 		Routes:  server.RoutesFromStr(strings.Join(routes, ","))}
 	s, err := server.NewServer(opts)

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,9 +75,18 @@ func TestClusterNodeLoss(t *testing.T) {
 			if at, ok := watch.FirstServed(watch.Now().Cur.Serial()); ok {
 				healed = at
 			}
+			// The loss shows in the signer's metrics (polled every 15 s) while the node is down.
+			testkit.EventuallyWithin(t, time.Minute, "the signer reporting the event stream's lost replica", func() bool {
+				_, body := testkit.HTTPGet("http://" + f.signerHTTP[0] + "/metrics")
+				return metricValue(body, `meshagent_signer_stream_replicas_unhealthy{stream="`+events.StreamEvents+`"}`) >= 1
+			})
 			c.start(node)
 			whole(t, nc)
 			f.alive(t)
+			testkit.EventuallyWithin(t, time.Minute, "the signer reporting the event stream whole again", func() bool {
+				_, body := testkit.HTTPGet("http://" + f.signerHTTP[0] + "/metrics")
+				return strings.Contains(body, `meshagent_signer_stream_replicas_unhealthy{stream="`+events.StreamEvents+`"} 0`)
+			})
 
 			samples := watch.Since(start)
 			served := watch.ServedSince(start)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -101,6 +102,17 @@ func (p *proc) exited() bool {
 type fleet struct {
 	podRoot, socket string
 	procs           []*proc
+	signers         []*proc
+	signerHTTP      []string // each signer's HTTP address, as signers
+	iss             *devtoken.Issuer
+	sdsEnv          []string // sds-edge's environment, to start it again
+}
+
+// layout says which NATS URLs each part connects to: one signer per entry of
+// signers; the rotator and the pod take the pod's.
+type layout struct {
+	signers []string
+	pod     string
 }
 
 const (
@@ -109,6 +121,12 @@ const (
 )
 
 func startFleet(t *testing.T, c *cluster) *fleet {
+	t.Helper()
+	return startFleetAs(t, c, layout{signers: []string{c.urls()}, pod: c.urls()})
+}
+
+// startFleetAs starts the fleet connected as l says.
+func startFleetAs(t *testing.T, c *cluster, l layout) *fleet {
 	t.Helper()
 	dir := t.TempDir()
 	iss, err := devtoken.LoadOrCreate(filepath.Join(dir, "issuer"))
@@ -121,7 +139,7 @@ func startFleet(t *testing.T, c *cluster) *fleet {
 	if err := os.WriteFile(kek, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{podRoot: testkit.ShortDir(t)}
+	f := &fleet{podRoot: testkit.ShortDir(t), iss: iss}
 	f.socket = filepath.Join(f.podRoot, "var/run/secrets/workload-spiffe-uds/socket")
 	token := filepath.Join(f.podRoot, "var/run/secrets/tokens/istio-token")
 	tok, err := iss.MintForPod("default", "demo", pod, devtoken.DefaultAudience, time.Hour, time.Now())
@@ -134,16 +152,22 @@ func startFleet(t *testing.T, c *cluster) *fleet {
 	if err := os.WriteFile(token, []byte(tok), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bus := []string{"NATS_URL=" + c.urls(), "TRUST_DOMAIN=cluster.local"}
-	f.procs = append(f.procs,
-		run(t, "signer", "signer", append(bus, "SIGNER_INSTANCE=signer-1", "CA_KEK_FILE="+kek,
+	for n, url := range l.signers {
+		addr := testkit.FreeAddr(t)
+		p := run(t, fmt.Sprintf("signer-%d", n+1), "signer", "NATS_URL="+url, "TRUST_DOMAIN=cluster.local",
+			fmt.Sprintf("SIGNER_INSTANCE=signer-%d", n+1), "CA_KEK_FILE="+kek,
 			"JWKS_FILE="+devtoken.JWKSPath(filepath.Join(dir, "issuer")), "TOKEN_ISSUER="+iss.Name,
 			"TOKEN_AUDIENCE="+devtoken.DefaultAudience, "CA_KV_REPLICAS=3", "EVENTS_REPLICAS=3",
-			"GRPC_ADDR="+testkit.FreeAddr(t), "HTTP_ADDR="+testkit.FreeAddr(t))...),
+			"GRPC_ADDR="+testkit.FreeAddr(t), "HTTP_ADDR="+addr)
+		f.procs, f.signers, f.signerHTTP = append(f.procs, p), append(f.signers, p), append(f.signerHTTP, addr)
+	}
+	bus := []string{"NATS_URL=" + l.pod, "TRUST_DOMAIN=cluster.local"}
+	f.sdsEnv = append(slices.Clone(bus), "POD_NAME="+pod, "POD_ROOT="+f.podRoot, "POD_NAMESPACE=default",
+		"SERVICE_ACCOUNT=demo", "SECRET_TTL="+secretTTL.String(), "HTTP_ADDR="+testkit.FreeAddr(t))
+	f.procs = append(f.procs,
 		run(t, "rotator", "rotator", append(bus, "ROTATOR_INSTANCE=rotator-1", "ROTATOR_JS_REPLICAS=3",
 			"HTTP_ADDR="+testkit.FreeAddr(t))...),
-		run(t, "sds-edge", "sds-edge", append(bus, "POD_NAME="+pod, "POD_ROOT="+f.podRoot, "POD_NAMESPACE=default",
-			"SERVICE_ACCOUNT=demo", "SECRET_TTL="+secretTTL.String(), "HTTP_ADDR="+testkit.FreeAddr(t))...),
+		run(t, "sds-edge", "sds-edge", f.sdsEnv...),
 	)
 	return f
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 
@@ -195,6 +196,11 @@ func (l *Launcher) run(ctx context.Context) error {
 		return err
 	}
 	cancel() // the gate is passed: from here on the supervisor takes stop requests
+	wctx, stopWatch := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	watching.Go(func() { l.watchParts(wctx) })
+	defer watching.Wait()
+	defer stopWatch()
 	if l.binary == "" {
 		return l.runProxyless(ctx)
 	}

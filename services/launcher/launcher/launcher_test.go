@@ -402,3 +402,56 @@ func TestEnvoyRunsAsTheGivenUser(t *testing.T) {
 		t.Fatalf("envoy's /proc status:\n%s", status)
 	}
 }
+
+// Once Envoy runs, the launcher keeps watching the pod's parts: when sds-edge
+// stops serving its certificate (crashed, restarted, frozen) the pod turns not
+// ready within a watch interval, naming what is missing, and a pod.parts event
+// says so; when it serves again, readiness returns and so does a healthy
+// pod.parts. Envoy is left running throughout.
+func TestLauncherWatchesThePodsPartsAfterStart(t *testing.T) {
+	p := newPod(t)
+	p.relayReady.Store(true)
+	p.giveSecrets()
+	s := p.start(p.args("-watch-every", "50ms")...)
+	started := event[events.EnvoyStarted](t, p)
+	status := func() (int, string) {
+		if s.l.StatusAddr() == "" {
+			return 0, ""
+		}
+		return testkit.HTTPGet("http://" + s.l.StatusAddr() + "/healthz/ready")
+	}
+	testkit.Eventually(t, "ready", func() bool { code, _ := status(); return code == http.StatusOK })
+	if has[events.PodParts](p) {
+		t.Fatal("pod.parts published while every part served")
+	}
+
+	p.sdsHeld.Store(false) // sds-edge restarted and holds nothing yet
+	down := event[events.PodParts](t, p)
+	if down.Healthy || len(down.Missing) == 0 || !strings.Contains(strings.Join(down.Missing, " "), "certificate default") {
+		t.Fatalf("pod.parts %+v: want unhealthy, naming the certificate", down)
+	}
+	testkit.Eventually(t, "not ready, naming sds-edge's certificate", func() bool {
+		code, body := status()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "certificate default")
+	})
+	if !strings.Contains(p.log.String(), "a part of the pod stopped serving") {
+		t.Error("no WARN line about the part that stopped")
+	}
+
+	p.sdsHeld.Store(true)
+	testkit.Eventually(t, "a healthy pod.parts and ready again", func() bool {
+		p.mu.Lock()
+		healthy := false
+		for _, e := range p.seen {
+			if pp, ok := e.(events.PodParts); ok && pp.Healthy {
+				healthy = true
+			}
+		}
+		p.mu.Unlock()
+		code, _ := status()
+		return healthy && code == http.StatusOK
+	})
+	if has[events.EnvoyExited](p) {
+		t.Fatalf("envoy (pid %d) exited while a part was down", started.PID)
+	}
+}

@@ -6,10 +6,15 @@ package rotator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/rotator/internal/config"
 	"github.com/meshagent/meshagent/services/rotator/internal/renewal"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config is the rotator's whole configuration.
@@ -24,6 +29,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 // Rotator is one replica of the rotator service.
 type Rotator struct {
 	*renewal.Replica
+	quorum *bus.QuorumWatch // the replication of the streams and buckets it reads and writes
 }
 
 // New builds a replica on d.Bus (required) and registers its metrics on
@@ -36,11 +42,23 @@ func New(cfg Config, d lifecycle.Deps) (*Rotator, error) {
 		return nil, err
 	}
 	d.Health.AddReadyCheck("rotator", r.Ready)
-	return &Rotator{Replica: r}, nil
+	if d.Bus == nil {
+		return nil, errors.New("rotator: no bus connection")
+	}
+	js, err := jetstream.New(d.Bus)
+	if err != nil {
+		return nil, fmt.Errorf("rotator: jetstream: %w", err)
+	}
+	q, err := bus.NewQuorumWatch(js, []string{events.StreamEvents, events.StreamPodEvents, "KV_" + cfg.Store.Bucket, "KV_" + cfg.HA.LeaseBucket},
+		"rotator", d.Metrics, d.Log.Named("quorum"))
+	if err != nil {
+		return nil, err
+	}
+	return &Rotator{Replica: r, quorum: q}, nil
 }
 
 // Run takes part in the leader election and, while leading, sends renewals, until
 // ctx ends; it returns nil then.
 func (r *Rotator) Run(ctx context.Context) error {
-	return lifecycle.Tasks(ctx, r.Replica.Run)
+	return lifecycle.Tasks(ctx, r.Replica.Run, r.quorum.Run)
 }

@@ -2,9 +2,11 @@ package sdsedge_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -216,4 +218,61 @@ func TestStartsAndServesWithoutBus(t *testing.T) {
 		code, _ := testkit.HTTPGet("http://" + httpAddr + "/readyz")
 		return code == 200
 	})
+}
+
+// TestFallsBackThroughTheGRPCListWhenTheBusDoesNotAnswer: on a connected bus whose
+// signer holds requests without answering (frozen), and with a first fallback CA
+// that accepts connections and never answers (frozen too), a pod gets its
+// certificate from the next CA of -ca-fallback-addr within one attempt.
+func TestFallsBackThroughTheGRPCListWhenTheBusDoesNotAnswer(t *testing.T) {
+	v := newEnv(t)
+	addr := v.ca.serveGRPC(t)
+	v.ca.silent.Store(true)
+	frozen, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := frozen.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = frozen.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	rootFile := filepath.Join(t.TempDir(), "ca-root.pem")
+	if err := os.WriteFile(rootFile, []byte(v.ca.bundle()[0]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	p := v.startPod(podOpt{args: []string{"-ca-fallback-addr", frozen.Addr().String() + "," + addr, "-ca-root-cert", rootFile,
+		"-ca-timeout", "6s", "-secret-ttl", "1h"}})
+	st := p.open(t, p.dial(t), "default")
+	leafOf(t, recv(t, st).Secrets["default"])
+	if v.ca.lastMD.Load() == nil {
+		t.Fatal("the certificate did not come over gRPC")
+	}
+	mu.Lock()
+	tried := len(held)
+	mu.Unlock()
+	if tried == 0 {
+		t.Fatal("the frozen first CA was never tried")
+	}
+	if n := p.metric(t, "meshagent_sds_edge_csr_failed_total"); n != 0 {
+		t.Fatalf("%v failed attempts: the first attempt should have gone through to the second CA", n)
+	}
+	t.Logf("certificate over the second gRPC CA %s after the start", time.Since(began).Round(time.Millisecond))
 }

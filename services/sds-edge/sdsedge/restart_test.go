@@ -3,6 +3,7 @@ package sdsedge_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,11 @@ func TestRestartedPodTrustsWhatItTrustedBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A stranger's CA on another bus: first use would take it.
+	// A stranger's CA on another bus: first use would take it. (The kept
+	// certificate is removed, so that the restarted pod asks a CA at once.)
+	if err := os.Remove(filepath.Join(root, config.DefaultCertState)); err != nil {
+		t.Fatal(err)
+	}
 	stranger := newEnv(t)
 	q := stranger.startPod(podOpt{root: root})
 	testkit.Eventually(t, "stranger's replies refused", func() bool { return q.rejected(t, "sign-reply") >= 3 })
@@ -60,4 +65,84 @@ func TestRestartedPodTrustsWhatItTrustedBefore(t *testing.T) {
 		b, _ := os.ReadFile(state)
 		return len(fingerprints(t, b)) == 2
 	})
+}
+
+// A restarted sds-edge serves the certificate it kept (0600, beside the trust
+// state) at once, without asking the CA: the same serial comes back over SDS. A
+// kept certificate that is not for the kept key is not served: the pod asks the CA
+// for a new one.
+func TestRestartedPodServesItsKeptCertificateAtOnce(t *testing.T) {
+	v := newEnv(t)
+	p := v.startPod(podOpt{})
+	root := p.cfg.Pod.RootDir
+	testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+	first := leafOf(t, p.fetch(t, "default")["default"])
+	state := filepath.Join(root, config.DefaultCertState)
+	testkit.Eventually(t, "certificate kept", func() bool {
+		b, err := os.ReadFile(state)
+		return err == nil && strings.Contains(string(b), "PRIVATE KEY") && strings.Contains(string(b), "CERTIFICATE")
+	})
+	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("kept certificate's mode: %v, %v", fi.Mode(), err)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	began := time.Now()
+	q := v.startPod(podOpt{root: root})
+	got := leafOf(t, q.fetch(t, "default")["default"])
+	took := time.Since(began)
+	if pki.SerialHex(got) != pki.SerialHex(first) {
+		t.Fatalf("after the restart the pod served %s, not its kept %s", pki.SerialHex(got), pki.SerialHex(first))
+	}
+	t.Logf("restarted sds-edge served its kept certificate %s after the start (New, Run, SDS fetch)", took.Round(100*time.Microsecond))
+	if err := q.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A kept chain with another key: refused, and a new certificate is issued.
+	b, _ := os.ReadFile(state)
+	other, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherPEM, err := pki.EncodeKeyPEM(other, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := string(b[strings.Index(string(b), "-----BEGIN CERTIFICATE-----"):])
+	if err := os.WriteFile(state, append(otherPEM, certs...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := v.startPod(podOpt{root: root})
+	testkit.Eventually(t, "ready again", func() bool { return r.e.Ready() == nil })
+	if again := leafOf(t, r.fetch(t, "default")["default"]); pki.SerialHex(again) == pki.SerialHex(first) {
+		t.Fatal("a kept certificate that is not for the kept key was served")
+	}
+}
+
+// With KEEP_CERT off, nothing is kept under the pod root, but a restarted pod
+// still serves at once what OUTPUT_CERTS holds (key.pem, cert-chain.pem).
+func TestRestartedPodServesOutputCertsWhenNothingIsKept(t *testing.T) {
+	v := newEnv(t)
+	args := []string{"-keep-cert=false", "-output-certs", "etc/certs"}
+	p := v.startPod(podOpt{args: args})
+	root := p.cfg.Pod.RootDir
+	testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+	first := leafOf(t, p.fetch(t, "default")["default"])
+	testkit.Eventually(t, "OUTPUT_CERTS written", func() bool {
+		_, err := os.Stat(filepath.Join(root, "etc/certs/cert-chain.pem"))
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(root, config.DefaultCertState)); !os.IsNotExist(err) {
+		t.Fatalf("the pair was kept under the pod root with -keep-cert=false: %v", err)
+	}
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	q := v.startPod(podOpt{root: root, args: args})
+	if got := leafOf(t, q.fetch(t, "default")["default"]); pki.SerialHex(got) != pki.SerialHex(first) {
+		t.Fatalf("after the restart the pod served %s, not %s from OUTPUT_CERTS", pki.SerialHex(got), pki.SerialHex(first))
+	}
 }

@@ -295,15 +295,26 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	switch {
 	case c.CA.Addr != "":
 		signer = grpcCA(c.CA.Addr)
-	case c.CA.FallbackAddr != "":
-		signer = caclient.Fallback{Bus: busCA, GRPC: grpcCA(c.CA.FallbackAddr)}
+	case len(c.CA.FallbackAddrs) > 0:
+		fb := caclient.Fallback{Bus: busCA}
+		var closers []func()
+		for _, a := range c.CA.FallbackAddrs {
+			fb.GRPC = append(fb.GRPC, grpcCA(a))
+			closers = append(closers, closeSigner)
+		}
+		closeSigner = func() {
+			for _, c := range closers {
+				c()
+			}
+		}
+		signer = fb
 	default:
 		signer = busCA
 	}
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
-		TrustState:  c.CA.TrustState,
+		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
 }

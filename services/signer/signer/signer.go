@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -77,7 +78,8 @@ type Signer struct {
 	callout *buscallout.Responder
 	nats    *natsapi.API
 	grpc    *grpcapi.Server
-	fed     *fed // SPIFFE bundle endpoint and foreign-bundle follower (federation.go)
+	quorum  *bus.QuorumWatch // the replication of the streams and buckets it writes
+	fed     *fed             // SPIFFE bundle endpoint and foreign-bundle follower (federation.go)
 	// rootCM publishes the trust bundle into every namespace (nil unless -root-configmap).
 	rootCM *rootcm.Publisher
 }
@@ -148,6 +150,10 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		return nil, fmt.Errorf("federation: %w", err)
 	}
 	if err := s.newRootConfigMap(counter, d); err != nil {
+		return nil, err
+	}
+	if s.quorum, err = bus.NewQuorumWatch(js, []string{events.StreamEvents, events.StreamPodEvents, "KV_" + cfg.CA.KVBucket, "KV_" + policy.BucketIssued},
+		"signer", d.Metrics, d.Log.Named("quorum")); err != nil {
 		return nil, err
 	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)
@@ -225,7 +231,7 @@ func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
 // A failure in steps 2 and 3 is Run's error, unless ctx ended meanwhile: Ctrl-C
 // while waiting for JetStream is no failure.
 func (s *Signer) Run(ctx context.Context) error {
-	tasks := []func(context.Context) error{s.serve}
+	tasks := []func(context.Context) error{s.serve, s.quorum.Run}
 	if s.callout != nil {
 		tasks = append(tasks, s.callout.Run)
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,11 +20,14 @@ import (
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/buildinfo"
+	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runStatus summarises the local stack's processes (when there is one) and the
@@ -124,6 +128,7 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		row("signers", "answering (trust bundle generation %d, %d root(s))", reply.Generation, len(reply.Roots))
 		bundle = inventory.RootsFromPEM(reply.Roots)
 	}
+	attention = append(attention, replication(ctx, nc, row)...)
 	// The last hour of events: renewals, failures, who acted.
 	hour := lastHour(ctx, nc, now)
 	if hour.err != nil {
@@ -216,6 +221,38 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.sdsNacks, hour.xdsNacks, hour.retries)
 	if n := hour.sdsNacks + hour.xdsNacks + hour.retries; n > 0 {
 		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
+	}
+	return attention
+}
+
+// replication prints how the streams an audit credential may inspect are
+// replicated (the event streams and the inventory bucket; the CA's buckets are the
+// signers' and rotators' to report, in their stream_replicas_unhealthy metrics) and
+// returns each one that is degraded: one more node loss may stop its writes.
+func replication(ctx context.Context, nc *nats.Conn, row func(k, f string, a ...any)) []string {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return []string{fmt.Sprintf("replication: %v", err)}
+	}
+	var attention []string
+	k := "replication"
+	for _, name := range []string{events.StreamEvents, events.StreamPodEvents, "KV_" + policy.BucketInventory} {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := bus.StreamReplication(cctx, js, name)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			continue
+		case err != nil:
+			row(k, "%s: unknown (%v)", name, err)
+			attention = append(attention, fmt.Sprintf("replication of %s unknown: %v", name, err))
+		case r.Healthy():
+			row(k, "%s", r)
+		default:
+			row(k, "DEGRADED %s", r)
+			attention = append(attention, fmt.Sprintf("stream %s degraded (one more node loss may stop its writes): %s", name, strings.Join(r.Problems, "; ")))
+		}
+		k = ""
 	}
 	return attention
 }

@@ -103,6 +103,9 @@ type Config struct {
 	CertRefresh time.Duration
 	// WaitFor bounds how long to wait for sds-edge's certificates and the relay.
 	WaitFor time.Duration
+	// WatchEvery is how often, once Envoy runs, the launcher checks that sds-edge
+	// and the relay still serve (readiness and a pod.parts event when that changes).
+	WatchEvery time.Duration
 }
 
 // Default returns the defaults, as Istio lays out a pod.
@@ -143,6 +146,7 @@ func Default() Config {
 	c.GRPCBootstrap = "etc/istio/proxy/grpc-bootstrap.json"
 	c.CertRefresh = 15 * time.Minute
 	c.WaitFor = 2 * time.Minute
+	c.WatchEvery = 2 * time.Second
 	return c
 }
 
@@ -216,6 +220,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.OutputCerts, "output-certs", "OUTPUT_CERTS", c.OutputCerts, "sds-edge's certificate files (key.pem, cert-chain.pem, root-cert.pem), for proxyless gRPC (Istio: OUTPUT_CERTS)")
 	fs.String(&c.GRPCBootstrap, "grpc-xds-bootstrap", "GRPC_XDS_BOOTSTRAP", c.GRPCBootstrap, "where proxyless mode writes the gRPC xDS bootstrap (Istio: GRPC_XDS_BOOTSTRAP)")
 	fs.Duration(&c.CertRefresh, "grpc-cert-refresh", "GRPC_CERT_REFRESH_INTERVAL", c.CertRefresh, "how often a proxyless app re-reads the certificate files (file_watcher refresh_interval; Istio: 15m)")
+	fs.Duration(&c.WatchEvery, "watch-every", "LAUNCHER_WATCH_INTERVAL", c.WatchEvery, "how often to check, once envoy runs, that sds-edge and the relay still serve")
 	fs.Duration(&c.WaitFor, "wait-for", "LAUNCHER_WAIT", c.WaitFor, "how long to wait for sds-edge's certificates and the relay before giving up")
 	istioFlags(fs, &c)
 	if err := fs.Parse(args); err != nil {
@@ -261,6 +266,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.Bus.Name = "launcher/" + c.PodRef().String()
 	c.Bus.AsPod(c.PodRef(), c.Pod.TokenFile)
+	// The bus only carries the launcher's events (held until it connects): the
+	// status port and Envoy must not wait for it (a pod the bus refuses still
+	// starts, and its status port answers unready, as Istio's agent's does).
+	c.Bus.Background = true
 	if err := c.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -453,6 +462,9 @@ func (c Config) Validate() error {
 	}
 	if c.WaitFor <= 0 {
 		add("-wait-for: must be positive")
+	}
+	if c.WatchEvery <= 0 {
+		add("-watch-every: must be positive")
 	}
 	return p.Err()
 }

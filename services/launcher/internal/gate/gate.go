@@ -70,6 +70,15 @@ func (g *Gate) Recent(ctx context.Context, maxAge time.Duration) []string {
 	return g.last
 }
 
+// Refresh checks now (Missing) and keeps the answer for Recent.
+func (g *Gate) Refresh(ctx context.Context) []string {
+	missing := g.Missing(ctx)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.last, g.checked = missing, g.clock.Now()
+	return missing
+}
+
 // New returns a gate; it does nothing until Wait or Check.
 func New(cfg Config, clk clock.Clock, log hclog.Logger) *Gate {
 	if cfg.Every <= 0 {

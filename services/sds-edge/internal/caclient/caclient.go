@@ -1,7 +1,7 @@
 // Package caclient sends sds-edge's signing requests to a certificate authority:
 // the signer over NATS request-reply (NATS), an Istio-compatible CA over gRPC
-// (Istio, for CA_ADDR), or the bus with gRPC when the bus is unreachable (Fallback,
-// for CA_FALLBACK_ADDR). Both take the one request type, events.SignRequest, and
+// (Istio, for CA_ADDR), or the bus with gRPC CAs when the bus is unreachable or
+// slow (Fallback, for CA_FALLBACK_ADDR). Both take the one request type, events.SignRequest, and
 // return the reply unchecked: the caller, which owns the key and knows the pod's
 // identity and trust, decides whether to believe it.
 package caclient
@@ -10,8 +10,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
@@ -60,7 +63,8 @@ func NewNATSAs(nc *nats.Conn, source, sa string) *NATS {
 	return &NATS{nc: nc, source: source, sa: sa}
 }
 
-// Sign sends req and waits for the reply until ctx ends.
+// Sign sends req and waits for the reply until ctx ends; ctx's deadline travels
+// with the request (events.SignRequest.Deadline).
 func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
 	subject, err := n.subject(req.Pod)
 	if err != nil {
@@ -70,6 +74,11 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		// A request now would wait out ctx in the reconnect buffer.
 		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
 	}
+	if d, ok := ctx.Deadline(); ok {
+		// The signer drops the request unsigned once we have stopped waiting (a
+		// replica frozen while holding it, answering when it resumes).
+		req.Deadline = d
+	}
 	r, err := n.ask(ctx, subject, req)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Response{}, fmt.Errorf("sign request: %w: %w", ErrUnreachable, err)
@@ -78,7 +87,8 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 		return Response{}, err
 	}
 	if r.Error != nil {
-		if r.Error.Code == events.CodeUnavailable || r.Error.Code == events.CodeResourceExhausted || r.Error.Code == events.CodeInternal {
+		switch r.Error.Code {
+		case events.CodeUnavailable, events.CodeResourceExhausted, events.CodeInternal, events.CodeDeadlineExceeded:
 			return Response{}, fmt.Errorf("signer: %w", r.Error)
 		}
 		return Response{}, fmt.Errorf("%w: %w", ErrRejected, r.Error)
@@ -119,23 +129,59 @@ func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) 
 }
 
 // Fallback signs on the bus (Bus) while it is connected and a signer answers
-// there, and over the CA's gRPC API (GRPC) otherwise: a pod cut off the bus still
-// renews. Both take the same events.SignRequest; a CA's refusal on the bus is
-// final for the attempt (the gRPC CA would refuse it too).
+// there in time, and over the CAs' gRPC API (GRPC, tried in turn) otherwise: a pod
+// cut off the bus, or on a bus whose signers do not answer (a frozen replica, a
+// partition behind a connected node), still renews. All take the same
+// events.SignRequest; a CA's refusal is final for the attempt (the others would
+// refuse it too).
 type Fallback struct {
 	Bus  *NATS
-	GRPC *Istio
+	GRPC []*Istio
 }
 
-// Sign tries the bus, then gRPC when the bus is unreachable.
+// Sign tries the bus with half the time ctx leaves, then, when the bus is
+// unreachable or did not answer in that time, each gRPC CA in turn with an equal
+// share of what is left, moving on from one that is unreachable or times out.
 func (f Fallback) Sign(ctx context.Context, req events.SignRequest) (Response, error) {
-	resp, err := f.Bus.Sign(ctx, req)
-	if err == nil || !errors.Is(err, ErrUnreachable) {
+	bctx, cancel := share(ctx, 2)
+	resp, err := f.Bus.Sign(bctx, req)
+	cancel()
+	if err == nil || !retryElsewhere(ctx, err) {
 		return resp, err
 	}
-	resp, gerr := f.GRPC.Sign(ctx, req)
-	if gerr != nil {
-		return Response{}, fmt.Errorf("%w; over gRPC: %w", err, gerr)
+	errs := fmt.Errorf("on the bus: %w", err)
+	for i, g := range f.GRPC {
+		gctx, cancel := share(ctx, len(f.GRPC)-i)
+		resp, gerr := g.Sign(gctx, req)
+		cancel()
+		if gerr == nil {
+			return resp, nil
+		}
+		errs = fmt.Errorf("%w; over gRPC at %s: %w", errs, g.addr, gerr)
+		if !retryElsewhere(ctx, gerr) {
+			break
+		}
 	}
-	return resp, nil
+	return Response{}, errs
+}
+
+// retryElsewhere reports whether err, from a try whose parent context is ctx,
+// leaves the request for another path: nothing answered it (unreachable), or the
+// try's own share of the time ran out while ctx still has some.
+func retryElsewhere(ctx context.Context, err error) bool {
+	if errors.Is(err, ErrUnreachable) {
+		return true
+	}
+	timedOut := errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
+	return timedOut && ctx.Err() == nil
+}
+
+// share is ctx with 1/n of the time it has left (ctx itself, cancellable, when it
+// has no deadline).
+func share(ctx context.Context, n int) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok || n <= 1 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/time.Duration(n))
 }

@@ -38,12 +38,14 @@ type Config struct {
 	}
 	CA struct {
 		Addr string // Istio gRPC CA (host:port); empty: the signer over NATS
-		// FallbackAddr is the CA's gRPC API (Istio's, host:port) used when the bus
-		// is unreachable or no signer answers on it; signing is on the bus otherwise.
-		FallbackAddr string
-		RootCert     string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
-		ClusterID    string
-		TokenFile    string
+		// FallbackAddrs are the CAs' gRPC APIs (Istio's, host:port; every signer's,
+		// or a service name that reaches them all), tried in turn when the bus is
+		// unreachable or no signer answers on it in time; signing is on the bus
+		// otherwise.
+		FallbackAddrs []string
+		RootCert      string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
+		ClusterID     string
+		TokenFile     string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
 		// TrustAnchorsFile holds the PEM roots the pod trusts before it has talked
@@ -73,6 +75,10 @@ type Config struct {
 		RetryMax       time.Duration
 		RequestTimeout time.Duration
 		OutputDir      string // OUTPUT_CERTS
+		// State is where the pod keeps its current key and chain (0600, beside
+		// the trust state), served again at once after a restart; "" with
+		// -keep-cert=false (the key then stays in memory only).
+		State          string
 		FileMounted    bool   // FILE_MOUNTED_CERTS: read etc/certs
 		CredentialsDir string // workload-spiffe-credentials
 		FileMountedDir string // etc/certs
@@ -116,7 +122,10 @@ func Default() Config {
 	c.Cert.SafetyRatio = 0.8
 	c.Cert.RetryMin = 100 * time.Millisecond
 	c.Cert.RetryMax = 30 * time.Second
-	c.Cert.RequestTimeout = 10 * time.Second
+	// Short: an attempt that reached a frozen signer replica costs this much, and
+	// the next one (a second or less later) can reach another. A signer signs in
+	// milliseconds, and drops a request whose requester has stopped waiting.
+	c.Cert.RequestTimeout = 4 * time.Second
 	c.Cert.CredentialsDir = "var/run/secrets/workload-spiffe-credentials"
 	c.Cert.FileMountedDir = "etc/certs"
 	c.Cert.FileCertDirs = DefaultFileCertDirs
@@ -147,8 +156,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
-	fs.String(&c.CA.FallbackAddr, "ca-fallback-addr", "CA_FALLBACK_ADDR", c.CA.FallbackAddr,
-		"the CA's Istio gRPC API, used when the bus is unreachable (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
+	fs.List(&c.CA.FallbackAddrs, "ca-fallback-addr", "CA_FALLBACK_ADDR", nil,
+		"the CAs' Istio gRPC APIs, comma-separated, tried in turn when the bus is unreachable or no signer answers on it in time (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots (a bundle, all trusted) for the CA's TLS, with the roots the pod trusts; also the pod's first trust when -trust-anchors-file is unset; empty: the trust anchors, then the pod's bundle (with neither, a TLS CA cannot be verified)")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")
@@ -161,11 +170,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Cert.Signer, "cert-signer", "ISTIO_META_CERT_SIGNER", c.Cert.Signer, "the named signer to ask for the workload certificate (one of the CA's CERT_SIGNERS); empty: the default (Istio: ISTIO_META_CERT_SIGNER)")
 	fs.String(&certProvider, "pilot-cert-provider", "PILOT_CERT_PROVIDER", "istiod",
 		"whose roots verify the gRPC CA when -ca-root-cert is not given, as Istio's agent: istiod (the pod's trust bundle), kubernetes (the service account's ca.crt), custom (etc/certs/root-cert.pem)")
+	keep := true
+	fs.Bool(&keep, "keep-cert", "KEEP_CERT", keep, "keep the current key and certificate under the pod root (0600) to serve them at once after a restart")
 	fs.Bool(&c.Cert.PKCS8, "pkcs8", "PKCS8_KEY", c.Cert.PKCS8, "encode private keys as PKCS#8")
 	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
 	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
 	fs.Duration(&c.Cert.RetryMax, "retry-max", "CSR_RETRY_MAX", c.Cert.RetryMax, "largest retry delay")
-	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing request")
+	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing attempt (the signer drops a request once it has passed)")
 	fs.String(&c.Cert.OutputDir, "output-certs", "OUTPUT_CERTS", c.Cert.OutputDir, "also write key.pem, cert-chain.pem, root-cert.pem here")
 	fs.Bool(&c.Cert.FileMounted, "file-mounted-certs", "FILE_MOUNTED_CERTS", c.Cert.FileMounted, "serve the certificates mounted in etc/certs")
 	fs.List(&c.Cert.FileCertDirs, "file-cert-dirs", "FILE_CERT_DIRS", c.Cert.FileCertDirs,
@@ -188,7 +199,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	if p, ok := certProviderRoots[certProvider]; !ok {
 		errs = append(errs, fmt.Errorf("-pilot-cert-provider: %q: want istiod, kubernetes or custom", certProvider))
-	} else if c.CA.RootCert == "" && (c.CA.Addr != "" || c.CA.FallbackAddr != "") {
+	} else if c.CA.RootCert == "" && (c.CA.Addr != "" || len(c.CA.FallbackAddrs) > 0) {
 		c.CA.RootCert = p // only a gRPC CA is verified by these roots
 	}
 	if m, err := strconv.ParseUint(socketMode, 8, 32); err != nil {
@@ -217,6 +228,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		c.CA.TrustAnchorsFile = p
 	}
 	c.CA.TrustState = c.Pod.Path(DefaultTrustState)
+	if keep {
+		c.Cert.State = c.Pod.Path(DefaultCertState)
+	}
 	if c.Cert.OutputDir != "" {
 		c.Cert.OutputDir = c.Pod.Path(c.Cert.OutputDir)
 	}
@@ -239,7 +253,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.CA.Plaintext = strings.HasSuffix(c.CA.Addr, ":15010")
 	// With a CA reachable without the bus, serving must not wait for the bus.
-	c.Bus.Background = c.CA.Addr != "" || c.CA.FallbackAddr != ""
+	c.Bus.Background = c.CA.Addr != "" || len(c.CA.FallbackAddrs) > 0
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return c, err
 	}
@@ -312,6 +326,10 @@ const DefaultTrustAnchors = "var/run/secrets/istio/root-cert.pem"
 // trusts across restarts.
 const DefaultTrustState = "var/lib/meshagent/trusted-roots.pem"
 
+// DefaultCertState is where, under the pod root, sds-edge keeps its current key and
+// certificate chain (0600), to serve them at once after a restart.
+const DefaultCertState = "var/lib/meshagent/default-key-and-chain.pem"
+
 func fileExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular()
@@ -361,6 +379,6 @@ func (c Config) Validate() error {
 	}
 	p.Check(c.SDS.ExternalWait >= 0, "-external-wait: must not be negative")
 	p.Check(c.CA.TokenFile != "", "-token-file: required")
-	p.Check(c.CA.Addr == "" || c.CA.FallbackAddr == "", "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
+	p.Check(c.CA.Addr == "" || len(c.CA.FallbackAddrs) == 0, "-ca-fallback-addr: not with -ca-addr, which signs over gRPC always")
 	return p.Err()
 }

@@ -53,6 +53,12 @@ type Config struct {
 	// CertSigner is the named signer every request asks for (Istio's
 	// ISTIO_META_CERT_SIGNER); empty: the CA's default.
 	CertSigner string
+	// CertState is the file the current key and chain are written to (0600, in
+	// the pod's directory) at every change, and served again from at a restart
+	// while still valid (restore.go); "": none.
+	CertState string
+	// OutputDir is OUTPUT_CERTS: read at a restart when CertState holds nothing.
+	OutputDir string
 }
 
 // Sources of trust bundles, as counted when one is rejected.
@@ -167,11 +173,16 @@ func (m *Manager) Status() Status {
 	return st
 }
 
-// Run issues the first certificate (retrying until it succeeds), then renews on
+// Run serves the certificate kept from before a restart if it is still good, else
+// issues the first one (retrying until it succeeds), then renews on
 // request or at the safety deadline, until ctx ends. It returns nil on cancellation.
 func (m *Manager) Run(ctx context.Context) error {
-	if err := m.issue(ctx, "start"); err != nil {
-		return nil // only ctx ends issue's retries
+	// A still-valid certificate from before a restart is served at once; it is
+	// renewed on the rotator's word or at its safety deadline, as any other.
+	if !m.restore() {
+		if err := m.issue(ctx, "start"); err != nil {
+			return nil // only ctx ends issue's retries
+		}
 	}
 	for {
 		at := m.deadline()

@@ -32,6 +32,7 @@ func (m *Manager) publish(cert, roots bool) {
 	}
 	if cert && haveCert {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
+		m.keepCert(keyPEM, chainPEM)
 	}
 	if haveCert {
 		m.obs.Files(keyPEM, chainPEM, rootsPEM)

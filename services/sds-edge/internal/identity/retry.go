@@ -55,8 +55,9 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 // Retry-wait bounds besides RetryMin and RetryMax.
 const (
 	// probeWait is the longest wait after an attempt that nobody answered (no
-	// signer on the bus, the CA refusing connections): such an attempt costs the
-	// CA nothing, and the next one is how the pod sees it back.
+	// signer on the bus, the CA refusing connections) or that timed out (a frozen
+	// replica held it; the signers drop such a request unsigned): such an attempt
+	// costs the CA nothing, and the next one may reach another replica.
 	probeWait = time.Second
 	// capFloor is the shortest cap that time-to-expiry puts on a wait: a quarter
 	// of the time left, but not less (a certificate about to expire, or expired).
@@ -68,7 +69,7 @@ const (
 // current certificate expires (capFloor at least), with half of it jittered.
 func (m *Manager) retryWait(scheduled time.Duration, err error) time.Duration {
 	ceil := scheduled
-	if errors.Is(err, caclient.ErrUnreachable) {
+	if errors.Is(err, caclient.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) {
 		ceil = min(ceil, probeWait)
 	}
 	if st := m.Status(); !st.NotAfter.IsZero() {

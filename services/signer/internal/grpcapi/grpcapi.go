@@ -156,6 +156,8 @@ func toStatus(err error) error {
 		c = codes.ResourceExhausted
 	case events.CodeUnavailable:
 		c = codes.Unavailable
+	case events.CodeDeadlineExceeded:
+		c = codes.DeadlineExceeded
 	}
 	return status.Error(c, ie.Msg)
 }

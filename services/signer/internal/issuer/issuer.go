@@ -284,6 +284,16 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		i.log.Debug("request rejected", "transport", t, "reason", reason, "error", err.Msg)
 		return nil, err
 	}
+	// A request whose requester has stopped waiting is dropped before any work
+	// (a backlog read by a signer that was frozen), and again just before signing.
+	expired := func() (*issued, error) {
+		i.metrics.Expired.WithLabelValues(t).Inc()
+		i.log.Debug("request dropped: its requester stopped waiting", "transport", t, "deadline", req.Deadline, "late", i.now().Sub(req.Deadline))
+		return nil, errf(events.CodeDeadlineExceeded, "request expired at %s: its requester stopped waiting", req.Deadline.UTC().Format(time.RFC3339Nano))
+	}
+	if req.Expired(i.now()) {
+		return expired()
+	}
 	if len(req.CSR) > events.MaxEventSize {
 		return reject("too_large", errf(events.CodeResourceExhausted, "csr is %d bytes, limit %d", len(req.CSR), events.MaxEventSize))
 	}
@@ -382,6 +392,9 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 			return reject("signer_material", errf(events.CodeInvalidArgument, "%v", err))
 		}
 		signing = named
+	}
+	if req.Expired(i.now()) {
+		return expired()
 	}
 	if signing == mat && i.cfg.Lives != nil {
 		if err := i.cfg.Lives.NoteLife(ctx, ttl+ca.Backdate); err != nil {

@@ -24,6 +24,8 @@ type Metrics struct {
 	TokensVerified *prometheus.CounterVec
 	// Clamped counts pods' requests whose TTL was cut to the pods' cap.
 	Clamped *prometheus.CounterVec
+	// Expired counts requests dropped unsigned because their deadline had passed.
+	Expired *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
@@ -41,6 +43,7 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 		Rejected:       counter("rejected_total", "Requests rejected before signing, by transport and reason.", "transport", "reason"),
 		Issued:         counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
 		Clamped:        counter("ttl_clamped_total", "Pods' requests for a longer certificate than -pod-max-ttl, given that cap instead, by transport.", "transport"),
+		Expired:        counter("requests_expired_total", "Sign requests dropped unsigned because their requester had stopped waiting (the request's deadline passed before signing), by transport.", "transport"),
 		TokensVerified: counter("tokens_verified_total", "Bearer tokens verified per request, by transport (requests on identity sign subjects carry none to verify).", "transport"),
 	}
 	gauge := func(name, help string, f func(*ca.Material) time.Time) {

@@ -29,10 +29,20 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "not a sign subject: " + m.Subject}})
 		return
 	}
+	if !req.Deadline.IsZero() {
+		// Past its requester's deadline nothing is signed (the issuer drops it) and
+		// no cert.issued is waited for: nobody would receive the certificate.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
 	a.recording.Add(1)
 	a.iss.IssueThen(ctx, req, via, a.pub, func(res issuer.Result, err error) {
 		defer a.recording.Done()
+		var ie *issuer.Error
 		switch {
+		case errors.As(err, &ie) && ie.Code == events.CodeDeadlineExceeded:
+			// Its requester stopped waiting: nobody reads a reply.
 		case err != nil:
 			a.respondSign(m, enc, events.SignReply{Error: replyError(err)})
 		case enc == events.EncodingCompact:
