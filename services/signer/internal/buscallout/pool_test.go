@@ -110,7 +110,7 @@ func TestStormEveryClientAdmittedWithoutCollapse(t *testing.T) {
 	close(errs)
 	close(conns)
 	for nc := range conns {
-		defer nc.Close()
+		t.Cleanup(nc.Close)
 	}
 	for err := range errs {
 		t.Errorf("pod not admitted: %v", err)
