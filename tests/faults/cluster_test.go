@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/faultcheck"
 	"github.com/meshagent/meshagent/pkg/testkit"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // The nodes' client liveness, as deploy/compose's nats.conf sets it.
@@ -133,4 +135,23 @@ func (c *cluster) metaLeader() string {
 		}
 	}
 	return ""
+}
+
+// startWatchedCluster starts the 3-node cluster, connects to it (reconnecting
+// forever), waits for a JetStream meta leader, and starts the ledger of what the
+// stream stores: what every fault test begins with.
+func startWatchedCluster(t *testing.T) (*cluster, *nats.Conn, *faultcheck.Ledger) {
+	t.Helper()
+	c := startCluster(t)
+	nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool { return c.metaLeader() != "" })
+	ledger, err := faultcheck.NewLedger(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, nc, ledger
 }

@@ -29,17 +29,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster and the service binaries (about a minute)")
 	}
-	c := startCluster(t)
-	nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool { return c.metaLeader() != "" })
-	ledger, err := faultcheck.NewLedger(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, nc, ledger := startWatchedCluster(t)
 	f := startFleet(t, c)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

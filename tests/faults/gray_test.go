@@ -31,17 +31,7 @@ func TestFrozenSigner(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node NATS cluster and the service binaries")
 	}
-	c := startCluster(t)
-	nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	testkit.EventuallyWithin(t, time.Minute, "a JetStream meta leader", func() bool { return c.metaLeader() != "" })
-	ledger, err := faultcheck.NewLedger(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, nc, ledger := startWatchedCluster(t)
 	// signer-2 and the pod on n2, signer-1 on n1: until n2 drops the frozen
 	// signer-2, it routes every request from n2 to it.
 	n1, n2 := "nats://"+c.client["n1"], "nats://"+c.client["n2"]
