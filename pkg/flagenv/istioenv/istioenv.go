@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // Env is the environment variable holding the ProxyConfig.
@@ -262,6 +264,13 @@ func Load(getenv func(string) string) (ProxyConfig, func(string) string, error) 
 	}
 	md := pc.ProxyMetadata
 	return pc, func(k string) string {
+		if k == flagenv.NamesVar { // the environment's names and proxyMetadata's
+			names := []string{getenv(k)}
+			for n := range md {
+				names = append(names, n)
+			}
+			return strings.Join(names, "\x00")
+		}
 		if v := getenv(k); v != "" {
 			return v
 		}

@@ -2,6 +2,7 @@ package istioenv
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // sample is a ProxyConfig as an Istio mesh sets one, with every field we read.
@@ -205,12 +208,17 @@ func TestLoadFallsBackToProxyMetadata(t *testing.T) {
 		Env:         `{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA","ECC_CURVE":"P384"}}`,
 		"ECC_CURVE": "P256", // the container's own env wins, as in Istio
 	}
-	pc, getenv, err := Load(func(k string) string { return env[k] })
+	pc, getenv, err := Load(flagenv.Map(env))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if getenv("ECC_SIGNATURE_ALGORITHM") != "ECDSA" || getenv("ECC_CURVE") != "P256" || getenv("OTHER") != "" {
 		t.Fatalf("getenv: %q %q %q", getenv("ECC_SIGNATURE_ALGORITHM"), getenv("ECC_CURVE"), getenv("OTHER"))
+	}
+	// The names it lists are the environment's and proxyMetadata's (as Istio's
+	// agent turns proxyMetadata's ISTIO_META_* into node metadata too).
+	if got := flagenv.Names(getenv, "ECC_"); !slices.Equal(got, []string{"ECC_CURVE", "ECC_SIGNATURE_ALGORITHM"}) {
+		t.Fatalf("listed names %q", got)
 	}
 	if len(pc.ProxyMetadata) != 2 {
 		t.Fatalf("metadata %v", pc.ProxyMetadata)
