@@ -21,6 +21,7 @@ require (
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 	istio.io/api v1.31.1
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
@@ -56,5 +57,4 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
