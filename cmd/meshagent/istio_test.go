@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -58,12 +59,9 @@ type roleConfigs struct {
 func loadRoles(t *testing.T, in injected) roleConfigs {
 	t.Helper()
 	root := testkit.ShortDir(t) // paths aside: the pod's files live here
-	getenv := func(k string) string {
-		if k == "POD_ROOT" {
-			return root
-		}
-		return in.Env[k]
-	}
+	env := maps.Clone(in.Env)
+	env["POD_ROOT"] = root
+	getenv := flagenv.Map(env)
 	var rc roleConfigs
 	var err error
 	if rc.sds, err = sdsedge.Load(nil, getenv); err != nil {
@@ -78,10 +76,16 @@ func loadRoles(t *testing.T, in injected) roleConfigs {
 	return rc
 }
 
-// understood are the env vars some role reads: every "env NAME" its -h lists.
-func understood(t *testing.T) map[string]bool {
+// understood are the env vars some role reads: every "env NAME" its -h lists, and
+// every ISTIO_META_* (the launcher passes each on as node metadata, as Istio's agent).
+func understood(t *testing.T, env map[string]string) map[string]bool {
 	t.Helper()
 	out := map[string]bool{istioenv.Env: true}
+	for k := range env {
+		if strings.HasPrefix(k, "ISTIO_META_") {
+			out[k] = true
+		}
+	}
 	re := regexp.MustCompile(`\tenv ([A-Z0-9_]+),`)
 	for _, role := range podOrder {
 		var b strings.Builder
@@ -122,9 +126,10 @@ func ignoredInDocs(t *testing.T) map[string]string {
 // templates set is read by a pod role or listed in docs/istio.md as ignored, with
 // why, never both; and the table lists nothing the templates do not set.
 func TestIstioInjectedEnvIsReadOrListedAsIgnored(t *testing.T) {
-	read, ignored := understood(t), ignoredInDocs(t)
+	ignored := ignoredInDocs(t)
 	given := map[string]bool{}
 	for kind, in := range loadInjected(t) {
+		read := understood(t, in.Env)
 		for k := range in.Env {
 			given[k] = true
 			switch {
@@ -182,12 +187,21 @@ func TestIstioInjectedSidecarBehavesAsTheTemplateIntends(t *testing.T) {
 			return c.launcher.Status.AppMetricsURL == "http://localhost:8080/metrics"
 		},
 	}
-	read := understood(t)
+	read := understood(t, in.Env)
 	for k := range in.Env {
 		if !read[k] {
 			continue
 		}
 		check, ok := checks[k]
+		if name, meta := strings.CutPrefix(k, "ISTIO_META_"); meta {
+			// Every ISTIO_META_* is node metadata as well as whatever else it does.
+			if got := c.launcher.Pod.Meta[name]; got != in.Env[k] {
+				t.Errorf("%s=%q: node metadata %s = %q", k, in.Env[k], name, got)
+			}
+			if !ok {
+				continue
+			}
+		}
 		if !ok {
 			t.Errorf("%s is read by a role but this test does not check its effect", k)
 			continue

@@ -32,6 +32,8 @@ func fullSignReply() SignReply {
 		Roots:       []string{pemOf("CERTIFICATE", 0x30, 3), pemOf("CERTIFICATE", 0x30, 4)},
 		TrustDomain: "cluster.local", Generation: 7,
 		Endorsements: []Endorsement{{KeyID: "ab", Signature: "c2ln"}, {KeyID: "cd", Signature: "c2ln", Chain: []string{pemOf("CERTIFICATE", 0x30, 2)}}},
+		Signer: &SignerRoots{Name: "partner", Roots: []string{pemOf("CERTIFICATE", 0x30, 5)},
+			Endorsements: []Endorsement{{KeyID: "ef", Signature: "c2ln", Chain: []string{pemOf("CERTIFICATE", 0x30, 2)}}}},
 	}
 }
 
@@ -71,7 +73,7 @@ func TestCompactSignRoundTrip(t *testing.T) {
 // is refused.
 func TestCompactSignReplyTail(t *testing.T) {
 	want := fullSignReply()
-	tail, err := NewSignReplyTail(want.CertChain[1:], want.Roots, want.TrustDomain, want.Generation, want.Endorsements)
+	tail, err := NewSignReplyTail(want.CertChain[1:], want.Roots, want.TrustDomain, want.Generation, want.Endorsements, want.Signer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,11 +89,14 @@ func TestCompactSignReplyTail(t *testing.T) {
 	if string(m.Data) != string(ref.Data) || m.Header != nil {
 		t.Fatalf("tail reply differs from the whole one:\n%q\n%q", m.Data, ref.Data)
 	}
-	if _, err := NewSignReplyTail(nil, want.Roots, "td", 1, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := NewSignReplyTail(nil, want.Roots, "td", 1, nil, nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("tail without a chain: %v, want ErrInvalid", err)
 	}
-	if _, err := NewSignReplyTail(want.Roots, []string{"not pem"}, "td", 1, nil); !errors.Is(err, ErrInvalid) {
+	if _, err := NewSignReplyTail(want.Roots, []string{"not pem"}, "td", 1, nil, nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("tail with a bad root: %v, want ErrInvalid", err)
+	}
+	if _, err := NewSignReplyTail(want.Roots, want.Roots, "td", 1, nil, &SignerRoots{Name: "partner", Roots: want.Roots}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("tail with unendorsed signer roots: %v, want ErrInvalid", err)
 	}
 }
 

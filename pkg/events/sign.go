@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -130,7 +131,10 @@ type SignReply struct {
 	TrustDomain  string        `json:"trust_domain,omitempty"`
 	Generation   uint64        `json:"generation,omitempty"`
 	Endorsements []Endorsement `json:"endorsements,omitempty"`
-	Error        *ReplyError   `json:"error,omitempty"`
+	// Signer is set when a named signer (CertSigner) signed the chain: its roots,
+	// which the chain ends at, endorsed by the mesh CA.
+	Signer *SignerRoots `json:"signer,omitempty"`
+	Error  *ReplyError  `json:"error,omitempty"`
 }
 
 func (SignReply) EventType() string { return TypeSignReply }
@@ -142,5 +146,48 @@ func (e SignReply) Validate() error {
 	}
 	f.pems(e.CertChain, "cert_chain", 2)
 	f.pems(e.Roots, "roots", 1)
+	if e.Signer != nil {
+		e.Signer.check(&f)
+	}
 	return f.err()
+}
+
+// SignerRoots are a named signer's roots (Istio's CERT_SIGNERS, each a CA of its
+// own) as the mesh CA vouches for them to a pod that asked for that signer:
+// Endorsements sign SignerEndorsedBytes with the mesh CA's key, as a bundle's do,
+// so that the pod accepts a chain ending at one of Roots although its own trust
+// bundle does not hold it.
+type SignerRoots struct {
+	Name         string        `json:"name"`
+	Roots        []string      `json:"roots"`
+	Endorsements []Endorsement `json:"endorsements"`
+}
+
+// Validate checks that s names a signer, holds roots and is endorsed.
+func (s SignerRoots) Validate() error {
+	var f fields
+	s.check(&f)
+	return f.err()
+}
+
+func (s SignerRoots) check(f *fields) {
+	f.nonEmpty(s.Name, "signer.name")
+	f.pems(s.Roots, "signer.roots", 1)
+	f.need(len(s.Endorsements) > 0, "signer.endorsements", "required")
+}
+
+// SignerRootsHeader is the gRPC response header in which a signer answering
+// Istio's CreateCertificate for a named signer sends the SignerRoots (as JSON):
+// Istio's response has only the chain, and an Istio agent ignores the header.
+const SignerRootsHeader = "meshagent-signer-roots-bin"
+
+// SignerEndorsedBytes is what a SignerRoots endorsement signs: the mesh's trust
+// domain, the signer's name and each root's SHA-256, so that it cannot be replayed
+// as another signer's, as a foreign domain's (FederatedEndorsedBytes) or as the
+// mesh's own bundle (EndorsedBytes).
+func SignerEndorsedBytes(trustDomain, signer string, roots []string) ([]byte, error) {
+	if strings.ContainsAny(trustDomain, "\n/") || strings.ContainsAny(signer, "\n/") || signer == "" {
+		return nil, errors.New("endorse: bad trust domain or signer name")
+	}
+	return EndorsedBytes(trustDomain+"/signer/"+signer, 0, roots)
 }

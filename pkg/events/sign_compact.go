@@ -141,7 +141,7 @@ func NewSignReplyMsg(subject string, enc Encoding, source string, rep SignReply)
 	if err != nil {
 		return nil, err
 	}
-	tail, err := signReplyTail(nil, rep.Roots, rep.TrustDomain, rep.Generation, rep.Endorsements)
+	tail, err := signReplyTail(nil, rep.Roots, rep.TrustDomain, rep.Generation, rep.Endorsements, rep.Signer)
 	if err != nil {
 		return nil, err
 	}
@@ -155,20 +155,26 @@ func NewSignReplyMsg(subject string, enc Encoding, source string, rep SignReply)
 type SignReplyTail struct{ b []byte }
 
 // NewSignReplyTail encodes the chain above a leaf (signing certificate first, root
-// last) and the bundle. It holds what SignReply.Validate asks of a reply with its
-// leaf: at least one certificate above the leaf and one root, all PEM certificates.
-func NewSignReplyTail(chain, roots []string, trustDomain string, generation uint64, endorsements []Endorsement) (SignReplyTail, error) {
+// last), the bundle and, for a named signer's chain, its endorsed roots (nil: none).
+// It holds what SignReply.Validate asks of a reply with its leaf: at least one
+// certificate above the leaf and one root, all PEM certificates.
+func NewSignReplyTail(chain, roots []string, trustDomain string, generation uint64, endorsements []Endorsement, signer *SignerRoots) (SignReplyTail, error) {
 	if len(chain) == 0 || len(roots) == 0 {
 		return SignReplyTail{}, fmt.Errorf("%w: %s: need a certificate above the leaf and a root, have %d and %d", ErrInvalid, TypeSignReply, len(chain), len(roots))
 	}
-	b, err := signReplyTail(chain, roots, trustDomain, generation, endorsements)
+	if signer != nil {
+		if err := signer.Validate(); err != nil {
+			return SignReplyTail{}, fmt.Errorf("%w: %s: %w", ErrInvalid, TypeSignReply, err)
+		}
+	}
+	b, err := signReplyTail(chain, roots, trustDomain, generation, endorsements, signer)
 	if err != nil {
 		return SignReplyTail{}, err
 	}
 	return SignReplyTail{b: b}, nil
 }
 
-func signReplyTail(chain, roots []string, trustDomain string, generation uint64, endorsements []Endorsement) ([]byte, error) {
+func signReplyTail(chain, roots []string, trustDomain string, generation uint64, endorsements []Endorsement, signer *SignerRoots) ([]byte, error) {
 	b, err := appendPEMs(nil, 1, chain, "cert_chain")
 	if err != nil {
 		return nil, err
@@ -178,15 +184,54 @@ func signReplyTail(chain, roots []string, trustDomain string, generation uint64,
 	}
 	b = appendString(b, 3, trustDomain)
 	b = appendVarint(b, 4, generation)
+	if b, err = appendEndorsements(b, 5, endorsements, "endorsements"); err != nil {
+		return nil, err
+	}
+	if signer != nil {
+		s := appendString(nil, 1, signer.Name)
+		if s, err = appendPEMs(s, 2, signer.Roots, "signer.roots"); err != nil {
+			return nil, err
+		}
+		if s, err = appendEndorsements(s, 3, signer.Endorsements, "signer.endorsements"); err != nil {
+			return nil, err
+		}
+		b = appendBytes(b, 7, s)
+	}
+	return b, nil
+}
+
+// appendEndorsements appends each endorsement as field num.
+func appendEndorsements(b []byte, num uint64, endorsements []Endorsement, name string) ([]byte, error) {
+	var err error
 	for i, e := range endorsements {
 		m := appendString(nil, 1, e.KeyID)
 		m = appendString(m, 2, e.Signature)
-		if m, err = appendPEMs(m, 3, e.Chain, fmt.Sprintf("endorsements[%d].chain", i)); err != nil {
+		if m, err = appendPEMs(m, 3, e.Chain, fmt.Sprintf("%s[%d].chain", name, i)); err != nil {
 			return nil, err
 		}
-		b = appendBytes(b, 5, m)
+		b = appendBytes(b, num, m)
 	}
 	return b, nil
+}
+
+// readEndorsement reads one endorsement of field f into *out.
+func readEndorsement(r *fieldReader, f field, out *[]Endorsement) {
+	if !r.is(f, wireBytes) {
+		return
+	}
+	var e Endorsement
+	if err := r.sub(f, "endorsement", func(er *fieldReader, g field) {
+		switch g.num {
+		case 1:
+			er.str(g, &e.KeyID)
+		case 2:
+			er.str(g, &e.Signature)
+		case 3:
+			er.der(g, "CERTIFICATE", &e.Chain)
+		}
+	}); err == nil {
+		*out = append(*out, e)
+	}
 }
 
 // NewCompactSignReply is a compact sign reply on subject: the leaf's DER, then tail.
@@ -215,19 +260,21 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 				rep.Generation = f.u
 			}
 		case 5:
-			if r.is(f, wireBytes) {
-				var e Endorsement
-				if err := r.sub(f, "endorsement", func(er *fieldReader, g field) {
+			readEndorsement(r, f, &rep.Endorsements)
+		case 7:
+			if r.once(f, wireBytes) {
+				s := &SignerRoots{}
+				if err := r.sub(f, "signer", func(sr *fieldReader, g field) {
 					switch g.num {
 					case 1:
-						er.str(g, &e.KeyID)
+						sr.str(g, &s.Name)
 					case 2:
-						er.str(g, &e.Signature)
+						sr.der(g, "CERTIFICATE", &s.Roots)
 					case 3:
-						er.der(g, "CERTIFICATE", &e.Chain)
+						readEndorsement(sr, g, &s.Endorsements)
 					}
 				}); err == nil {
-					rep.Endorsements = append(rep.Endorsements, e)
+					rep.Signer = s
 				}
 			}
 		case 6:

@@ -117,7 +117,7 @@ func Main(name string, run func(ctx context.Context, args []string, getenv func(
 		os.Exit(0)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv)
+	err := run(ctx, os.Args[1:], flagenv.OS)
 	stop()
 	os.Exit(exitCode(name, err, os.Stdout, os.Stderr))
 }

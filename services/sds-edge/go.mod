@@ -16,7 +16,11 @@ require (
 	istio.io/api v1.31.1
 )
 
-require github.com/go-jose/go-jose/v4 v4.1.8 // indirect
+require (
+	github.com/go-jose/go-jose/v4 v4.1.8 // indirect
+	go.yaml.in/yaml/v2 v2.4.4 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect

@@ -1,6 +1,6 @@
 // Package istioenv reads what Istio's injection template hands a proxy beyond
 // plain env vars: PROXY_CONFIG (the mesh's per-proxy MeshConfig.ProxyConfig, as
-// JSON) and its proxyMetadata, which Istio's agent applies as environment
+// JSON or YAML) and its proxyMetadata, which Istio's agent applies as environment
 // variables the container does not set itself.
 //
 // The decoder is hand-written over the few fields the pod's roles act on: the pod
@@ -19,6 +19,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // Env is the environment variable holding the ProxyConfig.
@@ -86,7 +90,9 @@ var Ignored = map[string]string{
 }
 
 // Parse decodes a ProxyConfig in protojson's form (lowerCamel names, or the proto
-// names), as Istio's injection template renders it. An empty s is an empty config.
+// names), as Istio's injection template renders it, or as YAML of the same form,
+// which Istio's agent also takes (its protomarshal.ApplyYAML turns the YAML into
+// JSON with sigs.k8s.io/yaml, as here). An empty s is an empty config.
 func Parse(s string) (ProxyConfig, error) {
 	var pc ProxyConfig
 	if strings.TrimSpace(s) == "" {
@@ -95,13 +101,9 @@ func Parse(s string) (ProxyConfig, error) {
 	if len(s) > MaxSize {
 		return pc, fmt.Errorf("%d bytes, more than %d", len(s), MaxSize)
 	}
-	var fields map[string]json.RawMessage
-	dec := json.NewDecoder(strings.NewReader(s))
-	if err := dec.Decode(&fields); err != nil {
-		return pc, fmt.Errorf("want a JSON object (Istio's protoToJSON of ProxyConfig): %w", err)
-	}
-	if dec.More() {
-		return pc, errors.New("trailing data after the JSON object")
+	fields, err := decodeObject(s)
+	if err != nil {
+		return pc, err
 	}
 	pc.Set = map[string]bool{}
 	var errs, unknown []string
@@ -155,6 +157,30 @@ func Parse(s string) (ProxyConfig, error) {
 		return ProxyConfig{}, errors.New(strings.Join(errs, "; "))
 	}
 	return pc, nil
+}
+
+// decodeObject reads s as one JSON object, or else as a YAML mapping.
+func decodeObject(s string) (map[string]json.RawMessage, error) {
+	var fields map[string]json.RawMessage
+	if strings.HasPrefix(strings.TrimSpace(s), "{") {
+		dec := json.NewDecoder(strings.NewReader(s))
+		if err := dec.Decode(&fields); err == nil {
+			if dec.More() {
+				return nil, errors.New("trailing data after the JSON object")
+			}
+			return fields, nil
+		}
+		// Not JSON: a YAML flow mapping ({a: b}) is read below.
+	}
+	j, err := yaml.YAMLToJSON([]byte(s))
+	if err != nil {
+		return nil, fmt.Errorf("want a JSON object or a YAML mapping (Istio's ProxyConfig): %w", err)
+	}
+	fields = nil
+	if err := json.Unmarshal(j, &fields); err != nil || fields == nil {
+		return nil, fmt.Errorf("want a JSON object or a YAML mapping (Istio's ProxyConfig), got %.40s", strings.TrimSpace(s))
+	}
+	return fields, nil
 }
 
 // jsonName is k as protojson's lowerCamel JSON name (k may be the proto name).
@@ -238,6 +264,13 @@ func Load(getenv func(string) string) (ProxyConfig, func(string) string, error) 
 	}
 	md := pc.ProxyMetadata
 	return pc, func(k string) string {
+		if k == flagenv.NamesVar { // the environment's names and proxyMetadata's
+			names := []string{getenv(k)}
+			for n := range md {
+				names = append(names, n)
+			}
+			return strings.Join(names, "\x00")
+		}
 		if v := getenv(k); v != "" {
 			return v
 		}

@@ -2,6 +2,7 @@ package istioenv
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // sample is a ProxyConfig as an Istio mesh sets one, with every field we read.
@@ -106,7 +110,11 @@ func TestEveryIstioFieldIsUsedOrIgnored(t *testing.T) {
 func TestParseRefusesBadInput(t *testing.T) {
 	for _, tc := range []struct{ name, in, want string }{
 		{"unknown field", `{"discoveryAddress":"x:1","discoveryAdress":"y:2"}`, "unknown field(s) discoveryAdress"},
-		{"yaml", "discoveryAddress: x:1", "want a JSON object"},
+		{"not a mapping", "discoveryAddress x:1", "want a JSON object or a YAML mapping"},
+		{"yaml list", "- discoveryAddress: x:1", "want a JSON object or a YAML mapping"},
+		{"bad yaml", "discoveryAddress: [x:1", "want a JSON object or a YAML mapping"},
+		{"unknown yaml field", "discoveryAdress: x:1", "unknown field(s) discoveryAdress"},
+		{"yaml duration without unit", "drainDuration: 45", "drainDuration: want"},
 		{"duration without unit", `{"drainDuration":"45"}`, "drainDuration: want seconds"},
 		{"duration in minutes", `{"terminationDrainDuration":"1m"}`, "terminationDrainDuration: want seconds"},
 		{"negative duration", `{"drainDuration":"-1s"}`, "negative"},
@@ -126,6 +134,54 @@ func TestParseRefusesBadInput(t *testing.T) {
 			if pc.DiscoveryAddress != "" || pc.StatusPort != nil || pc.Set != nil {
 				t.Fatalf("a refused config still set fields: %+v", pc)
 			}
+		})
+	}
+}
+
+// TestParseReadsYAMLAsIstioDoes: PROXY_CONFIG as YAML (the form Istio's docs
+// write it in a proxy.istio.io/config annotation) reads to what Istio's agent
+// reads from it: sigs.k8s.io/yaml to JSON, then protojson (protomarshal.ApplyYAML).
+func TestParseReadsYAMLAsIstioDoes(t *testing.T) {
+	j, err := protojson.Marshal(sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handWritten := `discoveryAddress: istiod.istio-system.svc:15012
+statusPort: 15020
+proxyAdminPort: 15000
+drainDuration: 45s
+terminationDrainDuration: 1.5s
+binaryPath: /usr/local/bin/envoy
+concurrency: 2
+holdApplicationUntilProxyStarts: true
+proxyMetadata:
+  ISTIO_META_DNS_CAPTURE: "true"
+  ECC_SIGNATURE_ALGORITHM: ECDSA
+`
+	flow := `{discoveryAddress: "istiod.istio-system.svc:15012", statusPort: 15020, proxyAdminPort: 15000, drainDuration: 45s,
+ terminationDrainDuration: 1.5s, binaryPath: /usr/local/bin/envoy, concurrency: 2,
+ proxyMetadata: {ISTIO_META_DNS_CAPTURE: "true", ECC_SIGNATURE_ALGORITHM: ECDSA}}`
+	for name, in := range map[string]string{"from protojson": string(y), "hand-written": handWritten, "flow": flow} {
+		t.Run(name, func(t *testing.T) {
+			// What Istio's agent makes of it.
+			rj, err := yaml.YAMLToJSON([]byte(in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref meshconfig.ProxyConfig
+			if err := protojson.Unmarshal(rj, &ref); err != nil {
+				t.Fatalf("Istio refuses %s: %v", in, err)
+			}
+			got, err := Parse(in)
+			if err != nil {
+				t.Fatalf("Parse(%s): %v", in, err)
+			}
+			check(t, &ref, got)
+			check(t, sample(), got)
 		})
 	}
 }
@@ -152,12 +208,17 @@ func TestLoadFallsBackToProxyMetadata(t *testing.T) {
 		Env:         `{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA","ECC_CURVE":"P384"}}`,
 		"ECC_CURVE": "P256", // the container's own env wins, as in Istio
 	}
-	pc, getenv, err := Load(func(k string) string { return env[k] })
+	pc, getenv, err := Load(flagenv.Map(env))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if getenv("ECC_SIGNATURE_ALGORITHM") != "ECDSA" || getenv("ECC_CURVE") != "P256" || getenv("OTHER") != "" {
 		t.Fatalf("getenv: %q %q %q", getenv("ECC_SIGNATURE_ALGORITHM"), getenv("ECC_CURVE"), getenv("OTHER"))
+	}
+	// The names it lists are the environment's and proxyMetadata's (as Istio's
+	// agent turns proxyMetadata's ISTIO_META_* into node metadata too).
+	if got := flagenv.Names(getenv, "ECC_"); !slices.Equal(got, []string{"ECC_CURVE", "ECC_SIGNATURE_ALGORITHM"}) {
+		t.Fatalf("listed names %q", got)
 	}
 	if len(pc.ProxyMetadata) != 2 {
 		t.Fatalf("metadata %v", pc.ProxyMetadata)

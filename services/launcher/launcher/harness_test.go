@@ -79,7 +79,8 @@ type pod struct {
 	sdsExpired atomic.Bool // sds-edge serves an expired default
 	sdsURL     string
 	nc         *nats.Conn
-	log        testkit.Buffer // the launcher's log
+	log        testkit.Buffer    // the launcher's log
+	env        map[string]string // the launcher's environment; nil: empty
 	mu         sync.Mutex
 	seen       []events.Payload
 }
@@ -209,7 +210,7 @@ type started struct {
 
 func (p *pod) start(args ...string) *started {
 	p.t.Helper()
-	cfg, err := launcher.Load(args, func(string) string { return "" })
+	cfg, err := launcher.Load(args, testkit.Env(p.env))
 	if err != nil {
 		p.t.Fatal(err)
 	}

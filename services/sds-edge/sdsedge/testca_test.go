@@ -67,6 +67,10 @@ type testCA struct {
 	// phased, when set, is who signs and what follows the leaf in a reply: a phase
 	// of a rotation to a new key, as the signer replies in it (testkit.Rotation).
 	phased atomic.Pointer[phasedChain]
+	// named, when set, is a named signer with a CA of its own (named_signer_test.go).
+	named atomic.Pointer[namedSigner]
+	// lastSigner is the CertSigner of the last gRPC request's metadata.
+	lastSigner atomic.Pointer[string]
 }
 
 type phasedChain struct {
@@ -315,12 +319,12 @@ func (c *testCA) handleNATS(tb testing.TB, m *nats.Msg) events.SignReply {
 	} else if id, err = c.proofIdentity(req); err != nil {
 		return replyErr(events.CodeUnauthenticated, err.Error())
 	}
-	chain, err := c.sign([]byte(req.CSR), id, req.TTL)
+	chain, signer, err := c.signAs([]byte(req.CSR), id, req.TTL, req.CertSigner)
 	if err != nil {
 		return replyErr(events.CodeInvalidArgument, err.Error())
 	}
 	roots, gen, ends := c.current(tb)
-	return events.SignReply{CertChain: chain, Roots: roots, TrustDomain: c.td, Generation: gen, Endorsements: ends}
+	return events.SignReply{CertChain: chain, Roots: roots, TrustDomain: c.td, Generation: gen, Endorsements: ends, Signer: signer}
 }
 
 // proofIdentity authenticates a renewal by a still-valid leaf and a proof over the CSR.
@@ -392,9 +396,15 @@ func (s istioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertifi
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
-	chain, err := s.c.sign([]byte(req.GetCsr()), id, time.Duration(req.GetValidityDuration())*time.Second)
+	name := req.GetMetadata().GetFields()["CertSigner"].GetStringValue()
+	s.c.lastSigner.Store(&name)
+	chain, signer, err := s.c.signAs([]byte(req.GetCsr()), id, time.Duration(req.GetValidityDuration())*time.Second, name)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if signer != nil {
+		b, _ := json.Marshal(signer)
+		_ = grpc.SetHeader(ctx, metadata.Pairs(events.SignerRootsHeader, string(b)))
 	}
 	return &pb.IstioCertificateResponse{CertChain: chain}, nil
 }

@@ -2,6 +2,7 @@ package signer
 
 import (
 	"crypto/x509"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,8 +12,11 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -57,6 +61,40 @@ func TestNamedSignerChains(t *testing.T) {
 	// Its record names the signer: readers tell a named signer's root from a broken chain.
 	if ev := last[events.CertIssued](t, e.js, events.SubjectCertIssued); ev.CertSigner != "partner" || ev.Serial != pki.SerialHex(leaf) {
 		t.Fatalf("cert.issued of the partner's certificate: signer %q serial %s", ev.CertSigner, ev.Serial)
+	}
+
+	// The mesh CA vouches for the partner's root to the pod that asked for it
+	// (issue 28): over gRPC in a response header Istio's agents ignore, on the bus
+	// in the reply, each verifying under the mesh root, for that signer only.
+	var header metadata.MD
+	if _, err := istioCreateOpts(c, tok, "partner", csr, 3600, grpc.Header(&header)); err != nil {
+		t.Fatal(err)
+	}
+	var vouched events.SignerRoots
+	if v := header.Get(events.SignerRootsHeader); len(v) != 1 || json.Unmarshal([]byte(v[0]), &vouched) != nil {
+		t.Fatalf("header %s: %q", events.SignerRootsHeader, v)
+	}
+	checkVouched := func(how string, s *events.SignerRoots) {
+		t.Helper()
+		if s == nil {
+			t.Fatalf("%s: no signer roots", how)
+		}
+		roots, err := trustbundle.VerifySigner([]*x509.Certificate{meshRoot.Cert}, "cluster.local", *s)
+		if err != nil || len(roots) != 1 || !roots[0].Equal(partnerRoot.Cert) || s.Name != "partner" {
+			t.Fatalf("%s: signer roots %v (%v), want the partner root endorsed by the mesh's", how, roots, err)
+		}
+		if _, err := trustbundle.VerifySigner([]*x509.Certificate{partnerRoot.Cert}, "cluster.local", *s); err == nil {
+			t.Fatalf("%s: endorsement verifies under the partner's own root", how)
+		}
+	}
+	checkVouched("grpc header", &vouched)
+	rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: tok, CertSigner: "partner"})
+	if rep.Error != nil {
+		t.Fatalf("bus: %v", rep.Error)
+	}
+	checkVouched("bus", rep.Signer)
+	if mine := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: tok}); mine.Error != nil || mine.Signer != nil {
+		t.Fatalf("bus, the mesh CA's certificate: signer roots %+v, error %v", mine.Signer, mine.Error)
 	}
 
 	def, err := istioCreate(c, tok, "", csr, 3600)

@@ -302,6 +302,11 @@ func istioClient(t *testing.T, s *replica, roots []string, clientCert *tls.Certi
 
 // istioCreate calls CreateCertificate with Istio agent metadata.
 func istioCreate(c pb.IstioCertificateServiceClient, token, certSigner string, csr []byte, ttl int64) (*pb.IstioCertificateResponse, error) {
+	return istioCreateOpts(c, token, certSigner, csr, ttl)
+}
+
+// istioCreateOpts is istioCreate with call options (grpc.Header to read the reply's headers).
+func istioCreateOpts(c pb.IstioCertificateServiceClient, token, certSigner string, csr []byte, ttl int64, opts ...grpc.CallOption) (*pb.IstioCertificateResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	md := metadata.Pairs("ClusterID", "Kubernetes")
@@ -313,7 +318,7 @@ func istioCreate(c pb.IstioCertificateServiceClient, token, certSigner string, c
 	if certSigner != "" {
 		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{"CertSigner": structpb.NewStringValue(certSigner)}}
 	}
-	return c.CreateCertificate(ctx, req)
+	return c.CreateCertificate(ctx, req, opts...)
 }
 
 // verifyChain checks that chain (leaf first, root last) verifies to a root in roots

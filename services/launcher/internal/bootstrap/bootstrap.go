@@ -65,6 +65,11 @@ type Node struct {
 	MeshID         string
 	Labels         map[string]string
 	RouterMode     string // a router's ROUTER_MODE (standard, sni-dnat)
+	// Meta is the pod's ISTIO_META_* by name without the prefix: node metadata
+	// as strings, as Istio's agent passes them on, under the keys set from the
+	// fields above (which come from flags and env alike), except WORKLOAD_NAME,
+	// which otherwise is only guessed from the app label.
+	Meta map[string]string
 }
 
 // ID is Istio's node id: type~ip~pod.namespace~domain.
@@ -107,7 +112,7 @@ func (n Node) Metadata() map[string]any {
 	if n.MeshID != "" {
 		m["MESH_ID"] = n.MeshID
 	}
-	if app := n.Labels["app"]; app != "" {
+	if app := n.Labels["app"]; app != "" && n.Meta["WORKLOAD_NAME"] == "" {
 		m["WORKLOAD_NAME"] = app
 	}
 	if n.Type == "router" {
@@ -118,6 +123,11 @@ func (n Node) Metadata() map[string]any {
 			mode = "standard"
 		}
 		m["ROUTER_MODE"] = mode
+	}
+	for k, v := range n.Meta {
+		if _, set := m[k]; !set {
+			m[k] = v
+		}
 	}
 	return m
 }

@@ -48,6 +48,9 @@ type Config struct {
 		Type           string // sidecar or router
 		RouterMode     string // a router's ROUTER_MODE metadata: standard or sni-dnat
 		TokenFile      string // the pod's service-account token: its bus identity
+		// Meta is every ISTIO_META_<NAME> of the environment (and of PROXY_CONFIG's
+		// proxyMetadata), by NAME: node metadata as Istio's agent passes it on.
+		Meta map[string]string
 	}
 	Envoy struct {
 		Binary          string // path, or a name looked up on PATH; not found: proxyless
@@ -150,6 +153,9 @@ func Default() Config {
 	return c
 }
 
+// istioMetaPrefix begins the env vars Istio passes on as node metadata.
+const istioMetaPrefix = "ISTIO_META_"
+
 // Load reads flags and env vars over the defaults and validates the result.
 func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Default()
@@ -235,6 +241,16 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	for _, ip := range c.Pod.IPs {
 		if net.ParseIP(ip) == nil {
 			errs = append(errs, fmt.Errorf("-instance-ip: %q is not an IP address", ip))
+		}
+	}
+	// Istio's agent passes every ISTIO_META_* on as node metadata, named without
+	// the prefix, its value a string (Envoy filters and istiod read them there).
+	for _, n := range flagenv.Names(getenv, istioMetaPrefix) {
+		if k := strings.TrimPrefix(n, istioMetaPrefix); k != "" {
+			if c.Pod.Meta == nil {
+				c.Pod.Meta = map[string]string{}
+			}
+			c.Pod.Meta[k] = getenv(n)
 		}
 	}
 	if labels != "" {

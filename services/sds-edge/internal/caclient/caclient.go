@@ -29,6 +29,10 @@ type Response struct {
 	// certificate, which vouches for nothing.
 	Bundle   trustbundle.Bundle
 	Endorsed bool
+	// Signer is, for a named signer's chain, that signer's roots as the mesh CA
+	// endorsed them (events.SignerRoots): on the bus in the reply, over Istio's
+	// gRPC API in a response header (events.SignerRootsHeader). Unchecked here.
+	Signer *events.SignerRoots
 }
 
 // ErrRejected wraps a definite refusal by the CA (bad token, bad CSR): retrying the
@@ -93,7 +97,7 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 	if len(r.Roots) == 0 {
 		return Response{}, errors.New("sign reply without roots")
 	}
-	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true}, nil
+	return Response{ChainPEM: r.CertChain, Bundle: trustbundle.FromSignReply(r), Endorsed: true, Signer: r.Signer}, nil
 }
 
 // subject is where a request for pod goes (see NATS).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -86,7 +87,8 @@ func (c *Istio) reset() {
 func (c *Istio) Close() error { c.reset(); return nil }
 
 // Sign calls CreateCertificate with req mapped onto Istio's request: the CSR, the
-// TTL in seconds (ValidityDuration) and the token as metadata. Without a token, or
+// TTL in seconds (ValidityDuration), the named signer as Istio's agent names it
+// (the request's metadata struct, field CertSigner) and the token as metadata. Without a token, or
 // when the CA refuses it, the request goes over mTLS with the client certificate
 // (SetClientCert) instead; Istio's API has no proof field, so the TLS handshake is
 // the proof of the key.
@@ -115,7 +117,7 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 	if len(pems) == 0 {
 		return Response{}, errors.New("create certificate: empty cert chain")
 	}
-	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}}, nil
+	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}, Signer: resp.signer}, nil
 }
 
 // create sends one CreateCertificate on cc, or on the shared connection when cc is
@@ -134,13 +136,20 @@ func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.Cli
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, md...)
 	resp := &certificateResponse{}
-	err := cc.Invoke(ctx, createCertificate, &certificateRequest{CSR: req.CSR, ValidityDuration: int64(req.TTL / time.Second)},
-		resp, grpc.ForceCodecV2(xdswire.Codec{}))
+	var header metadata.MD
+	err := cc.Invoke(ctx, createCertificate, &certificateRequest{CSR: req.CSR, ValidityDuration: int64(req.TTL / time.Second), CertSigner: req.CertSigner},
+		resp, grpc.ForceCodecV2(xdswire.Codec{}), grpc.Header(&header))
 	if err != nil {
 		if shared {
 			c.reset()
 		}
 		return nil, err
+	}
+	if v := header.Get(events.SignerRootsHeader); len(v) > 0 {
+		resp.signer = &events.SignerRoots{}
+		if err := json.Unmarshal([]byte(v[0]), resp.signer); err != nil {
+			return nil, fmt.Errorf("header %s: %w", events.SignerRootsHeader, err)
+		}
 	}
 	return resp, nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
@@ -14,15 +15,22 @@ import (
 // server, which is built on the generated types.
 const createCertificate = "/istio.v1.auth.IstioCertificateService/CreateCertificate"
 
-// certificateRequest is istio.v1.auth.IstioCertificateRequest without metadata.
+// certificateRequest is istio.v1.auth.IstioCertificateRequest; of its metadata
+// (a google.protobuf.Struct) only the string field CertSigner, which Istio's agent
+// fills from ISTIO_META_CERT_SIGNER.
 type certificateRequest struct {
 	CSR              string // PEM
 	ValidityDuration int64  // seconds
+	CertSigner       string // metadata.fields["CertSigner"].string_value; "": not sent
 }
+
+// certSignerKey is the metadata field naming the signer (Istio's security.CertSigner).
+const certSignerKey = "CertSigner"
 
 // certificateResponse is istio.v1.auth.IstioCertificateResponse.
 type certificateResponse struct {
 	CertChain []string // PEM, leaf first, root last
+	signer    *events.SignerRoots
 }
 
 var (
@@ -35,6 +43,15 @@ func (r *certificateRequest) AppendWire(b []byte) []byte {
 	if r.ValidityDuration != 0 {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(r.ValidityDuration))
+	}
+	if r.CertSigner != "" {
+		// Struct{fields: {certSignerKey: Value{string_value: CertSigner}}}: the map
+		// entry is field 1 of Struct (key 1, value 2), the string field 3 of Value.
+		value := xdswire.AppendString(nil, 3, r.CertSigner)
+		entry := xdswire.AppendString(nil, 1, certSignerKey)
+		entry = protowire.AppendBytes(protowire.AppendTag(entry, 2, protowire.BytesType), value)
+		st := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), entry)
+		b = protowire.AppendBytes(protowire.AppendTag(b, 4, protowire.BytesType), st)
 	}
 	return b
 }

@@ -8,14 +8,24 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 )
 
-// checkReply decides whether a signing reply may be installed for key and returns
-// the parsed chain, the bundle update to apply with it and the roots it certifies.
+// checked is a signing reply checkReply found acceptable: the parsed chain, the
+// bundle update to apply with it, the roots it certifies and, for a named
+// signer's chain, that signer's roots as the mesh CA endorsed them.
+type checked struct {
+	chain     []*x509.Certificate
+	update    trustbundle.Update
+	certified []*x509.Certificate
+	signer    []*x509.Certificate
+}
+
+// checkReply decides whether a signing reply may be installed for key.
 // The chain must be leaf first, each certificate signed by the next (see
 // checkChain), and the leaf must carry key and exactly the pod's SPIFFE ID (so that
 // no responder can hand the pod another identity). An endorsed bundle in the reply
@@ -26,14 +36,24 @@ import (
 // after that it adds only a root whose key a trusted root has certified in the
 // chain (the cross-signed certificate of a rotation), and its leaf must verify to
 // the roots trusted already.
-func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509.Certificate, trustbundle.Update, []*x509.Certificate, error) {
+//
+// A named signer's chain (-cert-signer) ends at that signer's root, which the
+// pod's bundle does not hold: it is accepted when the reply carries the signer's
+// roots endorsed by a mesh root the pod trusts (or the bundle of the same reply
+// just endorsed), for the signer the pod asked for; see checkSigner.
+func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) (checked, error) {
 	u := trustbundle.Update{Stale: true}
 	chain, err := checkChain(resp.ChainPEM, m.cfg.SPIFFEID)
 	if err != nil {
-		return nil, u, nil, err
+		return checked{}, err
 	}
 	if !publicKeysEqual(chain[0].PublicKey, key.Public()) {
-		return nil, u, nil, errors.New("signed certificate is not for our key")
+		return checked{}, errors.New("signed certificate is not for our key")
+	}
+	if resp.Signer != nil && !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) == 0 {
+		// Istio's reply names no mesh root but the chain's last, the signer's own.
+		m.obs.TrustRejected(SourceSignReply)
+		return checked{}, fmt.Errorf("sign reply: signer %q's chain over the gRPC CA before any trust bundle: configure the mesh's roots (-ca-root-cert or -trust-anchors-file)", resp.Signer.Name)
 	}
 	b := resp.Bundle
 	if b.TrustDomain == "" {
@@ -46,13 +66,19 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509
 	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
 		if u, err = m.trust.ca.Check(b); err != nil {
 			m.obs.TrustRejected(SourceSignReply)
-			return nil, u, nil, fmt.Errorf("sign reply: %w", err)
+			return checked{}, fmt.Errorf("sign reply: %w", err)
 		}
 	}
 	var extra []*x509.Certificate
 	if !u.Stale {
 		extra = u.Roots
 	}
+	signer, err := m.checkSigner(resp, extra)
+	if err != nil {
+		m.obs.TrustRejected(SourceSignReply)
+		return checked{}, fmt.Errorf("sign reply: %w", err)
+	}
+	extra = append(slices.Clip(extra), signer...)
 	// A CA clock a little ahead of ours must not fail a fresh leaf.
 	at := m.clock.Now()
 	if nb := chain[0].NotBefore; at.Before(nb) {
@@ -60,7 +86,7 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509
 	}
 	if err := m.trust.ca.VerifyChain(chain, extra, at); err != nil {
 		m.obs.TrustRejected(SourceSignReply)
-		return nil, u, nil, fmt.Errorf("signed certificate: %w", err)
+		return checked{}, fmt.Errorf("signed certificate: %w", err)
 	}
 	var certified []*x509.Certificate
 	if !resp.Endorsed {
@@ -70,7 +96,24 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) ([]*x509
 			m.log.Warn("sign reply ends at a root not certified under a trusted one; not trusting it", "root", pki.Fingerprint(chain[len(chain)-1]), "error", cerr)
 		}
 	}
-	return chain, u, certified, nil
+	return checked{chain: chain, update: u, certified: certified, signer: signer}, nil
+}
+
+// checkSigner returns the named signer's roots a reply carries when the mesh CA
+// endorsed them (under a root trusted now, or one of extra: the reply's own bundle
+// update) for the signer this pod asks for; none when the reply carries none.
+func (m *Manager) checkSigner(resp caclient.Response, extra []*x509.Certificate) ([]*x509.Certificate, error) {
+	if resp.Signer == nil {
+		return nil, nil
+	}
+	if m.cfg.CertSigner == "" || resp.Signer.Name != m.cfg.CertSigner {
+		return nil, fmt.Errorf("the reply vouches for signer %q's roots, we asked for signer %q", resp.Signer.Name, m.cfg.CertSigner)
+	}
+	trusted := append(m.trust.ca.Roots(), extra...)
+	if !m.trust.ca.Bootstrapped() {
+		trusted = append(trusted, m.cfg.Anchors...)
+	}
+	return trustbundle.VerifySigner(trusted, m.cfg.TrustDomain, *resp.Signer)
 }
 
 func fingerprints(certs []*x509.Certificate) []string {

@@ -41,7 +41,7 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	chain, u, certified, err := m.checkReply(resp, key)
+	c, err := m.checkReply(resp, key)
 	if err != nil {
 		return nil, err
 	}
@@ -51,12 +51,16 @@ func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
 	}
 	return func() {
 		m.mu.Lock()
-		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, chain, resp.ChainPEM
+		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, c.chain, resp.ChainPEM
+		signerChanged := m.trust.setSigner(c.signer)
 		m.mu.Unlock()
+		if signerChanged && len(c.signer) > 0 {
+			m.log.Info("named signer's roots endorsed by the mesh CA", "signer", m.cfg.CertSigner, "roots", fingerprints(c.signer))
+		}
 		// A new root in the reply is a trust change, like trust.changed.
-		rootsChanged := m.apply(u)
-		if m.trust.ca.AddCertified(certified) {
-			m.log.Info("new root learned from a sign reply: its key is certified under a trusted root", "roots", fingerprints(certified))
+		rootsChanged := m.apply(c.update) || signerChanged
+		if m.trust.ca.AddCertified(c.certified) {
+			m.log.Info("new root learned from a sign reply: its key is certified under a trusted root", "roots", fingerprints(c.certified))
 			rootsChanged = true
 		}
 		m.publish(true, rootsChanged || !m.has(secrets.RootCA))

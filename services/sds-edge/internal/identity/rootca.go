@@ -3,6 +3,7 @@ package identity
 import (
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -12,40 +13,44 @@ import (
 
 // trust is the set of roots ROOTCA serves: the CA's bundle (kept across changes
 // until each root expires or is said to be removed, so old and new roots are served
-// together while both are valid), which only an endorsed bundle changes, plus this
-// pod's extra anchors from its relay. The extra anchors are served, never trusted to
-// endorse a bundle or to validate a CA leaf.
+// together while both are valid), which only an endorsed bundle changes, plus the
+// roots of the named signer this pod asked for, as the mesh CA last endorsed them
+// with its certificate, plus this pod's extra anchors from its relay. The signer's
+// roots and the extra anchors are served, never trusted to endorse a bundle; only
+// the signer's validate the pod's own leaf, and only in the reply they came with.
 type trust struct {
 	ca      *trustbundle.Set
+	signer  []*x509.Certificate
 	anchors []*x509.Certificate
 }
 
 // setAnchors replaces the extra anchors; it reports whether they changed.
 func (t *trust) setAnchors(roots []*x509.Certificate) bool {
-	if len(roots) == len(t.anchors) {
-		same := true
-		for i := range roots {
-			if !roots[i].Equal(t.anchors[i]) {
-				same = false
-			}
-		}
-		if same {
-			return false
-		}
+	if slices.EqualFunc(roots, t.anchors, (*x509.Certificate).Equal) {
+		return false
 	}
 	t.anchors = roots
 	return true
 }
 
-// pem returns every current root, CA roots newest first then anchors, without
-// duplicates or expired certificates.
+// setSigner replaces the named signer's roots; it reports whether they changed.
+func (t *trust) setSigner(roots []*x509.Certificate) bool {
+	if slices.EqualFunc(roots, t.signer, (*x509.Certificate).Equal) {
+		return false
+	}
+	t.signer = roots
+	return true
+}
+
+// pem returns every current root, CA roots newest first, then the named signer's,
+// then anchors, without duplicates or expired certificates.
 func (t *trust) pem(now time.Time) []byte {
 	certs := t.ca.Roots()
 	seen := map[string]bool{}
 	for _, c := range certs {
 		seen[pki.Fingerprint(c)] = true
 	}
-	for _, a := range t.anchors {
+	for _, a := range slices.Concat(t.signer, t.anchors) {
 		if fp := pki.Fingerprint(a); !seen[fp] && !now.After(a.NotAfter) {
 			seen[fp] = true
 			certs = append(certs, a)

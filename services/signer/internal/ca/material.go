@@ -178,6 +178,24 @@ func (m *Material) endorse(trustDomain string, others ...crypto.Signer) error {
 	return nil
 }
 
+// EndorseSigner vouches for named signer's roots (Istio's CERT_SIGNERS, a CA of
+// its own) to the pods that ask for it: the mesh CA's signing key signs
+// events.SignerEndorsedBytes, with the chain up to the mesh root as a bundle
+// endorsement carries it, so that a pod accepts a chain ending at one of them.
+func (m *Material) EndorseSigner(trustDomain, name string, named *Material) (*events.SignerRoots, error) {
+	roots := named.RootPEMs()
+	msg, err := events.SignerEndorsedBytes(trustDomain, name, roots)
+	if err != nil {
+		return nil, err
+	}
+	id, sig, err := pki.Endorse(m.Key, msg)
+	if err != nil {
+		return nil, err
+	}
+	e := events.Endorsement{KeyID: id, Signature: sig, Chain: m.endorsementChain()}
+	return &events.SignerRoots{Name: name, Roots: roots, Endorsements: []events.Endorsement{e}}, nil
+}
+
 // endorsementChain is what the signing key's endorsement carries to a root: the
 // intermediates, then the other CA certificates given that are no self-signed root
 // (a new root cross-signed by the current one, in cert-chain.pem), so that a pod

@@ -5,6 +5,7 @@ package grpcapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -132,6 +133,16 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 	res, err := s.iss.Issue(ctx, r, via)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if res.Signer != nil {
+		// The named signer's roots, endorsed by the mesh CA, where sds-edge reads them.
+		b, err := json.Marshal(res.Signer)
+		if err == nil {
+			err = grpc.SetHeader(ctx, metadata.Pairs(events.SignerRootsHeader, string(b)))
+		}
+		if err != nil {
+			s.log.Warn("named signer's roots not sent", "signer", r.CertSigner, "error", err)
+		}
 	}
 	if cid := md.Get("ClusterID"); len(cid) > 0 {
 		s.log.Trace("certificate issued", "cluster_id", cid[0], "serial", res.Leaf.SerialNumber.Text(16))

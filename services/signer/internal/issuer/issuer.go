@@ -72,6 +72,9 @@ type Result struct {
 	// Bundle the one whose trust bundle, generation and endorsements the reply
 	// carries. They differ for a named signer.
 	Signing, Bundle *ca.Material
+	// Signer is, for a named signer's leaf, that signer's roots endorsed by the
+	// mesh CA (Bundle): what lets the pod accept a chain ending at them.
+	Signer *events.SignerRoots
 }
 
 // Error is a request error with a code from events (CodeInvalidArgument, ...).
@@ -161,6 +164,7 @@ type Issuer struct {
 	log     hclog.Logger
 	now     func() time.Time
 	again   *reissues
+	vouched vouched
 }
 
 // New returns an issuer. tokens may be nil (tokens then fail to authenticate).
@@ -441,7 +445,43 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
 	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
 		Signing: signing, Bundle: mat}
+	if signing != mat {
+		if res.Signer, err = i.vouched.get(i.cfg.TrustDomain, req.CertSigner, mat, signing); err != nil {
+			i.metrics.SignFail.WithLabelValues(t).Inc()
+			i.log.Error("named signer's roots not endorsed", "signer", req.CertSigner, "error", err)
+			return nil, errf(events.CodeInternal, "endorse signer %q's roots: %v", req.CertSigner, err)
+		}
+	}
 	return &issued{i: i, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source}, nil
+}
+
+// vouched keeps each named signer's roots as the mesh CA endorsed them, made
+// again when either material changes.
+type vouched struct {
+	mu sync.Mutex
+	by map[string]vouchedEntry // by signer name
+}
+
+type vouchedEntry struct {
+	mesh, named *ca.Material
+	roots       *events.SignerRoots
+}
+
+func (v *vouched) get(trustDomain, name string, mesh, named *ca.Material) (*events.SignerRoots, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if e, ok := v.by[name]; ok && e.mesh == mesh && e.named == named {
+		return e.roots, nil
+	}
+	roots, err := mesh.EndorseSigner(trustDomain, name, named)
+	if err != nil {
+		return nil, err
+	}
+	if v.by == nil {
+		v.by = map[string]vouchedEntry{}
+	}
+	v.by[name] = vouchedEntry{mesh: mesh, named: named, roots: roots}
+	return roots, nil
 }
 
 func (i *Issuer) authenticate(req events.SignRequest, via Via, csr *x509.CertificateRequest, mat *ca.Material) (authn.Caller, error) {

@@ -52,7 +52,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		case enc == events.EncodingCompact:
 			a.respondCompact(m, res)
 		default:
-			a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements})
+			a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements, Signer: res.Signer})
 		}
 	})
 }
@@ -72,9 +72,11 @@ func (a *API) respondSign(req *nats.Msg, enc events.Encoding, rep events.SignRep
 }
 
 // replyTail is the encoded end of compact sign replies for leaves signed with
-// signing, carrying bundle's trust bundle.
+// signing, carrying bundle's trust bundle (and, for a named signer, its roots as
+// bundle endorsed them).
 type replyTail struct {
 	signing, bundle *ca.Material
+	signer          *events.SignerRoots
 	tail            events.SignReplyTail
 }
 
@@ -85,14 +87,14 @@ func (a *API) respondCompact(req *nats.Msg, res issuer.Result) {
 		return
 	}
 	t := a.tail.Load()
-	if t == nil || t.signing != res.Signing || t.bundle != res.Bundle {
-		tail, err := events.NewSignReplyTail(res.Signing.ChainPEMs(), res.Bundle.RootPEMs(), a.trustDomain, res.Bundle.Generation, res.Bundle.Endorsements())
+	if t == nil || t.signing != res.Signing || t.bundle != res.Bundle || t.signer != res.Signer {
+		tail, err := events.NewSignReplyTail(res.Signing.ChainPEMs(), res.Bundle.RootPEMs(), a.trustDomain, res.Bundle.Generation, res.Bundle.Endorsements(), res.Signer)
 		if err != nil {
 			a.log.Error("encode reply failed", "type", events.TypeSignReply, "encoding", events.EncodingCompact, "error", err)
 			a.respondSign(req, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: events.CodeInternal, Message: "encode reply: " + err.Error()}})
 			return
 		}
-		t = &replyTail{signing: res.Signing, bundle: res.Bundle, tail: tail}
+		t = &replyTail{signing: res.Signing, bundle: res.Bundle, signer: res.Signer, tail: tail}
 		a.tail.Store(t)
 	}
 	m, err := events.NewCompactSignReply(req.Reply, res.Leaf.Raw, t.tail)
