@@ -85,6 +85,10 @@ func TestReadFromATimeThenFollow(t *testing.T) {
 		{"short type", auditlog.Filter{Types: []string{"cert.issued"}}, 10},
 		{"other type", auditlog.Filter{Types: []string{"trust.changed", events.TypePodDown}}, 0},
 		{"future", auditlog.Filter{Since: time.Now().Add(time.Hour)}, 0},
+		{"last 3", auditlog.Filter{Last: 3}, 3},
+		{"since, last 3", auditlog.Filter{Since: since, Last: 3}, 3},
+		{"since, last 30", auditlog.Filter{Since: since, Last: 30}, 5},
+		{"last 3 of p4", auditlog.Filter{Pod: "default/p4", Last: 3}, 1},
 	} {
 		if got := count(tt.f); got != tt.want {
 			t.Errorf("%s: %d entries, want %d", tt.name, got, tt.want)
