@@ -171,6 +171,10 @@ func TestOperatorView(t *testing.T) {
 		}
 	})
 
+	t.Run("the last hour's counts outlive the history and an operator restart", func(t *testing.T) {
+		checkCountersOutliveHistory(t, dir, st)
+	})
+
 	t.Run("status is well, then fails with the signer stopped", func(t *testing.T) {
 		out, err := meshctl(t, "status", "-dir", dir)
 		if err != nil || !strings.Contains(out, "all well") || !strings.Contains(out, "1 up, 0 down") {

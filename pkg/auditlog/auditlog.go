@@ -212,8 +212,11 @@ func (l *Log) SeqAt(ctx context.Context, b Bounds, t time.Time) (uint64, error) 
 
 // Replay calls fn for each stored event from seq from to seq upto (inclusive) that
 // passes f, in order (batched direct gets where the stream allows them: Scan).
+// upto 0 is an empty stream's last sequence: nothing to replay (for Scan it would
+// mean "to the end", and an event published meanwhile would be replayed as
+// history, then dropped from a follow as a copy of one already seen).
 func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(Entry) error) error {
-	if upto < from {
+	if upto == 0 || upto < from {
 		return nil
 	}
 	return Scan(ctx, l.nc, l.st, events.EventsWildcard, from, upto, func(m *jetstream.RawStreamMsg) error {
