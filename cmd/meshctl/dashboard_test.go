@@ -147,6 +147,11 @@ func TestDashboardInChromium(t *testing.T) {
 		return strings.Contains(js(`document.querySelector('#summary').textContent`), "2003certificates") &&
 			js(`document.querySelector('#range').textContent`) == "1–100 of 2003" && count(`#certs tbody tr`) == 100
 	})
+	// The summary's last-hour counts are the inventory's counters: the three demo
+	// pods' certificates, demo-0's renewal and the 2,000.
+	testkit.EventuallyWithin(t, time.Minute, "the summary counts 2,004 certificates issued in the last hour", func() bool {
+		return js(`[...document.querySelectorAll('#summary .chip')].filter(c => c.textContent.endsWith("issued in the last hour")).map(c => c.querySelector('b').textContent).join()`) == "2004"
+	})
 	js(`document.querySelector('#next').click(), ""`)
 	testkit.Eventually(t, "the next page", func() bool { return js(`document.querySelector('#range').textContent`) == "101–200 of 2003" })
 	js(`(() => { const s = document.querySelector('#f-ns'); s.value = "` + devstack.DemoNamespace + `"; s.dispatchEvent(new Event("change")); return ""; })()`)
