@@ -32,7 +32,7 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial := podCert(t, dir, "demo-0").Serial
+	podCert(t, dir, "demo-0") // the inventory holds demo-0
 	var out string
 	testkit.EventuallyWithin(t, time.Minute, "proxy-status shows demo-0's ADS stream with CDS and LDS ACKed", func() bool {
 		out, err = meshctl(t, "proxy-status", "-dir", dir)
@@ -52,7 +52,7 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 		out, err = meshctl(t, "describe", "-dir", dir, "-events", "50", "pod", "demo-0")
 		return err == nil && strings.Contains(out, ", serial "+served+", current")
 	})
-	serial = served
+	serial := served
 	for _, want := range []string{"Pod:          default/demo-0", "Identity:     " + st.Pods[0].SPIFFEID, serial, "(in the trust bundle)",
 		"Roots:", "xDS:", "CDS  ACK", "Recent events", "cert.issued", "xds.acked", "ACK type.googleapis.com/envoy.config.listener.v3.Listener version="} {
 		if !strings.Contains(out, want) {
