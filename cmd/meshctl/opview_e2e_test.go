@@ -3,16 +3,20 @@ package main
 import (
 	"archive/tar"
 	"compress/gzip"
+	"crypto/x509"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
@@ -28,7 +32,7 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial := podCert(t, dir, "demo-0").Serial
+	podCert(t, dir, "demo-0") // the inventory holds demo-0
 	var out string
 	testkit.EventuallyWithin(t, time.Minute, "proxy-status shows demo-0's ADS stream with CDS and LDS ACKed", func() bool {
 		out, err = meshctl(t, "proxy-status", "-dir", dir)
@@ -42,10 +46,13 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 		t.Fatalf("proxy-status of an unknown pod: %v\n%s", err, out)
 	}
 
-	out, err = meshctl(t, "describe", "-dir", dir, "-events", "50", "pod", "demo-0")
-	if err != nil {
-		t.Fatalf("describe pod: %v\n%s", err, out)
-	}
+	// describe shows the certificate the pod serves Envoy: the serial SDS hands out.
+	served := pki.SerialHex(sdsLeaf(t, st))
+	testkit.EventuallyWithin(t, 30*time.Second, "describe pod shows the serial demo-0 serves over SDS", func() bool {
+		out, err = meshctl(t, "describe", "-dir", dir, "-events", "50", "pod", "demo-0")
+		return err == nil && strings.Contains(out, ", serial "+served+", current")
+	})
+	serial := served
 	for _, want := range []string{"Pod:          default/demo-0", "Identity:     " + st.Pods[0].SPIFFEID, serial, "(in the trust bundle)",
 		"Roots:", "xDS:", "CDS  ACK", "Recent events", "cert.issued", "xds.acked", "ACK type.googleapis.com/envoy.config.listener.v3.Listener version="} {
 		if !strings.Contains(out, want) {
@@ -82,12 +89,71 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 			t.Errorf("bug report's %s holds a private key or an nkey seed", name)
 		}
 	}
+	checkFailsWithTheSignerFrozen(t, dir, st)
 	for _, want := range []string{"ok   roles enforced", "ok   stream MESHAGENT_EVENTS", "ok   stream MESHAGENT_POD_EVENTS",
 		"ok   stream KV_meshagent_inventory", "ok   signers", "ok   clocks", "ok   CA material", "ok   certificates"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// sdsLeaf is the leaf demo-0 serves over SDS as "default", verified against the
+// trust bundle.
+func sdsLeaf(t *testing.T, st *stackfile.Stack) *x509.Certificate {
+	t.Helper()
+	ctx := ctxT(t, 20*time.Second)
+	cc, err := sdsclient.DialUnix(ctx, st.Pods[0].SDSSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	secrets, err := sdsclient.Fetch(ctx, cc, "sidecar~describe", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return verifyLeaf(t, secrets["default"], st.TrustBundle)
+}
+
+// checkFailsWithTheSignerFrozen: with the stack's signer stopped (SIGSTOP: the
+// supervisor sees no exit and starts none in its place), check exits non-zero with
+// a FAIL line naming the signers and what to do; resumed, it passes again.
+func checkFailsWithTheSignerFrozen(t *testing.T, dir string, st *stackfile.Stack) {
+	t.Helper()
+	pid := 0
+	for _, p := range st.Processes {
+		if p.Name == "signer" {
+			pid = p.PID
+		}
+	}
+	if pid == 0 {
+		t.Fatal("stack.json lists no signer")
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	out, err := meshctl(t, "check", "-dir", dir)
+	resume()
+	if err == nil || !strings.Contains(err.Error(), "check(s) failed") {
+		t.Fatalf("check with the signer stopped: %v\n%s", err, out)
+	}
+	for _, want := range []string{"FAIL signers", "no signer answers a trust bundle request", "fix: start a signer", "ok   roles enforced"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check with the signer stopped lacks %q:\n%s", want, out)
+		}
+	}
+	testkit.EventuallyWithin(t, time.Minute, "check passes with the signer resumed", func() bool {
+		out, err = meshctl(t, "check", "-dir", dir)
+		return err == nil && strings.Contains(out, "all checks passed")
+	})
 }
 
 // untar reads a .tar.gz into file name (without its top directory) -> content.

@@ -7,5 +7,6 @@
 // a signer, both signers, the leading rotator, the NATS stream and meta leaders, the
 // pod cut off the bus, a root rotation, a restart and a stop and start — each checked
 // at the pod's SDS socket (what it serves, its expiry, /readyz), in the event stream
-// (nothing lost) and for the time to heal; and the refusals of the secured bus.
+// (nothing lost) and for the time to heal; the refusals of the secured bus; and
+// meshctl's proxy-status, describe, check and bug-report against the cluster.
 package compose

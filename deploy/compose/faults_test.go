@@ -24,7 +24,8 @@ import (
 // down until shortly before expiry, the pod cut off the bus, a root rotation under
 // traffic, `docker-compose restart`, a full stop and start, and a root rotation to a
 // new key through all its phases (rotation_test.go). The secured bus's
-// refusals are checked on the fresh stack first.
+// refusals and the operator's commands (opview_test.go) are checked on the fresh
+// stack first.
 func TestComposeFaults(t *testing.T) {
 	st := newStack(t)
 	st.down(t) // what a killed run left
@@ -69,6 +70,7 @@ func TestComposeFaults(t *testing.T) {
 	t.Run("route handshakes all succeed", func(t *testing.T) { checkRoutesClean(t, st) })
 	t.Run("routes are mutual TLS", func(t *testing.T) { checkRoutesTLS(t, st) })
 	t.Run("both signers sign under one root", func(t *testing.T) { signersAgree(t, nc) })
+	t.Run("the operator's commands", func(t *testing.T) { operatorCommands(t, h) })
 
 	for _, sc := range []struct {
 		name string

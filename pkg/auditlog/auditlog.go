@@ -99,6 +99,9 @@ type Filter struct {
 	Pod   string
 	Types []string // short ("cert.issued") or full type names
 	Since time.Time
+	// Last bounds a replay to the newest Last events stored in each stream (0: no
+	// bound), however many Since would take: what a reader shows, not the history.
+	Last int
 }
 
 // Match reports whether e passes the filter.
@@ -209,8 +212,11 @@ func (l *Log) SeqAt(ctx context.Context, b Bounds, t time.Time) (uint64, error) 
 
 // Replay calls fn for each stored event from seq from to seq upto (inclusive) that
 // passes f, in order (batched direct gets where the stream allows them: Scan).
+// upto 0 is an empty stream's last sequence: nothing to replay (for Scan it would
+// mean "to the end", and an event published meanwhile would be replayed as
+// history, then dropped from a follow as a copy of one already seen).
 func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(Entry) error) error {
-	if upto < from {
+	if upto == 0 || upto < from {
 		return nil
 	}
 	return Scan(ctx, l.nc, l.st, events.EventsWildcard, from, upto, func(m *jetstream.RawStreamMsg) error {
@@ -258,13 +264,13 @@ func (l *Log) Read(ctx context.Context, f Filter, follow bool, started func(Star
 			return err
 		}
 	}
-	start, err := l.start(ctx, f.Since)
+	start, err := l.start(ctx, f.Since, f.Last)
 	if err != nil {
 		return err
 	}
 	var pstart Start
 	if l.pods != nil {
-		if pstart, err = l.pods.start(ctx, f.Since); err != nil {
+		if pstart, err = l.pods.start(ctx, f.Since, f.Last); err != nil {
 			return err
 		}
 		start.Pods = &pstart
@@ -304,17 +310,23 @@ func (l *Log) Read(ctx context.Context, f Filter, follow bool, started func(Star
 	}
 }
 
-// start is where a replay of l's stream from since (all of it when zero) begins.
-func (l *Log) start(ctx context.Context, since time.Time) (Start, error) {
+// start is where a replay of l's stream from since (all of it when zero) begins,
+// at most last events before its end (0: no bound).
+func (l *Log) start(ctx context.Context, since time.Time, last int) (Start, error) {
 	b, err := l.Bounds(ctx)
 	if err != nil {
 		return Start{}, err
 	}
 	from := b.First
+	if last > 0 && b.Last >= uint64(last) {
+		from = max(from, b.Last-uint64(last)+1)
+	}
 	if !since.IsZero() {
-		if from, err = l.SeqAt(ctx, b, since); err != nil {
+		at, err := l.SeqAt(ctx, b, since)
+		if err != nil {
 			return Start{}, err
 		}
+		from = max(from, at)
 	}
 	return Start{Seq: from, Last: b.Last, Oldest: b.FirstTime, Bounds: b}, nil
 }

@@ -85,10 +85,22 @@ func TestReadFromATimeThenFollow(t *testing.T) {
 		{"short type", auditlog.Filter{Types: []string{"cert.issued"}}, 10},
 		{"other type", auditlog.Filter{Types: []string{"trust.changed", events.TypePodDown}}, 0},
 		{"future", auditlog.Filter{Since: time.Now().Add(time.Hour)}, 0},
+		{"last 3", auditlog.Filter{Last: 3}, 3},
+		{"since, last 3", auditlog.Filter{Since: since, Last: 3}, 3},
+		{"since, last 30", auditlog.Filter{Since: since, Last: 30}, 5},
+		{"last 3 of p4", auditlog.Filter{Pod: "default/p4", Last: 3}, 1},
 	} {
 		if got := count(tt.f); got != tt.want {
 			t.Errorf("%s: %d entries, want %d", tt.name, got, tt.want)
 		}
+	}
+
+	// A replay up to sequence 0 (an empty stream's end, as Read found it) is
+	// empty, whatever the stream holds by then: the events published since are
+	// the follow's, live.
+	n := 0
+	if err := l.Replay(ctx, 0, 0, auditlog.Filter{}, func(auditlog.Entry) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("replay to 0: %d entries, %v", n, err)
 	}
 
 	// Since, then follow: the replay starts where it says, live events follow.

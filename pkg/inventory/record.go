@@ -5,7 +5,9 @@
 // the JetStream bucket meshagent_inventory) and read by anyone with the audit role
 // (Read: the bucket's stream, read by sequence). Folding an event into a record is
 // idempotent and order-independent, so several keepers may share the durable and an
-// event delivered twice changes nothing.
+// event delivered twice changes nothing. Beside the records the bucket keeps the
+// fleet's counts of the last two hours, by minute (counters.go), so that no reader
+// replays the history to count.
 package inventory
 
 import (

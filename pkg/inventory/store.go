@@ -24,6 +24,8 @@ import (
 type Snapshot struct {
 	Certs []Cert `json:"certificates"` // by expiry, soonest first
 	Trust *Trust `json:"trust,omitempty"`
+	// Windows are the counter records (counters.go), by minute: sum them with Counted.
+	Windows []Window `json:"counters,omitempty"`
 	// Skipped are the records that could not be read (by key): left out of Certs
 	// and Trust, so that one bad record hides itself and nothing else.
 	Skipped []Skipped `json:"skipped,omitempty"`
@@ -172,15 +174,19 @@ type Keeper struct {
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
 	log hclog.Logger
-	// Applied is called after each event is folded in (tests, metrics); may be nil.
+	// Applied is called after each event is folded in and counted (tests,
+	// metrics); may be nil.
 	Applied func(events.Payload)
+
+	counts counting
 }
 
-// Subjects the keeper consumes: three from the CA's history, then two from the
-// pods' events.
+// Subjects the keeper consumes: three from the CA's history, then four from the
+// pods' events (the NACKs only to count them).
 var Subjects = []string{
 	events.SubjectCertIssued, events.SubjectTrustChanged, events.SubjectRenewSent,
 	events.PodEventWildcard(events.PodEventSecretPushed), events.PodEventWildcard(events.PodEventDown),
+	events.PodEventWildcard(events.PodEventSDSNack), events.PodEventWildcard(events.PodEventXDSNack),
 }
 
 // NewKeeper opens (or creates) the bucket. Replicas is the bucket's replica count.
@@ -241,6 +247,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 		}
 		g.Go(func() error { return k.consume(gctx, cons) })
 	}
+	g.Go(func() error { return k.countLoop(gctx) })
 	return g.Wait()
 }
 
@@ -340,6 +347,10 @@ func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
 			k.log.Warn("inventory update failed, will retry", "subject", m.Subject(), "error", err)
 		}
 		_ = m.NakWithDelay(redeliverAfter(n))
+		return
+	}
+	if d, ok := Count(p, meta, time.Now()); ok {
+		k.counts.hold(d, m, p) // acknowledged once its count is stored (countLoop)
 		return
 	}
 	_ = m.Ack()

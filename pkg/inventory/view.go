@@ -13,13 +13,14 @@ import (
 type View struct {
 	certs   map[string]*Cert
 	trust   *Trust
+	windows map[string]*Window // counter records by key
 	skipped map[string]Skipped
 	snap    *Snapshot // nil after a change
 }
 
 // NewView returns an empty view.
 func NewView() *View {
-	return &View{certs: map[string]*Cert{}, skipped: map[string]Skipped{}}
+	return &View{certs: map[string]*Cert{}, windows: map[string]*Window{}, skipped: map[string]Skipped{}}
 }
 
 // Put takes the value of key, replacing what the view held for it. It reports
@@ -36,6 +37,14 @@ func (v *View) Put(key string, value []byte) (skipped bool) {
 			return skip(err)
 		}
 		v.trust = &t
+		return false
+	}
+	if IsCounterKey(key) {
+		var w Window
+		if err := json.Unmarshal(value, &w); err != nil {
+			return skip(err)
+		}
+		v.windows[key] = &w
 		return false
 	}
 	var c Cert
@@ -56,6 +65,7 @@ func (v *View) Delete(key string) {
 		v.trust = nil
 	}
 	delete(v.certs, key)
+	delete(v.windows, key)
 	delete(v.skipped, key)
 }
 
@@ -75,7 +85,7 @@ func (v *View) Snapshot() Snapshot {
 		ptrs = append(ptrs, c)
 	}
 	slices.SortFunc(ptrs, compareCerts)
-	s := Snapshot{Trust: v.trust, Certs: make([]Cert, len(ptrs))}
+	s := Snapshot{Trust: v.trust, Certs: make([]Cert, len(ptrs)), Windows: sortedWindows(v.windows)}
 	for i, c := range ptrs {
 		s.Certs[i] = *c
 	}

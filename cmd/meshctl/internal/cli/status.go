@@ -18,7 +18,6 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
-	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/buildinfo"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -32,7 +31,8 @@ import (
 
 // runStatus summarises the local stack's processes (when there is one) and the
 // fleet — signers, rotators, pods, roots, renewals due, failures — from the
-// inventory and the last hour of events, and fails when something needs attention.
+// inventory (its records and the last hour's counts the operator service keeps
+// there), and fails when something needs attention.
 func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
@@ -129,13 +129,6 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		bundle = inventory.RootsFromPEM(reply.Roots)
 	}
 	attention = append(attention, replication(ctx, nc, row)...)
-	// The last hour of events: renewals, failures, who acted.
-	hour := lastHour(ctx, nc, now)
-	if hour.err != nil {
-		attention = append(attention, fmt.Sprintf("event history: %v", hour.err))
-	}
-	row("", "issuing in the last hour: %s", orNone(keys(hour.signers)))
-	row("rotators", "renewals sent in the last hour: %d%s, by %s", hour.renewals, byReason(hour.reasons), orNone(keys(hour.rotators)))
 
 	snap, err := inventory.Read(ctx, nc)
 	if err != nil {
@@ -143,6 +136,11 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		attention = append(attention, fmt.Sprintf("inventory: %v", err))
 		return attention
 	}
+	// The last hour's counts, kept in the inventory by the operator service: a few
+	// records read, not the hour's events.
+	hour := snap.Counted(now, time.Hour)
+	row("", "issued in the last hour: %d%s", hour.IssuedTotal(), byKey(hour.Issued))
+	row("rotators", "renewals sent in the last hour: %d%s, by %s", hour.RenewalTotal(), byKey(hour.Renewals), orNone(keys(hour.Rotators)))
 	// meshctl bench's load is not the fleet.
 	snap, bench := snap.WithoutBench()
 	if bench > 0 {
@@ -218,8 +216,8 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 			}
 		}
 	}
-	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.sdsNacks, hour.xdsNacks, hour.retries)
-	if n := hour.sdsNacks + hour.xdsNacks + hour.retries; n > 0 {
+	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, hour.Retries())
+	if n := hour.Failures(); n > 0 {
 		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
 	}
 	return attention
@@ -267,44 +265,8 @@ func countDown(s inventory.Snapshot) int {
 	return n
 }
 
-type hourSummary struct {
-	signers, rotators           map[string]bool
-	reasons                     map[string]int
-	renewals                    int
-	sdsNacks, xdsNacks, retries int
-	err                         error
-}
-
-// lastHour reads the last hour of the event history.
-func lastHour(ctx context.Context, nc *nats.Conn, now time.Time) hourSummary {
-	h := hourSummary{signers: map[string]bool{}, rotators: map[string]bool{}, reasons: map[string]int{}}
-	l, err := auditlog.Open(ctx, nc)
-	if err != nil {
-		h.err = err
-		return h
-	}
-	h.err = l.Read(ctx, auditlog.Filter{Since: now.Add(-time.Hour)}, false, nil, func(e auditlog.Entry) error {
-		switch p := e.Payload.(type) {
-		case events.CertIssued:
-			h.signers[p.Signer] = true
-		case events.RenewDue:
-			h.renewals++
-			h.reasons[p.Reason]++
-			h.rotators[strings.TrimPrefix(e.Meta.Source, "rotator/")] = true
-			if p.Reason == events.RenewRetry {
-				h.retries++
-			}
-		case events.SDSNack:
-			h.sdsNacks++
-		case events.XDSNack:
-			h.xdsNacks++
-		}
-		return nil
-	})
-	return h
-}
-
-func byReason(m map[string]int) string {
+// byKey is " (k1 n1, k2 n2)", "" for none.
+func byKey(m map[string]int) string {
 	if len(m) == 0 {
 		return ""
 	}

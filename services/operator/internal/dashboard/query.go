@@ -109,6 +109,9 @@ type counts struct {
 	Bench        int            `json:"bench_hidden"`
 	ByNamespace  map[string]int `json:"namespaces"`
 	ByRoot       map[string]int `json:"roots"` // current certificates by root fingerprint
+	// LastHour is what the fleet did in the last hour, from the counters the
+	// keepers keep in the inventory (no history read).
+	LastHour inventory.Tally `json:"last_hour"`
 }
 
 // page is the answer of /api/inventory.
@@ -127,7 +130,7 @@ type page struct {
 // answer filters, sorts and cuts snap (sorted by expiry, as View keeps it).
 func answer(snap inventory.Snapshot, q query, now time.Time) page {
 	p := page{Now: now.UTC(), Offset: q.offset, Limit: q.limit, Trust: snap.Trust, Skipped: snap.Skipped,
-		Counts: counts{ByNamespace: map[string]int{}, ByRoot: map[string]int{}}}
+		Counts: counts{ByNamespace: map[string]int{}, ByRoot: map[string]int{}, LastHour: snap.Counted(now, time.Hour)}}
 	pods := map[string]struct{}{}
 	hour := now.Add(time.Hour)
 	var hits []*inventory.Cert

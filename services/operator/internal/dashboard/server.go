@@ -37,7 +37,7 @@ type Config struct {
 	Replicas int                   // of the inventory bucket
 	Sink     *auditlog.Sink        // optional JSON-lines copy of every event seen live
 	// History is how far back the feed starts for a new page (replayed from the
-	// stream); 0 means 30 minutes.
+	// stream, the newest recentMax events of each stream at most); 0 means 30 minutes.
 	History time.Duration
 	// Listen is the address the process serves the dashboard on (-http-addr).
 	Listen string
@@ -126,7 +126,10 @@ func (s *Server) Run(ctx context.Context) error {
 	return lifecycle.Tasks(ctx, s.keeper.Run, s.watch)
 }
 
-// follow replays the recent history into the feed, then follows the live events.
+// follow replays the recent history into the feed — the events of the last
+// cfg.History, and no more than the newest recentMax of each stream, which is all
+// a page is shown — then follows the live events. Nothing is counted from the
+// replay: the fleet's counts are the inventory's (inventory.Window).
 func (s *Server) follow(ctx context.Context) error {
 	l, err := auditlog.Open(ctx, s.nc)
 	if err != nil {
@@ -134,7 +137,7 @@ func (s *Server) follow(ctx context.Context) error {
 	}
 	start := make(chan struct{})
 	go func() {
-		err := l.Read(ctx, auditlog.Filter{Since: time.Now().Add(-s.cfg.History)}, true, func(auditlog.Start) { close(start) },
+		err := l.Read(ctx, auditlog.Filter{Since: time.Now().Add(-s.cfg.History), Last: recentMax}, true, func(auditlog.Start) { close(start) },
 			func(e auditlog.Entry) error {
 				s.event(e)
 				return nil

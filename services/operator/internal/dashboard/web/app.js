@@ -28,6 +28,10 @@ function health(left, life) {
   return f < 0.2 ? "bad" : f < 0.5 ? "warn" : "ok";
 }
 
+// sum adds a map's counts; failures are the last hour's NACKs and renewal retries.
+const sum = (m) => Object.values(m || {}).reduce((a, b) => a + b, 0);
+const failures = (h) => (h?.sds_nacks || 0) + (h?.xds_nacks || 0) + (h?.renewals?.retry || 0);
+
 async function load() {
   try {
     const params = new URLSearchParams();
@@ -52,7 +56,9 @@ function render(before) {
   const chip = (v, label, cls = "") => `<span class="chip ${cls}"><b>${v}</b>${label}</span>`;
   $("#summary").innerHTML = chip(n.certificates || 0, "certificates") + chip(n.pods || 0, "pods") +
     chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
-    chip(roots.length, "roots") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
+    chip(roots.length, "roots") +
+    chip(sum(n.last_hour?.issued), "issued in the last hour") + chip(sum(n.last_hour?.renewals), "renewals sent in the last hour") +
+    chip(failures(n.last_hour), "failures in the last hour", failures(n.last_hour) ? "bad" : "") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
     (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "") +
     (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "");
 
