@@ -29,6 +29,9 @@ type signBench struct {
 	// this process's (the nats-server) while the load ran.
 	ClientCPUMicro float64 `json:"client_cpu_us_per_csr"`
 	NATSCPUMicro   float64 `json:"-"`
+	// Writes and Reads are the signer process's write and read system calls per
+	// CSR (/proc/<pid>/io), filled in here.
+	Writes, Reads float64 `json:"-"`
 }
 
 // BenchmarkSignRealBinary is the headline signer figure on sign.any (token per
@@ -150,7 +153,7 @@ func (e *realEnv) profile(b *testing.B, vs []realVariant) {
 
 // realStats are every round's figures of one variant.
 type realStats struct {
-	rate, cpu, p50, p99, wall, ratioCPU, cpuJWT, client, nats []float64
+	rate, cpu, p50, p99, wall, ratioCPU, cpuJWT, client, nats, writes, reads []float64
 }
 
 // realRun is a whole real-binary measurement: the ceilings' figures (unconfined,
@@ -201,6 +204,7 @@ func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 			}
 			x.rate, x.cpu = append(x.rate, r.Rate), append(x.cpu, r.CPUMicro)
 			x.client, x.nats = append(x.client, r.ClientCPUMicro), append(x.nats, r.NATSCPUMicro)
+			x.writes, x.reads = append(x.writes, r.Writes), append(x.reads, r.Reads)
 			x.p50, x.p99 = append(x.p50, float64(r.P50Micro)), append(x.p99, float64(r.P99Micro))
 			x.wall = append(x.wall, r.Rate/ref.rate())
 			x.ratioCPU = append(x.ratioCPU, float64(ref.cpuPerCSR().Microseconds())/r.CPUMicro)
@@ -217,27 +221,28 @@ func (e *realEnv) run(b *testing.B, vs []realVariant, withJWT bool) *realRun {
 func (st *realRun) report(b *testing.B, vs []realVariant) {
 	var tab strings.Builder
 	fmt.Fprintf(&tab, "P-256, %d in flight, n=%d per run, %d rounds, medians:\n", clients, realCSRs, rounds)
-	row := func(label string, rate, p50, p99, cpu, rcpu, rwall, client, nats float64) {
-		fmt.Fprintf(&tab, "  %-18s %9.0f %9.0f %9.0f %12.0f %10.2f %10.2f %12.0f %10.0f\n", label, rate, p50, p99, cpu, rcpu, rwall, client, nats)
+	row := func(label string, rate, p50, p99, cpu, rcpu, rwall, client, nats, writes, reads float64) {
+		fmt.Fprintf(&tab, "  %-18s %9.0f %9.0f %9.0f %12.0f %10.2f %10.2f %12.0f %10.0f %9.2f %9.2f\n", label, rate, p50, p99, cpu, rcpu, rwall, client, nats, writes, reads)
 	}
-	fmt.Fprintf(&tab, "  %-18s %9s %9s %9s %12s %10s %10s %12s %10s\n", "", "CSRs/s", "p50 µs", "p99 µs", "CPU µs/CSR", "ratio CPU", "ratio wall", "client µs/CSR", "nats µs/CSR")
-	row("ceiling", st.med(st.rate), 0, 0, st.med(st.cpu), 0, 0, 0, 0)
+	fmt.Fprintf(&tab, "  %-18s %9s %9s %9s %12s %10s %10s %12s %10s %9s %9s\n", "", "CSRs/s", "p50 µs", "p99 µs", "CPU µs/CSR", "ratio CPU", "ratio wall", "client µs/CSR", "nats µs/CSR", "writes/CSR", "reads/CSR")
+	row("ceiling", st.med(st.rate), 0, 0, st.med(st.cpu), 0, 0, 0, 0, 0, 0)
 	b.ReportMetric(st.med(st.rate), "ceiling-CSRs/s")
 	b.ReportMetric(st.med(st.cpu), "ceiling-cpu-µs/CSR")
 	if len(st.confRate) > 0 {
-		row("ceiling-confined", st.med(st.confRate), 0, 0, st.med(st.confCPU), 0, 0, 0, 0)
+		row("ceiling-confined", st.med(st.confRate), 0, 0, st.med(st.confCPU), 0, 0, 0, 0, 0, 0)
 		b.ReportMetric(st.med(st.confRate), "ceiling-confined-CSRs/s")
 		b.ReportMetric(st.med(st.confCPU), "ceiling-confined-cpu-µs/CSR")
 	}
 	for _, v := range vs {
 		x := st.of[v.label]
-		row(v.label, st.med(x.rate), st.med(x.p50), st.med(x.p99), st.med(x.cpu), st.med(x.ratioCPU), st.med(x.wall), st.med(x.client), st.med(x.nats))
+		row(v.label, st.med(x.rate), st.med(x.p50), st.med(x.p99), st.med(x.cpu), st.med(x.ratioCPU), st.med(x.wall), st.med(x.client), st.med(x.nats), st.med(x.writes), st.med(x.reads))
 		b.ReportMetric(st.med(x.rate), v.label+"-CSRs/s")
 		b.ReportMetric(st.med(x.cpu), v.label+"-cpu-µs/CSR")
 		b.ReportMetric(st.med(x.ratioCPU), v.label+"-ratio-cpu")
 		b.ReportMetric(st.med(x.wall), v.label+"-ratio-wall")
 		b.ReportMetric(st.med(x.client), v.label+"-client-cpu-µs/CSR")
 		b.ReportMetric(st.med(x.nats), v.label+"-nats-cpu-µs/CSR")
+		b.ReportMetric(st.med(x.writes), v.label+"-writes/CSR")
 		if !v.s.confined {
 			b.ReportMetric(st.med(x.p50), v.label+"-p50-µs")
 			b.ReportMetric(st.med(x.p99), v.label+"-p99-µs")

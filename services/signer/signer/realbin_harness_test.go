@@ -183,10 +183,35 @@ func (e *realEnv) load(b *testing.B, s *signerProc, more ...string) signBench {
 		wrap = []string{"taskset", "-c", e.layout.rest}
 	}
 	cpu0 := cpuTime()
+	w0, r0 := procSyscalls(s.pid)
 	r := meshctlBenchSign(b, e.bin, s.logs, wrap, args...)
 	// This process does nothing else meanwhile: its CPU is the nats-server's.
-	r.NATSCPUMicro = float64((cpuTime() - cpu0).Microseconds()) / float64(r.CSRs+warmupCSRs)
+	n := float64(r.CSRs + warmupCSRs)
+	r.NATSCPUMicro = float64((cpuTime() - cpu0).Microseconds()) / n
+	w1, r1 := procSyscalls(s.pid)
+	r.Writes, r.Reads = float64(w1-w0)/n, float64(r1-r0)/n
 	return r
+}
+
+// procSyscalls is how many write and read system calls (every kind: write,
+// writev, send...; read, recv...) process pid has made (/proc/<pid>/io), 0 when
+// unreadable.
+func procSyscalls(pid int) (writes, reads int64) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "syscw":
+			writes = n
+		case "syscr":
+			reads = n
+		}
+	}
+	return writes, reads
 }
 
 // warmupCSRs is how many requests meshctl bench sign sends before it measures.

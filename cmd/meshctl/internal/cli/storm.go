@@ -407,6 +407,11 @@ func listenerPID(natsURL string) int {
 // addrs are the socket addresses in an error, left out of its kind.
 var addrs = regexp.MustCompile(`[0-9a-fA-F.:\[\]]+:[0-9]+(->[0-9a-fA-F.:\[\]]+:[0-9]+)?`)
 
+// paths are the file names in errors (each simulated pod's token file): the tally
+// counts an error once whatever pod it came from ("too many open files" in a
+// 10,000-pod storm otherwise printed a line per pod).
+var paths = regexp.MustCompile(`\s/[^\s:]+`)
+
 // errTally counts the errors bus.Connect logs for its failed attempts.
 type errTally struct {
 	mu     sync.Mutex
@@ -417,7 +422,7 @@ func (t *errTally) Accept(_ string, _ hclog.Level, _ string, args ...any) {
 	for i := 0; i+1 < len(args); i += 2 {
 		if k, _ := args[i].(string); k == "error" {
 			t.mu.Lock()
-			t.counts[addrs.ReplaceAllString(fmt.Sprint(args[i+1]), "<addr>")]++
+			t.counts[paths.ReplaceAllString(addrs.ReplaceAllString(fmt.Sprint(args[i+1]), "<addr>"), " <file>")]++
 			t.mu.Unlock()
 		}
 	}

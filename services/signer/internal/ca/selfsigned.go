@@ -59,6 +59,8 @@ type SelfSigned struct {
 
 	livesMu sync.Mutex
 	lives   map[string]Lives // by key id: the longest leaves each key signed (see Lives)
+	// lastKeyID is the key id last computed (keyID).
+	lastKeyID atomic.Pointer[certKeyID]
 }
 
 // NewSelfSigned returns the self-signed source; Start loads or creates the root.

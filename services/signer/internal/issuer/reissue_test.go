@@ -1,6 +1,7 @@
 package issuer
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -34,5 +35,59 @@ func TestReissuesCountOnlyEarlyCertificates(t *testing.T) {
 	}
 	if ok, _, _ := (&reissues{}).allow("a", t0); !ok {
 		t.Fatal("no limit refused")
+	}
+}
+
+// Holders with nothing recent are forgotten, and forgetting them is paid for once
+// per doubling of the holders, not on every certificate: 40,000 pods with hour-long
+// certificates (all still recent) sweep the map a few times, not 36,000 times; once
+// their certificates have lived, the next sweep forgets them.
+func TestReissuesSweepOncePerDoubling(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	r := &reissues{limit: 2}
+	const pods = 40000
+	for i := range pods {
+		r.issued(fmt.Sprintf("storm/pod-%d", i), t0.Add(time.Duration(i)*time.Millisecond), time.Hour)
+	}
+	if len(r.seen) != pods {
+		t.Fatalf("%d holders remembered, want %d (all still recent)", len(r.seen), pods)
+	}
+	if r.sweeps > 5 { // 4,096 → 8,194 → 16,390 → 32,782: 4 sweeps
+		t.Fatalf("%d sweeps for %d holders: sweeping is not amortised", r.sweeps, pods)
+	}
+	later := t0.Add(2 * time.Hour)
+	for i := range 2*len(r.seen) - pods + 2 {
+		r.issued(fmt.Sprintf("next/pod-%d", i), later, time.Hour)
+	}
+	if _, ok := r.seen["storm/pod-0"]; ok {
+		t.Fatal("a holder whose certificate has lived is still remembered after a sweep")
+	}
+	if len(r.seen) > 2*minSweep+pods {
+		t.Fatalf("%d holders remembered", len(r.seen))
+	}
+}
+
+// BenchmarkReissuesStorm is the reissue limit's bookkeeping in a storm: pods
+// distinct holders (STORM_PODS-like sizes 1,000, 10,000 and 100,000), each issued
+// one hour-long certificate, in one signer; it reports the bookkeeping's µs per pod
+// (before the sweep was amortised, 10,000 pods cost ~O(N) each).
+func BenchmarkReissuesStorm(b *testing.B) {
+	t0 := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	for _, pods := range []int{1000, 10000, 100000} {
+		holders := make([]string, pods)
+		for i := range holders {
+			holders[i] = fmt.Sprintf("storm/storm-%d", i)
+		}
+		b.Run(fmt.Sprintf("pods=%d", pods), func(b *testing.B) {
+			for range b.N {
+				r := &reissues{limit: 5}
+				for i, h := range holders {
+					at := t0.Add(time.Duration(i) * time.Millisecond)
+					r.allow(h, at)
+					r.issued(h, at, time.Hour)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*pods), "µs/pod")
+		})
 	}
 }
