@@ -50,6 +50,11 @@ type fault struct {
 	// busDown: the fault stops the NATS cluster together with the pod (a restart of
 	// everything at once), so the pod's last words (pod.down) have no stream to go to.
 	busDown bool
+	// noUnreceived: the fault (a gray one, issue 25) is also held to "no certificate
+	// issued for the pod that it never received", counted from the stream's
+	// cert.issued records, which the ledger sees even when its own connection was
+	// on a frozen node.
+	noUnreceived bool
 
 	heal     time.Duration // to a new, valid certificate served
 	healFrom string        // what heal counts from
@@ -183,6 +188,14 @@ func (h *harness) end(t *testing.T, f *fault) {
 	if len(dropped) > 0 {
 		gaps = append(gaps, fmt.Sprintf("events dropped by their publishers (seen on the bus, never stored): %v", faultcheck.ByKind(dropped)))
 		f.note("dropped by publishers: %v", faultcheck.ByKind(dropped))
+	}
+	if f.noUnreceived {
+		for _, i := range h.ledger.IssuedSince(f.start, podRef) {
+			if !served[i.Serial] {
+				gaps = append(gaps, fmt.Sprintf("certificate %s issued by %s over %s at %s, which the pod never received",
+					i.Serial, i.Signer, i.Transport, i.At.Format("15:04:05.000")))
+			}
+		}
 	}
 	if e.Reachable > 0 {
 		gaps = append(gaps, fmt.Sprintf("an expired certificate was served %s while a signer was reachable", e.Reachable.Round(10*time.Millisecond)))
