@@ -27,6 +27,9 @@
 //	meshagent.pod.<ns>.<name>.renew        renew-due commands to one pod's sds-edge
 //	meshagent.pod.<ns>.<name>.anchors      one pod's extra trust anchors, to itself
 //	meshagent.rpc.sign.pod.<ns>.<name>     sign request/reply (queue group "signer")
+//	meshagent.rpc.sign.id.<ns>.<sa>.<name> the same, for a pod the bus callout admitted
+//	meshagent.rpc.signer.ping              which signer replicas answer now (no queue)
+//	meshagent.rpc.signer.<replica>.sign.>  a sign subject sent to one replica by name
 //	meshagent.rpc.trust.bundle             current trust bundle, request/reply
 //	meshagent.rpc.root.rotate              force a root rotation, request/reply
 //

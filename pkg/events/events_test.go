@@ -56,6 +56,8 @@ var samples = []Payload{
 		Source: "https://west.example/bundle", Sequence: 3, RefreshHint: 5 * time.Minute, FetchedAt: t0},
 	CertExpiring{Pod: web0, Resource: "default", Serial: "1f2e", NotAfter: t0.Add(time.Hour), State: CertStateExpired,
 		Failures: 7, LastError: "sign request: nats: no responders available for request"},
+	SignerPing{},
+	SignerPong{Replica: "signer-1"},
 }
 
 func fileName(typ string) string { return strings.TrimPrefix(typ, "io.meshagent.") + ".json" }

@@ -39,6 +39,8 @@ var typedDecoders = map[string]func(*nats.Msg) (Payload, Meta, error){
 	TypeCertExpiring:    decodeAs[CertExpiring],
 	TypePodParts:        decodeAs[PodParts],
 	TypeTrustFederated:  decodeAs[TrustFederated],
+	TypeSignerPing:      decodeAs[SignerPing],
+	TypeSignerPong:      decodeAs[SignerPong],
 }
 
 func decodeAs[T Payload](m *nats.Msg) (Payload, Meta, error) {

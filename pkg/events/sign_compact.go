@@ -248,9 +248,13 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 	})
 }
 
-// IsSignSubject reports whether subject is a sign subject (meshagent.rpc.sign.>),
-// whose one encoding is the compact form: a signer refuses a CloudEvent there.
+// IsSignSubject reports whether subject is a sign subject (meshagent.rpc.sign.>)
+// or one sent to a replica by name (ReplicaSignSubject), whose one encoding is the
+// compact form: a signer refuses a CloudEvent there.
 func IsSignSubject(subject string) bool {
+	if _, _, ok := SignSubjectOfReplica(subject); ok {
+		return true
+	}
 	return strings.HasPrefix(subject, SignWildcard[:len(SignWildcard)-1])
 }
 

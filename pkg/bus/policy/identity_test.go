@@ -17,7 +17,9 @@ import (
 // TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject: a signer run with -bus-sign-id
 // believes the identity a sign.id subject names, so nats-server must let nothing but
 // the pod the callout admitted as that identity publish there — not another pod, not
-// the same pod on another identity, and no role that holds an nkey.
+// the same pod on another identity, and no role that holds an nkey. The same holds
+// for each identity subject's replica form (events.ReplicaSignSubject), which a
+// signer reads the identity from just the same.
 func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	s := bustest.SecureServer(t)
 	// The callout: token "id:<ns>/<sa>/<pod>" is admitted as that identity.
@@ -53,15 +55,27 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	otherPod, _ := events.IdentitySignSubject(ref("bank/vault-0"), "vault")
 	// The same pod name and service account in another namespace.
 	otherNS, _ := events.IdentitySignSubject(ref("attacker/web-0"), "web")
-	for _, subj := range []string{own, otherSA, otherPod, otherNS} {
-		got[subj] = &atomic.Int64{}
+	replica := func(subj string) string {
+		r, err := events.ReplicaSignSubject("signer-1", subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
 	}
-	if _, err := signer.QueueSubscribe(events.SignIDWildcard, events.SignerQueue, func(m *nats.Msg) {
+	ownReplica := replica(own)
+	for _, subj := range []string{own, otherSA, otherPod, otherNS} {
+		got[subj], got[replica(subj)] = &atomic.Int64{}, &atomic.Int64{}
+	}
+	count := func(m *nats.Msg) {
 		if c := got[m.Subject]; c != nil {
 			c.Add(1)
 		}
 		_ = m.Respond([]byte("ok"))
-	}); err != nil {
+	}
+	if _, err := signer.QueueSubscribe(events.SignIDWildcard, events.SignerQueue, count); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signer.Subscribe(events.ReplicaSignWildcard("signer-1"), count); err != nil {
 		t.Fatal(err)
 	}
 	flushed(t, signer)
@@ -74,8 +88,11 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 	if _, err := pod.Request(own, []byte("csr"), 5*time.Second); err != nil {
 		t.Fatalf("pod on its own identity subject: %v", err)
 	}
-	if got[own].Load() != 1 {
-		t.Fatalf("own subject: %d requests arrived, want 1", got[own].Load())
+	if _, err := pod.Request(ownReplica, []byte("csr"), 5*time.Second); err != nil {
+		t.Fatalf("pod on its own identity subject's replica form: %v", err)
+	}
+	if got[own].Load() != 1 || got[ownReplica].Load() != 1 {
+		t.Fatalf("own subject: %d and %d requests arrived, want 1 each", got[own].Load(), got[ownReplica].Load())
 	}
 
 	// Everyone else publishing on an identity subject: nothing arrives, the server
@@ -88,22 +105,32 @@ func TestOnlyTheAdmittedPodPublishesOnItsIdentitySubject(t *testing.T) {
 		flushed(t, nc)
 		violation(t, name, errs, subj)
 	}
-	publish("pod on another service account", pod, &podErrs, otherSA)
-	publish("pod on another pod's identity", pod, &podErrs, otherPod)
-	publish("pod on its namesake's identity in another namespace", pod, &podErrs, otherNS)
+	for _, subj := range []string{otherSA, replica(otherSA)} {
+		publish("pod on another service account", pod, &podErrs, subj)
+	}
+	for _, subj := range []string{otherPod, replica(otherPod)} {
+		publish("pod on another pod's identity", pod, &podErrs, subj)
+	}
+	for _, subj := range []string{otherNS, replica(otherNS)} {
+		publish("pod on its namesake's identity in another namespace", pod, &podErrs, subj)
+	}
 	for _, r := range policy.Users {
 		if r == policy.Callout {
 			continue // another account: its publishes never reach the mesh (checked below)
 		}
-		var errs bustest.Errors
-		publish(string(r), s.Conn(t, r, &errs), &errs, own)
+		for _, subj := range []string{own, ownReplica} {
+			var errs bustest.Errors
+			publish(string(r), s.Conn(t, r, &errs), &errs, subj)
+		}
 	}
-	if err := callout.Publish(own, []byte("csr")); err != nil {
-		t.Fatal(err)
+	for _, subj := range []string{own, ownReplica} {
+		if err := callout.Publish(subj, []byte("csr")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	flushed(t, callout, signer)
 	for subj, c := range got {
-		if want := map[bool]int64{true: 1, false: 0}[subj == own]; c.Load() != want {
+		if want := map[bool]int64{true: 1, false: 0}[subj == own || subj == ownReplica]; c.Load() != want {
 			t.Errorf("%s: %d requests arrived, want %d", subj, c.Load(), want)
 		}
 	}

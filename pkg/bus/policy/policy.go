@@ -100,6 +100,10 @@ func For(r Role) (Permissions, error) {
 				events.SignWildcard + " " + events.SignerQueue,
 				events.SubjectTrustBundle + " " + events.SignerQueue,
 				events.SubjectRootRotate + " " + events.SignerQueue,
+				// Its own replica sign subjects and the ping (events.SubjectSignerPing),
+				// no queue group: a requester whose request waited out a frozen
+				// replica asks a live one by name.
+				events.SignerReplicaWildcard,
 			},
 			Responses: true,
 		}
@@ -158,7 +162,8 @@ func For(r Role) (Permissions, error) {
 }
 
 // ForPod returns the permissions of one pod (namespace and name): its own
-// subjects, the trust bundle, and publishing its events (JetStream's acks come to
+// subjects (its sign subject also in the replica form, events.ReplicaSignPattern,
+// with the replicas' ping), the trust bundle, and publishing its events (JetStream's acks come to
 // its inbox); nothing of another pod — a pod of the same name in another namespace
 // is another pod — and of JetStream's API only the last trust.federated of each
 // foreign domain (events.TrustFederatedLastWildcard: a direct get by subject,
@@ -174,7 +179,7 @@ func ForPod(pod events.PodRef) (Permissions, error) {
 	anchors, _ := events.PodAnchorsSubject(pod)
 	renew, _ := events.PodRenewSubject(pod)
 	own := strings.TrimSuffix(renew, "renew") + ">"
-	publish := []string{sign, events.SubjectTrustBundle, anchors, events.TrustFederatedLastWildcard}
+	publish := []string{sign, events.ReplicaSignPattern(sign), events.SubjectSignerPing, events.SubjectTrustBundle, anchors, events.TrustFederatedLastWildcard}
 	for _, kind := range events.PodEventKinds {
 		subj, _ := events.PodEventSubject(pod, kind)
 		publish = append(publish, subj)
@@ -186,7 +191,8 @@ func ForPod(pod events.PodRef) (Permissions, error) {
 }
 
 // ForPodIdentity is ForPod plus publishing on the pod's identity sign subject
-// (events.IdentitySignSubject(pod, sa); its namespace is the pod's). Only the auth
+// (events.IdentitySignSubject(pod, sa); its namespace is the pod's), also in the
+// replica form (events.ReplicaSignPattern). Only the auth
 // callout grants it, from a token it verified: no role that holds an nkey may
 // publish below meshagent.rpc.sign.id, or a signer reading identities from those
 // subjects would believe it.
@@ -199,7 +205,7 @@ func ForPodIdentity(pod events.PodRef, sa string) (Permissions, error) {
 	if err != nil {
 		return Permissions{}, err
 	}
-	p.Publish = append(p.Publish, id)
+	p.Publish = append(p.Publish, id, events.ReplicaSignPattern(id))
 	return p, nil
 }
 

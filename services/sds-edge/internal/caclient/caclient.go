@@ -40,8 +40,10 @@ var ErrRejected = errors.New("rejected by ca")
 // refused, and trying again, or another path, costs the CA nothing.
 var ErrUnreachable = errors.New("ca unreachable")
 
-// NATS asks the signer over NATS request-reply, once, in the compact encoding (the
-// one encoding of the sign subjects): on the pod's identity sign subject
+// NATS asks the signer over NATS request-reply in the compact encoding (the one
+// encoding of the sign subjects) — in the signer queue group, and when that does not
+// answer in half the time, once more at a live replica by name (see ask) — on the
+// pod's identity sign subject
 // (events.IdentitySignSubject) when the bus auth callout admitted the connection by
 // the pod's credential (NewNATSAs) — a signer run with -bus-sign-id takes the
 // identity from that subject, any other verifies the token the request carries —
@@ -73,11 +75,6 @@ func (n *NATS) Sign(ctx context.Context, req events.SignRequest) (Response, erro
 	if !n.nc.IsConnected() {
 		// A request now would wait out ctx in the reconnect buffer.
 		return Response{}, fmt.Errorf("sign request: %w: bus not connected (%s)", ErrUnreachable, n.nc.Status())
-	}
-	if d, ok := ctx.Deadline(); ok {
-		// The signer drops the request unsigned once we have stopped waiting (a
-		// replica frozen while holding it, answering when it resumes).
-		req.Deadline = d
 	}
 	r, err := n.ask(ctx, subject, req)
 	if errors.Is(err, nats.ErrNoResponders) {
@@ -111,8 +108,67 @@ func (n *NATS) subject(pod events.PodRef) (string, error) {
 	}
 }
 
-// ask sends req on subject and decodes the reply.
+// ask sends req on subject, in the signer queue group, with half the time ctx
+// leaves. When that half runs out unanswered — nats-server prefers the queue
+// member on our own node, even a frozen one, until the node drops it for missed
+// pings — it asks which signer replicas answer now (events.SubjectSignerPing) and
+// sends req straight to the first that did, with the rest of the time. A pod's
+// request only: its bus permissions include its sign subject's replica form.
 func (n *NATS) ask(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
+	if req.Pod.IsZero() {
+		return n.askOn(ctx, subject, req)
+	}
+	qctx, cancel := share(ctx, 2)
+	r, err := n.askOn(qctx, subject, req)
+	cancel()
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		return r, err
+	}
+	replica, perr := n.liveReplica(ctx)
+	if perr != nil {
+		return r, fmt.Errorf("%w; then no signer replica answered the ping: %w", err, perr)
+	}
+	direct, derr := events.ReplicaSignSubject(replica, subject)
+	if derr != nil {
+		return r, fmt.Errorf("%w; then: %w", err, derr)
+	}
+	r, err = n.askOn(ctx, direct, req)
+	if err != nil {
+		return r, fmt.Errorf("sign request at signer replica %s, after the queue group timed out: %w", replica, err)
+	}
+	return r, nil
+}
+
+// pingShare is the part of the time left that the replica ping may take: a live
+// replica answers it at once, from its read loop.
+const pingShare = 4
+
+// liveReplica asks every signer replica for its name and returns the first answer.
+func (n *NATS) liveReplica(ctx context.Context) (string, error) {
+	msg, err := events.NewMsg(events.SubjectSignerPing, n.source, events.SignerPing{})
+	if err != nil {
+		return "", err
+	}
+	pctx, cancel := share(ctx, pingShare)
+	defer cancel()
+	reply, err := n.nc.RequestMsgWithContext(pctx, msg)
+	if err != nil {
+		return "", err
+	}
+	pong, _, err := events.Decode[events.SignerPong](reply)
+	if err != nil {
+		return "", fmt.Errorf("ping reply: %w", err)
+	}
+	return pong.Replica, nil
+}
+
+// askOn sends req on subject once and decodes the reply. ctx's deadline travels
+// with the request: the signer drops it unsigned once we have stopped waiting (a
+// replica frozen while holding it, answering when it resumes).
+func (n *NATS) askOn(ctx context.Context, subject string, req events.SignRequest) (events.SignReply, error) {
+	if d, ok := ctx.Deadline(); ok {
+		req.Deadline = d
+	}
 	msg, err := events.NewSignRequestMsg(subject, events.EncodingCompact, n.source, req)
 	if err != nil {
 		return events.SignReply{}, fmt.Errorf("build sign request: %w", err)

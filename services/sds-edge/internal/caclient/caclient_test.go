@@ -124,3 +124,73 @@ func TestSignsOnceOnItsSubjectInTheCompactEncoding(t *testing.T) {
 		}
 	})
 }
+
+// TestATimedOutRequestGoesToALiveReplica: the signer queue group's only member
+// here holds requests and never answers (a frozen replica on the pod's node, which
+// nats-server prefers); a live replica answers only by name. The pod's request
+// waits half its time in the queue group, carrying that half as its deadline (so
+// that the frozen replica drops it on resuming), then pings, and is answered by the
+// live replica on the replica form of the pod's own identity subject — which the
+// pod's real bus permissions allow.
+func TestATimedOutRequestGoesToALiveReplica(t *testing.T) {
+	s, pod := securedPod(t)
+	idSubject, _ := events.IdentitySignSubject(shopWeb0, "web")
+	frozen := s.Conn(t, policy.Signer, nil)
+	held := make(chan events.SignRequest, 4)
+	if _, err := frozen.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		req, _, err := events.DecodeSignRequest(m)
+		if err == nil {
+			held <- req
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	live := s.Conn(t, policy.Signer, nil)
+	var byName atomic.Int32
+	if _, err := live.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
+		reply, err := events.NewMsg(m.Reply, "signer-2", events.SignerPong{Replica: "signer-2"})
+		if err == nil {
+			_ = live.PublishMsg(reply)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := live.Subscribe(events.ReplicaSignWildcard("signer-2"), func(m *nats.Msg) {
+		byName.Add(1)
+		reply, err := events.NewSignReplyMsg(m.Reply, events.EncodingCompact, "signer-2",
+			events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "answered on " + m.Subject}})
+		if err == nil {
+			_ = live.PublishMsg(reply)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(frozen.Flush(), live.Flush()); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	start := time.Now()
+	_, err := NewNATSAs(pod, "sds-edge/shop/web-0", "web").Sign(ctx, events.SignRequest{CSR: pemCSR, Token: "token", Pod: shopWeb0})
+	direct, _ := events.ReplicaSignSubject("signer-2", idSubject)
+	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "answered on "+direct) {
+		t.Fatalf("got %v, want the live replica's answer on %s", err, direct)
+	}
+	if n := byName.Load(); n != 1 {
+		t.Fatalf("the live replica was asked %d times, want 1", n)
+	}
+	select {
+	case req := <-held:
+		// Its own deadline, about half of the attempt's: the frozen replica drops it.
+		if !req.Deadline.Before(deadline.Add(-time.Second)) || req.Deadline.Before(start) {
+			t.Fatalf("the request held by the frozen replica carries deadline %s; the attempt's is %s", req.Deadline, deadline)
+		}
+	default:
+		t.Fatal("the frozen replica held nothing: the test proves nothing")
+	}
+	if len(held) != 0 {
+		t.Fatalf("%d more requests went to the frozen replica", len(held))
+	}
+}

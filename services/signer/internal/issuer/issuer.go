@@ -175,6 +175,9 @@ func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher
 // Source is the CloudEvents source of this signer's events.
 func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
 
+// Instance is this signer replica's instance id.
+func (i *Issuer) Instance() string { return i.cfg.Instance }
+
 // Issue checks, authenticates and signs req, which came via the transport named in
 // via. Exactly one credential is used: req.Token if set, else via.PeerChain, else
 // req.CertChain with req.Proof. req.Pod must be proved, by via.BusPod or by a

@@ -6,6 +6,8 @@ package natsapi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,6 +214,20 @@ func (a *API) Run(ctx context.Context) error {
 	if err := subscribed(a.nc.ChanQueueSubscribe(events.SignWildcard, events.SignerQueue, signs)); err != nil {
 		return err
 	}
+	// This replica by name (events.SubjectSignerPing): a requester whose request
+	// waited out a frozen replica in the queue group asks one that answers.
+	replica := ReplicaName(a.iss.Instance())
+	if err := subscribed(a.nc.ChanSubscribe(events.ReplicaSignWildcard(replica), signs)); err != nil {
+		return err
+	}
+	if err := subscribed(a.nc.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
+		if replyAllowed(m.Reply) && m.Reply != "" {
+			a.respond(m, events.SignerPong{Replica: replica})
+		}
+	})); err != nil {
+		return err
+	}
+	subjects = append(subjects, events.ReplicaSignWildcard(replica), events.SubjectSignerPing)
 	for _, s := range []struct {
 		subject string
 		h       func(context.Context, *nats.Msg)
@@ -232,6 +248,17 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue, "workers", a.workers)
 	<-ctx.Done()
 	return nil
+}
+
+// ReplicaName is the name a signer replica answers the ping with and is reached
+// by (events.ReplicaSignSubject): its instance id when that is one subject token,
+// else a name derived from it (a host name with dots).
+func ReplicaName(instance string) string {
+	if events.ValidateIdentityToken(instance) == nil {
+		return instance
+	}
+	sum := sha256.Sum256([]byte(instance))
+	return "signer-" + hex.EncodeToString(sum[:6])
 }
 
 // Reply subjects the signer answers on: a requester's inbox (every role's is under

@@ -24,7 +24,11 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		a.respondSign(m, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
-	via, ok := a.signVia(m.Subject)
+	subject := m.Subject
+	if sign, _, ok := events.SignSubjectOfReplica(subject); ok {
+		subject = sign // sent to this replica by name: the same request
+	}
+	via, ok := a.signVia(subject)
 	if !ok {
 		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "not a sign subject: " + m.Subject}})
 		return
