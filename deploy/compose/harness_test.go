@@ -190,11 +190,30 @@ func (h *harness) end(t *testing.T, f *fault) {
 		f.note("dropped by publishers: %v", faultcheck.ByKind(dropped))
 	}
 	if f.noUnreceived {
+		var signerLogs string
+		withheld := 0
 		for _, i := range h.ledger.IssuedSince(f.start, podRef) {
-			if !served[i.Serial] {
-				gaps = append(gaps, fmt.Sprintf("certificate %s issued by %s over %s at %s, which the pod never received",
-					i.Serial, i.Signer, i.Transport, i.At.Format("15:04:05.000")))
+			if served[i.Serial] {
+				continue
 			}
+			// The signer stores cert.issued and the pod's issued record together and
+			// hands the certificate out only when both are stored: one that logged
+			// "record cert.issued failed" for it gave it to no one, although its
+			// cert.issued may be in the history.
+			if signerLogs == "" {
+				for _, s := range []string{"signer-1", "signer-2"} {
+					signerLogs += h.st.logsSince(t, s, time.Since(f.start)+time.Minute)
+				}
+			}
+			if strings.Contains(signerLogs, "record cert.issued failed: serial="+i.Serial) {
+				withheld++
+				continue
+			}
+			gaps = append(gaps, fmt.Sprintf("certificate %s issued by %s over %s at %s, which the pod never received",
+				i.Serial, i.Signer, i.Transport, i.At.Format("15:04:05.000")))
+		}
+		if withheld > 0 {
+			f.note("%d cert.issued in the history for certificates their signer withheld (its issued record not stored in time: it handed them to no one)", withheld)
 		}
 	}
 	if e.Reachable > 0 {
