@@ -122,7 +122,7 @@ compose-down:
 # (no expired certificate served while a signer is reachable, readiness within a second,
 # no event dropped); MESHAGENT_FAULTS_STRICT=0 only measures those.
 test-compose: images
-	COMPOSE="$(COMPOSE)" $(GO) test -tags compose -count=1 -timeout 25m -v ./deploy/compose/...
+	COMPOSE="$(COMPOSE)" $(GO) test -tags compose -count=1 -timeout 35m -v ./deploy/compose/...
 
 # Tests against a real Kubernetes API server (build tag kube; docs/kubernetes.md):
 # hack/kube-apiserver.sh builds a pinned kube-apiserver once into ~/.cache (about

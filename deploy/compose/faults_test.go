@@ -20,11 +20,13 @@ import (
 // TestComposeFaults runs the stack of compose.yaml under its own project name and
 // free host ports, then the faults of issue 10 one after the other on that one
 // stack, each checked at the pod's SDS socket (docs/reliability.md): a signer down,
-// the leading rotator killed, the NATS stream and meta leaders killed, both signers
+// a signer, the stream leader's NATS node and sds-edge paused (gray_test.go), the
+// leading rotator killed, the NATS stream and meta leaders killed, both signers
 // down until shortly before expiry, the pod cut off the bus, a root rotation under
-// traffic, `docker-compose restart`, a full stop and start, and a root rotation to a
-// new key through all its phases (rotation_test.go). The secured bus's
-// refusals and the operator's commands (opview_test.go) are checked on the fresh
+// traffic, `docker-compose restart`, a full stop and start, a root rotation to a
+// new key through all its phases (rotation_test.go), and a NATS node whose
+// JetStream store is full. The secured bus's refusals and the operator's commands
+// (opview_test.go) are checked on the fresh
 // stack first.
 func TestComposeFaults(t *testing.T) {
 	st := newStack(t)
@@ -54,7 +56,10 @@ func TestComposeFaults(t *testing.T) {
 	cold := &fault{name: "cold start (up -d)", heal: first.At.Sub(start), healFrom: "up"}
 	t.Logf("cold start: first certificate served over SDS %s after up began", cold.heal.Round(10*time.Millisecond))
 
-	nc, err := st.connect(t, "", "admin.nk", "_INBOX.admin", 90*time.Second)
+	// Pings every 2 s: a connection left on a frozen (paused) node moves to another
+	// within seconds, not nats.go's default two minutes.
+	nc, err := st.connect(t, "", "admin.nk", "_INBOX.admin", 90*time.Second,
+		nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2))
 	if err != nil {
 		t.Fatalf("admin cannot connect: %v", err)
 	}
@@ -78,6 +83,8 @@ func TestComposeFaults(t *testing.T) {
 	}{
 		{"one signer down 60s", oneSignerDown},
 		{"one signer paused 40s", oneSignerPaused},
+		{"stream leader's node paused 40s", natsLeaderPaused},
+		{"sds-edge paused 30s", sdsEdgePaused},
 		{"leading rotator killed", rotatorLeaderKilled},
 		{"stream leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "stream leader") }},
 		{"meta leader killed", func(t *testing.T, h *harness) { natsNodeKilled(t, h, "meta leader") }},
@@ -87,6 +94,7 @@ func TestComposeFaults(t *testing.T) {
 		{"docker-compose restart", composeRestart},
 		{"stop and start", composeStopStart},
 		{"new-key rotation", newKeyRotation},
+		{"a NATS node's store full", natsStoreFull}, // last: it leaves a node on a small tmpfs
 	} {
 		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, h) }) {
 			return // the faults share one stack: a broken one spoils the rest
@@ -145,6 +153,7 @@ func oneSignerDown(t *testing.T, h *harness) {
 // issued then that the pod did not receive.
 func oneSignerPaused(t *testing.T, h *harness) {
 	f := h.begin(t, "one signer paused 40s")
+	f.noUnreceived = true
 	h.st.compose(t, "pause", "signer-1")
 	paused := time.Now()
 	resumed := false

@@ -50,6 +50,11 @@ type fault struct {
 	// busDown: the fault stops the NATS cluster together with the pod (a restart of
 	// everything at once), so the pod's last words (pod.down) have no stream to go to.
 	busDown bool
+	// noUnreceived: the fault (a gray one, issue 25) is also held to "no certificate
+	// issued for the pod that it never received", counted from the stream's
+	// cert.issued records, which the ledger sees even when its own connection was
+	// on a frozen node.
+	noUnreceived bool
 
 	heal     time.Duration // to a new, valid certificate served
 	healFrom string        // what heal counts from
@@ -183,6 +188,33 @@ func (h *harness) end(t *testing.T, f *fault) {
 	if len(dropped) > 0 {
 		gaps = append(gaps, fmt.Sprintf("events dropped by their publishers (seen on the bus, never stored): %v", faultcheck.ByKind(dropped)))
 		f.note("dropped by publishers: %v", faultcheck.ByKind(dropped))
+	}
+	if f.noUnreceived {
+		var signerLogs string
+		withheld := 0
+		for _, i := range h.ledger.IssuedSince(f.start, podRef) {
+			if served[i.Serial] {
+				continue
+			}
+			// The signer stores cert.issued and the pod's issued record together and
+			// hands the certificate out only when both are stored: one that logged
+			// "record cert.issued failed" for it gave it to no one, although its
+			// cert.issued may be in the history.
+			if signerLogs == "" {
+				for _, s := range []string{"signer-1", "signer-2"} {
+					signerLogs += h.st.logsSince(t, s, time.Since(f.start)+time.Minute)
+				}
+			}
+			if strings.Contains(signerLogs, "record cert.issued failed: serial="+i.Serial) {
+				withheld++
+				continue
+			}
+			gaps = append(gaps, fmt.Sprintf("certificate %s issued by %s over %s at %s, which the pod never received",
+				i.Serial, i.Signer, i.Transport, i.At.Format("15:04:05.000")))
+		}
+		if withheld > 0 {
+			f.note("%d cert.issued in the history for certificates their signer withheld (its issued record not stored in time: it handed them to no one)", withheld)
+		}
 	}
 	if e.Reachable > 0 {
 		gaps = append(gaps, fmt.Sprintf("an expired certificate was served %s while a signer was reachable", e.Reachable.Round(10*time.Millisecond)))

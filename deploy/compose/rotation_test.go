@@ -262,18 +262,6 @@ func describe(chain []*x509.Certificate, rr *rotationRoots) string {
 	return b.String()
 }
 
-func sameCerts(a, b []*x509.Certificate) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] == nil || b[i] == nil || !a[i].Equal(b[i]) {
-			return false
-		}
-	}
-	return true
-}
-
 // rotateRoot asks the signers to rotate the root, as `meshctl rotate root` does.
 func rotateRoot(t *testing.T, nc *nats.Conn, req events.RotateRequest) events.RotateReply {
 	t.Helper()

@@ -49,6 +49,9 @@ type stack struct {
 	monitor  map[string]string // node -> host address of its monitoring port
 	podReady string            // sds-edge's /readyz URL
 	env      []string
+	// extraVolumes are docker volumes a fault made outside compose.yaml (down -v
+	// does not know them), removed after down.
+	extraVolumes []string
 }
 
 // newStack chooses the stack's host ports and directories; nothing runs yet.
@@ -141,10 +144,26 @@ func docker(t *testing.T, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// logsSince is what service's container logged in the last d (docker logs: the
+// compose CLI of Debian's docker-compose 1.29 has no --since).
+func (s *stack) logsSince(t *testing.T, service string, d time.Duration) string {
+	t.Helper()
+	out, err := exec.Command("docker", "logs", "--since", d.String(), s.container(t, service)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker logs %s: %v\n%s", service, err, out)
+	}
+	return string(out)
+}
+
 // down removes the stack and its volumes.
 func (s *stack) down(t *testing.T) {
 	if out, err := s.tryCompose("down", "-v", "--remove-orphans"); err != nil {
 		t.Errorf("compose down: %v\n%s", err, out)
+	}
+	for _, v := range s.extraVolumes {
+		if out, err := exec.Command("docker", "volume", "rm", "-f", v).CombinedOutput(); err != nil {
+			t.Errorf("remove volume %s: %v\n%s", v, err, out)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -275,5 +276,85 @@ func TestSidecarTokenLivesAnHour(t *testing.T) {
 	}
 	if !strings.Contains(string(doc), "projected token's lifetime (1 h") {
 		t.Error("docs/security.md no longer reasons with the 1 h token")
+	}
+}
+
+// The injected sds-edge's gRPC fallback (CA_FALLBACK_ADDR) is a Service of base
+// that selects the signers, on a port that is their CA API, under a name their
+// gRPC certificate carries, and NetworkPolicy lets the mesh's pods reach it.
+func TestSidecarFallsBackToTheSignersCA(t *testing.T) {
+	inv, err := decodeAll(build(t, "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var signer *workload
+	for _, w := range inv.workloads {
+		if w.name == "signer" {
+			signer = w
+		}
+	}
+	if signer == nil {
+		t.Fatal("no signer in base")
+	}
+	out, err := inject.Inject(kubernetes.SidecarTemplate, []byte(sampleDeployment), inject.DefaultValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := strict.Unmarshal(out, &d); err != nil {
+		t.Fatal(err)
+	}
+	var fallback string
+	for _, c := range d.Spec.Template.Spec.InitContainers {
+		for _, e := range c.Env {
+			if c.Name == "sds-edge" && e.Name == "CA_FALLBACK_ADDR" {
+				fallback = e.Value
+			}
+		}
+	}
+	if fallback == "" {
+		t.Fatal("the injected sds-edge has no CA_FALLBACK_ADDR")
+	}
+	var dnsNames []string
+	ports := map[string]int32{}
+	for _, c := range signer.spec.Containers {
+		for _, e := range c.Env {
+			if e.Name == "GRPC_DNS_NAMES" {
+				dnsNames = strings.Split(e.Value, ",")
+			}
+		}
+		for _, p := range c.Ports {
+			ports[p.Name] = p.ContainerPort
+		}
+	}
+	for _, addr := range strings.Split(fallback, ",") {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatalf("CA_FALLBACK_ADDR %q: %v", addr, err)
+		}
+		if !slices.Contains(dnsNames, host) {
+			t.Errorf("%s is not a name of the signer's gRPC certificate (GRPC_DNS_NAMES %v): its TLS would not verify", host, dnsNames)
+		}
+		name, ns, _ := strings.Cut(strings.TrimSuffix(host, ".svc"), ".")
+		var target string
+		for _, s := range inv.services {
+			if s.Name != name || s.Namespace != ns || !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(signer.labels)) {
+				continue
+			}
+			for _, p := range s.Spec.Ports {
+				if port == strconv.Itoa(int(p.Port)) {
+					target = p.TargetPort.String()
+				}
+			}
+		}
+		if target == "" || ports[target] == 0 {
+			t.Fatalf("%s: no Service of base selecting the signers on that port (target %q)", addr, target)
+		}
+		if target != "grpc-ca" {
+			t.Errorf("%s reaches the signers' port %s, not their CA API (grpc-ca)", addr, target)
+		}
+		if !reaches(t, inv.policies, meshPod(t), signer, target) {
+			t.Errorf("NetworkPolicy keeps an injected pod from %s", addr)
+		}
 	}
 }

@@ -62,7 +62,7 @@ func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
 	issued := func(serial string) {
 		t.Helper()
 		m, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: "test", Subject: serial}, events.CertIssued{Serial: serial, SPIFFEID: "spiffe://td/ns/a/sa/b",
-			NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
+			Pod: events.PodRef{Namespace: "a", Name: "p-0"}, NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,6 +92,15 @@ func TestLedgerFindsEventsMissingFromTheStream(t *testing.T) {
 	}
 	if l.HasIssued("0a") || !l.HasIssued("0b") {
 		t.Fatal("the stream's cert.issued serials are wrong")
+	}
+	if got := l.IssuedSince(start, events.PodRef{Namespace: "a", Name: "p-0"}); len(got) != 1 || got[0].Serial != "0b" || got[0].Signer != "s" {
+		t.Fatalf("IssuedSince = %+v, want the stored 0b only", got)
+	}
+	if got := l.IssuedSince(start, events.PodRef{Namespace: "b", Name: "p-0"}); len(got) != 0 {
+		t.Fatalf("IssuedSince of another pod = %+v", got)
+	}
+	if got := l.IssuedSince(time.Now().Add(time.Minute), events.PodRef{Namespace: "a", Name: "p-0"}); len(got) != 0 {
+		t.Fatalf("IssuedSince a later time = %+v", got)
 	}
 	if got := Diff(map[string]int{}, l.Counts()); got != "cert.issued +1" {
 		t.Fatalf("Diff = %q", got)
@@ -129,7 +138,7 @@ func TestLedgerAsksTheLeader(t *testing.T) {
 	var ids []string
 	for _, serial := range []string{"0a", "0b"} {
 		m, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: "test", Subject: serial}, events.CertIssued{Serial: serial, SPIFFEID: "spiffe://td/ns/a/sa/b",
-			NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
+			Pod: events.PodRef{Namespace: "a", Name: "p-0"}, NotBefore: t0, NotAfter: t0.Add(time.Hour), KeyAlgorithm: "EC-P256", AuthSource: "jwt", Signer: "s", RootFingerprint: "ab"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,6 +39,7 @@ type Ledger struct {
 	ids    map[string]record // ce-id -> where the streams hold it
 	kinds  map[string]int    // Kind(subject) -> messages in the streams
 	issued map[string]bool   // serials of every cert.issued in the stream
+	stored []Issued          // every cert.issued in the stream, in stream order
 	next   map[string]uint64 // stream -> next sequence to read
 }
 
@@ -140,6 +141,7 @@ func (l *Ledger) readStream(ctx context.Context, st jetstream.Stream, name strin
 		if m.Subject == events.SubjectCertIssued {
 			if e, _, err := events.Decode[events.CertIssued](&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}); err == nil {
 				l.issued[e.Serial] = true
+				l.stored = append(l.stored, Issued{At: m.Time, Serial: e.Serial, Pod: e.Pod, Signer: e.Signer, Transport: e.Transport})
 			}
 		}
 		l.mu.Unlock()
@@ -298,6 +300,30 @@ func (l *Ledger) Recheck() error {
 		}
 	}
 	return nil
+}
+
+// Issued is one cert.issued as the stream holds it.
+type Issued struct {
+	At        time.Time // when the stream stored it
+	Serial    string
+	Pod       events.PodRef
+	Signer    string
+	Transport string
+}
+
+// IssuedSince returns every cert.issued for pod the stream (as read so far) stored
+// from t on: a stored event, unlike one seen on the bus, is counted even when the
+// ledger's own connection was cut off as it crossed.
+func (l *Ledger) IssuedSince(t time.Time, pod events.PodRef) []Issued {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Issued
+	for _, i := range l.stored {
+		if i.Pod == pod && !i.At.Before(t) {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // HasIssued reports whether the stream holds a cert.issued for serial.

@@ -1,11 +1,16 @@
 package faults
 
 import (
+	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,15 +27,20 @@ const (
 )
 
 // cluster is three nats-servers with JetStream, clustered over loopback ports, each
-// of which can be killed and started again on the same ports and state.
+// of which can be killed and started again on the same ports and state. They run
+// in the test's process, or (newProcessCluster) each as a process of its own, which
+// can also be frozen (SIGSTOP) alone.
 type cluster struct {
 	t       *testing.T
 	names   []string
 	client  map[string]string // name -> host:port of its client listener
 	route   map[string]string // name -> host:port of its cluster listener
+	monitor map[string]string // name -> host:port of its monitoring listener (processes only)
 	dir     string
+	bin     string // the nats-server binary the nodes run as; "" in process
 	mu      sync.Mutex
 	running map[string]*server.Server
+	procs   map[string]*proc
 }
 
 func startCluster(t *testing.T) *cluster {
@@ -42,9 +52,9 @@ func startCluster(t *testing.T) *cluster {
 // newCluster lays out the three nodes' addresses and starts none.
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, names: []string{"n1", "n2", "n3"}, client: map[string]string{}, route: map[string]string{},
-		dir: t.TempDir(), running: map[string]*server.Server{}}
+		monitor: map[string]string{}, dir: t.TempDir(), running: map[string]*server.Server{}, procs: map[string]*proc{}}
 	for _, n := range c.names {
-		c.client[n], c.route[n] = testkit.FreeAddr(t), testkit.FreeAddr(t)
+		c.client[n], c.route[n], c.monitor[n] = testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	}
 	t.Cleanup(func() {
 		for _, n := range c.names {
@@ -75,6 +85,10 @@ func hostPort(t *testing.T, addr string) (string, int) {
 
 // start starts node n (again), with its JetStream state from before.
 func (c *cluster) start(n string) {
+	if c.bin != "" {
+		c.startProcess(n)
+		return
+	}
 	host, port := hostPort(c.t, c.client[n])
 	rhost, rport := hostPort(c.t, c.route[n])
 	var routes []string
@@ -107,12 +121,18 @@ func (c *cluster) start(n string) {
 // kill shuts node n down, if it runs.
 func (c *cluster) kill(n string) {
 	c.mu.Lock()
-	s := c.running[n]
+	s, p := c.running[n], c.procs[n]
 	delete(c.running, n)
+	delete(c.procs, n)
 	c.mu.Unlock()
 	if s != nil {
 		s.Shutdown()
 		s.WaitForShutdown()
+	}
+	if p != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a frozen node takes no other signal
+		_ = p.cmd.Process.Kill()
+		<-p.done
 	}
 }
 
@@ -127,6 +147,9 @@ func (c *cluster) urls() string {
 
 // metaLeader is the node leading the JetStream meta group, "" while none does.
 func (c *cluster) metaLeader() string {
+	if c.bin != "" {
+		return c.processMetaLeader()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for n, s := range c.running {
@@ -154,4 +177,100 @@ func startWatchedCluster(t *testing.T) (*cluster, *nats.Conn, *faultcheck.Ledger
 		t.Fatal(err)
 	}
 	return c, nc, ledger
+}
+
+// newProcessCluster lays out the three nodes as nats-server processes (the binary
+// built from the module) with the options start gives an in-process node, and starts
+// none.
+func newProcessCluster(t *testing.T) *cluster {
+	c := newCluster(t)
+	c.bin = natsServerBin
+	return c
+}
+
+// startProcess starts node n as a nats-server process, with its JetStream state from
+// before, and waits until it is healthy.
+func (c *cluster) startProcess(n string) {
+	var routes []string
+	for _, o := range c.names {
+		if o != n {
+			routes = append(routes, fmt.Sprintf("%q", "nats-route://"+c.route[o]))
+		}
+	}
+	conf := filepath.Join(c.dir, n+".conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, `server_name: %s
+listen: %q
+http: %q
+ping_interval: "%s"
+ping_max: %d
+jetstream { store_dir: %q }
+cluster { name: faults, listen: %q, routes: [%s] }
+`, n, c.client[n], c.monitor[n], pingInterval, pingMax, filepath.Join(c.dir, n), c.route[n], strings.Join(routes, ", ")), 0o600); err != nil {
+		c.t.Errorf("config of %s: %v", n, err)
+		return
+	}
+	p := runArgs(c.t, "nats-"+n, c.bin, []string{"-c", conf})
+	c.mu.Lock()
+	c.procs[n] = p
+	c.mu.Unlock()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get("http://" + c.monitor[n] + "/healthz?js-enabled-only=true")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if p.exited() || time.Now().After(deadline) {
+			c.t.Errorf("%s not healthy: %v\n%s", n, err, p.output())
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// freeze stops node n's process (SIGSTOP): its sockets stay open, its peers and
+// clients notice only when their pings go unanswered. resume continues it.
+func (c *cluster) freeze(n string) { c.signal(n, syscall.SIGSTOP) }
+func (c *cluster) resume(n string) { c.signal(n, syscall.SIGCONT) }
+
+func (c *cluster) signal(n string, sig syscall.Signal) {
+	c.mu.Lock()
+	p := c.procs[n]
+	c.mu.Unlock()
+	if p == nil {
+		c.t.Fatalf("%s does not run as a process", n)
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		c.t.Fatalf("signal %s: %v", n, err)
+	}
+}
+
+// processMetaLeader asks the running nodes' monitoring (/jsz) for the meta leader.
+func (c *cluster) processMetaLeader() string {
+	c.mu.Lock()
+	var names []string
+	for n := range c.procs {
+		names = append(names, n)
+	}
+	c.mu.Unlock()
+	client := http.Client{Timeout: time.Second} // a frozen node does not answer
+	for _, n := range names {
+		resp, err := client.Get("http://" + c.monitor[n] + "/jsz")
+		if err != nil {
+			continue
+		}
+		var jsz struct {
+			Meta struct {
+				Leader string `json:"leader"`
+			} `json:"meta_cluster"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&jsz)
+		_ = resp.Body.Close()
+		if err == nil && jsz.Meta.Leader != "" {
+			return jsz.Meta.Leader
+		}
+	}
+	return ""
 }

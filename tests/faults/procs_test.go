@@ -20,24 +20,49 @@ import (
 // binDir holds the service binaries: $MESHAGENT_BIN (make's bin/) or built by TestMain.
 var binDir string
 
+// natsServerBin is a nats-server binary built from the module (the version this
+// module requires), for a node that runs as a process of its own: $MESHAGENT_BIN's
+// (make images builds it there) or built by TestMain.
+var natsServerBin string
+
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
-		if binDir = os.Getenv("MESHAGENT_BIN"); binDir != "" {
-			return m.Run()
+		binDir = os.Getenv("MESHAGENT_BIN")
+		if binDir != "" {
+			natsServerBin = filepath.Join(binDir, "nats-server")
 		}
-		dir, err := os.MkdirTemp("", "faultsbin")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		var dir string
+		if binDir == "" || !exists(natsServerBin) {
+			var err error
+			if dir, err = os.MkdirTemp("", "faultsbin"); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
 		}
-		defer os.RemoveAll(dir)
-		if err := testkit.BuildServices(dir, "signer", "rotator", "sds-edge"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		if binDir == "" {
+			if err := testkit.BuildServices(dir, "signer", "rotator", "sds-edge"); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			binDir = dir
 		}
-		binDir = dir
+		if !exists(natsServerBin) {
+			natsServerBin = filepath.Join(dir, "nats-server")
+			cmd := exec.Command("go", "build", "-trimpath", "-o", natsServerBin, "github.com/nats-io/nats-server/v2")
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "build nats-server: %v\n%s", err, out)
+				return 1
+			}
+		}
 		return m.Run()
 	}())
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return path != "" && err == nil
 }
 
 // proc is one service process; its output goes to a file shown when the test fails.
@@ -51,12 +76,18 @@ type proc struct {
 // when the test ends.
 func run(t *testing.T, name, bin string, env ...string) *proc {
 	t.Helper()
+	return runArgs(t, name, filepath.Join(binDir, bin), nil, env...)
+}
+
+// runArgs starts the program at path with args, as run does.
+func runArgs(t *testing.T, name, path string, args []string, env ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
 	out, err := os.Create(p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(filepath.Join(binDir, bin))
+	p.cmd = exec.Command(path, args...)
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=debug"}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	if err := p.cmd.Start(); err != nil {

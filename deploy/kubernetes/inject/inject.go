@@ -27,6 +27,9 @@ type Values struct {
 	TrustDomain      string
 	DiscoveryAddress string // xds-relay's upstream; a pod overrides it with annotation meshagent.io/discovery-address
 	SecretTTL        string
+	// CAFallbackAddr is sds-edge's CA_FALLBACK_ADDR: the signers' Istio gRPC CA API,
+	// asked when the bus is unreachable or no signer answers on it in time; "" for none.
+	CAFallbackAddr string
 }
 
 // DefaultValues fit deploy/kubernetes/base.
@@ -37,6 +40,10 @@ func DefaultValues() Values {
 		TrustDomain:      "cluster.local",
 		DiscoveryAddress: "istiod.istio-system.svc:15012",
 		SecretTTL:        "24h",
+		// base/signer.yaml's Service meshagent-ca: every signer replica behind one
+		// name its gRPC certificate carries (GRPC_DNS_NAMES); NetworkPolicy signer
+		// lets injected pods reach it.
+		CAFallbackAddr: "meshagent-ca.meshagent-system.svc:15012",
 	}
 }
 

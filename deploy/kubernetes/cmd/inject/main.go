@@ -33,6 +33,7 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs.StringVar(&v.TrustDomain, "trust-domain", v.TrustDomain, "SPIFFE trust domain")
 	fs.StringVar(&v.DiscoveryAddress, "discovery-address", v.DiscoveryAddress, "xds-relay's upstream (a pod's annotation meshagent.io/discovery-address wins)")
 	fs.StringVar(&v.SecretTTL, "secret-ttl", v.SecretTTL, "workload certificate lifetime")
+	fs.StringVar(&v.CAFallbackAddr, "ca-fallback-addr", v.CAFallbackAddr, "sds-edge's CA_FALLBACK_ADDR: the signers' gRPC CA API, asked when the bus does not answer (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
