@@ -196,10 +196,12 @@ func (h *harness) end(t *testing.T, f *fault) {
 			if served[i.Serial] {
 				continue
 			}
-			// The signer stores cert.issued and the pod's issued record together and
-			// hands the certificate out only when both are stored: one that logged
-			// "record cert.issued failed" for it gave it to no one, although its
-			// cert.issued may be in the history.
+			// The signer stores the pod's issued record, then cert.issued, and hands
+			// the certificate out only when both are stored; when the record fails
+			// no cert.issued is written. cert.issued can still be in the history of
+			// a certificate given to no one when the stream stored it but its ack
+			// was lost (a leader frozen after storing): the signer then logged
+			// "record cert.issued failed" for it.
 			if signerLogs == "" {
 				for _, s := range []string{"signer-1", "signer-2"} {
 					signerLogs += h.st.logsSince(t, s, time.Since(f.start)+time.Minute)

@@ -61,7 +61,7 @@ const (
 	maxTTL   = 48 * time.Hour
 )
 
-func newFuzzIssuer(f *testing.F) *fuzzIssuer {
+func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	f.Helper()
 	root := testkit.NewCA(f, "root", nil, fuzzNow, 365*24*time.Hour)
 	inter := testkit.NewCA(f, "inter", root, fuzzNow, 30*24*time.Hour)

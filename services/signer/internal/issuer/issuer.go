@@ -194,13 +194,11 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	}
 	pctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	errs := make(chan error, len(is.msgs))
-	for _, m := range is.msgs[1:] {
-		go func() { errs <- i.publish(pctx, m) }()
-	}
-	err = i.publish(pctx, is.msgs[0])
-	for range is.msgs[1:] {
-		err = errors.Join(err, <-errs)
+	// In order, cert.issued last, as IssueThen.
+	for _, m := range is.msgs {
+		if err = i.publish(pctx, m); err != nil {
+			break
+		}
 	}
 	return is.recorded(err)
 }
@@ -230,32 +228,25 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	if len(is.msgs) == 1 {
-		pub.Publish(is.msgs[0], deadline, func(err error) { done(is.recorded(err)) })
-		return
-	}
-	// Every write stored (or failed) before done, which runs once, after the last.
-	var (
-		mu   sync.Mutex
-		left = len(is.msgs)
-		errs error
-	)
-	for _, m := range is.msgs {
-		pub.Publish(m, deadline, func(err error) {
-			mu.Lock()
-			errs = errors.Join(errs, err)
-			left--
-			last := left == 0
-			mu.Unlock()
-			if last {
-				done(is.recorded(errs))
+	// One write after the other, cert.issued last: a write that fails refuses the
+	// request, and the CA's history then never names a certificate that was refused
+	// (its record not stored in time during a stream election, the requester given
+	// nothing). A record whose event failed names a certificate nobody holds.
+	var store func(k int)
+	store = func(k int) {
+		pub.Publish(is.msgs[k], deadline, func(err error) {
+			if err != nil || k == len(is.msgs)-1 {
+				done(is.recorded(err))
+				return
 			}
+			store(k + 1)
 		})
 	}
+	store(0)
 }
 
-// issued is a signed certificate whose writes are yet to be stored: cert.issued
-// first, then, for a pod's certificate, its record (Config.Records).
+// issued is a signed certificate whose writes are yet to be stored, in order: for
+// a pod's certificate its record (Config.Records), then cert.issued.
 type issued struct {
 	i    *Issuer
 	res  Result
@@ -430,12 +421,13 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		ev.CertSigner = req.CertSigner // its chain ends at the named signer's root
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
-	msgs := []*nats.Msg{msg}
+	var msgs []*nats.Msg
 	if err == nil && !pod.IsZero() && i.cfg.Records != nil {
 		var rec *nats.Msg
 		rec, err = i.cfg.Records.Msg(leaf, pod, caller.PodUID, now)
 		msgs = append(msgs, rec)
 	}
+	msgs = append(msgs, msg)
 	if err != nil {
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Error("record cert.issued failed", "serial", ev.Serial, "error", err)
