@@ -32,18 +32,26 @@ function health(left, life) {
 const sum = (m) => Object.values(m || {}).reduce((a, b) => a + b, 0);
 const failures = (h) => (h?.sds_nacks || 0) + (h?.xds_nacks || 0) + (h?.renewals?.retry || 0);
 
+// loads counts load() calls: only the answer to the latest is shown. A reload the
+// live feed started before a click (next page, a filter) can answer after it, and
+// would put the old page back.
+let loads = 0;
+
 async function load() {
+  const mine = ++loads;
   try {
     const params = new URLSearchParams();
     for (const [k, v] of Object.entries(state.q)) if (v !== "" && !(k === "offset" && v === 0)) params.set(k, v);
     const r = await fetch("api/inventory?" + params, { cache: "no-store" });
     if (!r.ok) throw new Error(await r.text());
     const inv = await r.json();
+    if (mine !== loads) return;
     state.skew = Date.parse(inv.now) - Date.now();
     const before = new Set((state.inv?.certificates || []).map((c) => c.serial));
     state.inv = inv;
     render(before);
   } catch (e) {
+    if (mine !== loads) return;
     $("#summary").innerHTML = `<span class="chip bad">inventory: ${esc(e.message)}</span>`;
   }
 }
