@@ -366,7 +366,7 @@ func (h *auditBreakin) connectionsWithoutEnd(t *testing.T) {
 	if err != nil || len(logs) == 0 {
 		t.Fatalf("signer log: %v", err)
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "the refusal named in the signer's log", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "the refusal named in the signer's log", func() bool {
 		b, _ := os.ReadFile(logs[0])
 		return strings.Contains(string(b), "reason=too_many_connections")
 	})

@@ -40,7 +40,7 @@ func (h *breakin) noCredential(t *testing.T) {
 			t.Errorf("%s: connected", name)
 		}
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("the callout did not count the refusals (%s was %v)", refused, before), func() bool { return metric(t, h.st.Signer.HTTP, refused) >= before+2 })
+	testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("the callout did not count the refusals (%s was %v)", refused, before), func() bool { return metric(t, h.st.Signer.HTTP, refused) >= before+2 })
 }
 
 // badTokens: expired, foreign, not pod-bound, wrong audience or garbage tokens are
@@ -82,7 +82,7 @@ func (h *breakin) badTokens(t *testing.T) {
 		})
 	}
 	for series, n := range want {
-		testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("%s did not reach %v", series, n), func() bool { return metric(t, h.st.Signer.HTTP, series) >= n })
+		testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("%s did not reach %v", series, n), func() bool { return metric(t, h.st.Signer.HTTP, series) >= n })
 	}
 	if got := metric(t, h.st.Signer.HTTP, admitted); got != admittedBefore {
 		t.Fatalf("the callout admitted %v connections during the attack", got-admittedBefore)

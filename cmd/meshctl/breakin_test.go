@@ -225,7 +225,7 @@ func (v *violations) saw(subject string) bool {
 func requireViolations(t *testing.T, who string, v *violations, subjects ...string) {
 	t.Helper()
 	for _, s := range subjects {
-		testkit.EventuallyWithin(t, 5*time.Second, fmt.Sprintf("%s: no permission violation for %s", who, s), func() bool { return v.saw(s) })
+		testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("%s: no permission violation for %s", who, s), func() bool { return v.saw(s) })
 	}
 }
 

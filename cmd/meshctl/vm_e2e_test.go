@@ -59,7 +59,7 @@ func TestVMKeepsItsIdentityOnTheBus(t *testing.T) {
 	if out, err := meshctl(t, "csr", "-dir", dir, "-bus", "-pod", "vm-2", "-cert", provChain, "-key", provKey); err == nil {
 		t.Fatalf("vm-1's certificate admitted as vm-2:\n%s", out)
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "pod_mismatch counted", func() bool { return metric(t, st.Signer.HTTP, mismatch) >= refusedBefore+1 })
+	testkit.EventuallyWithin(t, 30*time.Second, "pod_mismatch counted", func() bool { return metric(t, st.Signer.HTTP, mismatch) >= refusedBefore+1 })
 
 	output := filepath.Join(vm, "etc", "certs")
 	if _, err := os.Stat(filepath.Join(vm, "var/run/secrets/tokens/istio-token")); err == nil {

@@ -269,7 +269,7 @@ func TestBusRefusesCertificatesItShouldNot(t *testing.T) {
 				nc.Close()
 				t.Fatal("admitted")
 			}
-			testkit.EventuallyWithin(t, 5*time.Second, series, func() bool { return metricValue(t, e.r.metrics(t), series) == before+1 })
+			testkit.EventuallyWithin(t, 30*time.Second, series, func() bool { return metricValue(t, e.r.metrics(t), series) == before+1 })
 		})
 	}
 	if got := metricValue(t, e.r.metrics(t), admittedAll); got != admittedBefore {
@@ -336,7 +336,7 @@ func TestTokenPodsAndServicesNeedNoCertificate(t *testing.T) {
 	if _, err := e.vmConn(t, "web-0", other, func() *tls.Certificate { return nil }, nil); err == nil {
 		t.Fatal("token for web-9 admitted as web-0")
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "pod_mismatch counted", func() bool { return metricValue(t, e.r.metrics(t), mismatch) == before+1 })
+	testkit.EventuallyWithin(t, 30*time.Second, "pod_mismatch counted", func() bool { return metricValue(t, e.r.metrics(t), mismatch) == before+1 })
 }
 
 func ptr[T any](v T) *T { return &v }

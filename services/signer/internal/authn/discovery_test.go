@@ -239,7 +239,7 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	// The issuer retires the old key: the cached set follows within the TTL, without
 	// any token asking for it.
 	cluster.serveKeys(rotated)
-	testkit.EventuallyWithin(t, 5*time.Second, "the cached set refreshed to the rotated key", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "the cached set refreshed to the rotated key", func() bool {
 		return len(ks.Current().Key(old.KID)) == 0 && len(ks.Current().Key(rotated.KID)) == 1
 	})
 }

@@ -50,14 +50,14 @@ func TestAnnouncerRetriesUntilPublishedAndSkipsSuperseded(t *testing.T) {
 
 	a.observe(events.TrustChanged{Generation: 1}) // the generation started on: nothing to announce
 	a.observe(events.TrustChanged{Generation: 2})
-	testkit.EventuallyWithin(t, 5*time.Second, "gen 2 retried", func() bool { tried, _ := f.state(); return len(tried) >= 3 })
+	testkit.EventuallyWithin(t, 30*time.Second, "gen 2 retried", func() bool { tried, _ := f.state(); return len(tried) >= 3 })
 	a.observe(events.TrustChanged{Generation: 3}) // supersedes 2 before it got out
 	a.observe(events.TrustChanged{Generation: 2}) // an older one seen late changes nothing
-	testkit.EventuallyWithin(t, 5*time.Second, "gen 3 tried", func() bool { tried, _ := f.state(); return slices.Contains(tried, 3) })
+	testkit.EventuallyWithin(t, 30*time.Second, "gen 3 tried", func() bool { tried, _ := f.state(); return slices.Contains(tried, 3) })
 	f.mu.Lock()
 	f.open = true
 	f.mu.Unlock()
-	testkit.EventuallyWithin(t, 5*time.Second, "gen 3 announced", func() bool { return a.announced() == 3 })
+	testkit.EventuallyWithin(t, 30*time.Second, "gen 3 announced", func() bool { return a.announced() == 3 })
 	tried, passed := f.state()
 	if len(passed) != 1 || passed[0] != 3 {
 		t.Fatalf("published %v, want [3]", passed)

@@ -64,7 +64,7 @@ func TestEndorsementsLetAnOldRootFollow(t *testing.T) {
 	// What the replica announced carries the same endorsements. (The same-key
 	// generation may not be among it: a newer generation supersedes one not yet
 	// published.)
-	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed for the new-key rotation", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed for the new-key rotation", func() bool {
 		all := r.rec.all()
 		return len(all) > 0 && all[len(all)-1].Generation == newKey.Generation
 	})

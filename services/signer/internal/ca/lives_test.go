@@ -78,7 +78,7 @@ func TestPhasesFollowTheLeavesActuallyIssued(t *testing.T) {
 	if p.OldLeave.Sub(rotAt) > 3*24*time.Hour {
 		t.Fatalf("the rotation takes %s", p.OldLeave.Sub(rotAt))
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "the other replica has the same plan", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "the other replica has the same plan", func() bool {
 		return other.src.Plan() == p
 	})
 	for _, na := range oldLeaves {

@@ -186,8 +186,8 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	inter2 = testkit.NewCA(t, "inter2", root, t0, 12*time.Hour)
 	root2 = testkit.NewCA(t, "root2", nil, t0, 48*time.Hour) // in the bundle beside the current root
 	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root.Cert}, root2.Cert, root.Cert)
-	testkit.EventuallyWithin(t, 5*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
-	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
+	testkit.EventuallyWithin(t, 30*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
+	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
 	tc := rec.all()[0]
 	if tc.Reason != events.TrustReasonReload || len(tc.Roots) != 2 || len(tc.Added) != 1 || tc.Added[0] != pki.Fingerprint(root2.Cert) || tc.Generation <= first.Generation {
 		t.Fatalf("trust.changed %+v", tc)

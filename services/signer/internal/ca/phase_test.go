@@ -103,7 +103,7 @@ func TestRotationPhasesKeepEveryTwoPodsTalking(t *testing.T) {
 	if len(rotated.Chain) != 2 || !rotated.Chain[1].Equal(old.Roots[0]) {
 		t.Fatalf("phase 1: the chain must end at the old root")
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "the second replica follows the rotation", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "the second replica follows the rotation", func() bool {
 		return other.auth.Current().Generation == rotated.Generation
 	})
 
@@ -150,7 +150,7 @@ func TestRotationPhasesKeepEveryTwoPodsTalking(t *testing.T) {
 		}
 		fake.Add(10 * time.Minute)
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed root-retired", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed root-retired", func() bool {
 		all := r.rec.all()
 		return len(all) > 0 && all[len(all)-1].Reason == events.TrustReasonRetired
 	})
@@ -241,7 +241,7 @@ func TestSameKeyRotationRetiresAfterOneStep(t *testing.T) {
 	if got.Generation != m.Generation+1 || len(got.Roots) != 1 || got.RootFingerprint() != m.RootFingerprint() {
 		t.Fatalf("after retirement: gen %d, %d roots", got.Generation, len(got.Roots))
 	}
-	testkit.EventuallyWithin(t, 5*time.Second, "trust.changed root-retired", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed root-retired", func() bool {
 		all := r.rec.all()
 		return len(all) > 0 && all[len(all)-1].Generation == got.Generation
 	})

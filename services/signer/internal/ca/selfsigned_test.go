@@ -133,7 +133,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 	// Both replicas announce the new generation, the same event (JetStream keeps one
 	// by its id): the writer from its own write, the other from the KV watch.
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
+		testkit.EventuallyWithin(t, 30*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
 		tc := r.rec.all()[0]
 		if tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || tc.Generation != cur.Generation ||
 			len(tc.Added) != 1 || tc.Added[0] != cur.RootFingerprint() || len(tc.Removed) != 0 {
@@ -144,7 +144,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		}
 	}
 	// The other replica follows through the KV watch and signs with the new root.
-	testkit.EventuallyWithin(t, 5*time.Second, "replica b on the new root", func() bool {
+	testkit.EventuallyWithin(t, 30*time.Second, "replica b on the new root", func() bool {
 		return b.auth.Current().RootFingerprint() == cur.RootFingerprint()
 	})
 	k, _ := pki.GenerateKey(pki.ECP256)
@@ -177,7 +177,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatalf("expired root not dropped: %d roots", len(got.Roots))
 	}
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.EventuallyWithin(t, 5*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
+		testkit.EventuallyWithin(t, 30*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
 		if tc := r.rec.all()[1]; tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Generation != cur.Generation+1 {
 			t.Fatalf("replica %s trust.changed on expiry %+v", name, tc)
 		}
