@@ -3,7 +3,10 @@ package lifecycle
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
@@ -14,25 +17,30 @@ import (
 // `meshagent pod`) use one bus connection instead of one each: a third of the
 // connections, admissions by the auth callout, pings and server memory. Services
 // share a connection when their bus configs name the same servers, credential
-// (token file, nkey or creds), TLS files, inbox and pod, and the same start mode
-// (Background); a service whose config differs connects on its own. The
-// connection is made with the first such service's config, presents the client
-// certificate of whichever of them has one (bus.TLSConfig.ClientCert: a pod's
-// sds-edge), and is drained when the last of them stops.
+// (token file, nkey or creds), TLS files, inbox and pod, whatever their start mode;
+// a service whose config differs connects on its own. The connection is made with
+// the first such service's config, always in the background (bus.Config.Background),
+// so that a service that must not wait for the bus (the launcher) never does; one
+// that needs the bus to start waits until it is connected, as bus.Connect would
+// (waitConnected). It presents the client certificate of whichever of them has one
+// (bus.TLSConfig.ClientCert: a pod's sds-edge), and is drained when the last of
+// them stops.
 type SharedBus struct {
 	mu    sync.Mutex
 	conns map[busKey]*sharedConn
 }
 
 // busKey is what two services' bus configs must agree on to share a connection.
+// The start mode is not part of it: a pod's launcher connects in the background
+// and its sds-edge (without a gRPC CA) does not, and with the mode in the key the
+// one-process pod held two connections, admitted twice.
 type busKey struct {
 	url, creds, nkey, token, ca, cert, key, inbox, pod string
-	background                                         bool
 }
 
 func keyOf(c bus.Config) busKey {
 	return busKey{url: c.URL, creds: c.CredsFile, nkey: c.NKeyFile, token: c.TokenFile, ca: c.TLS.CAFile,
-		cert: c.TLS.CertFile, key: c.TLS.KeyFile, inbox: c.InboxPrefix, pod: c.Pod, background: c.Background}
+		cert: c.TLS.CertFile, key: c.TLS.KeyFile, inbox: c.InboxPrefix, pod: c.Pod}
 }
 
 type sharedConn struct {
@@ -79,10 +87,12 @@ func (s *SharedBus) Connect(ctx context.Context, c bus.Config, log hclog.Logger)
 	}
 	s.mu.Unlock()
 	if !found {
-		if c.TLS.CertFile == "" {
-			c.TLS.ClientCert = s.clientCert(sc)
+		first := c
+		if first.TLS.CertFile == "" {
+			first.TLS.ClientCert = s.clientCert(sc)
 		}
-		sc.nc, sc.err = bus.Connect(ctx, c, log)
+		first.Background = true
+		sc.nc, sc.err = bus.Connect(ctx, first, log)
 		if sc.err != nil {
 			s.mu.Lock()
 			delete(s.conns, k)
@@ -99,6 +109,12 @@ func (s *SharedBus) Connect(ctx context.Context, c bus.Config, log hclog.Logger)
 	}
 	if sc.err != nil {
 		return nil, nil, sc.err
+	}
+	if !c.Background {
+		if err := waitConnected(ctx, sc.nc, c, log); err != nil {
+			s.release(k, sc)
+			return nil, nil, err
+		}
 	}
 	var once sync.Once
 	return sc.nc, func() { once.Do(func() { s.release(k, sc) }) }, nil
@@ -117,3 +133,42 @@ func (s *SharedBus) release(k busKey, sc *sharedConn) {
 		bus.Drain(sc.nc)
 	}
 }
+
+// waitConnected waits until nc, connecting in the background, is connected, as
+// bus.Connect does for a service that needs the bus to start: at most c.ConnectWait
+// (0: until ctx ends), telling c.Waiting why not yet and saying so at INFO every
+// waitReport.
+func waitConnected(ctx context.Context, nc *nats.Conn, c bus.Config, log hclog.Logger) error {
+	began := time.Now()
+	reported := began
+	tick := time.NewTicker(waitPoll)
+	defer tick.Stop()
+	for !nc.IsConnected() {
+		why := nc.LastError()
+		if why == nil {
+			why = errors.New("not connected yet")
+		}
+		if nc.IsClosed() || c.ConnectWait > 0 && time.Since(began) > c.ConnectWait {
+			return fmt.Errorf("connect to nats at %s: %w", c.URL, why)
+		}
+		if c.Waiting != nil {
+			c.Waiting(why)
+		}
+		if now := time.Now(); now.Sub(reported) >= waitReport {
+			log.Info("waiting for the bus", "url", c.URL, "waited", now.Sub(began).Round(time.Second), "error", why)
+			reported = now
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("connect to nats at %s: %w", c.URL, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// How often waitConnected looks, and says at INFO that it still waits.
+const (
+	waitPoll   = 50 * time.Millisecond
+	waitReport = 10 * time.Second
+)

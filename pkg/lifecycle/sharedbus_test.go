@@ -14,8 +14,9 @@ import (
 )
 
 // Three roles of one pod connecting at once with the same bus config hold one
-// connection on the server; a role of another pod (another inbox) gets its own;
-// the shared connection lives until its last user releases it.
+// connection on the server, also when one of them (the launcher) connects in the
+// background and the others wait for the bus; a role of another pod (another
+// inbox) gets its own; the shared connection lives until its last user releases it.
 func TestSharedBusOneConnectionPerPod(t *testing.T) {
 	s := bustest.Server(t)
 	shared := &SharedBus{}
@@ -24,11 +25,13 @@ func TestSharedBusOneConnectionPerPod(t *testing.T) {
 	var conns []*nats.Conn
 	var releases []func()
 	var wg sync.WaitGroup
-	for range 3 {
+	for i := range 3 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nc, release, err := shared.Connect(context.Background(), cfg, hclog.NewNullLogger())
+			c := cfg
+			c.Background = i == 0
+			nc, release, err := shared.Connect(context.Background(), c, hclog.NewNullLogger())
 			if err != nil {
 				t.Error(err)
 				return
