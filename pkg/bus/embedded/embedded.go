@@ -34,13 +34,25 @@ type Config struct {
 	AllowNonTLS bool
 }
 
-// EmbeddedAuthTimeout is the embedded server's auth timeout: from a client's
-// accept to its CONNECT, and for the auth callout's answer. Longer than a
-// file-configured server's (policy.AuthTimeout), which must answer before the
-// short first PING this server does not send; below the clients' connect timeout
-// (bus.ConnectTimeout, 10 s). Measured: at 10,000 pods connecting at once, 2 s let
-// the accept-to-CONNECT timer end 40,000 TLS handshakes the server was late to.
+// EmbeddedAuthTimeout is the embedded server's auth timeout: from the end of a
+// client's TLS handshake (its accept, in plaintext) to its CONNECT, and for the
+// auth callout's answer. Longer than a file-configured server's
+// (policy.AuthTimeout), which must answer before the short first PING this
+// server does not send. Measured: at 10,000 pods connecting at once, 2 s wasted
+// 1,656 admissions and 5 s none (docs/scale.md).
 const EmbeddedAuthTimeout = 5 * time.Second
+
+// EmbeddedTLSTimeout is how long the embedded server gives a client's TLS
+// handshake (nats-server's default is 2 s). In a storm every accepted connection
+// handshakes at once on shared cores, each taking about N × its cost ÷ cores;
+// at 2 s a wave failed together and came back, the same handshakes done again.
+// With the auth timer, which starts when the handshake ends, it adds up to the
+// clients' connect timeout (bus.ConnectTimeout, 10 s). Measured side by side
+// (docs/scale.md, "The embedded server's TLS timeout"): 5,000 pods at once in
+// 29.0–38.1 s against 41.2–49.6 s with 2 s, half the reconnects; at 10,000 pods
+// a wash in time, with more admissions wasted. 3 s was no better than 2 s, and
+// nats-server's tls connection_rate_limit (150 or 300 a second) slower.
+const EmbeddedTLSTimeout = 5 * time.Second
 
 // Start starts the server and waits until it accepts connections.
 func Start(c Config) (*server.Server, error) {
@@ -81,7 +93,7 @@ func Start(c Config) (*server.Server, error) {
 	}
 	if c.TLS != nil {
 		opts.TLSConfig = c.TLS
-		opts.TLSTimeout = 2
+		opts.TLSTimeout = EmbeddedTLSTimeout.Seconds()
 		opts.AllowNonTLS = c.AllowNonTLS
 	}
 	if c.StoreDir != "" {
