@@ -44,19 +44,20 @@ func (s *stack) meshctlOn(t *testing.T, bin string, args ...string) (string, err
 }
 
 // operatorCommands: issue 29's commands against the compose stack (three NATS
-// nodes, two signers, the operator service): proxy-status shows the pod's ADS
-// stream, describe shows the serial the pod serves over SDS, check passes naming
+// nodes, two signers, the operator service): proxy-status answers (the pod is
+// proxyless: no ADS stream), describe shows the serial the pod serves over SDS, check passes naming
 // every check, and bug-report writes a bundle holding each part.
 func operatorCommands(t *testing.T, h *harness) {
 	bin := meshctlBin(t)
 	var out string
 	var err error
-	testkit.EventuallyWithin(t, time.Minute, "proxy-status shows demo-0's ADS stream with types ACKed", func() bool {
-		out, err = h.st.meshctlOn(t, bin, "proxy-status")
-		return err == nil && strings.Contains(out, podRef.String()) && strings.Contains(out, "CDS") && strings.Contains(out, "ACK ")
-	})
-	if strings.Contains(out, "NACK") {
-		t.Fatalf("proxy-status:\n%s", out)
+	// The compose pod has no Envoy (its launcher runs it proxyless, gRPC xDS
+	// bootstrap only): no ADS stream goes through its xds-relay, and proxy-status
+	// must say so, not fail (against make run's stack, with Envoy's stand-in,
+	// cmd/meshctl's TestProxyStatusAndDescribeAgainstTheStack checks the ACKs).
+	out, err = h.st.meshctlOn(t, bin, "proxy-status")
+	if err != nil || !strings.Contains(out, "no open ADS streams") {
+		t.Fatalf("proxy-status against a proxyless pod: %v\n%s", err, out)
 	}
 	testkit.EventuallyWithin(t, time.Minute, "describe pod shows the serial demo-0 serves over SDS", func() bool {
 		s := h.probe.Now()
@@ -80,7 +81,7 @@ func operatorCommands(t *testing.T, h *harness) {
 		t.Fatalf("bug-report: %v\n%s", err, out)
 	}
 	files := untarBundle(t, path)
-	for name, want := range map[string]string{"version.txt": "meshctl ", "status.txt": "FLEET", "proxy-status.txt": podRef.String(),
+	for name, want := range map[string]string{"version.txt": "meshctl ", "status.txt": "FLEET", "proxy-status.txt": "no open ADS streams",
 		"certs.txt": pod, "events.jsonl": `"type":"io.meshagent.cert.issued.v1"`} {
 		if !strings.Contains(files[name], want) {
 			t.Errorf("bug report's %s lacks %q", name, want)
