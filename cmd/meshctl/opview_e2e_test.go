@@ -1,11 +1,7 @@
 package main
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"crypto/x509"
-	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -76,7 +72,7 @@ func TestProxyStatusAndDescribeAgainstTheStack(t *testing.T) {
 	if out, err := meshctl(t, "bug-report", "-dir", dir, "-o", bundlePath); err != nil || !strings.Contains(out, "wrote "+bundlePath) {
 		t.Fatalf("bug-report: %v\n%s", err, out)
 	}
-	files := untar(t, bundlePath)
+	files := testkit.ReadTarGz(t, bundlePath, "meshagent-bug-report/")
 	for name, want := range map[string]string{"version.txt": "meshctl ", "status.txt": "FLEET", "check.txt": "all checks passed",
 		"proxy-status.txt": "default/demo-0", "certs.txt": serial[:12], "events.jsonl": `"type":"io.meshagent.cert.issued.v1"`,
 		"trust.txt": "cluster.local", "stack.json": `"nats_url"`, "logs/signer.log": ""} {
@@ -154,34 +150,4 @@ func checkFailsWithTheSignerFrozen(t *testing.T, dir string, st *stackfile.Stack
 		out, err = meshctl(t, "check", "-dir", dir)
 		return err == nil && strings.Contains(out, "all checks passed")
 	})
-}
-
-// untar reads a .tar.gz into file name (without its top directory) -> content.
-func untar(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(zr)
-	out := map[string]string{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[strings.TrimPrefix(h.Name, "meshagent-bug-report/")] = string(data)
-	}
 }

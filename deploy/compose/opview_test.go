@@ -3,9 +3,6 @@
 package compose
 
 import (
-	"archive/tar"
-	"compress/gzip"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,41 +77,11 @@ func operatorCommands(t *testing.T, h *harness) {
 	if out, err := h.st.meshctlOn(t, bin, "bug-report", "-o", path); err != nil || !strings.Contains(out, "wrote "+path) {
 		t.Fatalf("bug-report: %v\n%s", err, out)
 	}
-	files := untarBundle(t, path)
+	files := testkit.ReadTarGz(t, path, "meshagent-bug-report/")
 	for name, want := range map[string]string{"version.txt": "meshctl ", "status.txt": "FLEET", "proxy-status.txt": "no open ADS streams",
 		"certs.txt": pod, "events.jsonl": `"type":"io.meshagent.cert.issued.v1"`} {
 		if !strings.Contains(files[name], want) {
 			t.Errorf("bug report's %s lacks %q", name, want)
 		}
-	}
-}
-
-// untarBundle reads a bug report into file name (without its top directory) -> content.
-func untarBundle(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(zr)
-	out := map[string]string{}
-	for {
-		hd, err := tr.Next()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[strings.TrimPrefix(hd.Name, "meshagent-bug-report/")] = string(data)
 	}
 }
