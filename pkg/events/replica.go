@@ -6,10 +6,9 @@ import (
 )
 
 // Reaching one signer replica. A request in the signer queue group goes where the
-// bus puts it: nats-server prefers a queue member on the requester's own node, so
-// while a replica there is frozen (a paused VM, a stopped process) every request
-// from that node waits on it, until the node drops the connection for missed
-// pings. A requester whose request timed out in the queue group asks who answers
+// bus puts it: nats-server picks a queue member at random, so while a replica is
+// frozen (a paused VM, a stopped process) it keeps its share of the requests, which
+// wait on it until its node drops the connection for missed pings. A requester whose request timed out in the queue group asks who answers
 // now (SubjectSignerPing, no queue group: every live replica replies with a
 // SignerPong) and sends the request again straight to one that did, on that
 // replica's sign subject:

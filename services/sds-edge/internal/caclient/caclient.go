@@ -113,8 +113,8 @@ func (n *NATS) subject(pod events.PodRef) (string, error) {
 }
 
 // ask sends req on subject, in the signer queue group, with half the time ctx
-// leaves. When that half runs out unanswered — nats-server prefers the queue
-// member on our own node, even a frozen one, until the node drops it for missed
+// leaves. When that half runs out unanswered — nats-server may hand the request
+// to a frozen member, which keeps its share until its node drops it for missed
 // pings — it asks which signer replicas answer now (events.SubjectSignerPing) and
 // sends req straight to the first that did, with the rest of the time. A pod's
 // request only: its bus permissions include its sign subject's replica form.
