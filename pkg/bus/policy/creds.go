@@ -85,6 +85,7 @@ func loadOrCreate(path string, create func() (nkeys.KeyPair, error), want nkeys.
 const maxSeedFile = 4 << 10
 
 // ReadSeed reads an nkey seed file and checks that it holds the wanted kind of key.
+// The pair it returns derives its signing key once (signingKey).
 // A seed is a password: a file that others, or a group this process is not in,
 // may read is refused (OpenSecret).
 func ReadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
@@ -103,5 +104,9 @@ func ReadSeed(path string, want nkeys.PrefixByte) (nkeys.KeyPair, error) {
 	if nkeys.Prefix(pub) != want {
 		return nil, fmt.Errorf("%s: not the seed of an nkey of kind %s", path, want)
 	}
-	return kp, nil
+	fast, err := newSigningKey(kp)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return fast, nil
 }
