@@ -165,6 +165,7 @@ type Issuer struct {
 	now     func() time.Time
 	again   *reissues
 	vouched vouched
+	finish  finishTime
 }
 
 // New returns an issuer. tokens may be nil (tokens then fail to authenticate).
@@ -200,6 +201,7 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 			break
 		}
 	}
+	i.finish.observe(i.now().Sub(is.signed))
 	return is.recorded(err)
 }
 
@@ -236,6 +238,7 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 	store = func(k int) {
 		pub.Publish(is.msgs[k], deadline, func(err error) {
 			if err != nil || k == len(is.msgs)-1 {
+				i.finish.observe(i.now().Sub(is.signed))
 				done(is.recorded(err))
 				return
 			}
@@ -248,12 +251,13 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 // issued is a signed certificate whose writes are yet to be stored, in order: for
 // a pod's certificate its record (Config.Records), then cert.issued.
 type issued struct {
-	i    *Issuer
-	res  Result
-	ev   events.CertIssued
-	msgs []*nats.Msg
-	via  Via
-	src  string // the caller's auth source
+	i      *Issuer
+	signed time.Time // when the certificate was signed
+	res    Result
+	ev     events.CertIssued
+	msgs   []*nats.Msg
+	via    Via
+	src    string // the caller's auth source
 }
 
 // recorded is the outcome once storing cert.issued returned err: the result, or
@@ -394,6 +398,11 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	if req.Expired(i.now()) {
 		return expired()
 	}
+	if i.finish.tooLate(req.Deadline, i.now()) {
+		i.metrics.Expired.WithLabelValues(t).Inc()
+		i.log.Debug("request dropped: too little time left to answer it", "transport", t, "deadline", req.Deadline, "left", req.Deadline.Sub(i.now()), "needed", i.finish.margin())
+		return nil, errf(events.CodeDeadlineExceeded, "request expires at %s, sooner than its answer could be recorded and sent (%s)", req.Deadline.UTC().Format(time.RFC3339Nano), i.finish.margin())
+	}
 	if signing == mat && i.cfg.Lives != nil {
 		if err := i.cfg.Lives.NoteLife(ctx, ttl+ca.Backdate); err != nil {
 			i.metrics.SignFail.WithLabelValues(t).Inc()
@@ -444,7 +453,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 			return nil, errf(events.CodeInternal, "endorse signer %q's roots: %v", req.CertSigner, err)
 		}
 	}
-	return &issued{i: i, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source}, nil
+	return &issued{i: i, signed: now, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source}, nil
 }
 
 // vouched keeps each named signer's roots as the mesh CA endorsed them, made
