@@ -165,6 +165,30 @@ func TestNamedSignerChainServedFromARealSigner(t *testing.T) {
 			if n := metric(t, p.http, `meshagent_sds_edge_trust_rejected_total{source="sign-reply"}`); n != 0 {
 				t.Errorf("%v sign replies refused:\n%s", n, p.logs.String())
 			}
+			// Envoy's BoringSSL and OpenSSL take the chain the pod serves, with its
+			// key, to the partner's root and to the roots the pod serves in ROOTCA,
+			// and not to the mesh's root alone.
+			keyPEM, err := os.ReadFile(filepath.Join(p.root, "certs", "key.pem"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, err := pki.ParseKeyPEM(keyPEM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, stack := range []string{testkit.StackOpenSSL, testkit.StackBoringSSL} {
+				for _, trust := range []struct {
+					name  string
+					roots []*x509.Certificate
+				}{{"the partner's root", partner[:1]}, {"the pod's root-cert.pem", roots}} {
+					if err := testkit.ToolAccepts(t, stack, chain, key, trust.roots); err != nil {
+						t.Errorf("%s trusting %s: %v", stack, trust.name, err)
+					}
+				}
+				if err := testkit.ToolAccepts(t, stack, chain, key, mesh[:1]); err == nil {
+					t.Errorf("%s accepted the partner's chain trusting the mesh root alone", stack)
+				}
+			}
 		})
 	}
 }
