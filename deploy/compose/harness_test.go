@@ -190,6 +190,19 @@ func (h *harness) end(t *testing.T, f *fault) {
 		f.note("dropped by publishers: %v", faultcheck.ByKind(dropped))
 	}
 	if f.noUnreceived {
+		// served was read before the stream was settled, which can take seconds:
+		// a renewal issued meanwhile (the rotator's schedule goes on) reaches the
+		// pod after that first look. Look again, giving a certificate issued in
+		// the last seconds the time to be served.
+		testkit.Poll(10*time.Second, func() bool {
+			served = h.probe.ServedSince(f.start)
+			for _, i := range h.ledger.IssuedSince(f.start, podRef) {
+				if !served[i.Serial] && time.Since(i.At) < 10*time.Second {
+					return false
+				}
+			}
+			return true
+		})
 		var signerLogs string
 		withheld := 0
 		for _, i := range h.ledger.IssuedSince(f.start, podRef) {
