@@ -252,7 +252,7 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 // a pod's certificate its record (Config.Records), then cert.issued.
 type issued struct {
 	i      *Issuer
-	signed time.Time // when the certificate was signed
+	signed time.Time // when its signing began (the finish margin counts from here)
 	res    Result
 	ev     events.CertIssued
 	msgs   []*nats.Msg
