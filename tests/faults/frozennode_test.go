@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -48,19 +47,7 @@ func TestFrozenStreamLeader(t *testing.T) {
 	}
 	// Two signers, each on a node of its own choosing, as the pod and the rotator.
 	f := startFleetAs(t, c, layout{signers: []string{c.urls(), c.urls()}, pod: c.urls()})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	watch := faultcheck.WatchPod(ctx, f.socket, "faults~"+pod, "", 100*time.Millisecond)
-	testkit.EventuallyWithin(t, time.Minute, "the pod's first certificate and both signers ready", func() bool {
-		f.alive(t)
-		for _, a := range f.signerHTTP {
-			if code, _ := testkit.HTTPGet("http://" + a + "/readyz"); code != 200 {
-				return false
-			}
-		}
-		return watch.Now().Cur.Leaf != nil
-	})
-	whole(t, nc)
+	watch := watchReadyFleet(t, f, nc)
 	unhealthy := func() (worst int) {
 		for _, a := range f.signerHTTP {
 			_, body := testkit.HTTPGet("http://" + a + "/metrics")

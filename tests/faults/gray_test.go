@@ -39,19 +39,7 @@ func TestFrozenSigner(t *testing.T) {
 	// that have one, so about half).
 	n1, n2 := "nats://"+c.client["n1"], "nats://"+c.client["n2"]
 	f := startFleetAs(t, c, layout{signers: []string{n1, n2}, pod: n2})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	watch := faultcheck.WatchPod(ctx, f.socket, "faults~"+pod, "", 100*time.Millisecond)
-	testkit.EventuallyWithin(t, time.Minute, "the pod's first certificate and both signers ready", func() bool {
-		f.alive(t)
-		for _, a := range f.signerHTTP {
-			if code, _ := testkit.HTTPGet("http://" + a + "/readyz"); code != 200 {
-				return false
-			}
-		}
-		return watch.Now().Cur.Leaf != nil
-	})
-	whole(t, nc)
+	watch := watchReadyFleet(t, f, nc)
 	probes, err := nats.Connect(n2)
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/devtoken"
+	"github.com/meshagent/meshagent/pkg/faultcheck"
 	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/nats-io/nats.go"
 )
 
 // binDir holds the service binaries: $MESHAGENT_BIN (make's bin/) or built by TestMain.
@@ -216,4 +218,25 @@ func (f *fleet) alive(t *testing.T) {
 // bundleCtx is a short deadline for one bus request.
 func bundleCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 3*time.Second)
+}
+
+// watchReadyFleet watches the fleet's pod over SDS until it serves its first
+// certificate and every signer is ready, with the cluster whole; the watch ends
+// with the test.
+func watchReadyFleet(t *testing.T, f *fleet, nc *nats.Conn) *faultcheck.PodWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	watch := faultcheck.WatchPod(ctx, f.socket, "faults~"+pod, "", 100*time.Millisecond)
+	testkit.EventuallyWithin(t, time.Minute, "the pod's first certificate and both signers ready", func() bool {
+		f.alive(t)
+		for _, a := range f.signerHTTP {
+			if code, _ := testkit.HTTPGet("http://" + a + "/readyz"); code != 200 {
+				return false
+			}
+		}
+		return watch.Now().Cur.Leaf != nil
+	})
+	whole(t, nc)
+	return watch
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -52,15 +51,7 @@ func TestTooLittleTimeLeftIsNotSigned(t *testing.T) {
 	pub := &slowPub{clock: clock, per: 200 * time.Millisecond}
 	ask := func(left time.Duration) error {
 		t.Helper()
-		key, err := pki.GenerateKey(pki.ECP256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		csr, err := pki.NewCSR(key, tokenID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := events.SignRequest{CSR: string(csr), Token: fi.token, Pod: events.PodRef{Namespace: "shop", Name: tokenPod}}
+		req := fi.podRequest(t)
 		if left != 0 {
 			req.Deadline = clock.Now().Add(left)
 		}

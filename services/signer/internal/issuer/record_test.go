@@ -47,15 +47,7 @@ func (p *orderedPub) Publish(msg *nats.Msg, _ time.Time, done func(error)) {
 func TestTheRecordIsStoredBeforeCertIssued(t *testing.T) {
 	fi := newFuzzIssuer(t)
 	fi.iss.cfg.Records = testRecorder{}
-	key, err := pki.GenerateKey(pki.ECP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	csr, err := pki.NewCSR(key, tokenID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := events.SignRequest{CSR: string(csr), Token: fi.token, Pod: events.PodRef{Namespace: "shop", Name: tokenPod}}
+	req := fi.podRequest(t)
 	issue := func(pub *orderedPub) error {
 		t.Helper()
 		var got error
@@ -79,7 +71,7 @@ func TestTheRecordIsStoredBeforeCertIssued(t *testing.T) {
 	}
 
 	pub = &orderedPub{fail: map[string]bool{recordSubject: true}}
-	err = issue(pub)
+	err := issue(pub)
 	var ie *Error
 	if !errors.As(err, &ie) || ie.Code != events.CodeUnavailable {
 		t.Fatalf("got %v, want unavailable", err)
@@ -87,4 +79,19 @@ func TestTheRecordIsStoredBeforeCertIssued(t *testing.T) {
 	if len(pub.published) != 0 {
 		t.Fatalf("stored %v although the record failed: the history would name a refused certificate", pub.published)
 	}
+}
+
+// podRequest is a sign request for the token's pod with a fresh key and its
+// pod-bound token.
+func (fi *fuzzIssuer) podRequest(t *testing.T) events.SignRequest {
+	t.Helper()
+	key, err := pki.GenerateKey(pki.ECP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := pki.NewCSR(key, tokenID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events.SignRequest{CSR: string(csr), Token: fi.token, Pod: events.PodRef{Namespace: "shop", Name: tokenPod}}
 }
