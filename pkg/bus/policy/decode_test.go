@@ -1,0 +1,126 @@
+package policy_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+)
+
+// serverRequest is a connect request as nats-server makes one: issued and signed by
+// the server's key, for a user nkey, with the client's token.
+func serverRequest(t testing.TB) (string, *jwt.AuthorizationRequestClaims) {
+	t.Helper()
+	server, _ := nkeys.CreateServer()
+	spub, _ := server.PublicKey()
+	user, _ := nkeys.CreateUser()
+	upub, _ := user.PublicKey()
+	req := jwt.NewAuthorizationRequestClaims(spub)
+	req.Server = jwt.ServerID{ID: spub, Name: "nats-0", Host: "127.0.0.1"}
+	req.UserNkey = upub
+	req.ConnectOptions = jwt.ConnectOptions{Token: strings.Repeat("t", 800), Username: "default/web-1", Name: "sds-edge"}
+	req.ClientInformation = jwt.ClientInformation{Host: "10.0.0.7", ID: 42, Kind: "Client", Type: "nats"}
+	req.Expires = time.Now().Add(2 * time.Second).Unix()
+	token, err := req.Encode(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token, req
+}
+
+// The request decodes to exactly what nats' own (verifying) decoder makes of it.
+func TestAuthRequestDecodedAsJWTDecodesIt(t *testing.T) {
+	token, sent := serverRequest(t)
+	got, err := policy.DecodeAuthRequest([]byte(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := jwt.DecodeAuthorizationRequestClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decoded\n%+v\nnats' decoder\n%+v", got, want)
+	}
+	if got.ConnectOptions.Token != strings.Repeat("t", 800) || got.Expires != sent.Expires || got.IssuedAt == 0 {
+		t.Fatalf("token %d bytes, issued %d expires %d (sent %d)", len(got.ConnectOptions.Token), got.IssuedAt, got.Expires, sent.Expires)
+	}
+}
+
+// Anything but a server's authorization request for a user is refused with an
+// error that says what it is.
+func TestMalformedAuthRequestsRefused(t *testing.T) {
+	token, req := serverRequest(t)
+	chunks := strings.Split(token, ".")
+	enc := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	with := func(edit func(c *jwt.AuthorizationRequestClaims)) string {
+		c := *req
+		edit(&c)
+		return chunks[0] + "." + enc(c) + "." + chunks[2]
+	}
+	account, _ := nkeys.CreateAccount()
+	apub, _ := account.PublicKey()
+	user, _ := nkeys.CreateUser()
+	upub, _ := user.PublicKey()
+	userJWT, err := jwt.NewUserClaims(upub).Encode(account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, data, says string }{
+		{"empty", "", "3 chunks"},
+		{"two chunks", chunks[0] + "." + chunks[1], "3 chunks"},
+		{"not base64", chunks[0] + ".!!!." + chunks[2], "claims"},
+		{"not JSON", chunks[0] + "." + base64.RawURLEncoding.EncodeToString([]byte("{")) + "." + chunks[2], "claims"},
+		{"another algorithm", enc(jwt.Header{Type: "JWT", Algorithm: "HS256"}) + "." + chunks[1] + "." + chunks[2], "algorithm"},
+		{"a user JWT", userJWT, "not an authorization request"},
+		{"issued by an account", with(func(c *jwt.AuthorizationRequestClaims) { c.Issuer = apub; c.Server.ID = apub }), "not a server's request"},
+		{"issued by another server", with(func(c *jwt.AuthorizationRequestClaims) { c.Server.ID = "NBADSERVER" }), "not a server's request"},
+		{"no user nkey", with(func(c *jwt.AuthorizationRequestClaims) { c.UserNkey = "" }), "no user nkey"},
+		{"an account as the user", with(func(c *jwt.AuthorizationRequestClaims) { c.UserNkey = apub }), "no user nkey"},
+		{"too large", strings.Repeat("a", jwt.MaxTokenSize+1), "more than a JWT"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := policy.DecodeAuthRequest([]byte(tc.data))
+			if err == nil {
+				t.Fatalf("decoded: %+v", got)
+			}
+			if !strings.Contains(err.Error(), tc.says) || !strings.HasPrefix(err.Error(), "decode auth request: ") {
+				t.Fatalf("error %q does not say %q", err, tc.says)
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeAuthRequest: the callout's decode beside nats' decoder, which
+// also checks the request's self-signed signature (DecodeAuthRequest says why the
+// callout does not).
+func BenchmarkDecodeAuthRequest(b *testing.B) {
+	token, _ := serverRequest(b)
+	b.Run("callout", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := policy.DecodeAuthRequest([]byte(token)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("jwt-verifying", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := jwt.DecodeAuthorizationRequestClaims(token); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
