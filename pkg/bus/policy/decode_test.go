@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/nats-io/jwt/v2"
@@ -123,4 +126,63 @@ func BenchmarkDecodeAuthRequest(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestOnlyTheServerRequestsAdmission: DecodeAuthRequest leaves the request's
+// self-signed signature unchecked because no one but nats-server can publish where
+// the callout listens. Every role's user and an admitted pod try to, with a request
+// signed by a server key of their own and with bytes that are no request; the
+// callout's subscription receives only the server's requests for real connects.
+func TestOnlyTheServerRequestsAdmission(t *testing.T) {
+	m := newMesh(t)
+	listener := m.Conn(t, policy.Callout, nil)
+	var forged, real atomic.Int64
+	if _, err := listener.Subscribe(policy.AuthCalloutSubject, func(msg *nats.Msg) {
+		req, err := policy.DecodeAuthRequest(msg.Data)
+		if err != nil || req.ConnectOptions.Name == "forged" {
+			forged.Add(1)
+			return
+		}
+		real.Add(1)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	flushed(t, listener)
+
+	_, forgedClaims := serverRequest(t)
+	forgedClaims.ConnectOptions.Name = "forged"
+	kp, _ := nkeys.CreateServer()
+	kpub, _ := kp.PublicKey()
+	forgedClaims.Server.ID = kpub
+	forgedClaims.Issuer = kpub
+	signed, err := forgedClaims.Encode(kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	senders := []*nats.Conn{m.pod(t, "pod-a", nil), listener}
+	for _, r := range policy.Users {
+		senders = append(senders, m.Conn(t, r, nil))
+	}
+	for _, nc := range senders {
+		for _, data := range []string{signed, "forged"} {
+			_ = nc.Publish(policy.AuthCalloutSubject, []byte(data))
+			_, _ = nc.Request(policy.AuthCalloutSubject, []byte(data), 50*time.Millisecond)
+		}
+	}
+	flushed(t, senders...)
+	// A real connect after the forgeries: once its request has arrived, so would
+	// anything published before it.
+	before := real.Load()
+	m.pod(t, "pod-b", nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for real.Load() == before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if real.Load() == before {
+		t.Fatal("the callout's subscription received no request for a real connect")
+	}
+	flushed(t, listener)
+	if n := forged.Load(); n != 0 {
+		t.Fatalf("%d forged requests reached the callout", n)
+	}
 }
