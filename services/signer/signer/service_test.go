@@ -424,6 +424,55 @@ func TestRunReportsStartupFailure(t *testing.T) {
 	}
 }
 
+// A burst as a wave of pods sends it — every request at once, each carrying its
+// requester's deadline as sds-edge's do — is held and answered, not dropped:
+// PendingPerWorker requests per worker may wait. (With 4 per worker, a storm's
+// bursts were dropped and each of their pods waited out its whole timeout.)
+func TestNATSBurstIsHeldNotDropped(t *testing.T) {
+	e := newEnv(t)
+	c := e.config("signer-a")
+	c.Workers = 1
+	s := e.start(t, c)
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	token := e.token(t, "shop", "web")
+	inbox := nats.NewInbox()
+	replies, err := e.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const burst = 64 // one worker: PendingPerWorker (64) waiting, one in hand
+	deadline := time.Now().Add(time.Minute)
+	for range burst {
+		msg, err := events.NewSignRequestMsg(events.SubjectSignAny, events.EncodingCompact, "test", events.SignRequest{CSR: string(csr), Token: token, Deadline: deadline})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg.Reply = inbox
+		if err := e.nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	signed := 0
+	for i := range burst {
+		m, err := replies.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of %d requests answered: %v", i, burst, err)
+		}
+		if rep, _, err := events.DecodeSignReply(m); err == nil && rep.Error == nil && len(rep.CertChain) > 0 {
+			signed++
+		}
+	}
+	if signed != burst {
+		t.Fatalf("%d of %d requests signed", signed, burst)
+	}
+	if body := s.metrics(t); !strings.Contains(body, "meshagent_signer_nats_requests_dropped_total 0") {
+		t.Fatalf("requests dropped in a burst of %d:\n%s", burst, body)
+	}
+}
+
 // Under a storm the signer keeps at most Workers*PendingPerWorker requests waiting
 // and drops the rest (their callers time out and retry) instead of queueing megabytes
 // of requests to sign minutes late; the drops are counted.

@@ -142,7 +142,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
-		"NATS requests dropped unanswered because -workers x 4 were already waiting (slow consumer); callers retry.", s.nats.Dropped)
+		fmt.Sprintf("NATS requests dropped unanswered because -workers x %d were already waiting (slow consumer); callers retry.", natsapi.PendingPerWorker), s.nats.Dropped)
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))

@@ -39,8 +39,15 @@ const requestTimeout = 15 * time.Second
 // PendingPerWorker is how many received requests may wait per worker. Beyond
 // Workers*PendingPerWorker waiting messages NATS drops new ones (slow consumer): the
 // caller times out and retries, rather than the signer working through requests
-// their callers gave up on long ago.
-const PendingPerWorker = 4
+// their callers gave up on long ago. It holds a wave's burst: with 4 per worker
+// (256 at the default 64 workers) the pods that connected together in a storm sent
+// more at once, each dropped one waited out its whole timeout, and that wait was
+// most of a 5,000-pod storm (14.8–15.7 s against 8.2–8.5 s with 64 per worker,
+// docs/scale.md). A request that carries its requester's deadline (sds-edge's do)
+// is dropped unsigned when a worker reaches it too late, so holding more costs a
+// decode, not a signature; a full queue of 4,096 at the default is 6 MiB of
+// requests and a second or two of signing.
+const PendingPerWorker = 64
 
 // The bundle and rotation requests are rare: they get their own goroutine each, at
 // most this many at once.
