@@ -290,7 +290,10 @@ func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 	retry := bus.Reconnect.Start()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		rep, err := signRequest(rctx, nc, p.subject, events.SignRequest{CSR: p.csr, Token: p.token, KeyAlgorithm: string(pki.ECP256)}, "sign")
+		// The deadline travels with the request, as sds-edge sends it: the signer
+		// signs nothing for a request whose pod has stopped waiting.
+		deadline, _ := rctx.Deadline()
+		rep, err := signRequest(rctx, nc, p.subject, events.SignRequest{CSR: p.csr, Token: p.token, KeyAlgorithm: string(pki.ECP256), Deadline: deadline}, "sign")
 		cancel()
 		if err == nil && rep.Error == nil {
 			return nil
