@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,5 +36,31 @@ func TestBenchStormCertifiesEveryPod(t *testing.T) {
 	}
 	if out, err := meshctl(t, "bench", "storm", "-dir", dir, "-pods", "0"); err == nil {
 		t.Fatalf("bench storm -pods 0 accepted:\n%s", out)
+	}
+	if out, err := meshctl(t, "bench", "storm", "-dir", dir, "-pods", "1", "-rotate", "sideways"); err == nil || !strings.Contains(err.Error()+out, "-rotate") {
+		t.Fatalf("bench storm -rotate sideways: %v\n%s", err, out)
+	}
+}
+
+// meshctl bench storm -rotate: after the storm a new-key root rotation through the
+// stack's real signer and rotator, each live pod renewing on the rotator's command
+// until it holds a certificate of the new root generation.
+func TestBenchStormRotatesLivePods(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	startStack(t, devstack.Config{Dir: dir, Pods: 0, LeafTTL: time.Hour})
+	out, err := meshctl(t, "bench", "storm", "-dir", dir, "-pods", "20", "-conns", "1", "-timeout", "40s", "-rotate", "new-key", "-o", "json")
+	if err != nil {
+		t.Fatalf("bench storm -rotate: %v\n%s", err, out)
+	}
+	var r cli.StormBench
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("bench storm -o json: %v\n%s", err, out)
+	}
+	ro := r.Rotation
+	if r.Certified != 20 || ro == nil {
+		t.Fatalf("bench storm -rotate: %+v", r)
+	}
+	if !ro.NewKey || ro.Pods != 20 || ro.Rotated != 20 || ro.Seconds <= 0 || ro.Commands < 20 {
+		t.Fatalf("rotation: %+v", *ro)
 	}
 }

@@ -59,6 +59,24 @@ type StormBench struct {
 	SignerCPUMicroPerPod float64 `json:"signer_cpu_us_per_pod,omitempty"`
 	NATSCPUMicroPerPod   float64 `json:"nats_cpu_us_per_pod,omitempty"`
 	NATSBytesPerConn     float64 `json:"nats_bytes_per_connection,omitempty"`
+	// Rotation is the root rotation after the storm (-rotate), when asked for.
+	Rotation *StormRotation `json:"rotation,omitempty"`
+}
+
+// StormRotation is a root rotation of the storm's live pods through the real
+// signer and rotator: from the signer's answer to the rotate request until every
+// pod held a certificate of the new root generation, each pod renewing when the
+// rotator's renew command reached it, as sds-edge does.
+type StormRotation struct {
+	NewKey    bool    `json:"new_key"`
+	Pods      int     `json:"pods"`
+	Rotated   int     `json:"rotated"`
+	Seconds   float64 `json:"seconds"`
+	PerSecond float64 `json:"pods_per_second"`
+	// Commands counts the renew commands the pods received (one each when none was
+	// repeated); SignerCPUMicroPerPod is the signer's CPU per rotated pod.
+	Commands             int     `json:"renew_commands"`
+	SignerCPUMicroPerPod float64 `json:"signer_cpu_us_per_pod,omitempty"`
 }
 
 // runBenchStorm: -pods simulated pods, each with -conns bus connections made
@@ -67,7 +85,7 @@ type StormBench struct {
 // for one certificate on its identity subject, as sds-edge does, retrying on the
 // shared backoff schedule until -timeout.
 func runBenchStorm(ctx context.Context, env Env, args []string) error {
-	var dir, ns, sa, output string
+	var dir, ns, sa, output, rotate string
 	var pods, conns, signerPID, natsPID int
 	var timeout time.Duration
 	var bf busFlags
@@ -82,6 +100,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	fs.Int(&signerPID, "signer-pid", "", 0, "pid of a local signer (default: the local stack's)")
 	fs.Int(&natsPID, "nats-pid", "", 0, "pid of the local nats-server process (default: the one listening on the stack's NATS port)")
 	fs.String(&output, "o", "", "text", "output: text or json")
+	fs.String(&rotate, "rotate", "", "none", "after the storm, rotate the root (same-key or new-key) and time the live pods' renewals until each holds a certificate of the new root")
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -97,6 +116,9 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	}
 	if output != "text" && output != "json" {
 		errs = append(errs, fmt.Errorf("-o: %q, want text or json", output))
+	}
+	if rotate != "none" && rotate != "same-key" && rotate != "new-key" {
+		errs = append(errs, fmt.Errorf("-rotate: %q, want none, same-key or new-key", rotate))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -157,6 +179,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 			mu.Unlock()
 			held.Add(int64(len(ncs)))
 			if err == nil {
+				p.conn = ncs[0]
 				err = p.certify(ctx, ncs[0])
 			}
 			if err != nil {
@@ -196,6 +219,16 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 		res.WastedCerts = max(0, int(issued)-res.Certified)
 		res.Wasted = res.WastedAdmissions + res.WastedCerts
 	}
+	if rotate != "none" && res.Certified > 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), timeout)
+		rot, err := rotateStorm(rctx, sim, &bf, st, rotate == "new-key", signer)
+		cancel()
+		if err != nil {
+			closeAll(open)
+			return err
+		}
+		res.Rotation = rot
+	}
 	closeAll(open)
 	res.ConnectErrors = tally.snapshot()
 	if output == "json" {
@@ -214,6 +247,14 @@ func printStorm(w io.Writer, r StormBench) {
 	}
 	fmt.Fprintf(w, "signer      %.0f µs CPU per pod\n", r.SignerCPUMicroPerPod)
 	fmt.Fprintf(w, "nats-server %.0f µs CPU per pod, %.1f KiB per connection\n", r.NATSCPUMicroPerPod, r.NATSBytesPerConn/1024)
+	if ro := r.Rotation; ro != nil {
+		key := "same key"
+		if ro.NewKey {
+			key = "new key"
+		}
+		fmt.Fprintf(w, "rotation    root (%s): %d of %d pods certified under the new root in %.2f s (%.0f pods/s), %d renew commands, signer %.0f µs CPU per pod\n",
+			key, ro.Rotated, ro.Pods, ro.Seconds, ro.PerSecond, ro.Commands, ro.SignerCPUMicroPerPod)
+	}
 }
 
 // simPod is one simulated pod: its token file, identity subject and CSR.
@@ -223,6 +264,10 @@ type simPod struct {
 	file    string
 	subject string
 	csr     string
+	// conn is the connection the pod asks for certificates on; generation is the
+	// root generation of its latest certificate.
+	conn       *nats.Conn
+	generation atomic.Uint64
 }
 
 func preparePods(iss *devtoken.Issuer, st *stackfile.Stack, dir, ns, sa string, n int) ([]*simPod, error) {
@@ -285,7 +330,8 @@ func deadlineOf(ctx context.Context) time.Time {
 	return time.Now().Add(time.Minute)
 }
 
-// certify asks for the pod's certificate on its identity subject until answered.
+// certify asks for the pod's certificate on its identity subject until answered,
+// and keeps the root generation it was signed under.
 func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 	retry := bus.Reconnect.Start()
 	for {
@@ -296,6 +342,7 @@ func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 		rep, err := signRequest(rctx, nc, p.subject, events.SignRequest{CSR: p.csr, Token: p.token, KeyAlgorithm: string(pki.ECP256), Deadline: deadline}, "sign")
 		cancel()
 		if err == nil && rep.Error == nil {
+			p.generation.Store(rep.Generation)
 			return nil
 		}
 		if err == nil {
