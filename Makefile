@@ -78,7 +78,8 @@ fuzz-smoke:
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=4s
 
 # BenchmarkStorm (cmd/meshctl) storms a fresh `meshctl up -pods 0` with `meshctl bench
-# storm` at STORM_PODS (default 1000,5000,10000) pods of STORM_CONNS (default 3) connections.
+# storm` at STORM_PODS (default 1000,5000,10000) pods of STORM_CONNS (default 1) connections,
+# then a root rotation of them (STORM_ROTATE: new-key, same-key or none).
 bench: build
 	set -o pipefail; MESHAGENT_BIN=$(BIN) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m $(PKGS) | tee bench.out
 
