@@ -321,12 +321,14 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 	reqs, toks := csrs(b, n), tokens(b, iss, n)
 	e := &endToEnd{client: connect(), msgs: make([]*nats.Msg, n)}
 	for i := range e.msgs {
-		pod := fmt.Sprintf("pod-%d", i)
-		subject, err := events.PodSignSubject(shopPod(pod))
+		// A pod of the tokens' namespace: a pod is namespace and name, and the
+		// signer refuses a pod outside its identity's namespace.
+		pod := events.PodRef{Namespace: "bench", Name: fmt.Sprintf("pod-%d", i)}
+		subject, err := events.PodSignSubject(pod)
 		if err != nil {
 			b.Fatal(err)
 		}
-		e.msgs[i], err = events.NewMsgOn(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: shopPod(pod)})
+		e.msgs[i], err = events.NewMsgOn(subject, "bench", events.SignRequest{CSR: string(reqs[i]), Token: toks[i], Pod: pod})
 		if err != nil {
 			b.Fatal(err)
 		}
