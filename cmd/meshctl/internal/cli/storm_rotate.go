@@ -63,13 +63,15 @@ func rotateStorm(ctx context.Context, sim []*simPod, bf *busFlags, st *stackfile
 	}
 	// Every subscription in place before the rotation.
 	var wg sync.WaitGroup
-	var flushErr atomic.Value
+	var flushErr error
 	next := make(chan *simPod)
 	for range flushers {
 		wg.Go(func() {
 			for p := range next {
 				if err := p.conn.FlushWithContext(ctx); err != nil {
-					flushErr.Store(fmt.Errorf("pod %s: %w", p.pod, err))
+					mu.Lock()
+					flushErr = fmt.Errorf("pod %s: subscribe to its renew commands: %w", p.pod, err)
+					mu.Unlock()
 				}
 			}
 		})
@@ -79,8 +81,8 @@ func rotateStorm(ctx context.Context, sim []*simPod, bf *busFlags, st *stackfile
 	}
 	close(next)
 	wg.Wait()
-	if err, ok := flushErr.Load().(error); ok {
-		return nil, err
+	if flushErr != nil {
+		return nil, flushErr
 	}
 	admin, err := bf.connect(ctx, st, "meshctl bench storm")
 	if err != nil {
