@@ -424,16 +424,22 @@ func TestRunReportsStartupFailure(t *testing.T) {
 	}
 }
 
-// A burst as a wave of pods sends it — every request at once, each carrying its
-// requester's deadline as sds-edge's do — is held and answered, not dropped:
-// PendingPerWorker requests per worker may wait. (With 4 per worker, a storm's
-// bursts were dropped and each of their pods waited out its whole timeout.)
-func TestNATSBurstIsHeldNotDropped(t *testing.T) {
+// oneWorkerSigner is a signer with one NATS worker, and a CSR for askedID.
+func oneWorkerSigner(t *testing.T) (*env, *replica, []byte) {
 	e := newEnv(t)
 	c := e.config("signer-a")
 	c.Workers = 1
 	s := e.start(t, c)
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	return e, s, csr
+}
+
+// A burst as a wave of pods sends it — every request at once, each carrying its
+// requester's deadline as sds-edge's do — is held and answered, not dropped:
+// PendingPerWorker requests per worker may wait. (With 4 per worker, a storm's
+// bursts were dropped and each of their pods waited out its whole timeout.)
+func TestNATSBurstIsHeldNotDropped(t *testing.T) {
+	e, s, csr := oneWorkerSigner(t)
 	token := e.token(t, "shop", "web")
 	inbox := nats.NewInbox()
 	replies, err := e.nc.SubscribeSync(inbox)
@@ -477,11 +483,7 @@ func TestNATSBurstIsHeldNotDropped(t *testing.T) {
 // and drops the rest (their callers time out and retry) instead of queueing megabytes
 // of requests to sign minutes late; the drops are counted.
 func TestNATSStormIsShedNotQueued(t *testing.T) {
-	e := newEnv(t)
-	c := e.config("signer-a")
-	c.Workers = 1
-	s := e.start(t, c)
-	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	e, s, csr := oneWorkerSigner(t)
 	msg, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
 	if err != nil {
 		t.Fatal(err)

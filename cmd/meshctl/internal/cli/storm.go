@@ -164,7 +164,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	defer cancel()
 	var certified, failed, held atomic.Int64
 	var mu sync.Mutex
-	var last time.Time
+	var last latest
 	var open []*nats.Conn
 	tally := &errTally{counts: map[string]int{}}
 	log := hclog.NewInterceptLogger(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Debug})
@@ -187,17 +187,13 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 				return
 			}
 			certified.Add(1)
-			mu.Lock()
-			if now := time.Now(); now.After(last) {
-				last = now
-			}
-			mu.Unlock()
+			last.mark()
 		})
 	}
 	wg.Wait()
 	res := StormBench{Pods: pods, ConnsPerPod: conns, Certified: int(certified.Load()), Failed: int(failed.Load())}
-	if !last.IsZero() {
-		res.Seconds = last.Sub(start).Seconds()
+	if l := last.get(); !l.IsZero() {
+		res.Seconds = l.Sub(start).Seconds()
 	}
 	// Read while every connection is still held.
 	if s1, err := signer.read(); sErr == nil && err == nil {
@@ -255,6 +251,28 @@ func printStorm(w io.Writer, r StormBench) {
 		fmt.Fprintf(w, "rotation    root (%s): %d of %d pods certified under the new root in %.2f s (%.0f pods/s), %d renew commands, signer %.0f µs CPU per pod\n",
 			key, ro.Rotated, ro.Pods, ro.Seconds, ro.PerSecond, ro.Commands, ro.SignerCPUMicroPerPod)
 	}
+}
+
+// latest is the latest of the times marked, safe for concurrent use.
+type latest struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// mark records now.
+func (l *latest) mark() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := time.Now(); now.After(l.t) {
+		l.t = now
+	}
+}
+
+// get is the latest time marked (zero: none).
+func (l *latest) get() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
 }
 
 // simPod is one simulated pod: its token file, identity subject and CSR.

@@ -32,8 +32,7 @@ func rotateStorm(ctx context.Context, sim []*simPod, bf *busFlags, st *stackfile
 	}
 	res := &StormRotation{NewKey: newKey, Pods: len(live)}
 	var rotated, commands atomic.Int64
-	var mu sync.Mutex
-	var last time.Time
+	var last latest
 	for _, p := range live {
 		subject, err := events.PodRenewSubject(p.pod)
 		if err != nil {
@@ -51,11 +50,7 @@ func rotateStorm(ctx context.Context, sim []*simPod, bf *busFlags, st *stackfile
 					return
 				}
 				rotated.Add(1)
-				mu.Lock()
-				if now := time.Now(); now.After(last) {
-					last = now
-				}
-				mu.Unlock()
+				last.mark()
 			}()
 		}); err != nil {
 			return nil, fmt.Errorf("pod %s: subscribe to its renew commands: %w", p.pod, err)
@@ -63,6 +58,7 @@ func rotateStorm(ctx context.Context, sim []*simPod, bf *busFlags, st *stackfile
 	}
 	// Every subscription in place before the rotation.
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	var flushErr error
 	next := make(chan *simPod)
 	for range flushers {
@@ -108,11 +104,9 @@ wait:
 		}
 	}
 	res.Rotated, res.Commands = int(rotated.Load()), int(commands.Load())
-	mu.Lock()
-	if !last.IsZero() {
-		res.Seconds = last.Sub(start).Seconds()
+	if l := last.get(); !l.IsZero() {
+		res.Seconds = l.Sub(start).Seconds()
 	}
-	mu.Unlock()
 	if res.Seconds > 0 {
 		res.PerSecond = float64(res.Rotated) / res.Seconds
 	}
