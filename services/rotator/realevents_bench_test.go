@@ -128,7 +128,7 @@ func eventTimes(b *testing.B, js jetstream.JetStream) map[string]time.Time {
 		if err != nil {
 			b.Fatalf("stored cert.issued: %v", err)
 		}
-		out[ev.Pod.Name] = at
+		out[ev.Pod.String()] = at // as the schedule keys it: namespace/name
 	})
 	return out
 }
