@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -85,13 +86,6 @@ func TestTheRecordIsStoredBeforeCertIssued(t *testing.T) {
 // pod-bound token.
 func (fi *fuzzIssuer) podRequest(t *testing.T) events.SignRequest {
 	t.Helper()
-	key, err := pki.GenerateKey(pki.ECP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	csr, err := pki.NewCSR(key, tokenID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, csr := signertest.CSR(t, pki.ECP256, tokenID)
 	return events.SignRequest{CSR: string(csr), Token: fi.token, Pod: events.PodRef{Namespace: "shop", Name: tokenPod}}
 }
