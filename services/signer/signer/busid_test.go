@@ -124,8 +124,9 @@ func TestSignOnIdentitySubjectWithoutTokenVerification(t *testing.T) {
 		}
 		return natsRaw(t, pod, msg)
 	}
-	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	for range 3 {
+	var csr []byte
+	for range 3 { // each with a new key: a repeated CSR is answered with its certificate
+		_, csr = signertest.CSR(t, pki.ECP256, askedID)
 		rep := sign(own, events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: events.PodRef{Namespace: "shop", Name: "web-0"}})
 		if rep.Error != nil {
 			t.Fatalf("sign on %s: %v", own, rep.Error)

@@ -55,8 +55,8 @@ func TestAReplicaAnswersByName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, csr := signertest.CSR(t, pki.ECP256, askedID)
-	for range 3 {
+	for range 3 { // each with a new key: a repeated CSR is answered with its certificate
+		_, csr := signertest.CSR(t, pki.ECP256, askedID)
 		msg, err := events.NewMsgOn(direct, "test", events.SignRequest{CSR: string(csr), Token: "not-even-a-jwt", Pod: shopPod("web-0")})
 		if err != nil {
 			t.Fatal(err)

@@ -484,10 +484,7 @@ func TestNATSBurstIsHeldNotDropped(t *testing.T) {
 // of requests to sign minutes late; the drops are counted.
 func TestNATSStormIsShedNotQueued(t *testing.T) {
 	e, s, csr := oneWorkerSigner(t)
-	msg, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := e.token(t, "shop", "web")
 	storm := bustest.Conn(t, e.srv)
 	metric := func(name string) float64 {
 		body := s.metrics(t)
@@ -504,9 +501,16 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	if n, m := metric(dropped), metric(slow); n != 0 || m != 0 {
 		t.Fatalf("%v drops, %v slow-consumer events before the storm", n, m)
 	}
-	// Fire-and-forget requests, as many clients at once would send them.
+	// Fire-and-forget requests, as many clients at once would send them, each with
+	// its own key (the same CSR again would be answered with the certificate
+	// already recorded for it).
 	for range 2000 {
-		if err := storm.PublishMsg(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}); err != nil {
+		_, csr := signertest.CSR(t, pki.ECP256, askedID)
+		msg, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := storm.PublishMsg(msg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -529,5 +533,52 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	})
 	if n := count(t, e.js, events.SubjectCertIssued); n >= 2000 {
 		t.Fatalf("%d certificates issued: nothing was shed", n)
+	}
+}
+
+// TestALostAnswerIsRepeatedNotReissued: a requester that stopped waiting just as
+// its certificate was signed (its answer sent to nobody) asks again with the same
+// CSR and gets that certificate, already recorded: one cert.issued, one
+// certificate, whatever the number of answers lost. Over the real bus and
+// JetStream.
+func TestALostAnswerIsRepeatedNotReissued(t *testing.T) {
+	e, s, csr := oneWorkerSigner(t)
+	req := events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}
+	lost, err := events.NewMsgOn(events.SubjectSignAny, "test", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost.Reply = nats.NewInbox() // nobody listens: the answer is lost
+	if err := e.nc.PublishMsg(lost); err != nil {
+		t.Fatal(err)
+	}
+	testkit.EventuallyWithin(t, 30*time.Second, "the lost answer's certificate recorded", func() bool {
+		return count(t, e.js, events.SubjectCertIssued) == 1
+	})
+	recorded := last[events.CertIssued](t, e.js, events.SubjectCertIssued)
+	for range 3 {
+		rep := natsSign(t, e.nc, req)
+		if rep.Error != nil {
+			t.Fatal(rep.Error)
+		}
+		leaf := mustCerts(t, rep.CertChain)[0]
+		if got := pki.SerialHex(leaf); got != recorded.Serial {
+			t.Fatalf("the repeat was answered with %s, want the recorded %s", got, recorded.Serial)
+		}
+	}
+	if n := count(t, e.js, events.SubjectCertIssued); n != 1 {
+		t.Fatalf("%d cert.issued after three repeats, want the one", n)
+	}
+	body := s.metrics(t)
+	for _, want := range []string{`meshagent_signer_certs_issued_total{transport="nats"} 1`, `meshagent_signer_requests_repeated_total{transport="nats"} 3`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("metrics lack %s:\n%s", want, body)
+		}
+	}
+
+	// Another key is another certificate.
+	_, other := signertest.CSR(t, pki.ECP256, askedID)
+	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(other), Token: req.Token}); rep.Error != nil || pki.SerialHex(mustCerts(t, rep.CertChain)[0]) == recorded.Serial {
+		t.Fatalf("a new CSR: %v, or answered with the recorded certificate", rep.Error)
 	}
 }

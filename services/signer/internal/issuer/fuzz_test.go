@@ -52,6 +52,12 @@ type fuzzIssuer struct {
 	clientPEMs []string
 	clientPeer []*x509.Certificate
 	published  []*nats.Msg
+	// dir holds the CA's files, which plugged loads again on Reload; recorded, the
+	// serials recorded so far.
+	dir      string
+	rootCA   *testkit.CA
+	plugged  *ca.Plugged
+	recorded map[string]bool
 }
 
 const (
@@ -69,13 +75,14 @@ func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	signertest.WriteCACerts(f, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	now := func() time.Time { return fuzzNow }
 	auth := &ca.Authority{}
-	if err := ca.NewPlugged(dir, time.Second, "cluster.local", auth, nil, hclog.NewNullLogger(), now).Start(context.Background()); err != nil {
+	plugged := ca.NewPlugged(dir, time.Second, "cluster.local", auth, nil, hclog.NewNullLogger(), now)
+	if err := plugged.Start(context.Background()); err != nil {
 		f.Fatal(err)
 	}
 	jwtIss := signertest.NewIssuer(f, "meshagent-dev")
 	verifier := &authn.JWTVerifier{Keys: authn.StaticKeySet(jwtIss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca",
 		TrustDomain: "cluster.local", Now: now}
-	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert}
+	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert, dir: dir, rootCA: root, plugged: plugged, recorded: map[string]bool{}}
 	fi.token = jwtIss.Mint(f, jwtIss.ServiceAccount("shop", "web", fuzzNow.Add(-time.Minute), time.Hour).ForPod(tokenPod))
 
 	// A client certificate issued by this CA, as a workload renewing with its
@@ -285,6 +292,19 @@ func FuzzIssue(f *testing.F) {
 		if err != nil || len(chain) < 2 || !chain[0].Equal(leaf) || !chain[len(chain)-1].Equal(fi.root) {
 			t.Fatalf("reply chain is not leaf..root (%d certs, %v)", len(chain), err)
 		}
+		// A certificate is recorded once: a request repeated within AnswerWindow is
+		// answered with the certificate recorded for it, and writes nothing.
+		serial := pki.SerialHex(leaf)
+		if len(fi.published) == 0 {
+			if !fi.recorded[serial] {
+				t.Fatalf("certificate %s answered without being recorded", serial)
+			}
+			return
+		}
+		if fi.recorded[serial] {
+			t.Fatalf("certificate %s recorded twice", serial)
+		}
+		fi.recorded[serial] = true
 		if len(fi.published) != 1 {
 			t.Fatalf("issued certificate recorded by %d events, want 1", len(fi.published))
 		}

@@ -8,6 +8,7 @@ package issuer
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
@@ -164,6 +165,7 @@ type Issuer struct {
 	log     hclog.Logger
 	now     func() time.Time
 	again   *reissues
+	answers answers
 	vouched vouched
 	finish  finishTime
 }
@@ -192,6 +194,9 @@ func (i *Issuer) Issue(ctx context.Context, req events.SignRequest, via Via) (Re
 	is, err := i.prepare(ctx, req, via)
 	if err != nil {
 		return Result{}, err
+	}
+	if is.repeat {
+		return is.res, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
@@ -226,6 +231,10 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 		done(Result{}, err)
 		return
 	}
+	if is.repeat {
+		done(is.res, nil)
+		return
+	}
 	deadline := time.Now().Add(recordTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -258,6 +267,11 @@ type issued struct {
 	msgs   []*nats.Msg
 	via    Via
 	src    string // the caller's auth source
+	// key is what the certificate answers once recorded (answers); nil: kept for none.
+	key *answerKey
+	// repeat: res is a certificate already recorded for the same request, and there
+	// is nothing to write.
+	repeat bool
 }
 
 // recorded is the outcome once storing cert.issued returned err: the result, or
@@ -271,6 +285,9 @@ func (is *issued) recorded(err error) (Result, error) {
 		return Result{}, errf(events.CodeUnavailable, "could not record the certificate: %v", err)
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
+	if is.key != nil {
+		i.answers.put(*is.key, is.res, i.now())
+	}
 	if i.log.IsDebug() { // per request: its arguments are not even built at info
 		i.log.Debug("certificate issued", "serial", is.ev.Serial, "spiffe_id", is.ev.SPIFFEID, "transport", t, "auth", is.src, "not_after", is.res.Leaf.NotAfter)
 	}
@@ -379,6 +396,19 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	if !pod.IsZero() {
 		holder = pod.String()
 	}
+	// A repeat of a request whose certificate was recorded moments ago (its answer
+	// was lost) gets that certificate: nothing is signed, written or counted again.
+	// Only the mesh CA's certificates are kept (a named signer's material is chosen
+	// below).
+	var key *answerKey
+	if req.CertSigner == "" {
+		key = &answerKey{holder: holder, id: caller.ID.String(), resource: req.Resource, csr: sha256.Sum256(csr.Raw), ttl: ttl, mat: mat}
+		if res, ok := i.answers.get(*key, now); ok {
+			i.metrics.Repeats.WithLabelValues(t).Inc()
+			i.log.Debug("request repeated: answered with the certificate already recorded for it", "transport", t, "holder", holder, "serial", pki.SerialHex(res.Leaf))
+			return &issued{i: i, signed: now, res: res, via: via, src: caller.Source, repeat: true}, nil
+		}
+	}
 	if ok, n, next := i.again.allow(holder, now); !ok {
 		i.log.Warn("not issuing: the holder keeps asking for certificates", "transport", t, "holder", holder, "issued", n, "window", ReissueWindow)
 		return reject("reissue_limit", errf(events.CodeResourceExhausted,
@@ -453,7 +483,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 			return nil, errf(events.CodeInternal, "endorse signer %q's roots: %v", req.CertSigner, err)
 		}
 	}
-	return &issued{i: i, signed: now, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source}, nil
+	return &issued{i: i, signed: now, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source, key: key}, nil
 }
 
 // vouched keeps each named signer's roots as the mesh CA endorsed them, made

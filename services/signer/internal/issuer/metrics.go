@@ -26,6 +26,9 @@ type Metrics struct {
 	Clamped *prometheus.CounterVec
 	// Expired counts requests dropped unsigned because their deadline had passed.
 	Expired *prometheus.CounterVec
+	// Repeats counts requests answered with the certificate already recorded for
+	// the same request (its first answer was lost): no certificate issued.
+	Repeats *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
@@ -44,6 +47,7 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 		Issued:         counter("certs_issued_total", "Certificates issued, by transport.", "transport"),
 		Clamped:        counter("ttl_clamped_total", "Pods' requests for a longer certificate than -pod-max-ttl, given that cap instead, by transport.", "transport"),
 		Expired:        counter("requests_expired_total", "Sign requests dropped unsigned because their requester had stopped waiting (the request's deadline passed before signing), by transport.", "transport"),
+		Repeats:        counter("requests_repeated_total", "Requests answered with the certificate this replica recorded for the same holder, CSR, lifetime and CA within the last minute (a requester asking again after its answer was lost), not a new one, by transport.", "transport"),
 		TokensVerified: counter("tokens_verified_total", "Bearer tokens verified per request, by transport (requests on identity sign subjects carry none to verify).", "transport"),
 	}
 	gauge := func(name, help string, f func(*ca.Material) time.Time) {
