@@ -20,17 +20,27 @@ import (
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
-// issueOnce makes one signing attempt; on success commit installs the result.
-// The request it sends (events.SignRequest) is the one the signer's issuer reads.
-func (m *Manager) issueOnce(ctx context.Context) (commit func(), err error) {
+// newKey makes the key and CSR of one renewal. Every attempt of the renewal sends
+// the same CSR: when an attempt's answer is lost (it timed out as the signer
+// answered), the signer answers the next one with the certificate it already
+// recorded for that CSR instead of signing a second one. The key stays in this
+// process until a certificate for it is installed.
+func (m *Manager) newKey() (crypto.Signer, []byte, error) {
 	key, err := pki.GenerateKey(m.cfg.KeyAlg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	csrPEM, err := pki.NewCSR(key, m.cfg.SPIFFEID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	return key, csrPEM, nil
+}
+
+// issueOnce makes one signing attempt for key's CSR; on success commit installs the
+// result. The request it sends (events.SignRequest) is the one the signer's issuer
+// reads.
+func (m *Manager) issueOnce(ctx context.Context, key crypto.Signer, csrPEM []byte) (commit func(), err error) {
 	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg), CertSigner: m.cfg.CertSigner}
 	if err := m.credential(&req, csrPEM); err != nil {
 		return nil, err

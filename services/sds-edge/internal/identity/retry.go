@@ -21,9 +21,13 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 	case <-m.retryNow:
 	default:
 	}
+	key, csrPEM, err := m.newKey()
+	if err != nil {
+		return err
+	}
 	bo := backoff.Policy{First: m.cfg.RetryMin, Max: m.cfg.RetryMax}.Start()
 	for attempt := 0; ; attempt++ {
-		commit, err := m.issueOnce(ctx)
+		commit, err := m.issueOnce(ctx, key, csrPEM)
 		m.record(err)
 		m.obs.CSR(err, attempt > 0)
 		if err == nil {
