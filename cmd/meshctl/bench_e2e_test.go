@@ -11,14 +11,24 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/testkit"
 )
 
 // meshctl bench sign against a local stack's real signer: every CSR answered, the
 // signer's CPU read from its process, and no p99 from too few samples.
 func TestBenchSignLoadsTheStacksSigner(t *testing.T) {
+	// -duration cycles through the keys and tokens: more than the signer's limit of
+	// early certificates per identity and minute a second.
+	t.Setenv("MAX_EARLY_CERTS_PER_MINUTE", "0")
 	dir := testkit.ShortDir(t)
 	startStack(t, devstack.Config{Dir: dir, Pods: 0, LeafTTL: time.Hour})
+	st, err := stackfile.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const issued, repeated = `meshagent_signer_certs_issued_total{transport="nats"}`, `meshagent_signer_requests_repeated_total{transport="nats"}`
+	issued0 := metric(t, st.Signer.HTTP, issued)
 	out, err := meshctl(t, "bench", "sign", "-dir", dir, "-n", "60", "-warmup", "5", "-in-flight", "4", "-o", "json")
 	if err != nil {
 		t.Fatalf("bench sign: %v\n%s", err, out)
@@ -35,6 +45,23 @@ func TestBenchSignLoadsTheStacksSigner(t *testing.T) {
 	}
 	if !strings.HasPrefix(r.CPUSource, "/proc/") || r.SignerCPUMicro <= 0 {
 		t.Fatalf("signer CPU not read from its process: %+v", r)
+	}
+	// Every request signed, the warmup's too: none is a repeat, which the signer
+	// would answer with the certificate it recorded, unsigned. With -duration the 20
+	// keys are cycled through, each time with a new CSR.
+	if got, rep := metric(t, st.Signer.HTTP, issued)-issued0, metric(t, st.Signer.HTTP, repeated); got != 65 || rep != 0 {
+		t.Fatalf("bench sign -n 60 -warmup 5: %v certificates issued and %v repeats, want 65 and 0", got, rep)
+	}
+	issued0 = metric(t, st.Signer.HTTP, issued)
+	out, err = meshctl(t, "bench", "sign", "-dir", dir, "-n", "20", "-warmup", "0", "-in-flight", "4", "-duration", "1s", "-o", "json")
+	if err != nil {
+		t.Fatalf("bench sign -duration: %v\n%s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.CSRs <= 20 {
+		t.Fatalf("bench sign -duration 1s -n 20 sent %d requests (%v): the keys were not cycled through\n%s", r.CSRs, err, out)
+	}
+	if got, rep := metric(t, st.Signer.HTTP, issued)-issued0, metric(t, st.Signer.HTTP, repeated); got != float64(r.CSRs) || rep != 0 {
+		t.Fatalf("bench sign -duration: %d requests, %v certificates issued and %v repeats; want one certificate each", r.CSRs, got, rep)
 	}
 	// Its certificates are marked (namespace meshagent-bench): in the inventory, but
 	// out of certs and status unless asked for.

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -72,7 +73,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs := flagenv.New("bench sign", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
-	fs.Int(&n, "n", "", 5000, "CSRs to prepare and send (with -duration: the pool cycled through)")
+	fs.Int(&n, "n", "", 5000, "CSRs to prepare and send (with -duration: the keys cycled through, each time with a new CSR)")
 	fs.Duration(&dur, "duration", "", 0, "run this long instead of sending each prepared CSR once")
 	fs.Int(&inFlight, "in-flight", "", 32, "requests in flight at once")
 	fs.Int(&warmup, "warmup", "", 200, "requests sent, and not measured, before the run")
@@ -153,19 +154,24 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 		subjectOf = func(i int) string { return subjects[i%len(subjects)] }
 	}
 	defer closeAll(conns)
-	msgs, err := benchRequests(ka, enc, toks, n, subjectOf)
+	pool, err := benchRequests(ka, enc, toks, n, subjectOf)
 	if err != nil {
 		return err
 	}
 	if warmup > 0 {
-		if _, err := loadSign(ctx, conns, msgs, min(warmup, len(msgs)), 0, inFlight); err != nil {
+		// Requests of their own: the run's would be repeats, answered unsigned.
+		warm, err := benchRequests(ka, enc, toks, min(warmup, n), subjectOf)
+		if err != nil {
+			return err
+		}
+		if _, err := loadSign(ctx, conns, warm, len(warm.msgs), 0, inFlight); err != nil {
 			return fmt.Errorf("warmup: %w", err)
 		}
 	}
 	cpu0, cpuErr := cpu.read()
 	self0, selfErr := procCPUSeconds(os.Getpid())
 	start := time.Now()
-	lat, err := loadSign(ctx, conns, msgs, len(msgs), dur, inFlight)
+	lat, err := loadSign(ctx, conns, pool, len(pool.msgs), dur, inFlight)
 	elapsed := time.Since(start)
 	if err != nil {
 		return err
@@ -314,33 +320,56 @@ func tokenPod(tok string) (sa string, pod events.PodRef, err error) {
 	return c.K8s.ServiceAccount.Name, events.PodRef{Namespace: c.K8s.Namespace, Name: c.K8s.Pod.Name}, nil
 }
 
-// benchRequests prepares n sign requests encoded as enc, each with a fresh key's
-// CSR, request i on subject(i) with token i modulo len(toks).
-func benchRequests(alg pki.KeyAlg, enc events.Encoding, toks []string, n int, subject func(i int) string) ([]*nats.Msg, error) {
-	msgs := make([]*nats.Msg, n)
-	for i := range msgs {
+// signPool is n prepared sign requests encoded as enc, each with its own key's
+// CSR, request i on subject(i) with token i modulo len(toks); again makes request
+// i once more with a new CSR of the same key. A request is never sent twice: the
+// signer answers a repeated CSR with the certificate it already recorded for it (a
+// retry after a lost answer), which costs it no signature.
+type signPool struct {
+	msgs    []*nats.Msg
+	keys    []crypto.Signer
+	toks    []string
+	alg     pki.KeyAlg
+	enc     events.Encoding
+	subject func(i int) string
+}
+
+// signPoolID is the identity the CSRs ask for: the signer names the certificate
+// after the token, not the CSR.
+const signPoolID = "spiffe://bench.invalid/ns/bench/sa/load"
+
+func benchRequests(alg pki.KeyAlg, enc events.Encoding, toks []string, n int, subject func(i int) string) (*signPool, error) {
+	p := &signPool{msgs: make([]*nats.Msg, n), keys: make([]crypto.Signer, n), toks: toks, alg: alg, enc: enc, subject: subject}
+	for i := range p.msgs {
 		key, err := pki.GenerateKey(alg)
 		if err != nil {
 			return nil, err
 		}
-		// The signer names the certificate after the token, not the CSR.
-		csr, err := pki.NewCSR(key, "spiffe://bench.invalid/ns/bench/sa/load")
-		if err != nil {
-			return nil, err
-		}
-		req := events.SignRequest{CSR: string(csr), Token: toks[i%len(toks)], KeyAlgorithm: string(alg)}
-		if msgs[i], err = events.NewSignRequestMsg(subject(i), enc, "meshctl/bench", req); err != nil {
+		p.keys[i] = key
+		if p.msgs[i], err = p.request(i); err != nil {
 			return nil, err
 		}
 	}
-	return msgs, nil
+	return p, nil
 }
 
-// loadSign sends msgs[0:count] (cycling through msgs until dur has passed, when dur
-// is set) with inFlight requesters and returns the sorted latencies. A refusal or a
-// timeout ends the run with an error: a benchmark of failures measures nothing.
-// Message m goes on conns[m%len(conns)] (its pod's connection, or the one).
-func loadSign(ctx context.Context, conns []*nats.Conn, msgs []*nats.Msg, count int, dur time.Duration, inFlight int) ([]time.Duration, error) {
+// request makes request i with a new CSR of its key (a new signature: a CSR never
+// seen before).
+func (p *signPool) request(i int) (*nats.Msg, error) {
+	csr, err := pki.NewCSR(p.keys[i], signPoolID)
+	if err != nil {
+		return nil, err
+	}
+	req := events.SignRequest{CSR: string(csr), Token: p.toks[i%len(p.toks)], KeyAlgorithm: string(p.alg)}
+	return events.NewSignRequestMsg(p.subject(i), p.enc, "meshctl/bench", req)
+}
+
+// loadSign sends p's requests 0..count-1 (with dur set: until dur has passed, past
+// the pool each with a new CSR of a pool key) with inFlight requesters and returns
+// the sorted latencies. A refusal or a timeout ends the run with an error: a
+// benchmark of failures measures nothing. Request m goes on conns[m%len(conns)]
+// (its pod's connection, or the one).
+func loadSign(ctx context.Context, conns []*nats.Conn, p *signPool, count int, dur time.Duration, inFlight int) ([]time.Duration, error) {
 	var deadline time.Time
 	if dur > 0 {
 		deadline = time.Now().Add(dur)
@@ -359,9 +388,15 @@ func loadSign(ctx context.Context, conns []*nats.Conn, msgs []*nats.Msg, count i
 				if dur > 0 && time.Now().After(deadline) || dur == 0 && i >= count || ctx.Err() != nil {
 					return
 				}
+				m := i % len(p.msgs)
+				msg, err := p.msgs[m], error(nil)
+				if i >= len(p.msgs) {
+					msg, err = p.request(m)
+				}
 				t := time.Now()
-				m := i % len(msgs)
-				err := signOnce(ctx, conns[m%len(conns)], msgs[m])
+				if err == nil {
+					err = signOnce(ctx, conns[m%len(conns)], msg)
+				}
 				if err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, err)

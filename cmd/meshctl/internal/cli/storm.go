@@ -41,9 +41,12 @@ type StormBench struct {
 	// client holds, and certificates signed that no pod received.
 	Wasted int `json:"wasted"`
 	// WastedAdmissions and WastedCerts are Wasted's two parts.
-	WastedAdmissions int     `json:"wasted_admissions"`
-	WastedCerts      int     `json:"wasted_certificates"`
-	Seconds          float64 `json:"seconds"`
+	WastedAdmissions int `json:"wasted_admissions"`
+	WastedCerts      int `json:"wasted_certificates"`
+	// Repeats are sign requests asked again after their answer was lost, answered
+	// with the certificate already recorded for them (no certificate wasted).
+	Repeats float64 `json:"repeated_requests"`
+	Seconds float64 `json:"seconds"`
 	// Admitted and Busy are the callout's admissions and busy refusals in the run.
 	Admitted float64 `json:"admitted"`
 	Busy     float64 `json:"busy_refusals"`
@@ -211,6 +214,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 		issued := after.sum("meshagent_signer_certs_issued_total") - before.sum("meshagent_signer_certs_issued_total")
 		res.Dropped = after.sum("meshagent_signer_bus_callout_dropped_total") - before.sum("meshagent_signer_bus_callout_dropped_total")
 		res.CacheHits = after.sum("meshagent_signer_bus_callout_token_cache_hits_total") - before.sum("meshagent_signer_bus_callout_token_cache_hits_total")
+		res.Repeats = after.sum("meshagent_signer_requests_repeated_total") - before.sum("meshagent_signer_requests_repeated_total")
 		res.WastedAdmissions = max(0, int(res.Admitted)-int(held.Load()))
 		res.WastedCerts = max(0, int(issued)-res.Certified)
 		res.Wasted = res.WastedAdmissions + res.WastedCerts
@@ -237,7 +241,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 func printStorm(w io.Writer, r StormBench) {
 	fmt.Fprintf(w, "pods=%d certified=%d failed=%d wasted=%d in %.2f s\n", r.Pods, r.Certified, r.Failed, r.Wasted, r.Seconds)
 	fmt.Fprintf(w, "connections %d per pod, %.0f admitted by the callout (%.0f with a token checked for another connection), %.0f refused as busy (retried), %.0f dropped (the server had given up)\n", r.ConnsPerPod, r.Admitted, r.CacheHits, r.Busy, r.Dropped)
-	fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received\n", r.WastedAdmissions, r.WastedCerts)
+	fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received (%.0f requests repeated after a lost answer, given the certificate recorded for them)\n", r.WastedAdmissions, r.WastedCerts, r.Repeats)
 	for e, n := range r.ConnectErrors {
 		fmt.Fprintf(w, "retried     %d connects after: %s\n", n, e)
 	}
