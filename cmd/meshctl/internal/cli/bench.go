@@ -126,7 +126,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 			return fmt.Errorf("%w (without a local stack, give -nats-url and -tokens)", err)
 		}
 	}
-	toks, err := benchTokens(tokensFile, dir, st, ns, sa, n)
+	toks, mint, err := benchTokens(tokensFile, dir, st, ns, sa, n)
 	if err != nil {
 		return err
 	}
@@ -157,6 +157,12 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	pool, err := benchRequests(ka, enc, toks, n, subjectOf)
 	if err != nil {
 		return err
+	}
+	if subject == "any" {
+		// Past the first n, a request asks as an identity of its own: a token
+		// asking again within a minute would soon meet the signer's limit on early
+		// certificates per identity (-max-early-certs-per-minute).
+		pool.mint = mint
 	}
 	if warmup > 0 {
 		// Requests of their own: the run's would be repeats, answered unsigned.
@@ -212,12 +218,13 @@ func printSignBench(w io.Writer, r SignBench) {
 }
 
 // benchTokens reads n tokens from file (cycled when it holds fewer), or mints n
-// from the local stack's dev issuer, one service account each, as a fleet holds them.
-func benchTokens(file, dir string, st *stackfile.Stack, ns, sa string, n int) ([]string, error) {
+// from the local stack's dev issuer, one service account each, as a fleet holds
+// them; with the dev issuer also mint, the token of the i-th such service account.
+func benchTokens(file, dir string, st *stackfile.Stack, ns, sa string, n int) ([]string, func(i int) (string, error), error) {
 	if file != "" {
 		f, err := os.Open(file)
 		if err != nil {
-			return nil, fmt.Errorf("-tokens: %w", err)
+			return nil, nil, fmt.Errorf("-tokens: %w", err)
 		}
 		defer f.Close()
 		var toks []string
@@ -229,25 +236,28 @@ func benchTokens(file, dir string, st *stackfile.Stack, ns, sa string, n int) ([
 			}
 		}
 		if err := sc.Err(); err != nil {
-			return nil, fmt.Errorf("-tokens: %w", err)
+			return nil, nil, fmt.Errorf("-tokens: %w", err)
 		}
 		if len(toks) == 0 {
-			return nil, fmt.Errorf("-tokens: %s holds no token", file)
+			return nil, nil, fmt.Errorf("-tokens: %s holds no token", file)
 		}
-		return toks, nil
+		return toks, nil, nil
 	}
 	iss, err := devtoken.Load(filepath.Join(dir, "issuer"))
 	if err != nil {
-		return nil, fmt.Errorf("dev token issuer (or give -tokens): %w", err)
+		return nil, nil, fmt.Errorf("dev token issuer (or give -tokens): %w", err)
+	}
+	now := time.Now()
+	mint := func(i int) (string, error) {
+		return iss.Mint(ns, fmt.Sprintf("%s-%d", sa, i), st.TokenIssuer.Audience, time.Hour, now)
 	}
 	toks := make([]string, n)
-	now := time.Now()
 	for i := range toks {
-		if toks[i], err = iss.Mint(ns, fmt.Sprintf("%s-%d", sa, i), st.TokenIssuer.Audience, time.Hour, now); err != nil {
-			return nil, err
+		if toks[i], err = mint(i); err != nil {
+			return nil, nil, err
 		}
 	}
-	return toks, nil
+	return toks, mint, nil
 }
 
 func closeAll(conns []*nats.Conn) {
@@ -326,6 +336,9 @@ func tokenPod(tok string) (sa string, pod events.PodRef, err error) {
 // signer answers a repeated CSR with the certificate it already recorded for it (a
 // retry after a lost answer), which costs it no signature.
 type signPool struct {
+	// mint, when set, is the token of the i-th identity: request i past the pool
+	// asks as identity i.
+	mint    func(i int) (string, error)
 	msgs    []*nats.Msg
 	keys    []crypto.Signer
 	toks    []string
@@ -346,21 +359,28 @@ func benchRequests(alg pki.KeyAlg, enc events.Encoding, toks []string, n int, su
 			return nil, err
 		}
 		p.keys[i] = key
-		if p.msgs[i], err = p.request(i); err != nil {
+		if p.msgs[i], err = p.request(i, i); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
 }
 
-// request makes request i with a new CSR of its key (a new signature: a CSR never
-// seen before).
-func (p *signPool) request(i int) (*nats.Msg, error) {
+// request makes the n-th request sent with pool entry i: a new CSR of i's key (a
+// new signature: a CSR never seen before) and i's token, or, past the pool with
+// mint set, the n-th identity's.
+func (p *signPool) request(i, n int) (*nats.Msg, error) {
 	csr, err := pki.NewCSR(p.keys[i], signPoolID)
 	if err != nil {
 		return nil, err
 	}
-	req := events.SignRequest{CSR: string(csr), Token: p.toks[i%len(p.toks)], KeyAlgorithm: string(p.alg)}
+	tok := p.toks[i%len(p.toks)]
+	if n >= len(p.msgs) && p.mint != nil {
+		if tok, err = p.mint(n); err != nil {
+			return nil, err
+		}
+	}
+	req := events.SignRequest{CSR: string(csr), Token: tok, KeyAlgorithm: string(p.alg)}
 	return events.NewSignRequestMsg(p.subject(i), p.enc, "meshctl/bench", req)
 }
 
@@ -391,7 +411,7 @@ func loadSign(ctx context.Context, conns []*nats.Conn, p *signPool, count int, d
 				m := i % len(p.msgs)
 				msg, err := p.msgs[m], error(nil)
 				if i >= len(p.msgs) {
-					msg, err = p.request(m)
+					msg, err = p.request(m, i)
 				}
 				t := time.Now()
 				if err == nil {
