@@ -123,26 +123,53 @@ func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 // TestAnswersForgetTheOldestPastTheBound: the answers kept are bounded; past
 // maxAnswers the oldest is forgotten first, and one past AnswerWindow is gone.
 func TestAnswersForgetTheOldestPastTheBound(t *testing.T) {
+	fi := newFuzzIssuer(t)
+	mat := fi.iss.auth.Current()
+	leaf := fi.clientPeer[0]
 	var a answers
-	key := func(i int) answerKey { return answerKey{holder: "ns/pod", csr: [32]byte{byte(i), byte(i >> 8), byte(i >> 16)}} }
+	key := func(i int) answerKey { return newAnswerKey("ns/pod", tokenID, "", time.Duration(i), nil) }
 	for i := range maxAnswers + 10 {
-		a.put(key(i), Result{Generation: uint64(i)}, fuzzNow)
+		a.put(key(i), leaf, mat, fuzzNow)
 	}
 	if len(a.by) != maxAnswers {
 		t.Fatalf("%d answers kept, want the bound %d", len(a.by), maxAnswers)
 	}
 	for i := range 10 {
-		if _, ok := a.get(key(i), fuzzNow); ok {
+		if _, ok := a.get(key(i), mat, fuzzNow); ok {
 			t.Fatalf("answer %d kept past the bound, although it is among the oldest", i)
 		}
 	}
-	if res, ok := a.get(key(maxAnswers+9), fuzzNow); !ok || res.Generation != maxAnswers+9 {
-		t.Fatalf("the newest answer: %v %v", res, ok)
+	res, ok := a.get(key(maxAnswers+9), mat, fuzzNow)
+	if !ok || !res.Leaf.Equal(leaf) || res.Generation != mat.Generation || res.Bundle != mat || len(res.Chain) != 1+len(mat.ChainPEMs()) {
+		t.Fatalf("the newest answer: %v %+v", ok, res)
+	}
+	if _, ok := a.get(key(maxAnswers+9), nil, fuzzNow); ok {
+		t.Fatal("an answer recorded under one CA material given under another")
 	}
 	if len(a.order)-a.head != maxAnswers {
 		t.Fatalf("%d answers in order, want %d", len(a.order)-a.head, maxAnswers)
 	}
-	if _, ok := a.get(key(maxAnswers+9), fuzzNow.Add(AnswerWindow)); ok || len(a.by) != 0 || a.head != len(a.order) {
+	if _, ok := a.get(key(maxAnswers+9), mat, fuzzNow.Add(AnswerWindow)); ok || len(a.by) != 0 || a.head != len(a.order) {
 		t.Fatalf("answers kept past AnswerWindow: %d", len(a.by))
+	}
+}
+
+// TestAnswerKeysTellFieldsApart: the key hashes each field with its length, so
+// moving bytes from one field to the next makes another key.
+func TestAnswerKeysTellFieldsApart(t *testing.T) {
+	csr := []byte("csr")
+	keys := map[answerKey]string{}
+	for name, k := range map[string]answerKey{
+		"base":           newAnswerKey("ns/pod", "spiffe://td/ns/ns/sa/a", "", time.Hour, csr),
+		"shifted holder": newAnswerKey("ns/po", "dspiffe://td/ns/ns/sa/a", "", time.Hour, csr),
+		"shifted id":     newAnswerKey("ns/pod", "spiffe://td/ns/ns/sa/", "a", time.Hour, csr),
+		"other ttl":      newAnswerKey("ns/pod", "spiffe://td/ns/ns/sa/a", "", time.Hour+1, csr),
+		"other csr":      newAnswerKey("ns/pod", "spiffe://td/ns/ns/sa/a", "", time.Hour, []byte("csR")),
+		"other resource": newAnswerKey("ns/pod", "spiffe://td/ns/ns/sa/a", "default", time.Hour, csr),
+	} {
+		if other, ok := keys[k]; ok {
+			t.Fatalf("%s and %s have one key", name, other)
+		}
+		keys[k] = name
 	}
 }

@@ -8,7 +8,6 @@ package issuer
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
@@ -286,7 +285,7 @@ func (is *issued) recorded(err error) (Result, error) {
 	}
 	i.metrics.Issued.WithLabelValues(t).Inc()
 	if is.key != nil {
-		i.answers.put(*is.key, is.res, i.now())
+		i.answers.put(*is.key, is.res.Leaf, is.res.Signing, i.now())
 	}
 	if i.log.IsDebug() { // per request: its arguments are not even built at info
 		i.log.Debug("certificate issued", "serial", is.ev.Serial, "spiffe_id", is.ev.SPIFFEID, "transport", t, "auth", is.src, "not_after", is.res.Leaf.NotAfter)
@@ -402,8 +401,9 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 	// below).
 	var key *answerKey
 	if req.CertSigner == "" {
-		key = &answerKey{holder: holder, id: caller.ID.String(), resource: req.Resource, csr: sha256.Sum256(csr.Raw), ttl: ttl, mat: mat}
-		if res, ok := i.answers.get(*key, now); ok {
+		k := newAnswerKey(holder, caller.ID.String(), req.Resource, ttl, csr.Raw)
+		key = &k
+		if res, ok := i.answers.get(k, mat, now); ok {
 			i.metrics.Repeats.WithLabelValues(t).Inc()
 			i.log.Debug("request repeated: answered with the certificate already recorded for it", "transport", t, "holder", holder, "serial", pki.SerialHex(res.Leaf))
 			return &issued{i: i, signed: now, res: res, via: via, src: caller.Source, repeat: true}, nil
@@ -473,9 +473,7 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		return nil, errf(events.CodeInternal, "could not record the certificate: %v", err)
 	}
 	i.again.issued(holder, now, leaf.NotAfter.Sub(now)) // its life from now: NotBefore is backdated
-	chain := append([]string{leafPEM}, signing.ChainPEMs()...)
-	res := Result{Leaf: leaf, Chain: chain, Roots: mat.RootPEMs(), Generation: mat.Generation, Endorsements: mat.Endorsements(),
-		Signing: signing, Bundle: mat}
+	res := leafResult(leaf, leafPEM, signing, mat)
 	if signing != mat {
 		if res.Signer, err = i.vouched.get(i.cfg.TrustDomain, req.CertSigner, mat, signing); err != nil {
 			i.metrics.SignFail.WithLabelValues(t).Inc()
@@ -484,6 +482,18 @@ func (i *Issuer) prepare(ctx context.Context, req events.SignRequest, via Via) (
 		}
 	}
 	return &issued{i: i, signed: now, res: res, ev: ev, msgs: msgs, via: via, src: caller.Source, key: key}, nil
+}
+
+// leafResult is the answer for leaf, signed by signing, with bundle's trust bundle,
+// generation and endorsements (the same material unless a named signer signed).
+func leafResult(leaf *x509.Certificate, leafPEM string, signing, bundle *ca.Material) Result {
+	return Result{Leaf: leaf, Chain: append([]string{leafPEM}, signing.ChainPEMs()...), Roots: bundle.RootPEMs(),
+		Generation: bundle.Generation, Endorsements: bundle.Endorsements(), Signing: signing, Bundle: bundle}
+}
+
+// meshResult is leafResult for a leaf the mesh CA's material signed.
+func meshResult(leaf *x509.Certificate, leafPEM string, mat *ca.Material) Result {
+	return leafResult(leaf, leafPEM, mat, mat)
 }
 
 // vouched keeps each named signer's roots as the mesh CA endorsed them, made
