@@ -331,10 +331,10 @@ func tokenPod(tok string) (sa string, pod events.PodRef, err error) {
 }
 
 // signPool is n prepared sign requests encoded as enc, each with its own key's
-// CSR, request i on subject(i) with token i modulo len(toks); again makes request
-// i once more with a new CSR of the same key. A request is never sent twice: the
-// signer answers a repeated CSR with the certificate it already recorded for it (a
-// retry after a lost answer), which costs it no signature.
+// CSR, request i on subject(i) with token i modulo len(toks); request makes one
+// more with a new CSR of a pool key. A request is never sent twice: the signer
+// answers a repeated CSR with the certificate it already recorded for it (a retry
+// after a lost answer), which costs it no signature.
 type signPool struct {
 	// mint, when set, is the token of the i-th identity: request i past the pool
 	// asks as identity i.

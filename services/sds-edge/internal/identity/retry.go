@@ -5,6 +5,7 @@ package identity
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"time"
 
@@ -21,13 +22,18 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 	case <-m.retryNow:
 	default:
 	}
-	key, csrPEM, err := m.newKey()
-	if err != nil {
-		return err
-	}
 	bo := backoff.Policy{First: m.cfg.RetryMin, Max: m.cfg.RetryMax}.Start()
+	var key crypto.Signer // the renewal's, made by its first attempt that can
+	var csrPEM []byte
 	for attempt := 0; ; attempt++ {
-		commit, err := m.issueOnce(ctx, key, csrPEM)
+		var commit func()
+		var err error
+		if key == nil {
+			key, csrPEM, err = m.newKey()
+		}
+		if err == nil {
+			commit, err = m.issueOnce(ctx, key, csrPEM)
+		}
 		m.record(err)
 		m.obs.CSR(err, attempt > 0)
 		if err == nil {
