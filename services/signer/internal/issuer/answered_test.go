@@ -32,8 +32,9 @@ func (fi *fuzzIssuer) issueVia(t *testing.T, req events.SignRequest, via Via, pu
 // given the certificate already recorded for it — nothing is signed or written
 // again, so a storm that outlasts its requesters' timeouts wastes no certificate.
 // Everything the certificate depends on makes a new request: another CSR, another
-// lifetime, another identity presenting the same CSR, new CA material in between,
-// a certificate whose record failed, and the end of AnswerWindow.
+// lifetime, another identity presenting the same CSR (a pod of the same name in
+// another namespace too), a certificate whose record failed, the end of
+// AnswerWindow, and new CA material in between.
 func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 	fi := newFuzzIssuer(t)
 	fi.iss.cfg.Records = testRecorder{}
@@ -91,6 +92,15 @@ func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 	stolen := fresh("the pod's CSR with another credential", replay, Via{Transport: TransportNATS, PeerChain: fi.clientPeer})
 	if len(stolen.Leaf.URIs) != 1 || stolen.Leaf.URIs[0].String() != certID {
 		t.Fatalf("the replayed CSR was issued %v, want the replayer's own %s", stolen.Leaf.URIs, certID)
+	}
+
+	// A pod of the same name in another namespace, with its own token, sends the
+	// same CSR: it is another holder and another identity.
+	otherTok := fi.jwtIss.Mint(t, fi.jwtIss.ServiceAccount("other", "web", fuzzNow.Add(-time.Minute), time.Hour).ForPod(tokenPod))
+	namesake := req
+	namesake.Token, namesake.Pod = otherTok, events.PodRef{Namespace: "other", Name: tokenPod}
+	if got := fresh("the same CSR from a pod of the same name in another namespace", namesake, pod); got.Leaf.URIs[0].String() != "spiffe://cluster.local/ns/other/sa/web" {
+		t.Fatalf("the namesake was issued %v", got.Leaf.URIs)
 	}
 
 	// A certificate whose record was not stored was refused; it answers nothing.

@@ -55,6 +55,7 @@ type fuzzIssuer struct {
 	// dir holds the CA's files, which plugged loads again on Reload; recorded, the
 	// serials recorded so far.
 	dir      string
+	jwtIss   *signertest.Issuer
 	rootCA   *testkit.CA
 	plugged  *ca.Plugged
 	recorded map[string]bool
@@ -82,7 +83,7 @@ func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	jwtIss := signertest.NewIssuer(f, "meshagent-dev")
 	verifier := &authn.JWTVerifier{Keys: authn.StaticKeySet(jwtIss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca",
 		TrustDomain: "cluster.local", Now: now}
-	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert, dir: dir, rootCA: root, plugged: plugged, recorded: map[string]bool{}}
+	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert, dir: dir, jwtIss: jwtIss, rootCA: root, plugged: plugged, recorded: map[string]bool{}}
 	fi.token = jwtIss.Mint(f, jwtIss.ServiceAccount("shop", "web", fuzzNow.Add(-time.Minute), time.Hour).ForPod(tokenPod))
 
 	// A client certificate issued by this CA, as a workload renewing with its
