@@ -200,6 +200,19 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 		}
 		return nil
 	}
+	// prepared rotates with the same key and waits until the rotation is announced:
+	// the announcer publishes only the newest generation it has not published yet,
+	// so rotations faster than their announcements (a loaded machine) would leave
+	// fewer trust.changed than generations, and the count below would never match.
+	prepared := func() {
+		t.Helper()
+		if err := rotateWith(false); err != nil {
+			t.Fatal(err)
+		}
+		testkit.EventuallyWithin(t, 30*time.Second, "rotation announced", func() bool {
+			return s.source.Announced() == s.auth.Current().Generation
+		})
+	}
 	rotate := func() error { return rotateWith(true) }
 	withKEK := func(path string) error {
 		bad := e.config("signer-b")
@@ -221,23 +234,17 @@ func TestBadCAInputChangesNothing(t *testing.T) {
 		{name: "no KEK file", act: func() error { return withKEK(filepath.Join(t.TempDir(), "nope")) }, want: "-ca-kek-file"},
 		{name: "wrong KEK", act: func() error { return withKEK(writeKEK(t, key, 0o600)) }, want: "cannot unseal CA key: wrong -ca-kek-file?"},
 		{
-			name: "rotation too soon",
-			prepare: func() {
-				if err := rotateWith(false); err != nil { // the first rotation needs no wait
-					t.Fatal(err)
-				}
-			},
-			act:  rotate,
-			want: events.CodeResourceExhausted + ": root rotation refused: too soon",
+			name:    "rotation too soon",
+			prepare: prepared, // the first rotation needs no wait
+			act:     rotate,
+			want:    events.CodeResourceExhausted + ": root rotation refused: too soon",
 		},
 		{
 			name: "bundle full",
 			prepare: func() {
 				for range ca.MaxRoots - 2 { // one rotation done above
 					fake.Add(time.Minute)
-					if err := rotateWith(false); err != nil {
-						t.Fatal(err)
-					}
+					prepared()
 				}
 				fake.Add(time.Minute)
 			},
