@@ -89,7 +89,7 @@ func (s *SelfSigned) followLives(key string, value []byte) {
 	s.learnLives(strings.TrimPrefix(key, LivesKeyPrefix), l)
 }
 
-// loadLives reads the Lives of the keys of rec's roots (at start).
+// loadLives reads the Lives of the keys of rec's roots (at start, and for a dry run).
 func (s *SelfSigned) loadLives(ctx context.Context, rec record) error {
 	for _, r := range rec.roots {
 		k := LivesKeyPrefix + keyIDOfCert(r)

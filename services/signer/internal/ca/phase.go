@@ -261,6 +261,12 @@ func (s *SelfSigned) RotationPlan(ctx context.Context, newKey, dryRun bool) (*ev
 	if err != nil {
 		return nil, err
 	}
+	// The lifetimes other replicas recorded reach this one through the watch, a few
+	// milliseconds behind; the dry run reads them where they are kept, so that it
+	// says what the rotation would be now rather than what this replica has heard.
+	if err := s.loadLives(ctx, rec); err != nil {
+		return nil, err
+	}
 	next, _, err := s.rotated(rec, newKey || s.cfg.NewKeyOnRotate, true)
 	if err != nil {
 		return nil, err
