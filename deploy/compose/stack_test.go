@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -156,8 +157,31 @@ func (s *stack) logsSince(t *testing.T, service string, d time.Duration) string 
 }
 
 // down removes the stack and its volumes.
+//
+// Docker 20.10 can leak a network's endpoint count when containers on it are
+// removed, disconnected and reconnected (seen here on 2026-11-27, after every
+// subtest had passed): the network has no container, yet "error while removing
+// network ... has active endpoints" until dockerd restarts, and compose stops there,
+// before it removes the volumes. So that one leak neither fails every later run nor
+// leaves it the old run's JetStream state and secrets, down then removes the
+// project's volumes itself and only logs the network, which the next up reuses.
+// Anything else left (a container, a volume) fails the test.
 func (s *stack) down(t *testing.T) {
-	if out, err := s.tryCompose("down", "-v", "--remove-orphans"); err != nil {
+	out, err := s.tryCompose("down", "-v", "--remove-orphans")
+	if err != nil && leakedNetwork.MatchString(out) {
+		left := labelled(t, "ps", "-a", "-q")
+		vols := labelled(t, "volume", "ls", "-q")
+		for _, v := range vols {
+			if o, err := exec.Command("docker", "volume", "rm", "-f", v).CombinedOutput(); err != nil {
+				t.Errorf("remove volume %s: %v\n%s", v, err, o)
+			}
+		}
+		if len(left) == 0 {
+			t.Logf("compose down: docker cannot remove the stack's network (a leaked endpoint count; restarting dockerd clears it); its containers are gone and its %d volumes removed", len(vols))
+			err = nil
+		}
+	}
+	if err != nil {
 		t.Errorf("compose down: %v\n%s", err, out)
 	}
 	for _, v := range s.extraVolumes {
@@ -165,6 +189,16 @@ func (s *stack) down(t *testing.T) {
 			t.Errorf("remove volume %s: %v\n%s", v, err, out)
 		}
 	}
+}
+
+// leakedNetwork is Docker's refusal to remove a network it counts endpoints on.
+var leakedNetwork = regexp.MustCompile(`error while removing network: network ` + regexp.QuoteMeta(project) + `_\S+ id \w+ has active endpoints`)
+
+// labelled lists the ids docker prints for args (ps -a -q, volume ls -q) of this
+// compose project's objects.
+func labelled(t *testing.T, args ...string) []string {
+	t.Helper()
+	return strings.Fields(docker(t, append(args, "--filter", "label=com.docker.compose.project="+project)...))
 }
 
 // removeDirs removes the host directories (after down).
