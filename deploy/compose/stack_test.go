@@ -168,23 +168,20 @@ func (s *stack) logsSince(t *testing.T, service string, d time.Duration) string 
 // Anything else left (a container, a volume) fails the test.
 func (s *stack) down(t *testing.T) {
 	out, err := s.tryCompose("down", "-v", "--remove-orphans")
+	vols := s.extraVolumes
 	if err != nil && leakedNetwork.MatchString(out) {
 		left := labelled(t, "ps", "-a", "-q")
-		vols := labelled(t, "volume", "ls", "-q")
-		for _, v := range vols {
-			if o, err := exec.Command("docker", "volume", "rm", "-f", v).CombinedOutput(); err != nil {
-				t.Errorf("remove volume %s: %v\n%s", v, err, o)
-			}
-		}
+		mine := labelled(t, "volume", "ls", "-q")
+		vols = append(mine, vols...)
 		if len(left) == 0 {
-			t.Logf("compose down: docker cannot remove the stack's network (a leaked endpoint count; restarting dockerd clears it); its containers are gone and its %d volumes removed", len(vols))
+			t.Logf("compose down: docker cannot remove the stack's network (a leaked endpoint count; restarting dockerd clears it); its containers are gone, its %d volumes removed here", len(mine))
 			err = nil
 		}
 	}
 	if err != nil {
 		t.Errorf("compose down: %v\n%s", err, out)
 	}
-	for _, v := range s.extraVolumes {
+	for _, v := range vols {
 		if out, err := exec.Command("docker", "volume", "rm", "-f", v).CombinedOutput(); err != nil {
 			t.Errorf("remove volume %s: %v\n%s", v, err, out)
 		}
