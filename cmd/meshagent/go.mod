@@ -46,7 +46,10 @@ replace (
 require (
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 )
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

@@ -14,7 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/flagenv/istioenv"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 	"github.com/meshagent/meshagent/services/xds-relay/xdsrelay"

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // pilotAgentMemory runs Istio's pilot-agent (the binary at pa) as a sidecar agent of

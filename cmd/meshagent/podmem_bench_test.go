@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // BenchmarkPodMemory starts `meshctl up` from MESHAGENT_BIN twice — each pod as

@@ -12,7 +12,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // meshctl bench sign against a local stack's real signer: every CSR answered, the

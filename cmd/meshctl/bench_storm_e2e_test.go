@@ -8,7 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // meshctl bench storm against a local stack's real signer: 30 pods of three

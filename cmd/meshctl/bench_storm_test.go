@@ -16,7 +16,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // BenchmarkStorm starts `meshctl up -pods 0` from MESHAGENT_BIN (a real signer,

@@ -13,7 +13,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )

@@ -19,7 +19,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 var screenshot = flag.String("screenshot", "", "write the dashboard test's screenshot (PNG) to this file")

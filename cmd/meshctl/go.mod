@@ -60,7 +60,10 @@ require (
 
 require (
 	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
 	github.com/spiffe/go-spiffe/v2 v2.9.0
 )
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

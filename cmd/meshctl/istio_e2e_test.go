@@ -18,7 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Issue 28, against real signers, a real secured bus and the real sds-edge binary:

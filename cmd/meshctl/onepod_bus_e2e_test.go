@@ -12,7 +12,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // A pod run as one process (meshagent pod) is admitted to the bus once: its three

@@ -18,7 +18,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/inventory"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // certsJSON runs meshctl certs -o json.

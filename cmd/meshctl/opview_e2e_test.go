@@ -13,7 +13,7 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestProxyStatusAndDescribeAgainstTheStack: against meshctl up's stack (a demo pod

@@ -13,7 +13,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // A VM: no token, only a certificate provisioned once for its pod (meshctl sign

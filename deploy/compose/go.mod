@@ -22,6 +22,11 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

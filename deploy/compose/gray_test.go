@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // The gray faults of issue 25: parts that hang instead of dying (docker pause: the

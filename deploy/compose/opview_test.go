@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // meshctlBin is the meshctl `make images` built ($MESHCTL overrides).

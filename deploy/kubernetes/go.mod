@@ -59,6 +59,11 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

@@ -2,7 +2,7 @@
 
 package kubernetes_test
 
-// The manifests against a real API server (pkg/kubetest, make test-kube): every
+// The manifests against a real API server (tests/kubetest, make test-kube): every
 // kustomize overlay applied server-side, not as a dry run, into meshagent-system,
 // which enforces Pod Security "restricted"; a Pod made from every workload's pod
 // template created there (Pod Security admission judges Pods, and with no
@@ -21,7 +21,7 @@ import (
 
 	"github.com/meshagent/meshagent/deploy/kubernetes"
 	"github.com/meshagent/meshagent/deploy/kubernetes/inject"
-	"github.com/meshagent/meshagent/pkg/kubetest"
+	"github.com/meshagent/meshagent/tests/kubetest"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )

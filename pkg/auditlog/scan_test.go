@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/auditlog"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

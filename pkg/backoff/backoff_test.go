@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestScheduleDoublesToTheCapAndResets(t *testing.T) {

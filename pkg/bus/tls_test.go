@@ -13,10 +13,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
-// testCA is a test CA (pkg/testkit) that writes PEM files for the bus flags.
+// testCA is a test CA (tests/testkit) that writes PEM files for the bus flags.
 type testCA struct {
 	*testkit.CA
 	dir string

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"go.uber.org/goleak"
 )
 

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/sdsclient/sdstest"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/sdstest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 

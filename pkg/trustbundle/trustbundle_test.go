@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 const td = "cluster.local"

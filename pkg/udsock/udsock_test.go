@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // onlyEntry fails unless dir holds exactly name: no temporary file or directory is left.

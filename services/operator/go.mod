@@ -20,6 +20,7 @@ require (
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/meshagent/meshagent/tests v0.0.0
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -38,3 +39,5 @@ require (
 )
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestRunServesReadyAndMetrics(t *testing.T) {

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/devtoken/devtokentest"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/devtokentest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 )
 

@@ -52,6 +52,11 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

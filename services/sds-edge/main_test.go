@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestRunServesHealthAndSecrets runs the whole binary's run() (lifecycle.Serve with

@@ -56,6 +56,11 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-require github.com/meshagent/meshagent/pkg v0.0.0
+require (
+	github.com/meshagent/meshagent/pkg v0.0.0
+	github.com/meshagent/meshagent/tests v0.0.0
+)
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
+
+replace github.com/meshagent/meshagent/tests => ../../tests

@@ -12,8 +12,8 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"google.golang.org/grpc"
 )
 

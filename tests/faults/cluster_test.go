@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/faultcheck"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/faultcheck"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

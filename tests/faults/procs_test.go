@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/devtoken"
-	"github.com/meshagent/meshagent/pkg/faultcheck"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/faultcheck"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 )
 

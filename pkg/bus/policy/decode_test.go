@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 )

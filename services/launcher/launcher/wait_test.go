@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/waitready"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
 )

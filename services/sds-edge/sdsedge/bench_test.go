@@ -15,7 +15,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 )
 

@@ -4,10 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/devtoken/devtokentest"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/devtokentest"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // pushSamples is how many renewals BenchmarkPushLatencyRealSigner times: a p99

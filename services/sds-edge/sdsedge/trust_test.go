@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/obs/obstest"
+	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 const podID = "spiffe://cluster.local/ns/default/sa/web"

@@ -22,7 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"

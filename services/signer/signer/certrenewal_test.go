@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"

@@ -2,7 +2,7 @@
 
 package signer
 
-// The signer's Kubernetes paths against a real API server (pkg/kubetest: etcd and a
+// The signer's Kubernetes paths against a real API server (tests/kubetest: etcd and a
 // kube-apiserver built by hack/kube-apiserver.sh), with the real signer binary:
 // TokenReview of projected, pod-bound service-account tokens; OIDC discovery and
 // the JWKS of the API server's service-account issuer; impersonation by a node
@@ -22,11 +22,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/kubetest"
+	"github.com/meshagent/meshagent/tests/kubetest"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"

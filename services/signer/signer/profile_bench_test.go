@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/google/pprof/profile"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // profileDir is where the real-binary benchmarks write the signer process's

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // realCSRs is how many CSRs each real-binary run sends: enough for a p99 (≥ 2,000).

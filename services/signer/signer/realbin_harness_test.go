@@ -19,7 +19,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"golang.org/x/sys/unix"

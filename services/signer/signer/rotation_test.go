@@ -11,7 +11,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestArgumentsAsEnvoy(t *testing.T) {

@@ -9,12 +9,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // startReplica runs one operator replica's dashboard on m as the inventory role

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestLeaderStepsDownWhenCutOff: a leader that cannot renew gives up within TTL/2,

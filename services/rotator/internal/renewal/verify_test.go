@@ -9,7 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestForgedRecordsAreRejected: a cert.issued that does not verify against its

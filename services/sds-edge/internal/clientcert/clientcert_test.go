@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // The pod's own certificate while it has a valid one, else the provisioned one

@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 )
 

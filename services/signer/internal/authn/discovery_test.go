@@ -18,7 +18,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 

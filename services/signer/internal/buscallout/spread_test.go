@@ -9,7 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/nats-io/nats.go"
 )

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // fuzzCANow is the fixed time of every fuzz iteration, so that a saved crasher replays.

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // tlsPod is a pod holding a certificate from one sign reply: what it presents in a

@@ -2,7 +2,7 @@
 // issuer with its JWKS file (the shape `meshctl token` mints), CSRs, Istio cacerts
 // directories, a CA key-encryption key file and a check of trust-bundle
 // endorsements. What every module's tests share (polling, test CAs, the fake
-// clock) is in pkg/testkit and pkg/clock.
+// clock) is in tests/testkit and pkg/clock.
 package signertest
 
 import (
@@ -20,7 +20,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Issuer mints ES256 tokens as meshctl token does (pkg/devtoken): kid is the

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestLoad(t *testing.T) {

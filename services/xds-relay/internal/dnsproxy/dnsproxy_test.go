@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/nds"
-	"github.com/meshagent/meshagent/pkg/obs/obstest"
+	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/anypb"

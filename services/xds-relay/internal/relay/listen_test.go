@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 )

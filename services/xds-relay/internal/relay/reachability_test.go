@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"

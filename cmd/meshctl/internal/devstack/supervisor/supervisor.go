@@ -370,7 +370,7 @@ func FreeAddr() (string, error) {
 // there is room: a port the kernel chose for bind(":0") is, once released, handed
 // out again as the source port of outgoing connections — fifty pods starting make
 // hundreds of them (NATS, readiness checks) — and the child that comes to bind it
-// a moment later could find it taken. (pkg/testkit.FreeAddr picks test servers'
+// a moment later could find it taken. (tests/testkit.FreeAddr picks test servers'
 // ports the same way; the two stay apart because testkit is for tests only.)
 func FreeAddrs(n int) ([]string, error) {
 	addrs := make([]string, 0, n)

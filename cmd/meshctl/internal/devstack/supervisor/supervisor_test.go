@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestMain doubles as the child process: "child ADDR NAME STOPLOG" serves /readyz on

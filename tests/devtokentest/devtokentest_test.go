@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/bustest"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // The real signer, started on a real nats-server, signs for tokens of the issuer

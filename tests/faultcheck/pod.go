@@ -10,7 +10,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Served is what a pod's SDS socket serves at one moment, as Envoy would hold it.

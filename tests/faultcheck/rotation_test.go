@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestRotationChainsTellEachPhaseApart(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/meshagent/meshagent/pkg/kubetest"
+	"github.com/meshagent/meshagent/tests/kubetest"
 )
 
 // The API server the helper starts enforces Pod Security "restricted", issues

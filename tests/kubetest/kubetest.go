@@ -29,7 +29,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Version is the kube-apiserver release hack/kube-apiserver.sh builds.

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 func TestRecordSeesWhatIsPublishedAfterItAndFindDecodesByType(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/devtoken"
-	"github.com/meshagent/meshagent/pkg/testkit"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // StartSigner starts the signer binary (testkit.StartService) on the bus at
