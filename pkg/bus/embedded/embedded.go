@@ -5,6 +5,9 @@ package embedded
 import (
 	"crypto/tls"
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -17,6 +20,9 @@ type Config struct {
 	Host     string // default 127.0.0.1
 	Port     int    // -1 picks a free port
 	StoreDir string // JetStream state; empty disables JetStream
+	// Name is the server's name (default meshagent-embedded); servers joined by
+	// leaf connections need names of their own.
+	Name string
 	// DontListen skips TCP entirely: only in-process connections (nats.InProcessServer).
 	DontListen bool
 	Logger     hclog.Logger // nil: silent
@@ -32,6 +38,27 @@ type Config struct {
 	// AllowNonTLS keeps plaintext clients beside TLS ones (the loopback dev stack,
 	// whose services connect in plaintext). Without it, TLS is required.
 	AllowNonTLS bool
+	// LeafPort, when not 0, accepts leaf node connections there (-1 picks a free
+	// port; LeafAddr tells which): the node tier's node agents connect to the hub
+	// here, each admitted by the auth callout by its node's token (policy.Node).
+	LeafPort int
+	// LeafTLS, when set, is the leaf listener's TLS (a fleet's nodes reach the hub
+	// across the network); nil accepts leaf connections in plaintext (loopback).
+	LeafTLS *tls.Config
+	// Leaf, when set, makes this server a node tier's leaf node instead of a hub:
+	// no JetStream, its own auth callout admitting the node's pods, and one remote
+	// connection to the hub (docs/scale.md, "The node tier"). Auth is ignored.
+	Leaf *Leaf
+}
+
+// Leaf is the node-tier side of a leaf node connection.
+type Leaf struct {
+	Keys policy.LeafKeys
+	// Remote is the hub's leaf URL, with the node's token as its user
+	// (nats://TOKEN@host:port): nats-server hands it to the hub's auth callout.
+	Remote *url.URL
+	// RemoteTLS, when set, dials the hub in TLS.
+	RemoteTLS *tls.Config
 }
 
 // EmbeddedAuthTimeout is the embedded server's auth timeout: from the end of a
@@ -60,6 +87,12 @@ func Start(c Config) (*server.Server, error) {
 		c.Host = "127.0.0.1"
 	}
 	opts := &server.Options{}
+	if c.Leaf != nil {
+		if err := leafOptions(opts, c.Leaf); err != nil {
+			return nil, err
+		}
+		c.Auth, c.StoreDir = nil, ""
+	}
 	if c.Auth != nil {
 		conf, err := policy.Render(*c.Auth)
 		if err != nil {
@@ -69,7 +102,10 @@ func Start(c Config) (*server.Server, error) {
 			return nil, fmt.Errorf("embedded nats: auth config: %w", err)
 		}
 	}
-	opts.ServerName = "meshagent-embedded"
+	opts.ServerName = c.Name
+	if opts.ServerName == "" {
+		opts.ServerName = "meshagent-embedded"
+	}
 	opts.Host = c.Host
 	opts.Port = c.Port
 	opts.DontListen = c.DontListen
@@ -88,8 +124,16 @@ func Start(c Config) (*server.Server, error) {
 	// that race, the server can wait longer (EmbeddedAuthTimeout), for the TLS
 	// handshake and CONNECT of a client it accepted late as for the callout.
 	opts.DisableShortFirstPing = true
-	if c.Auth != nil {
+	if c.Auth != nil || c.Leaf != nil {
 		opts.AuthTimeout = EmbeddedAuthTimeout.Seconds()
+	}
+	if c.LeafPort != 0 {
+		opts.LeafNode.Host = c.Host
+		opts.LeafNode.Port = c.LeafPort
+		if c.LeafTLS != nil {
+			opts.LeafNode.TLSConfig = c.LeafTLS
+			opts.LeafNode.TLSTimeout = EmbeddedTLSTimeout.Seconds()
+		}
 	}
 	if c.TLS != nil {
 		opts.TLSConfig = c.TLS
@@ -113,6 +157,40 @@ func Start(c Config) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded nats: not ready after 10s")
 	}
 	return s, nil
+}
+
+// leafOptions makes opts a node tier's leaf server: the leaf's own accounts and
+// callout (policy.RenderLeaf), and the remote to the hub binding the local mesh
+// account to the account the hub admits the node into.
+func leafOptions(opts *server.Options, l *Leaf) error {
+	conf, err := policy.RenderLeaf(l.Keys)
+	if err != nil {
+		return fmt.Errorf("embedded nats: leaf: %w", err)
+	}
+	if err := opts.ProcessConfigString(conf); err != nil {
+		return fmt.Errorf("embedded nats: leaf auth config: %w", err)
+	}
+	if l.Remote == nil || l.Remote.Host == "" {
+		return fmt.Errorf("embedded nats: leaf: no hub URL")
+	}
+	opts.LeafNode.Remotes = []*server.RemoteLeafOpts{{
+		LocalAccount: policy.AccountMesh,
+		URLs:         []*url.URL{l.Remote},
+		TLS:          l.RemoteTLS != nil,
+		TLSConfig:    l.RemoteTLS,
+	}}
+	// A hub restart: the node reconnects soon, its pods stay connected to it.
+	opts.LeafNode.ReconnectInterval = time.Second
+	return nil
+}
+
+// LeafAddr is the host:port s accepts leaf node connections on ("" without).
+func LeafAddr(s *server.Server) string {
+	v, err := s.Varz(nil)
+	if err != nil || v.LeafNode.Port == 0 {
+		return ""
+	}
+	return net.JoinHostPort(v.LeafNode.Host, strconv.Itoa(v.LeafNode.Port))
 }
 
 // logAdapter sends nats-server's log lines to hclog.

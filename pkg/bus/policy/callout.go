@@ -117,11 +117,21 @@ func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events
 
 // admitWith is admit with more claims set by limit (PodLimits.apply) when not nil.
 func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
+	out, err := admitUser(issuer, req, "pod/"+pod.String(), p, expires, limit)
+	if err != nil {
+		return nil, fmt.Errorf("admit pod %s: %w", pod, err)
+	}
+	return out, nil
+}
+
+// admitUser answers req with a user named name in AccountMesh holding p until
+// expires, with more claims set by limit when not nil.
+func admitUser(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, name string, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
 	if !expires.After(time.Now()) {
-		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
+		return nil, fmt.Errorf("credential already expired at %s", expires.UTC().Format(time.RFC3339))
 	}
 	uc := jwt.NewUserClaims(req.UserNkey)
-	uc.Name = "pod/" + pod.String()
+	uc.Name = name
 	uc.Audience = AccountMesh // server-config mode: the audience is the account
 	uc.Expires = expires.Unix()
 	uc.Pub.Allow.Add(p.Publish...)
@@ -131,7 +141,7 @@ func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod ev
 	}
 	ujwt, err := uc.Encode(issuer)
 	if err != nil {
-		return nil, fmt.Errorf("sign pod user: %w", err)
+		return nil, fmt.Errorf("sign user %s: %w", name, err)
 	}
 	return respond(issuer, req, ujwt, "")
 }

@@ -1,0 +1,194 @@
+package embedded_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// serveCallout answers s's auth callout as the user kp with admit until the test ends.
+func serveCallout(t *testing.T, url string, kp nkeys.KeyPair, issuer nkeys.KeyPair, admit func(req *jwt.AuthorizationRequestClaims) ([]byte, error)) {
+	t.Helper()
+	pub, _ := kp.PublicKey()
+	nc, err := nats.Connect(url, nats.Nkey(pub, kp.Sign))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := nc.Subscribe(policy.AuthCalloutSubject, func(m *nats.Msg) {
+		req, err := policy.DecodeAuthRequest(m.Data)
+		if err != nil {
+			t.Errorf("callout: %v", err)
+			return
+		}
+		resp, err := admit(req)
+		if err != nil {
+			resp, _ = policy.Refuse(issuer, req, err.Error())
+		}
+		_ = m.Respond(resp)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type leafTier struct {
+	hub     *server.Server
+	creds   *policy.Credentials
+	signer  *nats.Conn
+	leaves  map[string]*server.Server
+	issuers map[string]nkeys.KeyPair
+}
+
+// startTier starts a secured hub that admits leaf connections presenting
+// "node:<name>" as that node, and one leaf per node whose callout admits
+// "pod:<ns>/<name>" as that pod.
+func startTier(t *testing.T, nodes ...string) *leafTier {
+	t.Helper()
+	creds, err := policy.LoadOrGenerate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub, err := embedded.Start(embedded.Config{Name: "hub", Port: -1, LeafPort: -1, StoreDir: t.TempDir(), Auth: &creds.Keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hub.Shutdown)
+	issuer, _ := policy.ReadSeed(creds.IssuerFile(), nkeys.PrefixByteAccount)
+	calloutKP, _ := policy.ReadSeed(creds.SeedFile(policy.Callout), nkeys.PrefixByteUser)
+	serveCallout(t, hub.ClientURL(), calloutKP, issuer, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
+		node, ok := strings.CutPrefix(req.ConnectOptions.Token, "node:")
+		if !ok || req.ClientInformation.Kind != policy.LeafClientKind {
+			return nil, errors.New("not a node")
+		}
+		return policy.AdmitNode(issuer, req, node, time.Now().Add(time.Hour))
+	})
+	tier := &leafTier{hub: hub, creds: creds, leaves: map[string]*server.Server{}, issuers: map[string]nkeys.KeyPair{}}
+	signerKP, _ := policy.ReadSeed(creds.SeedFile(policy.Signer), nkeys.PrefixByteUser)
+	spub, _ := signerKP.PublicKey()
+	tier.signer, err = nats.Connect(hub.ClientURL(), nats.Nkey(spub, signerKP.Sign), nats.CustomInboxPrefix(policy.Inbox(policy.Signer, events.PodRef{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tier.signer.Close)
+	for _, node := range nodes {
+		liss, _ := nkeys.CreateAccount()
+		lcall, _ := nkeys.CreateUser()
+		ipub, _ := liss.PublicKey()
+		cpub, _ := lcall.PublicKey()
+		u, _ := url.Parse("nats://node:" + node + "@" + embedded.LeafAddr(hub))
+		u.User = url.User("node:" + node)
+		leaf, err := embedded.Start(embedded.Config{Name: "node-" + node, Port: -1, Leaf: &embedded.Leaf{Keys: policy.LeafKeys{Issuer: ipub, Callout: cpub}, Remote: u}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(leaf.Shutdown)
+		serveCallout(t, leaf.ClientURL(), lcall, liss, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
+			// "rogue:<node>:<ns>/<name>" plays a node agent that lies: it gives a
+			// pod the permissions of another node's pod.
+			asNode, tok := node, req.ConnectOptions.Token
+			if rest, ok := strings.CutPrefix(tok, "rogue:"); ok {
+				asNode, tok, _ = strings.Cut(rest, ":")
+				tok = "pod:" + tok
+			}
+			s, ok := strings.CutPrefix(tok, "pod:")
+			if !ok {
+				return nil, errors.New("not a pod")
+			}
+			pod, err := events.ParsePodRef(s)
+			if err != nil {
+				return nil, err
+			}
+			return policy.AdmitNodePod(liss, req, asNode, pod, time.Now().Add(time.Hour), policy.DefaultPodLimits())
+		})
+		tier.leaves[node] = leaf
+		tier.issuers[node] = liss
+	}
+	testkit.Eventually(t, "every leaf connected to the hub", func() bool { return hub.NumLeafNodes() == len(nodes) })
+	return tier
+}
+
+func podConn(t *testing.T, leaf *server.Server, pod events.PodRef) *nats.Conn {
+	t.Helper()
+	return tokenConn(t, leaf, pod, "pod:"+pod.String())
+}
+
+func tokenConn(t *testing.T, leaf *server.Server, pod events.PodRef, token string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(leaf.ClientURL(), nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// TestLeafTierCarriesOnlyEachNodesOwnSignSubjects: a pod on a node's leaf asks the
+// hub's signer on its node sign subject and gets the answer; a request on another
+// node's subject never reaches the hub, whichever pod sends it.
+func TestLeafTierCarriesOnlyEachNodesOwnSignSubjects(t *testing.T) {
+	tier := startTier(t, "node-a", "node-b")
+	got := make(chan string, 64)
+	if _, err := tier.signer.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) {
+		got <- m.Subject
+		_ = m.Respond([]byte("signed " + m.Subject))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tier.signer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	web := events.PodRef{Namespace: "shop", Name: "web-0"}
+	nc := podConn(t, tier.leaves["node-a"], web)
+	own, _ := events.NodeSignSubject("node-a", web)
+	var reply *nats.Msg
+	testkit.Eventually(t, "the signer answers the pod through its node", func() bool {
+		m, err := nc.Request(own, []byte("csr"), 500*time.Millisecond)
+		reply = m
+		return err == nil
+	})
+	if string(reply.Data) != "signed "+own {
+		t.Fatalf("reply %q", reply.Data)
+	}
+	// Positive control above; now the attacks, each a pod of node-a.
+	other, _ := events.NodeSignSubject("node-b", web)
+	hubSubject, _ := events.PodSignSubject(web)
+	idSubject, _ := events.IdentitySignSubject(web, "web")
+	for _, subj := range []string{other, hubSubject, idSubject, events.SubjectSignAny} {
+		if _, err := nc.Request(subj, []byte("csr"), 300*time.Millisecond); err == nil {
+			t.Errorf("request on %s through node-a was answered", subj)
+		}
+	}
+	// A node agent that lies (node-a's leaf giving its pod node-b's sign subject)
+	// gets nothing past the hub: node-a's connection may not publish there. The
+	// same pod on node-b, admitted honestly, is the positive control.
+	rogue := tokenConn(t, tier.leaves["node-a"], web, "rogue:node-b:"+web.String())
+	if _, err := rogue.Request(other, []byte("csr"), 500*time.Millisecond); err == nil {
+		t.Errorf("a request on node-b's subject through node-a's leaf was answered")
+	}
+	onB := podConn(t, tier.leaves["node-b"], web)
+	testkit.Eventually(t, "the same pod through node-b is answered", func() bool {
+		_, err := onB.Request(other, []byte("csr"), 500*time.Millisecond)
+		return err == nil
+	})
+	// The signer saw the pods' own requests only.
+	close(got)
+	for s := range got {
+		if s != own && s != other {
+			t.Errorf("the hub's signer received %s", s)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+)
+
+// The node tier (docs/scale.md, docs/security.md "The node tier"): a node agent on
+// each Kubernetes node runs a NATS leaf node. The hub's auth callout admits the
+// leaf's one connection by the node agent's own token (a node), and the node
+// agent's callout admits the node's pods on the leaf by theirs. What crosses the
+// leaf connection is bounded by the node's permissions on the hub (ForNode):
+// nats-server sends the hub only what the node may publish and asks it only for
+// what the node may subscribe to.
+
+// Node is the role of a node agent's leaf connection on the hub.
+const Node Role = "node"
+
+// LeafClientKind is the kind nats-server names a leaf node connection by in an
+// auth callout request (jwt.ClientInformation.Kind).
+const LeafClientKind = "Leafnode"
+
+// ForNode returns the permissions of node's leaf connection on the hub: its own
+// node's sign subjects (also in the replica form) and the signers' ping, the
+// trust bundle and the last federated roots, every pod's events (their stream
+// bounds each pod and kind), and, to read: pods' commands, trust changes and
+// pods' inboxes. It can sign nothing below another node's prefix, and the signer
+// checks that the pod's token names this node (events.NodeFromSignSubject).
+func ForNode(node string) (Permissions, error) {
+	prefix, err := events.NodeSignPrefix(node)
+	if err != nil {
+		return Permissions{}, err
+	}
+	publish := []string{prefix + ".>", events.ReplicaSignPattern(prefix + ".>"), events.SubjectSignerPing,
+		events.SubjectTrustBundle, events.TrustFederatedLastWildcard}
+	for _, kind := range events.PodEventKinds {
+		publish = append(publish, events.PodEventWildcard(kind))
+	}
+	return Permissions{
+		Publish:   publish,
+		Subscribe: []string{events.Prefix + ".pod.>", events.SubjectTrustChanged, events.TrustFederatedWildcard, "_INBOX.pod.>"},
+	}, nil
+}
+
+// ForNodePod returns the permissions the node agent's callout gives pod on node's
+// leaf: ForPod's, with the pod's sign subject on the node tier (events.NodeSignSubject,
+// also in the replica form) instead of its hub sign subject.
+func ForNodePod(node string, pod events.PodRef) (Permissions, error) {
+	p, err := ForPod(pod)
+	if err != nil {
+		return Permissions{}, err
+	}
+	hub, _ := events.PodSignSubject(pod)
+	sign, err := events.NodeSignSubject(node, pod)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p.Publish = slices.DeleteFunc(p.Publish, func(s string) bool { return s == hub || s == events.ReplicaSignPattern(hub) })
+	p.Publish = append(p.Publish, sign, events.ReplicaSignPattern(sign))
+	return p, nil
+}
+
+// AdmitNode answers the hub's callout request for node's leaf connection with a
+// user in AccountMesh holding ForNode(node)'s permissions until expires.
+func AdmitNode(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, node string, expires time.Time) ([]byte, error) {
+	p, err := ForNode(node)
+	if err != nil {
+		return nil, err
+	}
+	return admitUser(issuer, req, "node/"+node, p, expires, nil)
+}
+
+// AdmitNodePod answers a node agent's callout request for pod on node with a user
+// in AccountMesh holding ForNodePod's permissions until expires, its payload and
+// subscription limits from lim.
+func AdmitNodePod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, node string, pod events.PodRef, expires time.Time, lim PodLimits) ([]byte, error) {
+	p, err := ForNodePod(node, pod)
+	if err != nil {
+		return nil, err
+	}
+	return admitUser(issuer, req, "pod/"+pod.String(), p, expires, lim.apply)
+}
+
+// LeafKeys are the public keys of a node agent's own leaf server: the issuer its
+// callout signs pods' users with (an account key) and the callout's user.
+type LeafKeys struct {
+	Issuer  string
+	Callout string
+}
+
+// RenderLeaf writes the configuration of a node agent's leaf server: the mesh
+// account, in which the callout admits the node's pods, and the callout's own
+// account. The leaf remote (the hub's URL and the node's token) is set on the
+// server's options, not here: the token is a secret and changes.
+func RenderLeaf(k LeafKeys) (string, error) {
+	if !nkeys.IsValidPublicAccountKey(k.Issuer) {
+		return "", fmt.Errorf("leaf callout issuer: %q is not an account nkey", k.Issuer)
+	}
+	if !nkeys.IsValidPublicUserKey(k.Callout) {
+		return "", fmt.Errorf("leaf callout user: %q is not a user nkey", k.Callout)
+	}
+	var b strings.Builder
+	b.WriteString("# meshagent node tier: a leaf node admitting this node's pods (pkg/bus/policy, docs/security.md).\n")
+	fmt.Fprintf(&b, "accounts {\n  %s {}\n  %s {\n    users: [\n", AccountMesh, AccountAuth)
+	fmt.Fprintf(&b, "      { nkey: %s, permissions: {\n        publish: { deny: [\">\"] }\n", strconv.Quote(k.Callout))
+	fmt.Fprintf(&b, "        subscribe: { allow: %s }\n        allow_responses: true\n      } }\n", list([]string{AuthCalloutSubject}))
+	b.WriteString("    ]\n  }\n}\n")
+	fmt.Fprintf(&b, "authorization {\n  timeout: %g\n", AuthTimeout.Seconds())
+	fmt.Fprintf(&b, "  auth_callout {\n    issuer: %s\n    account: %s\n    auth_users: %s\n  }\n}\n",
+		strconv.Quote(k.Issuer), AccountAuth, list([]string{k.Callout}))
+	return b.String(), nil
+}
