@@ -151,6 +151,7 @@ type K8s struct {
 	Namespace      string `json:"namespace"`
 	ServiceAccount Ref    `json:"serviceaccount"`
 	Pod            *Ref   `json:"pod,omitempty"`
+	Node           *Ref   `json:"node,omitempty"`
 }
 
 // Ref names a Kubernetes object.
@@ -167,6 +168,13 @@ func (i *Issuer) Mint(ns, sa, audience string, ttl time.Duration, now time.Time)
 // MintForPod returns a token for ns/sa bound to pod (none when pod is empty): the
 // signer then records certificates for that pod only.
 func (i *Issuer) MintForPod(ns, sa, pod, audience string, ttl time.Duration, now time.Time) (string, error) {
+	return i.MintForPodOnNode(ns, sa, pod, "", audience, ttl, now)
+}
+
+// MintForPodOnNode is MintForPod with the token also bound to the node the pod is
+// scheduled on (none when node is empty), as Kubernetes binds it from 1.32: the
+// node tier admits a pod only on the node its token names.
+func (i *Issuer) MintForPodOnNode(ns, sa, pod, node, audience string, ttl time.Duration, now time.Time) (string, error) {
 	if ns == "" || sa == "" {
 		return "", errors.New("mint token: namespace and service account are required")
 	}
@@ -176,7 +184,7 @@ func (i *Issuer) MintForPod(ns, sa, pod, audience string, ttl time.Duration, now
 	if audience == "" {
 		audience = DefaultAudience
 	}
-	return Sign(i.key, i.kid, ServiceAccount(i.Name, audience, ns, sa, now, ttl).ForPod(pod))
+	return Sign(i.key, i.kid, ServiceAccount(i.Name, audience, ns, sa, now, ttl).ForPod(pod).OnNode(node))
 }
 
 // uid is the object's UID: derived from its kind and names, so that it stays the same

@@ -21,6 +21,9 @@ type Token struct {
 	// pod object even when Pod is empty (a broken token).
 	Pod      string
 	PodClaim bool
+	// Node is kubernetes.io.node.name when set: the node the pod is scheduled on,
+	// as Kubernetes (1.32 on, ServiceAccountTokenPodNodeInfo) binds a pod's token.
+	Node string
 }
 
 // ServiceAccount returns the claims of a token for ns/sa from issuer for audience
@@ -36,6 +39,12 @@ func ServiceAccount(issuer, audience, ns, sa string, now time.Time, ttl time.Dur
 // ForPod returns t bound to pod, as a pod's projected token is.
 func (t Token) ForPod(pod string) Token {
 	t.Pod = pod
+	return t
+}
+
+// OnNode returns t bound to node, as a pod's projected token is.
+func (t Token) OnNode(node string) Token {
+	t.Node = node
 	return t
 }
 
@@ -68,6 +77,9 @@ func Sign(key crypto.Signer, kid string, t Token) (string, error) {
 	}
 	if t.Pod != "" || t.PodClaim {
 		k8s["pod"] = map[string]any{"name": t.Pod, "uid": uid("pod", t.NS, t.Pod)}
+	}
+	if t.Node != "" {
+		k8s["node"] = map[string]any{"name": t.Node, "uid": uid("node", "", t.Node)}
 	}
 	if len(k8s) > 0 {
 		m["kubernetes.io"] = k8s

@@ -83,6 +83,28 @@ const EmbeddedTLSTimeout = 5 * time.Second
 
 // Start starts the server and waits until it accepts connections.
 func Start(c Config) (*server.Server, error) {
+	opts, err := options(c)
+	if err != nil {
+		return nil, err
+	}
+	return start(c, opts)
+}
+
+// Reload applies c, as Start would have, to the running server s: the node tier
+// reconnects its hub connection with a new token this way (ReloadLeaf).
+func Reload(s *server.Server, c Config) error {
+	opts, err := options(c)
+	if err != nil {
+		return err
+	}
+	if err := s.ReloadOptions(opts); err != nil {
+		return fmt.Errorf("embedded nats: reload: %w", err)
+	}
+	return nil
+}
+
+// options are the server options c asks for.
+func options(c Config) (*server.Options, error) {
 	if c.Host == "" {
 		c.Host = "127.0.0.1"
 	}
@@ -144,6 +166,10 @@ func Start(c Config) (*server.Server, error) {
 		opts.JetStream = true
 		opts.StoreDir = c.StoreDir
 	}
+	return opts, nil
+}
+
+func start(c Config, opts *server.Options) (*server.Server, error) {
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)

@@ -39,6 +39,9 @@ type Caller struct {
 	// same name in another namespace is another pod). Zero when the credential names
 	// no pod (tokens without the claim, client certificates).
 	Pod events.PodRef
+	// Node is the kubernetes.io.node.name claim of a pod-bound token: the node the
+	// pod is scheduled on. "" when the token names none.
+	Node string
 	// PodUID is the kubernetes.io.pod.uid claim, when the token has one: it tells a
 	// recreated pod of the same name from the one before.
 	PodUID string
@@ -73,6 +76,9 @@ type claims struct {
 			Name string `json:"name"`
 			UID  string `json:"uid"`
 		} `json:"pod"`
+		Node *struct {
+			Name string `json:"name"`
+		} `json:"node"`
 	} `json:"kubernetes.io"`
 }
 
@@ -155,9 +161,15 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 		}
 		return Caller{}, fail("token claims: %v", err)
 	}
-	ns, sa, podName, podUID := "", "", "", ""
+	ns, sa, podName, podUID, node := "", "", "", "", ""
 	if k := c.Kubernetes; k != nil {
 		ns, sa = k.Namespace, k.ServiceAccount.Name
+		if k.Node != nil {
+			node = k.Node.Name
+			if err := events.ValidateNodeName(node); err != nil {
+				return Caller{}, fail("token node claim: %v", err)
+			}
+		}
 		if k.Pod != nil {
 			podName, podUID = k.Pod.Name, k.Pod.UID
 			// A pod claim that is present must name a pod: an empty or odd name is a
@@ -185,7 +197,7 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	}
 	if podName != "" {
 		// The pod is in the token's namespace, the one its identity names.
-		caller.Pod, caller.PodUID = events.PodRef{Namespace: ns, Name: podName}, podUID
+		caller.Pod, caller.PodUID, caller.Node = events.PodRef{Namespace: ns, Name: podName}, podUID, node
 		if err := caller.Pod.Validate(); err != nil {
 			return Caller{}, fail("token pod: %v", err)
 		}

@@ -1,0 +1,213 @@
+// Package nodeagent is the node agent, importable: a NATS leaf node for one
+// Kubernetes node (pkg/bus/embedded), its auth callout admitting the node's pods
+// (internal/admit), and the node's own admission to the hub by its token, read
+// again as the kubelet rotates it. Built and run the one way every meshagent
+// service is (pkg/lifecycle): Load → New(cfg, Deps) → Run.
+package nodeagent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/lifecycle"
+	"github.com/meshagent/meshagent/services/node-agent/internal/admit"
+	"github.com/meshagent/meshagent/services/node-agent/internal/config"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Config is the node agent's whole configuration.
+type Config = config.Config
+
+// Load reads the configuration from flags and env vars over the defaults and
+// validates it.
+func Load(args []string, getenv func(string) string) (Config, error) { return config.Load(args, getenv) }
+
+// Agent is one node's agent.
+type Agent struct {
+	cfg     Config
+	d       lifecycle.Deps
+	callout *admit.Callout
+	issuer  nkeys.KeyPair // signs the node's pods' users; made at start, never written
+	user    nkeys.KeyPair // the callout's own user on the leaf server
+	hubTLS  *tls.Config
+
+	mu     sync.Mutex
+	ecfg   embedded.Config // the leaf server's, for a reload with a new token
+	srv    *server.Server
+	token  string
+	remote *url.URL
+}
+
+// New builds the agent; v verifies pods' tokens. It starts nothing.
+func New(cfg Config, d lifecycle.Deps, v admit.Verifier) (*Agent, error) {
+	d = d.WithDefaults()
+	issuer, err := nkeys.CreateAccount()
+	if err != nil {
+		return nil, fmt.Errorf("node agent: issuer key: %w", err)
+	}
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("node agent: callout key: %w", err)
+	}
+	a := &Agent{cfg: cfg, d: d, issuer: issuer, user: user,
+		callout: admit.New(cfg.Node, issuer, v, cfg.Pods, d.Clock, d.Log.Named("callout"), d.Metrics)}
+	if cfg.Hub.CAFile != "" {
+		pem, err := os.ReadFile(cfg.Hub.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("node agent: -hub-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("node agent: -hub-ca %s: no certificate", cfg.Hub.CAFile)
+		}
+		a.hubTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	d.Health.AddReadyCheck("hub", a.connected)
+	return a, nil
+}
+
+// Addr is where the node's pods connect, once Run has started the server.
+func (a *Agent) Addr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.srv == nil {
+		return ""
+	}
+	return a.srv.Addr().String()
+}
+
+// connected is the readiness check: the leaf server runs and holds its hub
+// connection (a node whose hub is away keeps its pods connected, not ready).
+func (a *Agent) connected() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.srv == nil {
+		return errors.New("leaf server not started")
+	}
+	if a.srv.NumLeafNodes() == 0 {
+		return errors.New("not connected to the hub")
+	}
+	return nil
+}
+
+// Run starts the leaf server and its callout, and follows the token file, until
+// ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.readToken(); err != nil {
+		return err
+	}
+	srv, err := a.start()
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Nkey(mustPublic(a.user), a.user.Sign), nats.Name("node-agent/callout"))
+	if err != nil {
+		return fmt.Errorf("node agent: callout connection: %w", err)
+	}
+	defer nc.Close()
+	a.d.Log.Info("node tier up", "pods", srv.Addr().String(), "hub", a.cfg.Hub.URL)
+	return lifecycle.Tasks(ctx, func(ctx context.Context) error { return a.callout.Serve(ctx, nc) }, a.followToken)
+}
+
+func (a *Agent) start() (*server.Server, error) {
+	host, port, err := net.SplitHostPort(a.cfg.Listen.NATS)
+	if err != nil {
+		return nil, fmt.Errorf("node agent: -listen: %w", err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil, fmt.Errorf("node agent: -listen port: %w", err)
+	}
+	if p == 0 {
+		p = -1
+	}
+	ecfg := embedded.Config{Name: "node-" + a.cfg.Node, Host: host, Port: p, Logger: a.d.Log.Named("nats"), Leaf: a.leaf()}
+	srv, err := embedded.Start(ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("node agent: %w", err)
+	}
+	ecfg.Port = srv.Addr().(*net.TCPAddr).Port
+	a.mu.Lock()
+	a.srv, a.ecfg = srv, ecfg
+	a.mu.Unlock()
+	return srv, nil
+}
+
+// leaf is the leaf side of the hub connection with the token now held.
+func (a *Agent) leaf() *embedded.Leaf {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return &embedded.Leaf{Keys: policy.LeafKeys{Issuer: mustPublic(a.issuer), Callout: mustPublic(a.user)}, Remote: a.remote, RemoteTLS: a.hubTLS}
+}
+
+// readToken reads the token file into the hub URL the leaf dials.
+func (a *Agent) readToken() error {
+	b, err := os.ReadFile(a.cfg.Hub.TokenFile)
+	if err != nil {
+		return fmt.Errorf("node agent: token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return fmt.Errorf("node agent: token file %s is empty", a.cfg.Hub.TokenFile)
+	}
+	u, err := url.Parse(a.cfg.Hub.URL)
+	if err != nil {
+		return fmt.Errorf("node agent: -hub: %w", err)
+	}
+	u.User = url.User(tok)
+	a.mu.Lock()
+	a.token, a.remote = tok, u
+	a.mu.Unlock()
+	return nil
+}
+
+// followToken reads the token file every -token-reread; a new token reconnects
+// the node to the hub with it before the old one, and the user the hub gave for
+// it, expire. The pods stay connected to the leaf meanwhile.
+func (a *Agent) followToken(ctx context.Context) error {
+	for backoff.Wait(ctx, a.d.Clock, a.cfg.Hub.Reread) {
+		a.mu.Lock()
+		old := a.token
+		a.mu.Unlock()
+		if err := a.readToken(); err != nil {
+			a.d.Log.Warn("token not read again; keeping the one held", "error", err)
+			continue
+		}
+		a.mu.Lock()
+		changed, srv, ecfg := a.token != old, a.srv, a.ecfg
+		a.mu.Unlock()
+		if !changed {
+			continue
+		}
+		ecfg.Leaf = a.leaf()
+		if err := embedded.Reload(srv, ecfg); err != nil {
+			a.d.Log.Error("new token not applied to the hub connection", "error", err)
+			continue
+		}
+		a.d.Log.Info("hub connection renewed with a new token")
+	}
+	return nil
+}
+
+func mustPublic(kp nkeys.KeyPair) string {
+	pub, err := kp.PublicKey()
+	if err != nil {
+		panic(err) // a key nkeys just made always has one
+	}
+	return pub
+}
