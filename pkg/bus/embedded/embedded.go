@@ -54,9 +54,14 @@ type Config struct {
 // Leaf is the node-tier side of a leaf node connection.
 type Leaf struct {
 	Keys policy.LeafKeys
-	// Remote is the hub's leaf URL, with the node's token as its user
-	// (nats://TOKEN@host:port): nats-server hands it to the hub's auth callout.
+	// Remote is the hub's leaf URL.
 	Remote *url.URL
+	// Token gives the node's credential when the server starts or reloads
+	// (Reload): the leaf sends it as the CONNECT's auth token, which the hub
+	// hands to its auth callout. (In server-configuration mode nats-server drops
+	// a CONNECT's JWT before the callout sees it, so the token cannot ride in
+	// the connect-time signature hook, which would read it afresh.)
+	Token func() (string, error)
 	// RemoteTLS, when set, dials the hub in TLS.
 	RemoteTLS *tls.Config
 }
@@ -90,8 +95,11 @@ func Start(c Config) (*server.Server, error) {
 	return start(c, opts)
 }
 
-// Reload applies c, as Start would have, to the running server s: the node tier
-// reconnects its hub connection with a new token this way (ReloadLeaf).
+// Reload applies c, as Start would have, to the running server s: a node agent
+// renews its hub connection with its new token this way. nats-server closes the
+// connections its callout admitted when it reloads (they reconnect and are
+// admitted again on the node): a token rotation costs each pod of the node a
+// reconnect to its own node, never to the hub.
 func Reload(s *server.Server, c Config) error {
 	opts, err := options(c)
 	if err != nil {
@@ -196,12 +204,21 @@ func leafOptions(opts *server.Options, l *Leaf) error {
 	if err := opts.ProcessConfigString(conf); err != nil {
 		return fmt.Errorf("embedded nats: leaf auth config: %w", err)
 	}
-	if l.Remote == nil || l.Remote.Host == "" {
-		return fmt.Errorf("embedded nats: leaf: no hub URL")
+	if l.Remote == nil || l.Remote.Host == "" || l.Remote.User != nil {
+		return fmt.Errorf("embedded nats: leaf: want a hub URL without credentials")
 	}
+	if l.Token == nil {
+		return fmt.Errorf("embedded nats: leaf: no token")
+	}
+	tok, err := l.Token()
+	if err != nil {
+		return fmt.Errorf("embedded nats: leaf: %w", err)
+	}
+	remote := *l.Remote
+	remote.User = url.User(tok)
 	opts.LeafNode.Remotes = []*server.RemoteLeafOpts{{
 		LocalAccount: policy.AccountMesh,
-		URLs:         []*url.URL{l.Remote},
+		URLs:         []*url.URL{&remote},
 		TLS:          l.RemoteTLS != nil,
 		TLSConfig:    l.RemoteTLS,
 	}}

@@ -2,8 +2,11 @@ package embedded_test
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,10 +49,13 @@ func serveCallout(t *testing.T, url string, kp nkeys.KeyPair, issuer nkeys.KeyPa
 }
 
 type leafTier struct {
+	seen    chan string // the tokens the hub's callout was shown by leaf connections
 	hub     *server.Server
 	creds   *policy.Credentials
 	signer  *nats.Conn
 	leaves  map[string]*server.Server
+	tokens  map[string]*atomic.Value
+	configs []embedded.Config
 	issuers map[string]nkeys.KeyPair
 }
 
@@ -57,6 +63,7 @@ type leafTier struct {
 // "node:<name>" as that node, and one leaf per node whose callout admits
 // "pod:<ns>/<name>" as that pod.
 func startTier(t *testing.T, nodes ...string) *leafTier {
+
 	t.Helper()
 	creds, err := policy.LoadOrGenerate(t.TempDir())
 	if err != nil {
@@ -69,14 +76,21 @@ func startTier(t *testing.T, nodes ...string) *leafTier {
 	t.Cleanup(hub.Shutdown)
 	issuer, _ := policy.ReadSeed(creds.IssuerFile(), nkeys.PrefixByteAccount)
 	calloutKP, _ := policy.ReadSeed(creds.SeedFile(policy.Callout), nkeys.PrefixByteUser)
+	seen := make(chan string, 64)
+	tier := &leafTier{seen: seen, leaves: map[string]*server.Server{}, tokens: map[string]*atomic.Value{}, issuers: map[string]nkeys.KeyPair{}, creds: creds, hub: hub}
 	serveCallout(t, hub.ClientURL(), calloutKP, issuer, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
+		select {
+		case seen <- req.ConnectOptions.Token:
+		default:
+		}
+		// "node:<name>" or "node:<name>#<generation>" (a token rotated).
 		node, ok := strings.CutPrefix(req.ConnectOptions.Token, "node:")
+		node, _, _ = strings.Cut(node, "#")
 		if !ok || req.ClientInformation.Kind != policy.LeafClientKind {
-			return nil, errors.New("not a node")
+			return nil, fmt.Errorf("not a node: kind %q jwt %q token %q user %q", req.ClientInformation.Kind, req.ConnectOptions.JWT, req.ConnectOptions.Token, req.ConnectOptions.Username)
 		}
 		return policy.AdmitNode(issuer, req, node, time.Now().Add(time.Hour))
 	})
-	tier := &leafTier{hub: hub, creds: creds, leaves: map[string]*server.Server{}, issuers: map[string]nkeys.KeyPair{}}
 	signerKP, _ := policy.ReadSeed(creds.SeedFile(policy.Signer), nkeys.PrefixByteUser)
 	spub, _ := signerKP.PublicKey()
 	tier.signer, err = nats.Connect(hub.ClientURL(), nats.Nkey(spub, signerKP.Sign), nats.CustomInboxPrefix(policy.Inbox(policy.Signer, events.PodRef{})))
@@ -89,12 +103,18 @@ func startTier(t *testing.T, nodes ...string) *leafTier {
 		lcall, _ := nkeys.CreateUser()
 		ipub, _ := liss.PublicKey()
 		cpub, _ := lcall.PublicKey()
-		u, _ := url.Parse("nats://node:" + node + "@" + embedded.LeafAddr(hub))
-		u.User = url.User("node:" + node)
-		leaf, err := embedded.Start(embedded.Config{Name: "node-" + node, Port: -1, Leaf: &embedded.Leaf{Keys: policy.LeafKeys{Issuer: ipub, Callout: cpub}, Remote: u}})
+		u, _ := url.Parse("nats://" + embedded.LeafAddr(hub))
+		tok := &atomic.Value{}
+		tok.Store("node:" + node)
+		tier.tokens[node] = tok
+		cfg := embedded.Config{Name: "node-" + node, Port: -1, Leaf: &embedded.Leaf{Keys: policy.LeafKeys{Issuer: ipub, Callout: cpub}, Remote: u,
+			Token: func() (string, error) { return tok.Load().(string), nil }}}
+		leaf, err := embedded.Start(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cfg.Port = leaf.Addr().(*net.TCPAddr).Port
+		tier.configs = append(tier.configs, cfg)
 		t.Cleanup(leaf.Shutdown)
 		serveCallout(t, leaf.ClientURL(), lcall, liss, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
 			// "rogue:<node>:<ns>/<name>" plays a node agent that lies: it gives a
@@ -191,4 +211,41 @@ func TestLeafTierCarriesOnlyEachNodesOwnSignSubjects(t *testing.T) {
 			t.Errorf("the hub's signer received %s", s)
 		}
 	}
+}
+
+// TestLeafReloadRenewsTheNodesToken: a node's new token reaches the hub when the
+// leaf server reloads; the node's pods reconnect to their node and are answered
+// again through the renewed hub connection.
+func TestLeafReloadRenewsTheNodesToken(t *testing.T) {
+	tier := startTier(t, "node-a")
+	if _, err := tier.signer.QueueSubscribe(events.SignWildcard, events.SignerQueue, func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := tier.signer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	web := events.PodRef{Namespace: "shop", Name: "web-0"}
+	nc := podConn(t, tier.leaves["node-a"], web)
+	subj, _ := events.NodeSignSubject("node-a", web)
+	testkit.Eventually(t, "the pod is answered", func() bool { _, err := nc.Request(subj, nil, 500*time.Millisecond); return err == nil })
+	tier.tokens["node-a"].Store("node:node-a#2")
+	if err := embedded.Reload(tier.leaves["node-a"], tier.configs[0]); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the hub admits the node by its new token", func() bool {
+		for {
+			select {
+			case tok := <-tier.seen:
+				if tok == "node:node-a#2" {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	testkit.Eventually(t, "the pod is answered again", func() bool {
+		_, err := nc.Request(subj, nil, 500*time.Millisecond)
+		return err == nil && tier.hub.NumLeafNodes() == 1
+	})
 }

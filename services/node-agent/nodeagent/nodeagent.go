@@ -152,7 +152,9 @@ func (a *Agent) start() (*server.Server, error) {
 func (a *Agent) leaf() *embedded.Leaf {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return &embedded.Leaf{Keys: policy.LeafKeys{Issuer: mustPublic(a.issuer), Callout: mustPublic(a.user)}, Remote: a.remote, RemoteTLS: a.hubTLS}
+	tok := a.token
+	return &embedded.Leaf{Keys: policy.LeafKeys{Issuer: mustPublic(a.issuer), Callout: mustPublic(a.user)}, Remote: a.remote, RemoteTLS: a.hubTLS,
+		Token: func() (string, error) { return tok, nil }}
 }
 
 // readToken reads the token file into the hub URL the leaf dials.
@@ -169,7 +171,6 @@ func (a *Agent) readToken() error {
 	if err != nil {
 		return fmt.Errorf("node agent: -hub: %w", err)
 	}
-	u.User = url.User(tok)
 	a.mu.Lock()
 	a.token, a.remote = tok, u
 	a.mu.Unlock()
@@ -178,7 +179,7 @@ func (a *Agent) readToken() error {
 
 // followToken reads the token file every -token-reread; a new token reconnects
 // the node to the hub with it before the old one, and the user the hub gave for
-// it, expire. The pods stay connected to the leaf meanwhile.
+// it, expire (embedded.Reload: the node's pods reconnect to the node with it).
 func (a *Agent) followToken(ctx context.Context) error {
 	for backoff.Wait(ctx, a.d.Clock, a.cfg.Hub.Reread) {
 		a.mu.Lock()
