@@ -102,42 +102,6 @@ func (b *busFlags) connectAs(ctx context.Context, st *stackfile.Stack, name stri
 	return nc, nil
 }
 
-// request sends req on subject as meshctl and decodes the reply as Rep; what names
-// the request in errors. The reply's own error field is the caller's to read.
-func request[Rep events.Payload](ctx context.Context, nc *nats.Conn, subject string, req events.Payload, what string) (Rep, error) {
-	var rep Rep
-	msg, err := events.NewMsg(subject, "meshctl", req)
-	if err != nil {
-		return rep, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return rep, fmt.Errorf("%s: %w", what, err)
-	}
-	if rep, _, err = events.Decode[Rep](resp); err != nil {
-		return rep, fmt.Errorf("%s reply: %w", what, err)
-	}
-	return rep, nil
-}
-
-// signRequest sends req on a sign subject in its one encoding (compact) and
-// decodes the reply.
-func signRequest(ctx context.Context, nc *nats.Conn, subject string, req events.SignRequest, what string) (events.SignReply, error) {
-	msg, err := events.NewSignRequestMsg(subject, events.EncodingCompact, "meshctl", req)
-	if err != nil {
-		return events.SignReply{}, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return events.SignReply{}, fmt.Errorf("%s: %w", what, err)
-	}
-	rep, _, err := events.DecodeSignReply(resp)
-	if err != nil {
-		return rep, fmt.Errorf("%s reply: %w", what, err)
-	}
-	return rep, nil
-}
-
 // stackFor reads the local stack unless the flags name a bus and a credential.
 func (b *busFlags) stackFor(dir string) (*stackfile.Stack, error) {
 	if b.url != "" && (b.nkey != "" || b.creds != "") {

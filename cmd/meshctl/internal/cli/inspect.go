@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
@@ -109,7 +110,7 @@ func currentBundle(ctx context.Context, nc *nats.Conn, snap inventory.Snapshot) 
 func askBundle(ctx context.Context, nc *nats.Conn) (events.BundleReply, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	reply, err := request[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{}, "trust bundle request")
+	reply, err := busrpc.Call[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{}, "trust bundle request")
 	if err != nil {
 		return reply, err
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
@@ -133,7 +134,7 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 		return nil, err
 	}
 	defer nc.Close()
-	reply, err := signRequest(ctx, nc, events.SubjectSignAny, req, "sign over nats")
+	reply, err := busrpc.Sign(ctx, nc, events.SubjectSignAny, req, "sign over nats")
 	if err != nil {
 		return nil, err
 	}

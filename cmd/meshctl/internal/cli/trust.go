@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -70,7 +71,7 @@ func runTrust(ctx context.Context, env Env, args []string) error {
 	}
 	defer nc.Close()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	home, err := request[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{Federation: true}, "trust bundle request")
+	home, err := busrpc.Call[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{Federation: true}, "trust bundle request")
 	cancel()
 	if err != nil {
 		return err
