@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -108,4 +109,41 @@ func (b *busFlags) stackFor(dir string) (*stackfile.Stack, error) {
 		return nil, nil
 	}
 	return stackfile.Read(dir)
+}
+
+// readerFlags starts a reading command's flags (events, certs, status, check,
+// inspect, describe, proxy-status, trust, bug-report): -dir, the bus flags and
+// -nats-role.
+func readerFlags(name string, env Env, dir *string, bf *busFlags) *flagenv.Set {
+	fs := flagenv.New(name, env.Getenv)
+	dirFlag(fs, dir)
+	bf.bind(fs)
+	bf.bindRole(fs)
+	return fs
+}
+
+// dialReader connects a reading command: the local stack in dir is read unless
+// the flags name a bus and a credential (stackFor), then the bus is dialled as
+// the reader's role (readerRole).
+func (b *busFlags) dialReader(ctx context.Context, dir, name string) (*nats.Conn, error) {
+	st, err := b.stackFor(dir)
+	if err != nil {
+		return nil, err
+	}
+	return b.reader(ctx, st, name)
+}
+
+// openAudit is dialReader, then the audit log on that connection, which the
+// caller closes.
+func (b *busFlags) openAudit(ctx context.Context, dir, name string) (*nats.Conn, *auditlog.Log, error) {
+	nc, err := b.dialReader(ctx, dir, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := auditlog.Open(ctx, nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, l, nil
 }

@@ -208,34 +208,17 @@ func runCSRBus(ctx context.Context, env Env, dir string, f csrFlags) error {
 // createCertificate makes a key and CSR and sends them with f's credential and
 // metadata; it returns the key and the chain the CA returned.
 func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Signer, []*x509.Certificate, error) {
-	roots, err := os.ReadFile(f.rootFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(roots) {
-		return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificate", f.rootFile)
-	}
-	tc := &tls.Config{RootCAs: pool, ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+	ca := istioCA{addr: f.addr, serverName: f.serverName, rootFile: f.rootFile, rootsFlag: "-ca-root-cert"}
 	if f.certFile != "" {
 		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
 		if err != nil {
 			return nil, nil, fmt.Errorf("-cert/-key: %w", err)
 		}
-		tc.Certificates = []tls.Certificate{c}
+		ca.cert = &c
 	}
 	_, key, csr, err := newKeyCSR(f.alg, f.id)
 	if err != nil {
 		return nil, nil, err
-	}
-	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
-	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", f.addr, err)
-	}
-	defer cc.Close()
-	md := metadata.Pairs("ClusterID", "Kubernetes")
-	if tok != "" {
-		md.Set("authorization", "Bearer "+tok)
 	}
 	req := &securityv1.IstioCertificateRequest{Csr: string(csr), ValidityDuration: int64(f.ttl.Seconds())}
 	fields := map[string]*structpb.Value{}
@@ -248,11 +231,11 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 	if len(fields) > 0 {
 		req.Metadata = &structpb.Struct{Fields: fields}
 	}
-	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	chain, err := ca.create(ctx, tok, req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("CreateCertificate: %w", err)
+		return nil, nil, err
 	}
-	certs, err := pki.ParseCertPEMs(resp.GetCertChain())
+	certs, err := pki.ParseCertPEMs(chain)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reply chain: %w", err)
 	}
@@ -260,6 +243,45 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 		return nil, nil, errors.New("reply chain is empty")
 	}
 	return key, certs, nil
+}
+
+// istioCA is a CA asked over the Istio gRPC API: its address, TLS server name
+// and roots (rootsFlag names where the roots came from, in errors), and the
+// client certificate presented when renewing by certificate.
+type istioCA struct {
+	addr, serverName, rootFile, rootsFlag string
+	cert                                  *tls.Certificate
+}
+
+// create sends one CreateCertificate, with tok as its bearer token unless it is
+// "", and returns the chain the CA returned.
+func (ca istioCA) create(ctx context.Context, tok string, req *securityv1.IstioCertificateRequest) ([]string, error) {
+	roots, err := os.ReadFile(ca.rootFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ca.rootsFlag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(roots) {
+		return nil, fmt.Errorf("%s: %s holds no certificate", ca.rootsFlag, ca.rootFile)
+	}
+	tc := &tls.Config{RootCAs: pool, ServerName: ca.serverName, MinVersion: tls.VersionTLS12}
+	if ca.cert != nil {
+		tc.Certificates = []tls.Certificate{*ca.cert}
+	}
+	cc, err := grpc.NewClient(ca.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", ca.addr, err)
+	}
+	defer cc.Close()
+	md := metadata.Pairs("ClusterID", "Kubernetes")
+	if tok != "" {
+		md.Set("authorization", "Bearer "+tok)
+	}
+	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	if err != nil {
+		return nil, fmt.Errorf("CreateCertificate: %w", err)
+	}
+	return resp.GetCertChain(), nil
 }
 
 // newKeyCSR makes a key of algorithm alg (-key-alg) and a CSR for id (-id).

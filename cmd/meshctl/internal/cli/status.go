@@ -22,7 +22,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
@@ -36,10 +35,7 @@ import (
 func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
-	fs := flagenv.New("status", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("status", env, &dir, &bf)
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
