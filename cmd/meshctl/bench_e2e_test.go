@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/loadgen"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
@@ -30,7 +30,7 @@ func TestBenchSignLoadsTheStacksSigner(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench sign: %v\n%s", err, out)
 	}
-	var r cli.SignBench
+	var r loadgen.SignResult
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("bench sign -o json: %v\n%s", err, out)
 	}

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/loadgen"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -21,7 +21,7 @@ func TestBenchStormCertifiesEveryPod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench storm: %v\n%s", err, out)
 	}
-	var r cli.StormBench
+	var r loadgen.StormResult
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("bench storm -o json: %v\n%s", err, out)
 	}
@@ -52,7 +52,7 @@ func TestBenchStormRotatesLivePods(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench storm -rotate: %v\n%s", err, out)
 	}
-	var r cli.StormBench
+	var r loadgen.StormResult
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("bench storm -o json: %v\n%s", err, out)
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/cli"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/loadgen"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
@@ -79,7 +79,7 @@ func BenchmarkStorm(b *testing.B) {
 	}
 }
 
-func storm(b *testing.B, bin string, pods int, conns, rotate string) cli.StormBench {
+func storm(b *testing.B, bin string, pods int, conns, rotate string) loadgen.StormResult {
 	b.Helper()
 	dir := testkit.ShortDir(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -112,7 +112,7 @@ func storm(b *testing.B, bin string, pods int, conns, rotate string) cli.StormBe
 	if err := run.Run(); err != nil {
 		b.Fatalf("bench storm: %v\n%s", err, errb.String())
 	}
-	var r cli.StormBench
+	var r loadgen.StormResult
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		b.Fatalf("bench storm -o json: %v\n%s", err, out.String())
 	}

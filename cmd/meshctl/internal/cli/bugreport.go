@@ -15,7 +15,6 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/buildinfo"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // runBugReport writes a support bundle (istioctl bug-report): a tar.gz of what the
@@ -28,10 +27,7 @@ func runBugReport(ctx context.Context, env Env, args []string) error {
 	var dir, out, since string
 	var logBytes int
 	var bf busFlags
-	fs := flagenv.New("bug-report", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("bug-report", env, &dir, &bf)
 	fs.String(&out, "o", "", "", "where to write the bundle (default: meshagent-bug-report-<UTC time>.tar.gz here)")
 	fs.String(&since, "since", "", "1h", "how far back the events go")
 	fs.Int(&logBytes, "log-bytes", "", 1<<20, "at most this much of the end of each log")

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"path/filepath"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/bus/policy"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -102,46 +103,47 @@ func (b *busFlags) connectAs(ctx context.Context, st *stackfile.Stack, name stri
 	return nc, nil
 }
 
-// request sends req on subject as meshctl and decodes the reply as Rep; what names
-// the request in errors. The reply's own error field is the caller's to read.
-func request[Rep events.Payload](ctx context.Context, nc *nats.Conn, subject string, req events.Payload, what string) (Rep, error) {
-	var rep Rep
-	msg, err := events.NewMsg(subject, "meshctl", req)
-	if err != nil {
-		return rep, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return rep, fmt.Errorf("%s: %w", what, err)
-	}
-	if rep, _, err = events.Decode[Rep](resp); err != nil {
-		return rep, fmt.Errorf("%s reply: %w", what, err)
-	}
-	return rep, nil
-}
-
-// signRequest sends req on a sign subject in its one encoding (compact) and
-// decodes the reply.
-func signRequest(ctx context.Context, nc *nats.Conn, subject string, req events.SignRequest, what string) (events.SignReply, error) {
-	msg, err := events.NewSignRequestMsg(subject, events.EncodingCompact, "meshctl", req)
-	if err != nil {
-		return events.SignReply{}, err
-	}
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		return events.SignReply{}, fmt.Errorf("%s: %w", what, err)
-	}
-	rep, _, err := events.DecodeSignReply(resp)
-	if err != nil {
-		return rep, fmt.Errorf("%s reply: %w", what, err)
-	}
-	return rep, nil
-}
-
 // stackFor reads the local stack unless the flags name a bus and a credential.
 func (b *busFlags) stackFor(dir string) (*stackfile.Stack, error) {
 	if b.url != "" && (b.nkey != "" || b.creds != "") {
 		return nil, nil
 	}
 	return stackfile.Read(dir)
+}
+
+// readerFlags starts a reading command's flags (events, certs, status, check,
+// inspect, describe, proxy-status, trust, bug-report): -dir, the bus flags and
+// -nats-role.
+func readerFlags(name string, env Env, dir *string, bf *busFlags) *flagenv.Set {
+	fs := flagenv.New(name, env.Getenv)
+	dirFlag(fs, dir)
+	bf.bind(fs)
+	bf.bindRole(fs)
+	return fs
+}
+
+// dialReader connects a reading command: the local stack in dir is read unless
+// the flags name a bus and a credential (stackFor), then the bus is dialled as
+// the reader's role (readerRole).
+func (b *busFlags) dialReader(ctx context.Context, dir, name string) (*nats.Conn, error) {
+	st, err := b.stackFor(dir)
+	if err != nil {
+		return nil, err
+	}
+	return b.reader(ctx, st, name)
+}
+
+// openAudit is dialReader, then the audit log on that connection, which the
+// caller closes.
+func (b *busFlags) openAudit(ctx context.Context, dir, name string) (*nats.Conn, *auditlog.Log, error) {
+	nc, err := b.dialReader(ctx, dir, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := auditlog.Open(ctx, nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, l, nil
 }

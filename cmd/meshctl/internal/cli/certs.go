@@ -11,7 +11,6 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 )
 
@@ -19,10 +18,7 @@ func runCerts(ctx context.Context, env Env, args []string) error {
 	var dir, output string
 	var withBench bool
 	var bf busFlags
-	fs := flagenv.New("certs", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("certs", env, &dir, &bf)
 	fs.String(&output, "o", "", "text", "output: text, wide or json")
 	fs.Bool(&withBench, "bench", "", false, "also list meshctl bench's certificates (namespace "+events.BenchNamespace+"), left out by default")
 	if err := command.Parse(fs, args); err != nil {
@@ -60,11 +56,7 @@ func runCerts(ctx context.Context, env Env, args []string) error {
 
 // readInventory connects as a reader and loads the inventory.
 func readInventory(ctx context.Context, bf *busFlags, dir, name string) (inventory.Snapshot, error) {
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return inventory.Snapshot{}, err
-	}
-	nc, err := bf.reader(ctx, st, name)
+	nc, err := bf.dialReader(ctx, dir, name)
 	if err != nil {
 		return inventory.Snapshot{}, err
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,10 +38,7 @@ const (
 func runCheck(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
-	fs := flagenv.New("check", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("check", env, &dir, &bf)
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err

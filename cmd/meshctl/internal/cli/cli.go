@@ -1,7 +1,8 @@
 // Package cli is meshctl's command line: the operator's commands (the local stack,
-// status, tokens, signing, rotation, events, SDS, bus credentials), and the
-// dispatch to them and to the development stack's compose plumbing
-// (devstack/compose), which meshctl -h lists apart.
+// status, tokens, signing, rotation, events, SDS, bus credentials, and the bench
+// commands, whose load generators are loadgen's), and the dispatch to them and to
+// the development stack's compose plumbing (devstack/compose), which meshctl -h
+// lists apart.
 package cli
 
 import (

@@ -40,17 +40,8 @@ type csrFlags struct {
 	out                  string
 }
 
-// runCSR sends one CreateCertificate over the Istio gRPC API and prints the chain it
-// got: with a token (minted from the local stack for -ns/-sa, or -token), or over
-// mTLS with -cert/-key (renewal by certificate, no token); -impersonate asks for a
-// workload's identity as a trusted node agent does, -signer names a CertSigner.
-// With -bus, -cert/-key renew over the bus instead, admitted as -pod by the
-// certificate alone (csrOverBus).
-func runCSR(ctx context.Context, env Env, args []string) error {
-	var dir string
-	var f csrFlags
-	fs := flagenv.New("csr", env.Getenv)
-	dirFlag(fs, &dir)
+// bind binds f to csr's flags.
+func (f *csrFlags) bind(fs *flagenv.Set) {
 	fs.String(&f.addr, "ca-addr", "CA_ADDR", "", "CA gRPC address (default: the local stack's signer)")
 	fs.String(&f.serverName, "ca-server-name", "", "", "TLS server name of the CA (default: the local stack's, else the host of -ca-addr)")
 	fs.String(&f.rootFile, "ca-root-cert", "", "", "PEM roots to verify the CA (default: the local stack's trust bundle)")
@@ -69,6 +60,20 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 	fs.String(&f.natsURL, "nats-url", "NATS_URL", "", "with -bus: NATS URL (default: the local stack's)")
 	fs.String(&f.natsCA, "nats-tls-ca", "NATS_TLS_CA", "", "with -bus: CA to verify the bus's TLS (default: the local stack's bus CA)")
 	fs.String(&f.out, "out", "", "", "write the new key.pem (0600), cert-chain.pem and root-cert.pem here (as OUTPUT_CERTS and PROV_CERT hold them)")
+}
+
+// runCSR sends one CreateCertificate over the Istio gRPC API and prints the chain it
+// got: with a token (minted from the local stack for -ns/-sa, or -token), or over
+// mTLS with -cert/-key (renewal by certificate, no token); -impersonate asks for a
+// workload's identity as a trusted node agent does, -signer names a CertSigner.
+// With -bus, -cert/-key renew over the bus instead, admitted as -pod by the
+// certificate alone (csrOverBus).
+func runCSR(ctx context.Context, env Env, args []string) error {
+	var dir string
+	var f csrFlags
+	fs := flagenv.New("csr", env.Getenv)
+	dirFlag(fs, &dir)
+	f.bind(fs)
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -86,58 +91,12 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 		}
 		st = s
 	}
-	var tok string
-	switch {
-	case f.certFile != "":
-	case f.token != "":
-		b, err := os.ReadFile(f.token)
-		if err != nil {
-			return fmt.Errorf("-token: %w", err)
-		}
-		tok = strings.TrimSpace(string(b))
-	default:
-		if f.ns == "" || f.sa == "" {
-			return errors.New("-ns and -sa: required to mint a token (or give -token, or -cert/-key)")
-		}
-		iss, err := devtoken.Load(filepath.Join(dir, "issuer"))
-		if err != nil {
-			return err
-		}
-		podName := ""
-		if f.pod != "" {
-			p, err := mintPod(f.ns, f.pod)
-			if err != nil {
-				return fmt.Errorf("-pod: %w", err)
-			}
-			podName = p.Name
-		}
-		if tok, err = iss.MintForPod(f.ns, f.sa, podName, st.TokenIssuer.Audience, 10*time.Minute, time.Now()); err != nil {
-			return err
-		}
+	tok, err := f.bearer(dir, st)
+	if err != nil {
+		return err
 	}
-	if f.addr == "" {
-		f.addr = st.Signer.GRPCAddr
-		if f.serverName == "" {
-			f.serverName = st.Signer.GRPCServerName
-		}
-	}
-	if f.rootFile == "" {
-		f.rootFile = st.TrustBundle
-	}
-	if f.id == "" {
-		td := "cluster.local"
-		if st != nil {
-			td = st.TrustDomain
-		}
-		ns, sa := f.ns, f.sa
-		if ns == "" || sa == "" {
-			ns, sa = "default", "default"
-		}
-		id, err := pki.WorkloadID(td, ns, sa)
-		if err != nil {
-			return err
-		}
-		f.id = id.String()
+	if err := f.defaults(st); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
@@ -149,6 +108,68 @@ func runCSR(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	return writeCerts(env.Stdout, f.out, key, chain)
+}
+
+// bearer is the token to send: none with -cert, -token's, else one minted from
+// the local stack for -ns/-sa (bound to -pod when given).
+func (f *csrFlags) bearer(dir string, st *stackfile.Stack) (string, error) {
+	switch {
+	case f.certFile != "":
+		return "", nil
+	case f.token != "":
+		b, err := os.ReadFile(f.token)
+		if err != nil {
+			return "", fmt.Errorf("-token: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	if f.ns == "" || f.sa == "" {
+		return "", errors.New("-ns and -sa: required to mint a token (or give -token, or -cert/-key)")
+	}
+	iss, err := devtoken.Load(filepath.Join(dir, "issuer"))
+	if err != nil {
+		return "", err
+	}
+	podName := ""
+	if f.pod != "" {
+		p, err := mintPod(f.ns, f.pod)
+		if err != nil {
+			return "", fmt.Errorf("-pod: %w", err)
+		}
+		podName = p.Name
+	}
+	return iss.MintForPod(f.ns, f.sa, podName, st.TokenIssuer.Audience, 10*time.Minute, time.Now())
+}
+
+// defaults fills in what the flags left out from the local stack: the CA's
+// address, server name and roots, and the SPIFFE ID of -ns/-sa.
+func (f *csrFlags) defaults(st *stackfile.Stack) error {
+	if f.addr == "" {
+		f.addr = st.Signer.GRPCAddr
+		if f.serverName == "" {
+			f.serverName = st.Signer.GRPCServerName
+		}
+	}
+	if f.rootFile == "" {
+		f.rootFile = st.TrustBundle
+	}
+	if f.id != "" {
+		return nil
+	}
+	td := "cluster.local"
+	if st != nil {
+		td = st.TrustDomain
+	}
+	ns, sa := f.ns, f.sa
+	if ns == "" || sa == "" {
+		ns, sa = "default", "default"
+	}
+	id, err := pki.WorkloadID(td, ns, sa)
+	if err != nil {
+		return err
+	}
+	f.id = id.String()
+	return nil
 }
 
 // runCSRBus is runCSR with -bus: renewal by certificate over the bus.
@@ -187,34 +208,17 @@ func runCSRBus(ctx context.Context, env Env, dir string, f csrFlags) error {
 // createCertificate makes a key and CSR and sends them with f's credential and
 // metadata; it returns the key and the chain the CA returned.
 func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Signer, []*x509.Certificate, error) {
-	roots, err := os.ReadFile(f.rootFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("-ca-root-cert: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(roots) {
-		return nil, nil, fmt.Errorf("-ca-root-cert: %s holds no certificate", f.rootFile)
-	}
-	tc := &tls.Config{RootCAs: pool, ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+	ca := istioCA{addr: f.addr, serverName: f.serverName, rootFile: f.rootFile, rootsFlag: "-ca-root-cert"}
 	if f.certFile != "" {
 		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
 		if err != nil {
 			return nil, nil, fmt.Errorf("-cert/-key: %w", err)
 		}
-		tc.Certificates = []tls.Certificate{c}
+		ca.cert = &c
 	}
 	_, key, csr, err := newKeyCSR(f.alg, f.id)
 	if err != nil {
 		return nil, nil, err
-	}
-	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
-	if err != nil {
-		return nil, nil, fmt.Errorf("dial %s: %w", f.addr, err)
-	}
-	defer cc.Close()
-	md := metadata.Pairs("ClusterID", "Kubernetes")
-	if tok != "" {
-		md.Set("authorization", "Bearer "+tok)
 	}
 	req := &securityv1.IstioCertificateRequest{Csr: string(csr), ValidityDuration: int64(f.ttl.Seconds())}
 	fields := map[string]*structpb.Value{}
@@ -227,11 +231,11 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 	if len(fields) > 0 {
 		req.Metadata = &structpb.Struct{Fields: fields}
 	}
-	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	chain, err := ca.create(ctx, tok, req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("CreateCertificate: %w", err)
+		return nil, nil, err
 	}
-	certs, err := pki.ParseCertPEMs(resp.GetCertChain())
+	certs, err := pki.ParseCertPEMs(chain)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reply chain: %w", err)
 	}
@@ -239,6 +243,45 @@ func createCertificate(ctx context.Context, f csrFlags, tok string) (crypto.Sign
 		return nil, nil, errors.New("reply chain is empty")
 	}
 	return key, certs, nil
+}
+
+// istioCA is a CA asked over the Istio gRPC API: its address, TLS server name
+// and roots (rootsFlag names where the roots came from, in errors), and the
+// client certificate presented when renewing by certificate.
+type istioCA struct {
+	addr, serverName, rootFile, rootsFlag string
+	cert                                  *tls.Certificate
+}
+
+// create sends one CreateCertificate, with tok as its bearer token unless it is
+// "", and returns the chain the CA returned.
+func (ca istioCA) create(ctx context.Context, tok string, req *securityv1.IstioCertificateRequest) ([]string, error) {
+	roots, err := os.ReadFile(ca.rootFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ca.rootsFlag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(roots) {
+		return nil, fmt.Errorf("%s: %s holds no certificate", ca.rootsFlag, ca.rootFile)
+	}
+	tc := &tls.Config{RootCAs: pool, ServerName: ca.serverName, MinVersion: tls.VersionTLS12}
+	if ca.cert != nil {
+		tc.Certificates = []tls.Certificate{*ca.cert}
+	}
+	cc, err := grpc.NewClient(ca.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", ca.addr, err)
+	}
+	defer cc.Close()
+	md := metadata.Pairs("ClusterID", "Kubernetes")
+	if tok != "" {
+		md.Set("authorization", "Bearer "+tok)
+	}
+	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	if err != nil {
+		return nil, fmt.Errorf("CreateCertificate: %w", err)
+	}
+	return resp.GetCertChain(), nil
 }
 
 // newKeyCSR makes a key of algorithm alg (-key-alg) and a CSR for id (-id).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -80,7 +81,7 @@ func csrOverBus(ctx context.Context, f csrFlags, natsURL, caFile string) (crypto
 	if err != nil {
 		return nil, nil, err
 	}
-	rep, err := signRequest(ctx, nc, idSubject, req, "sign over the bus")
+	rep, err := busrpc.Sign(ctx, nc, idSubject, req, "sign over the bus")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 )
 
@@ -21,10 +20,7 @@ func runDescribe(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var recent int
 	var bf busFlags
-	fs := flagenv.New("describe", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("describe", env, &dir, &bf)
 	fs.Int(&recent, "events", "", 10, "how many of the pod's recent events to show")
 	words, err := parseWords(fs, args)
 	if err != nil {
@@ -37,11 +33,7 @@ func runDescribe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("pod: %w", err)
 	}
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return err
-	}
-	nc, err := bf.reader(ctx, st, "meshctl describe")
+	nc, err := bf.dialReader(ctx, dir, "meshctl describe")
 	if err != nil {
 		return err
 	}

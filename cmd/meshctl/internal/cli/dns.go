@@ -37,19 +37,14 @@ func runDNS(ctx context.Context, env Env, args []string) error {
 	}
 	who := server
 	if server == "" {
-		st, err := stackfile.Read(dir)
+		p, err := stackPod(dir, func(p stackfile.Pod) bool { return (pod == "" || p.ID == pod) && p.DNS != "" })
 		if err != nil {
 			return err
 		}
-		for _, p := range st.Pods {
-			if (pod == "" || p.ID == pod) && p.DNS != "" {
-				server, who = p.DNS, p.ID+"'s DNS proxy "+p.DNS
-				break
-			}
-		}
-		if server == "" {
+		if p == nil {
 			return fmt.Errorf("no pod %q with a DNS proxy in stack.json", pod)
 		}
+		server, who = p.DNS, p.ID+"'s DNS proxy "+p.DNS
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -10,7 +10,6 @@ import (
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // eventsFlags are meshctl events' flags.
@@ -26,10 +25,7 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
 	var f eventsFlags
-	fs := flagenv.New("events", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("events", env, &dir, &bf)
 	fs.Bool(&f.follow, "follow", "", false, "after the history, print new events as they happen until Ctrl-C")
 	fs.String(&f.since, "since", "", "", "replay from this long ago (10m, 1h, 7d) or this time (RFC 3339); default: the whole history kept")
 	fs.String(&f.pod, "pod", "", "", "only the events of this pod, <namespace>/<name> or a name in the default namespace")
@@ -42,19 +38,11 @@ func runEvents(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return err
-	}
-	nc, err := bf.reader(ctx, st, "meshctl events")
+	nc, l, err := bf.openAudit(ctx, dir, "meshctl events")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	l, err := auditlog.Open(ctx, nc)
-	if err != nil {
-		return err
-	}
 	started := func(s auditlog.Start) {
 		// Where the replay starts, on stderr: stdout stays the events alone.
 		from := "the start of the history"

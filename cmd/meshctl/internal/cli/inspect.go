@@ -9,8 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
@@ -19,10 +19,7 @@ import (
 func runInspect(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
-	fs := flagenv.New("inspect", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("inspect", env, &dir, &bf)
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err
@@ -31,11 +28,7 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("%w: meshctl inspect <pod | serial | PEM file>", errUsage)
 	}
 	what := words[0]
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return err
-	}
-	nc, err := bf.reader(ctx, st, "meshctl inspect")
+	nc, err := bf.dialReader(ctx, dir, "meshctl inspect")
 	if err != nil {
 		return err
 	}
@@ -109,7 +102,7 @@ func currentBundle(ctx context.Context, nc *nats.Conn, snap inventory.Snapshot) 
 func askBundle(ctx context.Context, nc *nats.Conn) (events.BundleReply, error) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	reply, err := request[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{}, "trust bundle request")
+	reply, err := busrpc.Call[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{}, "trust bundle request")
 	if err != nil {
 		return reply, err
 	}

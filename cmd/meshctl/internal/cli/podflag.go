@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
@@ -32,4 +33,19 @@ func mintPod(ns, s string) (events.PodRef, error) {
 		return events.PodRef{}, fmt.Errorf("pod %s is not in namespace %q (-ns): a token binds a pod of its own namespace", p, ns)
 	}
 	return p, nil
+}
+
+// stackPod reads the local stack in dir and returns its first pod that match
+// accepts, nil when none does.
+func stackPod(dir string, match func(stackfile.Pod) bool) (*stackfile.Pod, error) {
+	st, err := stackfile.Read(dir)
+	if err != nil {
+		return nil, err
+	}
+	for i := range st.Pods {
+		if match(st.Pods[i]) {
+			return &st.Pods[i], nil
+		}
+	}
+	return nil, nil
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
 // xdsTypes is the xDS sync state of the pods, folded from their events in order
@@ -202,10 +201,7 @@ func runProxyStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var all bool
 	var bf busFlags
-	fs := flagenv.New("proxy-status", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("proxy-status", env, &dir, &bf)
 	fs.Bool(&all, "all", "", false, "also list closed streams")
 	words, err := parseWords(fs, args)
 	if err != nil {
@@ -223,19 +219,11 @@ func runProxyStatus(ctx context.Context, env Env, args []string) error {
 	default:
 		return fmt.Errorf("%w: meshctl proxy-status [-all] [NAMESPACE/NAME]", errUsage)
 	}
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return err
-	}
-	nc, err := bf.reader(ctx, st, "meshctl proxy-status")
+	nc, l, err := bf.openAudit(ctx, dir, "meshctl proxy-status")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	l, err := auditlog.Open(ctx, nc)
-	if err != nil {
-		return err
-	}
 	x, err := readXDS(ctx, l, pod)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -52,7 +53,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return rotatePod(nc, env, words[1])
 	}
 	// The plan first (a dry run: a refusal shows here and nothing changes), then the rotation.
-	planned, err := rotateCall(ctx, nc, events.RotateRequest{NewKey: newKey, DryRun: true, Reason: "meshctl rotate root -dry-run"})
+	planned, err := busrpc.RotateRoot(ctx, nc, events.RotateRequest{NewKey: newKey, DryRun: true, Reason: "meshctl rotate root -dry-run"})
 	if err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if dryRun {
 		return nil
 	}
-	reply, err := rotateCall(ctx, nc, events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
+	reply, err := busrpc.RotateRoot(ctx, nc, events.RotateRequest{NewKey: newKey, Reason: "meshctl rotate root"})
 	if err != nil {
 		return err
 	}
@@ -70,17 +71,6 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 		return nil
 	}
 	return followRoot(parent, nc, env, reply.Fingerprint, wait)
-}
-
-func rotateCall(ctx context.Context, nc *nats.Conn, req events.RotateRequest) (events.RotateReply, error) {
-	reply, err := request[events.RotateReply](ctx, nc, events.SubjectRootRotate, req, "rotate root")
-	if err != nil {
-		return events.RotateReply{}, err
-	}
-	if reply.Error != nil {
-		return events.RotateReply{}, fmt.Errorf("signer refused: %w", reply.Error)
-	}
-	return reply, nil
 }
 
 // printPlan shows a rotation's phases (docs/architecture.md, "Root rotation in phases").

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,26 +38,20 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 		if pod == "" {
 			return errors.New("-socket or -pod is required")
 		}
-		st, err := stackfile.Read(dir)
-		if err != nil {
-			return err
-		}
 		want, err := parsePod(pod)
 		if err != nil {
 			return fmt.Errorf("-pod: %w", err)
 		}
-		for _, p := range st.Pods {
-			ns := p.Namespace
-			if ns == "" {
-				ns = events.DefaultNamespace
-			}
-			if p.ID == want.Name && ns == want.Namespace {
-				socket = p.SDSSocket
-			}
+		p, err := stackPod(dir, func(p stackfile.Pod) bool {
+			return p.ID == want.Name && cmp.Or(p.Namespace, events.DefaultNamespace) == want.Namespace
+		})
+		if err != nil {
+			return err
 		}
-		if socket == "" {
+		if p == nil || p.SDSSocket == "" {
 			return fmt.Errorf("no pod %q in stack.json", pod)
 		}
+		socket = p.SDSSocket
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

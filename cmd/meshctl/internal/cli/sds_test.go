@@ -8,8 +8,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/pkg/xdswire"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Every kind of resource a pod serves prints, ROOTCA_SPIFFE's trust domains

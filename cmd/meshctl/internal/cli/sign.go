@@ -3,15 +3,14 @@ package cli
 import (
 	"context"
 	"crypto"
-	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
@@ -19,9 +18,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	securityv1 "istio.io/api/security/v1alpha1"
 )
 
@@ -133,7 +129,7 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 		return nil, err
 	}
 	defer nc.Close()
-	reply, err := signRequest(ctx, nc, events.SubjectSignAny, req, "sign over nats")
+	reply, err := busrpc.Sign(ctx, nc, events.SubjectSignAny, req, "sign over nats")
 	if err != nil {
 		return nil, err
 	}
@@ -144,25 +140,6 @@ func signNATS(ctx context.Context, bf *busFlags, st *stackfile.Stack, req events
 }
 
 func signGRPC(ctx context.Context, st *stackfile.Stack, csr, tok string, ttl time.Duration) ([]string, error) {
-	bundle, err := os.ReadFile(st.TrustBundle)
-	if err != nil {
-		return nil, fmt.Errorf("trust bundle: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(bundle) {
-		return nil, errors.New("trust bundle holds no certificate")
-	}
-	creds := credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: st.Signer.GRPCServerName, MinVersion: tls.VersionTLS12})
-	cc, err := grpc.NewClient(st.Signer.GRPCAddr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", st.Signer.GRPCAddr, err)
-	}
-	defer cc.Close()
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok, "ClusterID", "Kubernetes")
-	resp, err := securityv1.NewIstioCertificateServiceClient(cc).CreateCertificate(ctx,
-		&securityv1.IstioCertificateRequest{Csr: csr, ValidityDuration: int64(ttl.Seconds())})
-	if err != nil {
-		return nil, fmt.Errorf("CreateCertificate: %w", err)
-	}
-	return resp.GetCertChain(), nil
+	ca := istioCA{addr: st.Signer.GRPCAddr, serverName: st.Signer.GRPCServerName, rootFile: st.TrustBundle, rootsFlag: "trust bundle"}
+	return ca.create(ctx, tok, &securityv1.IstioCertificateRequest{Csr: csr, ValidityDuration: int64(ttl.Seconds())})
 }

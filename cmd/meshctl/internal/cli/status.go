@@ -22,7 +22,6 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
@@ -36,10 +35,7 @@ import (
 func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
-	fs := flagenv.New("status", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("status", env, &dir, &bf)
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -116,10 +112,10 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		return []string{fmt.Sprintf("bus: %v", err)}
 	}
 	defer nc.Close()
-	var attention []string
 	row := func(k, f string, a ...any) { fmt.Fprintf(w, "  %-14s %s\n", k, fmt.Sprintf(f, a...)) }
 
 	// Signers: one must answer; who issued lately is in the events.
+	var attention []string
 	var bundle []inventory.Root
 	if reply, err := askBundle(ctx, nc); err != nil {
 		row("signers", "NOT ANSWERING (%v)", err)
@@ -133,8 +129,7 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	snap, err := inventory.Read(ctx, nc)
 	if err != nil {
 		row("inventory", "%v", err)
-		attention = append(attention, fmt.Sprintf("inventory: %v", err))
-		return attention
+		return append(attention, fmt.Sprintf("inventory: %v", err))
 	}
 	// The last hour's counts, kept in the inventory by the operator service: a few
 	// records read, not the hour's events.
@@ -146,6 +141,23 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	if bench > 0 {
 		row("bench", "%d certificate(s) of meshctl bench (namespace %s) not counted", bench, events.BenchNamespace)
 	}
+	attention = append(attention, certStatus(snap, now, row)...)
+	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
+		bundle = snap.Trust.Roots
+	}
+	attention = append(attention, rootStatus(bundle, now, row)...)
+	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, hour.Retries())
+	if n := hour.Failures(); n > 0 {
+		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
+	}
+	return attention
+}
+
+// certStatus prints the pods and their certificates from the inventory and
+// returns what needs attention: each expired or overdue certificate, malformed
+// records.
+func certStatus(snap inventory.Snapshot, now time.Time, row func(k, f string, a ...any)) []string {
+	var attention []string
 	up, down := map[string]bool{}, map[string]bool{}
 	named := map[string]int{}
 	dueHour, expired, overdue := 0, 0, 0
@@ -196,29 +208,29 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		// Not a broken chain: a named signer's chain ends at its own CA's root.
 		row("named signers", "%s certificate(s), under their own roots (CERT_SIGNERS), not the mesh's", strings.Join(parts, ", "))
 	}
-	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
-		bundle = snap.Trust.Roots
-	}
+	return attention
+}
+
+// rootStatus prints the roots of the trust bundle and returns each that should
+// have been rotated.
+func rootStatus(bundle []inventory.Root, now time.Time, row func(k, f string, a ...any)) []string {
 	if bundle == nil {
 		row("roots", "unknown (no signer answers, no trust.changed in the inventory)")
-	} else {
-		for i, r := range bundle {
-			k := ""
-			if i == 0 {
-				k = "roots"
-			}
-			left := r.NotAfter.Sub(now)
-			row(k, "%s  %s  expires in %s", r.Fingerprint[:16], r.Subject, humanDuration(left))
-			// The signer rotates a root with a fifth of its life left (Istio's grace
-			// percentile): less than that means it has not.
-			if left < r.NotAfter.Sub(r.NotBefore)/5 {
-				attention = append(attention, fmt.Sprintf("root %s expires in %s and was not rotated", r.Fingerprint[:16], humanDuration(left)))
-			}
-		}
+		return nil
 	}
-	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, hour.Retries())
-	if n := hour.Failures(); n > 0 {
-		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
+	var attention []string
+	for i, r := range bundle {
+		k := ""
+		if i == 0 {
+			k = "roots"
+		}
+		left := r.NotAfter.Sub(now)
+		row(k, "%s  %s  expires in %s", r.Fingerprint[:16], r.Subject, humanDuration(left))
+		// The signer rotates a root with a fifth of its life left (Istio's grace
+		// percentile): less than that means it has not.
+		if left < r.NotAfter.Sub(r.NotBefore)/5 {
+			attention = append(attention, fmt.Sprintf("root %s expires in %s and was not rotated", r.Fingerprint[:16], humanDuration(left)))
+		}
 	}
 	return attention
 }

@@ -3,9 +3,10 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"path/filepath"
 	"time"
+
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 
 	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/flagenv"

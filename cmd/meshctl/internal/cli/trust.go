@@ -10,9 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -49,10 +49,7 @@ type trustRow struct {
 func runTrust(ctx context.Context, env Env, args []string) error {
 	var dir, output string
 	var bf busFlags
-	fs := flagenv.New("trust", env.Getenv)
-	dirFlag(fs, &dir)
-	bf.bind(fs)
-	bf.bindRole(fs)
+	fs := readerFlags("trust", env, &dir, &bf)
 	fs.String(&output, "o", "", "text", "output: text or json")
 	if err := command.Parse(fs, args); err != nil {
 		return err
@@ -60,17 +57,13 @@ func runTrust(ctx context.Context, env Env, args []string) error {
 	if output != "text" && output != "json" {
 		return fmt.Errorf("-o: %q, want text or json", output)
 	}
-	st, err := bf.stackFor(dir)
-	if err != nil {
-		return err
-	}
-	nc, err := bf.reader(ctx, st, "meshctl trust")
+	nc, err := bf.dialReader(ctx, dir, "meshctl trust")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	home, err := request[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{Federation: true}, "trust bundle request")
+	home, err := busrpc.Call[events.BundleReply](rctx, nc, events.SubjectTrustBundle, events.BundleRequest{Federation: true}, "trust bundle request")
 	cancel()
 	if err != nil {
 		return err

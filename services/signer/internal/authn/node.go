@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshagent/meshagent/pkg/kubeobj"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
 
@@ -77,7 +78,7 @@ func (n *NodeAuthorizer) Authorize(ctx context.Context, caller Caller, target st
 	if caller.Pod.IsZero() {
 		return Caller{}, deny("%s may impersonate only with a pod-bound token: its credential names no pod, so its node is unknown", caller.ID)
 	}
-	var self pod
+	var self kubeobj.Pod
 	if err := n.get(ctx, "/api/v1/namespaces/"+url.PathEscape(caller.Pod.Namespace)+"/pods/"+url.PathEscape(caller.Pod.Name), &self); err != nil {
 		return Caller{}, err
 	}
@@ -85,9 +86,7 @@ func (n *NodeAuthorizer) Authorize(ctx context.Context, caller Caller, target st
 	if node == "" {
 		return Caller{}, deny("node agent pod %s is not scheduled on a node", caller.Pod)
 	}
-	var list struct {
-		Items []pod `json:"items"`
-	}
+	var list kubeobj.PodList
 	q := url.Values{"fieldSelector": {"spec.nodeName=" + node}}
 	if err := n.get(ctx, "/api/v1/namespaces/"+url.PathEscape(tns)+"/pods?"+q.Encode(), &list); err != nil {
 		return Caller{}, err
@@ -99,16 +98,6 @@ func (n *NodeAuthorizer) Authorize(ctx context.Context, caller Caller, target st
 		}
 	}
 	return Caller{}, deny("no running pod of service account %s/%s on node %q, where %s runs", tns, tsa, node, caller.ID)
-}
-
-type pod struct {
-	Spec struct {
-		NodeName           string `json:"nodeName"`
-		ServiceAccountName string `json:"serviceAccountName"`
-	} `json:"spec"`
-	Status struct {
-		Phase string `json:"phase"`
-	} `json:"status"`
 }
 
 // get reads one API object. A failure to get an answer is ErrUnavailable.

@@ -15,6 +15,8 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+
+	"github.com/meshagent/meshagent/pkg/kubeobj"
 )
 
 // Pod is a pod as far as the signer asks: where it runs and as whom.
@@ -45,28 +47,13 @@ func (s *Server) Add(p Pod) {
 	s.pods = append(s.pods, p)
 }
 
-// The API server's JSON for a pod, as much of it as is filled in here.
-type apiPod struct {
-	Kind     string `json:"kind,omitempty"`
-	Metadata struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-	} `json:"metadata"`
-	Spec struct {
-		NodeName           string `json:"nodeName"`
-		ServiceAccountName string `json:"serviceAccountName"`
-	} `json:"spec"`
-	Status struct {
-		Phase string `json:"phase"`
-	} `json:"status"`
-}
-
-func toAPI(p Pod) apiPod {
-	var a apiPod
-	a.Metadata.Name, a.Metadata.Namespace = p.Name, p.Namespace
-	a.Spec.NodeName, a.Spec.ServiceAccountName = p.Node, p.ServiceAccount
-	a.Status.Phase = "Running" // the stack's pods run while it does
-	return a
+// toAPI is p in the API server's JSON.
+func toAPI(p Pod) kubeobj.Pod {
+	return kubeobj.Pod{
+		Metadata: kubeobj.ObjectMeta{Name: p.Name, Namespace: p.Namespace},
+		Spec:     kubeobj.PodSpec{NodeName: p.Node, ServiceAccountName: p.ServiceAccount},
+		Status:   kubeobj.PodStatus{Phase: "Running"}, // the stack's pods run while it does
+	}
 }
 
 // ServeHTTP implements http.Handler.
@@ -119,13 +106,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status(w, http.StatusBadRequest, "BadRequest", "only the field selector spec.nodeName=<node> is served here")
 		return
 	}
-	items := []apiPod{}
+	items := []kubeobj.Pod{}
 	for _, p := range pods {
 		if p.Namespace == ns && (node == "" || p.Node == node) {
 			items = append(items, toAPI(p))
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"kind": "PodList", "apiVersion": "v1", "items": items})
+	writeJSON(w, http.StatusOK, kubeobj.PodList{Kind: "PodList", APIVersion: "v1", Items: items})
 }
 
 // status writes a metav1.Status, as the API server answers an error.
