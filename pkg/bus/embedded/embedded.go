@@ -45,6 +45,10 @@ type Config struct {
 	// LeafTLS, when set, is the leaf listener's TLS (a fleet's nodes reach the hub
 	// across the network); nil accepts leaf connections in plaintext (loopback).
 	LeafTLS *tls.Config
+	// MonitorPort, when not 0, serves nats-server's HTTP monitoring (/varz,
+	// /connz, /leafz) on Host there (-1 picks a free port; MonitorAddr tells
+	// which): what a storm reads the hub's connections from.
+	MonitorPort int
 	// Leaf, when set, makes this server a node tier's leaf node instead of a hub:
 	// no JetStream, its own auth callout admitting the node's pods, and one remote
 	// connection to the hub (docs/scale.md, "The node tier"). Auth is ignored.
@@ -165,6 +169,10 @@ func options(c Config) (*server.Options, error) {
 			opts.LeafNode.TLSTimeout = EmbeddedTLSTimeout.Seconds()
 		}
 	}
+	if c.MonitorPort != 0 {
+		opts.HTTPHost = c.Host
+		opts.HTTPPort = c.MonitorPort
+	}
 	if c.TLS != nil {
 		opts.TLSConfig = c.TLS
 		opts.TLSTimeout = EmbeddedTLSTimeout.Seconds()
@@ -234,6 +242,14 @@ func LeafAddr(s *server.Server) string {
 		return ""
 	}
 	return net.JoinHostPort(v.LeafNode.Host, strconv.Itoa(v.LeafNode.Port))
+}
+
+// MonitorAddr is the host:port s serves HTTP monitoring on ("" without).
+func MonitorAddr(s *server.Server) string {
+	if a := s.MonitorAddr(); a != nil {
+		return a.String()
+	}
+	return ""
 }
 
 // logAdapter sends nats-server's log lines to hclog.

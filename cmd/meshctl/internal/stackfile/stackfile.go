@@ -27,6 +27,13 @@ type Stack struct {
 	// (its services stay on plaintext loopback), where a pod with no token (a VM)
 	// presents its mesh certificate to be admitted. Verify the server with it.
 	NATSTLSCA string `json:"nats_tls_ca,omitempty"`
+	// LeafURL is the hub's leaf node listener (loopback, plaintext): the node
+	// tier's node agents connect there, each admitted by the signer's callout as
+	// its node (NODE_AGENT_ACCOUNTS).
+	LeafURL string `json:"leaf_url,omitempty"`
+	// NATSMonitor is the hub's HTTP monitoring listener (nats-server's /varz,
+	// /connz, /leafz), on loopback.
+	NATSMonitor string `json:"nats_monitor,omitempty"`
 	// NATSAdminNKey and NATSAuditNKey are the seed files of the operator's and the
 	// read-only bus credentials (pkg/bus/policy roles admin and audit). The other
 	// roles' seeds are given to their services only and are not named here.
@@ -39,8 +46,19 @@ type Stack struct {
 	ControlPlane  *ControlPlane `json:"control_plane,omitempty"`
 	// Dashboard is the HTTP address of the operator service's page, API and fleet metrics.
 	Dashboard string    `json:"dashboard,omitempty"`
+	// Nodes are the node tier's node agents (meshctl up -nodes N); none: every
+	// pod connects to the hub itself.
+	Nodes     []Node    `json:"nodes,omitempty"`
 	Pods      []Pod     `json:"pods"`
 	Processes []Process `json:"processes"`
+}
+
+// Node is one node agent of the node tier: the node it serves, where that
+// node's pods connect (host:port) and its health and metrics address.
+type Node struct {
+	Name string `json:"name"`
+	Bus  string `json:"bus"`
+	HTTP string `json:"http"`
 }
 
 // TokenIssuer is the local issuer whose tokens the signer accepts.
@@ -101,6 +119,9 @@ type Pod struct {
 	NodeID string `json:"node_id"`
 	// DNS is the pod's DNS proxy (xds-relay's, UDP and TCP); empty: none.
 	DNS string `json:"dns,omitempty"`
+	// Node is the node the pod runs on when the stack has a node tier: it
+	// reaches the bus through that node's agent. Empty: directly.
+	Node string `json:"node,omitempty"`
 }
 
 // Process is one child process.
