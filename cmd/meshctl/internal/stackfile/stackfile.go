@@ -45,7 +45,7 @@ type Stack struct {
 	Rotator       Service       `json:"rotator"`
 	ControlPlane  *ControlPlane `json:"control_plane,omitempty"`
 	// Dashboard is the HTTP address of the operator service's page, API and fleet metrics.
-	Dashboard string    `json:"dashboard,omitempty"`
+	Dashboard string `json:"dashboard,omitempty"`
 	// Nodes are the node tier's node agents (meshctl up -nodes N); none: every
 	// pod connects to the hub itself.
 	Nodes     []Node    `json:"nodes,omitempty"`
