@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/loadgen"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
-	"github.com/meshagent/meshagent/pkg/devtoken"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -26,6 +26,10 @@ func runBench(ctx context.Context, env Env, args []string) error {
 		return runBenchSign(ctx, env, args[1:])
 	case len(args) > 0 && args[0] == "storm":
 		return runBenchStorm(ctx, env, args[1:])
+	case len(args) > 0 && args[0] == "storm-worker":
+		// Not for people: a storm larger than one process runs its pods in
+		// these (loadgen.RunWorker), its job on stdin.
+		return loadgen.RunWorker(ctx, os.Stdin, env.Stdout)
 	}
 	return fmt.Errorf("%w: bench sign [flags] | bench storm [flags]", errUsage)
 }
@@ -91,8 +95,11 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	fs := flagenv.New("bench storm", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
-	fs.Int(&cfg.Layout.Pods, "pods", "", 1000, "simulated pods, all starting at once")
-	fs.Int(&cfg.Layout.ConnsPerPod, "conns", "", 3, "bus connections per pod: 3 as the three-process pod (sds-edge, xds-relay, launcher), 1 as `meshagent pod`")
+	fs.Int(&cfg.Layout.Pods, "pods", "", 1000, "simulated pods, all starting at once, each with its own key, CSR and pod-bound token")
+	fs.Int(&cfg.Layout.Nodes, "nodes", "", 0, "node agents (the node tier) to start against the stack's leaf listener and spread the pods over, each pod connecting to its node and signing on its node sign subject; 0: every pod connects to the hub itself")
+	fs.Int(&cfg.Layout.ConnsPerPod, "conns", "", 1, "bus connections per pod: 1 as `meshagent pod` (what a fleet runs), 3 as the three-process pod (sds-edge, xds-relay, launcher)")
+	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the node-agent binary (default: beside meshctl, then bin/, then PATH)")
+	fs.Int(&cfg.PodsPerWorker, "pods-per-worker", "", loadgen.DefaultPodsPerWorker, "most connections one load process holds (the open-files limit); a larger storm runs in worker processes (meshctl itself), each taking whole nodes")
 	fs.String(&cfg.Namespace, "ns", "", "storm", "namespace of the pods")
 	fs.String(&cfg.ServiceAccount, "sa", "", "load", "service account of the pods")
 	fs.Duration(&cfg.Timeout, "timeout", "", 5*time.Minute, "give up on pods not certified by then")
@@ -112,15 +119,18 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	}
 	bf.tlsCA = cmp.Or(bf.tlsCA, st.NATSTLSCA)
 	cfg.Stack, cfg.NATSURL, cfg.TLSCA = st, cmp.Or(bf.url, st.NATSURL), bf.tlsCA
-	if cfg.Issuer, err = devtoken.Load(filepath.Join(dir, "issuer")); err != nil {
-		return fmt.Errorf("dev token issuer: %w", err)
-	}
+	cfg.IssuerDir = filepath.Join(dir, "issuer")
 	cfg.Admin = func(ctx context.Context) (*nats.Conn, error) { return bf.connect(ctx, st, "meshctl bench storm") }
 	res, err := loadgen.Storm(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	return writeResult(env.Stdout, output, res)
+	if err := writeResult(env.Stdout, output, res); err != nil {
+		return err
+	}
+	// Printed, and still a failure: a storm that could not read what it
+	// measures (wasted=unknown) is no measurement.
+	return res.Err()
 }
 
 // checkOutput checks -o of a command that prints text or json.

@@ -36,6 +36,7 @@ func runUp(ctx context.Context, env Env, args []string) error {
 	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the service binaries (default: beside meshctl, then bin/, then PATH)")
 	fs.String(&cfg.TrustDomain, "trust-domain", "TRUST_DOMAIN", "cluster.local", "SPIFFE trust domain")
 	fs.Int(&cfg.Pods, "pods", "MESHAGENT_PODS", 1, "number of demo pods")
+	fs.Int(&cfg.Nodes, "nodes", "MESHAGENT_NODES", 0, "node agents to run (the node tier: node-0, node-1, ...), each a leaf node of the embedded hub; the demo pods are spread over them round robin and reach the bus through their node. 0: every pod connects to the hub itself")
 	fs.Bool(&cfg.OneProcessPods, "one-process-pods", "MESHAGENT_ONE_PROCESS_PODS", false, "run each demo pod's sds-edge, xds-relay and launcher in one process (meshagent pod) instead of three")
 	fs.Duration(&cfg.LeafTTL, "ttl", "SECRET_TTL", 2*time.Minute, "workload certificate TTL of the demo pods (short, to watch rotation)")
 	fs.Duration(&cfg.RootTTL, "root-ttl", "CITADEL_SELF_SIGNED_CA_CERT_TTL", 10*365*24*time.Hour, "self-signed root TTL")
@@ -111,6 +112,11 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 	fmt.Fprintf(w, "  NATS (embedded, JetStream)  %s, loopback only\n", s.NATSURL)
 	fmt.Fprintf(w, "      authenticated           each service its own nkey, pods their service-account token (signer's auth callout)\n")
 	fmt.Fprintf(w, "      credentials             %s (admin: %s)\n", filepath.Dir(s.NATSAdminNKey), filepath.Base(s.NATSAdminNKey))
+	fmt.Fprintf(w, "      leaf listener           %s (node agents of %s; meshctl bench storm -nodes)\n", s.LeafURL, s.NodeAgentAccount)
+	fmt.Fprintf(w, "      monitoring              %s/varz\n", s.NATSMonitor)
+	for _, n := range s.Nodes {
+		fmt.Fprintf(w, "  node %-22s pods connect to nats://%s, http %s\n", n.Name, n.Bus, n.HTTP)
+	}
 	fmt.Fprintf(w, "  signer                      NATS %s, gRPC %s (Istio CreateCertificate, TLS name %s), http %s\n",
 		s.Signer.NATSSubject, s.Signer.GRPCAddr, s.Signer.GRPCServerName, s.Signer.HTTP)
 	if len(s.Signer.CertSigners) > 0 {
@@ -136,6 +142,9 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 	}
 	for _, p := range s.Pods {
 		fmt.Fprintf(w, "  pod %-23s %s\n", p.ID, p.SPIFFEID)
+		if p.Node != "" {
+			fmt.Fprintf(w, "      node                    %s (BUS_VIA_NODE)\n", p.Node)
+		}
 		fmt.Fprintf(w, "      SDS socket              %s\n", p.SDSSocket)
 		fmt.Fprintf(w, "      xDS socket              %s\n", p.XDSSocket)
 		fmt.Fprintf(w, "      certs (OUTPUT_CERTS)    %s\n", p.OutputCerts)

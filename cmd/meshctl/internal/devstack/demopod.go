@@ -1,6 +1,7 @@
 package devstack
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,14 +49,16 @@ const DemoNamespace, DemoServiceAccount = "default", "demo"
 func demoPod(id string) events.PodRef { return events.PodRef{Namespace: DemoNamespace, Name: id} }
 
 // startPod launches demo pod id's processes (not waiting for them) with its
-// token written, and adds it to the stack.
-func (r *Runner) startPod(id string) (*podStart, error) {
+// token written, and adds it to the stack; node is the node tier's node it runs
+// on ("": none, it connects to the hub).
+func (r *Runner) startPod(id, node string) (*podStart, error) {
 	pod, err := r.podFiles(id)
 	if err != nil {
 		return nil, err
 	}
-	r.nodeAPI.Add(kubeapi.Pod{Namespace: pod.Namespace, Name: id, ServiceAccount: pod.ServiceAccount, Node: Node})
-	tok := kubelet.Token{File: pod.TokenFile, Namespace: pod.Namespace, ServiceAccount: pod.ServiceAccount, Pod: id}
+	pod.Node = node
+	r.nodeAPI.Add(kubeapi.Pod{Namespace: pod.Namespace, Name: id, ServiceAccount: pod.ServiceAccount, Node: cmp.Or(pod.Node, Node)})
+	tok := kubelet.Token{File: pod.TokenFile, Namespace: pod.Namespace, ServiceAccount: pod.ServiceAccount, Pod: id, Node: pod.Node}
 	r.kube.Tokens = append(r.kube.Tokens, tok)
 	if err := r.kube.Write(tok, time.Now()); err != nil {
 		return nil, err
@@ -64,7 +67,7 @@ func (r *Runner) startPod(id string) (*podStart, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps, err := r.launchPod(id, roles)
+	ps, err := r.launchPod(pod, roles)
 	if err != nil {
 		return nil, err
 	}
@@ -145,13 +148,14 @@ func (r *Runner) podRoleArgs(pod *stackfile.Pod) ([]roleArgs, error) {
 	return []roleArgs{{"sds-edge", sdsHTTP, sdsArgs}, {"xds-relay", relayHTTP, relayArgs}, {"launcher", http[2], launcherArgs}}, nil
 }
 
-// launchPod launches pod id's roles: a process each, or with OneProcessPods
+// launchPod launches pod's roles: a process each, or with OneProcessPods
 // one `meshagent pod` process running the three, each with its own flags.
-func (r *Runner) launchPod(id string, roles []roleArgs) (*podStart, error) {
+func (r *Runner) launchPod(pod stackfile.Pod, roles []roleArgs) (*podStart, error) {
+	id := pod.ID
 	ps := &podStart{id: id}
 	if !r.cfg.OneProcessPods {
 		for _, role := range roles {
-			proc, err := r.launchPodRole(id+"/"+role.name, role.name, role.http, role.args...)
+			proc, err := r.launchPodRole(pod, id+"/"+role.name, role.name, role.http, role.args...)
 			if err != nil {
 				return nil, err
 			}
@@ -165,11 +169,11 @@ func (r *Runner) launchPod(id string, roles []roleArgs) (*podStart, error) {
 	}
 	args := []string{"pod"}
 	for _, role := range roles {
-		args = slices.Concat(args, []string{"--" + role.name, "-http-addr", role.http, "-nats-url", r.natsURL()}, role.args)
+		args = slices.Concat(args, []string{"--" + role.name, "-http-addr", role.http, "-nats-url", r.podNATSURL(pod)}, role.args)
 	}
 	// Ready when the launcher (the last role) is, which is after the other two.
 	launcher := roles[len(roles)-1]
-	proc := &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: launcher.http, Args: args, Env: podEnv}
+	proc := &supervisor.Process{Name: id + "/pod", Bin: bin, HTTP: launcher.http, Args: args, Env: r.podEnv(pod)}
 	if err := r.launch(proc); err != nil {
 		return nil, err
 	}
@@ -177,11 +181,19 @@ func (r *Runner) launchPod(id string, roles []roleArgs) (*podStart, error) {
 	return ps, nil
 }
 
-// podEnv is the demo pods' environment beyond meshctl's: one scheduler thread
+// podEnv is a demo pod's environment beyond meshctl's: one scheduler thread
 // each (a pod's processes idle but for a CSR, a push and an ADS stream, and up to
 // fifty pods start at once on a laptop — as a sidecar is given a CPU limit of a
-// core or less). The Envoy stand-in inherits it from the launcher.
-var podEnv = []string{"GOMAXPROCS=1"}
+// core or less). The Envoy stand-in inherits it from the launcher. A pod on the
+// node tier also has its node (BUS_VIA_NODE, the downward API's spec.nodeName):
+// sds-edge signs on that node's sign subject.
+func (r *Runner) podEnv(pod stackfile.Pod) []string {
+	env := []string{"GOMAXPROCS=1"}
+	if pod.Node != "" {
+		env = append(env, "BUS_VIA_NODE="+pod.Node)
+	}
+	return env
+}
 
 // NodeID is the Envoy node id the launcher gives a demo pod: Istio's
 // type~ip~pod.namespace~domain, with the loopback address meshctl up gives every pod.

@@ -35,7 +35,7 @@ func (r *Runner) startOperator(ctx context.Context) error {
 	if len(r.cfg.DashboardHosts) > 0 {
 		args = append(args, "-allowed-hosts", strings.Join(r.cfg.DashboardHosts, ","))
 	}
-	p, err := r.spawnAt(ctx, "operator", "operator", addr, args...)
+	p, err := r.spawnAt(ctx, "operator", "operator", addr, nil, args...)
 	if err != nil {
 		return fmt.Errorf("dashboard (-dashboard-addr %s): %w", addr, err)
 	}

@@ -66,7 +66,7 @@ func (r *Runner) startPods(ctx context.Context) error {
 	}
 	var pods []*podStart
 	for i := range r.cfg.Pods {
-		ps, err := r.startPod(fmt.Sprintf("demo-%d", i))
+		ps, err := r.startPod(fmt.Sprintf("demo-%d", i), r.nodeOf(i))
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,9 @@ func (r *Runner) startSigner(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := r.spawn(ctx, "signer", "signer", slices.Concat(args, nodeArgs, signerArgs, fedArgs)...)
+	// The node agents' service account is admitted on the leaf listener as
+	// nodes (the node tier).
+	p, err := r.spawnEnv(ctx, "signer", "signer", []string{"NODE_AGENT_ACCOUNTS=" + NodeTierAccount}, slices.Concat(args, nodeArgs, signerArgs, fedArgs)...)
 	if err != nil {
 		return err
 	}

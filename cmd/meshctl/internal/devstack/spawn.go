@@ -9,48 +9,60 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack/supervisor"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 )
 
 // spawn starts a service binary under the supervisor and waits for its /readyz.
 func (r *Runner) spawn(ctx context.Context, name, bin string, args ...string) (*supervisor.Process, error) {
+	return r.spawnEnv(ctx, name, bin, nil, args...)
+}
+
+// spawnEnv is spawn with env added to the service's environment.
+func (r *Runner) spawnEnv(ctx context.Context, name, bin string, env []string, args ...string) (*supervisor.Process, error) {
 	httpAddr, err := supervisor.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	return r.spawnAt(ctx, name, bin, httpAddr, args...)
+	return r.spawnAt(ctx, name, bin, httpAddr, env, args...)
 }
 
-// spawnAt is spawn with the service's HTTP address chosen by the caller.
-func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
-	p, err := r.process(name, bin, httpAddr, args)
+// spawnAt is spawnEnv with the service's HTTP address chosen by the caller.
+func (r *Runner) spawnAt(ctx context.Context, name, bin, httpAddr string, env []string, args ...string) (*supervisor.Process, error) {
+	p, err := r.process(name, bin, httpAddr, r.natsURL(), args)
 	if err != nil {
 		return nil, err
 	}
+	p.Env = env
 	if err := r.start(ctx, p); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// launchPodRole starts a pod's role under the supervisor with its HTTP address
+// launchPodRole starts a role of pod under the supervisor with its HTTP address
 // chosen by the caller, without waiting for it (startPods waits for the pods by
 // their events).
-func (r *Runner) launchPodRole(name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
-	p, err := r.process(name, bin, httpAddr, args)
+func (r *Runner) launchPodRole(pod stackfile.Pod, name, bin, httpAddr string, args ...string) (*supervisor.Process, error) {
+	p, err := r.process(name, bin, httpAddr, r.podNATSURL(pod), args)
 	if err != nil {
 		return nil, err
 	}
-	p.Env = podEnv
+	p.Env = r.podEnv(pod)
 	return p, r.launch(p)
 }
 
-// process is service bin as a child named name, told the bus and its HTTP address.
-func (r *Runner) process(name, bin, httpAddr string, args []string) (*supervisor.Process, error) {
+// process is service bin as a child named name, told the bus (natsURL; none
+// when empty) and its HTTP address.
+func (r *Runner) process(name, bin, httpAddr, natsURL string, args []string) (*supervisor.Process, error) {
 	path, lead, err := r.executable(bin)
 	if err != nil {
 		return nil, err
 	}
-	args = slices.Concat(lead, []string{"-http-addr", httpAddr, "-nats-url", r.natsURL()}, args)
+	own := []string{"-http-addr", httpAddr}
+	if natsURL != "" {
+		own = append(own, "-nats-url", natsURL)
+	}
+	args = slices.Concat(lead, own, args)
 	return &supervisor.Process{Name: name, Bin: path, HTTP: httpAddr, Args: args}, nil
 }
 

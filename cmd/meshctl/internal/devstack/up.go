@@ -38,9 +38,12 @@ type Config struct {
 	BinDir      string // where the service binaries are; empty: beside meshctl, bin/, PATH
 	TrustDomain string
 	Pods        int
-	LeafTTL     time.Duration // demo pods' SECRET_TTL: short, so rotation is visible
-	RootTTL     time.Duration
-	RootCheck   time.Duration // how often the signer checks the root's remaining life
+	// Nodes is how many node agents (the node tier) run, the demo pods spread
+	// over them round robin; 0: every pod connects to the hub itself.
+	Nodes     int
+	LeafTTL   time.Duration // demo pods' SECRET_TTL: short, so rotation is visible
+	RootTTL   time.Duration
+	RootCheck time.Duration // how often the signer checks the root's remaining life
 	// RootRotateMinInterval is the signer's -root-rotate-min-interval, the shortest
 	// time between forced root rotations; 0 keeps the signer's default (1m).
 	RootRotateMinInterval time.Duration
@@ -104,6 +107,9 @@ func New(cfg Config, out io.Writer, log hclog.Logger) (*Runner, error) {
 	if cfg.Pods < 0 || cfg.Pods > 50 {
 		errs = append(errs, errors.New("-pods: want 0 to 50"))
 	}
+	if cfg.Nodes < 0 || cfg.Nodes > MaxNodes {
+		errs = append(errs, fmt.Errorf("-nodes: want 0 to %d", MaxNodes))
+	}
 	if cfg.LeafTTL < 30*time.Second {
 		errs = append(errs, errors.New("-ttl: at least 30s"))
 	}
@@ -150,6 +156,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	// capture sign requests and their tokens.
 	r.Stack = stackfile.Stack{
 		Version: 1, Dir: r.cfg.Dir, TrustDomain: r.cfg.TrustDomain, NATSURL: r.natsURL(), NATSTLSCA: busCA,
+		LeafURL: "nats://" + embedded.LeafAddr(r.ns), NATSMonitor: "http://" + embedded.MonitorAddr(r.ns), NodeAgentAccount: NodeTierAccount,
 		NATSAdminNKey: r.creds.SeedFile(policy.Admin), NATSAuditNKey: r.creds.SeedFile(policy.Audit),
 		TrustBundle: filepath.Join(r.cfg.Dir, "trust-bundle.pem"),
 		TokenIssuer: stackfile.TokenIssuer{Issuer: iss.Name, Audience: devtoken.DefaultAudience, JWKS: devtoken.JWKSPath(filepath.Join(r.cfg.Dir, "issuer"))},
@@ -157,7 +164,7 @@ func (r *Runner) Start(ctx context.Context) (err error) {
 	if err := protectSecrets(r.cfg.Dir, r.log); err != nil {
 		return err
 	}
-	for _, start := range []func(context.Context) error{r.startSigner, r.startRotator, r.writeBundle, r.startOperator, r.startControlPlane, r.startPods} {
+	for _, start := range []func(context.Context) error{r.startSigner, r.startRotator, r.writeBundle, r.startOperator, r.startControlPlane, r.startNodes, r.startPods} {
 		if err := start(ctx); err != nil {
 			return err
 		}
@@ -208,8 +215,11 @@ func (r *Runner) startBus(ctx context.Context) (busCA string, err error) {
 	if err != nil {
 		return "", err
 	}
+	// A loopback leaf listener for node agents (the node tier: -nodes, bench
+	// storm -nodes), and nats-server's monitoring (/varz: the hub's
+	// connections), both on loopback.
 	r.ns, err = embedded.Start(embedded.Config{Port: r.cfg.NATSPort, StoreDir: filepath.Join(r.cfg.Dir, "nats"), Auth: &r.creds.Keys,
-		TLS: serverTLS, AllowNonTLS: true})
+		TLS: serverTLS, AllowNonTLS: true, LeafPort: -1, MonitorPort: -1})
 	if err != nil {
 		return "", err
 	}

@@ -44,3 +44,10 @@ func (l *latest) since(start time.Time) float64 {
 	}
 	return l.t.Sub(start).Seconds()
 }
+
+// at is the latest time marked (zero: none).
+func (l *latest) at() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.t
+}

@@ -2,10 +2,9 @@ package loadgen
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -21,60 +20,32 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// simPod is one simulated pod: its token file, identity subject and CSR.
+// simPod is one simulated pod: its token file, sign subject, key and CSR, and
+// where it connects (its node's agent, or the hub).
 type simPod struct {
 	pod     events.PodRef
+	node    string // "" without a node tier
+	url     string
+	tlsCA   string
 	token   string
 	file    string
 	subject string
 	csr     string
+	pub     crypto.PublicKey
 	// conn is the connection the pod asks for certificates on; generation is the
 	// root generation of its latest certificate.
 	conn       *nats.Conn
 	generation atomic.Uint64
 }
 
-// preparePods makes the layout's pods, storm-0, storm-1, ..., each with a token
-// minted for it (written under dir) and a CSR.
-func preparePods(cfg StormConfig, dir string) ([]*simPod, error) {
-	now := time.Now()
-	ns, sa := cfg.Namespace, cfg.ServiceAccount
-	pods := make([]*simPod, cfg.Layout.Pods)
-	for i := range pods {
-		p := &simPod{pod: events.PodRef{Namespace: ns, Name: fmt.Sprintf("storm-%d", i)}}
-		var err error
-		if p.token, err = cfg.Issuer.MintForPod(ns, sa, p.pod.Name, cfg.Stack.TokenIssuer.Audience, time.Hour, now); err != nil {
-			return nil, err
-		}
-		p.file = filepath.Join(dir, p.pod.Name)
-		if err := os.WriteFile(p.file, []byte(p.token), 0o600); err != nil {
-			return nil, err
-		}
-		if p.subject, err = events.IdentitySignSubject(p.pod, sa); err != nil {
-			return nil, err
-		}
-		key, err := pki.GenerateKey(pki.ECP256)
-		if err != nil {
-			return nil, err
-		}
-		csr, err := pki.NewCSR(key, "spiffe://storm.invalid/ns/"+ns+"/sa/"+sa)
-		if err != nil {
-			return nil, err
-		}
-		p.csr = string(csr)
-		pods[i] = p
-	}
-	return pods, nil
-}
-
 // connect opens the pod's n connections at once, as its processes do.
-func (p *simPod) connect(ctx context.Context, natsURL, tlsCA string, n int, log hclog.Logger) ([]*nats.Conn, error) {
+func (p *simPod) connect(ctx context.Context, n int, log hclog.Logger) ([]*nats.Conn, error) {
 	ncs := make([]*nats.Conn, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			cfg := bus.Config{URL: natsURL, TokenFile: p.file, Name: fmt.Sprintf("storm/%s/%d", p.pod, i), TLS: bus.TLSConfig{CAFile: tlsCA}}
+			cfg := bus.Config{URL: p.url, TokenFile: p.file, Name: fmt.Sprintf("storm/%s/%d", p.pod, i), TLS: bus.TLSConfig{CAFile: p.tlsCA}}
 			cfg.AsPod(p.pod, p.file)
 			cfg.ConnectWait = time.Until(deadlineOf(ctx))
 			ncs[i], errs[i] = bus.Connect(ctx, cfg, log)
@@ -97,8 +68,10 @@ func deadlineOf(ctx context.Context) time.Time {
 	return time.Now().Add(time.Minute)
 }
 
-// certify asks for the pod's certificate on its identity subject until answered,
-// and keeps the root generation it was signed under.
+// certify asks for the pod's certificate on its sign subject until answered,
+// with its token in the request (as sds-edge sends it), checks that the
+// certificate is for the pod's own key, and keeps the root generation it was
+// signed under.
 func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 	retry := bus.Reconnect.Start()
 	for {
@@ -109,6 +82,9 @@ func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 		rep, err := busrpc.Sign(rctx, nc, p.subject, events.SignRequest{CSR: p.csr, Token: p.token, KeyAlgorithm: string(pki.ECP256), Deadline: deadline}, "sign")
 		cancel()
 		if err == nil && rep.Error == nil {
+			if err := p.check(rep); err != nil {
+				return err
+			}
 			p.generation.Store(rep.Generation)
 			return nil
 		}
@@ -119,6 +95,18 @@ func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 			return err
 		}
 	}
+}
+
+// check reports whether rep's chain begins with a certificate of the pod's key.
+func (p *simPod) check(rep events.SignReply) error {
+	certs, err := pki.ParseCertPEMs(rep.CertChain)
+	if err != nil || len(certs) == 0 {
+		return fmt.Errorf("pod %s: reply chain: %w", p.pod, cmpErr(err, errors.New("empty")))
+	}
+	if k, ok := certs[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(p.pub) {
+		return fmt.Errorf("pod %s: %w", p.pod, errWrongKey)
+	}
+	return nil
 }
 
 // addrs are the socket addresses in an error, left out of its kind.

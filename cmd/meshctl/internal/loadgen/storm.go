@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,27 +25,43 @@ const (
 	RotateNewKey  = "new-key"
 )
 
-// Layout is the fleet a storm simulates: how many pods, and how many bus
-// connections each holds. preparePods makes one simulated pod per pod of it.
+// Layout is the fleet a storm simulates: how many pods, how many bus
+// connections each holds, and over how many nodes they are spread.
 type Layout struct {
-	Pods int
-	// ConnsPerPod is 3 as the three-process pod (sds-edge, xds-relay,
-	// launcher), 1 as `meshagent pod`.
-	ConnsPerPod int
+	Pods int `json:"pods"`
+	// ConnsPerPod is 1 as `meshagent pod`, 3 as the three-process pod
+	// (sds-edge, xds-relay, launcher).
+	ConnsPerPod int `json:"connections_per_pod"`
+	// Nodes is how many node agents (the node tier) the pods are spread over,
+	// round robin; 0: every pod connects to the hub itself.
+	Nodes int `json:"nodes"`
 }
+
+// DefaultPodsPerWorker is how many pods one load process runs at most: this
+// machine allows a process 20,000 open files, and each pod holds a connection
+// (and, while it connects, its token file) per ConnsPerPod.
+const DefaultPodsPerWorker = 15000
 
 // StormConfig is one `meshctl bench storm` run.
 type StormConfig struct {
-	// Stack is the local stack; Issuer, its dev issuer, mints the pods' tokens.
-	Stack  *stackfile.Stack
-	Issuer *devtoken.Issuer
-	Layout Layout
+	// Stack is the local stack; IssuerDir holds its dev issuer, which mints the
+	// pods' and the node agents' tokens.
+	Stack     *stackfile.Stack
+	IssuerDir string
+	Layout    Layout
 	// Namespace and ServiceAccount are the pods'.
 	Namespace, ServiceAccount string
 	// Timeout bounds the storm, and then the rotation.
 	Timeout time.Duration
-	// NATSURL and TLSCA are the bus the pods connect to.
+	// NATSURL and TLSCA are the hub the pods connect to without a node tier.
 	NATSURL, TLSCA string
+	// BinDir is where the node-agent binary is (empty: beside meshctl, bin/, PATH).
+	BinDir string
+	// PodsPerWorker bounds the pods one process runs (0: DefaultPodsPerWorker);
+	// a larger storm runs in worker processes, WorkerCommand (default: this
+	// executable's `bench storm-worker`), each taking whole nodes.
+	PodsPerWorker int
+	WorkerCommand []string
 	// SignerPID and NATSPID say whose CPU is read (default: the local stack's
 	// signer, and the process listening on NATSURL's port).
 	SignerPID, NATSPID int
@@ -62,24 +80,60 @@ func (c StormConfig) Validate() error {
 	if c.Layout.ConnsPerPod < 1 || c.Layout.ConnsPerPod > 3 {
 		errs = append(errs, errors.New("-conns: 1 to 3"))
 	}
+	if c.Layout.Nodes < 0 {
+		errs = append(errs, errors.New("-nodes: 0 (no node tier) or more"))
+	}
 	if c.Timeout <= 0 {
 		errs = append(errs, errors.New("-timeout: must be positive"))
 	}
 	if c.Rotate != RotateNone && c.Rotate != RotateSameKey && c.Rotate != RotateNewKey {
 		errs = append(errs, fmt.Errorf("-rotate: %q, want none, same-key or new-key", c.Rotate))
 	}
+	if c.PodsPerWorker < 0 {
+		errs = append(errs, errors.New("-pods-per-worker: 0 (the default) or more"))
+	}
+	if w := c.workers(); w > 1 && c.Rotate != RotateNone {
+		errs = append(errs, fmt.Errorf("-rotate: follows the pods in meshctl's own process, up to %d pods (this storm needs %d workers)", c.podsPerWorker(), w))
+	}
+	if w := c.workers(); w > 1 && c.Layout.Nodes > 0 && c.Layout.Nodes < w {
+		errs = append(errs, fmt.Errorf("-nodes: a worker takes whole nodes; %d pods need %d workers, so at least %d nodes", c.Layout.Pods, w, w))
+	}
 	return errors.Join(errs...)
+}
+
+func (c StormConfig) podsPerWorker() int {
+	if c.PodsPerWorker > 0 {
+		return c.PodsPerWorker
+	}
+	return DefaultPodsPerWorker
+}
+
+// workers is how many worker processes the storm needs (1: none, meshctl's own).
+func (c StormConfig) workers() int {
+	per := max(1, c.podsPerWorker()/max(1, c.Layout.ConnsPerPod))
+	return max(1, (c.Layout.Pods+per-1)/per)
+}
+
+// job is the whole storm as one process runs it.
+func (c StormConfig) job() job {
+	return job{Namespace: c.Namespace, ServiceAccount: c.ServiceAccount, Audience: c.Stack.TokenIssuer.Audience,
+		IssuerDir: c.IssuerDir, Layout: c.Layout, NATSURL: c.NATSURL, TLSCA: c.TLSCA, Timeout: c.Timeout}
 }
 
 // StormResult is what `meshctl bench storm` measured (its -o json form).
 type StormResult struct {
 	Pods        int `json:"pods"`
 	ConnsPerPod int `json:"connections_per_pod"`
+	Nodes       int `json:"nodes"`
+	Workers     int `json:"workers,omitempty"`
 	Certified   int `json:"certified"`
 	Failed      int `json:"failed"`
-	// Wasted is work done for no one: connections admitted by the callout that no
-	// client holds, and certificates signed that no pod received.
-	Wasted int `json:"wasted"`
+	// Wasted is work done for no one: connections admitted (by the hub's
+	// callout or a node agent's) beyond one per connection held, and
+	// certificates signed that no pod received. WastedUnknown: a metric it
+	// needs could not be read (Unread says which), and Wasted means nothing.
+	Wasted        int  `json:"wasted"`
+	WastedUnknown bool `json:"wasted_unknown,omitempty"`
 	// WastedAdmissions and WastedCerts are Wasted's two parts.
 	WastedAdmissions int `json:"wasted_admissions"`
 	WastedCerts      int `json:"wasted_certificates"`
@@ -87,60 +141,120 @@ type StormResult struct {
 	// with the certificate already recorded for them (no certificate wasted).
 	Repeats float64 `json:"repeated_requests"`
 	Seconds float64 `json:"seconds"`
-	// Admitted and Busy are the callout's admissions and busy refusals in the run.
-	Admitted float64 `json:"admitted"`
-	Busy     float64 `json:"busy_refusals"`
+	// HubConns is the hub's client plus leaf connections at the storm's peak
+	// (read from its /varz while the storm ran), HubConnsBefore before the
+	// storm (the node tier already up) and HubConnsEnd at its end.
+	HubConns       int `json:"hub_conns"`
+	HubConnsBefore int `json:"hub_conns_before"`
+	HubConnsEnd    int `json:"hub_conns_end"`
+	// Admitted and Busy are the hub callout's admissions and busy refusals in
+	// the run; NodeAdmitted the node agents' admissions.
+	Admitted     float64 `json:"admitted"`
+	Busy         float64 `json:"busy_refusals"`
+	NodeAdmitted float64 `json:"node_admitted"`
 	// Dropped are connect requests the callout reached after the server gave up
 	// on them; CacheHits connections admitted without verifying the token again.
 	Dropped   float64 `json:"dropped"`
 	CacheHits float64 `json:"token_cache_hits"`
 	// ConnectErrors counts the clients' failed connect attempts by error.
 	ConnectErrors map[string]int `json:"connect_errors,omitempty"`
-	// CPU per pod of the signer and of the nats-server process (the local
-	// stack's `meshctl up`, which embeds it), and the nats-server's resident
-	// memory per connection held.
+	// CPU per pod of each process: the signer, the hub's nats-server (the local
+	// stack's `meshctl up`, which embeds it), the node agents together, and the
+	// load client (meshctl itself, or its workers together); and the hub
+	// nats-server's resident memory per connection it held.
 	SignerCPUMicroPerPod float64 `json:"signer_cpu_us_per_pod,omitempty"`
 	NATSCPUMicroPerPod   float64 `json:"nats_cpu_us_per_pod,omitempty"`
+	NodesCPUMicroPerPod  float64 `json:"node_agents_cpu_us_per_pod,omitempty"`
+	ClientCPUMicroPerPod float64 `json:"client_cpu_us_per_pod,omitempty"`
 	NATSBytesPerConn     float64 `json:"nats_bytes_per_connection,omitempty"`
+	// Unread lists what could not be read; a storm with any is not a measurement.
+	Unread []string `json:"unread,omitempty"`
 	// Rotation is the root rotation after the storm (-rotate), when asked for.
 	Rotation *Rotation `json:"rotation,omitempty"`
 }
 
+// ErrUnread is the error of a storm that could not read what it measures.
+var ErrUnread = errors.New("bench storm: a metric could not be read")
+
+// Err is ErrUnread, naming what, when r could not read a metric.
+func (r StormResult) Err() error {
+	if len(r.Unread) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrUnread, strings.Join(r.Unread, "; "))
+}
+
 // WriteText prints r for a person: first `pods=N certified=C failed=F wasted=W
-// in S s`, then the connections, the waste, the CPU and the rotation.
+// in S s hub_conns=H`, then the layout, the connections, the waste, the CPU
+// and the rotation.
 func (r StormResult) WriteText(w io.Writer) {
-	fmt.Fprintf(w, "pods=%d certified=%d failed=%d wasted=%d in %.2f s\n", r.Pods, r.Certified, r.Failed, r.Wasted, r.Seconds)
-	fmt.Fprintf(w, "connections %d per pod, %.0f admitted by the callout (%.0f with a token checked for another connection), %.0f refused as busy (retried), %.0f dropped (the server had given up)\n", r.ConnsPerPod, r.Admitted, r.CacheHits, r.Busy, r.Dropped)
-	fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received (%.0f requests repeated after a lost answer, given the certificate recorded for them)\n", r.WastedAdmissions, r.WastedCerts, r.Repeats)
+	wasted := strconv.Itoa(r.Wasted)
+	if r.WastedUnknown {
+		wasted = "unknown"
+	}
+	fmt.Fprintf(w, "pods=%d certified=%d failed=%d wasted=%s in %.2f s hub_conns=%d\n", r.Pods, r.Certified, r.Failed, wasted, r.Seconds, r.HubConns)
+	fmt.Fprintf(w, "layout      %d connections per pod, %d nodes, %d load processes\n", r.ConnsPerPod, r.Nodes, max(1, r.Workers))
+	fmt.Fprintf(w, "hub         %d connections (clients and leaf nodes) at the peak, %d before, %d at the end\n", r.HubConns, r.HubConnsBefore, r.HubConnsEnd)
+	fmt.Fprintf(w, "admissions  %.0f by the hub's callout (%.0f with a token checked for another connection), %.0f refused as busy (retried), %.0f dropped (the server had given up); %.0f by node agents\n", r.Admitted, r.CacheHits, r.Busy, r.Dropped, r.NodeAdmitted)
+	if r.WastedUnknown {
+		fmt.Fprintf(w, "wasted      unknown\n")
+	} else {
+		fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received (%.0f requests repeated after a lost answer, given the certificate recorded for them)\n", r.WastedAdmissions, r.WastedCerts, r.Repeats)
+	}
 	for e, n := range r.ConnectErrors {
 		fmt.Fprintf(w, "retried     %d connects after: %s\n", n, e)
 	}
-	fmt.Fprintf(w, "signer      %.0f µs CPU per pod\n", r.SignerCPUMicroPerPod)
-	fmt.Fprintf(w, "nats-server %.0f µs CPU per pod, %.1f KiB per connection\n", r.NATSCPUMicroPerPod, r.NATSBytesPerConn/1024)
+	fmt.Fprintf(w, "cpu per pod signer %.0f µs, hub nats-server %.0f µs, node agents %.0f µs (servers %.0f µs); load client %.0f µs\n",
+		r.SignerCPUMicroPerPod, r.NATSCPUMicroPerPod, r.NodesCPUMicroPerPod, r.SignerCPUMicroPerPod+r.NATSCPUMicroPerPod+r.NodesCPUMicroPerPod, r.ClientCPUMicroPerPod)
+	if r.NATSBytesPerConn > 0 {
+		fmt.Fprintf(w, "nats-server %.1f KiB per connection\n", r.NATSBytesPerConn/1024)
+	}
+	for _, u := range r.Unread {
+		fmt.Fprintf(w, "unread      %s\n", u)
+	}
 	if r.Rotation != nil {
 		r.Rotation.writeText(w)
 	}
 }
 
-// Storm starts the layout's simulated pods all at once, each with its
-// connections made with its own pod-bound token file through bus.Connect (the
-// services' client: its timeouts and jittered reconnect schedule); each pod then
-// asks for one certificate on its identity subject, as sds-edge does, retrying
-// on the shared backoff schedule until cfg.Timeout. With cfg.Rotate the root is
-// rotated after, through the live pods.
+// Storm starts the layout's simulated pods all at once, each with its own key,
+// CSR and pod-bound token (node-bound on the node tier), its connections made
+// through bus.Connect (the services' client: its timeouts and jittered
+// reconnect schedule) to its node's agent, or to the hub; each pod then asks
+// for one certificate on its sign subject, as sds-edge does, retrying on the
+// shared backoff schedule until cfg.Timeout. With Layout.Nodes the storm first
+// starts that many real node agents against the stack's leaf listener; past
+// PodsPerWorker pods it runs them in worker processes. With cfg.Rotate the
+// root is rotated after, through the live pods.
 func Storm(ctx context.Context, cfg StormConfig) (StormResult, error) {
 	work, err := os.MkdirTemp("", "meshctl-storm-")
 	if err != nil {
 		return StormResult{}, err
 	}
 	defer os.RemoveAll(work)
-	sim, err := preparePods(cfg, work)
+	iss, err := devtoken.Load(cfg.IssuerDir)
+	if err != nil {
+		return StormResult{}, fmt.Errorf("dev token issuer: %w", err)
+	}
+	j := cfg.job()
+	var tier *nodeTier
+	if cfg.Layout.Nodes > 0 {
+		if tier, err = startNodeTier(ctx, cfg, iss, work); err != nil {
+			return StormResult{}, err
+		}
+		defer tier.stop()
+		j.Nodes = tier.nodes
+	}
+	if w := cfg.workers(); w > 1 {
+		return stormInWorkers(ctx, cfg, j, w, tier, work)
+	}
+	sim, err := preparePods(j, iss, work)
 	if err != nil {
 		return StormResult{}, err
 	}
-	m := startMeter(cfg)
-	run := runStorm(ctx, cfg, sim)
-	res := StormResult{Pods: cfg.Layout.Pods, ConnsPerPod: cfg.Layout.ConnsPerPod, Certified: run.certified, Failed: run.failed, Seconds: run.seconds}
+	m := startMeter(cfg, tier, []int{os.Getpid()})
+	run := runStorm(ctx, j, sim)
+	res := cfg.result(run, 1)
 	m.finish(&res, run.held) // while every connection is still held
 	if cfg.Rotate != RotateNone && res.Certified > 0 {
 		rctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
@@ -153,8 +267,13 @@ func Storm(ctx context.Context, cfg StormConfig) (StormResult, error) {
 		res.Rotation = rot
 	}
 	closeAll(run.open)
-	res.ConnectErrors = run.tally.snapshot()
 	return res, nil
+}
+
+// result is the storm's result before the meter's figures.
+func (c StormConfig) result(run stormRun, workers int) StormResult {
+	return StormResult{Pods: c.Layout.Pods, ConnsPerPod: c.Layout.ConnsPerPod, Nodes: c.Layout.Nodes, Workers: workers,
+		Certified: run.certified, Failed: run.failed, Seconds: run.seconds, ConnectErrors: run.tally.snapshot()}
 }
 
 // stormRun is how a storm went: the pods certified and failed, the connections
@@ -163,14 +282,15 @@ type stormRun struct {
 	certified, failed int
 	held              int64
 	seconds           float64
+	last              time.Time // the last certificate's (zero: none)
 	open              []*nats.Conn
 	tally             *errTally
 }
 
 // runStorm starts every pod at once and waits until each is certified or has
-// failed (by cfg.Timeout).
-func runStorm(ctx context.Context, cfg StormConfig, sim []*simPod) stormRun {
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+// failed (by j.Timeout).
+func runStorm(ctx context.Context, j job, sim []*simPod) stormRun {
+	ctx, cancel := context.WithTimeout(ctx, j.Timeout)
 	defer cancel()
 	var certified, failed, held atomic.Int64
 	var mu sync.Mutex
@@ -182,7 +302,7 @@ func runStorm(ctx context.Context, cfg StormConfig, sim []*simPod) stormRun {
 	var wg sync.WaitGroup
 	for _, p := range sim {
 		wg.Go(func() {
-			ncs, err := p.connect(ctx, cfg.NATSURL, cfg.TLSCA, cfg.Layout.ConnsPerPod, log)
+			ncs, err := p.connect(ctx, j.Layout.ConnsPerPod, log)
 			mu.Lock()
 			run.open = append(run.open, ncs...)
 			mu.Unlock()
@@ -201,60 +321,6 @@ func runStorm(ctx context.Context, cfg StormConfig, sim []*simPod) stormRun {
 	}
 	wg.Wait()
 	run.certified, run.failed, run.held = int(certified.Load()), int(failed.Load()), held.Load()
-	run.seconds = last.since(start)
+	run.seconds, run.last = last.since(start), last.at()
 	return run
-}
-
-// stormMeter reads the signer's and nats-server's CPU, nats-server's memory and
-// the signer's metrics before a storm, and fills in a result from how they grew.
-type stormMeter struct {
-	signer  cpuReader
-	metrics string
-	natsPID int
-	before  metricPage
-	s0, n0  float64
-	rss0    int64
-	sErr    error
-	nErr    error
-	rErr    error
-}
-
-func startMeter(cfg StormConfig) *stormMeter {
-	m := &stormMeter{signer: signerCPU(cfg.SignerPID, "", cfg.Stack), metrics: signerMetrics(cfg.Stack), natsPID: cfg.NATSPID}
-	if m.natsPID == 0 {
-		m.natsPID = listenerPID(cfg.NATSURL)
-	}
-	m.before, _ = scrape(m.metrics)
-	m.s0, m.sErr = m.signer.read()
-	m.n0, m.nErr = procCPUSeconds(m.natsPID)
-	m.rss0, m.rErr = procRSS(m.natsPID)
-	return m
-}
-
-// finish fills in res's CPU, memory and callout figures; held is how many
-// connections the pods hold.
-func (m *stormMeter) finish(res *StormResult, held int64) {
-	pods := float64(res.Pods)
-	if s1, err := m.signer.read(); m.sErr == nil && err == nil {
-		res.SignerCPUMicroPerPod = (s1 - m.s0) * 1e6 / pods
-	}
-	if n1, err := procCPUSeconds(m.natsPID); m.natsPID != 0 && m.nErr == nil && err == nil {
-		res.NATSCPUMicroPerPod = (n1 - m.n0) * 1e6 / pods
-	}
-	if rss1, err := procRSS(m.natsPID); m.natsPID != 0 && m.rErr == nil && err == nil && held > 0 {
-		res.NATSBytesPerConn = float64(rss1-m.rss0) / float64(held)
-	}
-	after, err := scrape(m.metrics)
-	if err != nil || m.before == nil {
-		return
-	}
-	res.Admitted = after.delta(m.before, "meshagent_signer_bus_callout_admitted_total")
-	res.Busy = after.delta(m.before, `meshagent_signer_bus_callout_refused_total{reason="busy_try_later"}`)
-	issued := after.delta(m.before, "meshagent_signer_certs_issued_total")
-	res.Dropped = after.delta(m.before, "meshagent_signer_bus_callout_dropped_total")
-	res.CacheHits = after.delta(m.before, "meshagent_signer_bus_callout_token_cache_hits_total")
-	res.Repeats = after.delta(m.before, "meshagent_signer_requests_repeated_total")
-	res.WastedAdmissions = max(0, int(res.Admitted)-int(held))
-	res.WastedCerts = max(0, int(issued)-res.Certified)
-	res.Wasted = res.WastedAdmissions + res.WastedCerts
 }

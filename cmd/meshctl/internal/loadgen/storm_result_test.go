@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -8,9 +9,18 @@ import (
 // A storm's text starts with the line its runs are compared by.
 func TestStormResultFirstLine(t *testing.T) {
 	var b strings.Builder
-	StormResult{Pods: 10, Certified: 9, Failed: 1, Wasted: 2, Seconds: 1.5}.WriteText(&b)
-	if first, _, _ := strings.Cut(b.String(), "\n"); first != "pods=10 certified=9 failed=1 wasted=2 in 1.50 s" {
+	StormResult{Pods: 10, Certified: 9, Failed: 1, Wasted: 2, Seconds: 1.5, HubConns: 7}.WriteText(&b)
+	if first, _, _ := strings.Cut(b.String(), "\n"); first != "pods=10 certified=9 failed=1 wasted=2 in 1.50 s hub_conns=7" {
 		t.Fatalf("first line %q", first)
+	}
+	b.Reset()
+	r := StormResult{Pods: 10, Certified: 10, WastedUnknown: true, Seconds: 1.5, HubConns: 7, Unread: []string{"signer metrics: refused"}}
+	r.WriteText(&b)
+	if first, _, _ := strings.Cut(b.String(), "\n"); first != "pods=10 certified=10 failed=0 wasted=unknown in 1.50 s hub_conns=7" {
+		t.Fatalf("first line %q", first)
+	}
+	if !errors.Is(r.Err(), ErrUnread) || !strings.Contains(r.Err().Error(), "signer metrics") {
+		t.Fatalf("a storm with a metric unread: error %v", r.Err())
 	}
 }
 
@@ -21,7 +31,8 @@ func TestConfigsNameEveryBadFlag(t *testing.T) {
 		err  error
 		want []string
 	}{
-		{"storm", StormConfig{Layout: Layout{Pods: 0, ConnsPerPod: 4}, Rotate: "sideways"}.Validate(), []string{"-pods:", "-conns:", "-timeout:", "-rotate:"}},
+		{"storm", StormConfig{Layout: Layout{Pods: 0, ConnsPerPod: 4, Nodes: -1}, Rotate: "sideways", PodsPerWorker: -1}.Validate(), []string{"-pods:", "-conns:", "-nodes:", "-timeout:", "-rotate:", "-pods-per-worker:"}},
+		{"storm in workers", StormConfig{Layout: Layout{Pods: 100, ConnsPerPod: 1, Nodes: 3}, Timeout: 1, Rotate: RotateNewKey, PodsPerWorker: 10}.Validate(), []string{"-rotate:", "-nodes:"}},
 		{"sign", SignConfig{Warmup: -1, Duration: -1, Subject: "all"}.Validate(), []string{"-n:", "-in-flight:", "-warmup:", "-duration:", "-subject:"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -34,6 +34,10 @@ type Stack struct {
 	// NATSMonitor is the hub's HTTP monitoring listener (nats-server's /varz,
 	// /connz, /leafz), on loopback.
 	NATSMonitor string `json:"nats_monitor,omitempty"`
+	// NodeAgentAccount is the service account (namespace/name) whose pod-bound,
+	// node-bound tokens the signer's callout admits as node agents on the leaf
+	// listener (NODE_AGENT_ACCOUNTS).
+	NodeAgentAccount string `json:"node_agent_account,omitempty"`
 	// NATSAdminNKey and NATSAuditNKey are the seed files of the operator's and the
 	// read-only bus credentials (pkg/bus/policy roles admin and audit). The other
 	// roles' seeds are given to their services only and are not named here.
