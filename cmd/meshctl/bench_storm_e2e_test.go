@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/loadgen"
+	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -31,8 +33,13 @@ func TestBenchStormCertifiesEveryPod(t *testing.T) {
 	if r.Admitted != 90 || r.Wasted != 0 {
 		t.Fatalf("admitted %v connections for 90, wasted %d: %+v", r.Admitted, r.Wasted, r)
 	}
-	if r.SignerCPUMicroPerPod <= 0 {
-		t.Fatalf("signer CPU not read: %+v", r)
+	if r.SignerCPUMicroPerPod <= 0 || r.NATSCPUMicroPerPod <= 0 || len(r.Unread) != 0 {
+		t.Fatalf("CPU not read: %+v", r)
+	}
+	// Directly, the hub holds every pod's connections: at the end, while all
+	// are held, 90 more than before.
+	if r.HubConnsEnd != r.HubConnsBefore+90 || r.HubConns < r.HubConnsEnd {
+		t.Fatalf("hub connections %d before, %d at the peak, %d at the end; want 90 more", r.HubConnsBefore, r.HubConns, r.HubConnsEnd)
 	}
 	if out, err := meshctl(t, "bench", "storm", "-dir", dir, "-pods", "0"); err == nil {
 		t.Fatalf("bench storm -pods 0 accepted:\n%s", out)
@@ -62,5 +69,27 @@ func TestBenchStormRotatesLivePods(t *testing.T) {
 	}
 	if !ro.NewKey || ro.Pods != 20 || ro.Rotated != 20 || ro.Seconds <= 0 || ro.Commands < 20 {
 		t.Fatalf("rotation: %+v", *ro)
+	}
+}
+
+// A storm that cannot read the signer's metrics says wasted=unknown and fails:
+// it used to print wasted=0 and succeed, whatever the signer had wasted.
+func TestBenchStormUnreadMetricIsAFailure(t *testing.T) {
+	dir := testkit.ShortDir(t)
+	startStack(t, devstack.Config{Dir: dir, Pods: 0, LeafTTL: time.Hour})
+	st, err := stackfile.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Signer.HTTP = testkit.FreeAddr(t) // nothing answers there
+	if err := stackfile.Write(dir, st); err != nil {
+		t.Fatal(err)
+	}
+	out, err := meshctl(t, "bench", "storm", "-dir", dir, "-pods", "5", "-timeout", "25s")
+	if err == nil || !errors.Is(err, loadgen.ErrUnread) {
+		t.Fatalf("bench storm with the signer's metrics unreadable: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(out, "pods=5 certified=5 failed=0 wasted=unknown in ") {
+		t.Fatalf("bench storm with the signer's metrics unreadable:\n%s", out)
 	}
 }
