@@ -1,8 +1,9 @@
 // Package loadgen is meshctl's load generators: `bench sign` (prepared CSRs sent
 // by in-flight requesters on a sign subject, the latencies and the signer's CPU
 // per CSR measured) and `bench storm` (a fleet of simulated pods starting at once,
-// each connecting to the bus and asking for its certificate, and optionally a root
-// rotation followed through them). A run is a config in and a result out (Sign,
+// each connecting to the bus — to the hub, or through the node agents the storm
+// starts — and asking for its certificate, in worker processes past one
+// process's open files, and optionally a root rotation followed through them). A run is a config in and a result out (Sign,
 // Storm); the commands in cli parse the flags into the config and print the
 // result.
 package loadgen
