@@ -1,0 +1,68 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// PublishAttempt bounds the wait for one publish's ack (Publish).
+const PublishAttempt = 2 * time.Second
+
+// publishRetry is the wait between the attempts of one Publish: jittered, so that
+// the pods that lost the stream together do not all come back at once.
+var publishRetry = backoff.Policy{First: 50 * time.Millisecond, Max: time.Second, Jitter: 0.5}
+
+// Publisher stores events in JetStream and waits for the stream's ack, retrying
+// while the stream cannot take them for a moment (Transient: a cluster electing a
+// stream leader after a node loss, JetStream starting, the bus reconnecting),
+// until the caller's context ends. Each attempt waits at most PublishAttempt for
+// its ack: a publish sent to a leader that just died is never acknowledged, and
+// the next attempt reaches the new one. The event id is the dedup id, so a retry
+// never stores an event twice. It is the one retrying publish: its callers bound
+// it with their context and never retry around it.
+type Publisher struct {
+	JS jetstream.JetStream
+	// Clock times the waits between attempts; nil: the wall clock.
+	Clock clock.Clock
+	// Retrying, if set, hears each failed attempt that is tried again.
+	Retrying func(err error)
+}
+
+// Publish sends msg (an event whose ce-id becomes its dedup id) and waits for the
+// stream's ack, retrying as the Publisher's comment says.
+func (p Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
+	clk := p.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	retry := publishRetry.Start()
+	for {
+		actx, cancel := context.WithTimeout(ctx, PublishAttempt)
+		_, err := p.JS.PublishMsg(actx, msg, jetstream.WithMsgID(msg.Header.Get(events.HeaderID)))
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil && !Transient(err) {
+			return fmt.Errorf("publish %s: %w", msg.Subject, err)
+		}
+		if ctx.Err() == nil && p.Retrying != nil {
+			p.Retrying(err)
+		}
+		if !backoff.Wait(ctx, clk, retry.Next()) {
+			return fmt.Errorf("publish %s: %w (last error: %v)", msg.Subject, ctx.Err(), err)
+		}
+	}
+}
+
+// Publish stores msg in JetStream on the wall clock: Publisher{JS: js}.Publish.
+func Publish(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) error {
+	return Publisher{JS: js}.Publish(ctx, msg)
+}
