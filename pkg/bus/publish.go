@@ -44,9 +44,7 @@ func (p Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
 	}
 	retry := publishRetry.Start()
 	for {
-		actx, cancel := context.WithTimeout(ctx, PublishAttempt)
-		_, err := p.JS.PublishMsg(actx, msg, jetstream.WithMsgID(msg.Header.Get(events.HeaderID)))
-		cancel()
+		err := attempt(ctx, p.JS, msg)
 		if err == nil {
 			return nil
 		}
@@ -60,6 +58,26 @@ func (p Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
 			return fmt.Errorf("publish %s: %w (last error: %v)", msg.Subject, ctx.Err(), err)
 		}
 	}
+}
+
+// attempt sends msg once and waits at most PublishAttempt for the stream's ack.
+func attempt(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) error {
+	actx, cancel := context.WithTimeout(ctx, PublishAttempt)
+	defer cancel()
+	_, err := js.PublishMsg(actx, msg, jetstream.WithMsgID(msg.Header.Get(events.HeaderID)))
+	return err
+}
+
+// PublishOnce makes one attempt of Publish: it sends msg with its event id as the
+// dedup id and waits at most PublishAttempt for the stream's ack. It is for a
+// caller whose own loop is the retry (one that must give up an event for a newer
+// one, as the signer's trust announcer does); anyone else calls Publish, and no
+// one calls Publish inside a retry loop.
+func PublishOnce(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) error {
+	if err := attempt(ctx, js, msg); err != nil {
+		return fmt.Errorf("publish %s: %w", msg.Subject, err)
+	}
+	return nil
 }
 
 // Publish stores msg in JetStream on the wall clock: Publisher{JS: js}.Publish.
