@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,9 +21,8 @@ const PublishAttempt = 2 * time.Second
 var publishRetry = backoff.Policy{First: 50 * time.Millisecond, Max: time.Second, Jitter: 0.5}
 
 // Publisher stores events in JetStream and waits for the stream's ack, retrying
-// while the stream cannot take them for a moment (Transient: a cluster electing a
-// stream leader after a node loss, JetStream starting, the bus reconnecting),
-// until the caller's context ends. Each attempt waits at most PublishAttempt for
+// while the stream does not answer (a cluster electing a stream leader after a
+// node loss, the bus reconnecting: Unanswered), until the caller's context ends. Each attempt waits at most PublishAttempt for
 // its ack: a publish sent to a leader that just died is never acknowledged, and
 // the next attempt reaches the new one. The event id is the dedup id, so a retry
 // never stores an event twice. It is the one retrying publish: its callers bound
@@ -31,6 +31,9 @@ type Publisher struct {
 	JS jetstream.JetStream
 	// Clock times the waits between attempts; nil: the wall clock.
 	Clock clock.Clock
+	// Retryable says which failed attempts are tried again; nil: Unanswered. The
+	// outbox, which holds its queue through any passing trouble, gives Transient.
+	Retryable func(err error) bool
 	// Retrying, if set, hears each failed attempt that is tried again.
 	Retrying func(err error)
 }
@@ -42,13 +45,17 @@ func (p Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
 	if clk == nil {
 		clk = clock.Real{}
 	}
+	retryable := p.Retryable
+	if retryable == nil {
+		retryable = Unanswered
+	}
 	retry := publishRetry.Start()
 	for {
 		err := attempt(ctx, p.JS, msg)
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() == nil && !Transient(err) {
+		if ctx.Err() == nil && !retryable(err) {
 			return fmt.Errorf("publish %s: %w", msg.Subject, err)
 		}
 		if ctx.Err() == nil && p.Retrying != nil {
@@ -58,6 +65,15 @@ func (p Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
 			return fmt.Errorf("publish %s: %w (last error: %v)", msg.Subject, ctx.Err(), err)
 		}
 	}
+}
+
+// Unanswered reports whether a publish failed for want of an answer: no responder
+// (no stream leader yet), no ack in time, the connection reconnecting. A stream
+// that answers with a refusal (full, say) is not unanswered.
+func Unanswered(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting)
 }
 
 // attempt sends msg once and waits at most PublishAttempt for the stream's ack.

@@ -166,7 +166,7 @@ func (b *Outbox) Run(ctx context.Context) error {
 // refuses for good, or one still unsent when ctx ends, is dropped and counted.
 func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
 	var waited bool
-	pub := bus.Publisher{JS: b.js, Clock: b.o.Clock, Retrying: func(err error) {
+	pub := bus.Publisher{JS: b.js, Clock: b.o.Clock, Retryable: bus.Transient, Retrying: func(err error) {
 		if !waited {
 			waited = true
 			b.o.Log.Warn("event stream unavailable, holding events until it is back", "queued", len(b.q)+1, "error", err)
