@@ -116,8 +116,10 @@ func admit(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events
 }
 
 // admitWith is admit with more claims set by limit (PodLimits.apply) when not nil.
+// A credential that expires before the server asked (req's issue time, on the
+// server's clock, which is the one that judges the user's expiry) is refused.
 func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod events.PodRef, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
-	if !expires.After(time.Now()) {
+	if expires.Unix() <= req.IssuedAt {
 		return nil, fmt.Errorf("admit pod %s: credential already expired at %s", pod, expires.UTC().Format(time.RFC3339))
 	}
 	uc := jwt.NewUserClaims(req.UserNkey)

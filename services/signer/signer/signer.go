@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
@@ -153,7 +154,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		return nil, err
 	}
 	if s.quorum, err = bus.NewQuorumWatch(js, []string{events.StreamEvents, events.StreamPodEvents, "KV_" + cfg.CA.KVBucket, "KV_" + policy.BucketIssued},
-		"signer", d.Metrics, d.Log.Named("quorum")); err != nil {
+		"signer", d.Metrics, d.Clock, d.Log.Named("quorum")); err != nil {
 		return nil, err
 	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)
@@ -307,7 +308,7 @@ const setupTimeout = time.Minute
 // meshctl) configured them. A CA history stream from before the split, which
 // captured the pods' events too, is narrowed to the CA's subjects.
 func (s *Signer) ensureStream(ctx context.Context) error {
-	return bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
+	return bus.Retry(ctx, clock.Real{}, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
 		ca, err := s.js.Stream(ctx, events.StreamEvents)
 		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return err

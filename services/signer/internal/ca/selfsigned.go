@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go/jetstream"
@@ -81,7 +82,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	// Each JetStream call is retried in short attempts (bus.Retry): on a cluster
 	// still electing its leader one long request would time out and stop the signer.
 	var kv jetstream.KeyValue
-	err := bus.Retry(ctx, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
+	err := bus.Retry(ctx, clock.Real{}, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
 		var err error
 		kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
@@ -97,7 +98,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	rootWhat := "ca root " + s.cfg.Bucket + "/" + RootKey
 	for attempt := 0; attempt < 5; attempt++ {
 		var e jetstream.KeyValueEntry
-		err := bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+		err := bus.Retry(ctx, clock.Real{}, s.log, rootWhat, func(ctx context.Context) error {
 			var err error
 			e, err = kv.Get(ctx, RootKey)
 			return err
@@ -118,7 +119,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
 			}
-			if err := bus.Retry(ctx, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
+			if err := bus.Retry(ctx, clock.Real{}, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
 				return fmt.Errorf("load leaf lifetimes: %w", err)
 			}
 			s.installRec(rec, m)
@@ -143,7 +144,7 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			err = bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+			err = bus.Retry(ctx, clock.Real{}, s.log, rootWhat, func(ctx context.Context) error {
 				_, err := kv.Create(ctx, RootKey, data)
 				return err
 			})

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
@@ -102,7 +103,7 @@ func (a *API) ours(sub *nats.Subscription) bool {
 // admitted by this signer's auth callout can publish there.
 func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
 	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log,
-		pub: bus.NewAsyncPublisher(nc)}
+		pub: bus.NewAsyncPublisher(nc, clock.Real{})}
 }
 
 // Ready reports whether the subscriptions are in place.
