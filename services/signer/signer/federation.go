@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
@@ -33,6 +34,7 @@ import (
 // take it from the bus and never fetch from the internet.
 type fed struct {
 	s        *Signer
+	clk      clock.Clock
 	handler  http.Handler
 	follower *federation.Follower
 	addr     atomic.Pointer[net.Addr]
@@ -40,13 +42,13 @@ type fed struct {
 
 // newFederation builds the endpoint and the follower from the config, and
 // registers the followed domains' metrics on reg; nothing runs.
-func (s *Signer) newFederation(reg prometheus.Registerer) error {
+func (s *Signer) newFederation(reg prometheus.Registerer, clk clock.Clock) error {
 	cfg := s.cfg.Federation
 	td, err := spiffeid.TrustDomainFromString(s.cfg.TrustDomain)
 	if err != nil {
 		return err
 	}
-	f := &fed{s: s}
+	f := &fed{s: s, clk: clk}
 	if cfg.Listen != "" {
 		if f.handler, err = federation.Handler(td, s.currentRoots, cfg.RefreshHint); err != nil {
 			return err
@@ -77,7 +79,7 @@ func (s *Signer) newFederation(reg prometheus.Registerer) error {
 			aliases = append(aliases, atd)
 		}
 		f.follower, err = federation.NewFollower(federation.Config{Self: td, Aliases: aliases, WebPKIRoots: roots,
-			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, MaxBundleSize: int64(cfg.MaxBundleSize), OnBundle: f.publish, OnFailure: f.logFailure})
+			MinRefresh: cfg.MinRefresh, MaxRefresh: cfg.MaxRefresh, MaxBundleSize: int64(cfg.MaxBundleSize), OnBundle: f.publish, OnFailure: f.logFailure}, clk)
 		if err != nil {
 			return err
 		}
@@ -142,7 +144,7 @@ func (f *fed) serve(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("bundle endpoint: %w", err)
 		}
-		svids := grpcapi.NewSVIDServingCerts(f.s.auth, id, nil)
+		svids := grpcapi.NewSVIDServingCerts(f.s.auth, id, f.clk)
 		getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return svids.Get() }
 	}
 	if _, err := getCert(nil); err != nil {
@@ -200,7 +202,7 @@ func (f *fed) announce(td spiffeid.TrustDomain, b *spiffebundle.Bundle, st feder
 		f.s.log.Warn("foreign bundle not announced: CA not loaded", "trust_domain", td.Name())
 		return errors.New("CA not loaded yet")
 	}
-	now := time.Now()
+	now := f.clk.Now()
 	ev := events.TrustFederated{TrustDomain: f.s.cfg.TrustDomain, Foreign: td.Name(), Version: uint64(now.UnixNano()), Removed: b == nil}
 	ev.Source, ev.Sequence, ev.RefreshHint, ev.FetchedAt = st.Where, st.Sequence, st.RefreshHint, st.FetchedAt
 	if b != nil {

@@ -28,7 +28,7 @@ func (f *fed) status() (json.RawMessage, []events.Endorsement, error) {
 	if m == nil {
 		return nil, nil, errors.New("CA not loaded yet")
 	}
-	st := events.FederationStatus{Signer: f.s.cfg.Instance, At: time.Now().UTC(), Domains: []events.FederatedDomain{}}
+	st := events.FederationStatus{Signer: f.s.cfg.Instance, At: f.clk.Now().UTC(), Domains: []events.FederatedDomain{}}
 	if f.follower != nil {
 		for _, s := range f.follower.Status() {
 			st.Domains = append(st.Domains, domainStatus(s))

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -94,7 +95,6 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		return nil, errors.New("signer: no bus connection")
 	}
 	d = d.WithDefaults()
-	now := d.Clock.Now
 	js, err := jetstream.New(d.Bus)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -105,17 +105,17 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
 		}, func() float64 { return float64(value()) }))
 	}
-	if err := s.newSource(counter, now); err != nil {
+	if err := s.newSource(counter, d.Clock); err != nil {
 		return nil, err
 	}
 	counter("trust_changed_publish_failures_total",
 		"Failed attempts to publish trust.changed; each is retried until JetStream takes it.", s.source.AnnounceFailures)
-	verifier, err := s.newVerifier(now)
+	verifier, err := s.newVerifier(d.Clock)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.BusCallout.IssuerSeed != "" {
-		if err := s.newCallout(verifier, d.Metrics, now); err != nil {
+		if err := s.newCallout(verifier, d.Metrics, d.Clock); err != nil {
 			return nil, err
 		}
 		d.Health.AddReadyCheck("bus_callout", s.callout.Ready)
@@ -128,7 +128,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	metrics := issuer.NewMetrics(d.Metrics, s.auth, now)
+	metrics := issuer.NewMetrics(d.Metrics, s.auth, d.Clock)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	var lives issuer.LifeRecorder
 	if ss, ok := s.source.(*ca.SelfSigned); ok {
@@ -139,14 +139,14 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		MaxTTL: cfg.Certs.MaxTTL, PodMaxTTL: cmp.Or(cfg.Certs.PodMaxTTL, cfg.Certs.DefaultTTL), Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 		Records: s.issued, Lives: lives, MaxEarlyPerMinute: cfg.Certs.MaxEarlyPerMinute,
-	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
+	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
 		fmt.Sprintf("NATS requests dropped unanswered because -workers x %d were already waiting (slow consumer); callers retry.", natsapi.PendingPerWorker), s.nats.Dropped)
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
-	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))
-	if err := s.newFederation(d.Metrics); err != nil {
+	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, d.Clock), d.Log.Named("grpc"))
+	if err := s.newFederation(d.Metrics, d.Clock); err != nil {
 		return nil, fmt.Errorf("federation: %w", err)
 	}
 	if err := s.newRootConfigMap(counter, d); err != nil {
@@ -164,7 +164,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 
 // newSource builds the CA source: the Istio cacerts directory when -cacerts-dir is
 // set, else a self-signed root kept (sealed) in JetStream KV.
-func (s *Signer) newSource(counter func(name, help string, value func() uint64), now func() time.Time) error {
+func (s *Signer) newSource(counter func(name, help string, value func() uint64), clk clock.Clock) error {
 	cfg := s.cfg
 	origin := "meshagent/signer/" + cfg.Instance
 	notify := func(ctx context.Context, tc events.TrustChanged) error {
@@ -178,7 +178,7 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 		return bus.Publish(ctx, s.js, msg) // the caller bounds each attempt and retries
 	}
 	if cfg.CA.Dir != "" {
-		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, s.log.Named("ca"), now)
+		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, s.log.Named("ca"), clk)
 		p.ForceRootChange = cfg.CA.ForceRootChange
 		counter("ca_reload_rejected_total",
 			"Reloads of the cacerts directory refused because the new material was invalid, or would strand the fleet (a CA chaining to no root trusted now).", p.Rejected)
@@ -193,7 +193,7 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 		TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
 		RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
 		NewKeyOnRotate: cfg.CA.NewKeyOnRotate, KEK: kek, MaxLeafTTL: cfg.Certs.MaxTTL, RotateMinInterval: cfg.CA.RotateMinInterval,
-	}, s.js, s.auth, notify, s.log.Named("ca"), now)
+	}, s.js, s.auth, notify, s.log.Named("ca"), clk)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -83,7 +84,7 @@ type JWTVerifier struct {
 	Audience    string
 	TrustDomain string
 	Leeway      time.Duration
-	Now         func() time.Time
+	Clock       clock.Clock // nil: the wall clock
 }
 
 // Ready is nil once the verifier holds keys to check tokens against.
@@ -139,11 +140,11 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if std.Expiry == nil {
 		return Caller{}, fail("token has no exp claim")
 	}
-	now := time.Now
-	if v.Now != nil {
-		now = v.Now
+	var clk clock.Clock = clock.Real{}
+	if v.Clock != nil {
+		clk = v.Clock
 	}
-	exp := jwt.Expected{Issuer: v.Issuer, AnyAudience: jwt.Audience{v.Audience}, Time: now()}
+	exp := jwt.Expected{Issuer: v.Issuer, AnyAudience: jwt.Audience{v.Audience}, Time: clk.Now()}
 	if err := std.ValidateWithLeeway(exp, v.Leeway); err != nil {
 		switch {
 		case errors.Is(err, jwt.ErrExpired):

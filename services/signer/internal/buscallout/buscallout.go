@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -70,7 +71,7 @@ type Responder struct {
 	certs  *Certificates
 	dial   Dial
 	log    hclog.Logger
-	now    func() time.Time
+	clk    clock.Clock
 	// admitted counts every admission, admittedByCert those by a client certificate.
 	admitted       prometheus.Counter
 	admittedByCert prometheus.Counter
@@ -89,16 +90,15 @@ type Responder struct {
 	cacheHits prometheus.Counter
 }
 
+func (r *Responder) now() time.Time { return r.clk.Now() }
+
 // New builds a responder that signs its answers with issuer (the account key named
 // as the callout issuer in the server's configuration) and registers its metrics on
 // reg. verify checks tokens (nil: none is accepted); certs, when not nil, admits a
 // connection without a usable token by its TLS client certificate. Nothing connects
 // until Run.
-func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, reg prometheus.Registerer, log hclog.Logger, now func() time.Time) *Responder {
-	if now == nil {
-		now = time.Now
-	}
-	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, now: now,
+func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, reg prometheus.Registerer, log hclog.Logger, clk clock.Clock) *Responder {
+	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, clk: clk,
 		limits: policy.DefaultPodLimits(), admissions: newAdmissions(), jitter: rand.Float64,
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_dropped_total",

@@ -103,7 +103,7 @@ func TestPluggedEndorsesWithTheIntermediate(t *testing.T) {
 	dir := t.TempDir()
 	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	auth := &Authority{}
-	p := NewPlugged(dir, time.Millisecond, "cluster.local", auth, nil, hclog.NewNullLogger(), func() time.Time { return now })
+	p := NewPlugged(dir, time.Millisecond, "cluster.local", auth, nil, hclog.NewNullLogger(), clock.NewFake(now))
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go/jetstream"
@@ -52,7 +54,7 @@ type SelfSigned struct {
 	js   jetstream.JetStream
 	auth *Authority
 	log  hclog.Logger
-	now  func() time.Time
+	clk  clock.Clock
 	kv   jetstream.KeyValue
 	rec  atomic.Pointer[record] // the record the current material was built from
 	ann  *announcer
@@ -64,12 +66,11 @@ type SelfSigned struct {
 }
 
 // NewSelfSigned returns the self-signed source; Start loads or creates the root.
-func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority, notify Notifier, log hclog.Logger, now func() time.Time) *SelfSigned {
-	if now == nil {
-		now = time.Now
-	}
-	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
+func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority, notify Notifier, log hclog.Logger, clk clock.Clock) *SelfSigned {
+	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, clk: clk, ann: newAnnouncer(notify, log, clk)}
 }
+
+func (s *SelfSigned) now() time.Time { return s.clk.Now() }
 
 // Start opens the bucket and loads the root, creating it when there is none yet. A
 // record that still holds its key in clear (written before keys were sealed) is
@@ -214,7 +215,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 		return fmt.Errorf("watch leaf lifetimes: %w", err)
 	}
 	defer func() { _ = lw.Stop() }()
-	t := time.NewTimer(s.nextCheck())
+	t := s.clk.NewTimer(s.nextCheck())
 	defer t.Stop()
 	for {
 		select {
@@ -243,7 +244,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 				s.followLives(e.Key(), e.Value())
 				t.Reset(s.nextCheck()) // the leaves issued move the boundaries
 			}
-		case <-t.C:
+		case <-t.C():
 			if err := s.Check(ctx); err != nil {
 				s.log.Error("root check failed", "error", err)
 			}
@@ -300,7 +301,11 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 	// which hear the subject itself, get the change once.
 	if rec.reason != "" {
 		tc := s.event(rec, m)
-		time.AfterFunc(foreignAnnounceDelay, func() { s.ann.observe(tc) })
+		go func() {
+			if backoff.Wait(ctx, s.clk, foreignAnnounceDelay) {
+				s.ann.observe(tc)
+			}
+		}()
 	}
 }
 

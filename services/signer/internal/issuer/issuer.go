@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -162,7 +163,7 @@ type Issuer struct {
 	publish Publisher
 	metrics *Metrics
 	log     hclog.Logger
-	now     func() time.Time
+	clk     clock.Clock
 	again   *reissues
 	answers answers
 	vouched vouched
@@ -170,13 +171,12 @@ type Issuer struct {
 }
 
 // New returns an issuer. tokens may be nil (tokens then fail to authenticate).
-func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher, metrics *Metrics, log hclog.Logger, now func() time.Time) *Issuer {
-	if now == nil {
-		now = time.Now
-	}
-	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, now: now,
+func New(cfg Config, auth *ca.Authority, tokens TokenVerifier, publish Publisher, metrics *Metrics, log hclog.Logger, clk clock.Clock) *Issuer {
+	return &Issuer{cfg: cfg, auth: auth, tokens: tokens, publish: publish, metrics: metrics, log: log, clk: clk,
 		again: &reissues{limit: cfg.MaxEarlyPerMinute}}
 }
+
+func (i *Issuer) now() time.Time { return i.clk.Now() }
 
 // Source is the CloudEvents source of this signer's events.
 func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
@@ -234,7 +234,7 @@ func (i *Issuer) IssueThen(ctx context.Context, req events.SignRequest, via Via,
 		done(is.res, nil)
 		return
 	}
-	deadline := time.Now().Add(recordTimeout)
+	deadline := i.now().Add(recordTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
