@@ -72,93 +72,30 @@ func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority
 
 func (s *SelfSigned) now() time.Time { return s.clk.Now() }
 
-// Start opens the bucket and loads the root, creating it when there is none yet. A
-// record that still holds its key in clear (written before keys were sealed) is
-// sealed and rewritten first.
+// Start opens the bucket and loads the root, creating it when there is none yet.
 func (s *SelfSigned) Start(ctx context.Context) error {
 	if s.cfg.KEK == nil {
 		return errors.New("-ca-kek-file: required in self-signed mode")
 	}
-	// Each JetStream call is retried in short attempts (bus.Retry): on a cluster
-	// still electing its leader one long request would time out and stop the signer.
-	var kv jetstream.KeyValue
-	err := bus.Retry(ctx, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
-		var err error
-		kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
-			// History 1: a replaced value (a retired key, a clear key before sealing) does not linger in the bucket's history.
-			History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
-		})
+	if err := s.openBucket(ctx); err != nil {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("open kv bucket: %w", err)
 	}
-	s.kv = kv
-	rootWhat := "ca root " + s.cfg.Bucket + "/" + RootKey
 	for attempt := 0; attempt < 5; attempt++ {
 		var e jetstream.KeyValueEntry
-		err := bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+		err := bus.Retry(ctx, s.log, s.rootWhat(), func(ctx context.Context) error {
 			var err error
-			e, err = kv.Get(ctx, RootKey)
+			e, err = s.kv.Get(ctx, RootKey)
 			return err
 		})
 		switch {
 		case err == nil:
-			rec, err := s.open(e.Value())
-			if err != nil {
-				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
-			}
-			if rec.legacy {
-				if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-					return err
-				}
-				continue // load what is stored now: ours, or another replica's sealed record
-			}
-			m, err := s.materialOf(rec)
-			if err != nil {
-				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
-			}
-			if err := bus.Retry(ctx, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
-				return fmt.Errorf("load leaf lifetimes: %w", err)
-			}
-			s.installRec(rec, m)
-			s.ann.settle(m.Generation)
-			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
-			return s.Check(ctx)
+			return s.loadRoot(ctx, e)
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			key, err := pki.GenerateKey(s.cfg.KeyAlg)
-			if err != nil {
-				return fmt.Errorf("root key: %w", err)
-			}
-			root, err := s.newRoot(key)
-			if err != nil {
+			created, err := s.createRoot(ctx)
+			if err != nil || created {
 				return err
 			}
-			rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}, keyTracked: true}
-			data, err := s.seal(rec)
-			if err != nil {
-				return err
-			}
-			m, err := s.materialOf(rec)
-			if err != nil {
-				return err
-			}
-			err = bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
-				_, err := kv.Create(ctx, RootKey, data)
-				return err
-			})
-			if err != nil {
-				// Another replica won (or an attempt that timed out did store ours): load it.
-				if errors.Is(err, jetstream.ErrKeyExists) {
-					continue
-				}
-				return fmt.Errorf("store root: %w", err)
-			}
-			s.installRec(rec, m)
-			s.ann.settle(m.Generation)
-			s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
-			return nil
+			// Another replica won (or an attempt that timed out did store ours): load it.
 		default:
 			return fmt.Errorf("read root from kv: %w", err)
 		}
@@ -166,22 +103,80 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	return errors.New("root: could not create or load it")
 }
 
-// migrate seals a record read with its key in clear and rewrites it, unchanged
-// otherwise (same generation: nothing to announce), with compare-and-set on rev.
-func (s *SelfSigned) migrate(ctx context.Context, rec record, rev uint64) error {
-	s.log.Warn("ca key stored in clear, sealing it under -ca-kek-file", "bucket", s.cfg.Bucket, "generation", rec.gen, "revision", rev)
+func (s *SelfSigned) rootWhat() string { return "ca root " + s.cfg.Bucket + "/" + RootKey }
+
+// openBucket opens (or creates) the CA's bucket. Each JetStream call is retried in
+// short attempts (bus.Retry): on a cluster still electing its leader one long
+// request would time out and stop the signer.
+func (s *SelfSigned) openBucket(ctx context.Context) error {
+	err := bus.Retry(ctx, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
+		var err error
+		s.kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
+			// History 1: a replaced value (a retired key) does not linger in the bucket's history.
+			History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("open kv bucket: %w", err)
+	}
+	return nil
+}
+
+// loadRoot installs the stored root e, with its leaves' lifetimes, and checks it.
+func (s *SelfSigned) loadRoot(ctx context.Context, e jetstream.KeyValueEntry) error {
+	rec, err := s.open(e.Value())
+	if err != nil {
+		return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
+	}
+	m, err := s.materialOf(rec)
+	if err != nil {
+		return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
+	}
+	if err := bus.Retry(ctx, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
+		return fmt.Errorf("load leaf lifetimes: %w", err)
+	}
+	s.installRec(rec, m)
+	s.ann.settle(m.Generation)
+	s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
+	return s.Check(ctx)
+}
+
+// createRoot makes the first root and stores it unless another replica stored
+// one first (created false: load that one).
+func (s *SelfSigned) createRoot(ctx context.Context) (created bool, err error) {
+	key, err := pki.GenerateKey(s.cfg.KeyAlg)
+	if err != nil {
+		return false, fmt.Errorf("root key: %w", err)
+	}
+	root, err := s.newRoot(key)
+	if err != nil {
+		return false, err
+	}
+	rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}, keyTracked: true}
 	data, err := s.seal(rec)
 	if err != nil {
+		return false, err
+	}
+	m, err := s.materialOf(rec)
+	if err != nil {
+		return false, err
+	}
+	err = bus.Retry(ctx, s.log, s.rootWhat(), func(ctx context.Context) error {
+		_, err := s.kv.Create(ctx, RootKey, data)
 		return err
+	})
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return false, nil
 	}
-	if _, err := s.kv.Update(ctx, RootKey, data, rev); err != nil {
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return err // another replica rewrote it first
-		}
-		return fmt.Errorf("store sealed root: %w", err)
+	if err != nil {
+		return false, fmt.Errorf("store root: %w", err)
 	}
-	s.log.Warn("ca key sealed; rotate the root with a new key to retire the key that was stored in clear", "generation", rec.gen)
-	return nil
+	s.installRec(rec, m)
+	s.ann.settle(m.Generation)
+	s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
+	return true, nil
 }
 
 // Announced is the highest bundle generation this replica knows to be announced
@@ -281,12 +276,6 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 		s.log.Error("ignoring root in kv that this signer cannot load", "revision", e.Revision(), "error", err)
 		return
 	}
-	if rec.legacy { // an older signer wrote it: seal it; the sealed write comes back here
-		if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			s.log.Error("sealing the ca key failed", "error", err)
-		}
-		return
-	}
 	m, err := s.materialOf(rec)
 	if err != nil {
 		s.log.Error("ignoring invalid root in kv", "revision", e.Revision(), "error", err)
@@ -384,12 +373,12 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 		}
 		if reason == "" {
 			m, err := s.materialOf(rec)
-			if err == nil && !rec.legacy {
+			if err == nil {
 				s.installRec(rec, m)
 			}
 			return m, err
 		}
-		next.gen, next.reason, next.legacy = rec.gen+1, reason, false
+		next.gen, next.reason = rec.gen+1, reason
 		next.added, next.remove = diffRoots(rec.roots, next.roots)
 		m, err := s.materialOf(next)
 		if err != nil {
