@@ -280,7 +280,7 @@ func TestFederationOverSPIFFEAuthenticatedEndpoint(t *testing.T) {
 
 	wrong, wrongSigner := follow("spiffe://west.example/ns/istio-system/sa/not-the-endpoint")
 	testkit.Eventually(t, "the fetch refused for the endpoint's SPIFFE ID", func() bool {
-		st := wrongSigner.fed.follower.Status()
+		st := wrongSigner.fed.Followed()
 		return len(st) == 1 && strings.Contains(st[0].Err, "unexpected ID")
 	})
 	if wrong.foreign.Roots("west.example") != nil {
