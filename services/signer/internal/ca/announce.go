@@ -25,6 +25,10 @@ const (
 // it does not know to be published yet, and retries until the bus acknowledges it or
 // a newer generation supersedes it. Every replica that sees a change publishes it
 // under the same event id (trust-<td>-<gen>), so JetStream keeps one copy.
+//
+// It is the one retry layer of trust.changed: its Notifier makes a single publish
+// attempt (the signer's announceTrust), and the announcer retries it on its
+// backoff, the wait on the injected clock.
 type announcer struct {
 	notify Notifier
 	log    hclog.Logger
