@@ -79,7 +79,7 @@ type Signer struct {
 	callout *buscallout.Responder
 	nats    *natsapi.API
 	grpc    *grpcapi.Server
-	quorum  *bus.QuorumWatch // the replication of the streams and buckets it writes
+	quorum  *bus.QuorumWatch    // the replication of the streams and buckets it writes
 	fed     *federation.Service // the SPIFFE bundle endpoint and the follower of foreign bundles
 	// rootCM publishes the trust bundle into every namespace (nil unless -root-configmap).
 	rootCM *rootcm.Publisher

@@ -18,8 +18,8 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // clusterIssuer is a Kubernetes API server as far as token verification goes: an

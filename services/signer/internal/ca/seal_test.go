@@ -14,9 +14,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
