@@ -353,17 +353,26 @@ func (s *SelfSigned) Rotate(ctx context.Context, newKey bool) (*Material, error)
 	})
 }
 
+// readRoot reads and opens the stored root, and returns its revision.
+func (s *SelfSigned) readRoot(ctx context.Context) (record, uint64, error) {
+	e, err := s.kv.Get(ctx, RootKey)
+	if err != nil {
+		return record{}, 0, fmt.Errorf("read root: %w", err)
+	}
+	rec, err := s.open(e.Value())
+	if err != nil {
+		return record{}, 0, err
+	}
+	return rec, e.Revision(), nil
+}
+
 // update applies change to the stored root with compare-and-set. change returns the
 // reason of the change, or "" when there is nothing to do. When another replica
 // changed the root first, change is re-evaluated on the newer value. The replica
 // whose write wins queues trust.changed (Run publishes it, with retries).
 func (s *SelfSigned) update(ctx context.Context, change func(record) (record, string, error)) (*Material, error) {
 	for attempt := 0; attempt < 5; attempt++ {
-		e, err := s.kv.Get(ctx, RootKey)
-		if err != nil {
-			return nil, fmt.Errorf("read root: %w", err)
-		}
-		rec, err := s.open(e.Value())
+		rec, rev, err := s.readRoot(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -388,7 +397,7 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 		if err != nil {
 			return nil, err
 		}
-		if _, err := s.kv.Update(ctx, RootKey, data, e.Revision()); err != nil {
+		if _, err := s.kv.Update(ctx, RootKey, data, rev); err != nil {
 			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 				continue
 			}
