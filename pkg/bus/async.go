@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"container/heap"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,23 +22,31 @@ import (
 // goroutine that reads the acks, so a service that answers a request once its
 // event is stored (the signer's reply after cert.issued) answers from there, and
 // the goroutine that asked is free at once. One subscription on an inbox of the
-// connection receives every ack.
+// connection receives every ack, and one goroutine (run) times every event's
+// current wait on the publisher's clock.
 type AsyncPublisher struct {
-	nc *nats.Conn
+	nc  *nats.Conn
+	clk clock.Clock
 
 	mu      sync.Mutex
 	inbox   string // <inbox>. ; "" until Start
 	sub     *nats.Subscription
 	pending map[string]*asyncEvent
+	due     dueQueue      // the pending events by the end of their current wait
+	wake    chan struct{} // the earliest wait changed
+	quit    chan struct{} // closed by Stop
 	next    uint64
 	stopped bool
 }
 
 type asyncEvent struct {
+	token    string
 	msg      *nats.Msg
 	deadline time.Time
 	retries  *backoff.Backoff
-	timer    *time.Timer // the current attempt's
+	at       time.Time // when the current wait ends
+	resend   bool      // at at: send again (a backoff ended); else the attempt's ack is late
+	idx      int       // in due; -1 when not there
 	done     func(error)
 }
 
@@ -47,21 +57,25 @@ var asyncRetry = backoff.Policy{First: 50 * time.Millisecond, Max: time.Second}
 // ErrPublisherStopped is what an event published after Stop is done with.
 var ErrPublisherStopped = errors.New("async publisher stopped")
 
-// NewAsyncPublisher returns a publisher on nc; Start subscribes.
-func NewAsyncPublisher(nc *nats.Conn) *AsyncPublisher {
-	return &AsyncPublisher{nc: nc, pending: map[string]*asyncEvent{}}
+// NewAsyncPublisher returns a publisher on nc whose waits are clk's; Start
+// subscribes.
+func NewAsyncPublisher(nc *nats.Conn, clk clock.Clock) *AsyncPublisher {
+	return &AsyncPublisher{nc: nc, clk: clk, pending: map[string]*asyncEvent{}, wake: make(chan struct{}, 1)}
 }
 
-// Start subscribes to the acks' inbox.
+// Start subscribes to the acks' inbox and starts the goroutine that times the
+// attempts.
 func (p *AsyncPublisher) Start() error {
 	inbox := p.nc.NewInbox() + "."
 	sub, err := p.nc.Subscribe(inbox+"*", p.ack)
 	if err != nil {
 		return fmt.Errorf("async publisher: %w", err)
 	}
+	quit := make(chan struct{})
 	p.mu.Lock()
-	p.inbox, p.sub = inbox, sub
+	p.inbox, p.sub, p.quit = inbox, sub, quit
 	p.mu.Unlock()
+	go p.run(quit)
 	return nil
 }
 
@@ -72,10 +86,14 @@ func (p *AsyncPublisher) Stop() {
 	p.stopped = true
 	left := p.pending
 	p.pending = map[string]*asyncEvent{}
-	sub := p.sub
+	p.due = nil
+	sub, quit := p.sub, p.quit
+	p.quit = nil
 	p.mu.Unlock()
+	if quit != nil {
+		close(quit)
+	}
 	for _, e := range left {
-		e.timer.Stop()
 		e.done(ErrPublisherStopped)
 	}
 	if sub != nil {
@@ -97,7 +115,7 @@ func (p *AsyncPublisher) Pending() int {
 // caller must not touch it afterwards.
 func (p *AsyncPublisher) Publish(msg *nats.Msg, deadline time.Time, done func(error)) {
 	msg.Header.Set(jetstream.MsgIDHeader, msg.Header.Get(events.HeaderID))
-	e := &asyncEvent{msg: msg, deadline: deadline, retries: asyncRetry.Start(), done: done}
+	e := &asyncEvent{msg: msg, deadline: deadline, retries: asyncRetry.Start(), idx: -1, done: done}
 	p.mu.Lock()
 	if p.stopped || p.inbox == "" {
 		p.mu.Unlock()
@@ -105,13 +123,25 @@ func (p *AsyncPublisher) Publish(msg *nats.Msg, deadline time.Time, done func(er
 		return
 	}
 	p.next++
-	token := strconv.FormatUint(p.next, 36)
-	msg.Reply = p.inbox + token
-	p.pending[token] = e
-	e.timer = time.AfterFunc(min(PublishAttempt, time.Until(deadline)), func() { p.retry(token, nats.ErrTimeout) })
+	e.token = strconv.FormatUint(p.next, 36)
+	msg.Reply = p.inbox + e.token
+	p.pending[e.token] = e
+	p.awaitAck(e)
 	p.mu.Unlock()
-	if err := p.nc.PublishMsg(msg); err != nil && !errors.Is(err, nats.ErrConnectionReconnecting) {
-		p.finish(token, fmt.Errorf("publish %s: %w", msg.Subject, err))
+	p.send(e)
+}
+
+// awaitAck gives e's attempt PublishAttempt (at most until its deadline) for its
+// ack. p.mu is held.
+func (p *AsyncPublisher) awaitAck(e *asyncEvent) {
+	now := p.clk.Now()
+	p.schedule(e, now.Add(min(PublishAttempt, e.deadline.Sub(now))), false)
+}
+
+// send sends e's attempt; a connection that cannot send it ends e.
+func (p *AsyncPublisher) send(e *asyncEvent) {
+	if err := p.nc.PublishMsg(e.msg); err != nil && !errors.Is(err, nats.ErrConnectionReconnecting) {
+		p.finish(e.token, fmt.Errorf("publish %s: %w", e.msg.Subject, err))
 	}
 }
 
@@ -121,12 +151,14 @@ func (p *AsyncPublisher) take(token string) *asyncEvent {
 	defer p.mu.Unlock()
 	e := p.pending[token]
 	delete(p.pending, token)
+	if e != nil && e.idx >= 0 {
+		heap.Remove(&p.due, e.idx)
+	}
 	return e
 }
 
 func (p *AsyncPublisher) finish(token string, err error) {
 	if e := p.take(token); e != nil {
-		e.timer.Stop()
 		e.done(err)
 	}
 }
@@ -140,27 +172,111 @@ func (p *AsyncPublisher) retry(token string, err error) {
 		p.mu.Unlock()
 		return
 	}
-	e.timer.Stop()
-	wait := e.retries.Next()
-	if time.Now().Add(wait).After(e.deadline) {
-		delete(p.pending, token)
+	at := p.clk.Now().Add(e.retries.Next())
+	if !at.After(e.deadline) {
+		p.schedule(e, at, true)
 		p.mu.Unlock()
-		e.done(fmt.Errorf("publish %s: not stored by its deadline: %w", e.msg.Subject, err))
 		return
 	}
-	e.timer = time.AfterFunc(wait, func() {
-		p.mu.Lock()
-		if p.pending[token] != e {
-			p.mu.Unlock()
-			return
-		}
-		e.timer = time.AfterFunc(min(PublishAttempt, time.Until(e.deadline)), func() { p.retry(token, nats.ErrTimeout) })
-		p.mu.Unlock()
-		if err := p.nc.PublishMsg(e.msg); err != nil && !errors.Is(err, nats.ErrConnectionReconnecting) {
-			p.finish(token, fmt.Errorf("publish %s: %w", e.msg.Subject, err))
-		}
-	})
+	delete(p.pending, token)
+	if e.idx >= 0 {
+		heap.Remove(&p.due, e.idx)
+	}
 	p.mu.Unlock()
+	e.done(fmt.Errorf("publish %s: not stored by its deadline: %w", e.msg.Subject, err))
+}
+
+// schedule makes e's current wait end at at, then resending it or, if not
+// resend, retrying it for want of an ack. p.mu is held.
+func (p *AsyncPublisher) schedule(e *asyncEvent, at time.Time, resend bool) {
+	e.at, e.resend = at, resend
+	if e.idx >= 0 {
+		heap.Fix(&p.due, e.idx)
+	} else {
+		heap.Push(&p.due, e)
+	}
+	if e.idx == 0 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run ends every event's wait when it is due, until quit is closed.
+func (p *AsyncPublisher) run(quit <-chan struct{}) {
+	t := p.clk.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		now := p.clk.Now()
+		var due []*asyncEvent
+		for len(p.due) > 0 && !p.due[0].at.After(now) {
+			due = append(due, heap.Pop(&p.due).(*asyncEvent))
+		}
+		next := time.Duration(-1)
+		if len(p.due) > 0 {
+			next = p.due[0].at.Sub(now)
+		}
+		p.mu.Unlock()
+		for _, e := range due {
+			p.fire(e)
+		}
+		if len(due) > 0 {
+			continue // firing scheduled new waits: look again
+		}
+		if next >= 0 {
+			t.Reset(next)
+		} else {
+			t.Stop()
+		}
+		select {
+		case <-quit:
+			return
+		case <-p.wake:
+		case <-t.C():
+		}
+	}
+}
+
+// fire acts on e's wait that ended, unless e is done or waits anew since.
+func (p *AsyncPublisher) fire(e *asyncEvent) {
+	p.mu.Lock()
+	if p.pending[e.token] != e || e.idx >= 0 {
+		p.mu.Unlock()
+		return
+	}
+	if !e.resend {
+		p.mu.Unlock()
+		p.retry(e.token, nats.ErrTimeout)
+		return
+	}
+	p.awaitAck(e)
+	p.mu.Unlock()
+	p.send(e)
+}
+
+// dueQueue is a heap of events by the end of their current wait.
+type dueQueue []*asyncEvent
+
+func (q dueQueue) Len() int           { return len(q) }
+func (q dueQueue) Less(i, j int) bool { return q[i].at.Before(q[j].at) }
+func (q dueQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].idx, q[j].idx = i, j
+}
+func (q *dueQueue) Push(x any) {
+	e := x.(*asyncEvent)
+	e.idx = len(*q)
+	*q = append(*q, e)
+}
+func (q *dueQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	e.idx = -1
+	*q = old[:len(old)-1]
+	return e
 }
 
 // pubAck is JetStream's answer to a publish.

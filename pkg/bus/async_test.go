@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
@@ -47,7 +48,7 @@ func podDown(t *testing.T, pod string) *nats.Msg {
 
 func startedPublisher(t *testing.T, nc *nats.Conn) *AsyncPublisher {
 	t.Helper()
-	p := NewAsyncPublisher(nc)
+	p := NewAsyncPublisher(nc, clock.Real{})
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -138,15 +139,27 @@ func TestAsyncPublishResendsAnUnansweredAttempt(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	p := startedPublisher(t, nc)
-	msg := podDown(t, "p1")
-	var o outcome
-	start := time.Now()
-	p.Publish(msg, time.Now().Add(10*time.Second), o.done)
-	if err := o.wait(t, "acked on the second attempt"); err != nil {
+	clk := clock.NewFake(time.Now())
+	p := NewAsyncPublisher(nc, clk)
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took < PublishAttempt {
+	t.Cleanup(p.Stop)
+	msg := podDown(t, "p1")
+	var o outcome
+	start := clk.Now()
+	p.Publish(msg, start.Add(10*time.Second), o.done)
+	testkit.Eventually(t, "acked on the second attempt", func() bool {
+		if o.calls.Load() > 0 {
+			return true
+		}
+		clk.Add(100 * time.Millisecond)
+		return false
+	})
+	if err, _ := o.err.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	if took := clk.Now().Sub(start); took < PublishAttempt {
 		t.Fatalf("acked after %s, before the first attempt timed out", took)
 	}
 	if a, b := <-seen, <-seen; a != msg.Header.Get(events.HeaderID) || b != a {
@@ -165,7 +178,7 @@ func TestAsyncPublishRefusedAndStopped(t *testing.T) {
 	if _, err := EnsureEventStream(ctx, bustest.JetStream(t, nc), 1, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	p := NewAsyncPublisher(nc)
+	p := NewAsyncPublisher(nc, clock.Real{})
 	var early outcome
 	p.Publish(podDown(t, "p0"), time.Now().Add(time.Second), early.done)
 	if err := early.wait(t, "refused before Start"); !errors.Is(err, ErrPublisherStopped) {

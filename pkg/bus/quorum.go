@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -96,6 +97,7 @@ type QuorumWatch struct {
 	js      jetstream.JetStream
 	streams []string
 	every   time.Duration
+	clk     clock.Clock
 	log     hclog.Logger
 	gauge   *prometheus.GaugeVec
 
@@ -103,26 +105,26 @@ type QuorumWatch struct {
 	last map[string]Replication
 }
 
-// NewQuorumWatch watches streams on js every 15 s; metrics go to reg under
+// NewQuorumWatch watches streams on js every 15 s of clk; metrics go to reg under
 // meshagent_<service>_. It does nothing until Run.
-func NewQuorumWatch(js jetstream.JetStream, streams []string, service string, reg prometheus.Registerer, log hclog.Logger) (*QuorumWatch, error) {
+func NewQuorumWatch(js jetstream.JetStream, streams []string, service string, reg prometheus.Registerer, clk clock.Clock, log hclog.Logger) (*QuorumWatch, error) {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "meshagent", Subsystem: service, Name: "stream_replicas_unhealthy",
 		Help: "JetStream replicas of each of the service's streams and buckets that are not current (offline, behind, lost, or every replica without a leader); -1 while it could not be asked."}, []string{"stream"})
 	if err := reg.Register(g); err != nil {
 		return nil, fmt.Errorf("register quorum metrics: %w", err)
 	}
-	return &QuorumWatch{js: js, streams: streams, every: 15 * time.Second, log: log, gauge: g, last: map[string]Replication{}}, nil
+	return &QuorumWatch{js: js, streams: streams, every: 15 * time.Second, clk: clk, log: log, gauge: g, last: map[string]Replication{}}, nil
 }
 
 // Run checks at once and then every interval until ctx ends.
 func (q *QuorumWatch) Run(ctx context.Context) error {
-	t := time.NewTimer(0)
+	t := q.clk.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.C():
 		}
 		q.Check(ctx)
 		t.Reset(q.every)

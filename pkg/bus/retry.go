@@ -30,8 +30,9 @@ const (
 // error is returned at once. what names what is waited for, in logs and errors
 // ("event stream MESHAGENT_EVENTS"). The first failure is logged at INFO, then
 // every 10 s; a success after waiting is logged at INFO with the time it took.
-func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx context.Context) error) error {
-	start := time.Now()
+// The waits and the times logged are clk's.
+func Retry(ctx context.Context, clk clock.Clock, log hclog.Logger, what string, op func(ctx context.Context) error) error {
+	start := clk.Now()
 	bo := retrySchedule.Start()
 	var lastLog time.Time
 	for attempt := 1; ; attempt++ {
@@ -40,24 +41,24 @@ func Retry(ctx context.Context, log hclog.Logger, what string, op func(ctx conte
 		cancel()
 		if err == nil {
 			if attempt > 1 {
-				log.Info("jetstream ready", "for", what, "waited", time.Since(start).Round(time.Millisecond), "attempts", attempt)
+				log.Info("jetstream ready", "for", what, "waited", clk.Now().Sub(start).Round(time.Millisecond), "attempts", attempt)
 			}
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, time.Since(start).Round(time.Millisecond), err)
+			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, clk.Now().Sub(start).Round(time.Millisecond), err)
 		}
 		if !Transient(err) {
 			return fmt.Errorf("%s: %w", what, err)
 		}
-		if now := time.Now(); now.Sub(lastLog) >= retryLogEvery {
+		if now := clk.Now(); now.Sub(lastLog) >= retryLogEvery {
 			log.Info("waiting for jetstream", "for", what, "attempts", attempt, "waited", now.Sub(start).Round(time.Millisecond), "error", err)
 			lastLog = now
 		} else {
 			log.Debug("jetstream attempt failed, retrying", "for", what, "attempt", attempt, "error", err)
 		}
-		if !backoff.Wait(ctx, clock.Real{}, bo.Next()) {
-			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, time.Since(start).Round(time.Millisecond), err)
+		if !backoff.Wait(ctx, clk, bo.Next()) {
+			return fmt.Errorf("%s: %w (after %d attempts in %s; last error: %v)", what, ctx.Err(), attempt, clk.Now().Sub(start).Round(time.Millisecond), err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/server"
@@ -61,7 +62,7 @@ func TestRetryWaitsForJetStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	go func() {
-		done <- Retry(ctx, hclog.NewNullLogger(), "event stream", func(ctx context.Context) error {
+		done <- Retry(ctx, clock.Real{}, hclog.NewNullLogger(), "event stream", func(ctx context.Context) error {
 			attempts.Add(1)
 			_, err := EnsureEventStream(ctx, js, 1, time.Hour)
 			if err != nil {
@@ -92,7 +93,7 @@ func TestRetryGivesUpAtDeadlineNamingWhat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	var n int
-	err := Retry(ctx, hclog.NewNullLogger(), "event stream MESHAGENT_EVENTS", func(ctx context.Context) error {
+	err := Retry(ctx, clock.Real{}, hclog.NewNullLogger(), "event stream MESHAGENT_EVENTS", func(ctx context.Context) error {
 		n++
 		_, err := js.Stream(ctx, events.StreamEvents)
 		return err
@@ -111,7 +112,7 @@ func TestRetryStopsOnPermanentError(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	err := Retry(context.Background(), hclog.NewNullLogger(), "event stream", func(ctx context.Context) error {
+	err := Retry(context.Background(), clock.Real{}, hclog.NewNullLogger(), "event stream", func(ctx context.Context) error {
 		n++
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: events.StreamEvents, Subjects: []string{"more.>"}})
 		return err
@@ -123,7 +124,7 @@ func TestRetryStopsOnPermanentError(t *testing.T) {
 
 func TestRetryRetriesPending(t *testing.T) {
 	n := 0
-	err := Retry(context.Background(), hclog.NewNullLogger(), "stream", func(ctx context.Context) error {
+	err := Retry(context.Background(), clock.Real{}, hclog.NewNullLogger(), "stream", func(ctx context.Context) error {
 		if n++; n < 3 {
 			return Pending(jetstream.ErrStreamNotFound)
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats.go"
 )
 
@@ -57,12 +58,14 @@ type Meta struct {
 }
 
 // NewMsg builds a NATS message carrying p as a CloudEvent from source, with a fresh
-// id and the current time.
+// id and the wall clock's time. A caller with a clock of its own stamps the event
+// with it: Encode with Meta.Time.
 func NewMsg(subject, source string, p Payload) (*nats.Msg, error) {
 	return Encode(subject, Meta{Source: source}, p)
 }
 
-// Encode builds a NATS message carrying p. Empty ID and Time in meta are filled in.
+// Encode builds a NATS message carrying p. An empty ID in meta is filled in, and a
+// zero Time with the wall clock's (clock.Real).
 // p is validated first: an invalid payload is never published.
 func Encode(subject string, meta Meta, p Payload) (*nats.Msg, error) {
 	if err := p.Validate(); err != nil {
@@ -82,7 +85,7 @@ func Encode(subject string, meta Meta, p Payload) (*nats.Msg, error) {
 		meta.ID = NewID()
 	}
 	if meta.Time.IsZero() {
-		meta.Time = time.Now()
+		meta.Time = clock.Real{}.Now()
 	}
 	m := nats.NewMsg(subject)
 	m.Header.Set(HeaderSpecVersion, SpecVersion)

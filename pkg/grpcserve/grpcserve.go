@@ -31,11 +31,11 @@ func Serve(ctx context.Context, srv *grpc.Server, ln net.Listener, grace time.Du
 	}
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()
-	t := time.NewTimer(grace)
-	defer t.Stop()
+	gctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
 	select {
 	case <-done:
-	case <-t.C:
+	case <-gctx.Done():
 		srv.Stop()
 		<-done
 	}

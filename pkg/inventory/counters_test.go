@@ -9,10 +9,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -34,7 +35,7 @@ func TestCountersAreKeptInTheInventory(t *testing.T) {
 	}
 	var errs bustest.Errors
 	for i := range 2 {
-		k, err := inventory.NewKeeper(ctx, m.Conn(t, policy.Inventory, &errs), 1, hclog.NewNullLogger())
+		k, err := inventory.NewKeeper(ctx, m.Conn(t, policy.Inventory, &errs), 1, clock.Real{}, hclog.NewNullLogger())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,11 +18,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 )
@@ -146,7 +147,7 @@ func TestKeepersShareTheDurable(t *testing.T) {
 	var errs bustest.Errors
 	for i := range 2 {
 		nc := m.Conn(t, policy.Inventory, &errs)
-		k, err := inventory.NewKeeper(ctx, nc, 1, hclog.NewNullLogger().Named(fmt.Sprint(i)))
+		k, err := inventory.NewKeeper(ctx, nc, 1, clock.Real{}, hclog.NewNullLogger().Named(fmt.Sprint(i)))
 		if err != nil {
 			t.Fatalf("keeper %d: %v %v", i, err, errs.All())
 		}
@@ -256,7 +257,7 @@ func TestMalformedRecordIsSkipped(t *testing.T) {
 	}
 	var errs bustest.Errors
 	inv := m.Conn(t, policy.Inventory, &errs)
-	k, err := inventory.NewKeeper(ctx, inv, 1, hclog.NewNullLogger())
+	k, err := inventory.NewKeeper(ctx, inv, 1, clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

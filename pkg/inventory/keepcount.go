@@ -57,7 +57,7 @@ func (c *counting) take() map[int64]*heldWindow {
 // countLoop stores the gathered counts every countEvery until ctx ends, then once
 // more (briefly), so that a keeper stopped cleanly leaves nothing to redeliver.
 func (k *Keeper) countLoop(ctx context.Context) error {
-	t := time.NewTicker(countEvery)
+	t := k.clk.NewTimer(countEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -66,8 +66,9 @@ func (k *Keeper) countLoop(ctx context.Context) error {
 			defer cancel()
 			k.storeCounts(fctx)
 			return nil
-		case <-t.C:
+		case <-t.C():
 			k.storeCounts(ctx)
+			t.Reset(countEvery)
 		}
 	}
 }

@@ -12,8 +12,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/auditlog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -173,6 +175,7 @@ type Keeper struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
+	clk clock.Clock
 	log hclog.Logger
 	// Applied is called after each event is folded in and counted (tests,
 	// metrics); may be nil.
@@ -189,8 +192,9 @@ var Subjects = []string{
 	events.PodEventWildcard(events.PodEventSDSNack), events.PodEventWildcard(events.PodEventXDSNack),
 }
 
-// NewKeeper opens (or creates) the bucket. Replicas is the bucket's replica count.
-func NewKeeper(ctx context.Context, nc *nats.Conn, replicas int, log hclog.Logger) (*Keeper, error) {
+// NewKeeper opens (or creates) the bucket. Replicas is the bucket's replica count;
+// clk tells the time of the counts and times the waits.
+func NewKeeper(ctx context.Context, nc *nats.Conn, replicas int, clk clock.Clock, log hclog.Logger) (*Keeper, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -198,14 +202,14 @@ func NewKeeper(ctx context.Context, nc *nats.Conn, replicas int, log hclog.Logge
 	// A cluster that has just lost a node or changed its meta leader may not place a
 	// replicated bucket yet ("no suitable peers"): wait, as every service does.
 	var kv jetstream.KeyValue
-	err = bus.Retry(ctx, log, "inventory bucket "+policy.BucketInventory, func(ctx context.Context) (err error) {
+	err = bus.Retry(ctx, clk, log, "inventory bucket "+policy.BucketInventory, func(ctx context.Context) (err error) {
 		kv, err = OpenBucket(ctx, js, replicas)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Keeper{nc: nc, js: js, kv: kv, log: log}, nil
+	return &Keeper{nc: nc, js: js, kv: kv, clk: clk, log: log}, nil
 }
 
 // OpenBucket creates or opens the inventory bucket.
@@ -266,7 +270,7 @@ func (k *Keeper) consume(ctx context.Context, cons jetstream.Consumer) error {
 		}
 		if err != nil {
 			k.log.Warn("inventory fetch", "error", err)
-			if err := sleep(ctx, time.Second); err != nil {
+			if !backoff.Wait(ctx, k.clk, time.Second) {
 				return nil
 			}
 			continue
@@ -276,7 +280,7 @@ func (k *Keeper) consume(ctx context.Context, cons jetstream.Consumer) error {
 }
 
 func (k *Keeper) bootstrapTrust(ctx context.Context) error {
-	req, err := events.NewMsg(events.SubjectTrustBundle, "meshctl-serve", events.BundleRequest{})
+	req, err := events.Encode(events.SubjectTrustBundle, events.Meta{Source: "meshctl-serve", Time: k.clk.Now()}, events.BundleRequest{})
 	if err != nil {
 		return err
 	}
@@ -294,21 +298,10 @@ func (k *Keeper) bootstrapTrust(ctx context.Context) error {
 		return fmt.Errorf("trust bundle: %w", reply.Error)
 	}
 	if meta.Time.IsZero() {
-		meta.Time = time.Now()
+		meta.Time = k.clk.Now()
 	}
 	return k.Fold(ctx, events.TrustChanged{TrustDomain: reply.TrustDomain, Roots: reply.Roots, Generation: reply.Generation,
 		Reason: "bundle-request"}, meta)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
@@ -349,7 +342,7 @@ func (k *Keeper) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(redeliverAfter(n))
 		return
 	}
-	if d, ok := Count(p, meta, time.Now()); ok {
+	if d, ok := Count(p, meta, k.clk.Now()); ok {
 		k.counts.hold(d, m, p) // acknowledged once its count is stored (countLoop)
 		return
 	}

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats.go"
 )
 
@@ -137,31 +139,31 @@ func (s *SharedBus) release(k busKey, sc *sharedConn) {
 // waitConnected waits until nc, connecting in the background, is connected, as
 // bus.Connect does for a service that needs the bus to start: at most c.ConnectWait
 // (0: until ctx ends), telling c.Waiting why not yet and saying so at INFO every
-// waitReport.
+// waitReport, on c.Clock.
 func waitConnected(ctx context.Context, nc *nats.Conn, c bus.Config, log hclog.Logger) error {
-	began := time.Now()
+	clk := c.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	began := clk.Now()
 	reported := began
-	tick := time.NewTicker(waitPoll)
-	defer tick.Stop()
 	for !nc.IsConnected() {
 		why := nc.LastError()
 		if why == nil {
 			why = errors.New("not connected yet")
 		}
-		if nc.IsClosed() || c.ConnectWait > 0 && time.Since(began) > c.ConnectWait {
+		if nc.IsClosed() || c.ConnectWait > 0 && clk.Now().Sub(began) > c.ConnectWait {
 			return fmt.Errorf("connect to nats at %s: %w", c.URL, why)
 		}
 		if c.Waiting != nil {
 			c.Waiting(why)
 		}
-		if now := time.Now(); now.Sub(reported) >= waitReport {
+		if now := clk.Now(); now.Sub(reported) >= waitReport {
 			log.Info("waiting for the bus", "url", c.URL, "waited", now.Sub(began).Round(time.Second), "error", why)
 			reported = now
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Wait(ctx, clk, waitPoll) {
 			return fmt.Errorf("connect to nats at %s: %w", c.URL, ctx.Err())
-		case <-tick.C:
 		}
 	}
 	return nil

@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -28,9 +27,6 @@ import (
 const (
 	DefaultSize  = 1024
 	DefaultFlush = 2 * time.Second
-	// publishTimeout bounds one round of publish attempts (JetStream's ack
-	// included); send starts another while the stream is unavailable.
-	publishTimeout = 5 * time.Second
 )
 
 // Options configure an Outbox.
@@ -50,6 +46,9 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Log gets one line per dropped event; nil discards.
 	Log hclog.Logger
+	// Clock times the waits between attempts and the flush after shutdown; nil:
+	// the wall clock.
+	Clock clock.Clock
 }
 
 // Outbox queues events and publishes them in order.
@@ -87,6 +86,9 @@ func New(js jetstream.JetStream, o Options) (*Outbox, error) {
 	if o.Log == nil {
 		o.Log = hclog.NewNullLogger()
 	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
 	b := &Outbox{js: js, o: o, q: make(chan *nats.Msg, o.Size),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: o.Metric,
 			Help: "Events not published: the queue was full, the event was invalid or refused by the bus, or still queued when the service stopped."})}
@@ -101,7 +103,7 @@ func New(js jetstream.JetStream, o Options) (*Outbox, error) {
 // Publish queues payload for subject; it never blocks. An invalid event, or one the
 // full queue has no room for, is logged, counted and dropped.
 func (b *Outbox) Publish(subject string, payload events.Payload) {
-	msg, err := events.NewMsg(subject, b.o.Source, payload)
+	msg, err := events.Encode(subject, events.Meta{Source: b.o.Source, Time: b.o.Clock.Now()}, payload)
 	if err != nil {
 		b.dropped.Inc()
 		b.o.Log.Error("invalid event not published", "subject", subject, "error", err)
@@ -122,7 +124,17 @@ func (b *Outbox) Run(ctx context.Context) error {
 	// hard ends every publish, including one in progress, Flush after ctx ends.
 	hard, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(b.o.Flush, cancel) })
+	stop := context.AfterFunc(ctx, func() {
+		t := b.o.Clock.NewTimer(b.o.Flush)
+		go func() {
+			defer t.Stop()
+			select {
+			case <-t.C():
+				cancel()
+			case <-hard.Done():
+			}
+		}()
+	})
 	defer stop()
 	for {
 		select {
@@ -146,38 +158,26 @@ func (b *Outbox) Run(ctx context.Context) error {
 	}
 }
 
-// send publishes msg, holding on to it (and so to the queue behind it) for as
-// long as the stream is unavailable for a while (no stream leader, JetStream
-// starting, the bus reconnecting: bus.Transient), until ctx ends. The event id
-// is the JetStream dedup id, so an attempt that did reach the stream before its
-// ack was lost is not stored twice. Only an event the bus refuses for good, or
-// one still unsent when ctx ends, is dropped and counted.
+// send publishes msg with bus.Publisher, which holds on to it (and so to the
+// queue behind it) for as long as the stream is unavailable for a while (no
+// stream leader, JetStream starting, the bus reconnecting: bus.Transient), until
+// ctx ends. The event id is the JetStream dedup id, so an attempt that did reach
+// the stream before its ack was lost is not stored twice. Only an event the bus
+// refuses for good, or one still unsent when ctx ends, is dropped and counted.
 func (b *Outbox) send(ctx context.Context, msg *nats.Msg) {
 	var waited bool
-	bo := holdRetry.Start()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		err := bus.Publish(pctx, b.js, msg)
-		cancel()
-		switch {
-		case err == nil:
-			if waited {
-				b.o.Log.Info("event stream back, publishing the held events", "queued", len(b.q))
-			}
-			return
-		case ctx.Err() != nil || !bus.Transient(err):
-			b.dropped.Inc()
-			b.o.Log.Warn("event not published", "subject", msg.Subject, "error", err)
-			return
-		case !waited:
+	pub := bus.Publisher{JS: b.js, Clock: b.o.Clock, Retryable: bus.Transient, Retrying: func(err error) {
+		if !waited {
 			waited = true
 			b.o.Log.Warn("event stream unavailable, holding events until it is back", "queued", len(b.q)+1, "error", err)
 		}
-		// bus.Publish backs off on its own for most of these; not for all.
-		backoff.Wait(ctx, clock.Real{}, bo.Next())
+	}}
+	if err := pub.Publish(ctx, msg); err != nil {
+		b.dropped.Inc()
+		b.o.Log.Warn("event not published", "subject", msg.Subject, "error", err)
+		return
+	}
+	if waited {
+		b.o.Log.Info("event stream back, publishing the held events", "queued", len(b.q))
 	}
 }
-
-// holdRetry is how often a held event is tried again while the stream is away:
-// jittered, so that the pods that lost it together do not all come back at once.
-var holdRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.5}

@@ -97,19 +97,26 @@ func secrets(t *testing.T, cn string) (def, ca sdsclient.Secret) {
 	return sdsclient.Secret{Name: "default", CertChain: chain, PrivateKey: key}, sdsclient.Secret{Name: "ROOTCA", TrustedCA: root}
 }
 
-func TestStreamRecvAckAndPush(t *testing.T) {
+// served starts an upstream serving node the secrets of "one" at version v1 and
+// dials it; the connection and its context (10 s at most) end with the test.
+func served(t *testing.T, node string) (up *upstream, cc *grpc.ClientConn, ctx context.Context, def, ca sdsclient.Secret) {
+	t.Helper()
 	path := sockPath(t)
-	up := startUpstream(t, path)
-	d1, r1 := secrets(t, "one")
-	up.set(t, "node-a", "v1", d1, r1)
-
+	up = startUpstream(t, path)
+	def, ca = secrets(t, "one")
+	up.set(t, node, "v1", def, ca)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	cc, err := sdsclient.DialUnix(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
+	t.Cleanup(func() { cc.Close() })
+	return up, cc, ctx, def, ca
+}
+
+func TestStreamRecvAckAndPush(t *testing.T) {
+	up, cc, ctx, d1, r1 := served(t, "node-a")
 	st, err := sdsclient.Open(ctx, cc, "node-a", "default", "ROOTCA")
 	if err != nil {
 		t.Fatal(err)
@@ -141,14 +148,7 @@ func TestStreamRecvAckAndPush(t *testing.T) {
 }
 
 func TestNackKeepsVersionAndServerSeesError(t *testing.T) {
-	path := sockPath(t)
-	up := startUpstream(t, path)
-	d1, r1 := secrets(t, "one")
-	up.set(t, "node-n", "v1", d1, r1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cc, _ := sdsclient.DialUnix(ctx, path)
-	defer cc.Close()
+	up, cc, ctx, _, _ := served(t, "node-n")
 	st, err := sdsclient.Open(ctx, cc, "node-n", "default")
 	if err != nil {
 		t.Fatal(err)
@@ -171,14 +171,7 @@ func TestNackKeepsVersionAndServerSeesError(t *testing.T) {
 }
 
 func TestFetch(t *testing.T) {
-	path := sockPath(t)
-	up := startUpstream(t, path)
-	d1, r1 := secrets(t, "one")
-	up.set(t, "node-f", "v1", d1, r1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cc, _ := sdsclient.DialUnix(ctx, path)
-	defer cc.Close()
+	_, cc, ctx, _, r1 := served(t, "node-f")
 	got, err := sdsclient.Fetch(ctx, cc, "node-f", "ROOTCA")
 	if err != nil {
 		t.Fatal(err)
@@ -289,14 +282,7 @@ func TestWatcherNacksBadCertificate(t *testing.T) {
 }
 
 func TestDeltaStream(t *testing.T) {
-	path := sockPath(t)
-	up := startUpstream(t, path)
-	d1, r1 := secrets(t, "one")
-	up.set(t, "node-d", "v1", d1, r1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cc, _ := sdsclient.DialUnix(ctx, path)
-	defer cc.Close()
+	_, cc, ctx, d1, _ := served(t, "node-d")
 	ds, err := sdsclient.OpenDelta(ctx, cc, "node-d", "default")
 	if err != nil {
 		t.Fatal(err)

@@ -6,11 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"google.golang.org/grpc"
 )
 
@@ -29,6 +30,8 @@ type Watcher struct {
 
 	// MinBackoff and MaxBackoff bound the reconnect delay (defaults 50ms and 5s).
 	MinBackoff, MaxBackoff time.Duration
+	// Clock times the reconnect delays (default: the wall clock).
+	Clock clock.Clock
 
 	mu      sync.Mutex
 	cert    *tls.Certificate
@@ -44,7 +47,7 @@ func NewWatcher(cc grpc.ClientConnInterface, nodeID string, log hclog.Logger) *W
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Watcher{cc: cc, node: nodeID, log: log, MinBackoff: 50 * time.Millisecond, MaxBackoff: 5 * time.Second,
+	return &Watcher{cc: cc, node: nodeID, log: log, MinBackoff: 50 * time.Millisecond, MaxBackoff: 5 * time.Second, Clock: clock.Real{},
 		changed: make(chan struct{}), ready: make(chan struct{})}
 }
 
@@ -69,25 +72,19 @@ func (w *Watcher) Run(ctx context.Context) error {
 		defer conn.Close()
 		cc = conn
 	}
-	backoff := w.MinBackoff
+	retry := backoff.Policy{First: w.MinBackoff, Max: w.MaxBackoff, Jitter: 0.5}.Start()
 	for {
 		got, err := w.once(ctx, cc)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if got {
-			backoff = w.MinBackoff
+			retry.Reset()
 		}
-		w.log.Warn("sds stream ended", "error", err, "retry_in", backoff)
-		d := backoff/2 + rand.N(backoff/2+1)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		w.log.Warn("sds stream ended", "error", err, "retry_in", retry.Current())
+		if !backoff.Wait(ctx, w.Clock, retry.Next()) {
 			return nil
-		case <-t.C:
 		}
-		backoff = min(backoff*2, w.MaxBackoff)
 	}
 }
 

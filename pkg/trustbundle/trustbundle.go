@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -77,7 +78,7 @@ type Update struct {
 // Set is the trusted roots. It is safe for concurrent use.
 type Set struct {
 	td      string
-	now     func() time.Time
+	clk     clock.Clock
 	anchors []*x509.Certificate
 
 	mu    sync.Mutex
@@ -89,13 +90,13 @@ type Set struct {
 }
 
 // New returns an empty set for trustDomain ("" accepts any) that bootstraps from
-// anchors, or on first use when there are none. now gives the time to drop
-// expired roots.
-func New(trustDomain string, anchors []*x509.Certificate, now func() time.Time) *Set {
-	if now == nil {
-		now = time.Now
+// anchors, or on first use when there are none. clk tells the time to drop
+// expired roots; nil: the wall clock.
+func New(trustDomain string, anchors []*x509.Certificate, clk clock.Clock) *Set {
+	if clk == nil {
+		clk = clock.Real{}
 	}
-	return &Set{td: trustDomain, now: now, anchors: slices.Clone(anchors),
+	return &Set{td: trustDomain, clk: clk, anchors: slices.Clone(anchors),
 		roots: map[string]*x509.Certificate{}, order: map[string]int{}}
 }
 
@@ -344,7 +345,7 @@ func (s *Set) VerifyChainRoots(chain, extra []*x509.Certificate, at time.Time) (
 
 // prune drops expired roots; s.mu is held.
 func (s *Set) prune() {
-	now := s.now()
+	now := s.clk.Now()
 	for fp, c := range s.roots {
 		if now.After(c.NotAfter) {
 			delete(s.roots, fp)

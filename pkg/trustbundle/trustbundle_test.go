@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
@@ -195,12 +196,12 @@ func TestAnchorsBootstrap(t *testing.T) {
 func TestExpiredRootsAreDropped(t *testing.T) {
 	r0 := root(t, "r0")
 	short := testkit.NewCA(t, "short", nil, time.Now(), time.Minute)
-	now := time.Now()
-	s := New(td, nil, func() time.Time { return now })
+	clk := clock.NewFake(time.Now())
+	s := New(td, nil, clk)
 	if _, _, err := s.Accept(bundle(t, 1, certs(r0, short), nil)); err != nil {
 		t.Fatal(err)
 	}
-	now = now.Add(2 * time.Minute)
+	clk.Add(2 * time.Minute)
 	equalRoots(t, s, r0)
 	if s.Has(pki.Fingerprint(short.Cert)) {
 		t.Fatal("expired root still trusted")

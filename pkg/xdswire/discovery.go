@@ -45,11 +45,7 @@ func (r *DiscoveryRequest) AppendWire(b []byte) []byte {
 // UnmarshalWire implements Message.
 func (r *DiscoveryRequest) UnmarshalWire(b []byte) error {
 	*r = DiscoveryRequest{}
-	err := Fields(b, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
+	return decodeMessage("DiscoveryRequest", b, func(f Field) (err error) {
 		switch f.Num {
 		case 1:
 			r.VersionInfo, err = f.String()
@@ -66,10 +62,6 @@ func (r *DiscoveryRequest) UnmarshalWire(b []byte) error {
 		}
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("decode DiscoveryRequest: %w", err)
-	}
-	return nil
 }
 
 // DiscoveryResponse is envoy.service.discovery.v3.DiscoveryResponse without its
@@ -94,11 +86,7 @@ func (r *DiscoveryResponse) AppendWire(b []byte) []byte {
 // UnmarshalWire implements Message. Resource values alias b.
 func (r *DiscoveryResponse) UnmarshalWire(b []byte) error {
 	*r = DiscoveryResponse{}
-	err := Fields(b, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
+	return decodeMessage("DiscoveryResponse", b, func(f Field) (err error) {
 		switch f.Num {
 		case 1:
 			r.VersionInfo, err = f.String()
@@ -114,10 +102,6 @@ func (r *DiscoveryResponse) UnmarshalWire(b []byte) error {
 		}
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("decode DiscoveryResponse: %w", err)
-	}
-	return nil
 }
 
 // DeltaDiscoveryRequest is envoy.service.discovery.v3.DeltaDiscoveryRequest
@@ -155,11 +139,7 @@ func (r *DeltaDiscoveryRequest) AppendWire(b []byte) []byte {
 // UnmarshalWire implements Message.
 func (r *DeltaDiscoveryRequest) UnmarshalWire(b []byte) error {
 	*r = DeltaDiscoveryRequest{}
-	err := Fields(b, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
+	return decodeMessage("DeltaDiscoveryRequest", b, func(f Field) (err error) {
 		switch f.Num {
 		case 1:
 			err = decodeNode(f.Bytes, &r.NodeID)
@@ -184,10 +164,6 @@ func (r *DeltaDiscoveryRequest) UnmarshalWire(b []byte) error {
 		}
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("decode DeltaDiscoveryRequest: %w", err)
-	}
-	return nil
 }
 
 // DeltaDiscoveryResponse is envoy.service.discovery.v3.DeltaDiscoveryResponse
@@ -227,11 +203,7 @@ func (r *DeltaDiscoveryResponse) AppendWire(b []byte) []byte {
 // UnmarshalWire implements Message. Resource values alias b.
 func (r *DeltaDiscoveryResponse) UnmarshalWire(b []byte) error {
 	*r = DeltaDiscoveryResponse{}
-	err := Fields(b, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
+	return decodeMessage("DeltaDiscoveryResponse", b, func(f Field) (err error) {
 		switch f.Num {
 		case 1:
 			r.SystemVersionInfo, err = f.String()
@@ -249,19 +221,11 @@ func (r *DeltaDiscoveryResponse) UnmarshalWire(b []byte) error {
 		}
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("decode DeltaDiscoveryResponse: %w", err)
-	}
-	return nil
 }
 
 func decodeResource(b []byte) (Resource, error) {
 	var r Resource
-	err := Fields(b, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
+	err := bytesFields(b, func(f Field) (err error) {
 		switch f.Num {
 		case 1:
 			r.Version, err = f.String()
@@ -276,6 +240,25 @@ func decodeResource(b []byte) (Resource, error) {
 		return err
 	})
 	return r, err
+}
+
+// bytesFields calls field for each length-delimited field of b: the one wire
+// type of every field these messages keep (others are skipped).
+func bytesFields(b []byte, field func(f Field) error) error {
+	return Fields(b, func(f Field) error {
+		if f.Type != protowire.BytesType {
+			return nil
+		}
+		return field(f)
+	})
+}
+
+// decodeMessage is bytesFields for the message named name, which its error names.
+func decodeMessage(name string, b []byte, field func(f Field) error) error {
+	if err := bytesFields(b, field); err != nil {
+		return fmt.Errorf("decode %s: %w", name, err)
+	}
+	return nil
 }
 
 // appendNode appends a Node with only its id as field num; no id, no node.

@@ -92,75 +92,85 @@ func DecodeSecret(a Any) (Secret, error) {
 	if a.TypeURL != SecretTypeURL {
 		return Secret{}, fmt.Errorf("resource type %q: want %q", a.TypeURL, SecretTypeURL)
 	}
-	var (
-		s    Secret
-		kind = secretNone
-		// the oneof member as decoded so far: chain, key / trusted CA
-		chain, key, ca dataSource
-		// a validation context's custom validator: its typed config (merged
-		// across repeated occurrences, as protobuf merges a message field)
-		validator *validatorConfig
-	)
-	err := Fields(a.Value, func(f Field) error {
-		if f.Type != protowire.BytesType {
-			return nil
-		}
-		var err error
-		switch f.Num {
-		case 1:
-			s.Name, err = f.String()
-		case secretTLSCertificate, secretSessionTickets, secretValidation, secretGeneric:
-			if kind != int(f.Num) { // another member of the oneof replaces the last
-				kind, chain, key, ca, validator = int(f.Num), dataSource{}, dataSource{}, dataSource{}, nil
-			}
-			switch f.Num {
-			case secretTLSCertificate:
-				err = Fields(f.Bytes, func(f Field) error {
-					switch {
-					case f.Is(1, protowire.BytesType):
-						return chain.merge(f.Bytes)
-					case f.Is(2, protowire.BytesType):
-						return key.merge(f.Bytes)
-					}
-					return nil
-				})
-			case secretValidation:
-				err = Fields(f.Bytes, func(f Field) error {
-					switch {
-					case f.Is(1, protowire.BytesType):
-						return ca.merge(f.Bytes)
-					case f.Is(12, protowire.BytesType):
-						if validator == nil {
-							validator = &validatorConfig{}
-						}
-						return validator.merge(f.Bytes)
-					}
-					return nil
-				})
-			}
-		}
-		return err
-	})
-	if err != nil {
+	var d secretFields
+	if err := bytesFields(a.Value, d.field); err != nil {
 		return Secret{}, fmt.Errorf("decode secret: %w", err)
 	}
-	if s.Name == "" {
+	if d.name == "" {
 		return Secret{}, errors.New("secret without a name")
 	}
-	switch kind {
+	return d.secret()
+}
+
+// secretFields is a Secret as decoded so far: its name, and the member of its
+// type oneof last set (kind) with that member's fields.
+type secretFields struct {
+	name string
+	kind int
+	// the oneof member as decoded so far: chain, key / trusted CA
+	chain, key, ca dataSource
+	// a validation context's custom validator: its typed config (merged
+	// across repeated occurrences, as protobuf merges a message field)
+	validator *validatorConfig
+}
+
+// field reads one length-delimited field of a Secret.
+func (d *secretFields) field(f Field) error {
+	switch f.Num {
+	case 1:
+		var err error
+		d.name, err = f.String()
+		return err
+	case secretTLSCertificate, secretSessionTickets, secretValidation, secretGeneric:
+		if d.kind != int(f.Num) { // another member of the oneof replaces the last
+			*d = secretFields{name: d.name, kind: int(f.Num)}
+		}
+		switch f.Num {
+		case secretTLSCertificate:
+			return Fields(f.Bytes, func(f Field) error {
+				switch {
+				case f.Is(1, protowire.BytesType):
+					return d.chain.merge(f.Bytes)
+				case f.Is(2, protowire.BytesType):
+					return d.key.merge(f.Bytes)
+				}
+				return nil
+			})
+		case secretValidation:
+			return Fields(f.Bytes, func(f Field) error {
+				switch {
+				case f.Is(1, protowire.BytesType):
+					return d.ca.merge(f.Bytes)
+				case f.Is(12, protowire.BytesType):
+					if d.validator == nil {
+						d.validator = &validatorConfig{}
+					}
+					return d.validator.merge(f.Bytes)
+				}
+				return nil
+			})
+		}
+	}
+	return nil
+}
+
+// secret is the Secret d decoded to: its member's data sources inline.
+func (d *secretFields) secret() (s Secret, err error) {
+	s.Name = d.name
+	switch d.kind {
 	case secretTLSCertificate:
-		if s.CertChain, err = chain.inline(); err != nil {
+		if s.CertChain, err = d.chain.inline(); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: certificate_chain: %w", s.Name, err)
 		}
-		if s.PrivateKey, err = key.inline(); err != nil {
+		if s.PrivateKey, err = d.key.inline(); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: private_key: %w", s.Name, err)
 		}
 	case secretValidation:
-		if s.TrustedCA, err = ca.inline(); err != nil {
+		if s.TrustedCA, err = d.ca.inline(); err != nil {
 			return Secret{}, fmt.Errorf("secret %q: trusted_ca: %w", s.Name, err)
 		}
-		if validator != nil {
-			if s.SPIFFE, err = validator.spiffe(); err != nil {
+		if d.validator != nil {
+			if s.SPIFFE, err = d.validator.spiffe(); err != nil {
 				return Secret{}, fmt.Errorf("secret %q: custom_validator_config: %w", s.Name, err)
 			}
 		}

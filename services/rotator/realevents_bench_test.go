@@ -225,7 +225,7 @@ func stepCosts(b *testing.B, nc *nats.Conn, js jetstream.JetStream, n int) (c st
 	if err != nil {
 		b.Fatal(err)
 	}
-	trust := trustbundle.New("", nil, time.Now)
+	trust := trustbundle.New("", nil, nil)
 	if _, _, err := trust.Accept(trustbundle.FromBundleReply(reply)); err != nil {
 		b.Fatal(err)
 	}

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 func TestRunServesUntilCancelled(t *testing.T) {

@@ -125,9 +125,11 @@ func admitWith(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, pod ev
 }
 
 // admitUser answers req with a user named name in AccountMesh holding p until
-// expires, with more claims set by limit when not nil.
+// expires, with more claims set by limit when not nil. A credential that expires
+// before the server asked (req's issue time, on the server's clock, which is the
+// one that judges the user's expiry) is refused.
 func admitUser(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, name string, p Permissions, expires time.Time, limit func(*jwt.UserClaims)) ([]byte, error) {
-	if !expires.After(time.Now()) {
+	if expires.Unix() <= req.IssuedAt {
 		return nil, fmt.Errorf("credential already expired at %s", expires.UTC().Format(time.RFC3339))
 	}
 	uc := jwt.NewUserClaims(req.UserNkey)

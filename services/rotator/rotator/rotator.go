@@ -50,7 +50,7 @@ func New(cfg Config, d lifecycle.Deps) (*Rotator, error) {
 		return nil, fmt.Errorf("rotator: jetstream: %w", err)
 	}
 	q, err := bus.NewQuorumWatch(js, []string{events.StreamEvents, events.StreamPodEvents, "KV_" + cfg.Store.Bucket, "KV_" + cfg.HA.LeaseBucket},
-		"rotator", d.Metrics, d.Log.Named("quorum"))
+		"rotator", d.Metrics, d.Clock, d.Log.Named("quorum"))
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
@@ -18,7 +19,7 @@ import (
 
 // newVerifier builds what checks bearer tokens: offline against a JWKS (a file, a
 // URL, or discovery), or by the API server's TokenReview; nil when none is set.
-func (s *Signer) newVerifier(now func() time.Time) (buscallout.Verifier, error) {
+func (s *Signer) newVerifier(clk clock.Clock) (buscallout.Verifier, error) {
 	a := s.cfg.Auth
 	if a.JWKSFile == "" && a.JWKSURL == "" && !a.Discover && !a.TokenReview {
 		return nil, nil
@@ -29,19 +30,19 @@ func (s *Signer) newVerifier(now func() time.Time) (buscallout.Verifier, error) 
 	}
 	if a.TokenReview {
 		return &authn.TokenReviewer{URL: a.TokenReviewURL, Client: client, BearerFile: a.BearerFile, Audience: a.Audience,
-			TrustDomain: s.cfg.TrustDomain, CacheTTL: a.TokenReviewCache, Log: s.log.Named("tokenreview"), Now: now}, nil
+			TrustDomain: s.cfg.TrustDomain, CacheTTL: a.TokenReviewCache, Log: s.log.Named("tokenreview"), Clock: clk}, nil
 	}
 	s.keys = &authn.KeySet{File: a.JWKSFile, URL: a.JWKSURL, Discover: a.Discover, Issuer: a.Issuer,
 		BearerFile: a.BearerFile, Refresh: a.JWKSRefresh, MinRefresh: a.JWKSMinRefresh,
-		Client: client, Log: s.log.Named("jwks"), Now: now}
-	return &authn.JWTVerifier{Keys: s.keys, Issuer: a.Issuer, Audience: a.Audience, TrustDomain: s.cfg.TrustDomain, Leeway: 30 * time.Second, Now: now}, nil
+		Client: client, Log: s.log.Named("jwks"), Clock: clk}
+	return &authn.JWTVerifier{Keys: s.keys, Issuer: a.Issuer, Audience: a.Audience, TrustDomain: s.cfg.TrustDomain, Leeway: 30 * time.Second, Clock: clk}, nil
 }
 
 // newCallout builds the bus auth callout, which admits pods to the bus by their
 // token, or by a client certificate this mesh issued to a pod (checked against the
 // current trust bundle and the issued records): it dials its own connection, as the
 // callout user, when it runs.
-func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registerer, now func() time.Time) error {
+func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registerer, clk clock.Clock) error {
 	issuer, err := policy.ReadSeed(s.cfg.BusCallout.IssuerSeed, nkeys.PrefixByteAccount)
 	if err != nil {
 		return fmt.Errorf("-bus-callout-seed: %w", err)
@@ -58,7 +59,7 @@ func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registe
 		}
 		return nil
 	}}
-	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, now).Limit(s.cfg.BusCallout.Pods)
+	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, clk).Limit(s.cfg.BusCallout.Pods)
 	return nil
 }
 

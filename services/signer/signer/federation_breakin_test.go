@@ -15,8 +15,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/federation"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 

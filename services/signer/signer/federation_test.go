@@ -14,10 +14,10 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -280,7 +280,7 @@ func TestFederationOverSPIFFEAuthenticatedEndpoint(t *testing.T) {
 
 	wrong, wrongSigner := follow("spiffe://west.example/ns/istio-system/sa/not-the-endpoint")
 	testkit.Eventually(t, "the fetch refused for the endpoint's SPIFFE ID", func() bool {
-		st := wrongSigner.fed.follower.Status()
+		st := wrongSigner.fed.Followed()
 		return len(st) == 1 && strings.Contains(st[0].Err, "unexpected ID")
 	})
 	if wrong.foreign.Roots("west.example") != nil {

@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"fmt"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -30,6 +31,26 @@ func rootOf(t *testing.T, e *env, nc *nats.Conn) string {
 	verifyChain(t, rep.CertChain, rep.Roots, e.clock.Now())
 	certs := mustCerts(t, rep.CertChain)
 	return pki.Fingerprint(certs[len(certs)-1])
+}
+
+// announced waits until every replica has announced gen: the writer of the
+// change at once, the others once they have given it a moment to go first, on
+// their clock, which this moves a little at a time after the writer announced.
+func announced(t *testing.T, fake *clock.Fake, gen uint64, replicas ...*replica) {
+	t.Helper()
+	count := func() (n int) {
+		for _, r := range replicas {
+			if r.source.Announced() >= gen {
+				n++
+			}
+		}
+		return n
+	}
+	testkit.EventuallyWithin(t, 10*time.Second, fmt.Sprintf("the writer announced gen %d", gen), func() bool { return count() >= 1 })
+	testkit.EventuallyWithin(t, 10*time.Second, fmt.Sprintf("every replica announced gen %d", gen), func() bool {
+		fake.Add(250 * time.Millisecond)
+		return count() == len(replicas)
+	})
 }
 
 func TestRootRotationAcrossReplicas(t *testing.T) {
@@ -93,9 +114,7 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	}
 	// Both replicas announced generation 2 (the writer, and the other on seeing it in
 	// KV); JetStream kept one.
-	testkit.EventuallyWithin(t, 10*time.Second, "both replicas announced gen 2", func() bool {
-		return a.source.Announced() >= 2 && b.source.Announced() >= 2
-	})
+	announced(t, fake, 2, a, b)
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 1 {
 		t.Fatalf("%d trust.changed events for one rotation", n)
 	}
@@ -115,9 +134,7 @@ func TestRootRotationAcrossReplicas(t *testing.T) {
 	testkit.EventuallyWithin(t, 10*time.Second, "both replicas on the forced root", func() bool {
 		return a.auth.Current().RootFingerprint() == rr.Fingerprint && b.auth.Current().RootFingerprint() == rr.Fingerprint
 	})
-	testkit.EventuallyWithin(t, 10*time.Second, "both replicas announced gen 3", func() bool {
-		return a.source.Announced() >= 3 && b.source.Announced() >= 3
-	})
+	announced(t, fake, 3, a, b)
 	if n := count(t, e.js, events.SubjectTrustChanged); n != 2 {
 		t.Fatalf("%d trust.changed events, want 2", n)
 	}

@@ -1,8 +1,9 @@
 // Package signer is meshagent's CA as a service on the one lifecycle (pkg/lifecycle):
 // Load reads its config, New builds a replica on a bus connection (CA material,
 // plugged-in or self-signed; authentication; the issuer; the NATS and gRPC front
-// ends; the bus auth callout) and Run starts, serves and stops it. Build, start,
-// ready and stop are all in this file; how callers are authenticated is in auth.go.
+// ends; the bus auth callout) and Run starts, serves and stops it. Build is in
+// this file, the CA source and its announcements in source.go, start-up and stop
+// in start.go, how callers are authenticated in auth.go.
 package signer
 
 import (
@@ -11,19 +12,18 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
+	"github.com/meshagent/meshagent/services/signer/internal/federation"
 	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
 	"github.com/meshagent/meshagent/services/signer/internal/issued"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"net/url"
 )
 
 // Config is the signer's whole configuration (flags and env vars: Load).
@@ -67,6 +68,7 @@ var (
 type Signer struct {
 	cfg    config.Config
 	log    hclog.Logger
+	clk    clock.Clock
 	js     jetstream.JetStream
 	auth   *ca.Authority
 	source source
@@ -78,8 +80,8 @@ type Signer struct {
 	callout *buscallout.Responder
 	nats    *natsapi.API
 	grpc    *grpcapi.Server
-	quorum  *bus.QuorumWatch // the replication of the streams and buckets it writes
-	fed     *fed             // SPIFFE bundle endpoint and foreign-bundle follower (federation.go)
+	quorum  *bus.QuorumWatch    // the replication of the streams and buckets it writes
+	fed     *federation.Service // the SPIFFE bundle endpoint and the follower of foreign bundles
 	// rootCM publishes the trust bundle into every namespace (nil unless -root-configmap).
 	rootCM *rootcm.Publisher
 }
@@ -94,28 +96,27 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		return nil, errors.New("signer: no bus connection")
 	}
 	d = d.WithDefaults()
-	now := d.Clock.Now
 	js, err := jetstream.New(d.Bus)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Signer{cfg: cfg, log: d.Log, js: js, auth: &ca.Authority{}, issued: issued.New(js, cfg.CA.KVReplicas, d.Log.Named("issued"))}
+	s := &Signer{cfg: cfg, log: d.Log, clk: d.Clock, js: js, auth: &ca.Authority{}, issued: issued.New(js, cfg.CA.KVReplicas, d.Log.Named("issued"))}
 	counter := func(name, help string, value func() uint64) {
 		d.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
 		}, func() float64 { return float64(value()) }))
 	}
-	if err := s.newSource(counter, now); err != nil {
+	if err := s.newSource(counter, d.Clock); err != nil {
 		return nil, err
 	}
 	counter("trust_changed_publish_failures_total",
 		"Failed attempts to publish trust.changed; each is retried until JetStream takes it.", s.source.AnnounceFailures)
-	verifier, err := s.newVerifier(now)
+	verifier, err := s.newVerifier(d.Clock)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.BusCallout.IssuerSeed != "" {
-		if err := s.newCallout(verifier, d.Metrics, now); err != nil {
+		if err := s.newCallout(verifier, d.Metrics, d.Clock); err != nil {
 			return nil, err
 		}
 		d.Health.AddReadyCheck("bus_callout", s.callout.Ready)
@@ -128,7 +129,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	metrics := issuer.NewMetrics(d.Metrics, s.auth, now)
+	metrics := issuer.NewMetrics(d.Metrics, s.auth, d.Clock)
 	publish := func(ctx context.Context, msg *nats.Msg) error { return bus.Publish(ctx, js, msg) }
 	var lives issuer.LifeRecorder
 	if ss, ok := s.source.(*ca.SelfSigned); ok {
@@ -139,62 +140,27 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		MaxTTL: cfg.Certs.MaxTTL, PodMaxTTL: cmp.Or(cfg.Certs.PodMaxTTL, cfg.Certs.DefaultTTL), Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 		Records: s.issued, Lives: lives, MaxEarlyPerMinute: cfg.Certs.MaxEarlyPerMinute,
-	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), now)
+	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
 		fmt.Sprintf("NATS requests dropped unanswered because -workers x %d were already waiting (slow consumer); callers retry.", natsapi.PendingPerWorker), s.nats.Dropped)
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
-	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, now), d.Log.Named("grpc"))
-	if err := s.newFederation(d.Metrics); err != nil {
+	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, d.Clock), d.Log.Named("grpc"))
+	if err := s.newFederation(d.Metrics, d.Clock); err != nil {
 		return nil, fmt.Errorf("federation: %w", err)
 	}
 	if err := s.newRootConfigMap(counter, d); err != nil {
 		return nil, err
 	}
 	if s.quorum, err = bus.NewQuorumWatch(js, []string{events.StreamEvents, events.StreamPodEvents, "KV_" + cfg.CA.KVBucket, "KV_" + policy.BucketIssued},
-		"signer", d.Metrics, d.Log.Named("quorum")); err != nil {
+		"signer", d.Metrics, d.Clock, d.Log.Named("quorum")); err != nil {
 		return nil, err
 	}
 	d.Health.AddReadyCheck("ca", s.auth.Ready)
 	d.Health.AddReadyCheck("nats", s.nats.Ready)
 	d.Health.AddReadyCheck("grpc", s.grpc.Ready)
 	return s, nil
-}
-
-// newSource builds the CA source: the Istio cacerts directory when -cacerts-dir is
-// set, else a self-signed root kept (sealed) in JetStream KV.
-func (s *Signer) newSource(counter func(name, help string, value func() uint64), now func() time.Time) error {
-	cfg := s.cfg
-	origin := "meshagent/signer/" + cfg.Instance
-	notify := func(ctx context.Context, tc events.TrustChanged) error {
-		if s.announcedAlready(ctx, tc) {
-			return nil // another replica did: pods hear of a change once
-		}
-		msg, err := events.Encode(events.SubjectTrustChanged, events.Meta{Source: origin, ID: fmt.Sprintf("trust-%s-%d", cfg.TrustDomain, tc.Generation)}, tc)
-		if err != nil {
-			return err
-		}
-		return bus.Publish(ctx, s.js, msg) // the caller bounds each attempt and retries
-	}
-	if cfg.CA.Dir != "" {
-		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, notify, s.log.Named("ca"), now)
-		p.ForceRootChange = cfg.CA.ForceRootChange
-		counter("ca_reload_rejected_total",
-			"Reloads of the cacerts directory refused because the new material was invalid, or would strand the fleet (a CA chaining to no root trusted now).", p.Rejected)
-		s.source = p
-		return nil
-	}
-	kek, err := ca.LoadKEK(cfg.CA.KEKFile)
-	if err != nil {
-		return fmt.Errorf("ca: %w", err)
-	}
-	s.source = ca.NewSelfSigned(ca.SelfSignedConfig{
-		TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
-		RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
-		NewKeyOnRotate: cfg.CA.NewKeyOnRotate, KEK: kek, MaxLeafTTL: cfg.Certs.MaxTTL, RotateMinInterval: cfg.CA.RotateMinInterval,
-	}, s.js, s.auth, notify, s.log.Named("ca"), now)
-	return nil
 }
 
 // newRootConfigMap builds the publisher of the trust bundle into every namespace
@@ -217,156 +183,37 @@ func (s *Signer) newRootConfigMap(counter func(name, help string, value func() u
 	return nil
 }
 
-// GRPCAddr is the bound address of the Istio CA gRPC API, nil before Run binds it.
-func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
-
-// Run starts the signer and serves until ctx is done, then stops every part (gRPC
-// gracefully, within five seconds) and returns nil. Start-up goes in this order:
-//  1. the bus callout, from the first moment: no pod can connect to the bus without it;
-//  2. the token keys (no JetStream needed; the callout admits pods once it has them),
-//     then kept fresh;
-//  3. the event stream and the CA material from JetStream (retried while it is cold);
-//  4. the NATS and gRPC front ends, ready once subscribed and bound.
-//
-// A failure in steps 2 and 3 is Run's error, unless ctx ended meanwhile: Ctrl-C
-// while waiting for JetStream is no failure.
-func (s *Signer) Run(ctx context.Context) error {
-	tasks := []func(context.Context) error{s.serve, s.quorum.Run}
-	if s.callout != nil {
-		tasks = append(tasks, s.callout.Run)
-	}
-	if s.cfg.Listen.Pprof != "" {
-		tasks = append(tasks, s.servePprof)
-	}
-	if s.rootCM != nil {
-		tasks = append(tasks, s.rootCM.Run)
-	}
-	return lifecycle.Tasks(ctx, tasks...)
-}
-
-// serve loads the token keys and keeps them fresh beside serveCA.
-func (s *Signer) serve(ctx context.Context) error {
-	switch {
-	case s.keys != nil:
-		if err := s.keys.Load(ctx); err != nil {
-			return s.startupFailed(ctx, err)
-		}
-		return lifecycle.Tasks(ctx, s.keys.Run, s.serveCA)
-	case s.cfg.Auth.TokenReview:
-		s.log.Info("bearer tokens verified by TokenReview", "url", s.cfg.Auth.TokenReviewURL, "audience", s.cfg.Auth.Audience)
-	default:
-		s.log.Warn("no -jwks-file, -jwks-url, -token-issuer-discovery or -token-review: bearer tokens are refused, only certificate renewals are served")
-	}
-	return s.serveCA(ctx)
-}
-
-// serveCA loads the CA, then answers on NATS and gRPC and keeps the CA material
-// current until ctx is done.
-func (s *Signer) serveCA(ctx context.Context) error {
-	if err := s.loadCA(ctx); err != nil {
-		return s.startupFailed(ctx, err)
-	}
-	mat := s.auth.Current()
-	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
-		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
-	return lifecycle.Tasks(ctx, append([]func(context.Context) error{s.source.Run, s.nats.Run, s.grpc.Run}, s.fed.tasks()...)...)
-}
-
-// loadCA makes sure the event stream exists and loads the CA material.
-func (s *Signer) loadCA(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
-	defer cancel()
-	if err := s.ensureStream(ctx); err != nil {
+// newFederation builds the signer's part in federation (internal/federation)
+// and answers the followed domains' status in bundle replies.
+func (s *Signer) newFederation(reg prometheus.Registerer, clk clock.Clock) error {
+	f := s.cfg.Federation
+	srcs, err := s.cfg.FederationSources()
+	if err != nil {
 		return err
 	}
-	if err := s.issued.Open(ctx); err != nil {
-		return fmt.Errorf("issued records: %w", err)
+	fc := federation.ServiceConfig{TrustDomain: s.cfg.TrustDomain, Instance: s.cfg.Instance,
+		Listen: f.Listen, CertFile: f.CertFile, KeyFile: f.KeyFile, SPIFFEID: f.SPIFFEID, RefreshHint: f.RefreshHint,
+		Sources: srcs, CAFile: f.CAFile, Aliases: f.Aliases, MinRefresh: f.MinRefresh, MaxRefresh: f.MaxRefresh, MaxBundleSize: f.MaxBundleSize}
+	if f.SPIFFEID != "" {
+		id, err := url.Parse(f.SPIFFEID)
+		if err != nil {
+			return fmt.Errorf("bundle endpoint: %w", err)
+		}
+		fc.SVID = grpcapi.NewSVIDServingCerts(s.auth, id, clk).Get
 	}
-	if err := s.source.Start(ctx); err != nil {
-		return fmt.Errorf("ca: %w", err)
+	if s.fed, err = federation.NewService(fc, s.auth, s.js, reg, s.log, clk); err != nil {
+		return err
 	}
+	s.nats.SetFederationStatus(s.fed.Status)
 	return nil
 }
 
-// startupFailed is err, or nil when the start-up was cut short by ctx ending.
-func (s *Signer) startupFailed(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		s.log.Info("startup interrupted", "error", err)
-		return nil
-	}
-	return err
-}
+// GRPCAddr is the bound address of the Istio CA gRPC API, nil before Run binds it.
+func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
 
-// setupTimeout bounds the JetStream set-up at start (the event stream, the CA
-// bucket and root); every call in it is retried in short attempts (bus.Retry), so a
-// cold cluster electing its leader delays the signer by seconds instead of failing it.
-const setupTimeout = time.Minute
-
-// ensureStream creates the event streams (the CA's history and the pods' events)
-// when they do not exist yet, and leaves existing ones as their operator (or
-// meshctl) configured them. A CA history stream from before the split, which
-// captured the pods' events too, is narrowed to the CA's subjects.
-func (s *Signer) ensureStream(ctx context.Context) error {
-	return bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
-		ca, err := s.js.Stream(ctx, events.StreamEvents)
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return err
-		}
-		_, perr := s.js.Stream(ctx, events.StreamPodEvents)
-		if perr != nil && !errors.Is(perr, jetstream.ErrStreamNotFound) {
-			return perr
-		}
-		if err == nil && perr == nil && slices.Equal(ca.CachedInfo().Config.Subjects, events.CAEventSubjects) {
-			return nil
-		}
-		if _, err := bus.EnsureEventStream(ctx, s.js, s.cfg.Stream.Replicas, s.cfg.Stream.MaxAge); err != nil {
-			return err
-		}
-		s.log.Info("event streams created", "stream", events.StreamEvents, "pod_stream", events.StreamPodEvents)
-		return nil
-	})
-}
-
-// announcedAlready reports whether the stream's last trust.changed is tc's
-// announcement already: each replica that sees a change announces it if nobody
-// has (the writer may have died before it could), and the event id makes
-// JetStream store it once, but pods subscribe to the subject itself and would get
-// every copy. It counts only as tc's if it carries the same trust domain,
-// generation and roots, endorsed by a key of those roots: anyone who may publish
-// on the subject (a leaked credential) must not be able to silence a change. When
-// the stream cannot say, tc is published (a duplicate is harmless: pods ignore a
-// generation they have).
-func (s *Signer) announcedAlready(ctx context.Context, tc events.TrustChanged) bool {
-	st, err := s.js.Stream(ctx, events.StreamEvents)
-	if err != nil {
-		return false
-	}
-	raw, err := st.GetLastMsgForSubject(ctx, events.SubjectTrustChanged)
-	if err != nil {
-		return false
-	}
-	msg := nats.NewMsg(raw.Subject)
-	msg.Header, msg.Data = raw.Header, raw.Data
-	last, _, err := events.Decode[events.TrustChanged](msg)
-	if err != nil || last.TrustDomain != tc.TrustDomain || last.Generation != tc.Generation || !slices.Equal(last.Roots, tc.Roots) {
-		return false
-	}
-	roots, err := pki.ParseCertPEMs(tc.Roots)
-	if err != nil {
-		return false
-	}
-	signed, err := events.EndorsedBytes(last.TrustDomain, last.Generation, last.Roots)
-	if err != nil {
-		return false
-	}
-	for _, e := range last.Endorsements {
-		chain, err := pki.ParseCertPEMs(e.Chain)
-		if err == nil && pki.VerifyEndorsement(roots, signed, e.KeyID, e.Signature, chain) == nil {
-			return true
-		}
-	}
-	return false
-}
+// BundleEndpointAddr is the bound address of the SPIFFE bundle endpoint, nil
+// before Run binds it or when it is not served.
+func (s *Signer) BundleEndpointAddr() net.Addr { return s.fed.Addr() }
 
 func (s *Signer) mode() string {
 	if s.cfg.CA.Dir != "" {

@@ -34,7 +34,7 @@ func (r *Runner) writeBundle(ctx context.Context) error {
 	// The file follows trust.changed only when the event is endorsed by a root of the
 	// bundle the signer gave us: whoever else gets a trust.changed onto the bus (a
 	// leaked signer credential) cannot put a root into it.
-	trust := trustbundle.New(r.cfg.TrustDomain, nil, time.Now)
+	trust := trustbundle.New(r.cfg.TrustDomain, nil, nil)
 	if _, _, err := trust.Accept(trustbundle.FromBundleReply(reply)); err != nil {
 		return fmt.Errorf("trust bundle: %w", err)
 	}

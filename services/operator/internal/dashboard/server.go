@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
@@ -107,7 +108,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	// The signers create the event stream: a replica started before them waits for
 	// it, not ready until then, rather than failing.
-	err := bus.Retry(ctx, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
+	err := bus.Retry(ctx, clock.Real{}, s.log, "event stream "+events.StreamEvents, func(ctx context.Context) error {
 		_, err := auditlog.Open(ctx, s.nc)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return bus.Pending(err)
@@ -117,7 +118,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, s.log.Named("inventory")); err != nil {
+	if s.keeper, err = inventory.NewKeeper(ctx, s.nc, s.cfg.Replicas, clock.Real{}, s.log.Named("inventory")); err != nil {
 		return err
 	}
 	if err := s.follow(ctx); err != nil {

@@ -114,7 +114,7 @@ func New(opts Options, d lifecycle.Deps) (*Replica, error) {
 		return nil, fmt.Errorf("rotator: jetstream: %w", err)
 	}
 	r := &Replica{opts: opts, nc: d.Bus, js: js, clk: d.Clock, log: d.Log, kick: make(chan struct{}, 1),
-		trust: trustbundle.New(opts.TrustDomain, opts.Anchors, d.Clock.Now)}
+		trust: trustbundle.New(opts.TrustDomain, opts.Anchors, d.Clock)}
 	m, err := newMetrics(r, d.Metrics)
 	if err != nil {
 		return nil, err
@@ -151,7 +151,7 @@ func (r *Replica) setup(ctx context.Context) error {
 	}
 	// A cluster that lost a node while its buckets are created or opened says "no
 	// suitable peers" or "stream offline" until it has healed: wait, as for the stream.
-	err := bus.Retry(sctx, r.log, "schedule bucket "+r.opts.Bucket, func(ctx context.Context) error {
+	err := bus.Retry(sctx, clock.Real{}, r.log, "schedule bucket "+r.opts.Bucket, func(ctx context.Context) error {
 		st, err := store.Open(ctx, r.js, r.opts.Bucket, r.opts.Replicas, r.log.Named("store"))
 		r.store = st
 		return err
@@ -160,7 +160,7 @@ func (r *Replica) setup(ctx context.Context) error {
 		return err
 	}
 	var kv jetstream.KeyValue
-	err = bus.Retry(sctx, r.log, "lease bucket "+r.opts.LeaseBucket, func(ctx context.Context) (err error) {
+	err = bus.Retry(sctx, clock.Real{}, r.log, "lease bucket "+r.opts.LeaseBucket, func(ctx context.Context) (err error) {
 		kv, err = lease.OpenBucket(ctx, r.js, r.opts.LeaseBucket, r.opts.Replicas)
 		return err
 	})
@@ -177,7 +177,7 @@ func (r *Replica) setup(ctx context.Context) error {
 // (bus.Retry): a cluster still electing its JetStream leader leaves requests
 // unanswered, and one long request would outlast the moment the stream appears.
 func (r *Replica) awaitStream(ctx context.Context) error {
-	return bus.Retry(ctx, r.log, "event stream "+events.StreamEvents+" (a signer creates it)", func(ctx context.Context) error {
+	return bus.Retry(ctx, clock.Real{}, r.log, "event stream "+events.StreamEvents+" (a signer creates it)", func(ctx context.Context) error {
 		for _, name := range []string{events.StreamEvents, events.StreamPodEvents} {
 			_, err := r.js.Stream(ctx, name)
 			if errors.Is(err, jetstream.ErrStreamNotFound) {

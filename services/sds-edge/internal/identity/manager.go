@@ -123,7 +123,7 @@ type Manager struct {
 // New returns a manager. It does nothing until Run.
 func New(cfg Config, signer Signer, store *secrets.Store, obs Observer, clk clock.Clock, log hclog.Logger) *Manager {
 	return &Manager{cfg: cfg, signer: signer, store: store, obs: obs, clock: clk, log: log,
-		renew: make(chan events.RenewDue, 1), retryNow: make(chan string, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk.Now)}}
+		renew: make(chan events.RenewDue, 1), retryNow: make(chan string, 1), trust: &trust{ca: trustbundle.New(cfg.TrustDomain, cfg.Anchors, clk)}}
 }
 
 // Renew asks for a renewal (a renew-due event). A request about an older

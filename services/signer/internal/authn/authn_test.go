@@ -14,16 +14,17 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 var now = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 
 func verifier(iss *signertest.Issuer) *JWTVerifier {
-	return &JWTVerifier{Keys: StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local", Now: func() time.Time { return now }}
+	return &JWTVerifier{Keys: StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local", Clock: clock.NewFake(now)}
 }
 
 func TestJWT(t *testing.T) {

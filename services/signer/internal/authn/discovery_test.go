@@ -18,8 +18,8 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // clusterIssuer is a Kubernetes API server as far as token verification goes: an
@@ -117,11 +117,11 @@ func (c *clusterIssuer) keySet(t *testing.T, fake *clock.Fake) *KeySet {
 		t.Fatal(err)
 	}
 	return &KeySet{Discover: true, Issuer: c.srv.URL, BearerFile: bearer, Client: client,
-		MinRefresh: 10 * time.Second, Now: fake.Now}
+		MinRefresh: 10 * time.Second, Clock: fake}
 }
 
 func clusterVerifier(ks *KeySet, iss string, fake *clock.Fake) *JWTVerifier {
-	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
+	return &JWTVerifier{Keys: ks, Issuer: iss, Audience: "istio-ca", TrustDomain: "cluster.local", Clock: fake}
 }
 
 // loadedDiscovery is a cluster issuer serving the key of iss, and the signer's key
@@ -222,7 +222,8 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	cluster := newClusterIssuer(t)
 	old, rotated := signertest.NewIssuer(t, cluster.srv.URL), signertest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
-	ks := cluster.keySet(t, clock.NewFake(now))
+	fake := clock.NewFake(now)
+	ks := cluster.keySet(t, fake)
 	ks.Refresh = 20 * time.Millisecond
 	if err := ks.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -237,9 +238,10 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 		}
 	}()
 	// The issuer retires the old key: the cached set follows within the TTL, without
-	// any token asking for it.
+	// any token asking for it, once the TTL has passed on the set's clock.
 	cluster.serveKeys(rotated)
 	testkit.EventuallyWithin(t, 30*time.Second, "the cached set refreshed to the rotated key", func() bool {
+		fake.Add(ks.Refresh)
 		return len(ks.Current().Key(old.KID)) == 0 && len(ks.Current().Key(rotated.KID)) == 1
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
@@ -55,7 +56,7 @@ func FuzzJWTVerify(f *testing.F) {
 	iss := fuzzJWTIssuer(f, "meshagent fuzz issuer")
 	stranger := fuzzJWTIssuer(f, "meshagent fuzz stranger")
 	v := &JWTVerifier{Keys: StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local",
-		Now: func() time.Time { return fuzzJWTNow }}
+		Clock: clock.NewFake(fuzzJWTNow)}
 
 	sa := iss.ServiceAccount("shop", "web", fuzzJWTNow.Add(-time.Minute), time.Hour)
 	with := func(f func(*signertest.Claims)) signertest.Claims { c := sa; f(&c); return c }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 )
 
 // maxJWKS bounds a JWKS or discovery document.
@@ -47,7 +48,7 @@ type KeySet struct {
 	MinRefresh time.Duration // floor between re-reads an unknown key id triggers
 	Client     *http.Client
 	Log        hclog.Logger
-	Now        func() time.Time
+	Clock      clock.Clock // nil: the wall clock
 
 	cur atomic.Pointer[jose.JSONWebKeySet]
 
@@ -70,12 +71,14 @@ func (k *KeySet) Current() *jose.JSONWebKeySet {
 	return &jose.JSONWebKeySet{}
 }
 
-func (k *KeySet) now() time.Time {
-	if k.Now != nil {
-		return k.Now()
+func (k *KeySet) clock() clock.Clock {
+	if k.Clock != nil {
+		return k.Clock
 	}
-	return time.Now()
+	return clock.Real{}
 }
+
+func (k *KeySet) now() time.Time { return k.clock().Now() }
 
 func (k *KeySet) hasSource() bool { return k.File != "" || k.URL != "" || k.Discover }
 
@@ -235,13 +238,14 @@ func (k *KeySet) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(k.Refresh)
+	t := k.clock().NewTimer(k.Refresh)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.C():
+			t.Reset(k.Refresh)
 			if err := k.Load(ctx); err != nil && ctx.Err() == nil && k.Log != nil {
 				k.Log.Warn("jwks refresh failed, keeping the loaded keys", "error", err)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -89,7 +90,7 @@ type JWTVerifier struct {
 	Audience    string
 	TrustDomain string
 	Leeway      time.Duration
-	Now         func() time.Time
+	Clock       clock.Clock // nil: the wall clock
 }
 
 // Ready is nil once the verifier holds keys to check tokens against.
@@ -111,56 +112,74 @@ func (v *JWTVerifier) Verify(token string) (Caller, error) {
 	if v == nil || v.Keys == nil {
 		return Caller{}, fail("bearer tokens are not accepted: no JWKS configured")
 	}
+	c, err := v.verifiedClaims(token)
+	if err != nil {
+		return Caller{}, err
+	}
+	if err := v.validTimes(c.Claims); err != nil {
+		return Caller{}, err
+	}
+	return v.callerOf(c)
+}
+
+// verifiedClaims parses token and verifies its one signature by a key of the
+// JWKS: the one its kid names, else any.
+func (v *JWTVerifier) verifiedClaims(token string) (claims, error) {
 	tok, err := jwt.ParseSigned(token, tokenAlgs)
 	if err != nil {
-		return Caller{}, fail("malformed token: %v", err)
+		return claims{}, fail("malformed token: %v", err)
 	}
 	if len(tok.Headers) != 1 {
-		return Caller{}, fail("token must have exactly one signature")
+		return claims{}, fail("token must have exactly one signature")
 	}
 	var candidates []jose.JSONWebKey
 	if kid := tok.Headers[0].KeyID; kid != "" {
 		candidates = v.Keys.Lookup(kid)
 		if len(candidates) == 0 {
-			return Caller{}, fail("token signed by unknown key id %q", kid)
+			return claims{}, fail("token signed by unknown key id %q", kid)
 		}
 	} else {
 		candidates = v.Keys.Current().Keys
 	}
 	var c claims
-	verified := false
 	for _, k := range candidates {
 		if k.Use == "enc" {
 			continue
 		}
 		if err := tok.Claims(k.Public(), &c); err == nil {
-			verified = true
-			break
+			return c, nil
 		}
 	}
-	if !verified {
-		return Caller{}, fail("token signature does not verify")
-	}
-	std := c.Claims
+	return claims{}, fail("token signature does not verify")
+}
+
+// validTimes checks the token's issuer, audience and times, now on v's clock.
+func (v *JWTVerifier) validTimes(std jwt.Claims) error {
 	if std.Expiry == nil {
-		return Caller{}, fail("token has no exp claim")
+		return fail("token has no exp claim")
 	}
-	now := time.Now
-	if v.Now != nil {
-		now = v.Now
+	var clk clock.Clock = clock.Real{}
+	if v.Clock != nil {
+		clk = v.Clock
 	}
-	exp := jwt.Expected{Issuer: v.Issuer, AnyAudience: jwt.Audience{v.Audience}, Time: now()}
+	exp := jwt.Expected{Issuer: v.Issuer, AnyAudience: jwt.Audience{v.Audience}, Time: clk.Now()}
 	if err := std.ValidateWithLeeway(exp, v.Leeway); err != nil {
 		switch {
 		case errors.Is(err, jwt.ErrExpired):
-			return Caller{}, fail("token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
+			return fail("token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
 		case errors.Is(err, jwt.ErrInvalidIssuer):
-			return Caller{}, fail("token issuer %q is not %q", std.Issuer, v.Issuer)
+			return fail("token issuer %q is not %q", std.Issuer, v.Issuer)
 		case errors.Is(err, jwt.ErrInvalidAudience):
-			return Caller{}, fail("token audience %v does not include %q", []string(std.Audience), v.Audience)
+			return fail("token audience %v does not include %q", []string(std.Audience), v.Audience)
 		}
-		return Caller{}, fail("token claims: %v", err)
+		return fail("token claims: %v", err)
 	}
+	return nil
+}
+
+// callerOf is the workload the verified claims c name.
+func (v *JWTVerifier) callerOf(c claims) (Caller, error) {
+	std := c.Claims
 	ns, sa, podName, podUID, node := "", "", "", "", ""
 	if k := c.Kubernetes; k != nil {
 		ns, sa = k.Namespace, k.ServiceAccount.Name

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -52,7 +53,7 @@ type TokenReviewer struct {
 	TrustDomain string
 	CacheTTL    time.Duration // 0: DefaultReviewCache
 	Log         hclog.Logger
-	Now         func() time.Time
+	Clock       clock.Clock // nil: the wall clock
 
 	mu    sync.Mutex
 	cache map[[32]byte]reviewVerdict
@@ -68,10 +69,10 @@ type reviewVerdict struct {
 func (v *TokenReviewer) Ready() error { return nil }
 
 func (v *TokenReviewer) now() time.Time {
-	if v.Now != nil {
-		return v.Now()
+	if v.Clock != nil {
+		return v.Clock.Now()
 	}
-	return time.Now()
+	return clock.Real{}.Now()
 }
 
 // Verify returns the caller the API server says token belongs to: the service

@@ -125,7 +125,7 @@ func (a *apiServer) reviewer(t *testing.T, bearer string, fake *clock.Fake) *Tok
 	if err := os.WriteFile(f, []byte(bearer+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return &TokenReviewer{URL: a.srv.URL, Client: client, BearerFile: f, Audience: "istio-ca", TrustDomain: "cluster.local", Now: fake.Now}
+	return &TokenReviewer{URL: a.srv.URL, Client: client, BearerFile: f, Audience: "istio-ca", TrustDomain: "cluster.local", Clock: fake}
 }
 
 func TestTokenReview(t *testing.T) {

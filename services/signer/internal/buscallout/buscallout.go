@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
@@ -70,7 +71,7 @@ type Responder struct {
 	certs  *Certificates
 	dial   Dial
 	log    hclog.Logger
-	now    func() time.Time
+	clk    clock.Clock
 	// admitted counts every admission, admittedByCert those by a client certificate.
 	admitted       prometheus.Counter
 	admittedByCert prometheus.Counter
@@ -89,37 +90,33 @@ type Responder struct {
 	cacheHits prometheus.Counter
 }
 
+func (r *Responder) now() time.Time { return r.clk.Now() }
+
+// calloutOpts names a metric of the callout: meshagent_signer_<name>.
+func calloutOpts(name, help string) prometheus.CounterOpts {
+	return prometheus.CounterOpts{Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help}
+}
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(calloutOpts(name, help))
+}
+
 // New builds a responder that signs its answers with issuer (the account key named
 // as the callout issuer in the server's configuration) and registers its metrics on
 // reg. verify checks tokens (nil: none is accepted); certs, when not nil, admits a
 // connection without a usable token by its TLS client certificate. Nothing connects
 // until Run.
-func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, reg prometheus.Registerer, log hclog.Logger, now func() time.Time) *Responder {
-	if now == nil {
-		now = time.Now
-	}
-	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, now: now,
+func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, reg prometheus.Registerer, log hclog.Logger, clk clock.Clock) *Responder {
+	r := &Responder{issuer: issuer, verify: verify, certs: certs, dial: dial, log: log, clk: clk,
 		limits: policy.DefaultPodLimits(), admissions: newAdmissions(), jitter: rand.Float64,
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_dropped_total",
-			Help: "Connect requests dropped unanswered: the server had stopped waiting for them (its auth timeout passed while they were queued or checked), or the callout could neither queue nor refuse them.",
-		}),
-		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_token_cache_hits_total",
-			Help: "Connections admitted with a token verified lately for another connection of the pod (not verified again).",
-		}),
-		admitted: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_total",
-			Help: "Pod connections to the bus admitted by the auth callout.",
-		}),
-		admittedByCert: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_admitted_by_certificate_total",
-			Help: "Pod connections to the bus admitted by the auth callout by their client certificate (no usable token).",
-		}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "meshagent", Subsystem: "signer", Name: "bus_callout_refused_total",
-			Help: "Connections to the bus refused by the auth callout, by reason.",
-		}, []string{"reason"}),
+		dropped: counter("bus_callout_dropped_total",
+			"Connect requests dropped unanswered: the server had stopped waiting for them (its auth timeout passed while they were queued or checked), or the callout could neither queue nor refuse them."),
+		cacheHits: counter("bus_callout_token_cache_hits_total",
+			"Connections admitted with a token verified lately for another connection of the pod (not verified again)."),
+		admitted: counter("bus_callout_admitted_total", "Pod connections to the bus admitted by the auth callout."),
+		admittedByCert: counter("bus_callout_admitted_by_certificate_total",
+			"Pod connections to the bus admitted by the auth callout by their client certificate (no usable token)."),
+		refused: prometheus.NewCounterVec(calloutOpts("bus_callout_refused_total", "Connections to the bus refused by the auth callout, by reason."), []string{"reason"}),
 	}
 	r.Tune(Capacity{})
 	reasons := []string{ReasonBusy, ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections}

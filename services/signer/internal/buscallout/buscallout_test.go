@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +55,7 @@ func startLimited(t *testing.T, iss *signertest.Issuer, v Verifier, lim policy.P
 	dial := func(ctx context.Context) (*nats.Conn, error) {
 		return nats.Connect(srv.Server.ClientURL(), srv.RoleOptions(t, policy.Callout)...)
 	}
-	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil).Limit(lim)
+	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), clock.Real{}).Limit(lim)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -116,33 +116,23 @@ func (r *Responder) shed(m *nats.Msg) {
 // work runs the workers and the shedder until ctx ends.
 func (r *Responder) work(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case m := <-r.shedding:
-				r.shed(m)
-			}
-		}
-	}()
+	wg.Go(func() { drain(ctx, r.shedding, r.shed) })
 	for range r.capacity.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case p := <-r.queue:
-					r.serve(p)
-				}
-			}
-		}()
+		wg.Go(func() { drain(ctx, r.queue, r.serve) })
 	}
 	wg.Wait()
+}
+
+// drain hands each value from c to handle until ctx ends.
+func drain[T any](ctx context.Context, c <-chan T, handle func(T)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case v := <-c:
+			handle(v)
+		}
+	}
 }
 
 // deadline is when the server stops waiting for the answer to req, on this

@@ -12,12 +12,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -60,7 +61,7 @@ func startTuned(t *testing.T, c Capacity, v *countingVerifier) *fixture {
 	dial := func(ctx context.Context) (*nats.Conn, error) {
 		return nats.Connect(srv.Server.ClientURL(), srv.RoleOptions(t, policy.Callout)...)
 	}
-	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), nil).Tune(c)
+	r := New(issuer, v, nil, dial, prometheus.NewRegistry(), hclog.NewNullLogger(), clock.Real{}).Tune(c)
 	stop := testkit.Background(t, r.Run)
 	t.Cleanup(stop)
 	testkit.EventuallyWithin(t, 10*time.Second, "callout ready", func() bool { return r.Ready() == nil })

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 )
 
@@ -24,9 +25,14 @@ const (
 // it does not know to be published yet, and retries until the bus acknowledges it or
 // a newer generation supersedes it. Every replica that sees a change publishes it
 // under the same event id (trust-<td>-<gen>), so JetStream keeps one copy.
+//
+// It is the one retry layer of trust.changed: its Notifier makes a single publish
+// attempt (the signer's announceTrust), and the announcer retries it on its
+// backoff, the wait on the injected clock.
 type announcer struct {
 	notify Notifier
 	log    hclog.Logger
+	clk    clock.Clock
 	min    time.Duration
 	max    time.Duration
 
@@ -38,8 +44,8 @@ type announcer struct {
 	failures atomic.Uint64
 }
 
-func newAnnouncer(notify Notifier, log hclog.Logger) *announcer {
-	return &announcer{notify: notify, log: log, min: announceMinBackoff, max: announceMaxBackoff, wake: make(chan struct{}, 1)}
+func newAnnouncer(notify Notifier, log hclog.Logger, clk clock.Clock) *announcer {
+	return &announcer{notify: notify, log: log, clk: clk, min: announceMinBackoff, max: announceMaxBackoff, wake: make(chan struct{}, 1)}
 }
 
 // settle records gen as needing no event (the generation a replica starts on).
@@ -78,6 +84,12 @@ func (a *announcer) observe(tc events.TrustChanged) {
 func (a *announcer) run(ctx context.Context) {
 	bo := backoff.Policy{First: a.min, Max: a.max, Jitter: 0.5}.Start()
 	var retry <-chan time.Time
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -85,7 +97,10 @@ func (a *announcer) run(ctx context.Context) {
 		case <-a.wake:
 		case <-retry:
 		}
-		retry = nil
+		if timer != nil {
+			timer.Stop()
+			timer, retry = nil, nil
+		}
 		a.mu.Lock()
 		p := a.pending
 		a.mu.Unlock()
@@ -102,7 +117,8 @@ func (a *announcer) run(ctx context.Context) {
 			a.failures.Add(1)
 			wait := bo.Next()
 			a.log.Warn("publish trust.changed failed, will retry", "generation", p.Generation, "retry_in", wait, "error", err)
-			retry = time.After(wait)
+			timer = a.clk.NewTimer(wait)
+			retry = timer.C()
 			continue
 		}
 		bo.Reset()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
@@ -40,7 +41,7 @@ func (f *flaky) state() (tried, passed []uint64) {
 
 func TestAnnouncerRetriesUntilPublishedAndSkipsSuperseded(t *testing.T) {
 	f := &flaky{}
-	a := newAnnouncer(f.notify, hclog.NewNullLogger())
+	a := newAnnouncer(f.notify, hclog.NewNullLogger(), clock.Real{})
 	a.min, a.max = time.Millisecond, 5*time.Millisecond
 	a.settle(1)
 	ctx, cancel := context.WithCancel(context.Background())

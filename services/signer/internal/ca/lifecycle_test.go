@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // endorsed reports whether a pod trusting only trusted accepts m's bundle.
@@ -103,7 +103,7 @@ func TestPluggedEndorsesWithTheIntermediate(t *testing.T) {
 	dir := t.TempDir()
 	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	auth := &Authority{}
-	p := NewPlugged(dir, time.Millisecond, "cluster.local", auth, nil, hclog.NewNullLogger(), func() time.Time { return now })
+	p := NewPlugged(dir, time.Millisecond, "cluster.local", auth, nil, hclog.NewNullLogger(), clock.NewFake(now))
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 var t0 = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
@@ -158,7 +159,8 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
 	auth := &Authority{}
 	rec := &recorder{}
-	p := NewPlugged(dir, 20*time.Millisecond, "cluster.local", auth, rec.notify, hclog.NewNullLogger(), func() time.Time { return t0 })
+	fake := clock.NewFake(t0)
+	p := NewPlugged(dir, 20*time.Millisecond, "cluster.local", auth, rec.notify, hclog.NewNullLogger(), fake)
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -182,11 +184,15 @@ func TestPluggedReloadKeepsOldMaterialWhenNewIsInvalid(t *testing.T) {
 		t.Fatal("old material not kept")
 	}
 	// Valid: a new intermediate under the same root. The watcher picks it up and
-	// announces it. (A new root must come cross-signed: TestPluggedRootSwapThatWouldStrandTheFleet.)
+	// announces it once the reload delay has passed on its clock. (A new root must
+	// come cross-signed: TestPluggedRootSwapThatWouldStrandTheFleet.)
 	inter2 = testkit.NewCA(t, "inter2", root, t0, 12*time.Hour)
 	root2 = testkit.NewCA(t, "root2", nil, t0, 48*time.Hour) // in the bundle beside the current root
 	signertest.WriteCACerts(t, dir, inter2, []*x509.Certificate{root.Cert}, root2.Cert, root.Cert)
-	testkit.EventuallyWithin(t, 30*time.Second, "reload", func() bool { return auth.Current().Cert.Equal(inter2.Cert) })
+	testkit.EventuallyWithin(t, 30*time.Second, "reload", func() bool {
+		fake.Add(20 * time.Millisecond) // the watcher's delay after the last change seen
+		return auth.Current().Cert.Equal(inter2.Cert)
+	})
 	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed", func() bool { return len(rec.all()) == 1 })
 	tc := rec.all()[0]
 	if tc.Reason != events.TrustReasonReload || len(tc.Roots) != 2 || len(tc.Added) != 1 || tc.Added[0] != pki.Fingerprint(root2.Cert) || tc.Generation <= first.Generation {

@@ -253,11 +253,7 @@ func (s *SelfSigned) RotationPlan(ctx context.Context, newKey, dryRun bool) (*ev
 	if !dryRun {
 		return s.Plan().Event(), nil
 	}
-	e, err := s.kv.Get(ctx, RootKey)
-	if err != nil {
-		return nil, fmt.Errorf("read root: %w", err)
-	}
-	rec, err := s.open(e.Value())
+	rec, _, err := s.readRoot(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -150,7 +150,7 @@ func TestRotationPhasesKeepEveryTwoPodsTalking(t *testing.T) {
 		}
 		fake.Add(10 * time.Minute)
 	}
-	testkit.EventuallyWithin(t, 30*time.Second, "trust.changed root-retired", func() bool {
+	eventuallyAnnounced(t, fake, 2, "trust.changed root-retired", func() bool {
 		all := r.rec.all()
 		return len(all) > 0 && all[len(all)-1].Reason == events.TrustReasonRetired
 	})
@@ -304,7 +304,7 @@ func TestRootChecksComeAtPhaseBoundaries(t *testing.T) {
 	cfg.MaxLeafTTL = 2 * time.Minute
 	cfg.RootTTL = 24 * time.Hour // no rotation of its own while the test steps the clock
 	r := &replica{auth: &Authority{}, rec: &recorder{}}
-	r.src = NewSelfSigned(cfg, bustest.JetStream(t, bustest.Conn(t, s)), r.auth, r.rec.notify, hclog.NewNullLogger(), fake.Now)
+	r.src = NewSelfSigned(cfg, bustest.JetStream(t, bustest.Conn(t, s)), r.auth, r.rec.notify, hclog.NewNullLogger(), fake)
 	ctx := context.Background()
 	if err := r.src.Start(ctx); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 )
@@ -94,7 +95,7 @@ type Plugged struct {
 	trustDomain string
 	auth        *Authority
 	log         hclog.Logger
-	now         func() time.Time
+	clk         clock.Clock
 	rejected    atomic.Uint64
 	ann         *announcer
 	// ForceRootChange installs a reload whose CA does not chain to a root trusted
@@ -132,12 +133,11 @@ func continuous(cur, next *Material, now time.Time) error {
 func (p *Plugged) Rejected() uint64 { return p.rejected.Load() }
 
 // NewPlugged returns the plugged-in source for dir.
-func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Authority, notify Notifier, log hclog.Logger, now func() time.Time) *Plugged {
-	if now == nil {
-		now = time.Now
-	}
-	return &Plugged{dir: dir, delay: delay, trustDomain: trustDomain, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
+func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Authority, notify Notifier, log hclog.Logger, clk clock.Clock) *Plugged {
+	return &Plugged{dir: dir, delay: delay, trustDomain: trustDomain, auth: auth, log: log, clk: clk, ann: newAnnouncer(notify, log, clk)}
 }
+
+func (p *Plugged) now() time.Time { return p.clk.Now() }
 
 // Start loads the directory; invalid material is an error.
 func (p *Plugged) Start(context.Context) error {
@@ -186,7 +186,7 @@ func (p *Plugged) Run(ctx context.Context) error {
 	}
 	p.Reload(ctx) // catch a change made between Start and the watch
 	var fire <-chan time.Time
-	var timer *time.Timer
+	var timer clock.Timer
 	for {
 		select {
 		case <-ctx.Done():
@@ -202,8 +202,8 @@ func (p *Plugged) Run(ctx context.Context) error {
 			if timer != nil {
 				timer.Stop()
 			}
-			timer = time.NewTimer(p.delay)
-			fire = timer.C
+			timer = p.clk.NewTimer(p.delay)
+			fire = timer.C()
 		case err, ok := <-w.Errors:
 			if ok {
 				p.log.Warn("cacerts watch error", "error", err)

@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // A plugged-in root swapped for an unrelated one (neither cross-signed by the
@@ -28,7 +29,7 @@ func TestPluggedRootSwapThatWouldStrandTheFleet(t *testing.T) {
 	signertest.WriteCACerts(t, dir, inter, []*x509.Certificate{rot.Old.Cert}, rot.Old.Cert)
 	auth := &Authority{}
 	rec := &recorder{}
-	p := NewPlugged(dir, time.Hour, "cluster.local", auth, rec.notify, hclog.NewNullLogger(), func() time.Time { return t0 })
+	p := NewPlugged(dir, time.Hour, "cluster.local", auth, rec.notify, hclog.NewNullLogger(), clock.NewFake(t0))
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -32,9 +32,6 @@ type stored struct {
 	TrustDomain string      `json:"trust_domain,omitempty"`
 	Keys        []sealedKey `json:"sealed_keys,omitempty"`
 	Roots       []string    `json:"roots"` // newest first; Roots[0] is the current root
-	// KeyPEM is the current root's key in clear, as versions before sealing stored it.
-	// It is only read: a record holding it is sealed and rewritten on first load.
-	KeyPEM string `json:"key_pem,omitempty"`
 	// Cross is Roots[0]'s key certified by Roots[1] (a rotation to a new key), while
 	// Roots[1] is in the bundle: the intermediate of phases 1 and 2 (see Phase).
 	Cross string `json:"cross,omitempty"`
@@ -53,7 +50,6 @@ type record struct {
 	gen                    uint64
 	roots                  []*x509.Certificate // newest first
 	keys                   []crypto.Signer     // keys[0] is roots[0]'s
-	legacy                 bool                // read from a clear key_pem
 	cross                  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
 	keyTracked, oldTracked bool                // see stored
 	reason                 string
@@ -83,23 +79,15 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 		}
 		rec.cross = cs[0]
 	}
-	switch {
-	case len(st.Keys) > 0:
-		for _, sk := range st.Keys {
-			k, err := s.cfg.KEK.open(s.cfg.TrustDomain, sk)
-			if err != nil {
-				return record{}, err
-			}
-			rec.keys = append(rec.keys, k)
-		}
-	case st.KeyPEM != "":
-		k, err := pki.ParseKeyPEM([]byte(st.KeyPEM))
-		if err != nil {
-			return record{}, fmt.Errorf("stored clear root key: %w", err)
-		}
-		rec.keys, rec.legacy = []crypto.Signer{k}, true
-	default:
+	if len(st.Keys) == 0 {
 		return record{}, fmt.Errorf("%w: the stored root has no key", ErrInvalidMaterial)
+	}
+	for _, sk := range st.Keys {
+		k, err := s.cfg.KEK.open(s.cfg.TrustDomain, sk)
+		if err != nil {
+			return record{}, err
+		}
+		rec.keys = append(rec.keys, k)
 	}
 	return rec, nil
 }

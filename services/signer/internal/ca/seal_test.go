@@ -12,15 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -187,8 +183,8 @@ func TestKVNeverHoldsTheKeyInClear(t *testing.T) {
 	if err := json.Unmarshal(v, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.KeyPEM != "" || len(st.Keys) != 2 || st.TrustDomain != "cluster.local" {
-		t.Fatalf("stored: key_pem %d bytes, %d sealed keys, trust domain %q", len(st.KeyPEM), len(st.Keys), st.TrustDomain)
+	if len(st.Keys) != 2 || st.TrustDomain != "cluster.local" {
+		t.Fatalf("stored: %d sealed keys, trust domain %q", len(st.Keys), st.TrustDomain)
 	}
 	if strings.Contains(string(v), `"key_pem"`) {
 		t.Fatal("stored value has a key_pem field")
@@ -218,59 +214,5 @@ func TestWrongKEKRefusesAndWritesNothing(t *testing.T) {
 	}
 	if after := kvValue(t, js); after.Revision() != before.Revision() || !bytes.Equal(after.Value(), before.Value()) {
 		t.Fatal("kv changed")
-	}
-}
-
-// State left by a signer that stored the key in clear (e.g. a developer's
-// .meshagent/nats): replicas starting together seal it with one rewrite, keep the
-// root and the generation, and announce nothing.
-func TestMigratesAClearRecord(t *testing.T) {
-	s := bustest.Server(t)
-	fake := clock.NewFake(t0)
-	js := bustest.JetStream(t, bustest.Conn(t, s))
-	root := testkit.NewCA(t, "meshagent root CA", nil, t0, 240*time.Hour)
-	keyPEM, err := pki.EncodeKeyPEM(root.Key, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy, _ := json.Marshal(map[string]any{"generation": 3, "key_pem": string(keyPEM), "roots": []string{string(pki.EncodeCertPEM(root.Cert))}, "reason": events.TrustReasonRotation})
-	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "meshagent-ca", History: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Create(context.Background(), RootKey, legacy); err != nil {
-		t.Fatal(err)
-	}
-	reps := []*replica{newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake), newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)}
-	var wg sync.WaitGroup
-	errs := make([]error, len(reps))
-	for i, r := range reps {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = r.src.Start(context.Background()) }()
-	}
-	wg.Wait()
-	for i, r := range reps {
-		if errs[i] != nil {
-			t.Fatalf("replica %d: %v", i, errs[i])
-		}
-		if m := r.auth.Current(); m.RootFingerprint() != pki.Fingerprint(root.Cert) || m.Generation != 3 {
-			t.Fatalf("replica %d: root %s gen %d", i, m.RootFingerprint(), m.Generation)
-		}
-		r.run(t)
-	}
-	e := kvValue(t, js)
-	if e.Revision() != 2 {
-		t.Fatalf("revision %d, want 2: one rewrite", e.Revision())
-	}
-	assertNoClearKey(t, e.Value(), root.Key)
-	// A replica started later loads the sealed record as any other.
-	late := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
-	if err := late.src.Start(context.Background()); err != nil || late.auth.Current().RootFingerprint() != pki.Fingerprint(root.Cert) {
-		t.Fatalf("late replica: %v", err)
-	}
-	for i, r := range reps {
-		if n := len(r.rec.all()); n != 0 {
-			t.Fatalf("replica %d announced %d trust changes for a migration", i, n)
-		}
 	}
 }

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go/jetstream"
@@ -52,7 +54,7 @@ type SelfSigned struct {
 	js   jetstream.JetStream
 	auth *Authority
 	log  hclog.Logger
-	now  func() time.Time
+	clk  clock.Clock
 	kv   jetstream.KeyValue
 	rec  atomic.Pointer[record] // the record the current material was built from
 	ann  *announcer
@@ -64,100 +66,36 @@ type SelfSigned struct {
 }
 
 // NewSelfSigned returns the self-signed source; Start loads or creates the root.
-func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority, notify Notifier, log hclog.Logger, now func() time.Time) *SelfSigned {
-	if now == nil {
-		now = time.Now
-	}
-	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, now: now, ann: newAnnouncer(notify, log)}
+func NewSelfSigned(cfg SelfSignedConfig, js jetstream.JetStream, auth *Authority, notify Notifier, log hclog.Logger, clk clock.Clock) *SelfSigned {
+	return &SelfSigned{cfg: cfg, js: js, auth: auth, log: log, clk: clk, ann: newAnnouncer(notify, log, clk)}
 }
 
-// Start opens the bucket and loads the root, creating it when there is none yet. A
-// record that still holds its key in clear (written before keys were sealed) is
-// sealed and rewritten first.
+func (s *SelfSigned) now() time.Time { return s.clk.Now() }
+
+// Start opens the bucket and loads the root, creating it when there is none yet.
 func (s *SelfSigned) Start(ctx context.Context) error {
 	if s.cfg.KEK == nil {
 		return errors.New("-ca-kek-file: required in self-signed mode")
 	}
-	// Each JetStream call is retried in short attempts (bus.Retry): on a cluster
-	// still electing its leader one long request would time out and stop the signer.
-	var kv jetstream.KeyValue
-	err := bus.Retry(ctx, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
-		var err error
-		kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
-			// History 1: a replaced value (a retired key, a clear key before sealing) does not linger in the bucket's history.
-			History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
-		})
+	if err := s.openBucket(ctx); err != nil {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("open kv bucket: %w", err)
 	}
-	s.kv = kv
-	rootWhat := "ca root " + s.cfg.Bucket + "/" + RootKey
 	for attempt := 0; attempt < 5; attempt++ {
 		var e jetstream.KeyValueEntry
-		err := bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
+		err := bus.Retry(ctx, s.clk, s.log, s.rootWhat(), func(ctx context.Context) error {
 			var err error
-			e, err = kv.Get(ctx, RootKey)
+			e, err = s.kv.Get(ctx, RootKey)
 			return err
 		})
 		switch {
 		case err == nil:
-			rec, err := s.open(e.Value())
-			if err != nil {
-				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
-			}
-			if rec.legacy {
-				if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-					return err
-				}
-				continue // load what is stored now: ours, or another replica's sealed record
-			}
-			m, err := s.materialOf(rec)
-			if err != nil {
-				return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
-			}
-			if err := bus.Retry(ctx, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
-				return fmt.Errorf("load leaf lifetimes: %w", err)
-			}
-			s.installRec(rec, m)
-			s.ann.settle(m.Generation)
-			s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
-			return s.Check(ctx)
+			return s.loadRoot(ctx, e)
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			key, err := pki.GenerateKey(s.cfg.KeyAlg)
-			if err != nil {
-				return fmt.Errorf("root key: %w", err)
-			}
-			root, err := s.newRoot(key)
-			if err != nil {
+			created, err := s.createRoot(ctx)
+			if err != nil || created {
 				return err
 			}
-			rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}, keyTracked: true}
-			data, err := s.seal(rec)
-			if err != nil {
-				return err
-			}
-			m, err := s.materialOf(rec)
-			if err != nil {
-				return err
-			}
-			err = bus.Retry(ctx, s.log, rootWhat, func(ctx context.Context) error {
-				_, err := kv.Create(ctx, RootKey, data)
-				return err
-			})
-			if err != nil {
-				// Another replica won (or an attempt that timed out did store ours): load it.
-				if errors.Is(err, jetstream.ErrKeyExists) {
-					continue
-				}
-				return fmt.Errorf("store root: %w", err)
-			}
-			s.installRec(rec, m)
-			s.ann.settle(m.Generation)
-			s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
-			return nil
+			// Another replica won (or an attempt that timed out did store ours): load it.
 		default:
 			return fmt.Errorf("read root from kv: %w", err)
 		}
@@ -165,22 +103,80 @@ func (s *SelfSigned) Start(ctx context.Context) error {
 	return errors.New("root: could not create or load it")
 }
 
-// migrate seals a record read with its key in clear and rewrites it, unchanged
-// otherwise (same generation: nothing to announce), with compare-and-set on rev.
-func (s *SelfSigned) migrate(ctx context.Context, rec record, rev uint64) error {
-	s.log.Warn("ca key stored in clear, sealing it under -ca-kek-file", "bucket", s.cfg.Bucket, "generation", rec.gen, "revision", rev)
+func (s *SelfSigned) rootWhat() string { return "ca root " + s.cfg.Bucket + "/" + RootKey }
+
+// openBucket opens (or creates) the CA's bucket. Each JetStream call is retried in
+// short attempts (bus.Retry): on a cluster still electing its leader one long
+// request would time out and stop the signer.
+func (s *SelfSigned) openBucket(ctx context.Context) error {
+	err := bus.Retry(ctx, s.clk, s.log, "ca bucket "+s.cfg.Bucket, func(ctx context.Context) error {
+		var err error
+		s.kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: s.cfg.Bucket, Description: "meshagent self-signed CA (root keys sealed under the signers' KEK)",
+			// History 1: a replaced value (a retired key) does not linger in the bucket's history.
+			History: 1, Replicas: max(1, s.cfg.Replicas), Storage: jetstream.FileStorage,
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("open kv bucket: %w", err)
+	}
+	return nil
+}
+
+// loadRoot installs the stored root e, with its leaves' lifetimes, and checks it.
+func (s *SelfSigned) loadRoot(ctx context.Context, e jetstream.KeyValueEntry) error {
+	rec, err := s.open(e.Value())
+	if err != nil {
+		return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
+	}
+	m, err := s.materialOf(rec)
+	if err != nil {
+		return fmt.Errorf("load root from kv %s/%s: %w", s.cfg.Bucket, RootKey, err)
+	}
+	if err := bus.Retry(ctx, s.clk, s.log, "leaf lifetimes", func(ctx context.Context) error { return s.loadLives(ctx, rec) }); err != nil {
+		return fmt.Errorf("load leaf lifetimes: %w", err)
+	}
+	s.installRec(rec, m)
+	s.ann.settle(m.Generation)
+	s.log.Info("root loaded", "fingerprint", m.RootFingerprint(), "generation", m.Generation, "not_after", m.RootNotAfter(), "roots", len(m.Roots))
+	return s.Check(ctx)
+}
+
+// createRoot makes the first root and stores it unless another replica stored
+// one first (created false: load that one).
+func (s *SelfSigned) createRoot(ctx context.Context) (created bool, err error) {
+	key, err := pki.GenerateKey(s.cfg.KeyAlg)
+	if err != nil {
+		return false, fmt.Errorf("root key: %w", err)
+	}
+	root, err := s.newRoot(key)
+	if err != nil {
+		return false, err
+	}
+	rec := record{gen: 1, roots: []*x509.Certificate{root}, keys: []crypto.Signer{key}, keyTracked: true}
 	data, err := s.seal(rec)
 	if err != nil {
+		return false, err
+	}
+	m, err := s.materialOf(rec)
+	if err != nil {
+		return false, err
+	}
+	err = bus.Retry(ctx, s.clk, s.log, s.rootWhat(), func(ctx context.Context) error {
+		_, err := s.kv.Create(ctx, RootKey, data)
 		return err
+	})
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return false, nil
 	}
-	if _, err := s.kv.Update(ctx, RootKey, data, rev); err != nil {
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return err // another replica rewrote it first
-		}
-		return fmt.Errorf("store sealed root: %w", err)
+	if err != nil {
+		return false, fmt.Errorf("store root: %w", err)
 	}
-	s.log.Warn("ca key sealed; rotate the root with a new key to retire the key that was stored in clear", "generation", rec.gen)
-	return nil
+	s.installRec(rec, m)
+	s.ann.settle(m.Generation)
+	s.log.Info("root created", "fingerprint", m.RootFingerprint(), "not_after", m.RootNotAfter())
+	return true, nil
 }
 
 // Announced is the highest bundle generation this replica knows to be announced
@@ -214,7 +210,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 		return fmt.Errorf("watch leaf lifetimes: %w", err)
 	}
 	defer func() { _ = lw.Stop() }()
-	t := time.NewTimer(s.nextCheck())
+	t := s.clk.NewTimer(s.nextCheck())
 	defer t.Stop()
 	for {
 		select {
@@ -243,7 +239,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 				s.followLives(e.Key(), e.Value())
 				t.Reset(s.nextCheck()) // the leaves issued move the boundaries
 			}
-		case <-t.C:
+		case <-t.C():
 			if err := s.Check(ctx); err != nil {
 				s.log.Error("root check failed", "error", err)
 			}
@@ -280,12 +276,6 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 		s.log.Error("ignoring root in kv that this signer cannot load", "revision", e.Revision(), "error", err)
 		return
 	}
-	if rec.legacy { // an older signer wrote it: seal it; the sealed write comes back here
-		if err := s.migrate(ctx, rec, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			s.log.Error("sealing the ca key failed", "error", err)
-		}
-		return
-	}
 	m, err := s.materialOf(rec)
 	if err != nil {
 		s.log.Error("ignoring invalid root in kv", "revision", e.Revision(), "error", err)
@@ -300,7 +290,11 @@ func (s *SelfSigned) follow(ctx context.Context, e jetstream.KeyValueEntry) {
 	// which hear the subject itself, get the change once.
 	if rec.reason != "" {
 		tc := s.event(rec, m)
-		time.AfterFunc(foreignAnnounceDelay, func() { s.ann.observe(tc) })
+		go func() {
+			if backoff.Wait(ctx, s.clk, foreignAnnounceDelay) {
+				s.ann.observe(tc)
+			}
+		}()
 	}
 }
 
@@ -359,17 +353,26 @@ func (s *SelfSigned) Rotate(ctx context.Context, newKey bool) (*Material, error)
 	})
 }
 
+// readRoot reads and opens the stored root, and returns its revision.
+func (s *SelfSigned) readRoot(ctx context.Context) (record, uint64, error) {
+	e, err := s.kv.Get(ctx, RootKey)
+	if err != nil {
+		return record{}, 0, fmt.Errorf("read root: %w", err)
+	}
+	rec, err := s.open(e.Value())
+	if err != nil {
+		return record{}, 0, err
+	}
+	return rec, e.Revision(), nil
+}
+
 // update applies change to the stored root with compare-and-set. change returns the
 // reason of the change, or "" when there is nothing to do. When another replica
 // changed the root first, change is re-evaluated on the newer value. The replica
 // whose write wins queues trust.changed (Run publishes it, with retries).
 func (s *SelfSigned) update(ctx context.Context, change func(record) (record, string, error)) (*Material, error) {
 	for attempt := 0; attempt < 5; attempt++ {
-		e, err := s.kv.Get(ctx, RootKey)
-		if err != nil {
-			return nil, fmt.Errorf("read root: %w", err)
-		}
-		rec, err := s.open(e.Value())
+		rec, rev, err := s.readRoot(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -379,12 +382,12 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 		}
 		if reason == "" {
 			m, err := s.materialOf(rec)
-			if err == nil && !rec.legacy {
+			if err == nil {
 				s.installRec(rec, m)
 			}
 			return m, err
 		}
-		next.gen, next.reason, next.legacy = rec.gen+1, reason, false
+		next.gen, next.reason = rec.gen+1, reason
 		next.added, next.remove = diffRoots(rec.roots, next.roots)
 		m, err := s.materialOf(next)
 		if err != nil {
@@ -394,7 +397,7 @@ func (s *SelfSigned) update(ctx context.Context, change func(record) (record, st
 		if err != nil {
 			return nil, err
 		}
-		if _, err := s.kv.Update(ctx, RootKey, data, e.Revision()); err != nil {
+		if _, err := s.kv.Update(ctx, RootKey, data, rev); err != nil {
 			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 				continue
 			}

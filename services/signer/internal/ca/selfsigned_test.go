@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -42,7 +42,7 @@ type replica struct {
 
 func newReplica(t *testing.T, js jetstream.JetStream, fake *clock.Fake) *replica {
 	r := &replica{auth: &Authority{}, rec: &recorder{}}
-	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), fake.Now)
+	r.src = NewSelfSigned(selfSignedCfg(), js, r.auth, r.rec.notify, hclog.NewNullLogger(), fake)
 	return r
 }
 
@@ -55,6 +55,19 @@ func (r *replica) run(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
+	})
+}
+
+// eventuallyAnnounced waits until cond, moving fake past foreignAnnounceDelay
+// whenever more than the idle timers (each running replica's next check) are
+// armed: a replica waits to announce a change another replica wrote.
+func eventuallyAnnounced(t *testing.T, fake *clock.Fake, idle int, what string, cond func() bool) {
+	t.Helper()
+	testkit.EventuallyWithin(t, 30*time.Second, what, func() bool {
+		if fake.Timers() > idle {
+			fake.Add(foreignAnnounceDelay)
+		}
+		return cond()
 	})
 }
 
@@ -131,9 +144,10 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatal("rotation changed the key; the default keeps it, as Istio")
 	}
 	// Both replicas announce the new generation, the same event (JetStream keeps one
-	// by its id): the writer from its own write, the other from the KV watch.
+	// by its id): the writer from its own write, the other from the KV watch once
+	// it has given the writer foreignAnnounceDelay to go first.
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.EventuallyWithin(t, 30*time.Second, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
+		eventuallyAnnounced(t, fake, 2, "replica "+name+" announces gen 2", func() bool { return len(r.rec.all()) == 1 })
 		tc := r.rec.all()[0]
 		if tc.Reason != events.TrustReasonRotation || len(tc.Roots) != 2 || tc.Generation != cur.Generation ||
 			len(tc.Added) != 1 || tc.Added[0] != cur.RootFingerprint() || len(tc.Removed) != 0 {
@@ -177,7 +191,7 @@ func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
 		t.Fatalf("expired root not dropped: %d roots", len(got.Roots))
 	}
 	for name, r := range map[string]*replica{"a": a, "b": b} {
-		testkit.EventuallyWithin(t, 30*time.Second, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
+		eventuallyAnnounced(t, fake, 2, "replica "+name+" announces the expiry", func() bool { return len(r.rec.all()) == 2 })
 		if tc := r.rec.all()[1]; tc.Reason != events.TrustReasonExpired || len(tc.Removed) != 1 || tc.Generation != cur.Generation+1 {
 			t.Fatalf("replica %s trust.changed on expiry %+v", name, tc)
 		}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // A named signer's material is read from <dir>/<name>/, re-read after signerReload,

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -383,7 +384,7 @@ func TestBreakInTrustDomainNames(t *testing.T) {
 
 	// The follower itself refuses home and alias, and leaves what it follows alone.
 	alias := spiffeid.RequireTrustDomainFromString("mesh.internal")
-	f, err := NewFollower(Config{Self: east, Aliases: []spiffeid.TrustDomain{alias}})
+	f, err := NewFollower(Config{Self: east, Aliases: []spiffeid.TrustDomain{alias}}, clock.Real{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -75,7 +76,7 @@ func newDomain(t *testing.T, name string, hint time.Duration) *domain {
 }
 
 func (d *domain) follow(t *testing.T, webRoots *x509.CertPool) {
-	f, err := NewFollower(Config{Self: d.td, WebPKIRoots: webRoots, MinRefresh: 20 * time.Millisecond, MaxRefresh: time.Minute})
+	f, err := NewFollower(Config{Self: d.td, WebPKIRoots: webRoots, MinRefresh: 20 * time.Millisecond, MaxRefresh: time.Minute}, clock.Real{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestStaticBundleFile(t *testing.T) {
 
 func TestFollowRefusesBadSources(t *testing.T) {
 	self := spiffeid.RequireTrustDomainFromString("east.example")
-	f, err := NewFollower(Config{Self: self})
+	f, err := NewFollower(Config{Self: self}, clock.Real{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +445,7 @@ func TestParseSPIFFEEndpointsAndBootstraps(t *testing.T) {
 // running is a follower of srcs with cfg, run until the test ends.
 func running(t *testing.T, cfg Config, srcs []Source) *Follower {
 	t.Helper()
-	f, err := NewFollower(cfg)
+	f, err := NewFollower(cfg, clock.Real{})
 	if err != nil {
 		t.Fatal(err)
 	}

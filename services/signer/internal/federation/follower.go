@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
@@ -91,6 +92,7 @@ const maxErrLen = 512
 // good bundle. It is safe for concurrent use.
 type Follower struct {
 	cfg  Config
+	clk  clock.Clock // when refreshes are due, and what they are stamped with
 	wake chan struct{}
 
 	mu      sync.Mutex
@@ -99,8 +101,9 @@ type Follower struct {
 	status  map[spiffeid.TrustDomain]*Status
 }
 
-// NewFollower checks cfg and fills its defaults; it starts nothing.
-func NewFollower(cfg Config) (*Follower, error) {
+// NewFollower checks cfg and fills its defaults; refreshes are due, and stamped,
+// by clk. It starts nothing.
+func NewFollower(cfg Config, clk clock.Clock) (*Follower, error) {
 	if cfg.Self.IsZero() {
 		return nil, errors.New("federation: no trust domain of our own")
 	}
@@ -122,7 +125,7 @@ func NewFollower(cfg Config) (*Follower, error) {
 	if cfg.MinRefresh > cfg.MaxRefresh {
 		return nil, fmt.Errorf("federation: min refresh %v above max refresh %v", cfg.MinRefresh, cfg.MaxRefresh)
 	}
-	return &Follower{cfg: cfg, wake: make(chan struct{}, 1),
+	return &Follower{cfg: cfg, clk: clk, wake: make(chan struct{}, 1),
 		sources: map[spiffeid.TrustDomain]Source{},
 		bundles: map[spiffeid.TrustDomain]*spiffebundle.Bundle{},
 		status:  map[spiffeid.TrustDomain]*Status{}}, nil
@@ -216,29 +219,29 @@ func (f *Follower) Status() []Status {
 
 // Run refreshes every followed domain when it is due until ctx ends.
 func (f *Follower) Run(ctx context.Context) error {
-	timer := time.NewTimer(0)
+	timer := f.clk.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-timer.C:
+		case <-timer.C():
 		case <-f.wake:
 		}
 		next := f.round(ctx)
 		if !timer.Stop() {
 			select {
-			case <-timer.C:
+			case <-timer.C():
 			default:
 			}
 		}
-		timer.Reset(time.Until(next))
+		timer.Reset(next.Sub(f.clk.Now()))
 	}
 }
 
 // round fetches every due domain and returns when the next one is due.
 func (f *Follower) round(ctx context.Context) time.Time {
-	now := time.Now()
+	now := f.clk.Now()
 	f.mu.Lock()
 	var due []Source
 	for td, s := range f.sources {
@@ -250,7 +253,7 @@ func (f *Follower) round(ctx context.Context) time.Time {
 	for _, s := range due {
 		f.refresh(ctx, s)
 	}
-	next := time.Now().Add(f.cfg.MaxRefresh)
+	next := f.clk.Now().Add(f.cfg.MaxRefresh)
 	f.mu.Lock()
 	for _, st := range f.status {
 		if st.NextRefresh.Before(next) {
@@ -298,7 +301,7 @@ func (f *Follower) endpointBundle(s Source) (*spiffebundle.Bundle, error) {
 // refresh fetches s's bundle, hands it to OnBundle and records the outcome.
 func (f *Follower) refresh(ctx context.Context, s Source) {
 	b, err := f.fetch(ctx, s)
-	now := time.Now()
+	now := f.clk.Now()
 	if err == nil && f.cfg.OnBundle != nil {
 		f.mu.Lock()
 		st := f.status[s.TrustDomain]

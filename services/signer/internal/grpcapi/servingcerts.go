@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 )
@@ -24,7 +25,7 @@ type ServingCerts struct {
 	ips      []net.IP
 	id       *url.URL // an SVID's SPIFFE ID; nil: DNS names and IPs
 	ttl      time.Duration
-	now      func() time.Time
+	clk      clock.Clock
 
 	mu      sync.Mutex
 	key     crypto.Signer
@@ -34,17 +35,14 @@ type ServingCerts struct {
 }
 
 // NewServingCerts returns the issuer of serving certificates for these SANs.
-func NewServingCerts(auth *ca.Authority, dnsNames []string, ips []net.IP, now func() time.Time) *ServingCerts {
-	if now == nil {
-		now = time.Now
-	}
-	return &ServingCerts{auth: auth, dnsNames: dnsNames, ips: ips, ttl: 24 * time.Hour, now: now}
+func NewServingCerts(auth *ca.Authority, dnsNames []string, ips []net.IP, clk clock.Clock) *ServingCerts {
+	return &ServingCerts{auth: auth, dnsNames: dnsNames, ips: ips, ttl: 24 * time.Hour, clk: clk}
 }
 
 // NewSVIDServingCerts returns the issuer of X509-SVIDs for id (a SPIFFE ID of this
 // trust domain) to serve TLS with.
-func NewSVIDServingCerts(auth *ca.Authority, id *url.URL, now func() time.Time) *ServingCerts {
-	s := NewServingCerts(auth, nil, nil, now)
+func NewSVIDServingCerts(auth *ca.Authority, id *url.URL, clk clock.Clock) *ServingCerts {
+	s := NewServingCerts(auth, nil, nil, clk)
 	s.id = id
 	return s
 }
@@ -66,7 +64,7 @@ func (s *ServingCerts) Get() (*tls.Certificate, error) {
 	if mat == nil {
 		return nil, fmt.Errorf("serving certificate: CA not loaded")
 	}
-	now := s.now()
+	now := s.clk.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cert != nil && s.mat == mat && now.Before(s.renewAt) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -61,7 +62,7 @@ func New(js jetstream.JetStream, replicas int, log hclog.Logger) *Store {
 
 // Open creates the bucket, or updates it, retrying while JetStream is cold.
 func (s *Store) Open(ctx context.Context) error {
-	return bus.Retry(ctx, s.log, "issued bucket "+policy.BucketIssued, func(ctx context.Context) error {
+	return bus.Retry(ctx, clock.Real{}, s.log, "issued bucket "+policy.BucketIssued, func(ctx context.Context) error {
 		kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: policy.BucketIssued, Description: "meshagent: which pod each certificate was issued to (read by the bus auth callout)",
 			History: 1, Replicas: s.replicas, Storage: jetstream.FileStorage, LimitMarkerTTL: markerTTL,

@@ -6,10 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -38,8 +39,8 @@ func (fi *fuzzIssuer) issueVia(t *testing.T, req events.SignRequest, via Via, pu
 func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 	fi := newFuzzIssuer(t)
 	fi.iss.cfg.Records = testRecorder{}
-	clock := &fakeClock{t: fuzzNow}
-	fi.iss.now = clock.Now
+	clk := clock.NewFake(fuzzNow)
+	fi.iss.clk = clk
 	pub := &orderedPub{}
 	pod := Via{Transport: TransportNATS}
 	req := fi.podRequest(t)
@@ -51,7 +52,7 @@ func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 	issued := func() float64 { return testutil.ToFloat64(fi.iss.metrics.Issued.WithLabelValues(TransportNATS)) }
 	repeats := func() float64 { return testutil.ToFloat64(fi.iss.metrics.Repeats.WithLabelValues(TransportNATS)) }
 
-	clock.Add(10 * time.Second) // the requester's timeout, then its retry
+	clk.Add(10 * time.Second) // the requester's timeout, then its retry
 	again, err := fi.issueVia(t, req, pod, pub)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func TestARepeatedRequestGetsTheCertificateRecordedForIt(t *testing.T) {
 	}
 	fresh("a repeat of a request whose record failed", lost, pod)
 
-	clock.Add(AnswerWindow)
+	clk.Add(AnswerWindow)
 	fresh("the same request after the answer window", req, pod)
 
 	// New CA material in between (here a new intermediate; a root rotation installs

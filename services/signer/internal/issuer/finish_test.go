@@ -3,31 +3,18 @@ package issuer
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// fakeClock is a clock the test moves.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // slowPub stores each write after taking per of the clock.
 type slowPub struct {
-	clock     *fakeClock
+	clock     *clock.Fake
 	per       time.Duration
 	published []string
 }
@@ -46,14 +33,14 @@ func (p *slowPub) Publish(msg *nats.Msg, _ time.Time, done func(error)) {
 func TestTooLittleTimeLeftIsNotSigned(t *testing.T) {
 	fi := newFuzzIssuer(t)
 	fi.iss.cfg.Records = testRecorder{}
-	clock := &fakeClock{t: fuzzNow}
-	fi.iss.now = clock.Now
-	pub := &slowPub{clock: clock, per: 200 * time.Millisecond}
+	clk := clock.NewFake(fuzzNow)
+	fi.iss.clk = clk
+	pub := &slowPub{clock: clk, per: 200 * time.Millisecond}
 	ask := func(left time.Duration) error {
 		t.Helper()
 		req := fi.podRequest(t)
 		if left != 0 {
-			req.Deadline = clock.Now().Add(left)
+			req.Deadline = clk.Now().Add(left)
 		}
 		var got error
 		fi.iss.IssueThen(context.Background(), req, Via{Transport: TransportNATS}, pub, func(_ Result, err error) { got = err })

@@ -19,12 +19,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -74,7 +75,7 @@ func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	inter := testkit.NewCA(f, "inter", root, fuzzNow, 30*24*time.Hour)
 	dir := f.TempDir()
 	signertest.WriteCACerts(f, dir, inter, []*x509.Certificate{root.Cert}, root.Cert)
-	now := func() time.Time { return fuzzNow }
+	now := clock.NewFake(fuzzNow)
 	auth := &ca.Authority{}
 	plugged := ca.NewPlugged(dir, time.Second, "cluster.local", auth, nil, hclog.NewNullLogger(), now)
 	if err := plugged.Start(context.Background()); err != nil {
@@ -82,7 +83,7 @@ func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	}
 	jwtIss := signertest.NewIssuer(f, "meshagent-dev")
 	verifier := &authn.JWTVerifier{Keys: authn.StaticKeySet(jwtIss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca",
-		TrustDomain: "cluster.local", Now: now}
+		TrustDomain: "cluster.local", Clock: now}
 	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert, dir: dir, jwtIss: jwtIss, rootCA: root, plugged: plugged, recorded: map[string]bool{}}
 	fi.token = jwtIss.Mint(f, jwtIss.ServiceAccount("shop", "web", fuzzNow.Add(-time.Minute), time.Hour).ForPod(tokenPod))
 

@@ -3,6 +3,7 @@ package issuer
 import (
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -32,7 +33,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers the metrics on reg; the expiry gauges read auth at scrape time.
-func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.Time) *Metrics {
+func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, clk clock.Clock) *Metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help}, labels)
 		reg.MustRegister(c)
@@ -56,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer, auth *ca.Authority, now func() time.T
 			if mat == nil {
 				return 0
 			}
-			return f(mat).Sub(now()).Seconds()
+			return f(mat).Sub(clk.Now()).Seconds()
 		}))
 	}
 	gauge("root_expiry_seconds", "Seconds until the current root expires.", (*ca.Material).RootNotAfter)

@@ -1,7 +1,8 @@
 // Package natsapi serves the signer over NATS request-reply: signing in the signer
-// queue group, the trust bundle, and forced root rotation. Requests and replies are
-// CloudEvents (pkg/events); a sign request may also come in the compact encoding
-// (events.EncodingCompact) and is answered in it.
+// queue group, the trust bundle, and forced root rotation. Sign requests and their
+// replies are in the compact encoding (events.EncodingCompact,
+// pkg/events/sign_compact.go), the one encoding of the sign subjects; the bundle
+// and rotation requests and replies are CloudEvents (pkg/events).
 package natsapi
 
 import (
@@ -20,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
@@ -102,7 +104,7 @@ func (a *API) ours(sub *nats.Subscription) bool {
 // admitted by this signer's auth callout can publish there.
 func New(nc *nats.Conn, iss *issuer.Issuer, auth *ca.Authority, rot Rotator, trustDomain string, workers int, signByID bool, log hclog.Logger) *API {
 	return &API{nc: nc, iss: iss, auth: auth, rot: rot, trustDomain: trustDomain, workers: max(1, workers), signByID: signByID, log: log,
-		pub: bus.NewAsyncPublisher(nc)}
+		pub: bus.NewAsyncPublisher(nc, clock.Real{})}
 }
 
 // Ready reports whether the subscriptions are in place.
@@ -139,43 +141,66 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	a.sem = make(chan struct{}, otherWorkers)
 	base := context.WithoutCancel(ctx)
-	serve := func(h func(context.Context, *nats.Msg), m *nats.Msg) {
-		if !replyAllowed(m.Reply) {
-			a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
-			return
-		}
-		rctx, cancel := context.WithTimeout(base, requestTimeout)
-		defer cancel()
-		h(rctx, m)
-	}
-	async := func(h func(context.Context, *nats.Msg)) nats.MsgHandler {
-		return func(m *nats.Msg) {
-			a.mu.Lock()
-			if a.closed {
-				a.mu.Unlock()
-				return
-			}
-			a.wg.Add(1)
-			a.mu.Unlock()
-			a.sem <- struct{}{}
-			go func() {
-				defer func() { <-a.sem; a.wg.Done() }()
-				serve(h, m)
-			}()
-		}
-	}
 	// Every sign subject's requests wait here; NATS drops what does not fit.
 	signs := make(chan *nats.Msg, a.workers*PendingPerWorker)
 	var workers sync.WaitGroup
 	for range a.workers {
 		workers.Go(func() {
 			for m := range signs {
-				serve(a.sign, m)
+				a.serve(base, a.sign, m)
 			}
 		})
 	}
-	// Count slow-consumer errors on our subscriptions, then let the connection's own
-	// handler (bus.Connect logs them) see every error as before.
+	defer a.countSlowConsumers()()
+	defer a.stop(signs, &workers)
+	subjects, err := a.subscribe(base, signs)
+	if err != nil {
+		return err
+	}
+	if err := a.nc.FlushTimeout(10 * time.Second); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	a.ready.Store(true)
+	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue, "workers", a.workers)
+	<-ctx.Done()
+	return nil
+}
+
+// serve answers m with h, within requestTimeout from base, when its reply subject
+// is a requester's inbox.
+func (a *API) serve(base context.Context, h func(context.Context, *nats.Msg), m *nats.Msg) {
+	if !replyAllowed(m.Reply) {
+		a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
+		return
+	}
+	rctx, cancel := context.WithTimeout(base, requestTimeout)
+	defer cancel()
+	h(rctx, m)
+}
+
+// async is a handler serving each message with h in a goroutine of its own, at
+// most otherWorkers at a time, until the API is stopped.
+func (a *API) async(base context.Context, h func(context.Context, *nats.Msg)) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		a.mu.Lock()
+		if a.closed {
+			a.mu.Unlock()
+			return
+		}
+		a.wg.Add(1)
+		a.mu.Unlock()
+		a.sem <- struct{}{}
+		go func() {
+			defer func() { <-a.sem; a.wg.Done() }()
+			a.serve(base, h, m)
+		}()
+	}
+}
+
+// countSlowConsumers counts slow-consumer errors on our subscriptions, then lets
+// the connection's own handler (bus.Connect logs them) see every error as before;
+// the function it returns puts that handler back alone.
+func (a *API) countSlowConsumers() (restore func()) {
 	prev := a.nc.ErrorHandler()
 	a.nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrSlowConsumer) && sub != nil && a.ours(sub) {
@@ -185,54 +210,63 @@ func (a *API) Run(ctx context.Context) error {
 			prev(c, sub, err)
 		}
 	})
-	defer a.nc.SetErrorHandler(prev)
-	defer func() {
-		a.mu.Lock()
-		for _, s := range a.subs {
-			if n, err := s.Dropped(); err == nil {
-				a.dropped += uint64(n)
-			}
-			_ = s.Unsubscribe()
+	return func() { a.nc.SetErrorHandler(prev) }
+}
+
+// stop unsubscribes, then waits for the requests in flight: the workers answer
+// what is waiting in signs, then end.
+func (a *API) stop(signs chan *nats.Msg, workers *sync.WaitGroup) {
+	a.mu.Lock()
+	for _, s := range a.subs {
+		if n, err := s.Dropped(); err == nil {
+			a.dropped += uint64(n)
 		}
-		a.subs = nil
-		a.closed = true
-		a.mu.Unlock()
-		a.ready.Store(false)
-		// Unsubscribed: NATS sends no more into signs. The workers answer what
-		// is waiting there, then end.
-		close(signs)
-		workers.Wait()
-		a.wg.Wait()
-		a.recording.Wait() // each is done by its deadline
-		a.pub.Stop()
-	}()
-	subscribed := func(sub *nats.Subscription, err error) error {
-		if err != nil {
-			return err
-		}
-		a.mu.Lock()
-		a.subs = append(a.subs, sub)
-		a.mu.Unlock()
-		return nil
+		_ = s.Unsubscribe()
 	}
+	a.subs = nil
+	a.closed = true
+	a.mu.Unlock()
+	a.ready.Store(false)
+	// Unsubscribed: NATS sends no more into signs.
+	close(signs)
+	workers.Wait()
+	a.wg.Wait()
+	a.recording.Wait() // each is done by its deadline
+	a.pub.Stop()
+}
+
+// subscribed keeps sub, to stop it with the API.
+func (a *API) subscribed(sub *nats.Subscription, err error) error {
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.subs = append(a.subs, sub)
+	a.mu.Unlock()
+	return nil
+}
+
+// subscribe subscribes to every subject the API serves, sign requests into
+// signs, and returns the subjects.
+func (a *API) subscribe(base context.Context, signs chan *nats.Msg) ([]string, error) {
 	// Every sign subject: a request on one this signer does not serve gets a typed
 	// refusal, never silence that a client would have to guess about.
 	subjects := []string{events.SignWildcard}
-	if err := subscribed(a.nc.ChanQueueSubscribe(events.SignWildcard, events.SignerQueue, signs)); err != nil {
-		return err
+	if err := a.subscribed(a.nc.ChanQueueSubscribe(events.SignWildcard, events.SignerQueue, signs)); err != nil {
+		return nil, err
 	}
 	// This replica by name (events.SubjectSignerPing): a requester whose request
 	// waited out a frozen replica in the queue group asks one that answers.
 	replica := ReplicaName(a.iss.Instance())
-	if err := subscribed(a.nc.ChanSubscribe(events.ReplicaSignWildcard(replica), signs)); err != nil {
-		return err
+	if err := a.subscribed(a.nc.ChanSubscribe(events.ReplicaSignWildcard(replica), signs)); err != nil {
+		return nil, err
 	}
-	if err := subscribed(a.nc.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
+	if err := a.subscribed(a.nc.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
 		if replyAllowed(m.Reply) && m.Reply != "" {
 			a.respond(m, events.SignerPong{Replica: replica})
 		}
 	})); err != nil {
-		return err
+		return nil, err
 	}
 	subjects = append(subjects, events.ReplicaSignWildcard(replica), events.SubjectSignerPing)
 	for _, s := range []struct {
@@ -240,21 +274,15 @@ func (a *API) Run(ctx context.Context) error {
 		h       func(context.Context, *nats.Msg)
 	}{{events.SubjectTrustBundle, a.bundle}, {events.SubjectRootRotate, a.rotate}} {
 		subjects = append(subjects, s.subject)
-		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, async(s.h))
-		if err := subscribed(sub, err); err != nil {
-			return err
+		sub, err := a.nc.QueueSubscribe(s.subject, events.SignerQueue, a.async(base, s.h))
+		if err := a.subscribed(sub, err); err != nil {
+			return nil, err
 		}
 		if err := sub.SetPendingLimits(otherWorkers*PendingPerWorker, 64<<20); err != nil {
-			return fmt.Errorf("pending limits %s: %w", s.subject, err)
+			return nil, fmt.Errorf("pending limits %s: %w", s.subject, err)
 		}
 	}
-	if err := a.nc.FlushTimeout(10 * time.Second); err != nil && ctx.Err() == nil {
-		return fmt.Errorf("subscribe: %w", err)
-	}
-	a.ready.Store(true)
-	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue, "workers", a.workers)
-	<-ctx.Done()
-	return nil
+	return subjects, nil
 }
 
 // ReplicaName is the name a signer replica answers the ping with and is reached

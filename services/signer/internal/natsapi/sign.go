@@ -11,8 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// sign answers one sign request, in the encoding it came in: refusals at once,
-// a certificate once its cert.issued is stored.
+// sign answers one sign request, in the compact encoding the sign subjects carry
+// (pkg/events/sign_compact.go): refusals at once, a certificate once its
+// cert.issued is stored.
 func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	req, enc, err := events.DecodeSignRequest(m)
 	if err == nil && enc != events.EncodingCompact {
@@ -21,7 +22,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	}
 	if err != nil {
 		a.iss.Malformed(issuer.TransportNATS, errors.Is(err, events.ErrTooLarge))
-		a.respondSign(m, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
+		a.respondSign(m, events.SignReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
 		return
 	}
 	subject := m.Subject
@@ -30,7 +31,7 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 	}
 	via, ok := a.signVia(subject)
 	if !ok {
-		a.respondSign(m, enc, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "not a sign subject: " + m.Subject}})
+		a.respondSign(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeInvalidArgument, Message: "not a sign subject: " + m.Subject}})
 		return
 	}
 	if !req.Deadline.IsZero() {
@@ -48,22 +49,21 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		case errors.As(err, &ie) && ie.Code == events.CodeDeadlineExceeded:
 			// Its requester stopped waiting: nobody reads a reply.
 		case err != nil:
-			a.respondSign(m, enc, events.SignReply{Error: replyError(err)})
-		case enc == events.EncodingCompact:
-			a.respondCompact(m, res)
+			a.respondSign(m, events.SignReply{Error: replyError(err)})
 		default:
-			a.respondSign(m, enc, events.SignReply{CertChain: res.Chain, Roots: res.Roots, TrustDomain: a.trustDomain, Generation: res.Generation, Endorsements: res.Endorsements, Signer: res.Signer})
+			a.respondCompact(m, res)
 		}
 	})
 }
 
-func (a *API) respondSign(req *nats.Msg, enc events.Encoding, rep events.SignReply) {
+// respondSign sends rep, a refusal, in the compact encoding.
+func (a *API) respondSign(req *nats.Msg, rep events.SignReply) {
 	if req.Reply == "" {
 		return
 	}
-	m, err := events.NewSignReplyMsg(req.Reply, enc, a.iss.Source(), rep)
+	m, err := events.NewSignReplyMsg(req.Reply, events.EncodingCompact, a.iss.Source(), rep)
 	if err != nil {
-		a.log.Error("encode reply failed", "type", rep.EventType(), "encoding", enc, "error", err)
+		a.log.Error("encode reply failed", "type", rep.EventType(), "encoding", events.EncodingCompact, "error", err)
 		return
 	}
 	if err := a.nc.PublishMsg(m); err != nil {
@@ -91,7 +91,7 @@ func (a *API) respondCompact(req *nats.Msg, res issuer.Result) {
 		tail, err := events.NewSignReplyTail(res.Signing.ChainPEMs(), res.Bundle.RootPEMs(), a.trustDomain, res.Bundle.Generation, res.Bundle.Endorsements(), res.Signer)
 		if err != nil {
 			a.log.Error("encode reply failed", "type", events.TypeSignReply, "encoding", events.EncodingCompact, "error", err)
-			a.respondSign(req, events.EncodingCompact, events.SignReply{Error: &events.ReplyError{Code: events.CodeInternal, Message: "encode reply: " + err.Error()}})
+			a.respondSign(req, events.SignReply{Error: &events.ReplyError{Code: events.CodeInternal, Message: "encode reply: " + err.Error()}})
 			return
 		}
 		t = &replyTail{signing: res.Signing, bundle: res.Bundle, signer: res.Signer, tail: tail}
