@@ -69,7 +69,7 @@ func (r *Runner) startNodes(ctx context.Context) error {
 		ti := r.Stack.TokenIssuer
 		p, err := r.process(node.Name, "node-agent", node.HTTP, "", []string{
 			"-node", node.Name, "-hub", r.Stack.LeafURL, "-token-file", tok.File, "-listen", node.Bus,
-			"-jwks-file", ti.JWKS, "-token-issuer", ti.Issuer, "-token-audience", ti.Audience})
+			"-trust-domain", r.cfg.TrustDomain, "-jwks-file", ti.JWKS, "-token-issuer", ti.Issuer, "-token-audience", ti.Audience})
 		if err != nil {
 			return err
 		}

@@ -84,7 +84,7 @@ func startNodeTier(ctx context.Context, cfg StormConfig, iss *devtoken.Issuer, w
 		}
 		p, err := startNodeAgent(bin, filepath.Join(dir, node.Name+".log"),
 			"-node", node.Name, "-hub", st.LeafURL, "-token-file", tokFile, "-listen", node.Bus, "-http-addr", node.HTTP,
-			"-jwks-file", st.TokenIssuer.JWKS, "-token-issuer", st.TokenIssuer.Issuer, "-token-audience", st.TokenIssuer.Audience)
+			"-trust-domain", st.TrustDomain, "-jwks-file", st.TokenIssuer.JWKS, "-token-issuer", st.TokenIssuer.Issuer, "-token-audience", st.TokenIssuer.Audience)
 		if err != nil {
 			return t, fmt.Errorf("node agent %s: %w", node.Name, err)
 		}
