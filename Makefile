@@ -20,7 +20,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # target per invocation; a failing input is written to the package's testdata/fuzz/.
 FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/services/signer/internal/issuer:FuzzIssue \
-	github.com/meshagent/meshagent/services/signer/internal/authn:FuzzJWTVerify \
+	github.com/meshagent/meshagent/pkg/authn:FuzzJWTVerify \
 	github.com/meshagent/meshagent/pkg/events:FuzzDecode \
 	github.com/meshagent/meshagent/pkg/events:FuzzDecodeCompact \
 	github.com/meshagent/meshagent/services/sds-edge/internal/sds:FuzzSDSRequest \

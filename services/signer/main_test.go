@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"strings"
 	"testing"
@@ -13,7 +14,7 @@ import (
 
 func TestRunServesUntilCancelled(t *testing.T) {
 	s := bustest.Server(t)
-	jwks := signertest.NewIssuer(t, "meshagent-dev").WriteJWKS(t, t.TempDir())
+	jwks := tokentest.NewIssuer(t, "meshagent-dev").WriteJWKS(t, t.TempDir())
 	httpAddr := testkit.FreeAddr(t)
 	env := map[string]string{"NATS_URL": s.ClientURL(), "JWKS_FILE": jwks, "CA_KEK_FILE": signertest.KEKFile(t)}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -34,13 +35,16 @@ type Config = config.Config
 
 // Load reads the configuration from flags and env vars over the defaults and
 // validates it.
-func Load(args []string, getenv func(string) string) (Config, error) { return config.Load(args, getenv) }
+func Load(args []string, getenv func(string) string) (Config, error) {
+	return config.Load(args, getenv)
+}
 
 // Agent is one node's agent.
 type Agent struct {
 	cfg     Config
 	d       lifecycle.Deps
 	callout *admit.Callout
+	keys    *authn.KeySet // the pods' token keys, nil with TokenReview
 	issuer  nkeys.KeyPair // signs the node's pods' users; made at start, never written
 	user    nkeys.KeyPair // the callout's own user on the leaf server
 	hubTLS  *tls.Config
@@ -52,8 +56,22 @@ type Agent struct {
 	remote *url.URL
 }
 
-// New builds the agent; v verifies pods' tokens. It starts nothing.
-func New(cfg Config, d lifecycle.Deps, v admit.Verifier) (*Agent, error) {
+// New builds the agent from cfg and d; it starts nothing.
+func New(cfg Config, d lifecycle.Deps) (*Agent, error) {
+	d = d.WithDefaults()
+	tv, keys, err := cfg.Auth.Build(cfg.TrustDomain, d.Clock, d.Log)
+	if err != nil {
+		return nil, fmt.Errorf("node agent: %w", err)
+	}
+	if tv == nil {
+		return nil, errors.New("node agent: no way to verify pods' tokens (-jwks-file, -jwks-url, -token-issuer-discovery or -token-review)")
+	}
+	return NewWith(cfg, d, admit.Tokens{Verifier: tv}, keys)
+}
+
+// NewWith is New with the pods' tokens verified by v (keys, when not nil, is
+// the key set v reads, run with the agent).
+func NewWith(cfg Config, d lifecycle.Deps, v admit.Verifier, keys *authn.KeySet) (*Agent, error) {
 	d = d.WithDefaults()
 	issuer, err := nkeys.CreateAccount()
 	if err != nil {
@@ -63,7 +81,7 @@ func New(cfg Config, d lifecycle.Deps, v admit.Verifier) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node agent: callout key: %w", err)
 	}
-	a := &Agent{cfg: cfg, d: d, issuer: issuer, user: user,
+	a := &Agent{cfg: cfg, d: d, issuer: issuer, user: user, keys: keys,
 		callout: admit.New(cfg.Node, issuer, v, cfg.Pods, d.Clock, d.Log.Named("callout"), d.Metrics)}
 	if cfg.Hub.CAFile != "" {
 		pem, err := os.ReadFile(cfg.Hub.CAFile)
@@ -77,6 +95,9 @@ func New(cfg Config, d lifecycle.Deps, v admit.Verifier) (*Agent, error) {
 		a.hubTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
 	d.Health.AddReadyCheck("hub", a.connected)
+	if keys != nil {
+		d.Health.AddReadyCheck("token-keys", v.(admit.Tokens).Verifier.Ready)
+	}
 	return a, nil
 }
 
@@ -121,7 +142,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer nc.Close()
 	a.d.Log.Info("node tier up", "pods", srv.Addr().String(), "hub", a.cfg.Hub.URL)
-	return lifecycle.Tasks(ctx, func(ctx context.Context) error { return a.callout.Serve(ctx, nc) }, a.followToken)
+	tasks := []func(context.Context) error{func(ctx context.Context) error { return a.callout.Serve(ctx, nc) }, a.followToken}
+	if a.keys != nil {
+		tasks = append(tasks, a.keys.Run)
+	}
+	return lifecycle.Tasks(ctx, tasks...)
 }
 
 func (a *Agent) start() (*server.Server, error) {

@@ -4,12 +4,11 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"time"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"github.com/nats-io/nats.go"
@@ -17,25 +16,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// newVerifier builds what checks bearer tokens: offline against a JWKS (a file, a
-// URL, or discovery), or by the API server's TokenReview; nil when none is set.
+// newVerifier builds what checks bearer tokens (authn.Config.Build); nil when
+// none is set.
 func (s *Signer) newVerifier(clk clock.Clock) (buscallout.Verifier, error) {
-	a := s.cfg.Auth
-	if a.JWKSFile == "" && a.JWKSURL == "" && !a.Discover && !a.TokenReview {
-		return nil, nil
+	v, keys, err := s.cfg.Auth.Build(s.cfg.TrustDomain, clk, s.log)
+	if err != nil || v == nil {
+		return nil, err
 	}
-	client, err := authn.NewHTTPClient(a.CAFile)
-	if err != nil {
-		return nil, fmt.Errorf("-token-issuer-ca-file: %w", err)
-	}
-	if a.TokenReview {
-		return &authn.TokenReviewer{URL: a.TokenReviewURL, Client: client, BearerFile: a.BearerFile, Audience: a.Audience,
-			TrustDomain: s.cfg.TrustDomain, CacheTTL: a.TokenReviewCache, Log: s.log.Named("tokenreview"), Clock: clk}, nil
-	}
-	s.keys = &authn.KeySet{File: a.JWKSFile, URL: a.JWKSURL, Discover: a.Discover, Issuer: a.Issuer,
-		BearerFile: a.BearerFile, Refresh: a.JWKSRefresh, MinRefresh: a.JWKSMinRefresh,
-		Client: client, Log: s.log.Named("jwks"), Clock: clk}
-	return &authn.JWTVerifier{Keys: s.keys, Issuer: a.Issuer, Audience: a.Audience, TrustDomain: s.cfg.TrustDomain, Leeway: 30 * time.Second, Clock: clk}, nil
+	s.keys = keys
+	return v, nil
 }
 
 // newCallout builds the bus auth callout, which admits pods to the bus by their

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto/rand"
 	"crypto/x509"
@@ -22,7 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
@@ -127,7 +128,7 @@ func csrs(b *testing.B, n int) [][]byte {
 }
 
 // tokens mints one token per request, as a fleet of n pods would hold.
-func tokens(b *testing.B, iss *signertest.Issuer, n int) []string {
+func tokens(b *testing.B, iss *tokentest.Issuer, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		out[i] = iss.Mint(b, iss.ServiceAccount("bench", fmt.Sprintf("w%d", i), time.Now().Add(-time.Second), 2*time.Hour))
@@ -194,7 +195,7 @@ func newCeiling(b *testing.B, alg pki.KeyAlg, n int) *ceiling {
 	if err != nil {
 		b.Fatal(err)
 	}
-	iss := signertest.NewIssuer(b, "meshagent-dev")
+	iss := tokentest.NewIssuer(b, "meshagent-dev")
 	c.tokens = tokens(b, iss, n)
 	c.verifier = &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}
 	return c
@@ -297,7 +298,7 @@ func newEndToEnd(b *testing.B, alg pki.KeyAlg, n, replicas int) *endToEnd {
 		b.Cleanup(nc.Close)
 		return nc
 	}
-	iss := signertest.NewIssuer(b, "meshagent-dev")
+	iss := tokentest.NewIssuer(b, "meshagent-dev")
 	jwks := iss.WriteJWKS(b, b.TempDir())
 	kek := signertest.KEKFile(b) // replicas share one KEK, as a fleet's signers do
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"crypto"
 	"crypto/tls"
 	"crypto/x509"
@@ -32,7 +33,7 @@ type certEnv struct {
 func newCertEnv(t *testing.T, signByID bool) *certEnv {
 	t.Helper()
 	sec := bustest.SecureTLSServer(t)
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	e := &secureEnv{env: &env{srv: sec.Server, nc: sec.Conn(t, policy.Admin, nil), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()),
 		kek: signertest.KEKFile(t), clock: clock.Real{}}, sec: sec}
 	_, inter, dir := pluggedCADir(t, time.Now())

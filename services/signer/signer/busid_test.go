@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/pem"
 	"strconv"
 	"strings"
@@ -31,7 +32,7 @@ type secureEnv struct {
 
 func newSecureEnv(t *testing.T) *secureEnv {
 	sec := bustest.SecureServer(t)
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	e := &env{srv: sec.Server, nc: sec.Conn(t, policy.Admin, nil), iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: signertest.KEKFile(t), clock: clock.Real{}}
 	return &secureEnv{env: e, sec: sec}
 }

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/json"
 	"encoding/pem"
 	"net/http"
@@ -40,7 +41,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	serve := func(iss ...*signertest.Issuer) {
+	serve := func(iss ...*tokentest.Issuer) {
 		mu.Lock()
 		defer mu.Unlock()
 		keys = jose.JSONWebKeySet{}
@@ -53,7 +54,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	_ = os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
 	_ = os.WriteFile(bearer, []byte("signer-token"), 0o600)
 
-	first := signertest.NewIssuer(t, srv.URL)
+	first := tokentest.NewIssuer(t, srv.URL)
 	serve(first)
 	e := newEnv(t)
 	cfg := e.config("signer-a")
@@ -62,7 +63,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	cfg.Auth.JWKSMinRefresh = 0
 	e.start(t, cfg)
 
-	sign := func(iss *signertest.Issuer) *events.ReplyError {
+	sign := func(iss *tokentest.Issuer) *events.ReplyError {
 		_, csr := signertest.CSR(t, pki.ECP256, askedID)
 		tok := iss.Mint(t, iss.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-0"))
 		return natsSignAs(t, e.nc, "web-0", events.SignRequest{CSR: string(csr), Token: tok, TTL: time.Hour, Pod: events.PodRef{Namespace: "shop", Name: "web-0"}, Resource: "default"}).Error
@@ -70,7 +71,7 @@ func TestSignerVerifiesTokensByIssuerDiscovery(t *testing.T) {
 	if err := sign(first); err != nil {
 		t.Fatalf("token of the cluster issuer: %v", err)
 	}
-	stranger := signertest.NewIssuer(t, srv.URL)
+	stranger := tokentest.NewIssuer(t, srv.URL)
 	if err := sign(stranger); err == nil {
 		t.Fatal("token signed by a key the issuer does not publish was accepted")
 	}

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -39,7 +40,7 @@ type env struct {
 	srv   *server.Server
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	iss   *signertest.Issuer
+	iss   *tokentest.Issuer
 	jwks  string
 	kek   string      // -ca-kek-file shared by the env's replicas
 	clock clock.Clock // the replicas' time: the real clock unless a test moves a fake one
@@ -54,7 +55,7 @@ func newEnv(t *testing.T) *env {
 // newEnvOn is an env on the bus server s, whose JetStream may not be up yet.
 func newEnvOn(t *testing.T, s *server.Server) *env {
 	nc := bustest.Conn(t, s)
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	return &env{srv: s, nc: nc, iss: iss, jwks: iss.WriteJWKS(t, t.TempDir()), kek: signertest.KEKFile(t), clock: clock.Real{}}
 }
 

@@ -10,6 +10,7 @@ package signer
 // rotation. Pods are created with spec.nodeName set: nothing schedules or runs them.
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -193,7 +194,7 @@ func TestKubeOIDCDiscoveryOfTheServiceAccountIssuer(t *testing.T) {
 	if _, err := issuedTo(t, c, roots, wrongAud); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("token for the API server's audience: %v, want Unauthenticated", err)
 	}
-	forged := signertest.NewIssuer(t, k.URL) // same iss, a key the API server never had
+	forged := tokentest.NewIssuer(t, k.URL) // same iss, a key the API server never had
 	claims := forged.ServiceAccount("shop", "web", time.Now().Add(-time.Second), time.Hour).ForPod("web-1")
 	if _, err := issuedTo(t, c, roots, forged.Mint(t, claims)); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("token signed by a key not in the API server's JWKS: %v, want Unauthenticated", err)

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -31,7 +32,7 @@ import (
 type realEnv struct {
 	bin     string // signer and meshctl
 	dir     string
-	iss     *signertest.Issuer
+	iss     *tokentest.Issuer
 	jwks    string
 	kek     string
 	creds   *policy.Credentials // nil: an open bus
@@ -40,7 +41,7 @@ type realEnv struct {
 }
 
 func newRealEnv(b *testing.B, secured bool) *realEnv {
-	e := &realEnv{bin: benchBinaries(b), dir: testkit.ShortDir(b), iss: signertest.NewIssuer(b, "meshagent-dev"), kek: signertest.KEKFile(b)}
+	e := &realEnv{bin: benchBinaries(b), dir: testkit.ShortDir(b), iss: tokentest.NewIssuer(b, "meshagent-dev"), kek: signertest.KEKFile(b)}
 	e.jwks = e.iss.WriteJWKS(b, e.dir)
 	e.layout = confinedLayout()
 	if secured {

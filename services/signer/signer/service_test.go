@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -48,8 +49,8 @@ func badInputs(t *testing.T, e *env) []badInput {
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	good := e.token(t, "shop", "web")
 	sa := e.iss.ServiceAccount("shop", "web", e.clock.Now().Add(-time.Second), time.Hour)
-	with := func(f func(*signertest.Claims)) string { c := sa; f(&c); return e.iss.Mint(t, c) }
-	stranger := signertest.NewIssuer(t, "meshagent-dev")
+	with := func(f func(*tokentest.Claims)) string { c := sa; f(&c); return e.iss.Mint(t, c) }
+	stranger := tokentest.NewIssuer(t, "meshagent-dev")
 
 	b, _ := pem.Decode(csr)
 	b.Bytes[len(b.Bytes)-5] ^= 0xff
@@ -62,12 +63,12 @@ func badInputs(t *testing.T, e *env) []badInput {
 		{"malformed PEM", malformed, good, 0, "", inv, codes.InvalidArgument, "csr", ""},
 		{"CSR signature does not verify", tampered, good, 0, "", inv, codes.InvalidArgument, "signature", ""},
 		{"expired token", csr, e.iss.Mint(t, e.iss.ServiceAccount("shop", "web", e.clock.Now().Add(-3*time.Hour), time.Hour)), 0, "", unauth, codes.Unauthenticated, "expired", ""},
-		{"token for another audience", csr, with(func(c *signertest.Claims) { c.Aud = []string{"vault"} }), 0, "", unauth, codes.Unauthenticated, "audience", ""},
-		{"token from another issuer", csr, with(func(c *signertest.Claims) { c.Iss = "https://evil.example" }), 0, "", unauth, codes.Unauthenticated, "issuer", ""},
-		{"badly signed token", csr, signertest.MintWith(t, stranger.Key, e.iss.KID, sa), 0, "", unauth, codes.Unauthenticated, "signature", ""},
+		{"token for another audience", csr, with(func(c *tokentest.Claims) { c.Aud = []string{"vault"} }), 0, "", unauth, codes.Unauthenticated, "audience", ""},
+		{"token from another issuer", csr, with(func(c *tokentest.Claims) { c.Iss = "https://evil.example" }), 0, "", unauth, codes.Unauthenticated, "issuer", ""},
+		{"badly signed token", csr, tokentest.MintWith(t, stranger.Key, e.iss.KID, sa), 0, "", unauth, codes.Unauthenticated, "signature", ""},
 		{"token signed by unknown key", csr, stranger.Mint(t, sa), 0, "", unauth, codes.Unauthenticated, "unknown key id", ""},
-		{"token missing claims", csr, with(func(c *signertest.Claims) { c.Exp = time.Time{} }), 0, "", unauth, codes.Unauthenticated, "exp", ""},
-		{"token without service account", csr, with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "bob" }), 0, "", unauth, codes.Unauthenticated, "service account", ""},
+		{"token missing claims", csr, with(func(c *tokentest.Claims) { c.Exp = time.Time{} }), 0, "", unauth, codes.Unauthenticated, "exp", ""},
+		{"token without service account", csr, with(func(c *tokentest.Claims) { c.NS, c.SA, c.Sub = "", "", "bob" }), 0, "", unauth, codes.Unauthenticated, "service account", ""},
 		// Over NATS the event contract itself refuses a request without a credential.
 		{"no credential", csr, "", 0, "", inv, codes.Unauthenticated, "credential", "a token or a cert_chain is required"},
 		{"TTL above max", csr, good, int64((91 * 24 * time.Hour).Seconds()), "", inv, codes.InvalidArgument, "max allowed TTL", ""},

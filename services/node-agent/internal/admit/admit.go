@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -31,6 +32,23 @@ type Pod struct {
 // expiry) and says what it binds.
 type Verifier interface {
 	VerifyPod(token string) (Pod, error)
+}
+
+// Tokens verifies pods' tokens with an authn verifier (a JWKS or TokenReview).
+type Tokens struct{ Verifier authn.TokenVerifier }
+
+var _ Verifier = Tokens{}
+
+// VerifyPod verifies token and reads its pod and node claims.
+func (t Tokens) VerifyPod(token string) (Pod, error) {
+	if err := t.Verifier.Ready(); err != nil {
+		return Pod{}, fmt.Errorf("not ready to verify tokens: %w", err)
+	}
+	c, err := t.Verifier.Verify(token)
+	if err != nil {
+		return Pod{}, err
+	}
+	return Pod{Pod: c.Pod, Node: c.Node, Expires: c.Expires}, nil
 }
 
 // Callout admits the node's pods.
@@ -132,4 +150,3 @@ func (c *Callout) Serve(ctx context.Context, nc *nats.Conn) error {
 	_ = sub.Unsubscribe()
 	return nil
 }
-

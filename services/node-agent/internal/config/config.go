@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -27,7 +28,9 @@ type Config struct {
 		NATS string // where the node's pods connect
 		HTTP string // /healthz, /readyz, /metrics
 	}
-	Pods policy.PodLimits
+	Pods        policy.PodLimits
+	TrustDomain string       // TRUST_DOMAIN: the identities the pods' tokens name
+	Auth        authn.Config // how the pods' tokens are verified, as the signer does
 }
 
 // Default returns the defaults.
@@ -39,6 +42,8 @@ func Default() Config {
 	c.Listen.NATS = "127.0.0.1:4223"
 	c.Listen.HTTP = "127.0.0.1:15095"
 	c.Pods = policy.DefaultPodLimits()
+	c.TrustDomain = "cluster.local"
+	c.Auth = authn.DefaultConfig()
 	return c
 }
 
@@ -55,9 +60,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.String(&c.Listen.NATS, "listen", "NODE_BUS_ADDR", c.Listen.NATS, "where this node's pods connect (their NATS_URL)")
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
 	fs.Duration(&c.Pods.Lifetime, "pod-user-lifetime", "BUS_POD_USER_LIFETIME", c.Pods.Lifetime, "longest life of a pod's bus user, whatever its token's (less up to 10% at random)")
+	fs.String(&c.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.TrustDomain, "SPIFFE trust domain")
+	c.Auth.Bind(fs, getenv)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	c.Auth.Defaults()
 	return c, c.Validate()
 }
 
@@ -78,6 +86,9 @@ func (c Config) Validate() error {
 	p.Check(c.Listen.NATS != "", "-listen: required")
 	p.Check(c.Listen.HTTP != "", "-http-addr: required")
 	p.Add(c.Pods.Validate())
+	c.Auth.Validate(&p)
+	p.Check(c.Auth.Sources() == 1, "-jwks-file, -jwks-url, -token-issuer-discovery or -token-review: required (the node agent verifies its pods' tokens)")
+	p.Check(c.TrustDomain != "", "-trust-domain: required")
 	return p.Err()
 }
 

@@ -1,6 +1,7 @@
 package buscallout
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"errors"
 	"path/filepath"
@@ -13,8 +14,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
@@ -25,7 +25,7 @@ import (
 
 type fixture struct {
 	srv *bustest.Secured
-	iss *signertest.Issuer
+	iss *tokentest.Issuer
 	r   *Responder
 }
 
@@ -33,19 +33,19 @@ type fixture struct {
 // verifying tokens of iss for trust domain cluster.local.
 func start(t *testing.T) *fixture {
 	t.Helper()
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	return startWith(t, iss, &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
 }
 
 // startWith runs the responder with verifier v.
-func startWith(t *testing.T, iss *signertest.Issuer, v Verifier) *fixture {
+func startWith(t *testing.T, iss *tokentest.Issuer, v Verifier) *fixture {
 	t.Helper()
 	return startLimited(t, iss, v, policy.PodLimits{})
 }
 
 // startLimited runs the responder with verifier v and limits lim (zero fields:
 // the defaults).
-func startLimited(t *testing.T, iss *signertest.Issuer, v Verifier, lim policy.PodLimits) *fixture {
+func startLimited(t *testing.T, iss *tokentest.Issuer, v Verifier, lim policy.PodLimits) *fixture {
 	t.Helper()
 	srv := bustest.SecureServer(t)
 	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
@@ -117,14 +117,14 @@ func TestPodTokenAdmitsThatPodOnly(t *testing.T) {
 func TestRefusedAtConnect(t *testing.T) {
 	f := start(t)
 	now := time.Now()
-	stranger := signertest.NewIssuer(t, "other-domain-issuer")
+	stranger := tokentest.NewIssuer(t, "other-domain-issuer")
 	good := f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1")
 	expired := f.iss.ServiceAccount("default", "web", now.Add(-3*time.Hour), time.Hour).ForPod("web-1")
 	tests := []struct {
 		name, token, reason string
 	}{
 		{"another trust domain's issuer", stranger.Mint(t, good), ReasonBadToken},
-		{"issuer name right, key wrong", signertest.MintWith(t, stranger.Key, f.iss.KID, good), ReasonBadToken},
+		{"issuer name right, key wrong", tokentest.MintWith(t, stranger.Key, f.iss.KID, good), ReasonBadToken},
 		{"expired token", f.iss.Mint(t, expired), ReasonBadToken},
 		{"token without a pod claim", f.iss.Mint(t, f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour)), ReasonNotPodBound},
 		{"garbage", "not-a-jwt", ReasonBadToken},
@@ -196,7 +196,7 @@ func TestPodUserExpiresWithToken(t *testing.T) {
 // keys yet, a pod is refused as not_ready (its client retries), not as a bad token;
 // once they are loaded the same token is admitted.
 func TestRefusedAsNotReadyUntilKeysLoad(t *testing.T) {
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	dir := t.TempDir()
 	keys := &authn.KeySet{File: filepath.Join(dir, "jwks.json")}
 	f := startWith(t, iss, &authn.JWTVerifier{Keys: keys, Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"})
@@ -225,7 +225,7 @@ func TestRefusedAsNotReadyUntilKeysLoad(t *testing.T) {
 // TestRefusedAsUnavailableWhenTokenReviewIsDown: an API server that does not answer
 // is no verdict on the token: refused as unavailable, the pod's client retries.
 func TestRefusedAsUnavailableWhenTokenReviewIsDown(t *testing.T) {
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	f := startWith(t, iss, &authn.TokenReviewer{URL: "https://127.0.0.1:1", Audience: "istio-ca", TrustDomain: "cluster.local"})
 	tok := iss.Mint(t, iss.ServiceAccount("default", "web", time.Now().Add(-time.Minute), time.Hour).ForPod("web-1"))
 	if nc, err := f.connect("web-1", tok); err == nil {

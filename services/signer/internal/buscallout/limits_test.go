@@ -1,14 +1,14 @@
 package buscallout
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -16,7 +16,7 @@ import (
 
 func startWithLimits(t *testing.T, lim policy.PodLimits) *fixture {
 	t.Helper()
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	return startLimited(t, iss, &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}, lim)
 }
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 )

@@ -1,6 +1,7 @@
 package buscallout
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"fmt"
 	"os"
@@ -15,8 +16,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/jwt/v2"
@@ -51,7 +51,7 @@ func (v *countingVerifier) Verify(token string) (authn.Caller, error) {
 // startTuned runs a responder with capacity c and a counted verifier.
 func startTuned(t *testing.T, c Capacity, v *countingVerifier) *fixture {
 	t.Helper()
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	v.Verifier = &authn.JWTVerifier{Keys: authn.StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local"}
 	srv := bustest.SecureServer(t)
 	issuer, err := policy.ReadSeed(srv.Creds.IssuerFile(), nkeys.PrefixByteAccount)
@@ -196,7 +196,7 @@ func TestTokenVerifiedOncePerPod(t *testing.T) {
 	if got := testutil.ToFloat64(f.r.cacheHits); got != 2 {
 		t.Fatalf("cache hits = %v, want 2", got)
 	}
-	stranger := signertest.NewIssuer(t, "meshagent-dev")
+	stranger := tokentest.NewIssuer(t, "meshagent-dev")
 	bad := stranger.Mint(t, stranger.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1"))
 	for range 2 {
 		if nc, err := f.connect("web-1", bad); err == nil {

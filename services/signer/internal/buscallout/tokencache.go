@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/pkg/authn"
 )
 
 // tokenCache keeps the callers of tokens verified lately, by the token's SHA-256,

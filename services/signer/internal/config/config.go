@@ -10,13 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/federation"
 	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 )
@@ -79,26 +79,7 @@ type Config struct {
 		// a quarter through its life) one pod is issued per minute (per replica); 0: no bound.
 		MaxEarlyPerMinute int
 	}
-	Auth struct {
-		JWKSFile    string
-		JWKSURL     string
-		JWKSRefresh time.Duration
-		// JWKSMinRefresh is the floor between JWKS re-reads that tokens with an
-		// unknown key id trigger.
-		JWKSMinRefresh time.Duration
-		// Discover: take the JWKS from Issuer's OIDC discovery document (Kubernetes'
-		// service-account issuer serves one).
-		Discover   bool
-		CAFile     string // PEM roots for HTTPS to the issuer and its JWKS; empty: system roots
-		BearerFile string // token sent with discovery and JWKS requests
-		Issuer     string
-		Audience   string
-		// TokenReview: ask the API server (authentication.k8s.io/v1 TokenReview)
-		// instead of verifying offline, where discovery and the JWKS are not reachable.
-		TokenReview      bool
-		TokenReviewURL   string        // API server; default: in-cluster (KUBERNETES_SERVICE_HOST/PORT)
-		TokenReviewCache time.Duration // longest a verdict is reused (never past the token's exp)
-	}
+	Auth authn.Config // how bearer tokens are verified
 	// Nodes: trusted node agents that may ask for the identity of a workload on
 	// their own node (Istio's CA_TRUSTED_NODE_ACCOUNTS and ImpersonatedIdentity),
 	// checked against the API server's pods.
@@ -177,11 +158,7 @@ func Default() Config {
 	c.Certs.DefaultTTL = 24 * time.Hour
 	c.Certs.MaxTTL = 90 * 24 * time.Hour
 	c.Certs.MaxEarlyPerMinute = 10
-	c.Auth.JWKSRefresh = 5 * time.Minute
-	c.Auth.JWKSMinRefresh = 10 * time.Second
-	c.Auth.Issuer = "meshagent-dev"
-	c.Auth.Audience = "istio-ca"
-	c.Auth.TokenReviewCache = authn.DefaultReviewCache
+	c.Auth = authn.DefaultConfig()
 	c.RootConfigMap.Key = rootcm.DefaultKey
 	c.RootConfigMap.Resync = 5 * time.Minute
 	c.Stream.Replicas = 1

@@ -7,10 +7,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 )
 
@@ -87,18 +87,7 @@ func bindCerts(fs *flagenv.Set, c *Config, r *raw) {
 
 // bindAuth declares how bearer tokens are verified.
 func bindAuth(fs *flagenv.Set, c *Config, getenv func(string) string) {
-	fs.String(&c.Auth.JWKSFile, "jwks-file", "JWKS_FILE", "", "JWKS file to verify bearer tokens")
-	fs.String(&c.Auth.JWKSURL, "jwks-url", "JWKS_URL", "", "JWKS URL to verify bearer tokens, re-fetched every -jwks-refresh")
-	fs.Duration(&c.Auth.JWKSRefresh, "jwks-refresh", "JWKS_REFRESH", c.Auth.JWKSRefresh, "how often to re-read the JWKS (the key cache's lifetime)")
-	fs.Duration(&c.Auth.JWKSMinRefresh, "jwks-min-refresh", "JWKS_MIN_REFRESH", c.Auth.JWKSMinRefresh, "a token with an unknown key id re-reads the JWKS at most this often")
-	fs.Bool(&c.Auth.Discover, "token-issuer-discovery", "TOKEN_ISSUER_DISCOVERY", false, "read the JWKS from the jwks_uri of -token-issuer's OIDC discovery document (<issuer>/.well-known/openid-configuration), as Kubernetes serves it")
-	fs.Bool(&c.Auth.TokenReview, "token-review", "TOKEN_REVIEW", false, "verify bearer tokens by the API server's TokenReview (needs the ClusterRole system:auth-delegator), where OIDC discovery is not reachable; -token-issuer is then not checked")
-	fs.String(&c.Auth.TokenReviewURL, "token-review-url", "TOKEN_REVIEW_URL", authn.InClusterURL(getenv), "API server for -token-review (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
-	fs.Duration(&c.Auth.TokenReviewCache, "token-review-cache", "TOKEN_REVIEW_CACHE", c.Auth.TokenReviewCache, "longest a TokenReview verdict is reused, never past the token's exp (refusals: 10s)")
-	fs.String(&c.Auth.CAFile, "token-issuer-ca-file", "TOKEN_ISSUER_CA_FILE", "", "PEM roots for HTTPS to the token issuer and its JWKS, or to the API server with -token-review (in a pod: "+authn.InClusterCAFile+", the default with -token-review); empty: system roots")
-	fs.String(&c.Auth.BearerFile, "token-issuer-bearer-file", "TOKEN_ISSUER_BEARER_FILE", "", "token sent as Authorization: Bearer with discovery, JWKS and TokenReview requests, re-read for each (in a pod: "+authn.InClusterTokenFile+", the default with -token-review)")
-	fs.String(&c.Auth.Issuer, "token-issuer", "TOKEN_ISSUER", c.Auth.Issuer, "required iss of bearer tokens")
-	fs.String(&c.Auth.Audience, "token-audience", "TOKEN_AUDIENCE", c.Auth.Audience, "required aud of bearer tokens")
+	c.Auth.Bind(fs, getenv)
 }
 
 // bindRuntime declares the event stream, the workers and the GC target.
@@ -195,14 +184,6 @@ func (r raw) complete(c *Config, perr error) []error {
 		errs = append(errs, fmt.Errorf("-key-alg: %w", err))
 	}
 	c.CA.KeyAlg = alg
-	if c.Auth.TokenReview {
-		// In a pod, the service account's own files, as client-go's in-cluster config.
-		if c.Auth.CAFile == "" {
-			c.Auth.CAFile = authn.InClusterCAFile
-		}
-		if c.Auth.BearerFile == "" {
-			c.Auth.BearerFile = authn.InClusterTokenFile
-		}
-	}
+	c.Auth.Defaults()
 	return errs
 }

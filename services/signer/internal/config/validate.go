@@ -73,29 +73,11 @@ func (c Config) validateCerts(p *flagenv.Problems) {
 // validateAuth checks how bearer tokens are verified; it returns how many ways
 // are set (0: tokens are refused).
 func (c Config) validateAuth(p *flagenv.Problems) (sources int) {
-	for _, set := range []bool{c.Auth.JWKSFile != "", c.Auth.JWKSURL != "", c.Auth.Discover, c.Auth.TokenReview} {
-		if set {
-			sources++
-		}
-	}
-	p.Check(sources <= 1, "-jwks-file, -jwks-url, -token-issuer-discovery, -token-review: set one, not several")
-	p.Check(c.Auth.JWKSRefresh > 0, "-jwks-refresh: must be positive")
-	p.Check(c.Auth.JWKSMinRefresh >= 0, "-jwks-min-refresh: must not be negative")
-	if sources > 0 {
-		p.Check(c.Auth.Issuer != "" || c.Auth.TokenReview, "-token-issuer: required with a JWKS")
-		p.Check(c.Auth.Audience != "", "-token-audience: required to verify bearer tokens")
-	}
-	if c.Auth.TokenReview {
-		p.Check(strings.HasPrefix(c.Auth.TokenReviewURL, "https://"), "-token-review-url: must be an https URL with -token-review, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Auth.TokenReviewURL)
-		p.Check(c.Auth.TokenReviewCache >= 0 && c.Auth.TokenReviewCache <= 5*time.Minute, "-token-review-cache: must be between 0 and 5m (a deleted pod's token is honoured that long)")
-	}
+	sources = c.Auth.Sources()
+	c.Auth.Validate(p)
 	if len(c.Nodes.TrustedAccounts) > 0 {
 		p.Check(strings.HasPrefix(c.Nodes.APIURL, "https://"), "-node-api-url: must be an https URL with -trusted-node-accounts, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", c.Nodes.APIURL)
 	}
-	if c.Auth.Discover {
-		p.Check(strings.HasPrefix(c.Auth.Issuer, "https://"), "-token-issuer: must be an https URL with -token-issuer-discovery, got %q (kubectl get --raw /.well-known/openid-configuration shows the cluster's)", c.Auth.Issuer)
-	}
-	p.Check(c.Auth.JWKSFile == "" || (c.Auth.CAFile == "" && c.Auth.BearerFile == ""), "-token-issuer-ca-file, -token-issuer-bearer-file: only with -jwks-url, -token-issuer-discovery or -token-review")
 	return sources
 }
 

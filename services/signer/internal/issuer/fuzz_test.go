@@ -1,6 +1,7 @@
 package issuer
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"bytes"
 	"context"
 	"crypto"
@@ -22,7 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/authn"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/testkit"
@@ -56,7 +57,7 @@ type fuzzIssuer struct {
 	// dir holds the CA's files, which plugged loads again on Reload; recorded, the
 	// serials recorded so far.
 	dir      string
-	jwtIss   *signertest.Issuer
+	jwtIss   *tokentest.Issuer
 	rootCA   *testkit.CA
 	plugged  *ca.Plugged
 	recorded map[string]bool
@@ -81,7 +82,7 @@ func newFuzzIssuer(f testing.TB) *fuzzIssuer {
 	if err := plugged.Start(context.Background()); err != nil {
 		f.Fatal(err)
 	}
-	jwtIss := signertest.NewIssuer(f, "meshagent-dev")
+	jwtIss := tokentest.NewIssuer(f, "meshagent-dev")
 	verifier := &authn.JWTVerifier{Keys: authn.StaticKeySet(jwtIss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca",
 		TrustDomain: "cluster.local", Clock: now}
 	fi := &fuzzIssuer{root: root.Cert, inter: inter.Cert, dir: dir, jwtIss: jwtIss, rootCA: root, plugged: plugged, recorded: map[string]bool{}}

@@ -1,6 +1,7 @@
 package authn
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"encoding/json"
 	"encoding/pem"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -97,7 +97,7 @@ func (c *clusterIssuer) set(f func(c *clusterIssuer)) {
 }
 
 // serveKeys makes the JWKS hold exactly the keys of issuers.
-func (c *clusterIssuer) serveKeys(issuers ...*signertest.Issuer) {
+func (c *clusterIssuer) serveKeys(issuers ...*tokentest.Issuer) {
 	var set jose.JSONWebKeySet
 	for _, i := range issuers {
 		set.Keys = append(set.Keys, i.JWKS().Keys...)
@@ -126,10 +126,10 @@ func clusterVerifier(ks *KeySet, iss string, fake *clock.Fake) *JWTVerifier {
 
 // loadedDiscovery is a cluster issuer serving the key of iss, and the signer's key
 // set (loaded) and verifier for it, on a fake clock.
-func loadedDiscovery(t *testing.T) (cluster *clusterIssuer, iss *signertest.Issuer, fake *clock.Fake, ks *KeySet, v *JWTVerifier) {
+func loadedDiscovery(t *testing.T) (cluster *clusterIssuer, iss *tokentest.Issuer, fake *clock.Fake, ks *KeySet, v *JWTVerifier) {
 	t.Helper()
 	cluster = newClusterIssuer(t)
-	iss = signertest.NewIssuer(t, cluster.srv.URL)
+	iss = tokentest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(iss)
 	fake = clock.NewFake(now)
 	ks = cluster.keySet(t, fake)
@@ -166,7 +166,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	// The API server rotates its signing key; the first token with the new kid makes
 	// the signer fetch the JWKS again (the minimum interval has passed since Load).
 	fake.Add(11 * time.Second)
-	rotated := signertest.NewIssuer(t, cluster.srv.URL)
+	rotated := tokentest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated)
 	if _, err := v.Verify(rotated.Mint(t, rotated.ServiceAccount("shop", "web", fake.Now(), time.Hour))); err != nil {
 		t.Fatalf("token signed by the rotated-in key: %v", err)
@@ -176,7 +176,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 	}
 
 	// Made-up key ids, many of them at once, within the minimum interval: no fetch.
-	stranger := signertest.NewIssuer(t, cluster.srv.URL)
+	stranger := tokentest.NewIssuer(t, cluster.srv.URL)
 	forged := stranger.Mint(t, stranger.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	var wg sync.WaitGroup
 	for range 20 {
@@ -193,7 +193,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d JWKS fetches after unknown kids within the minimum interval, want 2", fetches())
 	}
 	// A key rotated in within the minimum interval waits for it to pass.
-	next := signertest.NewIssuer(t, cluster.srv.URL)
+	next := tokentest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old, rotated, next)
 	tok := next.Mint(t, next.ServiceAccount("shop", "web", fake.Now(), time.Hour))
 	if _, err := v.Verify(tok); err == nil {
@@ -220,7 +220,7 @@ func TestDiscoveryUnknownKidRefetchesAtMostOncePerMinRefresh(t *testing.T) {
 
 func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	old, rotated := signertest.NewIssuer(t, cluster.srv.URL), signertest.NewIssuer(t, cluster.srv.URL)
+	old, rotated := tokentest.NewIssuer(t, cluster.srv.URL), tokentest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(old)
 	fake := clock.NewFake(now)
 	ks := cluster.keySet(t, fake)
@@ -249,7 +249,7 @@ func TestDiscoveryRefreshReplacesKeysEveryTTL(t *testing.T) {
 func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 	cluster, sa, _, ks, v := loadedDiscovery(t)
 	token := sa.Mint(t, sa.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour))
-	imposter := signertest.NewIssuer(t, cluster.srv.URL)
+	imposter := tokentest.NewIssuer(t, cluster.srv.URL)
 	cluster.serveKeys(imposter)
 
 	tests := []struct {
@@ -283,7 +283,7 @@ func TestDiscoveryRefusesAndKeepsKeys(t *testing.T) {
 
 func TestDiscoveryClearErrors(t *testing.T) {
 	cluster := newClusterIssuer(t)
-	cluster.serveKeys(signertest.NewIssuer(t, cluster.srv.URL))
+	cluster.serveKeys(tokentest.NewIssuer(t, cluster.srv.URL))
 	fake := clock.NewFake(now)
 
 	untrusted := cluster.keySet(t, fake)

@@ -1,6 +1,7 @@
 package authn
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // fuzzJWTNow is the fixed time of every fuzz iteration, so that a saved crasher replays.
@@ -23,7 +23,7 @@ var fuzzJWTNow = time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
 
 // fuzzJWTIssuer is a token issuer with a fixed P-256 key (derived from a constant,
 // not random), so that a token saved in testdata/fuzz verifies again on replay.
-func fuzzJWTIssuer(f *testing.F, seed string) *signertest.Issuer {
+func fuzzJWTIssuer(f *testing.F, seed string) *tokentest.Issuer {
 	f.Helper()
 	d := sha256.Sum256([]byte(seed))
 	k, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), d[:])
@@ -34,7 +34,7 @@ func fuzzJWTIssuer(f *testing.F, seed string) *signertest.Issuer {
 	if err != nil {
 		f.Fatal(err)
 	}
-	return &signertest.Issuer{Key: k, KID: base64.RawURLEncoding.EncodeToString(tp), Iss: "meshagent-dev"}
+	return &tokentest.Issuer{Key: k, KID: base64.RawURLEncoding.EncodeToString(tp), Iss: "meshagent-dev"}
 }
 
 // fuzzSegment base64url-encodes v as JSON, as a JWS segment.
@@ -59,12 +59,12 @@ func FuzzJWTVerify(f *testing.F) {
 		Clock: clock.NewFake(fuzzJWTNow)}
 
 	sa := iss.ServiceAccount("shop", "web", fuzzJWTNow.Add(-time.Minute), time.Hour)
-	with := func(f func(*signertest.Claims)) signertest.Claims { c := sa; f(&c); return c }
+	with := func(f func(*tokentest.Claims)) tokentest.Claims { c := sa; f(&c); return c }
 	// valid maps the payload of every token that must verify to its caller.
 	valid := map[string]Caller{}
 	var validTokens []string
-	mintValid := func(c signertest.Claims, kid, wantID, wantPod string) {
-		tok := signertest.MintWith(f, iss.Key, kid, c)
+	mintValid := func(c tokentest.Claims, kid, wantID, wantPod string) {
+		tok := tokentest.MintWith(f, iss.Key, kid, c)
 		got, err := v.Verify(tok)
 		if err != nil || got.ID.String() != wantID || got.Pod.Name != wantPod || got.Source != SourceJWT {
 			f.Fatalf("seed token for %s pod %q: caller %v %q, %v", wantID, wantPod, got.ID, got.Pod, err)
@@ -76,21 +76,21 @@ func FuzzJWTVerify(f *testing.F) {
 	}
 	mintValid(sa, iss.KID, "spiffe://cluster.local/ns/shop/sa/web", "")
 	mintValid(sa.ForPod("web-0"), iss.KID, "spiffe://cluster.local/ns/shop/sa/web", "web-0")
-	mintValid(with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "system:serviceaccount:shop:api" }), iss.KID,
+	mintValid(with(func(c *tokentest.Claims) { c.NS, c.SA, c.Sub = "", "", "system:serviceaccount:shop:api" }), iss.KID,
 		"spiffe://cluster.local/ns/shop/sa/api", "")
-	mintValid(with(func(c *signertest.Claims) { c.Sub = "system:serviceaccount:kube-system:admin" }), "",
+	mintValid(with(func(c *tokentest.Claims) { c.Sub = "system:serviceaccount:kube-system:admin" }), "",
 		"spiffe://cluster.local/ns/shop/sa/web", "")
 
 	// Signed by the right key, but refused for what they say.
-	for _, c := range []signertest.Claims{
+	for _, c := range []tokentest.Claims{
 		iss.ServiceAccount("shop", "web", fuzzJWTNow.Add(-2*time.Hour), time.Hour),
-		with(func(c *signertest.Claims) { c.Aud = []string{"vault"} }),
-		with(func(c *signertest.Claims) { c.Iss = "https://evil" }),
-		with(func(c *signertest.Claims) { c.Exp = time.Time{} }),
-		with(func(c *signertest.Claims) { c.PodClaim = true }),
-		with(func(c *signertest.Claims) { c.Pod = "../web" }),
-		with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" }),
-		with(func(c *signertest.Claims) { c.NS = "Shop/../x" }),
+		with(func(c *tokentest.Claims) { c.Aud = []string{"vault"} }),
+		with(func(c *tokentest.Claims) { c.Iss = "https://evil" }),
+		with(func(c *tokentest.Claims) { c.Exp = time.Time{} }),
+		with(func(c *tokentest.Claims) { c.PodClaim = true }),
+		with(func(c *tokentest.Claims) { c.Pod = "../web" }),
+		with(func(c *tokentest.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" }),
+		with(func(c *tokentest.Claims) { c.NS = "Shop/../x" }),
 	} {
 		f.Add(iss.Mint(f, c))
 	}
@@ -106,7 +106,7 @@ func FuzzJWTVerify(f *testing.F) {
 	for _, s := range []string{
 		none,
 		hs256,
-		signertest.MintWith(f, stranger.Key, iss.KID, sa),
+		tokentest.MintWith(f, stranger.Key, iss.KID, sa),
 		stranger.Mint(f, sa),
 		parts[0] + "." + parts[1],
 		good[:len(good)-5],

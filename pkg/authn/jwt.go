@@ -1,7 +1,10 @@
-// Package authn authenticates signing requests: JWT bearer tokens (Kubernetes
-// service-account tokens or meshctl's dev tokens) verified offline against a JWKS
-// (a file, a URL, or the one the issuer's OIDC discovery document names), and client certificates that chain to the signer's own roots. It returns the
-// caller's SPIFFE ID; the CSR never has a say in it.
+// Package authn authenticates a workload by its credential: JWT bearer tokens
+// (Kubernetes service-account tokens or meshctl's dev tokens) verified offline
+// against a JWKS (a file, a URL, or the one the issuer's OIDC discovery document
+// names) or by the API server's TokenReview, and client certificates that chain to
+// given roots. It returns the caller's SPIFFE ID, and the pod and node a bound
+// token names; the CSR never has a say in it. The signer authenticates sign
+// requests and bus connections with it, the node agent its node's pods.
 package authn
 
 import (

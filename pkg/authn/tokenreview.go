@@ -24,6 +24,10 @@ import (
 // service-account token is bound to (Kubernetes 1.29+ with pod-bound tokens).
 const PodNameExtra = "authentication.kubernetes.io/pod-name"
 
+// NodeNameExtra is the user extra in which the API server names the node the
+// token's pod is scheduled on (Kubernetes 1.32 on, for a token bound to a pod).
+const NodeNameExtra = "authentication.kubernetes.io/node-name"
+
 // PodUIDExtra is the user extra in which the API server gives that pod's UID.
 const PodUIDExtra = "authentication.kubernetes.io/pod-uid"
 
@@ -230,6 +234,12 @@ func (v *TokenReviewer) callerOf(token string, st reviewStatus) (Caller, error) 
 		}
 		if uids := st.User.Extra[PodUIDExtra]; len(uids) == 1 {
 			c.PodUID = uids[0]
+		}
+		if nodes := st.User.Extra[NodeNameExtra]; len(nodes) == 1 {
+			if err := events.ValidateNodeName(nodes[0]); err != nil {
+				return Caller{}, fail("token node: %v", err)
+			}
+			c.Node = nodes[0]
 		}
 	}
 	// TokenReview says nothing of expiry; the token's own exp does, and the API

@@ -1,6 +1,7 @@
 package authn
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -16,7 +17,6 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 // apiServer speaks the TokenReview API (authentication.k8s.io/v1) over TLS, as the
@@ -131,7 +131,7 @@ func (a *apiServer) reviewer(t *testing.T, bearer string, fake *clock.Fake) *Tok
 func TestTokenReview(t *testing.T) {
 	api := newAPIServer(t)
 	fake := clock.NewFake(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
-	iss := signertest.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
+	iss := tokentest.NewIssuer(t, "https://kubernetes.default.svc.cluster.local")
 	mint := func(pod string, aud ...string) string {
 		c := iss.ServiceAccount("shop", "web", fake.Now(), time.Hour).ForPod(pod)
 		c.Aud = aud

@@ -1,27 +1,27 @@
 package authn
 
 import (
+	"github.com/meshagent/meshagent/tests/tokentest"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 )
 
 func TestJWTPodClaim(t *testing.T) {
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	sa := iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour)
 	tests := []struct {
 		name    string
-		claims  signertest.Claims
+		claims  tokentest.Claims
 		wantPod string
 		wantErr string
 	}{
 		{"pod-bound token", sa.ForPod("web-0"), "web-0", ""},
 		{"token without pod claim", sa, "", ""},
-		{"pod claim without service account claims", func() signertest.Claims { c := sa.ForPod("web-1"); c.NS, c.SA = "", ""; return c }(), "web-1", ""},
-		{"empty pod name", func() signertest.Claims { c := sa; c.PodClaim = true; return c }(), "", "token pod claim"},
+		{"pod claim without service account claims", func() tokentest.Claims { c := sa.ForPod("web-1"); c.NS, c.SA = "", ""; return c }(), "web-1", ""},
+		{"empty pod name", func() tokentest.Claims { c := sa; c.PodClaim = true; return c }(), "", "token pod claim"},
 		{"pod name with a slash", sa.ForPod("shop/web-0"), "", "token pod claim"},
 	}
 	v := verifier(iss)

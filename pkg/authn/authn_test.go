@@ -7,31 +7,30 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
+
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/services/signer/internal/ca"
-	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 var now = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 
-func verifier(iss *signertest.Issuer) *JWTVerifier {
+func verifier(iss *tokentest.Issuer) *JWTVerifier {
 	return &JWTVerifier{Keys: StaticKeySet(iss.JWKS()), Issuer: "meshagent-dev", Audience: "istio-ca", TrustDomain: "cluster.local", Clock: clock.NewFake(now)}
 }
 
 func TestJWT(t *testing.T) {
-	iss := signertest.NewIssuer(t, "meshagent-dev")
-	stranger := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
+	stranger := tokentest.NewIssuer(t, "meshagent-dev")
 	good := iss.ServiceAccount("shop", "web", now.Add(-time.Minute), time.Hour)
-	with := func(f func(*signertest.Claims)) signertest.Claims { c := good; f(&c); return c }
+	with := func(f func(*tokentest.Claims)) tokentest.Claims { c := good; f(&c); return c }
 	tests := []struct {
 		name    string
 		token   string
@@ -39,16 +38,16 @@ func TestJWT(t *testing.T) {
 		wantErr string
 	}{
 		{"dev token", iss.Mint(t, good), "spiffe://cluster.local/ns/shop/sa/web", ""},
-		{"sub fallback", iss.Mint(t, with(func(c *signertest.Claims) { c.NS, c.SA = "", "" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
-		{"kubernetes.io claims win over sub", iss.Mint(t, with(func(c *signertest.Claims) { c.Sub = "system:serviceaccount:other:x" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
+		{"sub fallback", iss.Mint(t, with(func(c *tokentest.Claims) { c.NS, c.SA = "", "" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
+		{"kubernetes.io claims win over sub", iss.Mint(t, with(func(c *tokentest.Claims) { c.Sub = "system:serviceaccount:other:x" })), "spiffe://cluster.local/ns/shop/sa/web", ""},
 		{"expired", iss.Mint(t, iss.ServiceAccount("shop", "web", now.Add(-2*time.Hour), time.Hour)), "", "expired"},
-		{"other audience", iss.Mint(t, with(func(c *signertest.Claims) { c.Aud = []string{"vault"} })), "", "audience"},
-		{"other issuer", iss.Mint(t, with(func(c *signertest.Claims) { c.Iss = "https://evil" })), "", "issuer"},
-		{"bad signature", signertest.MintWith(t, stranger.Key, iss.KID, good), "", "does not verify"},
+		{"other audience", iss.Mint(t, with(func(c *tokentest.Claims) { c.Aud = []string{"vault"} })), "", "audience"},
+		{"other issuer", iss.Mint(t, with(func(c *tokentest.Claims) { c.Iss = "https://evil" })), "", "issuer"},
+		{"bad signature", tokentest.MintWith(t, stranger.Key, iss.KID, good), "", "does not verify"},
 		{"unknown kid", stranger.Mint(t, good), "", "unknown key id"},
-		{"no exp", iss.Mint(t, with(func(c *signertest.Claims) { c.Exp = time.Time{} })), "", "no exp"},
-		{"no service account", iss.Mint(t, with(func(c *signertest.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" })), "", "no service account"},
-		{"not yet valid", iss.Mint(t, with(func(c *signertest.Claims) { c.NBF = now.Add(time.Hour) })), "", "claims"},
+		{"no exp", iss.Mint(t, with(func(c *tokentest.Claims) { c.Exp = time.Time{} })), "", "no exp"},
+		{"no service account", iss.Mint(t, with(func(c *tokentest.Claims) { c.NS, c.SA, c.Sub = "", "", "alice" })), "", "no service account"},
+		{"not yet valid", iss.Mint(t, with(func(c *tokentest.Claims) { c.NBF = now.Add(time.Hour) })), "", "claims"},
 		{"garbage", "not.a.jwt", "", "malformed"},
 		{"tampered payload", tamper(iss.Mint(t, good)), "", ""},
 	}
@@ -84,7 +83,7 @@ func tamper(tok string) string {
 }
 
 func TestKeySetFromURLKeepsKeysWhenRefreshFails(t *testing.T) {
-	iss := signertest.NewIssuer(t, "meshagent-dev")
+	iss := tokentest.NewIssuer(t, "meshagent-dev")
 	var fail atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if fail.Load() {
@@ -108,7 +107,7 @@ func TestKeySetFromURLKeepsKeysWhenRefreshFails(t *testing.T) {
 	if len(ks.Current().Key(iss.KID)) != 1 {
 		t.Fatal("keys dropped after a failed refresh")
 	}
-	empty := &KeySet{File: signertest.NewIssuer(t, "x").WriteJWKS(t, t.TempDir())}
+	empty := &KeySet{File: tokentest.NewIssuer(t, "x").WriteJWKS(t, t.TempDir())}
 	if err := empty.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -121,17 +120,12 @@ func TestKeySetFromURLKeepsKeysWhenRefreshFails(t *testing.T) {
 func TestVerifyCert(t *testing.T) {
 	root := testkit.NewCA(t, "root", nil, now, 24*time.Hour)
 	other := testkit.NewCA(t, "other", nil, now, 24*time.Hour)
-	m, err := ca.NewMaterial(root.Key, root.Cert, nil, []*x509.Certificate{root.Cert}, 1, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	om, _ := ca.NewMaterial(other.Key, other.Cert, nil, []*x509.Certificate{other.Cert}, 1, now)
 	k, _ := pki.GenerateKey(pki.ECP256)
-	id, _ := url.Parse("spiffe://cluster.local/ns/shop/sa/web")
-	leaf, _ := m.SignLeaf(k.Public(), id, now, time.Hour)
-	foreign, _ := om.SignLeaf(k.Public(), id, now, time.Hour)
-	otherTD, _ := url.Parse("spiffe://example.org/ns/shop/sa/web")
-	tdLeaf, _ := m.SignLeaf(k.Public(), otherTD, now, time.Hour)
+	const id = "spiffe://cluster.local/ns/shop/sa/web"
+	leaf := root.Issue(t, testkit.Spec{ID: id, Key: k, NotBefore: now, Life: time.Hour}).Cert
+	foreign := other.Issue(t, testkit.Spec{ID: id, Key: k, NotBefore: now, Life: time.Hour}).Cert
+	tdLeaf := root.Issue(t, testkit.Spec{ID: "spiffe://example.org/ns/shop/sa/web", Key: k, NotBefore: now, Life: time.Hour}).Cert
+	roots := []*x509.Certificate{root.Cert}
 	tests := []struct {
 		name    string
 		chain   []*x509.Certificate
@@ -146,14 +140,14 @@ func TestVerifyCert(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := VerifyCert(tt.chain, m.Roots, "cluster.local", x509.VerifyOptions{CurrentTime: tt.at})
+			c, err := VerifyCert(tt.chain, roots, "cluster.local", x509.VerifyOptions{CurrentTime: tt.at})
 			if tt.wantErr != "" {
 				if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tt.wantErr)
 				}
 				return
 			}
-			if err != nil || c.ID.String() != id.String() || c.Source != SourceX509 {
+			if err != nil || c.ID.String() != id || c.Source != SourceX509 {
 				t.Fatalf("caller %v %v", c, err)
 			}
 		})
