@@ -101,6 +101,7 @@ func startNodeAgent(bin, logPath string, args ...string) (*nodeProc, error) {
 	defer log.Close()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -110,6 +111,13 @@ func startNodeAgent(bin, logPath string, args ...string) (*nodeProc, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// childAttr keeps a storm's children (node agents, workers) out of the
+// terminal's process group, so that Ctrl-C reaches meshctl, which stops them,
+// and ends them if meshctl dies.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 }
 
 // waitReady polls every node agent's /readyz until each answers 200; a node

@@ -104,6 +104,7 @@ func startWorker(ctx context.Context, argv []string, j job, log string) (*worker
 	defer logf.Close()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stderr = logf
+	cmd.SysProcAttr = childAttr()
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
