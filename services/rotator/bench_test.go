@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

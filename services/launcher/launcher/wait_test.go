@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/waitready"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestWaitBlocksUntilTheStatusPortIsReady: `launcher wait` (Istio's pilot-agent

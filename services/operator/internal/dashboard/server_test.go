@@ -16,11 +16,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 

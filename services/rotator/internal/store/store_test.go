@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/tests/bustest"
 )
 
 func open(t *testing.T) *Store {
