@@ -246,24 +246,9 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	anchors, err := readRoots("-trust-anchors-file", c.CA.TrustAnchorsFile)
+	anchors, err := e.trustAnchors(seed)
 	if err != nil {
 		return nil, nil, err
-	}
-	if len(anchors) == 0 {
-		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
-		// pod's trust before its first bundle, not only the one a reply ends at.
-		anchors = slices.Clone(seed)
-	}
-	// What the pod trusted before a restart stays trusted: no trust on first use again.
-	kept, err := readRoots("trust state", c.CA.TrustState)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		e.log.Warn("ignoring the kept trusted roots", "path", c.CA.TrustState, "error", err)
-	}
-	for _, r := range kept {
-		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
-			anchors = append(anchors, r)
-		}
 	}
 	closeSigner = func() {}
 	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
@@ -319,6 +304,32 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
+}
+
+// trustAnchors are the roots the pod trusts before its first bundle: the
+// -trust-anchors-file, else all of seed (-ca-root-cert), and the unexpired roots
+// it trusted before a restart.
+func (e *Edge) trustAnchors(seed []*x509.Certificate) ([]*x509.Certificate, error) {
+	anchors, err := readRoots("-trust-anchors-file", e.cfg.CA.TrustAnchorsFile)
+	if err != nil {
+		return nil, err
+	}
+	if len(anchors) == 0 {
+		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
+		// pod's trust before its first bundle, not only the one a reply ends at.
+		anchors = slices.Clone(seed)
+	}
+	// What the pod trusted before a restart stays trusted: no trust on first use again.
+	kept, err := readRoots("trust state", e.cfg.CA.TrustState)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Warn("ignoring the kept trusted roots", "path", e.cfg.CA.TrustState, "error", err)
+	}
+	for _, r := range kept {
+		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
+			anchors = append(anchors, r)
+		}
+	}
+	return anchors, nil
 }
 
 // readRoots reads the PEM certificates in path (none for ""); flag names the
