@@ -228,13 +228,10 @@ func (s *Server) watch(ctx context.Context) error {
 		return fmt.Errorf("watch inventory: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	timer := s.clk.NewTimer(inventoryTick)
+	timer.Stop()
+	defer timer.Stop()
 	var tick <-chan time.Time // armed while a change is not yet announced
-	var timer clock.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -264,7 +261,7 @@ func (s *Server) watch(ctx context.Context) error {
 			synced := s.synced
 			s.mu.Unlock()
 			if synced && tick == nil {
-				timer = s.clk.NewTimer(inventoryTick)
+				timer.Reset(inventoryTick)
 				tick = timer.C()
 			}
 		}

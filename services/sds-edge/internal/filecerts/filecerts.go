@@ -211,13 +211,11 @@ func (f *Files) Run(ctx context.Context) error {
 	defer func() { f.mu.Lock(); f.w = nil; f.mu.Unlock() }()
 	f.reload() // catch changes made before the watch began
 
-	var timer clock.Timer
+	// The debounce: each change (re)arms the timer, stopped until the first.
+	timer := f.clk.NewTimer(f.debounce)
+	timer.Stop()
+	defer timer.Stop()
 	var fire <-chan time.Time
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -227,11 +225,7 @@ func (f *Files) Run(ctx context.Context) error {
 				return nil
 			}
 			f.log.Trace("file event", "name", ev.Name, "op", ev.Op.String())
-			if timer == nil {
-				timer = f.clk.NewTimer(f.debounce)
-			} else {
-				timer.Reset(f.debounce)
-			}
+			timer.Reset(f.debounce)
 			fire = timer.C()
 		case err, ok := <-w.Errors:
 			if !ok {
