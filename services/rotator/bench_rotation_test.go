@@ -10,11 +10,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/rotator/internal/renewal"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/meshagent/meshagent/tests/bustest"
 )
 
 // BenchmarkRootRotation100k simulates a root rotation over 100,000 pods, each at a

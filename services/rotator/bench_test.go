@@ -16,9 +16,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -117,7 +118,7 @@ func BenchmarkRebuild(b *testing.B) {
 
 		s := schedule.New(schedule.Config{GraceRatio: 0.5, Jitter: 0.01, RetryAfter: 30 * time.Second, RetryMax: 5 * time.Minute, Rate: 500, Burst: 50})
 		start = time.Now()
-		got, _, err := st.Load(ctx, s, func() time.Time { return benchT0 })
+		got, _, err := st.Load(ctx, s, clock.NewFake(benchT0))
 		took := time.Since(start)
 		if err != nil || got != n || s.Len() != n {
 			b.Fatalf("rebuilt %d of %d: %v", got, n, err)

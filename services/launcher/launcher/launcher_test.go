@@ -13,8 +13,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/envoy"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Envoy starts only once sds-edge holds default and ROOTCA and the relay has its

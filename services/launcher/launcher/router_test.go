@@ -10,8 +10,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/internal/bootstrap"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // `proxy router`: Envoy (the stand-in) starts on a gateway's bootstrap — router

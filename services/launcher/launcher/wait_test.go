@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/launcher/internal/waitready"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestWaitBlocksUntilTheStatusPortIsReady: `launcher wait` (Istio's pilot-agent
@@ -44,7 +45,7 @@ func TestWaitBlocksUntilTheStatusPortIsReady(t *testing.T) {
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		done <- waitready.Wait(ctx, c, &out)
+		done <- waitready.Wait(ctx, c, clock.Real{}, &out)
 	}()
 	select {
 	case err := <-done:

@@ -48,7 +48,7 @@ func New(cfg Config, d lifecycle.Deps) (*Operator, error) {
 		}
 		dc.Sink = s
 	}
-	dash, err := dashboard.New(dc, d.Bus, d.Log.Named("dashboard"))
+	dash, err := dashboard.New(dc, d.Bus, d.Clock, d.Log.Named("dashboard"))
 	if err != nil {
 		return nil, err
 	}

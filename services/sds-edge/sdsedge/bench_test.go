@@ -15,8 +15,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // Each benchmark does its whole measurement in one iteration (make bench runs -benchtime 1x).

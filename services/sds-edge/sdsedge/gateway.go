@@ -25,13 +25,13 @@ func newGatewayServer(e *Edge) (*gatewayServer, error) {
 	log := e.log.Named("gateway")
 	// Paths reach the loader already joined under the secret root; nothing here is
 	// resolved by name (no file-cert:), so no directory is open to such names.
-	g.files = filecerts.New(g.store, func(p string) string { return p }, nil, e.cfg.Cert.FileDebounce, g.changed, log)
+	g.files = filecerts.New(g.store, func(p string) string { return p }, nil, e.cfg.Cert.FileDebounce, g.changed, e.d.Clock, log)
 	r, err := gatewaycreds.New(e.cfg.Gateway.Dir, g.files, e.d.Metrics, log)
 	if err != nil {
 		return nil, err
 	}
 	g.store.SetResolver(r)
-	g.ln = sds.NewListener(e.cfg.Gateway.Socket, e.cfg.SDS.SocketMode, sds.New(g.store, gatewayObserver{e}, log), log)
+	g.ln = sds.NewListener(e.cfg.Gateway.Socket, e.cfg.SDS.SocketMode, sds.New(g.store, gatewayObserver{e}, e.d.Clock, log), log)
 	return g, nil
 }
 

@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
+	"github.com/meshagent/meshagent/tests/obstest"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 const gatewayNode = "router~10.0.0.9~ingress-0.istio-system~istio-system.svc.cluster.local"

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/devtokentest"
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 

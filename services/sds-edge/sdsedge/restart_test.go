@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // A restarted sds-edge trusts what it trusted before (kept under the pod root,

@@ -22,6 +22,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/outbox"
@@ -96,13 +98,13 @@ func New(cfg Config, d lifecycle.Deps) (*Edge, error) {
 	}
 	store := secrets.New(nil)
 	e := &Edge{cfg: cfg, spiffeID: id, d: d, log: d.Log, store: store, bound: make(chan struct{}),
-		m: metrics.New(d.Metrics, store, d.Clock.Now), reconnected: make(chan struct{}, 1), rootsHeld: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
+		m: metrics.New(d.Metrics, store, d.Clock), reconnected: make(chan struct{}, 1), rootsHeld: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 	// pod.down is queued last, at shutdown: give it 3s to reach the bus.
 	if e.pub, err = outbox.New(js, outbox.Options{Source: "sds-edge/" + cfg.PodRef().String(), Size: 4096, Flush: 3 * time.Second,
 		Metric: metrics.EventsDropped, Registry: d.Metrics, Log: d.Log.Named("events")}); err != nil {
 		return nil, err
 	}
-	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileCertDirs, cfg.Cert.FileDebounce, e.Changed, d.Log.Named("files"))
+	e.files = filecerts.New(store, cfg.Pod.Path, cfg.Cert.FileCertDirs, cfg.Cert.FileDebounce, e.Changed, d.Clock, d.Log.Named("files"))
 	store.SetResolver(e.files)
 	if cfg.Gateway.Dir != "" {
 		if e.gateway, err = newGatewayServer(e); err != nil {
@@ -172,7 +174,7 @@ func (e *Edge) Run(ctx context.Context) error {
 func (e *Edge) serve(ctx context.Context) error {
 	dec, err := identitymode.Decide(ctx, identitymode.Options{Socket: e.cfg.SDS.Socket, ExternalWait: e.cfg.SDS.ExternalWait,
 		CredentialsDir: e.cfg.Cert.CredentialsDir, FileMounted: e.cfg.Cert.FileMounted, FileMountedDir: e.cfg.Cert.FileMountedDir},
-		e.log.Named("startup"))
+		e.d.Clock, e.log.Named("startup"))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -190,7 +192,7 @@ func (e *Edge) serve(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, sdsObserver{e}, e.log.Named("sds")), e.log.Named("sds"))
+	ln := sds.NewListener(e.cfg.SDS.Socket, e.cfg.SDS.SocketMode, sds.New(e.store, sdsObserver{e}, e.d.Clock, e.log.Named("sds")), e.log.Named("sds"))
 	tasks := []func(context.Context) error{ln.Run, e.files.Run, func(ctx context.Context) error {
 		select {
 		case <-ln.Bound():
@@ -209,7 +211,7 @@ func (e *Edge) serve(ctx context.Context) error {
 		mgr := e.ca
 		defer e.closeCA()
 		// From now on the bus and the gRPC CA are shown the pod's own certificate.
-		e.cfg.ClientCert.Use(mgr.ClientCertificate, e.d.Clock.Now)
+		e.cfg.ClientCert.Use(mgr.ClientCertificate, e.d.Clock)
 		unsub, err := podfeed.Subscribe(e.d.Bus, e.cfg.PodRef(), podfeed.Handlers{
 			Renew: mgr.Renew, Trust: mgr.TrustChanged, Federated: mgr.Federated, Anchors: mgr.SetAnchors}, e.log.Named("bus"))
 		if err != nil {
@@ -244,24 +246,9 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	anchors, err := readRoots("-trust-anchors-file", c.CA.TrustAnchorsFile)
+	anchors, err := e.trustAnchors(seed)
 	if err != nil {
 		return nil, nil, err
-	}
-	if len(anchors) == 0 {
-		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
-		// pod's trust before its first bundle, not only the one a reply ends at.
-		anchors = slices.Clone(seed)
-	}
-	// What the pod trusted before a restart stays trusted: no trust on first use again.
-	kept, err := readRoots("trust state", c.CA.TrustState)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		e.log.Warn("ignoring the kept trusted roots", "path", c.CA.TrustState, "error", err)
-	}
-	for _, r := range kept {
-		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
-			anchors = append(anchors, r)
-		}
 	}
 	closeSigner = func() {}
 	// grpcCA is a client of the CA's Istio gRPC API at addr, verifying its TLS
@@ -315,8 +302,34 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
-		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock.Now), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
+		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
+}
+
+// trustAnchors are the roots the pod trusts before its first bundle: the
+// -trust-anchors-file, else all of seed (-ca-root-cert), and the unexpired roots
+// it trusted before a restart.
+func (e *Edge) trustAnchors(seed []*x509.Certificate) ([]*x509.Certificate, error) {
+	anchors, err := readRoots("-trust-anchors-file", e.cfg.CA.TrustAnchorsFile)
+	if err != nil {
+		return nil, err
+	}
+	if len(anchors) == 0 {
+		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
+		// pod's trust before its first bundle, not only the one a reply ends at.
+		anchors = slices.Clone(seed)
+	}
+	// What the pod trusted before a restart stays trusted: no trust on first use again.
+	kept, err := readRoots("trust state", e.cfg.CA.TrustState)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Warn("ignoring the kept trusted roots", "path", e.cfg.CA.TrustState, "error", err)
+	}
+	for _, r := range kept {
+		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
+			anchors = append(anchors, r)
+		}
+	}
+	return anchors, nil
 }
 
 // readRoots reads the PEM certificates in path (none for ""); flag names the
@@ -383,20 +396,20 @@ func (e *Edge) catchUpFederated(ctx context.Context, mgr *identity.Manager) erro
 		return nil
 	case <-e.rootsHeld:
 	}
-	for delay := 100 * time.Millisecond; delay <= 2*time.Second; delay *= 2 {
-		if e.fetchFederated(ctx, mgr) {
+	retry := federatedRetry.Start()
+	for range federatedTries {
+		if e.fetchFederated(ctx, mgr) || !backoff.Wait(ctx, e.d.Clock, retry.Next()) {
 			return nil
-		}
-		t := time.NewTimer(delay) // real time: a retry, not a schedule
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
 		}
 	}
 	return nil
 }
+
+// federatedRetry and federatedTries bound catchUpFederated: five reads, 100ms
+// apart doubling, about three seconds in all.
+var federatedRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 1600 * time.Millisecond}
+
+const federatedTries = 5
 
 // fetchFederated reads and applies the foreign domains' last announcements; it
 // reports whether the read worked (an announcement refused is logged, not retried).
@@ -451,9 +464,9 @@ func (e *Edge) publish(kind string, p events.Payload) {
 // provisioned is the provisioned certificate in dir (PROV_CERT) while it is valid,
 // what the CA flow proves itself with when it has neither a token nor a valid
 // certificate of its own; nil without one.
-func provisioned(dir string, now func() time.Time) func() (*tls.Certificate, error) {
+func provisioned(dir string, clk clock.Clock) func() (*tls.Certificate, error) {
 	if dir == "" {
 		return nil
 	}
-	return func() (*tls.Certificate, error) { return clientcert.Load(dir, now()) }
+	return func() (*tls.Certificate, error) { return clientcert.Load(dir, clk.Now()) }
 }

@@ -32,8 +32,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // testCA is a faithful stand-in for the signer: a real CA that authenticates the

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/clock"
 )
 
@@ -203,7 +204,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 	var missing []string
 	// The first checks come quickly (firstEvery, doubling up to Every): a pod's
 	// certificate usually arrives within tens of milliseconds of its start.
-	every := min(firstEvery, g.cfg.Every)
+	poll := backoff.Policy{First: min(firstEvery, g.cfg.Every), Max: g.cfg.Every}.Start()
 	for {
 		missing = g.Missing(ctx)
 		g.mu.Lock()
@@ -218,8 +219,7 @@ func (g *Gate) Wait(ctx context.Context) error {
 				"waited", now.Sub(start).Round(time.Second), "limit", g.cfg.Wait)
 			lastReport, first = now, false
 		}
-		next := g.clock.NewTimer(every)
-		every = min(2*every, g.cfg.Every)
+		next := g.clock.NewTimer(poll.Next())
 		select {
 		case <-ctx.Done():
 			next.Stop()

@@ -44,6 +44,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/meshagent/meshagent/pkg/clock"
+
 	// The typed configs a bootstrap from the launcher carries, so that it decodes.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -104,7 +106,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "envoy-standin: bootstrap %s: %v\n", cfgPath, err)
 		return 1
 	}
-	s := &server{out: stdout, node: b.GetNode().GetId(), pod: podOf(b.GetNode()), quit: make(chan struct{})}
+	s := &server{out: stdout, clk: clock.Real{}, node: b.GetNode().GetId(), pod: podOf(b.GetNode()), quit: make(chan struct{})}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := s.run(ctx, &b); err != nil {
@@ -124,6 +126,7 @@ func podOf(n *corev3.Node) string {
 // server is one running stand-in.
 type server struct {
 	out  io.Writer
+	clk  clock.Clock
 	node string
 	pod  string
 	quit chan struct{}
@@ -152,7 +155,7 @@ func (s *server) run(ctx context.Context, b *bootstrapv3.Bootstrap) error {
 		return errors.New("bootstrap: admin.address.socket_address is required")
 	}
 	adminAddr := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
-	st := &streams{Pod: s.pod, NodeID: s.node, Report: func(l string) { s.say("%s", l) },
+	st := &streams{Clock: s.clk, Pod: s.pod, NodeID: s.node, Report: func(l string) { s.say("%s", l) },
 		GotSecrets: s.gotSecrets, GotConfig: s.gotConfig}
 	for _, c := range b.GetStaticResources().GetClusters() {
 		pipe := ""

@@ -11,6 +11,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -30,6 +32,7 @@ const (
 // what it gets, and reports each update, so that a person running meshctl up sees
 // identity and configuration arrive the way Envoy would receive them.
 type streams struct {
+	Clock     clock.Clock
 	Pod       string
 	NodeID    string
 	SDSSocket string
@@ -65,10 +68,7 @@ func (e *streams) loop(ctx context.Context, what string, f func(context.Context)
 			e.Report(fmt.Sprintf("envoy %s: %s stream ended (%v); retrying every second", e.Pod, what, err))
 			last = msg
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
+		backoff.Wait(ctx, e.Clock, time.Second)
 	}
 }
 
@@ -91,19 +91,21 @@ func (e *streams) sds(ctx context.Context) error {
 		names := make([]string, 0, len(u.Secrets))
 		for _, s := range u.Secrets {
 			names = append(names, s.Name)
-			e.Report(fmt.Sprintf("envoy %s: sds %s version %s: %s", e.Pod, s.Name, u.Version, summarize(s)))
+			e.Report(fmt.Sprintf("envoy %s: sds %s version %s: %s", e.Pod, s.Name, u.Version, e.summarize(s)))
 		}
 		e.GotSecrets(names)
 	}
 }
 
-func summarize(s sdsclient.Secret) string {
+// summarize is one line about secret s: a certificate's serial and time left, or
+// the roots' fingerprints.
+func (e *streams) summarize(s sdsclient.Secret) string {
 	if s.IsCertificate() {
 		cs, err := pki.ParseCertsPEM(s.CertChain)
 		if err != nil {
 			return "unparsable chain: " + err.Error()
 		}
-		return fmt.Sprintf("serial %s, expires in %s", pki.SerialHex(cs[0]), time.Until(cs[0].NotAfter).Round(time.Second))
+		return fmt.Sprintf("serial %s, expires in %s", pki.SerialHex(cs[0]), cs[0].NotAfter.Sub(e.Clock.Now()).Round(time.Second))
 	}
 	cs, err := pki.ParseCertsPEM(s.TrustedCA)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/launcher/internal/envoy"
@@ -184,7 +185,7 @@ func (s *Supervisor) watchReady(ctx context.Context, p *envoy.Process, start tim
 	lastLog := start
 	// Envoy is usually LIVE within tens of milliseconds: ask soon, then every
 	// ReadyEvery at most.
-	every := min(10*time.Millisecond, s.cfg.ReadyEvery)
+	poll := backoff.Policy{First: min(10*time.Millisecond, s.cfg.ReadyEvery), Max: s.cfg.ReadyEvery}.Start()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := s.cfg.Admin.Ready(rctx)
@@ -203,8 +204,7 @@ func (s *Supervisor) watchReady(ctx context.Context, p *envoy.Process, start tim
 			s.log.Info("waiting for envoy to be ready", "pid", p.PID(), "state", err.Error())
 			lastLog = now
 		}
-		t := s.clock.NewTimer(every)
-		every = min(2*every, s.cfg.ReadyEvery)
+		t := s.clock.NewTimer(poll.Next())
 		select {
 		case <-ctx.Done():
 			t.Stop()

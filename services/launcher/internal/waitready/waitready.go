@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/flagenv"
 )
 
@@ -52,21 +53,22 @@ func Load(args []string) (Config, error) {
 // ErrNotReady is returned when the timeout passes before the URL answers 200.
 var ErrNotReady = errors.New("proxy not ready")
 
-// Wait polls c.URL until it answers 200 (nil), the timeout passes or ctx ends
-// (ErrNotReady, with the last answer). It writes Istio's progress lines to out.
-func Wait(ctx context.Context, c Config, out io.Writer) error {
+// Wait polls c.URL every period on clk until it answers 200 (nil), the timeout
+// passes or ctx ends (ErrNotReady, with the last answer). It writes Istio's
+// progress lines to out.
+func Wait(ctx context.Context, c Config, clk clock.Clock, out io.Writer) error {
 	timeout := time.Duration(c.TimeoutSeconds) * time.Second
 	period := time.Duration(c.PeriodMillis) * time.Millisecond
 	fmt.Fprintf(out, "Waiting for Envoy proxy to be ready (timeout: %d seconds)...\n", c.TimeoutSeconds)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	client := &http.Client{Timeout: period}
-	tick := time.NewTicker(period)
-	defer tick.Stop()
 	var last error
 	for {
+		next := clk.NewTimer(period) // a period from this probe's start, as a ticker
 		err := probe(ctx, client, c.URL)
 		if err == nil {
+			next.Stop()
 			fmt.Fprintln(out, "Envoy is ready!")
 			return nil
 		}
@@ -75,8 +77,9 @@ func Wait(ctx context.Context, c Config, out io.Writer) error {
 		}
 		select {
 		case <-ctx.Done():
+			next.Stop()
 			return fmt.Errorf("%w after %s: %w", ErrNotReady, timeout, last)
-		case <-tick.C:
+		case <-next.C():
 		}
 	}
 }
@@ -99,12 +102,12 @@ func probe(ctx context.Context, client *http.Client, u string) error {
 	return nil
 }
 
-// Run is the command: Load, then Wait. Any error exits 1 (pkg/lifecycle.Main),
-// as pilot-agent wait does.
+// Run is the command: Load, then Wait on the wall clock. Any error exits 1
+// (pkg/lifecycle.Main), as pilot-agent wait does.
 func Run(ctx context.Context, args []string, out io.Writer) error {
 	c, err := Load(args)
 	if err != nil {
 		return err
 	}
-	return Wait(ctx, c, out)
+	return Wait(ctx, c, clock.Real{}, out)
 }

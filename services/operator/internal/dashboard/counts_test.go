@@ -9,11 +9,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -22,7 +23,7 @@ import (
 func startReplica(t *testing.T, m *bustest.Secured, errs *bustest.Errors) (base string, stop func()) {
 	t.Helper()
 	hs := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
-	s, err := New(Config{Metrics: hs.Registry(), Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, errs), hclog.NewNullLogger())
+	s, err := New(Config{Metrics: hs.Registry(), Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, errs), clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

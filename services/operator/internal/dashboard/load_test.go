@@ -13,12 +13,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,7 +43,7 @@ func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
 	}
 	var errs bustest.Errors
 	hs := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
-	s, err := New(Config{Metrics: hs.Registry(), Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, &errs), hclog.NewNullLogger())
+	s, err := New(Config{Metrics: hs.Registry(), Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, &errs), clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestViewKeepsUpWithABurstOfCertificates(t *testing.T) {
 // after it happened says "expires in 30m0s" (its certificate's life at issue), not
 // a negative duration from now.
 func TestFeedPrintsHistoryAsItWas(t *testing.T) {
-	s, err := New(Config{Metrics: prometheus.NewRegistry()}, &nats.Conn{}, hclog.NewNullLogger())
+	s, err := New(Config{Metrics: prometheus.NewRegistry()}, &nats.Conn{}, clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func TestFeedPrintsHistoryAsItWas(t *testing.T) {
 // fleet gauges (counted on a gauge of their own) and out of the page's feed.
 func TestBenchLoadStaysOutOfTheView(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Metrics: reg}, &nats.Conn{}, hclog.NewNullLogger())
+	s, err := New(Config{Metrics: reg}, &nats.Conn{}, clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

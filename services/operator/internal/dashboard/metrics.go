@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/auditlog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,7 +42,7 @@ type fleetMetrics struct {
 	events   *prometheus.CounterVec
 }
 
-func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot, bool)) (*fleetMetrics, error) {
+func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot, bool), clk clock.Clock) (*fleetMetrics, error) {
 	m := &fleetMetrics{
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_certs_issued_total",
 			Help: "Certificates issued in the fleet (cert.issued), by signer."}, []string{"signer"}),
@@ -56,7 +57,7 @@ func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot,
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_events_total",
 			Help: "Events seen on the bus, by type."}, []string{"type"}),
 	}
-	for _, c := range []prometheus.Collector{m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{snap: snap}} {
+	for _, c := range []prometheus.Collector{m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{snap: snap, clk: clk}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleet metrics: %w", err)
 		}
@@ -94,6 +95,7 @@ func (m *fleetMetrics) observe(e auditlog.Entry) {
 // inventoryCollector reports the inventory's gauges at scrape time.
 type inventoryCollector struct {
 	snap func() (inventory.Snapshot, bool)
+	clk  clock.Clock
 }
 
 var (
@@ -122,7 +124,7 @@ func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	if !ok {
 		return
 	}
-	now := time.Now()
+	now := c.clk.Now()
 	counts := map[string]int{}
 	pods := map[string]map[string]bool{"up": {}, "down": {}}
 	bench := 0

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,7 +22,7 @@ import (
 // under the leaving root), every hundredth pod down.
 func fleet(tb testing.TB, n int) *Server {
 	tb.Helper()
-	s, err := New(Config{Metrics: prometheus.NewRegistry()}, &nats.Conn{}, hclog.NewNullLogger())
+	s, err := New(Config{Metrics: prometheus.NewRegistry()}, &nats.Conn{}, clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		tb.Fatal(err)
 	}

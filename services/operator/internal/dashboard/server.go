@@ -51,6 +51,7 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	nc      *nats.Conn
+	clk     clock.Clock
 	log     hclog.Logger
 	keeper  *inventory.Keeper
 	metrics *fleetMetrics
@@ -70,8 +71,9 @@ type feedItem struct {
 
 const recentMax = 300
 
-// New builds a server and registers its metrics on cfg.Metrics; nothing runs until Run.
-func New(cfg Config, nc *nats.Conn, log hclog.Logger) (*Server, error) {
+// New builds a server and registers its metrics on cfg.Metrics; nothing runs until
+// Run. Certificates' time to expiry and the feed's history are reckoned on clk.
+func New(cfg Config, nc *nats.Conn, clk clock.Clock, log hclog.Logger) (*Server, error) {
 	if nc == nil {
 		return nil, errors.New("dashboard: no bus connection")
 	}
@@ -81,8 +83,8 @@ func New(cfg Config, nc *nats.Conn, log hclog.Logger) (*Server, error) {
 	if cfg.History <= 0 {
 		cfg.History = 30 * time.Minute
 	}
-	s := &Server{cfg: cfg, nc: nc, log: log, view: inventory.NewView(), clients: map[chan feedItem]struct{}{}}
-	m, err := newFleetMetrics(cfg.Metrics, s.snapshot)
+	s := &Server{cfg: cfg, nc: nc, clk: clk, log: log, view: inventory.NewView(), clients: map[chan feedItem]struct{}{}}
+	m, err := newFleetMetrics(cfg.Metrics, s.snapshot, clk)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +140,7 @@ func (s *Server) follow(ctx context.Context) error {
 	}
 	start := make(chan struct{})
 	go func() {
-		err := l.Read(ctx, auditlog.Filter{Since: time.Now().Add(-s.cfg.History), Last: recentMax}, true, func(auditlog.Start) { close(start) },
+		err := l.Read(ctx, auditlog.Filter{Since: s.clk.Now().Add(-s.cfg.History), Last: recentMax}, true, func(auditlog.Start) { close(start) },
 			func(e auditlog.Entry) error {
 				s.event(e)
 				return nil
@@ -170,7 +172,7 @@ func (s *Server) event(e auditlog.Entry) {
 	}
 	item := feedEvent{ID: e.Meta.ID, Seq: e.Seq, Time: e.Meta.Time, Type: auditlog.ShortType(e.Meta.Type), Pod: e.Pod(), Data: e.Payload}
 	if item.Time.IsZero() {
-		item.Time = time.Now()
+		item.Time = s.clk.Now()
 	}
 	if e.Err != nil {
 		item.Error = e.Err.Error()
@@ -226,6 +228,9 @@ func (s *Server) watch(ctx context.Context) error {
 		return fmt.Errorf("watch inventory: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	timer := s.clk.NewTimer(inventoryTick)
+	timer.Stop()
+	defer timer.Stop()
 	var tick <-chan time.Time // armed while a change is not yet announced
 	for {
 		select {
@@ -236,6 +241,9 @@ func (s *Server) watch(ctx context.Context) error {
 			s.broadcast(feedItem{Kind: "inventory", Data: []byte("{}")}, false)
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // the watch closed as ctx ended: a shutdown, not a failure
+				}
 				return errors.New("inventory watch closed")
 			}
 			s.mu.Lock()
@@ -253,7 +261,8 @@ func (s *Server) watch(ctx context.Context) error {
 			synced := s.synced
 			s.mu.Unlock()
 			if synced && tick == nil {
-				tick = time.After(inventoryTick)
+				timer.Reset(inventoryTick)
+				tick = timer.C()
 			}
 		}
 	}
@@ -300,8 +309,11 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(answer(snap, q, time.Now()))
+	_ = json.NewEncoder(w).Encode(answer(snap, q, s.clk.Now()))
 }
+
+// pingEvery is how often an idle feed is pinged, so that proxies keep it open.
+const pingEvery = 15 * time.Second
 
 // serveEvents is the live feed (server-sent events): the recent events first, then
 // every new one ("ev"), and "inventory" whenever the inventory changed.
@@ -333,7 +345,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	fl.Flush()
-	ping := time.NewTicker(15 * time.Second)
+	ping := s.clk.NewTimer(pingEvery)
 	defer ping.Stop()
 	for {
 		select {
@@ -344,7 +356,8 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			fl.Flush()
-		case <-ping.C:
+		case <-ping.C():
+			ping.Reset(pingEvery)
 			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil {
 				return
 			}

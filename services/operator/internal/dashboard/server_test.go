@@ -16,11 +16,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/pkg/obs"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -143,7 +144,7 @@ func TestServeKeepsAndShowsTheFleet(t *testing.T) {
 	}
 	var errs bustest.Errors
 	hs := obs.NewServer("127.0.0.1:0", hclog.NewNullLogger())
-	s, err := New(Config{Metrics: hs.Registry(), Sink: sink, Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, &errs), hclog.NewNullLogger())
+	s, err := New(Config{Metrics: hs.Registry(), Sink: sink, Listen: "127.0.0.1:0"}, m.Conn(t, policy.Inventory, &errs), clock.Real{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/rotator/internal/lease"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // exactlyOnce checks that every pod in want got exactly one first renew-due and

@@ -27,20 +27,13 @@ func newMetrics(r *Replica, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Events consumed, by kind and result (scheduled, duplicate, stale, expired, unscheduled, retired, applied, unchanged, rejected)."}, []string{"kind", "result"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_renew_sent_total",
 			Help: "renew-due sent, by reason."}, []string{"reason"}),
-		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_renew_rate_limited_total",
-			Help: "renew-due that waited for the fleet-wide rate limit."}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_renew_retries_total",
-			Help: "renew-due sent again because no new certificate came by the deadline."}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_expired_total",
-			Help: "Entries retired because their certificate expired without a successor."}),
-		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_send_errors_total",
-			Help: "renew-due or audit events that could not be published."}),
-		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_rotator_store_conflicts_total",
-			Help: "Entries adopted from the bucket after another writer changed them."}),
-		rebuildSeconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_rotator_rebuild_seconds",
-			Help: "How long the last schedule rebuild from the bucket took."}),
-		rebuildChanges: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meshagent_rotator_rebuild_changes",
-			Help: "Bucket changes read by the last rebuild (few when the standby schedule was warm)."}),
+		rateLimited:    newCounter("meshagent_rotator_renew_rate_limited_total", "renew-due that waited for the fleet-wide rate limit."),
+		retries:        newCounter("meshagent_rotator_renew_retries_total", "renew-due sent again because no new certificate came by the deadline."),
+		expired:        newCounter("meshagent_rotator_expired_total", "Entries retired because their certificate expired without a successor."),
+		sendErrors:     newCounter("meshagent_rotator_send_errors_total", "renew-due or audit events that could not be published."),
+		conflicts:      newCounter("meshagent_rotator_store_conflicts_total", "Entries adopted from the bucket after another writer changed them."),
+		rebuildSeconds: newGauge("meshagent_rotator_rebuild_seconds", "How long the last schedule rebuild from the bucket took."),
+		rebuildChanges: newGauge("meshagent_rotator_rebuild_changes", "Bucket changes read by the last rebuild (few when the standby schedule was warm)."),
 		certRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_cert_rejected_total",
 			Help: "cert.issued records refused, by reason (no_chain, bad_chain, mismatch, untrusted)."}, []string{"reason"}),
 		trustBootstrap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_rotator_trust_bootstrap",
@@ -53,6 +46,14 @@ func newMetrics(r *Replica, reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
 }
 
 var (

@@ -44,7 +44,7 @@ func (r *Replica) startMirror(ctx context.Context) {
 // follow keeps m up to date until ctx is done, resuming after bus errors from the
 // last change it applied.
 func (r *Replica) follow(ctx context.Context, m *mirror) {
-	start := time.Now()
+	start := r.clk.Now()
 	bo := mirrorRetry.Start()
 	for ctx.Err() == nil {
 		m.mu.Lock()
@@ -63,7 +63,7 @@ func (r *Replica) follow(ctx context.Context, m *mirror) {
 			n := m.sched.Len()
 			m.mu.Unlock()
 			if first {
-				r.log.Debug("standby schedule warm", "entries", n, "took", time.Since(start))
+				r.log.Debug("standby schedule warm", "entries", n, "took", r.clk.Now().Sub(start))
 			}
 		})
 		if err == nil || ctx.Err() != nil {

@@ -33,16 +33,16 @@ func (r *Replica) lead(ctx context.Context) {
 }
 
 func (r *Replica) term(ctx context.Context) error {
-	start := time.Now()
+	start := r.clk.Now()
 	sched, seq, warm := r.takeMirror()
 	if sched == nil {
 		sched = schedule.New(r.opts.Schedule)
 	}
-	n, _, err := r.store.CatchUp(ctx, seq, sched, r.clk.Now)
+	n, _, err := r.store.CatchUp(ctx, seq, sched, r.clk)
 	if err != nil {
 		return err
 	}
-	took := time.Since(start)
+	took := r.clk.Now().Sub(start)
 	r.m.rebuildSeconds.Set(took.Seconds())
 	r.m.rebuildChanges.Set(float64(n))
 	r.lastRebuild.Store(int64(took))

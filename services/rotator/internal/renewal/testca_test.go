@@ -12,8 +12,8 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 const testTD = "cluster.local"

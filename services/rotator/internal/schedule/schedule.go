@@ -17,6 +17,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/backoff"
 )
 
 // DefaultResource is the SDS resource a certificate is for when none is named.
@@ -210,15 +212,20 @@ func dueOf(cfg Config, serial, k string, from, na int64) int64 {
 	return from + int64((1-r)*float64(na-from))
 }
 
-func (s *Schedule) backoff(attempt uint16) int64 {
-	d := s.cfg.RetryAfter
-	for i := uint16(1); i < attempt && d < s.cfg.RetryMax; i++ {
-		d *= 2
+// retryWait is how long after renew-due number attempt (1 for the first send) it
+// is sent again: pkg/backoff's schedule from RetryAfter doubling to RetryMax (no
+// doubling without a RetryMax), unjittered, walked attempt-1 steps.
+func (s *Schedule) retryWait(attempt uint16) int64 {
+	p := backoff.Policy{First: s.cfg.RetryAfter, Max: s.cfg.RetryMax}
+	if p.Max <= 0 {
+		p.Max = p.First
 	}
-	if s.cfg.RetryMax > 0 && d > s.cfg.RetryMax {
-		d = s.cfg.RetryMax
+	p.First = min(p.First, p.Max)
+	b := p.Start()
+	for i := uint16(1); i < attempt && b.Current() < p.Max; i++ {
+		b.Next()
 	}
-	return int64(d)
+	return int64(b.Current())
 }
 
 // newer compares certificate (nb, na, issued, serial) with entry e: >0 newer, 0 same,
@@ -302,7 +309,7 @@ func (s *Schedule) enqueue(i int32, now int64) {
 	e := &s.entries[i]
 	switch {
 	case e.attempt > 0:
-		e.due = e.sentAt + s.backoff(e.attempt)
+		e.due = e.sentAt + s.retryWait(e.attempt)
 	case s.oldRoot[e.root]:
 		e.flags |= fRootRotation
 		e.due = min(now, dueOf(s.cfg, e.serial, e.key, countFrom(e.notBefore, e.issued, e.notAfter), e.notAfter))

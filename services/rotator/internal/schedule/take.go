@@ -76,7 +76,7 @@ func (s *Schedule) Take(now time.Time, max int) []Renewal {
 			s.expired++
 			s.removeAt(i)
 		} else {
-			e.due = n + s.backoff(e.attempt)
+			e.due = n + s.retryWait(e.attempt)
 			s.pending.push(i)
 		}
 		out = append(out, r)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -132,19 +133,20 @@ func splitKey(key string) (string, string, error) {
 
 // Load replays the whole bucket into s and returns the number of changes applied
 // and the last sequence read.
-func (s *Store) Load(ctx context.Context, sched *schedule.Schedule, now func() time.Time) (n int, seq uint64, err error) {
-	return s.CatchUp(ctx, 0, sched, now)
+func (s *Store) Load(ctx context.Context, sched *schedule.Schedule, clk clock.Clock) (n int, seq uint64, err error) {
+	return s.CatchUp(ctx, 0, sched, clk)
 }
 
 // CatchUp applies every change after sequence from to sched, up to what the bucket
-// holds now, and returns how many it applied and the last sequence read.
-func (s *Store) CatchUp(ctx context.Context, from uint64, sched *schedule.Schedule, now func() time.Time) (n int, seq uint64, err error) {
+// holds now (each applied at clk's time), and returns how many it applied and the
+// last sequence read.
+func (s *Store) CatchUp(ctx context.Context, from uint64, sched *schedule.Schedule, clk clock.Clock) (n int, seq uint64, err error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	seq = from
 	done := false
 	err = s.Follow(lctx, from, func(u Update) {
-		u.Apply(sched, now())
+		u.Apply(sched, clk.Now())
 		seq = u.Seq
 		n++
 	}, func() { done = true; cancel() })

@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/tests/bustest"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
+	"github.com/meshagent/meshagent/tests/bustest"
 )
 
 func open(t *testing.T) *Store {
@@ -67,7 +68,7 @@ func TestWriteIsCompareAndSet(t *testing.T) {
 func TestLoadAndCatchUp(t *testing.T) {
 	ctx := context.Background()
 	st := open(t)
-	now := func() time.Time { return time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC) }
+	now := clock.NewFake(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
 	cfg := schedule.Config{GraceRatio: 0.5, RetryAfter: time.Minute, RetryMax: time.Hour}
 
 	empty := schedule.New(cfg)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
 )
@@ -237,11 +238,12 @@ func retryElsewhere(ctx context.Context, err error) bool {
 }
 
 // share is ctx with 1/n of the time it has left (ctx itself, cancellable, when it
-// has no deadline).
+// has no deadline). A context's deadline is kept on the wall clock, so what is
+// left of it is measured there too, never on an injected clock.
 func share(ctx context.Context, n int) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
 	if !ok || n <= 1 {
 		return context.WithCancel(ctx)
 	}
-	return context.WithTimeout(ctx, time.Until(d)/time.Duration(n))
+	return context.WithTimeout(ctx, d.Sub(clock.Real{}.Now())/time.Duration(n))
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/clock"
 )
 
 // Source gives the certificate to present.
@@ -27,7 +28,7 @@ type Source struct {
 
 type current struct {
 	cert func() (*tls.Certificate, error)
-	now  func() time.Time
+	clk  clock.Clock
 }
 
 // New returns a source that presents the certificate in the PROV_CERT directory
@@ -35,9 +36,9 @@ type current struct {
 func New(prov string) *Source { return &Source{prov: prov} }
 
 // Use makes s present what cert returns (the CA flow's current certificate), when
-// it returns one, judging the provisioned certificate's expiry by now.
-func (s *Source) Use(cert func() (*tls.Certificate, error), now func() time.Time) {
-	s.current.Store(&current{cert: cert, now: now})
+// it returns one, judging the provisioned certificate's expiry by clk.
+func (s *Source) Use(cert func() (*tls.Certificate, error), clk clock.Clock) {
+	s.current.Store(&current{cert: cert, clk: clk})
 }
 
 // Provisioned reports whether s has a provisioned certificate to fall back on.
@@ -45,11 +46,12 @@ func (s *Source) Provisioned() bool { return s.prov != "" }
 
 // Get is the certificate to present now: the pod's own while it is valid, else
 // the provisioned one while it is valid, else an error saying why there is none.
+// Before Use, the provisioned certificate's expiry is judged by the wall clock.
 func (s *Source) Get() (*tls.Certificate, error) {
-	now := time.Now
+	var clk clock.Clock = clock.Real{}
 	var own error
 	if c := s.current.Load(); c != nil {
-		now = c.now
+		clk = c.clk
 		cert, err := c.cert()
 		if err == nil {
 			return cert, nil
@@ -62,7 +64,7 @@ func (s *Source) Get() (*tls.Certificate, error) {
 		}
 		return nil, own
 	}
-	cert, err := Load(s.prov, now())
+	cert, err := Load(s.prov, clk.Now())
 	if err != nil && own != nil {
 		return nil, fmt.Errorf("%w; %w", own, err)
 	}

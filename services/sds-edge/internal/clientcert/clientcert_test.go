@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -29,13 +30,13 @@ func TestPresentsTheCurrentCertificateElseTheProvisionedOne(t *testing.T) {
 	}
 	own := ca.Issue(t, testkit.Spec{ID: "spiffe://cluster.local/ns/shop/sa/web"})
 	var current *tls.Certificate
-	clock := now
+	clk := clock.NewFake(now)
 	s.Use(func() (*tls.Certificate, error) {
 		if current == nil {
 			return nil, errors.New("no certificate yet")
 		}
 		return current, nil
-	}, func() time.Time { return clock })
+	}, clk)
 	if c, err := s.Get(); err != nil || !c.Leaf.Equal(prov.Cert) {
 		t.Fatalf("no certificate of its own yet: %v, want the provisioned one", err)
 	}
@@ -44,7 +45,9 @@ func TestPresentsTheCurrentCertificateElseTheProvisionedOne(t *testing.T) {
 	if c, err := s.Get(); err != nil || c != current {
 		t.Fatalf("with its own certificate: %v, want it", err)
 	}
-	current, clock = nil, now.Add(2*time.Hour) // its own gone, the provisioned one expired
+	// Its own gone, the provisioned one expired.
+	current = nil
+	clk.Set(now.Add(2 * time.Hour))
 	if _, err := s.Get(); err == nil || !strings.Contains(err.Error(), "expired") || !strings.Contains(err.Error(), "no certificate yet") {
 		t.Fatalf("nothing valid: %v, want an error naming both", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
@@ -44,6 +45,7 @@ type Files struct {
 	roots    []string // where file-cert:/file-root: may read (absolute)
 	debounce time.Duration
 	changed  Changed
+	clk      clock.Clock
 	log      hclog.Logger
 
 	mu      sync.Mutex
@@ -57,9 +59,10 @@ var _ secrets.Resolver = (*Files)(nil)
 // New returns a loader; under resolves relative paths (under the pod root). roots
 // are the directories file-cert:/file-root: resources may be read from (absolute
 // paths; none: every such resource is refused). Mount, AddCert and AddRoots, whose
-// paths come from sds-edge's own configuration, are not confined.
-func New(store *secrets.Store, under func(string) string, roots []string, debounce time.Duration, changed Changed, log hclog.Logger) *Files {
-	return &Files{store: store, under: under, roots: roots, debounce: debounce, changed: changed, log: log,
+// paths come from sds-edge's own configuration, are not confined. The debounce
+// is timed on clk.
+func New(store *secrets.Store, under func(string) string, roots []string, debounce time.Duration, changed Changed, clk clock.Clock, log hclog.Logger) *Files {
+	return &Files{store: store, under: under, roots: roots, debounce: debounce, changed: changed, clk: clk, log: log,
 		sources: map[string]source{}, dirs: map[string]bool{}}
 }
 
@@ -208,7 +211,10 @@ func (f *Files) Run(ctx context.Context) error {
 	defer func() { f.mu.Lock(); f.w = nil; f.mu.Unlock() }()
 	f.reload() // catch changes made before the watch began
 
-	var timer *time.Timer
+	// The debounce: each change (re)arms the timer, stopped until the first.
+	timer := f.clk.NewTimer(f.debounce)
+	timer.Stop()
+	defer timer.Stop()
 	var fire <-chan time.Time
 	for {
 		select {
@@ -219,12 +225,8 @@ func (f *Files) Run(ctx context.Context) error {
 				return nil
 			}
 			f.log.Trace("file event", "name", ev.Name, "op", ev.Op.String())
-			if timer == nil {
-				timer = time.NewTimer(f.debounce)
-			} else {
-				timer.Reset(f.debounce)
-			}
-			fire = timer.C
+			timer.Reset(f.debounce)
+			fire = timer.C()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return nil

@@ -1,7 +1,6 @@
 package identity
 
-// This file is the CA flow's what the manager publishes: the secrets it stores and the
-// roots it keeps.
+// What the CA flow publishes: the secrets it stores and the roots it keeps.
 
 import (
 	"os"

@@ -1,7 +1,6 @@
 package identity
 
-// This file is the CA flow's the checks on the CA's reply before anything of it is
-// believed.
+// The checks the CA flow makes on the CA's reply before it believes any of it.
 
 import (
 	"crypto"

@@ -1,7 +1,6 @@
 package identity
 
-// This file is the CA flow's the request: the key, the CSR and the credential that
-// proves the pod.
+// The CA flow's request: the key, the CSR and the credential that proves the pod.
 
 import (
 	"context"

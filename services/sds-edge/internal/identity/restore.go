@@ -1,8 +1,8 @@
 package identity
 
-// This file is the CA flow's warm start: the certificate and key a previous run
-// left (CertState, else OUTPUT_CERTS) are served again at once if they are still
-// valid, for this pod's identity, and chain to a root the pod trusted before.
+// The CA flow's warm start: the certificate and key a previous run left
+// (CertState, else OUTPUT_CERTS) are served again at once if they are still valid,
+// are for this pod's identity, and chain to a root the pod trusted before.
 
 import (
 	"bytes"

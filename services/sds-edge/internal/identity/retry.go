@@ -1,6 +1,6 @@
 package identity
 
-// This file is the CA flow's retrying: the wait between signing attempts and what each
+// How the CA flow retries: the wait between signing attempts and what each
 // attempt leaves on record.
 
 import (

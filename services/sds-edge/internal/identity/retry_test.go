@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/meshagent/meshagent/pkg/clock"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestRetryWaitKnowsTheClock: the wait before the next attempt never exceeds a

@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/udsock"
 )
 
@@ -37,9 +39,10 @@ type Decision struct {
 }
 
 // Decide chooses the mode. A socket something answers on means another provider
-// owns the pod's identity (external mode).
-func Decide(ctx context.Context, o Options, log hclog.Logger) (Decision, error) {
-	deadline := time.Now().Add(o.ExternalWait)
+// owns the pod's identity (external mode); it is probed every 100ms on clk until
+// o.ExternalWait has passed.
+func Decide(ctx context.Context, o Options, clk clock.Clock, log hclog.Logger) (Decision, error) {
+	deadline := clk.Now().Add(o.ExternalWait)
 	for {
 		healthy, err := probe(ctx, o.Socket, log)
 		if err != nil {
@@ -48,13 +51,11 @@ func Decide(ctx context.Context, o Options, log hclog.Logger) (Decision, error) 
 		if healthy {
 			return Decision{Mode: External}, nil
 		}
-		if time.Now().After(deadline) {
+		if !clk.Now().Before(deadline) {
 			break
 		}
-		select {
-		case <-ctx.Done():
+		if !backoff.Wait(ctx, clk, 100*time.Millisecond) {
 			return Decision{}, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	if hasCerts(o.CredentialsDir) {

@@ -2,10 +2,9 @@
 package metrics
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
 
@@ -29,8 +28,9 @@ type Metrics struct {
 	TrustBootstrap *prometheus.GaugeVec
 }
 
-// New registers the metrics on reg; expiry is read from store at scrape time.
-func New(reg prometheus.Registerer, store *secrets.Store, now func() time.Time) *Metrics {
+// New registers the metrics on reg; expiry is read from store at scrape time,
+// against clk.
+func New(reg prometheus.Registerer, store *secrets.Store, clk clock.Clock) *Metrics {
 	m := &Metrics{
 		CSRSent:     prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_sds_edge_csr_sent_total", Help: "CSRs sent to the CA."}),
 		CSRFailed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_sds_edge_csr_failed_total", Help: "CSRs that failed."}),
@@ -46,27 +46,27 @@ func New(reg prometheus.Registerer, store *secrets.Store, now func() time.Time) 
 	}
 	servingExpired := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meshagent_sds_edge_serving_expired",
 		Help: "1 while the certificate served as default is past its NotAfter (it is still served, and /readyz fails)."}, func() float64 {
-		if en, ok := store.Get(secrets.Default); ok && !en.NotAfter.IsZero() && !now().Before(en.NotAfter) {
+		if en, ok := store.Get(secrets.Default); ok && !en.NotAfter.IsZero() && !clk.Now().Before(en.NotAfter) {
 			return 1
 		}
 		return 0
 	})
 	reg.MustRegister(servingExpired, m.CSRSent, m.CSRFailed, m.CSRRetried, m.Connections, m.Pushes, m.Served, m.Nacks, m.TrustRejected, m.TrustBootstrap,
-		&expiry{store: store, now: now, desc: prometheus.NewDesc("meshagent_sds_edge_cert_expiry_seconds",
+		&expiry{store: store, clk: clk, desc: prometheus.NewDesc("meshagent_sds_edge_cert_expiry_seconds",
 			"Seconds until the earliest certificate of a resource expires.", []string{"resource"}, nil)})
 	return m
 }
 
 type expiry struct {
 	store *secrets.Store
-	now   func() time.Time
+	clk   clock.Clock
 	desc  *prometheus.Desc
 }
 
 func (e *expiry) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
 
 func (e *expiry) Collect(ch chan<- prometheus.Metric) {
-	now := e.now()
+	now := e.clk.Now()
 	for _, en := range e.store.All() {
 		if en.NotAfter.IsZero() {
 			continue

@@ -40,85 +40,79 @@ func Subscribe(nc *nats.Conn, pod events.PodRef, h Handlers, log hclog.Logger) (
 			_ = s.Unsubscribe()
 		}
 	}
-	add := func(subject string, fn nats.MsgHandler) error {
-		s, err := nc.Subscribe(subject, fn)
+	forThisPod := func(m *nats.Msg, ev events.TrustAnchors) error { return forPod(m.Subject, ev.Pod, pod) }
+	for _, s := range []struct {
+		subject string
+		handle  nats.MsgHandler // nil: no handler given
+	}{
+		{renewSubj, renewHandler(pod, h.Renew, log)},
+		{events.SubjectTrustChanged, handler("trust.changed", h.Trust, nil, log)},
+		{events.TrustFederatedWildcard, handler("trust.federated", h.Federated, nil, log)},
+		{anchorSubj, handler("trust anchors", h.Anchors, forThisPod, log)},
+	} {
+		if s.handle == nil {
+			continue
+		}
+		sub, err := nc.Subscribe(s.subject, s.handle)
 		if err != nil {
 			unsub()
-			return fmt.Errorf("subscribe %s: %w", subject, err)
+			return nil, fmt.Errorf("subscribe %s: %w", s.subject, err)
 		}
-		subs = append(subs, s)
-		return nil
-	}
-	if h.Renew != nil {
-		seen := newRecent(64)
-		if err := add(renewSubj, func(m *nats.Msg) {
-			ev, meta, err := events.Decode[events.RenewDue](m)
-			if err == nil && !seen.add(meta.ID) {
-				log.Debug("dropping repeated renew event", "id", meta.ID)
-				return
-			}
-			if err == nil {
-				err = forPod(m.Subject, ev.Pod, pod)
-			}
-			if err == nil && ev.Resource != "" && ev.Resource != "default" {
-				err = fmt.Errorf("renew for resource %q: only default is issued here", ev.Resource)
-			}
-			if err != nil {
-				log.Warn("dropping renew event", "error", err)
-				return
-			}
-			log.Debug("renew due", "reason", ev.Reason, "serial", ev.Serial)
-			h.Renew(ev)
-			if m.Reply != "" {
-				_ = m.Respond(nil)
-			}
-		}); err != nil {
-			return nil, err
-		}
-	}
-	if h.Trust != nil {
-		if err := add(events.SubjectTrustChanged, func(m *nats.Msg) {
-			ev, _, err := events.Decode[events.TrustChanged](m)
-			if err == nil {
-				err = h.Trust(ev)
-			}
-			if err != nil {
-				log.Warn("dropping trust.changed event", "error", err)
-			}
-		}); err != nil {
-			return nil, err
-		}
-	}
-	if h.Federated != nil {
-		if err := add(events.TrustFederatedWildcard, func(m *nats.Msg) {
-			ev, _, err := events.Decode[events.TrustFederated](m)
-			if err == nil {
-				err = h.Federated(ev)
-			}
-			if err != nil {
-				log.Warn("dropping trust.federated event", "error", err)
-			}
-		}); err != nil {
-			return nil, err
-		}
-	}
-	if h.Anchors != nil {
-		if err := add(anchorSubj, func(m *nats.Msg) {
-			ev, _, err := events.Decode[events.TrustAnchors](m)
-			if err == nil {
-				err = forPod(m.Subject, ev.Pod, pod)
-			}
-			if err == nil {
-				err = h.Anchors(ev)
-			}
-			if err != nil {
-				log.Warn("dropping trust anchors event", "error", err)
-			}
-		}); err != nil {
-			return nil, err
-		}
+		subs = append(subs, sub)
 	}
 	return unsub, nil
+}
+
+// handler decodes a T and gives it to fn once check (if any) passes, logging
+// what it drops (what names the event); nil when fn is.
+func handler[T events.Payload](what string, fn func(T) error, check func(*nats.Msg, T) error, log hclog.Logger) nats.MsgHandler {
+	if fn == nil {
+		return nil
+	}
+	return func(m *nats.Msg) {
+		ev, _, err := events.Decode[T](m)
+		if err == nil && check != nil {
+			err = check(m, ev)
+		}
+		if err == nil {
+			err = fn(ev)
+		}
+		if err != nil {
+			log.Warn("dropping "+what+" event", "error", err)
+		}
+	}
+}
+
+// renewHandler gives fn the renewals for pod's default certificate, each once
+// (several rotator replicas may send one renewal), and answers a renewal sent as
+// a request; nil when fn is.
+func renewHandler(pod events.PodRef, fn func(events.RenewDue), log hclog.Logger) nats.MsgHandler {
+	if fn == nil {
+		return nil
+	}
+	seen := newRecent(64)
+	return func(m *nats.Msg) {
+		ev, meta, err := events.Decode[events.RenewDue](m)
+		if err == nil && !seen.add(meta.ID) {
+			log.Debug("dropping repeated renew event", "id", meta.ID)
+			return
+		}
+		if err == nil {
+			err = forPod(m.Subject, ev.Pod, pod)
+		}
+		if err == nil && ev.Resource != "" && ev.Resource != "default" {
+			err = fmt.Errorf("renew for resource %q: only default is issued here", ev.Resource)
+		}
+		if err != nil {
+			log.Warn("dropping renew event", "error", err)
+			return
+		}
+		log.Debug("renew due", "reason", ev.Reason, "serial", ev.Serial)
+		fn(ev)
+		if m.Reply != "" {
+			_ = m.Respond(nil)
+		}
+	}
 }
 
 // forPod is nil when both the subject and the payload of an event name pod.

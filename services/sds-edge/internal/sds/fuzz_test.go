@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -62,7 +63,7 @@ func fuzzServer(f *testing.F) (secretv3.SecretDiscoveryServiceClient, *fuzzObser
 	}
 	hooks := &fuzzObserver{}
 	path := filepath.Join(f.TempDir(), "sds.sock")
-	l := NewListener(path, 0o600, New(store, hooks, hclog.NewNullLogger()), hclog.NewNullLogger())
+	l := NewListener(path, 0o600, New(store, hooks, clock.Real{}, hclog.NewNullLogger()), hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()

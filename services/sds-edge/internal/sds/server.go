@@ -15,7 +15,6 @@ package sds
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
@@ -47,13 +47,15 @@ type Observer interface {
 type Server struct {
 	store *secrets.Store
 	obs   Observer
+	clk   clock.Clock
 	log   hclog.Logger
 	nonce atomic.Uint64
 }
 
-// New returns a server over store.
-func New(store *secrets.Store, obs Observer, log hclog.Logger) *Server {
-	return &Server{store: store, obs: obs, log: log}
+// New returns a server over store; clk times a fetch's wait for a secret not
+// issued yet (FetchWait).
+func New(store *secrets.Store, obs Observer, clk clock.Clock, log hclog.Logger) *Server {
+	return &Server{store: store, obs: obs, clk: clk, log: log}
 }
 
 // ServerOptions are the options a gRPC server needs to serve this service: its
@@ -161,7 +163,7 @@ func (s *Server) await(ctx context.Context, names []string) ([]*secrets.Entry, e
 	w := s.store.NewWatch()
 	defer w.Close()
 	w.Set(names)
-	t := time.NewTimer(FetchWait)
+	t := s.clk.NewTimer(FetchWait)
 	defer t.Stop()
 	for {
 		if e := s.store.Snapshot(names); len(e) == len(names) {
@@ -171,7 +173,7 @@ func (s *Server) await(ctx context.Context, names []string) ([]*secrets.Entry, e
 		case <-w.C():
 		case <-ctx.Done():
 			return nil, status.Error(codes.Unavailable, "secret not available yet")
-		case <-t.C:
+		case <-t.C():
 			return nil, status.Error(codes.Unavailable, "secret not available yet")
 		}
 	}
@@ -194,33 +196,4 @@ func anys(entries []*secrets.Entry) []xdswire.Any {
 		out[i] = e.Any
 	}
 	return out
-}
-
-// recvLoop feeds a stream's requests into a channel until it ends.
-func recvLoop[T any, M interface {
-	*T
-	xdswire.Message
-}](ctx context.Context, st grpc.ServerStream, reqs chan<- M, errc chan<- error) {
-	for {
-		r := M(new(T))
-		if err := st.RecvMsg(r); err != nil {
-			errc <- err
-			return
-		}
-		select {
-		case reqs <- r:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-func streamEnd(err error) error {
-	if st, ok := status.FromError(err); ok && (st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded) {
-		return nil
-	}
-	if errors.Is(err, context.Canceled) || err.Error() == "EOF" {
-		return nil
-	}
-	return fmt.Errorf("receive: %w", err)
 }

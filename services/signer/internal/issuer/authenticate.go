@@ -78,3 +78,21 @@ func provePod(reqPod, busPod events.PodRef, caller authn.Caller) (events.PodRef,
 	}
 	return proved, nil
 }
+
+// proveNode checks a request that came through a node's tier (busNode not ""):
+// its credential must be the pod's token, bound to pod and to that node. A node
+// can thus get certificates only for the pods scheduled on it, even holding
+// another node's pod's token.
+func proveNode(busNode string, pod events.PodRef, caller authn.Caller) *Error {
+	switch {
+	case busNode == "":
+		return nil
+	case caller.Source != authn.SourceJWT || pod.IsZero() || caller.Pod != pod:
+		return errf(events.CodePermissionDenied, "a request through node %q must carry the pod's own token, bound to the pod", busNode)
+	case caller.Node == "":
+		return errf(events.CodePermissionDenied, "pod %s's token names no node (kubernetes.io.node.name, Kubernetes 1.32 on): the node tier cannot check that the pod is on node %q", pod, busNode)
+	case caller.Node != busNode:
+		return errf(events.CodePermissionDenied, "pod %s's token binds it to node %q; the request came through node %q", pod, caller.Node, busNode)
+	}
+	return nil
+}

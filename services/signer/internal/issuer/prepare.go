@@ -180,6 +180,10 @@ func (i *Issuer) prove(r *request) error {
 		i.log.Warn("pod not proved", "transport", r.via.Transport, "spiffe_id", caller.ID.String(), "request_pod", r.req.Pod, "bus_pod", r.via.BusPod, "token_pod", caller.Pod)
 		return i.reject(r, "pod_mismatch", perr)
 	}
+	if err := proveNode(r.via.BusNode, pod, caller); err != nil {
+		i.log.Warn("node not proved", "transport", r.via.Transport, "spiffe_id", caller.ID.String(), "pod", pod, "bus_node", r.via.BusNode, "token_node", caller.Node)
+		return i.reject(r, "node_mismatch", err)
+	}
 	r.pod = pod
 	// A pod is its namespace/name; a caller that is no pod, its SPIFFE ID.
 	r.holder = caller.ID.String()

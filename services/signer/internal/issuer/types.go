@@ -28,6 +28,10 @@ type Via struct {
 	// BusPod is the pod the bus vouches for: the pod sign subject the request came
 	// on, which NATS permissions let only that pod (namespace and name) publish to.
 	BusPod events.PodRef
+	// BusNode is the node the request came through (a node sign subject,
+	// events.NodeFromSignSubject), which NATS lets only that node's leaf
+	// connection publish below. The request's token must bind its pod to it.
+	BusNode string
 	// Impersonate is the identity the caller asks for instead of its own (Istio's
 	// ImpersonatedIdentity request metadata): only a trusted node agent gets it.
 	Impersonate string

@@ -337,8 +337,10 @@ func decodeCode(err error) string {
 // sign subject (bus permissions), so that subject proves the pod; so does its
 // identity sign subject, where the callout admitted the connection with a token
 // proving namespace, service account and pod — with signByID the subject proves all
-// three, without it the request's token is verified as on the pod subject;
-// SubjectSignAny proves nothing.
+// three, without it the request's token is verified as on the pod subject; a
+// node sign subject proves the node the request came through (only that node's
+// leaf connection may publish below it), and the token, verified, must bind the
+// pod to that node; SubjectSignAny proves nothing.
 func (a *API) signVia(subject string) (issuer.Via, bool) {
 	via := issuer.Via{Transport: issuer.TransportNATS}
 	if subject == events.SubjectSignAny {
@@ -346,6 +348,10 @@ func (a *API) signVia(subject string) (issuer.Via, bool) {
 	}
 	if pod, ok := events.PodFromSubject(subject); ok {
 		via.BusPod = pod
+		return via, true
+	}
+	if node, pod, ok := events.NodeFromSignSubject(subject); ok {
+		via.BusPod, via.BusNode = pod, node
 		return via, true
 	}
 	pod, sa, ok := events.IdentityFromSignSubject(subject)

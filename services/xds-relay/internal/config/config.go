@@ -131,6 +131,42 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		c.Upstream.Address = pc.DiscoveryAddress
 	}
 	fs := flagenv.New("xds-relay", getenv)
+	c.bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return c, errors.Join(pcErr, err)
+	}
+	if pcErr != nil {
+		return c, pcErr
+	}
+	tokenGiven := c.Upstream.TokenFile != ""
+	c.upstreamDefaults()
+	c.Upstream.Headers = headers(environ, getenv)
+	c.underPodRoot()
+	c.Bus.Name = "xds-relay/" + c.PodRef().String()
+	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
+	busToken := c.Upstream.TokenFile
+	if busToken == "" {
+		busToken = c.Pod.Path(PodTokenFile)
+	}
+	c.Bus.AsPod(c.PodRef(), busToken)
+	if !c.Upstream.Auth {
+		if tokenGiven {
+			return c, errors.Join(c.Validate(), errors.New("-xds-auth=false (XDS_AUTH): not with -token-file, which sends a token"))
+		}
+		c.Upstream.TokenFile = ""
+	}
+	if c.Upstream.Mode == ModeAuto {
+		c.Upstream.Mode = ModeMTLS
+		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {
+			c.Upstream.Mode = ModePlaintext
+		}
+	}
+	return c, c.Validate()
+}
+
+// bind defines every flag of the relay on fs, each with its env var, over what c
+// holds (the defaults and PROXY_CONFIG's).
+func (c *Config) bind(fs *flagenv.Set) {
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
@@ -153,26 +189,28 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	fs.String(&c.DNS.Addr, "dns-addr", "DNS_PROXY_ADDR", c.DNS.Addr, "DNS proxy address, UDP and TCP")
 	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
 	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
-	if err := fs.Parse(args); err != nil {
-		return c, errors.Join(pcErr, err)
-	}
-	if pcErr != nil {
-		return c, pcErr
-	}
+}
+
+// upstreamDefaults fills what the upstream's security implies when not given: the
+// roots of -pilot-cert-provider over TLS, and, over TLS with -xds-auth, the pod's
+// service-account token when it exists.
+func (c *Config) upstreamDefaults() {
 	_, port, _ := net.SplitHostPort(c.Upstream.Address)
 	plaintext := c.Upstream.Mode == ModePlaintext || (c.Upstream.Mode == ModeAuto && port == "15010")
 	if c.Upstream.RootCA == "" && !plaintext {
 		c.Upstream.RootCA = certProviderRoots[c.Upstream.CertProvider]
 	}
-	tokenGiven := c.Upstream.TokenFile != ""
 	// The pod's token goes upstream by itself only over TLS: a bearer token in
 	// plaintext is for whoever is on the path (-token-file still sends it).
-	if c.Upstream.Auth && !tokenGiven && !plaintext {
+	if c.Upstream.Auth && c.Upstream.TokenFile == "" && !plaintext {
 		if p := c.Pod.Path(PodTokenFile); fileExists(p) {
 			c.Upstream.TokenFile = PodTokenFile
 		}
 	}
-	c.Upstream.Headers = headers(environ, getenv)
+}
+
+// underPodRoot makes the relative paths c names relative to the pod root.
+func (c *Config) underPodRoot() {
 	c.Socket = c.Pod.Path(c.Socket)
 	c.SDSSocket = c.Pod.Path(c.SDSSocket)
 	c.DNS.ResolvConf = c.Pod.Path(c.DNS.ResolvConf)
@@ -182,26 +220,6 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	if c.Upstream.RootCA != "" && c.Upstream.RootCA != "SYSTEM" {
 		c.Upstream.RootCA = c.Pod.Path(c.Upstream.RootCA)
 	}
-	c.Bus.Name = "xds-relay/" + c.PodRef().String()
-	// On the bus the relay is its pod: the pod's service-account token (as sds-edge).
-	busToken := c.Upstream.TokenFile
-	if busToken == "" {
-		busToken = c.Pod.Path(PodTokenFile)
-	}
-	c.Bus.AsPod(c.PodRef(), busToken)
-	if !c.Upstream.Auth {
-		if tokenGiven {
-			return c, errors.Join(c.Validate(), errors.New("-xds-auth=false (XDS_AUTH): not with -token-file, which sends a token"))
-		}
-		c.Upstream.TokenFile = ""
-	}
-	if c.Upstream.Mode == ModeAuto {
-		c.Upstream.Mode = ModeMTLS
-		if _, port, err := net.SplitHostPort(c.Upstream.Address); err == nil && port == "15010" {
-			c.Upstream.Mode = ModePlaintext
-		}
-	}
-	return c, c.Validate()
 }
 
 // headers are the upstream metadata of the XDS_HEADER_* variables environ names,

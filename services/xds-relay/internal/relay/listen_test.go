@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // TestSecondRelayDoesNotStealSocket starts a second relay on a live relay's socket:

@@ -39,7 +39,7 @@ var sotw = mode{
 		}
 		out := make([]*anypb.Any, len(r.Resources))
 		for i, a := range r.Resources {
-			out[i] = &anypb.Any{TypeUrl: a.TypeURL, Value: a.Value}
+			out[i] = protoAny(a)
 		}
 		return out, nil
 	},
@@ -64,9 +64,12 @@ var delta = mode{
 		out := make([]*anypb.Any, 0, len(r.Resources))
 		for _, res := range r.Resources {
 			if res.Resource != nil {
-				out = append(out, &anypb.Any{TypeUrl: res.Resource.TypeURL, Value: res.Resource.Value})
+				out = append(out, protoAny(*res.Resource))
 			}
 		}
 		return out, nil
 	},
 }
+
+// protoAny is a as the protobuf Any the agent's consumers decode.
+func protoAny(a xdswire.Any) *anypb.Any { return &anypb.Any{TypeUrl: a.TypeURL, Value: a.Value} }

@@ -317,7 +317,7 @@ func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	// A service is usually ready within tens of milliseconds: ask soon, then
 	// every 100 ms at most.
-	every := 5 * time.Millisecond
+	wait := backoff.Policy{First: 5 * time.Millisecond, Max: 100 * time.Millisecond}.Start()
 	for {
 		resp, err := client.Get("http://" + p.HTTP + "/readyz")
 		if err == nil {
@@ -332,9 +332,8 @@ func (p *Process) waitReady(ctx context.Context, limit time.Duration) error {
 			return p.ExitError()
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(every):
+		case <-time.After(wait.Next()):
 		}
-		every = min(2*every, 100*time.Millisecond)
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s not ready after %s; last log lines:\n%s", p.Name, limit, p.tail(15))
 		}
