@@ -278,6 +278,10 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		// namespace and account).
 		busCA = caclient.NewNATSAs(e.d.Bus, "sds-edge/"+c.PodRef().String(), c.Pod.ServiceAccount)
 	}
+	if c.CA.ViaNode != "" {
+		// Admitted by its node agent: the node's sign subject, the token in the request.
+		busCA = caclient.NewNATSVia(e.d.Bus, "sds-edge/"+c.PodRef().String(), c.CA.ViaNode)
+	}
 	var signer identity.Signer
 	switch {
 	case c.CA.Addr != "":

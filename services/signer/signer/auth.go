@@ -48,7 +48,7 @@ func (s *Signer) newCallout(verifier buscallout.Verifier, reg prometheus.Registe
 		}
 		return nil
 	}}
-	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, clk).Limit(s.cfg.BusCallout.Pods)
+	s.callout = buscallout.New(issuer, verifier, certs, dial, reg, log, clk).Limit(s.cfg.BusCallout.Pods).NodeAgents(s.cfg.BusCallout.NodeAgents)
 	return nil
 }
 

@@ -58,6 +58,7 @@ type NATS struct {
 	nc     *nats.Conn
 	source string
 	sa     string // the service account the callout admitted the connection as; "" if none
+	node   string // the node whose tier the connection goes through; "" if none
 }
 
 // NewNATS returns a signer client on nc; source names this pod in event envelopes.
@@ -68,6 +69,14 @@ func NewNATS(nc *nats.Conn, source string) *NATS { return &NATS{nc: nc, source: 
 // account sa.
 func NewNATSAs(nc *nats.Conn, source, sa string) *NATS {
 	return &NATS{nc: nc, source: source, sa: sa}
+}
+
+// NewNATSVia is NewNATS for a pod that reaches the bus through node's tier (its
+// node agent admitted the connection): requests go on the node sign subject
+// (events.NodeSignSubject), with the pod's token, which the signer verifies and
+// whose node claim must be node.
+func NewNATSVia(nc *nats.Conn, source, node string) *NATS {
+	return &NATS{nc: nc, source: source, node: node}
 }
 
 // Sign sends req and waits for the reply until ctx ends; ctx's deadline travels
@@ -106,6 +115,8 @@ func (n *NATS) subject(pod events.PodRef) (string, error) {
 	switch {
 	case pod.IsZero():
 		return events.SubjectSignAny, nil
+	case n.node != "":
+		return events.NodeSignSubject(n.node, pod)
 	case n.sa != "":
 		return events.IdentitySignSubject(pod, n.sa)
 	default:

@@ -48,6 +48,11 @@ type Config struct {
 		TokenFile     string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
+		// ViaNode is the node whose tier (its node agent, a NATS leaf node) the pod
+		// reaches the bus through: sign requests go on that node's sign subject,
+		// with the pod's token (docs/scale.md, "The node tier"). Empty: the pod is
+		// on the hub itself.
+		ViaNode string
 		// TrustAnchorsFile holds the PEM roots the pod trusts before it has talked
 		// to anyone: the first trust bundle must be endorsed by one of them. Empty:
 		// trust on first use.
@@ -329,6 +334,11 @@ func (c Config) Validate() error {
 	var p flagenv.Problems
 	p.Add(c.Log.Validate())
 	p.Add(c.Bus.Validate())
+	if c.CA.ViaNode != "" {
+		if err := events.ValidateNodeName(c.CA.ViaNode); err != nil {
+			p.Addf("-bus-via-node: %w", err)
+		}
+	}
 	if c.Pod.ID == "" {
 		p.Addf("-pod: required")
 	} else if err := c.PodRef().Validate(); err != nil {

@@ -88,6 +88,9 @@ type Responder struct {
 	tokens    *tokenCache
 	dropped   prometheus.Counter
 	cacheHits prometheus.Counter
+
+	nodeAgents    []string // <ns>/<sa> whose leaf connections are admitted as their node
+	nodesAdmitted prometheus.Counter
 }
 
 func (r *Responder) now() time.Time { return r.clk.Now() }
@@ -116,17 +119,19 @@ func New(issuer nkeys.KeyPair, verify Verifier, certs *Certificates, dial Dial, 
 		admitted: counter("bus_callout_admitted_total", "Pod connections to the bus admitted by the auth callout."),
 		admittedByCert: counter("bus_callout_admitted_by_certificate_total",
 			"Pod connections to the bus admitted by the auth callout by their client certificate (no usable token)."),
+		nodesAdmitted: counter("bus_callout_nodes_admitted_total",
+			"Node agents' leaf connections admitted by the auth callout, each as its node (the node tier)."),
 		refused: prometheus.NewCounterVec(calloutOpts("bus_callout_refused_total", "Connections to the bus refused by the auth callout, by reason."), []string{"reason"}),
 	}
 	r.Tune(Capacity{})
-	reasons := []string{ReasonBusy, ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections}
+	reasons := []string{ReasonBusy, ReasonMalformed, ReasonNoToken, ReasonBadToken, ReasonNotPodBound, ReasonNotReady, ReasonUnavailable, ReasonNotSubjectSafe, ReasonPodMismatch, ReasonTooManyConnections, ReasonNotANodeAgent, ReasonNoNode}
 	if certs != nil {
 		reasons = append(reasons, ReasonCertExpired, ReasonCertNotYetValid, ReasonCertForeignRoot, ReasonCertForeignDomain, ReasonBadCert, ReasonCertNotRecorded)
 	}
 	for _, reason := range reasons {
 		r.refused.WithLabelValues(reason)
 	}
-	reg.MustRegister(r.admitted, r.admittedByCert, r.refused, r.dropped, r.cacheHits)
+	reg.MustRegister(r.admitted, r.admittedByCert, r.refused, r.dropped, r.cacheHits, r.nodesAdmitted)
 	return r
 }
 
@@ -229,6 +234,9 @@ func (r *Responder) decide(req *jwt.AuthorizationRequestClaims, deadline time.Ti
 		r.refused.WithLabelValues(reason).Inc()
 		r.log.Warn("bus connection refused", "reason", reason, "client_host", host, "client_name", req.ClientInformation.Name, "error", err)
 		return policy.Refuse(r.issuer, req, reason)
+	}
+	if req.ClientInformation.Kind == policy.LeafClientKind {
+		return r.decideNode(req, refuse)
 	}
 	chain, cerr := presented(req.TLS)
 	byCert := (len(chain) > 0 || cerr != nil) && r.certs != nil

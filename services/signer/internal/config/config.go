@@ -36,6 +36,9 @@ type Config struct {
 		SignByIdentity bool
 		// Pods bounds every user the callout mints for a pod (policy.PodLimits).
 		Pods policy.PodLimits
+		// NodeAgents (<ns>/<sa>) are the node agents whose leaf connections the
+		// callout admits, each as the node its token is bound to (the node tier).
+		NodeAgents []string
 	}
 	Instance string // signer instance id, in events and metrics
 	Listen   struct {

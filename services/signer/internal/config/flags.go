@@ -42,6 +42,7 @@ func bindBusCallout(fs *flagenv.Set, c *Config) {
 	fs.Int(&c.BusCallout.Pods.MaxAdmissions, "bus-pod-max-connections", "BUS_POD_MAX_CONNECTIONS", c.BusCallout.Pods.MaxAdmissions, "connections the callout admits per pod within -bus-pod-user-lifetime (so: at most this many at once, per signer replica); more are refused (too_many_connections)")
 	fs.Int(&c.BusCallout.Pods.MaxPayload, "bus-pod-max-payload", "BUS_POD_MAX_PAYLOAD", c.BusCallout.Pods.MaxPayload, "largest message (bytes) a pod's bus user may send, written into its user JWT")
 	fs.Int(&c.BusCallout.Pods.MaxSubs, "bus-pod-max-subs", "BUS_POD_MAX_SUBS", c.BusCallout.Pods.MaxSubs, "most subscriptions a pod's bus user may hold, written into its user JWT")
+	fs.List(&c.BusCallout.NodeAgents, "node-agent-accounts", "NODE_AGENT_ACCOUNTS", nil, "node agents (<ns>/<sa>, comma-separated) whose NATS leaf connections the bus callout admits, each as the node its token is bound to (the node tier, docs/scale.md); their pods' sign requests come on meshagent.rpc.sign.node.<node>.<ns>.<pod>")
 	fs.Bool(&c.BusCallout.SignByIdentity, "bus-sign-id", "BUS_SIGN_ID", false, "answer sign requests on meshagent.rpc.sign.id.<ns>.<sa>.<pod> taking the identity from the subject (the callout grants it from the token it verified) instead of verifying the token per request; only with -bus-callout-seed, when nothing but callout-admitted pods can publish there")
 }
 

@@ -93,6 +93,11 @@ func (c Config) validateCallout(p *flagenv.Problems, tokens int) {
 	} else {
 		p.Check(c.BusCallout.NKeyFile == "", "-bus-callout-nkey: set only with -bus-callout-seed")
 		p.Check(!c.BusCallout.SignByIdentity, "-bus-sign-id: only with -bus-callout-seed (without this signer's callout, the subject proves nothing)")
+		p.Check(len(c.BusCallout.NodeAgents) == 0, "-node-agent-accounts: only with -bus-callout-seed (the callout admits the nodes)")
+	}
+	for _, a := range c.BusCallout.NodeAgents {
+		ns, sa, ok := strings.Cut(a, "/")
+		p.Check(ok && ns != "" && sa != "" && !strings.Contains(sa, "/"), "-node-agent-accounts: %q is not <namespace>/<service account>", a)
 	}
 }
 
