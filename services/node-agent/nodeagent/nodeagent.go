@@ -131,6 +131,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.readToken(); err != nil {
 		return err
 	}
+	// The pods' token keys before the first pod: the key set's Run only
+	// refreshes them (every -jwks-refresh), as the signer loads them at start.
+	if a.keys != nil {
+		if err := a.keys.Load(ctx); err != nil {
+			return fmt.Errorf("node agent: token keys: %w", err)
+		}
+	}
 	srv, err := a.start()
 	if err != nil {
 		return err
