@@ -38,11 +38,14 @@ func ForNode(node string) (Permissions, error) {
 	if err != nil {
 		return Permissions{}, err
 	}
+	// Pods' events as one wildcard, not one per kind (meshagent.evt.pod.*.*.<kind>):
+	// nats-server sends a leaf the hub's interest in a wildcard subject only when
+	// a permission lies under it, and its reverse match does not look below a '*'
+	// token, so the pod-event stream's meshagent.evt.pod.> never reached the
+	// node and every pod's event through it found no responders. The leaf's own
+	// callout still gives each pod only its own events (ForNodePod).
 	publish := []string{prefix + ".>", events.ReplicaSignPattern(prefix + ".>"), events.SubjectSignerPing,
-		events.SubjectTrustBundle, events.TrustFederatedLastWildcard}
-	for _, kind := range events.PodEventKinds {
-		publish = append(publish, events.PodEventWildcard(kind))
-	}
+		events.SubjectTrustBundle, events.TrustFederatedLastWildcard, events.PodEventsWildcard}
 	return Permissions{
 		Publish:   publish,
 		Subscribe: []string{events.Prefix + ".pod.>", events.SubjectTrustChanged, events.TrustFederatedWildcard, "_INBOX.pod.>"},
