@@ -87,8 +87,9 @@ func pidsCPU(pids []int) (float64, error) {
 // many connections the pods hold (to their nodes or to the hub).
 func (m *stormMeter) finish(res *StormResult, held int64) {
 	pods := float64(res.Pods)
-	peak, before, end, hubErr := m.hub.stop()
+	peak, before, end, samples, missed, hubErr := m.hub.stop()
 	res.HubConns, res.HubConnsBefore, res.HubConnsEnd = peak, before, end
+	res.HubSamples, res.HubSamplesMissed = samples, missed
 	if hubErr != nil {
 		res.Unread = append(res.Unread, fmt.Sprintf("hub connections (nats_monitor /varz): %v", hubErr))
 	}
@@ -139,7 +140,9 @@ func (m *stormMeter) finish(res *StormResult, held int64) {
 }
 
 // hubSampler reads the hub's connections (clients and leaf nodes) from its
-// /varz every hubSampleEvery until stopped, keeping the largest.
+// /varz every hubSampleEvery until stopped, keeping the largest. The first and
+// the last reading must succeed; a sample in between that fails (a hub too busy
+// to answer in time) is counted as missed, not taken as zero.
 type hubSampler struct {
 	url     string
 	done    chan struct{} // nil: not sampling
@@ -148,7 +151,9 @@ type hubSampler struct {
 	peak    int
 	before  int
 	last    int
-	err     error
+	samples int
+	missed  int
+	err     error // of the first or the last reading
 }
 
 const hubSampleEvery = 100 * time.Millisecond
@@ -159,7 +164,10 @@ func sampleHub(monitor string) *hubSampler {
 		h.err = errors.New("the stack names no nats_monitor (started by an older meshctl up?)")
 		return h
 	}
-	h.before = h.read()
+	h.before, h.err = h.read()
+	if h.err != nil {
+		return h
+	}
 	h.done = make(chan struct{})
 	h.stopped.Go(func() {
 		t := time.NewTicker(hubSampleEvery)
@@ -169,37 +177,41 @@ func sampleHub(monitor string) *hubSampler {
 			case <-h.done:
 				return
 			case <-t.C:
-				h.read()
+				_, _ = h.read()
 			}
 		}
 	})
 	return h
 }
 
-// read samples the hub once; a failed read is kept as the sampler's error.
-func (h *hubSampler) read() int {
+// read samples the hub once.
+func (h *hubSampler) read() (int, error) {
 	n, err := hubConns(h.url)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.samples++
 	if err != nil {
-		h.err = err
-		return 0
+		h.missed++
+		return 0, err
 	}
 	h.last, h.peak = n, max(h.peak, n)
-	return n
+	return n, nil
 }
 
 // stop ends the sampling with one last read, and returns the peak, the first
-// and last readings, and the first error.
-func (h *hubSampler) stop() (peak, before, end int, err error) {
+// and last readings, the samples taken and missed, and the first or last
+// reading's error.
+func (h *hubSampler) stop() (peak, before, end, samples, missed int, err error) {
 	if h.done != nil {
 		close(h.done)
 		h.stopped.Wait()
-		h.read()
+		if _, lerr := h.read(); lerr != nil {
+			h.err = lerr
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.peak, h.before, h.last, h.err
+	return h.peak, h.before, h.last, h.samples, h.missed, h.err
 }
 
 // hubConns reads a nats-server's client and leaf connections from its /varz.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // fakeStack serves a signer's /metrics (its counters at admitted, then, from
@@ -104,5 +105,25 @@ func TestJobOwnsWholeNodes(t *testing.T) {
 				t.Fatalf("%+v: pod %d owned by %d workers", l, i, owners)
 			}
 		}
+	}
+}
+
+// A /varz sample that fails between the first and the last is counted as
+// missed; the storm's figure stands on the samples read.
+func TestHubSamplerCountsMissedSamples(t *testing.T) {
+	var reads atomic.Int64
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := reads.Add(1); n == 2 || n == 3 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, `{"connections": %d, "leafnodes": 1}`, reads.Load())
+	}))
+	t.Cleanup(hub.Close)
+	h := sampleHub(hub.URL)
+	testkit.Eventually(t, "five samples", func() bool { return reads.Load() >= 5 })
+	peak, before, end, samples, missed, err := h.stop()
+	if err != nil || missed != 2 || samples < 6 || before != 2 || end < 7 || peak != end {
+		t.Fatalf("peak %d before %d end %d samples %d missed %d: %v", peak, before, end, samples, missed, err)
 	}
 }

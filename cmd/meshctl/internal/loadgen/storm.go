@@ -147,6 +147,10 @@ type StormResult struct {
 	HubConns       int `json:"hub_conns"`
 	HubConnsBefore int `json:"hub_conns_before"`
 	HubConnsEnd    int `json:"hub_conns_end"`
+	// HubSamples is how often /varz was read; HubSamplesMissed how many of
+	// those reads (between the first and the last, which must succeed) failed.
+	HubSamples       int `json:"hub_samples"`
+	HubSamplesMissed int `json:"hub_samples_missed,omitempty"`
 	// Admitted and Busy are the hub callout's admissions and busy refusals in
 	// the run; NodeAdmitted the node agents' admissions.
 	Admitted     float64 `json:"admitted"`
@@ -194,7 +198,7 @@ func (r StormResult) WriteText(w io.Writer) {
 	}
 	fmt.Fprintf(w, "pods=%d certified=%d failed=%d wasted=%s in %.2f s hub_conns=%d\n", r.Pods, r.Certified, r.Failed, wasted, r.Seconds, r.HubConns)
 	fmt.Fprintf(w, "layout      %d connections per pod, %d nodes, %d load processes\n", r.ConnsPerPod, r.Nodes, max(1, r.Workers))
-	fmt.Fprintf(w, "hub         %d connections (clients and leaf nodes) at the peak, %d before, %d at the end\n", r.HubConns, r.HubConnsBefore, r.HubConnsEnd)
+	fmt.Fprintf(w, "hub         %d connections (clients and leaf nodes) at the peak, %d before, %d at the end (%d samples of /varz, %d missed)\n", r.HubConns, r.HubConnsBefore, r.HubConnsEnd, r.HubSamples, r.HubSamplesMissed)
 	fmt.Fprintf(w, "admissions  %.0f by the hub's callout (%.0f with a token checked for another connection), %.0f refused as busy (retried), %.0f dropped (the server had given up); %.0f by node agents\n", r.Admitted, r.CacheHits, r.Busy, r.Dropped, r.NodeAdmitted)
 	if r.WastedUnknown {
 		fmt.Fprintf(w, "wasted      unknown\n")
