@@ -30,7 +30,7 @@ import (
 // large fleet; 3 is the three-process pod) connecting at once — to its node
 // agent, or to the hub — and asking for its certificate, then a root rotation
 // (STORM_ROTATE: new-key by default, same-key, or none; none past
-// loadgen.DefaultPodsPerWorker connections, where the pods run in worker
+// loadgen.MaxInProcess connections, where the pods run in worker
 // processes) that every live pod follows on the rotator's renew commands. It
 // reports the seconds until the last pod was certified, failures, wasted work,
 // the hub's connections at the peak, each process's CPU per pod and the hub's
@@ -72,7 +72,7 @@ func BenchmarkStorm(b *testing.B) {
 				b.Fatalf("STORM_NODES=%q: want node counts like 0,50", tiers)
 			}
 			rot := rotate
-			if n*perPod > loadgen.DefaultPodsPerWorker {
+			if n*perPod > loadgen.MaxInProcess {
 				rot = loadgen.RotateNone // the pods run in workers, which a rotation does not follow
 			}
 			benchStorm(b, bin, n, nodes, conns, rot)

@@ -37,10 +37,17 @@ type Layout struct {
 	Nodes int `json:"nodes"`
 }
 
-// DefaultPodsPerWorker is how many pods one load process runs at most: this
-// machine allows a process 20,000 open files, and each pod holds a connection
-// (and, while it connects, its token file) per ConnsPerPod.
-const DefaultPodsPerWorker = 15000
+// MaxInProcess is how many connections meshctl's own process holds at most
+// (StormConfig.PodsPerWorker unset): this machine allows a process 20,000 open
+// files. A larger storm runs in workers of DefaultPodsPerWorker connections
+// each, leaving room for what a storm opens besides its connections: a
+// retrying pod's next socket while its last one closes, its token file.
+// Measured: 100,000 pods over 7 workers of 14,286 ran out of files in every
+// worker once the node agents fell behind and pods reconnected.
+const (
+	MaxInProcess         = 15000
+	DefaultPodsPerWorker = 10000
+)
 
 // StormConfig is one `meshctl bench storm` run.
 type StormConfig struct {
@@ -57,8 +64,9 @@ type StormConfig struct {
 	NATSURL, TLSCA string
 	// BinDir is where the node-agent binary is (empty: beside meshctl, bin/, PATH).
 	BinDir string
-	// PodsPerWorker bounds the pods one process runs (0: DefaultPodsPerWorker);
-	// a larger storm runs in worker processes, WorkerCommand (default: this
+	// PodsPerWorker bounds the connections one process holds (0: up to
+	// MaxInProcess in meshctl's own, else DefaultPodsPerWorker per worker); a
+	// larger storm runs in worker processes, WorkerCommand (default: this
 	// executable's `bench storm-worker`), each taking whole nodes.
 	PodsPerWorker int
 	WorkerCommand []string
@@ -93,7 +101,7 @@ func (c StormConfig) Validate() error {
 		errs = append(errs, errors.New("-pods-per-worker: 0 (the default) or more"))
 	}
 	if w := c.workers(); w > 1 && c.Rotate != RotateNone {
-		errs = append(errs, fmt.Errorf("-rotate: follows the pods in meshctl's own process, up to %d pods (this storm needs %d workers)", c.podsPerWorker(), w))
+		errs = append(errs, fmt.Errorf("-rotate: follows the pods in meshctl's own process, up to %d connections (this storm needs %d workers)", MaxInProcess, w))
 	}
 	if w := c.workers(); w > 1 && c.Layout.Nodes > 0 && c.Layout.Nodes < w {
 		errs = append(errs, fmt.Errorf("-nodes: a worker takes whole nodes; %d pods need %d workers, so at least %d nodes", c.Layout.Pods, w, w))
@@ -110,6 +118,10 @@ func (c StormConfig) podsPerWorker() int {
 
 // workers is how many worker processes the storm needs (1: none, meshctl's own).
 func (c StormConfig) workers() int {
+	conns := c.Layout.Pods * max(1, c.Layout.ConnsPerPod)
+	if c.PodsPerWorker == 0 && conns <= MaxInProcess {
+		return 1
+	}
 	per := max(1, c.podsPerWorker()/max(1, c.Layout.ConnsPerPod))
 	return max(1, (c.Layout.Pods+per-1)/per)
 }
