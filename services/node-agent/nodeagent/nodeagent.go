@@ -47,9 +47,9 @@ type Agent struct {
 	keys    *authn.KeySet // the pods' token keys, nil with TokenReview
 	// tokensReady is nil once pods' tokens can be verified (their keys loaded).
 	tokensReady func() error
-	issuer  nkeys.KeyPair // signs the node's pods' users; made at start, never written
-	user    nkeys.KeyPair // the callout's own user on the leaf server
-	hubTLS  *tls.Config
+	issuer      nkeys.KeyPair // signs the node's pods' users; made at start, never written
+	user        nkeys.KeyPair // the callout's own user on the leaf server
+	hubTLS      *tls.Config
 
 	mu     sync.Mutex
 	ecfg   embedded.Config // the leaf server's, for a reload with a new token

@@ -1,14 +1,15 @@
 package buscallout
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
+
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
