@@ -333,7 +333,7 @@ func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Call
 	}
 	now := r.now()
 	expires := r.userExpiry(now, caller)
-	if !r.admissions.take(caller.Pod.String(), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
+	if !r.admissions.take(admissionKey(caller), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
 		return nil, ReasonTooManyConnections, fmt.Errorf("pod %s had %d connections admitted within %s already", caller.Pod, r.limits.MaxAdmissions, r.limits.Lifetime)
 	}
 	resp, err := policy.AdmitPodIdentityLimited(r.issuer, req, caller.Pod, sa, expires, r.limits)

@@ -60,6 +60,37 @@ func TestPodConnectionsBounded(t *testing.T) {
 	nc.Close()
 }
 
+// A pod that spent its admissions (its clients gave up on connections the callout
+// had admitted: an earlier storm) locks out neither itself once it is recreated
+// under its old name (a new pod UID), nor, as before, any other pod. The same
+// instance stays bounded: the positive control.
+func TestRecreatedPodNotLockedOutByItsPredecessor(t *testing.T) {
+	f := startWithLimits(t, policy.PodLimits{MaxAdmissions: 2})
+	now := time.Now()
+	instance := func(uid string) string {
+		c := f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1")
+		c.PodUID = uid
+		return f.iss.Mint(t, c)
+	}
+	first := instance("uid-1")
+	for i := range 2 {
+		nc, err := f.connect("web-1", first)
+		if err != nil {
+			t.Fatalf("first instance, connection %d: %v", i+1, err)
+		}
+		nc.Close() // gone: the storm's client gave up
+	}
+	if nc, err := f.connect("web-1", first); err == nil {
+		nc.Close()
+		t.Fatal("the first instance was admitted past its bound")
+	}
+	nc, err := f.connect("web-1", instance("uid-2"))
+	if err != nil {
+		t.Fatalf("the pod recreated under its name was locked out by its predecessor: %v", err)
+	}
+	nc.Close()
+}
+
 // A token valid for ten years gives a bus user that expires within the lifetime
 // cap; the client is then admitted again with its (still valid) token, and works.
 func TestPodUserLifetimeCappedThenReadmitted(t *testing.T) {
