@@ -69,7 +69,7 @@ func (inv *inventory) decode(doc []byte) error {
 	}
 	want := map[string]string{
 		"Namespace": "v1", "ConfigMap": "v1", "Service": "v1", "ServiceAccount": "v1",
-		"Deployment": "apps/v1", "StatefulSet": "apps/v1", "PodDisruptionBudget": "policy/v1",
+		"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "PodDisruptionBudget": "policy/v1",
 		"ClusterRole": "rbac.authorization.k8s.io/v1", "ClusterRoleBinding": "rbac.authorization.k8s.io/v1", "NetworkPolicy": "networking.k8s.io/v1",
 	}
 	if v, ok := want[tm.Kind]; !ok {
@@ -125,6 +125,13 @@ func (inv *inventory) decode(doc []byte) error {
 			return err
 		}
 		inv.workloads = append(inv.workloads, &workload{tm.Kind, d.Name, d.Namespace, ptrOr(d.Spec.Replicas, 1), d.Spec.Template.Labels, d.Spec.Template.Spec})
+	case "DaemonSet":
+		// One pod per node: replicas 0 says "as many as nodes" (no PDB can count on it).
+		var d appsv1.DaemonSet
+		if err := strict(&d); err != nil {
+			return err
+		}
+		inv.workloads = append(inv.workloads, &workload{tm.Kind, d.Name, d.Namespace, 0, d.Spec.Template.Labels, d.Spec.Template.Spec})
 	case "StatefulSet":
 		var s appsv1.StatefulSet
 		if err := strict(&s); err != nil {
@@ -190,6 +197,7 @@ func TestStrictDecodeRefusesUnknownFields(t *testing.T) {
 		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b}\ndata: {c: d}\n",
 		"apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
 		"apiVersion: apps/v1beta1\nkind: Deployment\nmetadata: {name: x}\n",
+		"apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: x}\nspec:\n  updateStrategy: {rollingUpdate: {maxSurge: 1, maxUnavailable: 1, partition: 1}}\n",
 	} {
 		if _, err := decodeAll([]byte(doc)); err == nil {
 			t.Errorf("accepted:\n%s", doc)
