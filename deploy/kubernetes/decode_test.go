@@ -35,13 +35,15 @@ type inventory struct {
 	namespaces map[string]*corev1.Namespace
 	bindings   []*rbacv1.ClusterRoleBinding
 	policies   []*networkingv1.NetworkPolicy
-	kinds      map[string]int
+	// serviceAccounts are the names of the ServiceAccounts in the set.
+	serviceAccounts map[string]bool
+	kinds           map[string]int
 }
 
 // decodeAll strictly decodes a multi-document YAML stream into the Kubernetes API
 // types: an unknown field, a duplicate field or an unknown kind is an error.
 func decodeAll(data []byte) (*inventory, error) {
-	inv := &inventory{configMaps: map[string]*corev1.ConfigMap{}, namespaces: map[string]*corev1.Namespace{}, kinds: map[string]int{}}
+	inv := &inventory{configMaps: map[string]*corev1.ConfigMap{}, namespaces: map[string]*corev1.Namespace{}, serviceAccounts: map[string]bool{}, kinds: map[string]int{}}
 	for i, doc := range bytes.Split(data, []byte("\n---")) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
@@ -92,7 +94,11 @@ func (inv *inventory) decode(doc []byte) error {
 		}
 		inv.bindings = append(inv.bindings, &b)
 	case "ServiceAccount":
-		return strict(&corev1.ServiceAccount{})
+		var sa corev1.ServiceAccount
+		if err := strict(&sa); err != nil {
+			return err
+		}
+		inv.serviceAccounts[sa.Name] = true
 	case "ClusterRole":
 		return strict(&rbacv1.ClusterRole{})
 	case "NetworkPolicy":

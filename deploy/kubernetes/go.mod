@@ -62,6 +62,7 @@ require (
 require (
 	github.com/meshagent/meshagent/pkg v0.0.0
 	github.com/meshagent/meshagent/tests v0.0.0
+	github.com/nats-io/nats-server/v2 v2.15.2
 )
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg
