@@ -4,13 +4,18 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	kubernetes "github.com/meshagent/meshagent/deploy/kubernetes"
 	"github.com/meshagent/meshagent/deploy/kubernetes/inject"
 	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/conf"
+	"github.com/nats-io/nats-server/v2/server"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -361,5 +366,55 @@ func TestSidecarOnTheNodeTier(t *testing.T) {
 	bad.Bus = "hub"
 	if _, err := injectedSpec(t, bad, ""); err == nil {
 		t.Error("-bus hub accepted")
+	}
+}
+
+// nats-server itself loads base's nats.conf with the role table `meshctl bus-auth`
+// renders (its include) and certificate files where the Secret puts them: the leaf
+// listener is on 7422 in TLS with no credentials of its own, beside the auth
+// callout that therefore admits leaf connections.
+func TestNATSConfigLoadsInNATSServer(t *testing.T) {
+	inv, err := decodeAll(build(t, "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	creds, err := policy.LoadOrGenerate(filepath.Join(dir, "bus"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := policy.Render(creds.Keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := testkit.SelfSigned(t, testkit.Spec{DNS: []string{"nats.meshagent-system.svc"}})
+	files := map[string]string{"auth/nats-auth.conf": auth, "tls/tls.crt": cert.PEM(), "tls/tls.key": cert.KeyPEM(t), "tls/ca.crt": cert.PEM()}
+	for name, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := strings.NewReplacer("/etc/nats/tls/", filepath.Join(dir, "tls")+"/", "/data/jetstream", filepath.Join(dir, "js")).
+		Replace(inv.configMaps["nats-config"].Data["nats.conf"])
+	if err := os.WriteFile(filepath.Join(dir, "nats.conf"), []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAME", "nats-0")
+	opts, err := server.ProcessConfigFile(filepath.Join(dir, "nats.conf"))
+	if err != nil {
+		t.Fatalf("nats-server refuses base's nats.conf: %v", err)
+	}
+	l := opts.LeafNode
+	if l.Port != 7422 || l.TLSConfig == nil || !l.NoAdvertise || len(l.Remotes) != 0 {
+		t.Errorf("leafnodes: port %d, TLS %v, no_advertise %v, %d remotes", l.Port, l.TLSConfig != nil, l.NoAdvertise, len(l.Remotes))
+	}
+	if l.Username != "" || l.Nkey != "" || len(l.Users) != 0 || l.Account != "" {
+		t.Errorf("leafnodes authenticate on their own (user %q, nkey %q, %d users, account %q): the callout never sees them", l.Username, l.Nkey, len(l.Users), l.Account)
+	}
+	if opts.AuthCallout == nil || opts.AuthCallout.Account == "" {
+		t.Errorf("no auth callout in the included role table: %+v", opts.AuthCallout)
 	}
 }
