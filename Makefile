@@ -30,7 +30,7 @@ FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/services/signer/internal/ca:FuzzLoadDir
 FUZZTIME ?= 30s
 
-IMAGES := signer rotator operator sds-edge xds-relay launcher meshctl nats-server
+IMAGES := signer rotator operator sds-edge xds-relay launcher node-agent meshctl nats-server
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := deploy/compose/compose.yaml
 
