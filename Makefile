@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/bin
-SERVICES := signer rotator operator sds-edge xds-relay launcher
+SERVICES := signer rotator operator sds-edge xds-relay launcher node-agent
 # Every module of the workspace, as import-path patterns (go test ./... fails at a
 # go.work root with no root module).
 PKGS = $(shell $(GO) list -m -f '{{.Path}}/...')

@@ -22,6 +22,7 @@ type Token struct {
 	Namespace      string
 	ServiceAccount string
 	Pod            string // the pod the token is bound to; empty: none
+	Node           string // the node that pod is scheduled on; empty: none
 }
 
 // Kubelet writes the tokens.
@@ -49,7 +50,7 @@ func (k *Kubelet) WriteAll(now time.Time) error {
 
 // Write writes a fresh token into t's file.
 func (k *Kubelet) Write(t Token, now time.Time) error {
-	tok, err := k.Issuer.MintForPod(t.Namespace, t.ServiceAccount, t.Pod, devtoken.DefaultAudience, k.TTL, now)
+	tok, err := k.Issuer.MintForPodOnNode(t.Namespace, t.ServiceAccount, t.Pod, t.Node, devtoken.DefaultAudience, k.TTL, now)
 	if err != nil {
 		return fmt.Errorf("token for %s/%s: %w", t.Namespace, t.ServiceAccount, err)
 	}
