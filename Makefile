@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := $(CURDIR)/bin
-SERVICES := signer rotator operator sds-edge xds-relay launcher
+SERVICES := signer rotator operator sds-edge xds-relay launcher node-agent
 # Every module of the workspace, as import-path patterns (go test ./... fails at a
 # go.work root with no root module).
 PKGS = $(shell $(GO) list -m -f '{{.Path}}/...')
@@ -30,7 +30,7 @@ FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/services/signer/internal/ca:FuzzLoadDir
 FUZZTIME ?= 30s
 
-IMAGES := signer rotator operator sds-edge xds-relay launcher meshctl nats-server
+IMAGES := signer rotator operator sds-edge xds-relay launcher node-agent meshctl nats-server
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := deploy/compose/compose.yaml
 

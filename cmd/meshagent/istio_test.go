@@ -14,10 +14,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/flagenv"
 	"github.com/meshagent/meshagent/pkg/flagenv/istioenv"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/meshagent/meshagent/services/launcher/launcher"
 	"github.com/meshagent/meshagent/services/sds-edge/sdsedge"
 	"github.com/meshagent/meshagent/services/xds-relay/xdsrelay"
+	"github.com/meshagent/meshagent/tests/testkit"
 )
 
 // injected is one proxy container of testdata/istio-injected.json: what Istio's

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/tests/faultcheck"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/tests/faultcheck"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 )
@@ -74,6 +74,7 @@ func TestComposeFaults(t *testing.T) {
 	t.Run("refusals", func(t *testing.T) { checkRefusals(t, st, nc) })
 	t.Run("route handshakes all succeed", func(t *testing.T) { checkRoutesClean(t, st) })
 	t.Run("routes are mutual TLS", func(t *testing.T) { checkRoutesTLS(t, st) })
+	t.Run("node tier: one leaf per node, a pod certified on each", func(t *testing.T) { checkNodeTier(t, st) })
 	t.Run("both signers sign under one root", func(t *testing.T) { signersAgree(t, nc) })
 	t.Run("the operator's commands", func(t *testing.T) { operatorCommands(t, h) })
 

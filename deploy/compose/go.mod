@@ -5,11 +5,15 @@ go 1.26.0
 require github.com/nats-io/nats.go v1.55.0
 
 require (
+	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/fatih/color v1.13.0 // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/hashicorp/go-hclog v1.6.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/spiffe/go-spiffe/v2 v2.9.0 // indirect
@@ -17,6 +21,7 @@ require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
@@ -25,6 +30,7 @@ require (
 require (
 	github.com/meshagent/meshagent/pkg v0.0.0
 	github.com/meshagent/meshagent/tests v0.0.0
+	github.com/nats-io/nats-server/v2 v2.15.2
 )
 
 replace github.com/meshagent/meshagent/pkg => ../../pkg

@@ -49,7 +49,9 @@ type stack struct {
 	client   map[string]string // node -> host address of its client port
 	monitor  map[string]string // node -> host address of its monitoring port
 	podReady string            // sds-edge's /readyz URL
-	env      []string
+	// nodePodReady is each node-tier pod's sds-edge /readyz URL, by pod name.
+	nodePodReady map[string]string
+	env          []string
 	// extraVolumes are docker volumes a fault made outside compose.yaml (down -v
 	// does not know them), removed after down.
 	extraVolumes []string
@@ -58,7 +60,7 @@ type stack struct {
 // newStack chooses the stack's host ports and directories; nothing runs yet.
 func newStack(t *testing.T) *stack {
 	s := &stack{secrets: mkdir(t, "mfs"), podDir: mkdir(t, "mfp"),
-		client: map[string]string{}, monitor: map[string]string{}}
+		client: map[string]string{}, monitor: map[string]string{}, nodePodReady: map[string]string{}}
 	env := map[string]string{"MESHAGENT_SECRETS_DIR": s.secrets, "MESHAGENT_POD_DIR": s.podDir,
 		"MESHAGENT_SECRET_TTL":       secretTTL.String(),
 		"MESHAGENT_DEFAULT_CERT_TTL": secretTTL.String(), "MESHAGENT_MAX_CERT_TTL": maxCertTTL.String(),
@@ -80,6 +82,9 @@ func newStack(t *testing.T) *stack {
 	port("MESHAGENT_CA_PORT")
 	port("MESHAGENT_DASHBOARD_PORT")
 	s.podReady = "http://" + port("MESHAGENT_POD_HTTP_PORT") + "/readyz"
+	for _, n := range nodes {
+		s.nodePodReady[n.pod] = "http://" + port("MESHAGENT_"+strings.ToUpper(strings.ReplaceAll(n.pod, "-", "_"))+"_HTTP_PORT") + "/readyz"
+	}
 	s.env = os.Environ()
 	for k, v := range env {
 		s.env = append(s.env, k+"="+v)

@@ -20,7 +20,7 @@ type binary struct {
 }
 
 // services are the binaries the manifests run, by directory under services/.
-var services = []string{"signer", "rotator", "operator", "sds-edge", "xds-relay", "launcher"}
+var services = []string{"signer", "rotator", "operator", "sds-edge", "xds-relay", "launcher", "node-agent"}
 
 var (
 	bindingsOnce sync.Once

@@ -20,6 +20,7 @@ import (
 var imageBinary = map[string]string{
 	"meshagent/signer": "signer", "meshagent/rotator": "rotator", "meshagent/operator": "operator", "meshagent/sds-edge": "sds-edge",
 	"meshagent/xds-relay": "xds-relay", "meshagent/launcher-envoy": "launcher", "meshagent/nats-server": "nats-server",
+	"meshagent/node-agent": "node-agent",
 }
 
 // imageFiles are files an image brings along (deploy/kubernetes/images).
@@ -321,6 +322,15 @@ func (c *checker) restrictedPod(where string, spec corev1.PodSpec) {
 	}
 	if sc := spec.SecurityContext; sc != nil && sc.RunAsUser != nil && *sc.RunAsUser == 0 {
 		c.addf("%s: runAsUser 0: Pod Security restricted needs a non-root uid", where)
+	}
+	// "baseline" already refuses any host port: the built-in admission has no list
+	// of allowed ones.
+	for _, ct := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+		for _, p := range ct.Ports {
+			if p.HostPort != 0 {
+				c.addf("%s/%s: hostPort %d: Pod Security baseline and restricted allow none", where, ct.Name, p.HostPort)
+			}
+		}
 	}
 	for _, v := range spec.Volumes {
 		if v.ConfigMap == nil && v.Secret == nil && v.Projected == nil && v.EmptyDir == nil && v.CSI == nil &&

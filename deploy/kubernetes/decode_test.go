@@ -35,13 +35,15 @@ type inventory struct {
 	namespaces map[string]*corev1.Namespace
 	bindings   []*rbacv1.ClusterRoleBinding
 	policies   []*networkingv1.NetworkPolicy
-	kinds      map[string]int
+	// serviceAccounts are the names of the ServiceAccounts in the set.
+	serviceAccounts map[string]bool
+	kinds           map[string]int
 }
 
 // decodeAll strictly decodes a multi-document YAML stream into the Kubernetes API
 // types: an unknown field, a duplicate field or an unknown kind is an error.
 func decodeAll(data []byte) (*inventory, error) {
-	inv := &inventory{configMaps: map[string]*corev1.ConfigMap{}, namespaces: map[string]*corev1.Namespace{}, kinds: map[string]int{}}
+	inv := &inventory{configMaps: map[string]*corev1.ConfigMap{}, namespaces: map[string]*corev1.Namespace{}, serviceAccounts: map[string]bool{}, kinds: map[string]int{}}
 	for i, doc := range bytes.Split(data, []byte("\n---")) {
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
@@ -69,7 +71,7 @@ func (inv *inventory) decode(doc []byte) error {
 	}
 	want := map[string]string{
 		"Namespace": "v1", "ConfigMap": "v1", "Service": "v1", "ServiceAccount": "v1",
-		"Deployment": "apps/v1", "StatefulSet": "apps/v1", "PodDisruptionBudget": "policy/v1",
+		"Deployment": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1", "PodDisruptionBudget": "policy/v1",
 		"ClusterRole": "rbac.authorization.k8s.io/v1", "ClusterRoleBinding": "rbac.authorization.k8s.io/v1", "NetworkPolicy": "networking.k8s.io/v1",
 	}
 	if v, ok := want[tm.Kind]; !ok {
@@ -92,7 +94,11 @@ func (inv *inventory) decode(doc []byte) error {
 		}
 		inv.bindings = append(inv.bindings, &b)
 	case "ServiceAccount":
-		return strict(&corev1.ServiceAccount{})
+		var sa corev1.ServiceAccount
+		if err := strict(&sa); err != nil {
+			return err
+		}
+		inv.serviceAccounts[sa.Name] = true
 	case "ClusterRole":
 		return strict(&rbacv1.ClusterRole{})
 	case "NetworkPolicy":
@@ -125,6 +131,13 @@ func (inv *inventory) decode(doc []byte) error {
 			return err
 		}
 		inv.workloads = append(inv.workloads, &workload{tm.Kind, d.Name, d.Namespace, ptrOr(d.Spec.Replicas, 1), d.Spec.Template.Labels, d.Spec.Template.Spec})
+	case "DaemonSet":
+		// One pod per node: replicas 0 says "as many as nodes" (no PDB can count on it).
+		var d appsv1.DaemonSet
+		if err := strict(&d); err != nil {
+			return err
+		}
+		inv.workloads = append(inv.workloads, &workload{tm.Kind, d.Name, d.Namespace, 0, d.Spec.Template.Labels, d.Spec.Template.Spec})
 	case "StatefulSet":
 		var s appsv1.StatefulSet
 		if err := strict(&s); err != nil {
@@ -190,6 +203,7 @@ func TestStrictDecodeRefusesUnknownFields(t *testing.T) {
 		"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b}\ndata: {c: d}\n",
 		"apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
 		"apiVersion: apps/v1beta1\nkind: Deployment\nmetadata: {name: x}\n",
+		"apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: x}\nspec:\n  updateStrategy: {rollingUpdate: {maxSurge: 1, maxUnavailable: 1, partition: 1}}\n",
 	} {
 		if _, err := decodeAll([]byte(doc)); err == nil {
 			t.Errorf("accepted:\n%s", doc)

@@ -12,6 +12,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"os/exec"
@@ -201,7 +202,9 @@ func checkRBAC(t *testing.T, k *kubetest.Server, dir string) {
 		{"create", "authentication.k8s.io", "tokenreviews", "", "", "", false},
 		{"create", "", "serviceaccounts", "token", "meshagent-system", "signer", false},
 	}
-	accounts := map[string][]check{"signer": signer, "rotator": none, "operator": none, "default": none}
+	// The node agent verifies its pods' tokens offline (discovery, below) and is
+	// admitted by its projected token: it needs no Kubernetes API either.
+	accounts := map[string][]check{"signer": signer, "rotator": none, "operator": none, "default": none, "meshagent-node": none}
 	for sa, checks := range accounts {
 		user, groups := kubetest.ServiceAccountUser("meshagent-system", sa)
 		for _, c := range checks {
@@ -212,14 +215,16 @@ func checkRBAC(t *testing.T, k *kubetest.Server, dir string) {
 	}
 	// Discovery of the service-account issuer (TOKEN_ISSUER_DISCOVERY): the default
 	// binding system:service-account-issuer-discovery lets every service account.
-	user, groups := kubetest.ServiceAccountUser("meshagent-system", "signer")
-	for _, p := range []string{"/.well-known/openid-configuration", "/openid/v1/jwks"} {
-		if !a.CanURL(t, user, groups, "get", p) {
-			t.Errorf("signer may not get %s", p)
+	for _, sa := range []string{"signer", "meshagent-node"} {
+		user, groups := kubetest.ServiceAccountUser("meshagent-system", sa)
+		for _, p := range []string{"/.well-known/openid-configuration", "/openid/v1/jwks"} {
+			if !a.CanURL(t, user, groups, "get", p) {
+				t.Errorf("%s may not get %s", sa, p)
+			}
 		}
 	}
 	// A workload in the mesh may not read the CA's secrets nor write its roots.
-	user, groups = kubetest.ServiceAccountUser("shop", "web")
+	user, groups := kubetest.ServiceAccountUser("shop", "web")
 	if a.Can(t, user, groups, "patch", "", "configmaps", "", "shop", root) || a.Can(t, user, groups, "get", "", "secrets", "", "meshagent-system", "meshagent-ca-kek") {
 		t.Error("shop/web may write the root ConfigMap or read the CA's key")
 	}
@@ -254,13 +259,26 @@ spec:
             capabilities: {drop: ["ALL"]}
 `
 
-// The injector's output is accepted in a namespace enforcing "restricted", with
-// no Pod Security warning, and a Pod of its template is admitted.
+// The injector's output, direct and on the node tier, is accepted in a namespace
+// enforcing "restricted", with no Pod Security warning, and a Pod of its template
+// is admitted.
 func TestKubeInjectedDeploymentIsAdmitted(t *testing.T) {
+	direct := inject.DefaultValues()
+	node := direct
+	node.Bus = inject.BusNode
+	for _, tt := range []struct {
+		name string
+		v    inject.Values
+	}{{"direct", direct}, {"node tier", node}} {
+		t.Run(tt.name, func(t *testing.T) { injectedDeploymentIsAdmitted(t, tt.v) })
+	}
+}
+
+func injectedDeploymentIsAdmitted(t *testing.T, v inject.Values) {
 	k := kubetest.Start(t)
 	k.Admin.Namespace(t, "shop", map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"})
 	k.Admin.ServiceAccount(t, "shop", "web")
-	out, err := inject.Inject(kubernetes.SidecarTemplate, []byte(restrictedDeployment), inject.DefaultValues())
+	out, err := inject.Inject(kubernetes.SidecarTemplate, []byte(restrictedDeployment), v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,4 +340,66 @@ func refsOf(t *testing.T, out []byte) []string {
 	}
 	slices.Sort(refs)
 	return refs
+}
+
+// The node tier rests on a claim Kubernetes puts in a pod-bound token: the node
+// the pod runs on (kubernetes.io.node.name). A token for the node agent's account,
+// with its DaemonSet's audience and bound to a Pod of its template on a node, as
+// the kubelet requests it for the projected volume, names that node; the node's
+// admission on the hub and its pods' on the node agent both read it.
+func TestKubeNodeAgentTokenNamesItsNode(t *testing.T) {
+	k := kubetest.Start(t)
+	out := build(t, "base")
+	applyAll(t, k, out, "")
+	inv, err := decodeAll(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var agent *workload
+	for _, w := range inv.workloads {
+		if w.kind == "DaemonSet" && w.name == "node-agent" {
+			agent = w
+		}
+	}
+	if agent == nil {
+		t.Fatal("no node-agent DaemonSet in base")
+	}
+	var audience string
+	for _, v := range agent.spec.Volumes {
+		if v.Projected != nil && len(v.Projected.Sources) == 1 && v.Projected.Sources[0].ServiceAccountToken != nil {
+			audience = v.Projected.Sources[0].ServiceAccountToken.Audience
+		}
+	}
+	k.Admin.Call(t, http.MethodPost, "/api/v1/nodes",
+		map[string]any{"apiVersion": "v1", "kind": "Node", "metadata": map[string]any{"name": "node-a.example"}}, nil, http.StatusCreated)
+	spec := agent.spec.DeepCopy()
+	spec.NodeName = "node-a.example"
+	pod := corev1.Pod{Spec: *spec}
+	pod.APIVersion, pod.Kind, pod.Name = "v1", "Pod", "node-agent-x"
+	var created struct {
+		Metadata kubetest.Meta `json:"metadata"`
+	}
+	k.Admin.Call(t, http.MethodPost, "/api/v1/namespaces/meshagent-system/pods", pod, &created, http.StatusCreated)
+	tok := k.Admin.RequestToken(t, "meshagent-system", agent.spec.ServiceAccountName, audience, pod.Name, created.Metadata.UID, 3600)
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		t.Fatalf("token %q", tok)
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims struct {
+		Aud []string `json:"aud"`
+		K8s struct {
+			Pod  struct{ Name string }  `json:"pod"`
+			Node *struct{ Name string } `json:"node"`
+		} `json:"kubernetes.io"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		t.Fatal(err)
+	}
+	if claims.K8s.Node == nil || claims.K8s.Node.Name != "node-a.example" || claims.K8s.Pod.Name != pod.Name || !slices.Contains(claims.Aud, audience) {
+		t.Fatalf("token claims %s: want pod %s on node node-a.example for %s", payload, pod.Name, audience)
+	}
 }

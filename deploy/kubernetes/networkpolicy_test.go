@@ -1,6 +1,7 @@
 package kubernetes_test
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -115,42 +116,8 @@ func TestNetworkPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]*workload{}
-	for _, w := range inv.workloads {
-		byName[w.name] = w
-	}
-	nats, signer, rotator := byName["nats"], byName["signer"], byName["rotator"]
-	pod := func(w *workload) peer { return peer{w.name, w.namespace, w.labels} }
-	mesh := meshPod(t)
-	plain := peer{"a pod without the sidecar in shop", "shop", map[string]string{"app": "web"}}
-	forged := peer{"a pod in shop labelled as a NATS node", "shop", map[string]string{"app.kubernetes.io/name": "nats"}}
-	neighbour := peer{"another pod in meshagent-system", "meshagent-system", map[string]string{"app": "debug"}}
-	for _, c := range []struct {
-		src  peer
-		dst  *workload
-		port string
-		want bool
-	}{
-		{mesh, nats, "client", true},
-		{pod(signer), nats, "client", true},
-		{pod(rotator), nats, "client", true},
-		{plain, nats, "client", false},
-		{neighbour, nats, "client", false},
-		{pod(nats), nats, "cluster", true},
-		{mesh, nats, "cluster", false},
-		{pod(signer), nats, "cluster", false},
-		{forged, nats, "cluster", false},
-		{neighbour, nats, "cluster", false},
-		{mesh, signer, "grpc-ca", true},
-		{plain, signer, "grpc-ca", false},
-		{pod(rotator), signer, "grpc-ca", false},
-		{neighbour, signer, "grpc-ca", false},
-		{plain, signer, "http-monitoring", true},
-		{plain, rotator, "http-monitoring", true},
-	} {
-		if got := reaches(t, inv.policies, c.src, c.dst, c.port); got != c.want {
-			t.Errorf("%s -> %s:%s: allowed %v, want %v", c.src.name, c.dst.name, c.port, got, c.want)
-		}
+	for _, m := range policyMismatches(t, inv) {
+		t.Error(m)
 	}
 	// Every pod of the namespace is selected by an Ingress policy: a port added
 	// later is closed until a rule opens it.
@@ -175,6 +142,96 @@ func TestNetworkPolicies(t *testing.T) {
 		if np.Name == "nats" {
 			t.Error("external-nats keeps a policy for NATS pods it does not run")
 		}
+	}
+}
+
+// policyMismatches evaluates base's NetworkPolicies for a matrix of sources and
+// ports and returns every connection allowed or refused against intent.
+func policyMismatches(t *testing.T, inv *inventory) []string {
+	t.Helper()
+	byName := map[string]*workload{}
+	for _, w := range inv.workloads {
+		byName[w.name] = w
+	}
+	nats, signer, rotator, agent := byName["nats"], byName["signer"], byName["rotator"], byName["node-agent"]
+	pod := func(w *workload) peer { return peer{w.name, w.namespace, w.labels} }
+	mesh := meshPod(t)
+	plain := peer{"a pod without the sidecar in shop", "shop", map[string]string{"app": "web"}}
+	forged := peer{"a pod in shop labelled as a NATS node", "shop", map[string]string{"app.kubernetes.io/name": "nats"}}
+	forgedAgent := peer{"a pod in shop labelled as a node agent", "shop", map[string]string{"app.kubernetes.io/name": "node-agent"}}
+	neighbour := peer{"another pod in meshagent-system", "meshagent-system", map[string]string{"app": "debug"}}
+	var out []string
+	for _, c := range []struct {
+		src  peer
+		dst  *workload
+		port string
+		want bool
+	}{
+		{mesh, nats, "client", true},
+		{pod(signer), nats, "client", true},
+		{pod(rotator), nats, "client", true},
+		{plain, nats, "client", false},
+		{neighbour, nats, "client", false},
+		{pod(nats), nats, "cluster", true},
+		{mesh, nats, "cluster", false},
+		{pod(signer), nats, "cluster", false},
+		{forged, nats, "cluster", false},
+		{neighbour, nats, "cluster", false},
+		{mesh, signer, "grpc-ca", true},
+		{plain, signer, "grpc-ca", false},
+		{pod(rotator), signer, "grpc-ca", false},
+		{neighbour, signer, "grpc-ca", false},
+		{plain, signer, "http-monitoring", true},
+		{plain, rotator, "http-monitoring", true},
+		// The node tier: leaf connections from the node agents alone; the agents'
+		// pod port for the mesh's pods alone. An agent is on the hub only as a leaf.
+		{pod(agent), nats, "leafnodes", true},
+		{mesh, nats, "leafnodes", false},
+		{plain, nats, "leafnodes", false},
+		{pod(signer), nats, "leafnodes", false},
+		{forgedAgent, nats, "leafnodes", false},
+		{neighbour, nats, "leafnodes", false},
+		{pod(agent), nats, "client", false},
+		{mesh, agent, "nats-pods", true},
+		{plain, agent, "nats-pods", false},
+		{neighbour, agent, "nats-pods", false},
+		{plain, agent, "http-monitoring", true},
+	} {
+		if got := reaches(t, inv.policies, c.src, c.dst, c.port); got != c.want {
+			out = append(out, fmt.Sprintf("%s -> %s:%s: allowed %v, want %v", c.src.name, c.dst.name, c.port, got, c.want))
+		}
+	}
+	return out
+}
+
+// The matrix catches what it is for: each mutation of base's policies is reported.
+func TestNetworkPolicyMatrixCatchesMutations(t *testing.T) {
+	base := string(build(t, "base"))
+	leafFrom := "  - from:\n    - podSelector:\n        matchLabels:\n          app.kubernetes.io/name: node-agent\n    ports:\n    - port: leafnodes"
+	for _, tt := range []struct{ name, from, to, want string }{
+		{"leaf port open to the mesh's pods", leafFrom,
+			"  - from:\n    - namespaceSelector: {}\n      podSelector:\n        matchLabels:\n          meshagent.io/sidecar: injected\n    ports:\n    - port: leafnodes",
+			"an injected pod in shop -> nats:leafnodes: allowed true"},
+		{"leaf port open to node-agent labels in any namespace", leafFrom,
+			"  - from:\n    - namespaceSelector: {}\n      podSelector:\n        matchLabels:\n          app.kubernetes.io/name: node-agent\n    ports:\n    - port: leafnodes",
+			"labelled as a node agent -> nats:leafnodes: allowed true"},
+		{"leaf port closed", leafFrom, "  - from:\n    - podSelector:\n        matchLabels:\n          app.kubernetes.io/name: node-agent\n    ports:\n    - port: client",
+			"node-agent -> nats:leafnodes: allowed false"},
+		{"agents open to every pod", "    - namespaceSelector: {}\n      podSelector:\n        matchLabels:\n          meshagent.io/sidecar: injected\n    ports:\n    - port: nats-pods",
+			"    - namespaceSelector: {}\n    ports:\n    - port: nats-pods", "without the sidecar in shop -> node-agent:nats-pods: allowed true"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(base, tt.from) {
+				t.Fatalf("base has no %q", tt.from)
+			}
+			inv, err := decodeAll([]byte(strings.Replace(base, tt.from, tt.to, 1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(policyMismatches(t, inv), "\n"); !strings.Contains(got, tt.want) {
+				t.Fatalf("not reported (%q); mismatches: %s", tt.want, got)
+			}
+		})
 	}
 }
 

@@ -1,12 +1,10 @@
 package authn
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"github.com/meshagent/meshagent/pkg/events"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/clock"

@@ -1,12 +1,12 @@
 package authn
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
 )
 
 func TestJWTPodClaim(t *testing.T) {

@@ -1,7 +1,6 @@
 package authn
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/pkg/clock"
 )

@@ -1,6 +1,7 @@
 package devtoken
 
 import (
+	"cmp"
 	"crypto"
 	"fmt"
 	"time"
@@ -21,6 +22,10 @@ type Token struct {
 	// pod object even when Pod is empty (a broken token).
 	Pod      string
 	PodClaim bool
+	// PodUID is kubernetes.io.pod.uid when set; otherwise one derived from the
+	// namespace and name. A pod recreated under its old name has a new UID: give
+	// each instance its own to simulate restarts.
+	PodUID string
 	// Node is kubernetes.io.node.name when set: the node the pod is scheduled on,
 	// as Kubernetes (1.32 on, ServiceAccountTokenPodNodeInfo) binds a pod's token.
 	Node string
@@ -76,7 +81,7 @@ func Sign(key crypto.Signer, kid string, t Token) (string, error) {
 		k8s["serviceaccount"] = map[string]any{"name": t.SA, "uid": uid("serviceaccount", t.NS, t.SA)}
 	}
 	if t.Pod != "" || t.PodClaim {
-		k8s["pod"] = map[string]any{"name": t.Pod, "uid": uid("pod", t.NS, t.Pod)}
+		k8s["pod"] = map[string]any{"name": t.Pod, "uid": cmp.Or(t.PodUID, uid("pod", t.NS, t.Pod))}
 	}
 	if t.Node != "" {
 		k8s["node"] = map[string]any{"name": t.Node, "uid": uid("node", "", t.Node)}

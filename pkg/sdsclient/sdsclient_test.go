@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/meshagent/meshagent/tests/sdstest"
 	"github.com/meshagent/meshagent/tests/testkit"
-	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
 // upstream is a real go-control-plane SDS server on a unix socket.

@@ -1,11 +1,12 @@
 package main
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/bustest"

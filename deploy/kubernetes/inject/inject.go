@@ -30,6 +30,12 @@ type Values struct {
 	// CAFallbackAddr is sds-edge's CA_FALLBACK_ADDR: the signers' Istio gRPC CA API,
 	// asked when the bus is unreachable or no signer answers on it in time; "" for none.
 	CAFallbackAddr string
+	// Bus is how pods reach the bus unless their annotation BusAnnotation says
+	// otherwise: BusDirect (NATSURL, each pod admitted by the hub) or BusNode
+	// (NodeBusURL, through their node's agent).
+	Bus string
+	// NodeBusURL is the node tier's URL: the node agent of the pod's own node.
+	NodeBusURL string
 }
 
 // DefaultValues fit deploy/kubernetes/base.
@@ -44,7 +50,39 @@ func DefaultValues() Values {
 		// name its gRPC certificate carries (GRPC_DNS_NAMES); NetworkPolicy signer
 		// lets injected pods reach it.
 		CAFallbackAddr: "meshagent-ca.meshagent-system.svc:15012",
+		Bus:            BusDirect,
+		// base/node-agent.yaml's Service meshagent-node, internalTrafficPolicy
+		// Local: each pod reaches the agent of its own node, never another's.
+		NodeBusURL: "nats://meshagent-node.meshagent-system.svc:4223",
 	}
+}
+
+// How a pod reaches the bus: annotation BusAnnotation on the pod (or its
+// template), over Values.Bus.
+const (
+	BusAnnotation = "meshagent.io/bus"
+	// BusDirect connects each of the pod's services to the hub (NATSURL), admitted
+	// there one connection at a time: for small fleets.
+	BusDirect = "direct"
+	// BusNode connects them to the node agent of the pod's node (NodeBusURL), and
+	// sds-edge signs on its node's sign subject (BUS_VIA_NODE): the hub holds one
+	// connection per node (docs/kubernetes.md, "The node tier").
+	BusNode = "node"
+)
+
+// busOf is how pod reaches the bus, or an error for a value that names no way.
+func busOf(pod *corev1.Pod, v Values) (string, error) {
+	bus := v.Bus
+	if a, ok := pod.Annotations[BusAnnotation]; ok {
+		bus = a
+	}
+	switch bus {
+	case BusDirect, BusNode:
+		return bus, nil
+	case "":
+		return BusDirect, nil
+	}
+	return "", fmt.Errorf("pod %s: %s %q: want %q or %q", pod.Name, BusAnnotation, bus, BusDirect, BusNode)
 }
 
 // MeshLabel marks an injected pod (value MeshLabelValue): the NetworkPolicies of
@@ -82,7 +120,14 @@ func Render(tmpl string, pod *corev1.Pod, v Values) (Sidecar, error) {
 		return Sidecar{}, fmt.Errorf("sidecar template: %w", err)
 	}
 	var buf bytes.Buffer
-	if err := t.Execute(&buf, map[string]any{"Pod": pod, "Values": v}); err != nil {
+	bus, err := busOf(pod, v)
+	if err != nil {
+		return Sidecar{}, err
+	}
+	if bus == BusNode && v.NodeBusURL == "" {
+		return Sidecar{}, fmt.Errorf("pod %s: on the node tier, but no node bus URL", pod.Name)
+	}
+	if err := t.Execute(&buf, map[string]any{"Pod": pod, "Values": v, "Bus": bus}); err != nil {
 		return Sidecar{}, fmt.Errorf("sidecar template: %w", err)
 	}
 	var sc Sidecar

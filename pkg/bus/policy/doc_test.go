@@ -42,4 +42,11 @@ func TestSecurityDocMatchesTable(t *testing.T) {
 		s = strings.ReplaceAll(strings.ReplaceAll(s+".", ".ns.name.", ".<ns>.<name>."), "..", ".")
 		check("pod", []string{strings.TrimSuffix(s, ".")})
 	}
+	n, err := policy.ForNode("nodename")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(n.Publish, n.Subscribe...) {
+		check("node", []string{strings.ReplaceAll(s, ".nodename.", ".<node>.")})
+	}
 }

@@ -45,9 +45,11 @@ type Agent struct {
 	d       lifecycle.Deps
 	callout *admit.Callout
 	keys    *authn.KeySet // the pods' token keys, nil with TokenReview
-	issuer  nkeys.KeyPair // signs the node's pods' users; made at start, never written
-	user    nkeys.KeyPair // the callout's own user on the leaf server
-	hubTLS  *tls.Config
+	// tokensReady is nil once pods' tokens can be verified (their keys loaded).
+	tokensReady func() error
+	issuer      nkeys.KeyPair // signs the node's pods' users; made at start, never written
+	user        nkeys.KeyPair // the callout's own user on the leaf server
+	hubTLS      *tls.Config
 
 	mu     sync.Mutex
 	ecfg   embedded.Config // the leaf server's, for a reload with a new token
@@ -94,10 +96,11 @@ func NewWith(cfg Config, d lifecycle.Deps, v admit.Verifier, keys *authn.KeySet)
 		}
 		a.hubTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	d.Health.AddReadyCheck("hub", a.connected)
-	if keys != nil {
-		d.Health.AddReadyCheck("token-keys", v.(admit.Tokens).Verifier.Ready)
+	a.tokensReady = func() error { return nil }
+	if t, ok := v.(admit.Tokens); ok {
+		a.tokensReady = t.Verifier.Ready
 	}
+	d.Health.AddReadyCheck("node", a.Ready)
 	return a, nil
 }
 
@@ -111,8 +114,19 @@ func (a *Agent) Addr() string {
 	return a.srv.Addr().String()
 }
 
-// connected is the readiness check: the leaf server runs and holds its hub
-// connection (a node whose hub is away keeps its pods connected, not ready).
+// Ready is nil once the agent admits pods: its leaf server runs and holds its hub
+// connection (a node whose hub is away keeps its pods connected, not ready), and
+// it can verify tokens.
+func (a *Agent) Ready() error {
+	if err := a.connected(); err != nil {
+		return err
+	}
+	if err := a.tokensReady(); err != nil {
+		return fmt.Errorf("pods' tokens: %w", err)
+	}
+	return nil
+}
+
 func (a *Agent) connected() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -131,11 +145,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.readToken(); err != nil {
 		return err
 	}
-	// The pods' token keys before the first pod: the key set's Run only
-	// refreshes them (every -jwks-refresh), as the signer loads them at start.
 	if a.keys != nil {
+		// The pods' token keys first: before them, every pod would be refused.
 		if err := a.keys.Load(ctx); err != nil {
-			return fmt.Errorf("node agent: token keys: %w", err)
+			return fmt.Errorf("node agent: pods' token keys: %w", err)
 		}
 	}
 	srv, err := a.start()

@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"crypto"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"

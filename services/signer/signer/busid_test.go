@@ -1,12 +1,13 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/pem"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/hashicorp/go-hclog"
 

@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"encoding/json"
 	"encoding/pem"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/meshagent/meshagent/pkg/events"

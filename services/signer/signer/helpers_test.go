@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/clock"

@@ -10,7 +10,6 @@ package signer
 // rotation. Pods are created with spec.nodeName set: nothing schedules or runs them.
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -22,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"

@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/bus/policy"

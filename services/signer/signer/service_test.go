@@ -1,7 +1,6 @@
 package signer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshagent/meshagent/tests/tokentest"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"

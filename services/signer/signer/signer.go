@@ -13,13 +13,15 @@ import (
 	"fmt"
 	"net"
 
+	"net/url"
+
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/buscallout"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/config"
@@ -32,7 +34,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"net/url"
 )
 
 // Config is the signer's whole configuration (flags and env vars: Load).

@@ -34,6 +34,8 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs.StringVar(&v.DiscoveryAddress, "discovery-address", v.DiscoveryAddress, "xds-relay's upstream (a pod's annotation meshagent.io/discovery-address wins)")
 	fs.StringVar(&v.SecretTTL, "secret-ttl", v.SecretTTL, "workload certificate lifetime")
 	fs.StringVar(&v.CAFallbackAddr, "ca-fallback-addr", v.CAFallbackAddr, "sds-edge's CA_FALLBACK_ADDR: the signers' gRPC CA API, asked when the bus does not answer (empty: none)")
+	fs.StringVar(&v.Bus, "bus", v.Bus, "how pods reach the bus unless annotated meshagent.io/bus: direct (to the hub) or node (through their node's agent)")
+	fs.StringVar(&v.NodeBusURL, "node-bus-url", v.NodeBusURL, "the node tier's URL (the node agent of the pod's own node)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -32,3 +32,22 @@ spec:
 		t.Fatalf("misspelled pod: %v", err)
 	}
 }
+
+// -bus node puts every pod of the file on the node tier; a bad value is refused.
+func TestBusFlag(t *testing.T) {
+	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: web-0, namespace: shop}\nspec:\n  containers: [{name: web, image: example/web:1}]\n"
+	var out bytes.Buffer
+	if err := run([]string{"-bus", "node"}, strings.NewReader(pod), &out); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.Contains(s, "BUS_VIA_NODE") || !strings.Contains(s, "nats://meshagent-node.meshagent-system.svc:4223") || strings.Contains(s, "NATS_TLS_CA") {
+		t.Fatalf("output:\n%s", s)
+	}
+	out.Reset()
+	if err := run(nil, strings.NewReader(pod), &out); err != nil || strings.Contains(out.String(), "BUS_VIA_NODE") {
+		t.Fatalf("default: %v\n%s", err, out.String())
+	}
+	if err := run([]string{"-bus", "leaf"}, strings.NewReader(pod), &out); err == nil || !strings.Contains(err.Error(), "meshagent.io/bus") {
+		t.Fatalf("-bus leaf: %v", err)
+	}
+}

@@ -3,6 +3,8 @@ package buscallout
 import (
 	"sync"
 	"time"
+
+	"github.com/meshagent/meshagent/pkg/authn"
 )
 
 // admissions counts the connections admitted per pod within a sliding window (the
@@ -14,6 +16,19 @@ type admissions struct {
 	mu    sync.Mutex
 	pods  map[string][]time.Time // admission times, oldest first
 	sweep time.Time              // next time every pod's stale times are dropped
+}
+
+// admissionKey is what admissions counts by: one pod instance — its namespace and
+// name and, when the credential names it, its UID (a pod-bound token's
+// kubernetes.io.pod.uid). A pod recreated under the same name is a new object
+// with a new UID and starts afresh: admissions its predecessor spent (a storm
+// whose clients gave up on connections the callout had already admitted) do not
+// lock it out for the rest of the window.
+func admissionKey(caller authn.Caller) string {
+	if caller.PodUID == "" {
+		return caller.Pod.String()
+	}
+	return caller.Pod.String() + "#" + caller.PodUID
 }
 
 func newAdmissions() *admissions { return &admissions{pods: map[string][]time.Time{}} }

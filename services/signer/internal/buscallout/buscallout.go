@@ -16,12 +16,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -333,7 +333,7 @@ func (r *Responder) admit(req *jwt.AuthorizationRequestClaims, caller authn.Call
 	}
 	now := r.now()
 	expires := r.userExpiry(now, caller)
-	if !r.admissions.take(caller.Pod.String(), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
+	if !r.admissions.take(admissionKey(caller), now, r.limits.Lifetime, r.limits.MaxAdmissions) {
 		return nil, ReasonTooManyConnections, fmt.Errorf("pod %s had %d connections admitted within %s already", caller.Pod, r.limits.MaxAdmissions, r.limits.Lifetime)
 	}
 	resp, err := policy.AdmitPodIdentityLimited(r.issuer, req, caller.Pod, sa, expires, r.limits)

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/authn"
+	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/issued"
 	"github.com/nats-io/jwt/v2"
 )

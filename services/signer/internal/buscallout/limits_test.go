@@ -1,14 +1,15 @@
 package buscallout
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
+
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -55,6 +56,37 @@ func TestPodConnectionsBounded(t *testing.T) {
 	nc, err := f.connect("web-2", other)
 	if err != nil {
 		t.Fatalf("another pod refused: %v", err)
+	}
+	nc.Close()
+}
+
+// A pod that spent its admissions (its clients gave up on connections the callout
+// had admitted: an earlier storm) locks out neither itself once it is recreated
+// under its old name (a new pod UID), nor, as before, any other pod. The same
+// instance stays bounded: the positive control.
+func TestRecreatedPodNotLockedOutByItsPredecessor(t *testing.T) {
+	f := startWithLimits(t, policy.PodLimits{MaxAdmissions: 2})
+	now := time.Now()
+	instance := func(uid string) string {
+		c := f.iss.ServiceAccount("default", "web", now.Add(-time.Minute), time.Hour).ForPod("web-1")
+		c.PodUID = uid
+		return f.iss.Mint(t, c)
+	}
+	first := instance("uid-1")
+	for i := range 2 {
+		nc, err := f.connect("web-1", first)
+		if err != nil {
+			t.Fatalf("first instance, connection %d: %v", i+1, err)
+		}
+		nc.Close() // gone: the storm's client gave up
+	}
+	if nc, err := f.connect("web-1", first); err == nil {
+		nc.Close()
+		t.Fatal("the first instance was admitted past its bound")
+	}
+	nc, err := f.connect("web-1", instance("uid-2"))
+	if err != nil {
+		t.Fatalf("the pod recreated under its name was locked out by its predecessor: %v", err)
 	}
 	nc.Close()
 }

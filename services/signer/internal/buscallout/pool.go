@@ -10,8 +10,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/authn"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 )

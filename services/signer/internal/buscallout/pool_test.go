@@ -1,7 +1,6 @@
 package buscallout
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"context"
 	"fmt"
 	"os"
@@ -11,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
+
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/jwt/v2"

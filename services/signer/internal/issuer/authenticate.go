@@ -5,9 +5,9 @@ import (
 	"encoding/base64"
 	"fmt"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 )
 

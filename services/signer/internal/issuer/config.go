@@ -5,8 +5,8 @@ import (
 	"crypto/x509"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/authn"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/nats-io/nats.go"
 )

@@ -1,7 +1,6 @@
 package issuer
 
 import (
-	"github.com/meshagent/meshagent/tests/tokentest"
 	"bytes"
 	"context"
 	"crypto"
@@ -19,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/tests/tokentest"
+
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/testkit"

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
-	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/nats-io/nats.go"
 )

@@ -40,6 +40,7 @@ func runKubelet(ctx context.Context, env command.Env, args []string) error {
 	fs.String(&tok.Namespace, "ns", "POD_NAMESPACE", "default", "namespace of the token")
 	fs.String(&tok.ServiceAccount, "sa", "SERVICE_ACCOUNT", "default", "service account of the token")
 	fs.String(&tok.Pod, "pod", "POD_NAME", "", "pod the token is bound to (empty: none)")
+	fs.String(&tok.Node, "node", "NODE_NAME", "", "node the pod is scheduled on, bound into the token as Kubernetes does (empty: none)")
 	fs.Duration(&ttl, "ttl", "TOKEN_TTL", time.Hour, "token lifetime")
 	fs.Duration(&refresh, "refresh", "TOKEN_REFRESH", 30*time.Minute, "how often to mint a new token")
 	if err := command.Parse(fs, args); err != nil {

@@ -22,7 +22,7 @@ type Token struct {
 	Namespace      string
 	ServiceAccount string
 	Pod            string // the pod the token is bound to; empty: none
-	Node           string // the node the pod runs on, which the token names too; empty: none
+	Node           string // the node that pod is scheduled on; empty: none
 }
 
 // Kubelet writes the tokens.
