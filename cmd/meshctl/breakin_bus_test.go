@@ -5,6 +5,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,8 +22,9 @@ import (
 // noCredential: without a credential the server admits nobody, so no attack below
 // can even start; the callout counts each refusal.
 func (h *breakin) noCredential(t *testing.T) {
-	const refused = `meshagent_signer_bus_callout_refused_total{reason="no_token"}`
-	before := metric(t, h.st.Signer.HTTP, refused)
+	httpAddr, _, refusal := h.admission()
+	refused := refusal("no_token")
+	before := metric(t, httpAddr, refused)
 	kp, err := nkeys.CreateUser()
 	if err != nil {
 		t.Fatal(err)
@@ -34,13 +36,16 @@ func (h *breakin) noCredential(t *testing.T) {
 		"an nkey the server does not know": {nats.Nkey(pub, kp.Sign)},
 	}
 	for name, opts := range cases {
-		nc, err := nats.Connect(h.st.NATSURL, append(opts, nats.Timeout(5*time.Second), nats.MaxReconnects(0))...)
-		if err == nil {
-			nc.Close()
-			t.Errorf("%s: connected", name)
+		// The hub, and on a node tier the attacker's node too.
+		for _, url := range slices.Compact([]string{h.st.NATSURL, h.podURL()}) {
+			nc, err := nats.Connect(url, append(opts, nats.Timeout(5*time.Second), nats.MaxReconnects(0))...)
+			if err == nil {
+				nc.Close()
+				t.Errorf("%s: connected to %s", name, url)
+			}
 		}
 	}
-	testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("the callout did not count the refusals (%s was %v)", refused, before), func() bool { return metric(t, h.st.Signer.HTTP, refused) >= before+2 })
+	testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("the callout did not count the refusals (%s was %v)", refused, before), func() bool { return metric(t, httpAddr, refused) >= before+2 })
 }
 
 // badTokens: expired, foreign, not pod-bound, wrong audience or garbage tokens are
@@ -65,13 +70,21 @@ func (h *breakin) badTokens(t *testing.T) {
 		{"garbage", "not-a-jwt", "bad_token"},
 		{"no pod claim", mint(h.iss.Mint("default", "demo", aud, time.Hour, now)), "not_pod_bound"},
 	}
-	const admitted = `meshagent_signer_bus_callout_admitted_total`
-	admittedBefore := metric(t, h.st.Signer.HTTP, admitted)
+	if n := h.podNode(); n != nil {
+		// On a node tier: the victim's real token, bound to its own node, through
+		// the attacker's node.
+		if victimNode := h.podInfo(victim).Node; victimNode != n.Name {
+			cases = append(cases, struct{ name, token, reason string }{"another node's pod",
+				mint(h.iss.MintForPodOnNode("default", "demo", victim, victimNode, aud, time.Hour, now)), "node"})
+		}
+	}
+	httpAddr, admitted, refusal := h.admission()
+	admittedBefore := metric(t, httpAddr, admitted)
 	want := map[string]float64{}
 	for _, c := range cases {
-		series := `meshagent_signer_bus_callout_refused_total{reason="` + c.reason + `"}`
+		series := refusal(c.reason)
 		if _, ok := want[series]; !ok {
-			want[series] = metric(t, h.st.Signer.HTTP, series)
+			want[series] = metric(t, httpAddr, series)
 		}
 		want[series]++
 		t.Run(c.name, func(t *testing.T) {
@@ -82,9 +95,9 @@ func (h *breakin) badTokens(t *testing.T) {
 		})
 	}
 	for series, n := range want {
-		testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("%s did not reach %v", series, n), func() bool { return metric(t, h.st.Signer.HTTP, series) >= n })
+		testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("%s did not reach %v", series, n), func() bool { return metric(t, httpAddr, series) >= n })
 	}
-	if got := metric(t, h.st.Signer.HTTP, admitted); got != admittedBefore {
+	if got := metric(t, httpAddr, admitted); got != admittedBefore {
 		t.Fatalf("the callout admitted %v connections during the attack", got-admittedBefore)
 	}
 }
@@ -169,7 +182,7 @@ func (h *breakin) readCAKey(t *testing.T) {
 // answerSignRequests: nobody but the signer may listen to sign requests (they carry
 // tokens) or answer them; the victim still renews under the genuine root.
 func (h *breakin) answerSignRequests(t *testing.T) {
-	victimSign, _ := events.PodSignSubject(victimRef)
+	victimSign := h.signSubject(victimRef)
 	for _, who := range []struct {
 		name string
 		nc   *nats.Conn
@@ -214,14 +227,24 @@ func (h *breakin) inBundle(t *testing.T, fingerprint string) bool {
 	return false
 }
 
+// signSubject is where the attacker's connection would send pod's sign requests:
+// on a node tier, its own node's subject for pod (the only node it can send on).
+func (h *breakin) signSubject(pod events.PodRef) string {
+	if n := h.podNode(); n != nil {
+		s, _ := events.NodeSignSubject(n.Name, pod)
+		return s
+	}
+	s, _ := events.PodSignSubject(pod)
+	return s
+}
+
 // otherPods: demo-1, with its own token, cannot sign, renew, report or publish
 // anchors as demo-0, and a token stolen from demo-0 does not make demo-1's requests
 // demo-0's.
 func (h *breakin) otherPods(t *testing.T) {
-	victimSign, _ := events.PodSignSubject(victimRef)
+	victimSign, attackerSign := h.signSubject(victimRef), h.signSubject(attackerRef)
 	victimRenew, _ := events.PodRenewSubject(victimRef)
 	victimAnchors, _ := events.PodAnchorsSubject(victimRef)
-	attackerSign, _ := events.PodSignSubject(attackerRef)
 	issued := h.stored(t, events.SubjectCertIssued)
 	received := metric(t, h.st.Signer.HTTP, `meshagent_signer_csr_received_total{transport="nats"}`)
 	before := h.serving(t, victim)

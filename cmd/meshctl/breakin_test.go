@@ -57,8 +57,14 @@ var (
 // the full run fits two rotations (and the bundle cap) in a test's time.
 const rotateMin = 2 * time.Second
 
-func TestBreakIn(t *testing.T) {
-	h := newBreakin(t)
+func TestBreakIn(t *testing.T) { runBreakIn(t, newBreakin(t, 0)) }
+
+// TestBreakInThroughNodes is the same suite on a stack with a node tier (issue 35):
+// the pods, the attacker's among them, reach the bus through their nodes' agents
+// (NATS leaf nodes), and each attack is made through the attacker's node.
+func TestBreakInThroughNodes(t *testing.T) { runBreakIn(t, newBreakin(t, 2)) }
+
+func runBreakIn(t *testing.T, h *breakin) {
 	t.Run("no credential, no connection", h.noCredential)
 	t.Run("tokens the callout refuses", h.badTokens)
 	t.Run("read the CA key", h.readCAKey)
@@ -103,10 +109,45 @@ type breakin struct {
 	rootsSeen map[string]*x509.Certificate
 }
 
-func newBreakin(t *testing.T) *breakin {
+// podNode is the node agent the attacker's pod reaches the bus through; nil on a
+// stack without a node tier (the pods connect to the hub).
+func (h *breakin) podNode() *stackfile.Node {
+	name := h.podInfo(attacker).Node
+	for i := range h.st.Nodes {
+		if h.st.Nodes[i].Name == name {
+			return &h.st.Nodes[i]
+		}
+	}
+	return nil
+}
+
+// podURL is where the attacker's pod connects: its node agent, or the hub.
+func (h *breakin) podURL() string {
+	if n := h.podNode(); n != nil {
+		return "nats://" + n.Bus
+	}
+	return h.st.NATSURL
+}
+
+// admission is where pods' connections are admitted and counted: the attacker's
+// node agent on a node tier (its metrics and reason names), else the signer's
+// callout; refused maps the callout's reason to the node's.
+func (h *breakin) admission() (http, admitted string, refused func(reason string) string) {
+	if n := h.podNode(); n != nil {
+		byNode := map[string]string{"bad_token": "token", "no_token": "token", "not_pod_bound": "no_pod"}
+		return n.HTTP, "meshagent_node_admissions_total", func(reason string) string {
+			return `meshagent_node_refusals_total{reason="` + cmp.Or(byNode[reason], reason) + `"}`
+		}
+	}
+	return h.st.Signer.HTTP, "meshagent_signer_bus_callout_admitted_total", func(reason string) string {
+		return `meshagent_signer_bus_callout_refused_total{reason="` + reason + `"}`
+	}
+}
+
+func newBreakin(t *testing.T, nodes int) *breakin {
 	dir := testkit.ShortDir(t)
 	tap := &wiretap{}
-	r, logs := startStackLogged(t, devstack.Config{Dir: dir, Pods: 2, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
+	r, logs := startStackLogged(t, devstack.Config{Dir: dir, Pods: 2, Nodes: nodes, LeafTTL: time.Hour, RootRotateMinInterval: rotateMin, OnEvent: tap.record})
 	h := &breakin{dir: dir, st: &r.Stack, meshctlLog: logs, admin: r.Conn(), tap: tap, keys: &keyRing{}, rootsSeen: map[string]*x509.Certificate{}}
 	var err error
 	if h.iss, err = devtoken.Load(dir + "/issuer"); err != nil {
@@ -177,7 +218,7 @@ func (h *breakin) connRole(t *testing.T, seedFile string, r policy.Role, v *viol
 // pod's inbox.
 func (h *breakin) connToken(t *testing.T, token string, pod events.PodRef, v *violations) (*nats.Conn, error) {
 	t.Helper()
-	nc, err := nats.Connect(h.st.NATSURL, nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
+	nc, err := nats.Connect(h.podURL(), nats.Token(token), nats.CustomInboxPrefix(policy.Inbox(policy.Pod, pod)),
 		nats.Name("breakin/pod"), nats.ErrorHandler(v.handler), nats.MaxReconnects(0), nats.Timeout(5*time.Second))
 	if err == nil {
 		t.Cleanup(nc.Close)

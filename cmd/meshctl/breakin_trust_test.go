@@ -27,7 +27,7 @@ import (
 func (h *breakin) replyIntoState(t *testing.T) {
 	ca := h.caState(t)
 	trust, issued := h.stored(t, events.SubjectTrustChanged), h.stored(t, events.SubjectCertIssued)
-	attackerSign, _ := events.PodSignSubject(attackerRef)
+	attackerSign := h.signSubject(attackerRef)
 	targets := []string{
 		"$KV." + policy.BucketCA + ".root",
 		"$KV." + policy.BucketCA + ".evil",

@@ -19,6 +19,11 @@ type signingKey struct {
 	priv   ed25519.PrivateKey
 }
 
+// FastSigner returns kp deriving its Ed25519 key once (see signingKey): for an
+// issuer made in memory (nkeys.CreateAccount) that signs every admission, as
+// ReadSeed's are.
+func FastSigner(kp nkeys.KeyPair) (nkeys.KeyPair, error) { return newSigningKey(kp) }
+
 // newSigningKey wraps kp, a pair made from a seed (a public-only pair has no
 // private key to keep and is returned as it is).
 func newSigningKey(kp nkeys.KeyPair) (nkeys.KeyPair, error) {

@@ -75,7 +75,12 @@ func New(cfg Config, d lifecycle.Deps) (*Agent, error) {
 // the key set v reads, run with the agent).
 func NewWith(cfg Config, d lifecycle.Deps, v admit.Verifier, keys *authn.KeySet) (*Agent, error) {
 	d = d.WithDefaults()
-	issuer, err := nkeys.CreateAccount()
+	made, err := nkeys.CreateAccount()
+	if err != nil {
+		return nil, fmt.Errorf("node agent: issuer key: %w", err)
+	}
+	// It signs two JWTs per admitted pod: derive its key once, not per signature.
+	issuer, err := policy.FastSigner(made)
 	if err != nil {
 		return nil, fmt.Errorf("node agent: issuer key: %w", err)
 	}
@@ -84,7 +89,7 @@ func NewWith(cfg Config, d lifecycle.Deps, v admit.Verifier, keys *authn.KeySet)
 		return nil, fmt.Errorf("node agent: callout key: %w", err)
 	}
 	a := &Agent{cfg: cfg, d: d, issuer: issuer, user: user, keys: keys,
-		callout: admit.New(cfg.Node, issuer, v, cfg.Pods, d.Clock, d.Log.Named("callout"), d.Metrics)}
+		callout: admit.New(cfg.Node, issuer, v, cfg.Pods, embedded.EmbeddedAuthTimeout, d.Clock, d.Log.Named("callout"), d.Metrics)}
 	if cfg.Hub.CAFile != "" {
 		pem, err := os.ReadFile(cfg.Hub.CAFile)
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -16,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,18 +65,24 @@ type Callout struct {
 
 	admitted prometheus.Counter
 	refused  *prometheus.CounterVec
+	dropped  prometheus.Counter
+	// serverWait is how long the leaf server waits for an answer (its auth timeout).
+	serverWait time.Duration
 }
 
 // New returns the callout of node, signing users with issuer (the leaf server's
-// callout issuer) and verifying tokens with v.
-func New(node string, issuer nkeys.KeyPair, v Verifier, limits policy.PodLimits, clk clock.Clock, log hclog.Logger, reg prometheus.Registerer) *Callout {
-	c := &Callout{node: node, issuer: issuer, verify: v, limits: limits.WithDefaults(), clk: clk, log: log,
+// callout issuer) and verifying tokens with v; the server waits serverWait for
+// each answer.
+func New(node string, issuer nkeys.KeyPair, v Verifier, limits policy.PodLimits, serverWait time.Duration, clk clock.Clock, log hclog.Logger, reg prometheus.Registerer) *Callout {
+	c := &Callout{node: node, issuer: issuer, verify: v, limits: limits.WithDefaults(), serverWait: serverWait, clk: clk, log: log,
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_node_callout_dropped_total",
+			Help: "Connect requests dropped unanswered: the leaf server had stopped waiting for them, or the queue was full (the client connects again)."}),
 		admitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshagent_node_admissions_total",
 			Help: "Pods admitted to this node's leaf server."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_node_refusals_total",
 			Help: "Connections refused by this node's callout, by reason."}, []string{"reason"}),
 	}
-	reg.MustRegister(c.admitted, c.refused)
+	reg.MustRegister(c.admitted, c.refused, c.dropped)
 	return c
 }
 
@@ -93,6 +102,10 @@ func (c *Callout) Answer(data []byte) ([]byte, error) {
 		c.refused.WithLabelValues(ReasonRequest).Inc()
 		return nil, err
 	}
+	return c.answer(req)
+}
+
+func (c *Callout) answer(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
 	pod, reason, err := c.check(req.ConnectOptions.Token)
 	if err != nil {
 		c.refused.WithLabelValues(reason).Inc()
@@ -128,16 +141,28 @@ func (c *Callout) check(token string) (Pod, string, error) {
 }
 
 // Serve answers the leaf server's callout requests on nc (connected as the leaf's
-// callout user) until ctx ends.
+// callout user) until ctx ends, with workers checking tokens at once (one per
+// core): a node whose pods all start together (a node restart) admits them at
+// the speed of its cores, not of one. A request that waited past the server's
+// wait for it is dropped unanswered, never admitted for a client already gone.
 func (c *Callout) Serve(ctx context.Context, nc *nats.Conn) error {
+	queue := make(chan *nats.Msg, queueLen)
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range queue {
+				c.serve(m)
+			}
+		}()
+	}
+	defer func() { close(queue); wg.Wait() }()
 	sub, err := nc.Subscribe(policy.AuthCalloutSubject, func(m *nats.Msg) {
-		resp, err := c.Answer(m.Data)
-		if err != nil {
-			c.log.Warn("callout request dropped", "error", err)
-			return
-		}
-		if err := m.Respond(resp); err != nil {
-			c.log.Warn("callout answer not sent", "error", err)
+		select {
+		case queue <- m:
+		default: // the server times the client out; it connects again later
+			c.dropped.Inc()
 		}
 	})
 	if err != nil {
@@ -149,4 +174,33 @@ func (c *Callout) Serve(ctx context.Context, nc *nats.Conn) error {
 	<-ctx.Done()
 	_ = sub.Unsubscribe()
 	return nil
+}
+
+// queueLen bounds the connect requests waiting for a worker: a node's pods,
+// several times over.
+const queueLen = 8192
+
+// serve answers one request, unless the server has stopped waiting for it.
+func (c *Callout) serve(m *nats.Msg) {
+	req, err := policy.DecodeAuthRequest(m.Data)
+	if err != nil {
+		c.refused.WithLabelValues(ReasonRequest).Inc()
+		c.log.Warn("callout request dropped", "error", err)
+		return
+	}
+	// The leaf server runs in this process, on this clock: its wait for the answer
+	// started at the request's issue time (whole seconds, so a second is kept
+	// in hand).
+	if !c.clk.Now().Before(time.Unix(req.IssuedAt, 0).Add(c.serverWait - time.Second)) {
+		c.dropped.Inc()
+		return
+	}
+	resp, err := c.answer(req)
+	if err != nil {
+		c.log.Warn("callout answer failed", "error", err)
+		return
+	}
+	if err := m.Respond(resp); err != nil {
+		c.log.Warn("callout answer not sent", "error", err)
+	}
 }
