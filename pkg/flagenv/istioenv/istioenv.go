@@ -34,19 +34,19 @@ const MaxSize = 64 << 10
 // ProxyConfig is the part of Istio's ProxyConfig the pod's roles act on. A nil
 // pointer or empty string is a field the config does not set.
 type ProxyConfig struct {
-	DiscoveryAddress         string            // xds-relay -discovery-address
-	StatusPort               *int32            // launcher -status-addr; 0: no status server
-	ProxyAdminPort           *int32            // launcher -envoy-admin
-	DrainDuration            *time.Duration    // launcher -drain-duration (Envoy --drain-time-s)
-	TerminationDrainDuration *time.Duration    // launcher -drain-time
-	ParentShutdownDuration   *time.Duration    // launcher -parent-shutdown-duration
-	BinaryPath               string            // launcher -envoy-binary
-	Concurrency              *int32            // launcher -concurrency
+	DiscoveryAddress         string         // xds-relay -discovery-address
+	StatusPort               *int32         // launcher -status-addr; 0: no status server
+	ProxyAdminPort           *int32         // launcher -envoy-admin
+	DrainDuration            *time.Duration // launcher -drain-duration (Envoy --drain-time-s)
+	TerminationDrainDuration *time.Duration // launcher -drain-time
+	ParentShutdownDuration   *time.Duration // launcher -parent-shutdown-duration
+	BinaryPath               string         // launcher -envoy-binary
+	Concurrency              *int32         // launcher -concurrency
 	// ControlPlaneAuthPolicy is NONE or MUTUAL_TLS (INHERIT is read as unset):
 	// xds-relay's default -xds-tls, plaintext or mtls, as Istio's agent dials.
 	ControlPlaneAuthPolicy string
-	ProxyMetadata            map[string]string // env vars, below the container's own
-	Set                      map[string]bool   // every field name given (JSON name)
+	ProxyMetadata          map[string]string // env vars, below the container's own
+	Set                    map[string]bool   // every field name given (JSON name)
 }
 
 // Used are ProxyConfig's fields (JSON names) that some pod role acts on.
