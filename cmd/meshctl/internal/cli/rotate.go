@@ -72,7 +72,9 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	}
 	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
 	printPlan(env, "now", reply.Plan)
-	fmt.Fprintln(env.Stdout, "  (phases 2 and 3 come sooner as the signers see the certificates they sign: meshctl status shows the live plan, -wait follows it)")
+	if p := reply.Plan; p != nil && !p.NewRootLast.Equal(p.Rotated) {
+		fmt.Fprintln(env.Stdout, "  (phases 2 and 3 come sooner as the signers see the certificates they sign: meshctl status shows the live plan, -wait follows it)")
+	}
 	if wait <= 0 {
 		return nil
 	}
