@@ -119,7 +119,7 @@ func TestNetworkPolicies(t *testing.T) {
 	for _, w := range inv.workloads {
 		byName[w.name] = w
 	}
-	nats, signer, rotator, operator := byName["nats"], byName["signer"], byName["rotator"], byName["operator"]
+	nats, signer, rotator := byName["nats"], byName["signer"], byName["rotator"]
 	pod := func(w *workload) peer { return peer{w.name, w.namespace, w.labels} }
 	mesh := meshPod(t)
 	plain := peer{"a pod without the sidecar in shop", "shop", map[string]string{"app": "web"}}
@@ -134,9 +134,6 @@ func TestNetworkPolicies(t *testing.T) {
 		{mesh, nats, "client", true},
 		{pod(signer), nats, "client", true},
 		{pod(rotator), nats, "client", true},
-		{pod(operator), nats, "client", true}, // its inventory and dashboard are on the bus
-		{pod(operator), nats, "cluster", false},
-		{pod(operator), signer, "grpc-ca", false},
 		{plain, nats, "client", false},
 		{neighbour, nats, "client", false},
 		{pod(nats), nats, "cluster", true},

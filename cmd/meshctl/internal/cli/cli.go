@@ -34,7 +34,7 @@ var operator = []command.Command{
 	{Name: "sign", Usage: "get a certificate signed for a minted token: sign -ns NS -sa SA [-pod POD] [-out DIR] [-grpc]", Run: runSign},
 	{Name: "csr", Usage: "one CreateCertificate over the Istio gRPC API, printing the chain: csr -ns NS -sa SA | -cert F -key F [-impersonate ID] [-signer NAME]; csr -bus -pod POD -cert F -key F renews by certificate over the bus", Run: runCSR},
 	{Name: "bench", Usage: "load the signer for capacity planning: bench sign [-n N | -duration D] [-in-flight K] [-key-alg A]; bench storm -pods N [-conns 1|3]", Run: runBench},
-	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH; no names: every resource the pod serves (default, ROOTCA, ROOTCA_SPIFFE)", Run: runSDS},
+	{Name: "sds", Usage: "fetch secrets from a pod over SDS: sds -pod ID [names...] or sds -socket PATH", Run: runSDS},
 	{Name: "trust", Usage: "show the trust domains the fleet trusts, where each bundle came from and when it refreshes: trust [-o json]", Run: runTrust},
 	{Name: "dns", Usage: "ask a pod's DNS proxy for a name: dns [-pod ID | -server ADDR] [-type A] [-tcp] NAME", Run: runDNS},
 	{Name: "rotate", Usage: "rotate root [-new-key] [-wait D] | rotate pod [NAMESPACE/]NAME (a bare name: namespace default)", Run: runRotate},
