@@ -173,7 +173,8 @@ func TestIstioInjectedSidecarBehavesAsTheTemplateIntends(t *testing.T) {
 		"PROXY_CONFIG": func() bool {
 			return c.relay.Upstream.Address == "istiod.istio-system.svc:15012" && c.launcher.Listen.Status == ":15020" &&
 				c.launcher.Envoy.AdminAddr == "127.0.0.1:15000" && c.launcher.Envoy.DrainDuration == 45*time.Second &&
-				c.launcher.Drain.Duration == 5*time.Second && c.launcher.Envoy.Binary == "/usr/local/bin/envoy"
+				c.launcher.Drain.Duration == 5*time.Second && c.launcher.Envoy.Binary == "/usr/local/bin/envoy" &&
+				c.relay.Upstream.Mode == "mtls" // controlPlaneAuthPolicy MUTUAL_TLS
 		},
 		"ISTIO_META_CLUSTER_ID":   func() bool { return c.launcher.Pod.ClusterID == "Kubernetes" },
 		"ISTIO_META_MESH_ID":      func() bool { return c.launcher.Pod.MeshID == "cluster.local" },
@@ -183,6 +184,9 @@ func TestIstioInjectedSidecarBehavesAsTheTemplateIntends(t *testing.T) {
 		"ISTIO_META_CERT_SIGNER":  func() bool { return c.sds.Cert.Signer == "partner" },
 		"ISTIO_META_DNS_CAPTURE":  func() bool { return c.relay.DNS.Capture && c.relay.DNS.Namespace == "shop" },
 		"ISTIO_KUBE_APP_PROBERS":  func() bool { return strings.Contains(c.launcher.Status.AppProbers, "/app-health/web/readyz") },
+		// The sidecar's args pass the legacy --concurrency 2, which wins over the
+		// CPU limit in pilot-agent too; the gateway below has no such arg.
+		"ISTIO_CPU_LIMIT": func() bool { return c.launcher.Envoy.Concurrency == 2 },
 		"ISTIO_PROMETHEUS_ANNOTATIONS": func() bool {
 			return c.launcher.Status.AppMetricsURL == "http://localhost:8080/metrics"
 		},
@@ -225,9 +229,10 @@ func TestIstioInjectedSidecarBehavesAsTheTemplateIntends(t *testing.T) {
 func TestIstioInjectedGatewayBehavesAsTheTemplateIntends(t *testing.T) {
 	c := loadRoles(t, loadInjected(t)["gateway"])
 	if c.launcher.Pod.Type != "router" || c.launcher.PodRef().String() != "shop/ingress-5c9b8" || c.sds.Pod.ServiceAccount != "ingress" ||
-		c.sds.Cert.KeyAlg != pki.ECP256 || c.relay.Upstream.Address != "istiod.istio-system.svc:15012" || c.launcher.Drain.Duration != 5*time.Second {
-		t.Fatalf("gateway: type %q pod %s sa %q key %s discovery %q drain %s", c.launcher.Pod.Type, c.launcher.PodRef(),
-			c.sds.Pod.ServiceAccount, c.sds.Cert.KeyAlg, c.relay.Upstream.Address, c.launcher.Drain.Duration)
+		c.sds.Cert.KeyAlg != pki.ECP256 || c.relay.Upstream.Address != "istiod.istio-system.svc:15012" || c.launcher.Drain.Duration != 5*time.Second ||
+		c.launcher.Envoy.Concurrency != 4 {
+		t.Fatalf("gateway: type %q pod %s sa %q key %s discovery %q drain %s concurrency %d (ISTIO_CPU_LIMIT 4)", c.launcher.Pod.Type, c.launcher.PodRef(),
+			c.sds.Pod.ServiceAccount, c.sds.Cert.KeyAlg, c.relay.Upstream.Address, c.launcher.Drain.Duration, c.launcher.Envoy.Concurrency)
 	}
 }
 

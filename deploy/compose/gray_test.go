@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/tests/faultcheck"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
 
@@ -90,7 +91,7 @@ func sdsEdgePaused(t *testing.T, h *harness) {
 	resumed = true
 	unpaused := time.Now()
 	testkit.EventuallyWithin(t, 30*time.Second, "sds-edge's /readyz answering again", func() bool {
-		code, _ := testkit.HTTPGet(h.st.podReady)
+		code, _ := testkit.HTTPGetWithin(h.st.podReady, faultcheck.ProbeTimeout)
 		return code != 0
 	})
 	f.note("/readyz answered %s after unpause", time.Since(unpaused).Round(10*time.Millisecond))

@@ -3,6 +3,7 @@
 package compose
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,9 +24,14 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// ProjectEnv names the suite's compose project (default "meshagent-faults"), so
+// that two runs on one docker engine (two checkouts, CI beside a developer) do not
+// share containers, network and volumes.
+const ProjectEnv = "MESHAGENT_COMPOSE_PROJECT"
+
 // project is the suite's own compose project: `make compose-up` (project "compose")
 // runs beside it.
-const project = "meshagent-faults"
+var project = cmp.Or(os.Getenv(ProjectEnv), "meshagent-faults")
 
 // secretTTL is the demo pod's certificate lifetime in the suite: short, so that
 // expiry is reachable within a fault (issue 10 measured with 1m).

@@ -175,6 +175,9 @@ func (e TrustChanged) Validate() error {
 // the answering signer's FederationStatus.
 type BundleRequest struct {
 	Federation bool `json:"federation,omitempty"`
+	// Rotation asks for the live plan of the root rotation under way (meshctl
+	// status and rotate root); pods leave it out.
+	Rotation bool `json:"rotation,omitempty"`
 }
 
 func (BundleRequest) EventType() string { return TypeBundleRequest }
@@ -190,7 +193,11 @@ type BundleReply struct {
 	// request asked), endorsed by the CA key over FederationStatusEndorsedBytes.
 	Federation             json.RawMessage `json:"federation,omitempty"`
 	FederationEndorsements []Endorsement   `json:"federation_endorsements,omitempty"`
-	Error                  *ReplyError     `json:"error,omitempty"`
+	// Rotation is the answering signer's live plan of the current rotation (when
+	// the request asked and its CA rotates; Rotated is zero when none was made):
+	// its phase now and when the next ones begin, from the certificates signed so far.
+	Rotation *RotationPlan `json:"rotation,omitempty"`
+	Error    *ReplyError   `json:"error,omitempty"`
 }
 
 func (BundleReply) EventType() string { return TypeBundleReply }

@@ -28,11 +28,15 @@ type Expiry struct {
 const Never time.Duration = -1
 
 // MeasureExpiry draws the Expiry figures from samples (in time order), given the
-// windows in which no signer was reachable.
+// windows in which no signer was reachable. A sample without the SDS stream up
+// (sds-edge not running: a restart that outlasted the certificate) serves
+// nothing and has no readiness to judge; once sds-edge is back, its readiness
+// lag counts from then, not from an expiry it was not running for.
 func MeasureExpiry(samples []Sample, unreachable []Window) Expiry {
 	var e Expiry
 	var episode time.Time // NotAfter of the expired certificate being served
-	said := false
+	var back time.Time    // when the SDS stream came back after being down
+	said, wasDown := false, false
 	closeEpisode := func() {
 		if !episode.IsZero() && !said {
 			e.ReadyLag = Never
@@ -40,12 +44,19 @@ func MeasureExpiry(samples []Sample, unreachable []Window) Expiry {
 		episode, said = time.Time{}, false
 	}
 	for i, s := range samples {
+		if !s.Up {
+			wasDown = true
+			continue
+		}
+		if wasDown {
+			back, wasDown = s.At, false
+		}
 		if !s.Expired() {
 			closeEpisode()
 			continue
 		}
 		dt := time.Duration(0)
-		if i+1 < len(samples) {
+		if i+1 < len(samples) && samples[i+1].Up {
 			dt = samples[i+1].At.Sub(s.At)
 		}
 		e.Served += dt
@@ -54,6 +65,9 @@ func MeasureExpiry(samples []Sample, unreachable []Window) Expiry {
 		}
 		if episode.IsZero() {
 			episode = s.Cur.Leaf.NotAfter
+		}
+		if back.After(episode) {
+			episode = back
 		}
 		if !said && s.Ready != 200 {
 			said = true

@@ -25,6 +25,14 @@ func samples(notAfter time.Time, ready ...int) []Sample {
 	return out
 }
 
+// down marks samples i as taken while the SDS stream was down.
+func down(s []Sample, i ...int) []Sample {
+	for _, j := range i {
+		s[j].Up = false
+	}
+	return s
+}
+
 func TestMeasureExpiry(t *testing.T) {
 	exp := t0.Add(2 * time.Second) // samples 2, 3, 4 show it expired
 	tests := []struct {
@@ -40,6 +48,13 @@ func TestMeasureExpiry(t *testing.T) {
 			Expiry{Served: 2 * time.Second, Reachable: 2 * time.Second, ReadyLag: time.Second}},
 		{"no signer reachable", samples(exp, 200, 200, 503, 503, 503), []Window{{t0, t0.Add(time.Hour)}},
 			Expiry{Served: 2 * time.Second, ReadyLag: 0}},
+		// sds-edge not running across the expiry (a docker-compose restart that took
+		// longer than SECRET_TTL under load): nothing served then, and readiness is
+		// judged from when it is back (here at once).
+		{"sds-edge down across the expiry", down(samples(exp, 200, 0, 0, 0, 503, 503), 1, 2, 3), nil,
+			Expiry{Served: time.Second, Reachable: time.Second, ReadyLag: 0}},
+		{"back, then ready a second too long", down(samples(exp, 200, 0, 0, 200, 503), 1, 2), nil,
+			Expiry{Served: time.Second, Reachable: time.Second, ReadyLag: time.Second}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

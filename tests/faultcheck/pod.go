@@ -147,6 +147,11 @@ func (w *PodWatch) stream(ctx context.Context) {
 	}
 }
 
+// ProbeTimeout bounds one /readyz probe: a pod whose status server accepts and
+// does not answer (frozen, or a machine at load 30) is sampled not ready after
+// it, instead of holding every later sample back.
+const ProbeTimeout = 2 * time.Second
+
 func (w *PodWatch) sample(ctx context.Context) {
 	t := time.NewTicker(w.Every)
 	defer t.Stop()
@@ -158,7 +163,7 @@ func (w *PodWatch) sample(ctx context.Context) {
 		}
 		ready := 0
 		if w.readyURL != "" {
-			ready, _ = testkit.HTTPGet(w.readyURL)
+			ready, _ = testkit.HTTPGetWithin(w.readyURL, ProbeTimeout)
 		}
 		w.mu.Lock()
 		w.samples = append(w.samples, Sample{At: time.Now(), Cur: w.cur, Up: w.up, Ready: ready})

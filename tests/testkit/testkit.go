@@ -119,7 +119,14 @@ func freePortRange() (low, high int) {
 // HTTPGet fetches url and returns its status and body; status 0 and the error's
 // text when the request fails, so that a poll can simply retry.
 func HTTPGet(url string) (status int, body string) {
-	resp, err := http.Get(url)
+	return HTTPGetWithin(url, 0)
+}
+
+// HTTPGetWithin is HTTPGet bounded by timeout (0: none): a server that accepts
+// and never answers is status 0 after it, not a caller stuck for good.
+func HTTPGetWithin(url string, timeout time.Duration) (status int, body string) {
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Get(url)
 	if err != nil {
 		return 0, err.Error()
 	}

@@ -34,22 +34,25 @@ const MaxSize = 64 << 10
 // ProxyConfig is the part of Istio's ProxyConfig the pod's roles act on. A nil
 // pointer or empty string is a field the config does not set.
 type ProxyConfig struct {
-	DiscoveryAddress         string            // xds-relay -discovery-address
-	StatusPort               *int32            // launcher -status-addr; 0: no status server
-	ProxyAdminPort           *int32            // launcher -envoy-admin
-	DrainDuration            *time.Duration    // launcher -drain-duration (Envoy --drain-time-s)
-	TerminationDrainDuration *time.Duration    // launcher -drain-time
-	ParentShutdownDuration   *time.Duration    // launcher -parent-shutdown-duration
-	BinaryPath               string            // launcher -envoy-binary
-	Concurrency              *int32            // launcher -concurrency
-	ProxyMetadata            map[string]string // env vars, below the container's own
-	Set                      map[string]bool   // every field name given (JSON name)
+	DiscoveryAddress         string         // xds-relay -discovery-address
+	StatusPort               *int32         // launcher -status-addr; 0: no status server
+	ProxyAdminPort           *int32         // launcher -envoy-admin
+	DrainDuration            *time.Duration // launcher -drain-duration (Envoy --drain-time-s)
+	TerminationDrainDuration *time.Duration // launcher -drain-time
+	ParentShutdownDuration   *time.Duration // launcher -parent-shutdown-duration
+	BinaryPath               string         // launcher -envoy-binary
+	Concurrency              *int32         // launcher -concurrency
+	// ControlPlaneAuthPolicy is NONE or MUTUAL_TLS (INHERIT is read as unset):
+	// xds-relay's default -xds-tls, plaintext or mtls, as Istio's agent dials.
+	ControlPlaneAuthPolicy string
+	ProxyMetadata          map[string]string // env vars, below the container's own
+	Set                    map[string]bool   // every field name given (JSON name)
 }
 
 // Used are ProxyConfig's fields (JSON names) that some pod role acts on.
 var Used = []string{
 	"discoveryAddress", "statusPort", "proxyAdminPort", "drainDuration", "terminationDrainDuration",
-	"binaryPath", "concurrency", "proxyMetadata",
+	"binaryPath", "concurrency", "proxyMetadata", "controlPlaneAuthPolicy",
 }
 
 // Ignored are ProxyConfig's other fields (JSON names), with why meshagent ignores
@@ -63,7 +66,6 @@ var Ignored = map[string]string{
 	"connectionSettings":              "applied by the control plane to the inbound clusters it generates",
 	"statsdUdpAddress":                "statsd sinks are not generated; use a custom bootstrap",
 	"envoyMetricsServiceAddress":      "deprecated in Istio",
-	"controlPlaneAuthPolicy":          "the relay's upstream security is -xds-tls",
 	"customConfigFile":                "use the launcher's -custom-bootstrap",
 	"statNameLength":                  "Envoy's stat name limit is Envoy's default",
 	"proxyBootstrapTemplatePath":      "use the launcher's -bootstrap-template (a Go template, not Istio's)",
@@ -139,6 +141,8 @@ func Parse(s string) (ProxyConfig, error) {
 			pc.TerminationDrainDuration, err = duration(v)
 		case "proxyMetadata":
 			err = json.Unmarshal(v, &pc.ProxyMetadata)
+		case "controlPlaneAuthPolicy":
+			pc.ControlPlaneAuthPolicy, err = authPolicy(v)
 		default:
 			if _, ok := Ignored[name]; !ok {
 				unknown = append(unknown, k)
@@ -217,6 +221,26 @@ func int32Value(v json.RawMessage) (int32, error) {
 		return 0, fmt.Errorf("want an int32: %s", v)
 	}
 	return int32(n), nil
+}
+
+// authPolicy reads Istio's AuthenticationPolicy enum as protojson writes it: its
+// name or its number. INHERIT (1000) means the mesh's, which is unset here.
+func authPolicy(v json.RawMessage) (string, error) {
+	var name string
+	if err := json.Unmarshal(v, &name); err != nil {
+		n, nerr := int32Value(v)
+		if nerr != nil {
+			return "", fmt.Errorf("want NONE, MUTUAL_TLS or INHERIT: %s", v)
+		}
+		name = map[int32]string{0: "NONE", 1: "MUTUAL_TLS", 1000: "INHERIT"}[n]
+	}
+	switch name {
+	case "NONE", "MUTUAL_TLS":
+		return name, nil
+	case "INHERIT":
+		return "", nil
+	}
+	return "", fmt.Errorf("want NONE, MUTUAL_TLS or INHERIT: %s", v)
 }
 
 func port(v json.RawMessage) (*int32, error) {

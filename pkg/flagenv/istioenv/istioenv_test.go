@@ -203,6 +203,34 @@ func TestParseAcceptsWhatIstioAccepts(t *testing.T) {
 	}
 }
 
+// TestControlPlaneAuthPolicyAsIstioReadsIt: the enum by name or number, as
+// protojson takes it; INHERIT is unset; anything else is refused as Istio refuses it.
+func TestControlPlaneAuthPolicyAsIstioReadsIt(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`"NONE"`, "NONE"}, {`0`, "NONE"}, {`"MUTUAL_TLS"`, "MUTUAL_TLS"}, {`1`, "MUTUAL_TLS"}, {`"INHERIT"`, ""}, {`1000`, ""},
+	} {
+		in := `{"controlPlaneAuthPolicy":` + tc.in + `}`
+		var ref meshconfig.ProxyConfig
+		if err := protojson.Unmarshal([]byte(in), &ref); err != nil {
+			t.Fatalf("istio refuses %s: %v", in, err)
+		}
+		got, err := Parse(in)
+		if err != nil || got.ControlPlaneAuthPolicy != tc.want {
+			t.Errorf("Parse(%s) = %q, %v; want %q (Istio: %v)", in, got.ControlPlaneAuthPolicy, err, tc.want, ref.GetControlPlaneAuthPolicy())
+		}
+		if tc.want != "" && ref.GetControlPlaneAuthPolicy().String() != tc.want {
+			t.Errorf("Istio reads %s as %v", in, ref.GetControlPlaneAuthPolicy())
+		}
+	}
+	in := `{"controlPlaneAuthPolicy":"TLS"}`
+	if err := protojson.Unmarshal([]byte(in), &meshconfig.ProxyConfig{}); err == nil {
+		t.Fatal("istio takes TLS")
+	}
+	if _, err := Parse(in); err == nil {
+		t.Fatal("Parse takes TLS")
+	}
+}
+
 func TestLoadFallsBackToProxyMetadata(t *testing.T) {
 	env := map[string]string{
 		Env:         `{"proxyMetadata":{"ECC_SIGNATURE_ALGORITHM":"ECDSA","ECC_CURVE":"P384"}}`,

@@ -276,3 +276,42 @@ func TestFallsBackThroughTheGRPCListWhenTheBusDoesNotAnswer(t *testing.T) {
 	}
 	t.Logf("certificate over the second gRPC CA %s after the start", time.Since(began).Round(time.Millisecond))
 }
+
+// TestReconnectRenewsWhenTheRenewDueWasMissed: the rotator publishes a renew-due
+// once; a pod off the bus at that moment (frozen, cut off) misses it. When the
+// bus comes back past the renew-due point (SECRET_GRACE_PERIOD_RATIO of the life
+// left), the pod renews within 3 s (docs/reliability.md) instead of at its
+// safety deadline; before that point a reconnect renews nothing.
+func TestReconnectRenewsWhenTheRenewDueWasMissed(t *testing.T) {
+	v := newEnv(t)
+	clk := clock.NewFake(time.Now())
+	p := v.startPod(podOpt{clock: clk, args: []string{"-secret-ttl", "1h"}})
+	st := p.open(t, p.dial(t), "default")
+	first := leafOf(t, recv(t, st).Secrets["default"])
+	life := first.NotAfter.Sub(first.NotBefore)
+	testkit.Eventually(t, "safety deadline armed", func() bool { return clk.Timers() >= 1 })
+	asked := v.ca.requests.Load()
+
+	clk.Set(first.NotBefore.Add(life * 3 / 10)) // before the renew-due
+	if err := p.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "reconnected", func() bool { return p.nc.IsConnected() && p.nc.Stats().Reconnects >= 1 })
+	time.Sleep(300 * time.Millisecond)
+	if got := v.ca.requests.Load(); got != asked {
+		t.Fatalf("a reconnect before the renew-due point sent %d sign requests", got-asked)
+	}
+
+	clk.Set(first.NotBefore.Add(life * 6 / 10)) // the renew-due (half the life left) passed unseen
+	start := time.Now()
+	if err := p.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	next := leafOf(t, recv(t, st).Secrets["default"])
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("renewed %s after reconnecting, want within 3 s", took)
+	}
+	if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Fatal("the same certificate pushed again")
+	}
+}

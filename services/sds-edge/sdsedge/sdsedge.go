@@ -220,7 +220,7 @@ func (e *Edge) serve(ctx context.Context) error {
 		defer unsub()
 		// trust.changed is not durable for us: after a bus outage, ask for the bundle.
 		podfeed.OnReconnect(e.d.Bus, func() {
-			mgr.RetryNow("bus reconnected")
+			mgr.Reconnected()
 			select {
 			case e.reconnected <- struct{}{}:
 			default: // a refresh is already due
@@ -303,7 +303,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 		signer = busCA
 	}
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
-		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, RetryMin: c.Cert.RetryMin,
+		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, GraceRatio: c.Cert.GraceRatio, RetryMin: c.Cert.RetryMin,
 		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
 		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))

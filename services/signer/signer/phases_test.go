@@ -229,3 +229,46 @@ func TestRotationPhasesOverGRPCKeepPodsTalking(t *testing.T) {
 		t.Fatalf("after the old root left: %v", err)
 	}
 }
+
+// TestBundleCarriesTheLiveRotationPlan: a bundle request that asks for it
+// (meshctl status and rotate root, under any role's credential) gets the plan of
+// the rotation under way as the signer holds it now: none before a rotation,
+// phase 1 right after it, phase 2 once its time came; a pod's plain bundle
+// request carries none. Before, the plan was only in the rotation's own reply and
+// in a dry run, which is refused for a minute after a rotation.
+func TestBundleCarriesTheLiveRotationPlan(t *testing.T) {
+	e := newEnv(t)
+	fake := clock.NewFake(time.Now())
+	e.clock = fake
+	c := e.config("signer-a")
+	c.Certs.DefaultTTL, c.Certs.MaxTTL = time.Hour, time.Hour
+	c.CA.RootTTL = 1000 * time.Hour
+	c.CA.CheckInterval = 20 * time.Millisecond
+	e.start(t, c)
+	live := func() *events.RotationPlan {
+		t.Helper()
+		rep := natsCall[events.BundleRequest, events.BundleReply](t, e.nc, events.SubjectTrustBundle, events.BundleRequest{Rotation: true})
+		if rep.Error != nil {
+			t.Fatal(rep.Error)
+		}
+		return rep.Rotation
+	}
+	if p := live(); p == nil || !p.Rotated.IsZero() {
+		t.Fatalf("before any rotation: %+v, want a plan with nothing rotated", p)
+	}
+	rr := natsCall[events.RotateRequest, events.RotateReply](t, e.nc, events.SubjectRootRotate, events.RotateRequest{NewKey: true})
+	if rr.Error != nil || rr.Plan == nil {
+		t.Fatalf("rotate: %+v", rr)
+	}
+	if p := live(); p == nil || p.Phase != 1 || !p.Rotated.Equal(rr.Plan.Rotated) || !p.NewRootLast.Equal(rr.Plan.NewRootLast) {
+		t.Fatalf("right after the rotation: %+v, the rotation's %+v", p, rr.Plan)
+	}
+	if bundle(t, e.nc).Rotation != nil {
+		t.Fatal("a pod's plain bundle request carries the plan")
+	}
+	fake.Set(rr.Plan.NewRootLast.Add(time.Minute))
+	testkit.EventuallyWithin(t, 10*time.Second, "phase 2 in the live plan", func() bool {
+		p := live()
+		return p != nil && p.Phase == 2
+	})
+}

@@ -45,6 +45,7 @@ func runBenchSign(ctx context.Context, env Env, args []string) error {
 	fs.Int(&cfg.N, "n", "", 5000, "CSRs to prepare and send (with -duration: the keys cycled through, each time with a new CSR)")
 	fs.Duration(&cfg.Duration, "duration", "", 0, "run this long instead of sending each prepared CSR once")
 	fs.Int(&cfg.InFlight, "in-flight", "", 32, "requests in flight at once")
+	fs.Duration(&cfg.RequestTimeout, "request-timeout", "", loadgen.DefaultRequestTimeout, "how long one request waits for its answer; one unanswered by then ends the run (give more on a loaded machine)")
 	fs.Int(&cfg.Warmup, "warmup", "", 200, "requests sent, and not measured, before the run")
 	fs.String(&alg, "key-alg", "", string(pki.ECP256), "key algorithm of the CSRs")
 	fs.String(&cfg.Namespace, "ns", "", events.BenchNamespace, "namespace of the minted tokens; in "+events.BenchNamespace+" (the default) the certificates are kept out of fleet counts (status, certs, the dashboard) and out of meshctl up's event print")

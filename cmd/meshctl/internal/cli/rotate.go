@@ -52,6 +52,11 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if words[0] == "pod" {
 		return rotatePod(nc, env, words[1])
 	}
+	// The rotation under way, as the signers plan it now (a dry run of another
+	// is refused until -root-rotate-min-interval has passed: this is not).
+	if live, err := askRotation(ctx, nc); err == nil && live != nil && !live.Rotated.IsZero() {
+		fmt.Fprintf(env.Stdout, "current: %s\n", rotationPhase(live, time.Now()))
+	}
 	// The plan first (a dry run: a refusal shows here and nothing changes), then the rotation.
 	planned, err := busrpc.RotateRoot(ctx, nc, events.RotateRequest{NewKey: newKey, DryRun: true, Reason: "meshctl rotate root -dry-run"})
 	if err != nil {
@@ -67,6 +72,9 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	}
 	fmt.Fprintf(env.Stdout, "new root sha256 %s; bundle now holds %d root(s)\n", reply.Fingerprint, len(reply.Roots))
 	printPlan(env, "now", reply.Plan)
+	if p := reply.Plan; p != nil && !p.NewRootLast.Equal(p.Rotated) {
+		fmt.Fprintln(env.Stdout, "  (phases 2 and 3 come sooner as the signers see the certificates they sign: meshctl status shows the live plan, -wait follows it)")
+	}
 	if wait <= 0 {
 		return nil
 	}
@@ -132,7 +140,7 @@ func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait tim
 	defer cancel()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
-	last, lastOut := "", ""
+	last, lastOut, lastPhase := "", "", ""
 	var err error
 	for {
 		var snap inventory.Snapshot
@@ -151,6 +159,12 @@ func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait tim
 				return nil
 			}
 		}
+		if live, perr := askRotation(ctx, nc); perr == nil && live != nil {
+			if line := rotationPhase(live, time.Now()); phaseOnly(line) != lastPhase {
+				fmt.Fprintf(env.Stdout, "%s  rotation %s\n", time.Now().Format("15:04:05"), line)
+				lastPhase = phaseOnly(line)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			if last == "" {
@@ -160,6 +174,24 @@ func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait tim
 		case <-tick.C:
 		}
 	}
+}
+
+// phaseOnly is a rotationPhase line without its countdowns, to print it again
+// only when the plan changed.
+func phaseOnly(line string) string {
+	var b strings.Builder
+	skip := false
+	for _, r := range line {
+		switch {
+		case r == '(':
+			skip = true
+		case r == ')':
+			skip = false
+		case !skip:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // progress is how far a root rotation has reached the fleet.

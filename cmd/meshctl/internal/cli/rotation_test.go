@@ -56,3 +56,35 @@ func TestPlanSaysWhatThePhasesLastFor(t *testing.T) {
 		}
 	}
 }
+
+// meshctl status's rotation row says the phase now, when the next begins and when
+// the old root leaves, from the signer's live plan.
+func TestRotationPhaseLine(t *testing.T) {
+	rotated := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	p := &events.RotationPlan{Phase: 1, Rotated: rotated, NewRootLast: rotated.Add(time.Hour),
+		Settled: rotated.Add(2 * time.Hour), OldRootLeaves: rotated.Add(3 * time.Hour)}
+	for _, tc := range []struct {
+		name string
+		p    *events.RotationPlan
+		now  time.Time
+		want []string
+	}{
+		{"plugged-in", nil, rotated, []string{"does not rotate"}},
+		{"nothing rotated", &events.RotationPlan{}, rotated, []string{"none under way"}},
+		{"phase 1", p, rotated.Add(10 * time.Minute), []string{"phase 1 of 3", "rotated 10m ago", "phase 2", "in 50m", "old root leaves the bundle", "in 2h 50m"}},
+		{"phase 2", &events.RotationPlan{Phase: 2, Rotated: p.Rotated, NewRootLast: p.NewRootLast, Settled: p.Settled, OldRootLeaves: p.OldRootLeaves},
+			rotated.Add(90 * time.Minute), []string{"phase 2 of 3", "phase 3", "in 30m"}},
+		{"same key", &events.RotationPlan{Rotated: rotated, NewRootLast: rotated, Settled: rotated, OldRootLeaves: rotated.Add(time.Hour)},
+			rotated.Add(time.Minute), []string{"same key", "in 59m"}},
+		{"done", p, rotated.Add(4 * time.Hour), []string{"done", "old root left"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			line := rotationPhase(tc.p, tc.now)
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("%q lacks %q", line, w)
+				}
+			}
+		})
+	}
+}

@@ -8,6 +8,9 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/command"
 	"github.com/meshagent/meshagent/pkg/events"
 
@@ -26,14 +29,11 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 	fs.String(&socket, "socket", "", "", "SDS socket path")
 	fs.String(&pod, "pod", "", "", "pod from stack.json, <namespace>/<name> or a name in default (instead of -socket)")
 	fs.String(&node, "node", "", "meshctl", "node id to present")
-	names := []string{"default", "ROOTCA"}
 	fs.AllowArgs()
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
-	if fs.FS.NArg() > 0 {
-		names = fs.FS.Args()
-	}
+	names := fs.FS.Args()
 	if socket == "" {
 		if pod == "" {
 			return errors.New("-socket or -pod is required")
@@ -60,11 +60,37 @@ func runSDS(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer cc.Close()
-	secrets, err := sdsclient.Fetch(ctx, cc, node, names...)
-	if err != nil {
-		return fmt.Errorf("fetch %v: %w", names, err)
+	if len(names) > 0 {
+		secrets, err := sdsclient.Fetch(ctx, cc, node, names...)
+		if err != nil {
+			return fmt.Errorf("fetch %v: %w", names, err)
+		}
+		return printSecrets(env.Stdout, names, secrets)
 	}
-	return printSecrets(env.Stdout, names, secrets)
+	return printServed(ctx, env.Stdout, cc, node)
+}
+
+// printServed prints every resource the pod serves a workload (what a user asks
+// `meshctl sds -pod X` for): default, ROOTCA and ROOTCA_SPIFFE, each fetched on
+// its own so that one the pod does not hold is said so beside the others. File
+// resources are served only under their paths, so only when named.
+func printServed(ctx context.Context, w io.Writer, cc grpc.ClientConnInterface, node string) error {
+	var failed []string
+	for _, n := range sdsclient.WorkloadResources {
+		secrets, err := sdsclient.Fetch(ctx, cc, node, n)
+		if err != nil {
+			fmt.Fprintf(w, "%-10s (not served: %v)\n", n, status.Convert(errors.Unwrap(err)).Message())
+			failed = append(failed, n)
+			continue
+		}
+		if err := printSecrets(w, []string{n}, secrets); err != nil {
+			return err
+		}
+	}
+	if len(failed) == len(sdsclient.WorkloadResources) {
+		return fmt.Errorf("the pod serves none of %v", sdsclient.WorkloadResources)
+	}
+	return nil
 }
 
 // printSecrets prints each named secret: a certificate's identity, serial and

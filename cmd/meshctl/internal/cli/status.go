@@ -146,6 +146,9 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 		bundle = snap.Trust.Roots
 	}
 	attention = append(attention, rootStatus(bundle, now, row)...)
+	if plan, err := askRotation(ctx, nc); err == nil {
+		row("rotation", "%s", rotationPhase(plan, now))
+	}
 	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, hour.Retries())
 	if n := hour.Failures(); n > 0 {
 		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))

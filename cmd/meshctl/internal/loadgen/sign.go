@@ -49,7 +49,14 @@ type SignConfig struct {
 	Subject        string
 	NATSURL, TLSCA string
 	Dial           func(context.Context) (*nats.Conn, error)
+	// RequestTimeout bounds one request's wait for its answer (0:
+	// DefaultRequestTimeout); one request unanswered by then ends the run.
+	RequestTimeout time.Duration
 }
+
+// DefaultRequestTimeout is -request-timeout's default: ample on a quiet machine;
+// a test on a loaded one (load 20–50) gives more.
+const DefaultRequestTimeout = 30 * time.Second
 
 // Validate reports every bad value at once, naming its flag.
 func (c SignConfig) Validate() error {
@@ -65,6 +72,9 @@ func (c SignConfig) Validate() error {
 	}
 	if c.Duration < 0 {
 		errs = append(errs, errors.New("-duration: must not be negative"))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("-request-timeout: must not be negative"))
 	}
 	if c.Subject != SubjectAny && c.Subject != SubjectPod && c.Subject != SubjectID {
 		errs = append(errs, fmt.Errorf("-subject: %q, want any, pod or id", c.Subject))
@@ -128,6 +138,7 @@ func Sign(ctx context.Context, cfg SignConfig) (SignResult, error) {
 	if err != nil {
 		return SignResult{}, err
 	}
+	pool.timeout = cfg.RequestTimeout
 	if cfg.Subject == SubjectAny {
 		// Past the first n, a request asks as an identity of its own: a token
 		// asking again within a minute would soon meet the signer's limit on early
@@ -140,6 +151,7 @@ func Sign(ctx context.Context, cfg SignConfig) (SignResult, error) {
 		if err != nil {
 			return SignResult{}, err
 		}
+		warm.timeout = cfg.RequestTimeout
 		if _, err := loadSign(ctx, conns, warm, len(warm.msgs), 0, cfg.InFlight); err != nil {
 			return SignResult{}, fmt.Errorf("warmup: %w", err)
 		}

@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"errors"
@@ -30,6 +31,8 @@ type signPool struct {
 	alg     pki.KeyAlg
 	enc     events.Encoding
 	subject func(i int) string
+	// timeout bounds one request's wait for its answer (SignConfig.RequestTimeout).
+	timeout time.Duration
 }
 
 // signPoolID is the identity the CSRs ask for: the signer names the certificate
@@ -129,7 +132,7 @@ func (p *signPool) send(ctx context.Context, conns []*nats.Conn, i int) (time.Du
 		}
 	}
 	t := time.Now()
-	if err := signOnce(ctx, conns[m%len(conns)], msg); err != nil {
+	if err := signOnce(ctx, conns[m%len(conns)], msg, p.timeout); err != nil {
 		return 0, err
 	}
 	return time.Since(t), nil
@@ -142,8 +145,8 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-func signOnce(ctx context.Context, nc *nats.Conn, m *nats.Msg) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+func signOnce(ctx context.Context, nc *nats.Conn, m *nats.Msg, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, DefaultRequestTimeout))
 	defer cancel()
 	resp, err := nc.RequestMsgWithContext(ctx, m)
 	if err != nil {

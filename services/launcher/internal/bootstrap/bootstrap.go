@@ -81,15 +81,29 @@ func (n Node) ID() string {
 	return n.Type + "~" + ip + "~" + n.Pod + "." + n.Namespace + "~" + n.DNSDomain
 }
 
-// ServiceCluster is Istio's node cluster: the app (or app.kubernetes.io/name)
-// label, dot namespace; istio-proxy when the pod has neither.
+// ServiceCluster is Istio's node cluster for its default service cluster
+// (pkg/bootstrap serviceClusterOrDefault): the app label (app, then
+// app.kubernetes.io/name, then service.istio.io/canonical-name) dot namespace,
+// else the workload name (ISTIO_META_WORKLOAD_NAME) dot namespace, else
+// istio-proxy dot namespace.
 func (n Node) ServiceCluster() string {
-	for _, k := range []string{"app.kubernetes.io/name", "app"} {
-		if v := n.Labels[k]; v != "" {
-			return v + "." + n.Namespace
+	name := ""
+	for _, k := range []string{"app", "app.kubernetes.io/name", "service.istio.io/canonical-name"} {
+		if v, ok := n.Labels[k]; ok {
+			name = v
+			break
 		}
 	}
-	return "istio-proxy"
+	if name == "" {
+		name = n.Meta["WORKLOAD_NAME"]
+	}
+	if name == "" {
+		name = "istio-proxy"
+	}
+	if n.Namespace == "" {
+		return name
+	}
+	return name + "." + n.Namespace
 }
 
 // Metadata is the node metadata, with Istio's key names.

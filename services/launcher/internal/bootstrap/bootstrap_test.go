@@ -185,8 +185,31 @@ func TestNodeAndStatsListener(t *testing.T) {
 	if !stats {
 		t.Fatal("no prometheus_stats cluster")
 	}
-	if n := (Node{Type: "router", IPs: []string{"1.2.3.4"}, Pod: "gw", Namespace: "x", DNSDomain: "x.svc"}); n.ServiceCluster() != "istio-proxy" {
-		t.Fatal(n.ServiceCluster())
+}
+
+// TestServiceClusterAsPilotAgent: the node's cluster as pilot-agent names it for
+// its default service cluster, checked against a real pilot-agent (istio/istio
+// 86c9f01fd73): app label dot namespace ("web.shop"), else the workload name,
+// else istio-proxy dot namespace.
+func TestServiceClusterAsPilotAgent(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		meta   map[string]string
+		want   string
+	}{
+		{"app first", map[string]string{"app": "web", "app.kubernetes.io/name": "k8s"}, nil, "web.shop"},
+		{"then app.kubernetes.io/name", map[string]string{"app.kubernetes.io/name": "k8s", "service.istio.io/canonical-name": "c"}, nil, "k8s.shop"},
+		{"then the canonical name", map[string]string{"service.istio.io/canonical-name": "c"}, nil, "c.shop"},
+		{"then the workload name", map[string]string{"version": "v1"}, map[string]string{"WORKLOAD_NAME": "wl"}, "wl.shop"},
+		{"else istio-proxy", nil, nil, "istio-proxy.shop"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := Node{Type: "sidecar", Pod: "web-0", Namespace: "shop", Labels: tc.labels, Meta: tc.meta}
+			if got := n.ServiceCluster(); got != tc.want {
+				t.Fatalf("cluster %q, pilot-agent's %q", got, tc.want)
+			}
+		})
 	}
 }
 

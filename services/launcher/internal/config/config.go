@@ -6,6 +6,7 @@ package config
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -45,6 +46,7 @@ type Config struct {
 		DNSDomain      string   // default <namespace>.svc.cluster.local
 		IPs            []string // INSTANCE_IP, then the rest of INSTANCE_IPS
 		Labels         map[string]string
+		LabelsFile     string // downward-API labels, merged over Labels
 		Type           string // sidecar or router
 		RouterMode     string // a router's ROUTER_MODE metadata: standard or sni-dnat
 		TokenFile      string // the pod's service-account token: its bus identity
@@ -123,6 +125,7 @@ func Default() Config {
 	c.Pod.ClusterID = "Kubernetes"
 	c.Pod.Type = Sidecar
 	c.Pod.TokenFile = "var/run/secrets/tokens/istio-token"
+	c.Pod.LabelsFile = PodLabelsFile
 	c.Envoy.Binary = "envoy"
 	c.Envoy.BootstrapPath = "etc/istio/proxy/envoy-rev.json"
 	c.Envoy.AdminAddr = "127.0.0.1:15000"
@@ -180,8 +183,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if proxyType != "" {
 		c.Pod.Type = proxyType
 	}
+	raw.concurrencySet = pc.Concurrency != nil || getenv("ISTIO_META_CONCURRENCY") != ""
+	fs.FS.Visit(func(f *flag.Flag) { raw.concurrencySet = raw.concurrencySet || f.Name == "concurrency" })
 	errs = append(errs, c.resolve(raw, getenv)...)
 	c.underPodRoot()
+	if c.Pod.Labels, err = readPodLabels(c.Pod.LabelsFile, c.Pod.Labels); err != nil {
+		errs = append(errs, err)
+	}
 	c.Bus.Name = "launcher/" + c.PodRef().String()
 	c.Bus.AsPod(c.PodRef(), c.Pod.TokenFile)
 	// The bus only carries the launcher's events (held until it connects): the
@@ -223,6 +231,13 @@ func (c *Config) resolve(raw rawFlags, getenv func(string) string) []error {
 		}
 	}
 	c.Envoy.ExtraArgs = strings.Fields(raw.extraArgs)
+	// pilot-agent: an unset ProxyConfig concurrency is the CPU limit, so that a
+	// proxy limited to 2 CPUs on a 64-core node runs 2 worker threads, not 64.
+	if raw.cpuLimit < 0 {
+		errs = append(errs, fmt.Errorf("-cpu-limit: %d is negative", raw.cpuLimit))
+	} else if raw.cpuLimit > 0 && !raw.concurrencySet {
+		c.Envoy.Concurrency = raw.cpuLimit
+	}
 	if u, err := appMetricsURL(raw.promAnnotations); err != nil {
 		errs = append(errs, fmt.Errorf("-prometheus-annotations: %w", err))
 	} else {
@@ -243,6 +258,7 @@ func (c *Config) underPodRoot() {
 	c.OutputCerts = c.Pod.Path(c.OutputCerts)
 	c.GRPCBootstrap = c.Pod.Path(c.GRPCBootstrap)
 	c.Pod.TokenFile = c.Pod.Path(c.Pod.TokenFile)
+	c.Pod.LabelsFile = c.Pod.Path(c.Pod.LabelsFile)
 	if c.Envoy.CustomBootstrap != "" {
 		c.Envoy.CustomBootstrap = c.Pod.Path(c.Envoy.CustomBootstrap)
 	}

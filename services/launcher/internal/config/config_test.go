@@ -2,8 +2,11 @@ package config
 
 import (
 	"bytes"
-	"github.com/meshagent/meshagent/pkg/events"
+	"maps"
+	"os"
 	"path/filepath"
+
+	"github.com/meshagent/meshagent/pkg/events"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +176,72 @@ func TestPrometheusAnnotations(t *testing.T) {
 		if _, err := Load([]string{"-pod", "web-0", "-prometheus-annotations", in}, none); err == nil || !strings.Contains(err.Error(), "-prometheus-annotations") {
 			t.Errorf("%s: %v, want an error naming -prometheus-annotations", in, err)
 		}
+	}
+}
+
+// TestCPULimitSetsConcurrencyAsPilotAgent: ISTIO_CPU_LIMIT is Envoy's
+// --concurrency when ProxyConfig's concurrency is unset, as pilot-agent does
+// (pilot/cmd/pilot-agent/config ConstructProxyConfig; checked against a real
+// pilot-agent: --concurrency 4 under ISTIO_CPU_LIMIT=4, 3 with concurrency 3 in
+// PROXY_CONFIG); a given concurrency, 0 included, wins.
+func TestCPULimitSetsConcurrencyAsPilotAgent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{"neither: meshagent's default", nil, nil, 2},
+		{"cpu limit", nil, map[string]string{"ISTIO_CPU_LIMIT": "4"}, 4},
+		{"PROXY_CONFIG's concurrency wins", nil, map[string]string{"ISTIO_CPU_LIMIT": "4", "PROXY_CONFIG": `{"concurrency":3}`}, 3},
+		{"PROXY_CONFIG's concurrency 0 wins", nil, map[string]string{"ISTIO_CPU_LIMIT": "4", "PROXY_CONFIG": `{"concurrency":0}`}, 0},
+		{"the flag wins (pilot-agent's --concurrency)", []string{"--concurrency", "1"}, map[string]string{"ISTIO_CPU_LIMIT": "4"}, 1},
+		{"the env var wins", nil, map[string]string{"ISTIO_CPU_LIMIT": "4", "ISTIO_META_CONCURRENCY": "5"}, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(append([]string{"-pod", "web-0"}, tc.args...), flagenv.Map(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Envoy.Concurrency != tc.want {
+				t.Fatalf("concurrency %d, want %d", c.Envoy.Concurrency, tc.want)
+			}
+		})
+	}
+	if _, err := Load([]string{"-pod", "web-0"}, flagenv.Map(map[string]string{"ISTIO_CPU_LIMIT": "-1"})); err == nil || !strings.Contains(err.Error(), "-cpu-limit") {
+		t.Fatalf("negative cpu limit: %v", err)
+	}
+}
+
+// TestPodLabelsFileAsPilotAgent: the downward-API labels file under the pod root
+// is merged over ISTIO_METAJSON_LABELS, pod-template-hash left out (Istio's
+// pkg/bootstrap GetNodeMetaData); a missing file leaves the JSON labels; a file
+// that does not parse is an error naming the flag.
+func TestPodLabelsFileAsPilotAgent(t *testing.T) {
+	root := t.TempDir()
+	env := map[string]string{"ISTIO_METAJSON_LABELS": `{"app":"static","team":"a"}`}
+	c, err := Load([]string{"-pod", "web-0", "-pod-root", root}, flagenv.Map(env))
+	if err != nil || len(c.Pod.Labels) != 2 || c.Pod.Labels["app"] != "static" {
+		t.Fatalf("no file: labels %v, %v", c.Pod.Labels, err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "etc/istio/pod"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(root, "etc/istio/pod/labels")
+	if err := os.WriteFile(file, []byte("app=\"web\"\npod-template-hash=\"7d4f9\"\nsecurity.istio.io/tlsMode=\"istio\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = Load([]string{"-pod", "web-0", "-pod-root", root}, flagenv.Map(env)); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"app": "web", "team": "a", "security.istio.io/tlsMode": "istio"}
+	if !maps.Equal(c.Pod.Labels, want) || c.Pod.LabelsFile != file {
+		t.Fatalf("labels %v from %s, want %v", c.Pod.Labels, c.Pod.LabelsFile, want)
+	}
+	if err := os.WriteFile(file, []byte("app=web\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = Load([]string{"-pod", "web-0", "-pod-root", root}, flagenv.Map(env)); err == nil || !strings.Contains(err.Error(), "-pod-labels-file") {
+		t.Fatalf("unquoted value: %v", err)
 	}
 }

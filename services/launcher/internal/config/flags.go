@@ -14,6 +14,10 @@ type rawFlags struct {
 	labels          string // -labels: a JSON object
 	extraArgs       string // -envoy-extra-args: space-separated
 	promAnnotations string // -prometheus-annotations: Istio's scrape JSON
+	cpuLimit        int    // -cpu-limit: ISTIO_CPU_LIMIT, Envoy's concurrency unless set otherwise
+	// concurrencySet: -concurrency, its env var or PROXY_CONFIG's concurrency
+	// was given, which -cpu-limit then does not override.
+	concurrencySet bool
 }
 
 // bind defines every flag of the launcher on fs, each with its env var, over
@@ -42,6 +46,8 @@ func (c *Config) bindPod(fs *flagenv.Set, raw *rawFlags) {
 	fs.String(&c.Pod.DNSDomain, "domain", "DNS_DOMAIN", c.Pod.DNSDomain, "DNS domain of the node id (Istio: --domain); default <namespace>.svc.cluster.local")
 	fs.List(&c.Pod.IPs, "instance-ip", "INSTANCE_IP", nil, "pod IP(s), comma-separated, first is the node id's (Istio: INSTANCE_IP; node metadata INSTANCE_IPS); default 127.0.0.1")
 	fs.String(&raw.labels, "labels", "ISTIO_METAJSON_LABELS", "", "pod labels as a JSON object (node metadata LABELS)")
+	fs.String(&c.Pod.LabelsFile, "pod-labels-file", "POD_LABELS_FILE", c.Pod.LabelsFile,
+		"the pod's labels as Istio's injection template mounts them (downward API, key=\"value\" lines), merged over -labels into node metadata LABELS as pilot-agent does; missing: only -labels")
 	fs.String(&c.Pod.Type, "proxy-type", "PROXY_TYPE", c.Pod.Type, "sidecar or router (Istio: pilot-agent proxy <type>; also taken as leading arguments `proxy router`)")
 	fs.String(&c.Pod.RouterMode, "router-mode", "ISTIO_META_ROUTER_MODE", c.Pod.RouterMode, "a router's mode, node metadata ROUTER_MODE: standard or sni-dnat")
 	fs.String(&c.CredentialSocket, "credential-socket", "CREDENTIAL_SOCKET", c.CredentialSocket,
@@ -60,7 +66,9 @@ func (c *Config) bindEnvoy(fs *flagenv.Set, raw *rawFlags) {
 	fs.String(&c.Envoy.StatsAddr, "envoy-stats-addr", "ENVOY_PROMETHEUS_ADDR", c.Envoy.StatsAddr, "Envoy's Prometheus stats listener (Istio: 15090); empty: none")
 	fs.String(&c.Envoy.LogLevel, "proxy-log-level", "PROXY_LOG_LEVEL", c.Envoy.LogLevel, "Envoy -l (Istio: --proxyLogLevel)")
 	fs.String(&c.Envoy.ComponentLevel, "proxy-component-log-level", "PROXY_COMPONENT_LOG_LEVEL", c.Envoy.ComponentLevel, "Envoy --component-log-level (Istio: --proxyComponentLogLevel)")
-	fs.Int(&c.Envoy.Concurrency, "concurrency", "ISTIO_META_CONCURRENCY", c.Envoy.Concurrency, "Envoy --concurrency, 0: one per CPU (Istio: ProxyConfig concurrency, --concurrency)")
+	fs.Int(&c.Envoy.Concurrency, "concurrency", "ISTIO_META_CONCURRENCY", c.Envoy.Concurrency, "Envoy --concurrency, 0: one per CPU (Istio: ProxyConfig concurrency, --concurrency); default -cpu-limit when set, else 2")
+	fs.Int(&raw.cpuLimit, "cpu-limit", "ISTIO_CPU_LIMIT", 0,
+		"the proxy container's CPU limit, whole CPUs rounded up (Istio's injection template sets it from the downward API): Envoy's --concurrency when neither -concurrency nor PROXY_CONFIG's concurrency is set, as pilot-agent; 0: none")
 	fs.Duration(&c.Envoy.DrainDuration, "drain-duration", "DRAIN_DURATION", c.Envoy.DrainDuration, "Envoy --drain-time-s (Istio: ProxyConfig drainDuration)")
 	fs.Duration(&c.Envoy.ParentShutdown, "parent-shutdown-duration", "PARENT_SHUTDOWN_DURATION", c.Envoy.ParentShutdown, "Envoy --parent-shutdown-time-s (Istio: ProxyConfig parentShutdownDuration)")
 	fs.Int(&c.Envoy.UID, "envoy-uid", "ENVOY_UID", c.Envoy.UID, "run Envoy as this uid, e.g. 1337 as Istio's proxy (needs CAP_SETUID); -1: the launcher's")

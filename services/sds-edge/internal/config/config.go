@@ -76,6 +76,7 @@ type Config struct {
 		Signer         string
 		PKCS8          bool
 		SafetyRatio    float64       // renew by ourselves at this fraction of the lifetime
+		GraceRatio     float64       // the rotator's renew-due: this fraction of the lifetime left
 		RetryMin       time.Duration // first retry delay after a failed CSR
 		RetryMax       time.Duration
 		RequestTimeout time.Duration
@@ -125,6 +126,7 @@ func Default() Config {
 	c.Cert.TTL = 24 * time.Hour
 	c.Cert.KeyAlg = pki.ECP256
 	c.Cert.SafetyRatio = 0.8
+	c.Cert.GraceRatio = 0.5
 	c.Cert.RetryMin = 100 * time.Millisecond
 	c.Cert.RetryMax = 30 * time.Second
 	// Short: an attempt that reached a frozen signer replica costs this much, and
@@ -350,6 +352,7 @@ func (c Config) Validate() error {
 	p.Check(c.Listen.HTTP != "", "-http-addr: required")
 	p.Check(c.Cert.TTL >= time.Second, "-secret-ttl: must be at least 1s (a CA counts the TTL in whole seconds), got %s", c.Cert.TTL)
 	p.Check(c.Cert.SafetyRatio > 0 && c.Cert.SafetyRatio < 1, "-safety-ratio: must be between 0 and 1, got %v", c.Cert.SafetyRatio)
+	p.Check(c.Cert.GraceRatio > 0 && c.Cert.GraceRatio < 1, "-grace-ratio: must be between 0 and 1, got %v", c.Cert.GraceRatio)
 	p.Check(c.Cert.RetryMin > 0, "-retry-min: must be positive")
 	p.Check(c.Cert.RetryMax >= c.Cert.RetryMin, "-retry-max: must be at least -retry-min")
 	p.Check(c.Cert.RequestTimeout > 0, "-ca-timeout: must be positive")

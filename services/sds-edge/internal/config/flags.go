@@ -55,6 +55,8 @@ func (c *Config) bindCert(fs *flagenv.Set, raw *rawFlags) {
 	fs.Bool(&raw.keep, "keep-cert", "KEEP_CERT", raw.keep, "keep the current key and certificate under the pod root (0600) to serve them at once after a restart")
 	fs.Bool(&c.Cert.PKCS8, "pkcs8", "PKCS8_KEY", c.Cert.PKCS8, "encode private keys as PKCS#8")
 	fs.Float64(&c.Cert.SafetyRatio, "safety-ratio", "SAFETY_RENEW_RATIO", c.Cert.SafetyRatio, "renew unasked at this fraction of the lifetime (0 < r < 1)")
+	fs.Float64(&c.Cert.GraceRatio, "grace-ratio", "SECRET_GRACE_PERIOD_RATIO", c.Cert.GraceRatio,
+		"the rotator asks for a renewal when this fraction of the lifetime is left (its -grace-ratio): past that point, a bus reconnect renews at once, since the renew-due may have been sent while the bus was away")
 	fs.Duration(&c.Cert.RetryMin, "retry-min", "CSR_RETRY_MIN", c.Cert.RetryMin, "first retry delay after a failed CSR")
 	fs.Duration(&c.Cert.RetryMax, "retry-max", "CSR_RETRY_MAX", c.Cert.RetryMax, "largest retry delay")
 	fs.Duration(&c.Cert.RequestTimeout, "ca-timeout", "CA_TIMEOUT", c.Cert.RequestTimeout, "timeout of one signing attempt (the signer drops a request once it has passed)")

@@ -26,14 +26,18 @@ import (
 
 // Config is what the manager needs to know about the pod.
 type Config struct {
-	Pod            events.PodRef
-	SPIFFEID       string
-	TrustDomain    string
-	TokenFile      string
-	TTL            time.Duration
-	KeyAlg         pki.KeyAlg
-	PKCS8          bool
-	SafetyRatio    float64
+	Pod         events.PodRef
+	SPIFFEID    string
+	TrustDomain string
+	TokenFile   string
+	TTL         time.Duration
+	KeyAlg      pki.KeyAlg
+	PKCS8       bool
+	SafetyRatio float64
+	// GraceRatio is the fraction of a certificate's life left when the rotator
+	// asks for its renewal (SECRET_GRACE_PERIOD_RATIO): past that point, a bus
+	// outage may have swallowed the renew-due (Reconnected).
+	GraceRatio     float64
 	RetryMin       time.Duration
 	RetryMax       time.Duration
 	RequestTimeout time.Duration
@@ -148,6 +152,33 @@ func (m *Manager) RetryNow(why string) {
 	case m.retryNow <- why:
 	default:
 	}
+}
+
+// Reconnected is told that the bus is back. It ends a retry wait (RetryNow), and
+// since the rotator publishes a renew-due once, on core NATS, one sent while the
+// pod was away is lost and the pod would renew only at its safety deadline: so
+// when the current certificate is past the point the rotator asks for its
+// renewal, it renews now, as the renew-due would have made it.
+func (m *Manager) Reconnected() {
+	m.RetryNow("bus reconnected")
+	if due, ok := m.renewDue(); ok && !m.clock.Now().Before(due) {
+		m.log.Info("renewing after reconnecting: the renew-due may have been sent while the bus was away", "renew_due", due)
+		m.Renew(events.RenewDue{Reason: "bus-reconnected"})
+	}
+}
+
+// renewDue is when the rotator asks for the current certificate's renewal at the
+// earliest: GraceRatio of its life left (it counts from the issuance, a little
+// after NotBefore). ok is false before the first certificate or without a ratio.
+func (m *Manager) renewDue() (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.chain) == 0 || m.cfg.GraceRatio <= 0 || m.cfg.GraceRatio >= 1 {
+		return time.Time{}, false
+	}
+	leaf := m.chain[0]
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotBefore.Add(time.Duration(float64(life) * (1 - m.cfg.GraceRatio))), true
 }
 
 // Status is what the manager holds and how its last signing went.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
@@ -15,7 +16,7 @@ import (
 // this domain's roots, each followed foreign domain's roots, and this domain's
 // roots again under each trust domain alias. Plain ROOTCA (one PEM bundle)
 // stays for clients that do not know the validator.
-const SPIFFERootCA = "ROOTCA_SPIFFE"
+const SPIFFERootCA = sdsclient.ResourceSPIFFERootCA
 
 // SPIFFEValidatorName is Envoy's name of the SPIFFE certificate validator.
 const SPIFFEValidatorName = xdswire.SPIFFEValidatorName

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -342,6 +344,26 @@ func TestRootConfigMap(t *testing.T) {
 	for _, f := range []string{"-root-configmap:", "-root-configmap-key", "-root-configmap-api-url", "-root-configmap-resync"} {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
+		}
+	}
+}
+
+// TestOperatorDocsStateThePerPodBound: the per-pod bound on early certificates
+// refuses a pod's requests, so the page an operator reads (docs/kubernetes.md)
+// states it: the flag, its env var and the default this config really has.
+func TestOperatorDocsStateThePerPodBound(t *testing.T) {
+	b, err := os.ReadFile("../../../../docs/kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	def := Default().Certs.MaxEarlyPerMinute
+	for _, want := range []string{
+		"-max-early-certs-per-minute", "MAX_EARLY_CERTS_PER_MINUTE",
+		fmt.Sprintf("at most **%d early\ncertificates a minute**", def), `reason="reissue_limit"`, "resource_exhausted",
+	} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("docs/kubernetes.md does not say %q", want)
 		}
 	}
 }

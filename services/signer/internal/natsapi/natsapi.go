@@ -386,7 +386,7 @@ type FederationStatusFunc func() (json.RawMessage, []events.Endorsement, error)
 // of the followed foreign domains from fn.
 func (a *API) SetFederationStatus(fn FederationStatusFunc) { a.federation.Store(&fn) }
 
-func (a *API) bundle(_ context.Context, m *nats.Msg) {
+func (a *API) bundle(ctx context.Context, m *nats.Msg) {
 	req, _, err := events.Decode[events.BundleRequest](m)
 	if err != nil {
 		a.respond(m, events.BundleReply{Error: &events.ReplyError{Code: decodeCode(err), Message: err.Error()}})
@@ -405,6 +405,11 @@ func (a *API) bundle(_ context.Context, m *nats.Msg) {
 			return
 		}
 		reply.Federation, reply.FederationEndorsements = raw, es
+	}
+	if req.Rotation && a.rot != nil {
+		if plan, err := a.rot.RotationPlan(ctx, false, false); err == nil {
+			reply.Rotation = plan
+		}
 	}
 	a.respond(m, reply)
 }

@@ -130,6 +130,14 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	if pc.DiscoveryAddress != "" {
 		c.Upstream.Address = pc.DiscoveryAddress
 	}
+	// Its controlPlaneAuthPolicy is the default security, as Istio's agent dials:
+	// NONE plaintext, MUTUAL_TLS mutual TLS; XDS_TLS or the flag overrides it.
+	switch pc.ControlPlaneAuthPolicy {
+	case "NONE":
+		c.Upstream.Mode = ModePlaintext
+	case "MUTUAL_TLS":
+		c.Upstream.Mode = ModeMTLS
+	}
 	fs := flagenv.New("xds-relay", getenv)
 	c.bind(fs)
 	if err := fs.Parse(args); err != nil {

@@ -38,6 +38,30 @@ func TestLoad(t *testing.T) {
 					t.Fatalf("mode %s address %s", c.Upstream.Mode, c.Upstream.Address)
 				}
 			}},
+		// Istio's agent dials its discovery server in plaintext under
+		// controlPlaneAuthPolicy NONE (pkg/istio-agent xds_proxy.go getTLSOptions),
+		// with mutual TLS under MUTUAL_TLS, whatever the port.
+		{"controlPlaneAuthPolicy NONE is plaintext", []string{"-pod", "p"},
+			map[string]string{"PROXY_CONFIG": `{"discoveryAddress":"cp.example:15012","controlPlaneAuthPolicy":"NONE"}`}, nil,
+			func(t *testing.T, c Config) {
+				if c.Upstream.Mode != ModePlaintext || c.NeedsSDS() || c.Upstream.RootCA != "" {
+					t.Fatalf("mode %s root %q", c.Upstream.Mode, c.Upstream.RootCA)
+				}
+			}},
+		{"controlPlaneAuthPolicy MUTUAL_TLS is mtls on 15010 too", []string{"-pod", "p"},
+			map[string]string{"PROXY_CONFIG": `controlPlaneAuthPolicy: MUTUAL_TLS`, "DISCOVERY_ADDRESS": "istiod:15010"}, nil,
+			func(t *testing.T, c Config) {
+				if c.Upstream.Mode != ModeMTLS {
+					t.Fatalf("mode %s", c.Upstream.Mode)
+				}
+			}},
+		{"XDS_TLS beats controlPlaneAuthPolicy", []string{"-pod", "p"},
+			map[string]string{"PROXY_CONFIG": `{"controlPlaneAuthPolicy":0}`, "XDS_TLS": "mtls"}, nil,
+			func(t *testing.T, c Config) {
+				if c.Upstream.Mode != ModeMTLS {
+					t.Fatalf("mode %s", c.Upstream.Mode)
+				}
+			}},
 		{"tls with root file needs no sds", []string{"-pod", "p", "-xds-tls", "tls", "-xds-root-ca", "/ca.pem"}, nil, nil,
 			func(t *testing.T, c Config) {
 				if c.NeedsSDS() || c.Upstream.RootCA != "/ca.pem" {
