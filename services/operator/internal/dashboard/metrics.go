@@ -124,7 +124,7 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 // namespaces and roots, not of certificates.
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.clk.Now()
-	var counts fleetindex.Counts
+	var counts inventory.Counts
 	var skipped int
 	var trust *inventory.Trust
 	byBucket := make([]int, len(ExpiryBuckets))

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/services/operator/internal/fleetindex"
 )
 
@@ -20,10 +21,6 @@ const (
 	maxLimit     = 1000
 )
 
-// params are the parameters of /api/inventory; any other is refused, as a bad
-// value of one of these is: a misspelt filter must not silently list the fleet.
-var params = []string{"ns", "pod", "root", "expiry", "state", "sort", "order", "offset", "limit", "bench"}
-
 // parseQuery reads a request's parameters; bad input is an error naming the
 // parameter, and nothing is served.
 func parseQuery(v url.Values) (fleetindex.Query, error) {
@@ -31,8 +28,9 @@ func parseQuery(v url.Values) (fleetindex.Query, error) {
 		Sort: cmp.Or(v.Get("sort"), "expiry"), Desc: v.Get("order") == "desc", Bench: v.Get("bench") == "1", Limit: defaultLimit}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(v)) {
-		if !slices.Contains(params, name) {
-			errs = append(errs, fmt.Errorf("%s: unknown parameter, want one of %s", name, strings.Join(params, ", ")))
+		// Refused as a bad value is: a misspelt filter must not list the whole fleet.
+		if !slices.Contains(inventory.APIParams, name) {
+			errs = append(errs, fmt.Errorf("%s: unknown parameter, want one of %s", name, strings.Join(inventory.APIParams, ", ")))
 		}
 	}
 	if !slices.Contains(fleetindex.Sorts, q.Sort) {

@@ -63,7 +63,7 @@ type Server struct {
 	watched bool              // the watch started: pages are served, from what it delivered so far
 	loaded  int               // records the watch delivered before synced
 	behind  uint64            // records still to come at the last delivery before synced
-	recent  []feedItem // the last events, oldest first
+	recent  []feedItem        // the last events, oldest first
 	clients map[chan feedItem]struct{}
 }
 
@@ -294,13 +294,6 @@ func (s *Server) apply(e jetstream.KeyValueEntry, start time.Time) {
 	}
 }
 
-// loading is how far the index is behind the bucket it started from (nil once
-// it has caught up).
-type loading struct {
-	Loaded    int    `json:"loaded"`
-	Remaining uint64 `json:"remaining"`
-}
-
 // gauges is the index's figures for the fleet gauges (false before the watch).
 func (s *Server) gauges(f func(*fleetindex.Index)) bool {
 	s.mu.Lock()
@@ -345,20 +338,14 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
 		return
 	}
-	p := answer{Page: s.view.Page(q, now)}
+	p := s.view.Page(q, now)
 	if !s.synced {
-		p.Loading = &loading{Loaded: s.loaded, Remaining: s.behind}
+		p.Loading = &inventory.Loading{Loaded: s.loaded, Remaining: s.behind}
 	}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(p)
-}
-
-// answer is a page and, while the replica catches up, how far it is.
-type answer struct {
-	fleetindex.Page
-	Loading *loading `json:"loading,omitempty"`
 }
 
 // pingEvery is how often an idle feed is pinged, so that proxies keep it open.

@@ -11,6 +11,7 @@ package fleetindex
 
 import (
 	"encoding/json"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -31,7 +32,8 @@ type entry struct {
 	overdue time.Time // when its renewal is overdue (inventory.OverdueRatio of its life)
 	renew   time.Time // when it is due for renewal (inventory.Cert.RenewsBy)
 	bench   bool
-	dead    bool // replaced or deleted: dropped from the orders at the next merge
+	merged  bool // in the orders (else still staged)
+	dropped bool // deleted while staged: never merged
 }
 
 func newEntry(key string, c inventory.Cert) *entry {
@@ -63,7 +65,7 @@ type Index struct {
 	windows map[string]*inventory.Window
 	skipped map[string]inventory.Skipped
 	pending []*entry // put since the last merge
-	dirty   bool     // an entry died since the last merge
+	removed []*entry // in the orders, deleted or replaced since the last merge
 
 	fleet, all orderSet // without and with meshctl bench's certificates
 	// Current certificates (not bench's, not down) by expiry and by the time their
@@ -139,7 +141,11 @@ func (ix *Index) Delete(key string) {
 	delete(ix.windows, key)
 	delete(ix.skipped, key)
 	if e, ok := ix.recs[key]; ok {
-		e.dead, ix.dirty = true, true
+		if e.merged {
+			ix.removed = append(ix.removed, e)
+		} else {
+			e.dropped = true
+		}
 		ix.tally.add(e, -1)
 		delete(ix.recs, key)
 		delete(ix.idOnly, key)
@@ -154,19 +160,17 @@ func (ix *Index) Len() (certs, skipped int) { return len(ix.recs), len(ix.skippe
 // fleet, n log n in the changes. Pages flush first; the watch flushes after a
 // burst, so that a page rarely pays for it.
 func (ix *Index) Flush() {
-	if len(ix.pending) == 0 && !ix.dirty {
+	if len(ix.pending) == 0 && len(ix.removed) == 0 {
 		return
 	}
-	adds := ix.pending[:0:0]
-	for _, e := range ix.pending {
-		if !e.dead {
-			adds = append(adds, e)
-		}
-	}
+	adds := slices.DeleteFunc(ix.pending, func(e *entry) bool { return e.dropped })
 	for _, o := range ix.orders() {
-		o.merge(adds)
+		o.merge(adds, ix.removed)
 	}
-	ix.pending, ix.dirty = nil, false
+	for _, e := range adds {
+		e.merged = true
+	}
+	ix.pending, ix.removed = nil, nil
 }
 
 func (ix *Index) orders() []*order {

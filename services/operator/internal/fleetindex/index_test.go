@@ -71,7 +71,7 @@ func TestPagesAgreeWithAScan(t *testing.T) {
 			}
 		}
 		if got, want := ix.Counts(now), countAll(held, now); got.Certificates != want.Certificates || got.Down != want.Down ||
-			got.Expired != want.Expired || got.ExpireIn1h != want.ExpireIn1h || got.Overdue != want.Overdue || got.Silent != want.Silent ||
+			got.Expired != want.Expired || got.ExpireIn1h != want.ExpireIn1h || got.Overdue != want.Overdue || got.Silent != want.Silent || got.RenewIn1h != want.RenewIn1h ||
 			got.Bench != want.Bench || got.Pods != want.Pods {
 			t.Fatalf("round %d counts %+v, want %+v", round, got, want)
 		}
@@ -116,8 +116,8 @@ func scan(held map[string]inventory.Cert, q Query, now time.Time) (int, []invent
 	return total, out
 }
 
-func countAll(held map[string]inventory.Cert, now time.Time) Counts {
-	var c Counts
+func countAll(held map[string]inventory.Cert, now time.Time) inventory.Counts {
+	var c inventory.Counts
 	pods := map[string]bool{}
 	for k, cert := range held {
 		e := newEntry(k, cert)
@@ -143,6 +143,9 @@ func countAll(held map[string]inventory.Cert, now time.Time) Counts {
 			}
 			if now.Before(cert.NotAfter) && cert.NotAfter.Before(now.Add(time.Hour)) {
 				c.ExpireIn1h++
+			}
+			if now.Before(cert.NotAfter) && cert.RenewsBy().Before(now.Add(time.Hour)) {
+				c.RenewIn1h++
 			}
 		}
 	}

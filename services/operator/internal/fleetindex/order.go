@@ -18,8 +18,10 @@ type order struct {
 	spare []*entry
 }
 
-// merge drops the dead entries and merges adds (unsorted) in.
-func (o *order) merge(adds []*entry) {
+// merge takes dels out and adds (unsorted) in: each found by binary search, the
+// runs between them copied whole, so that one change in 100,000 costs a few dozen
+// comparisons and one copy of the slice, not 100,000 comparisons.
+func (o *order) merge(adds, dels []*entry) {
 	in := make([]*entry, 0, len(adds))
 	for _, e := range adds {
 		if o.keep(e) {
@@ -27,24 +29,36 @@ func (o *order) merge(adds []*entry) {
 		}
 	}
 	slices.SortFunc(in, o.cmp)
+	var gone []int
+	for _, e := range dels {
+		if i, ok := slices.BinarySearchFunc(o.s, e, o.cmp); ok && o.keep(e) {
+			gone = append(gone, i)
+		}
+	}
+	slices.Sort(gone)
 	out := o.spare[:0]
-	if cap(out) < len(o.s)+len(in) {
-		out = make([]*entry, 0, (len(o.s)+len(in))*5/4)
+	if n := len(o.s) + len(in) - len(gone); cap(out) < n {
+		out = make([]*entry, 0, n*5/4)
 	}
-	i := 0
-	for _, e := range o.s {
-		if e.dead {
-			continue
-		}
-		for i < len(in) && o.cmp(in[i], e) < 0 {
-			out = append(out, in[i])
-			i++
-		}
-		out = append(out, e)
+	from, g := 0, 0
+	for _, e := range in {
+		at, _ := slices.BinarySearchFunc(o.s, e, o.cmp)
+		out, g = appendLive(out, o.s[:at], from, gone, g)
+		out, from = append(out, e), at
 	}
-	out = append(out, in[i:]...)
+	out, _ = appendLive(out, o.s, from, gone, g)
 	clear(o.s) // the old entries are not kept alive by the spare
 	o.spare, o.s = o.s[:0], out
+}
+
+// appendLive appends s[from:] to out, less the indexes gone[g:] (sorted) that fall
+// in it, and returns the next of gone to look at.
+func appendLive(out, s []*entry, from int, gone []int, g int) ([]*entry, int) {
+	for ; g < len(gone) && gone[g] < len(s); g++ {
+		out = append(out, s[from:gone[g]]...)
+		from = gone[g] + 1
+	}
+	return append(out, s[from:]...), g
 }
 
 // Every order ends with the key: a total order, so that one entry has one place.

@@ -68,32 +68,12 @@ func (q Query) podMatch(e *entry) bool {
 	return strings.HasPrefix(e.name, q.Pod)
 }
 
-// Counts are the whole inventory's figures (not the page's), for the summary.
-type Counts struct {
-	Certificates int            `json:"certificates"` // current: not down, not bench
-	Pods         int            `json:"pods"`         // pods holding a current certificate
-	Down         int            `json:"down"`         // certificates of pods that said they stopped
-	DownPods     int            `json:"down_pods"`    // pods that said they stopped and hold no current certificate
-	ExpireIn1h   int            `json:"expire_within_1h"`
-	Expired      int            `json:"expired"`
-	Overdue      int            `json:"renewal_overdue"` // current, past OverdueRatio of their life, not expired
-	RenewIn1h    int            `json:"renew_within_1h"` // due for renewal (half their life) within the hour, not expired
-	Silent       int            `json:"silent"`          // holders told to renew again with no new certificate
-	Bench        int            `json:"bench_hidden"`
-	ByNamespace  map[string]int `json:"namespaces"`
-	ByRoot       map[string]int `json:"roots"` // current certificates by root fingerprint
-	Named        map[string]int `json:"named_signers,omitempty"`
-	// LastHour is what the fleet did in the last hour, from the counters the
-	// keepers keep in the inventory (no history read).
-	LastHour inventory.Tally `json:"last_hour"`
-}
-
 // Counts is the summary at now.
-func (ix *Index) Counts(now time.Time) Counts {
+func (ix *Index) Counts(now time.Time) inventory.Counts {
 	ix.Flush()
 	t := &ix.tally
-	c := Counts{Certificates: t.current, Pods: len(t.upPods), Down: t.down, Bench: t.bench, Silent: t.retrying,
-		ByNamespace: copyMap(t.byNamespace), ByRoot: copyMap(t.byRoot), Named: copyMap(t.named), LastHour: ix.Counted(now, time.Hour)}
+	c := inventory.Counts{Certificates: t.current, Pods: len(t.upPods), Down: t.down, Bench: t.bench, Silent: t.retrying,
+		ByNamespace: copyMap(t.byNamespace), ByRoot: copyMap(t.byRoot), Named: copyMap(t.named), MeshRoots: copyMap(t.meshRoots), LastHour: ix.Counted(now, time.Hour)}
 	for p := range t.downPods {
 		if t.upPods[p] == 0 {
 			c.DownPods++
@@ -103,11 +83,8 @@ func (ix *Index) Counts(now time.Time) Counts {
 	c.Expired = len(before(exp, notAfter, now, true))
 	c.ExpireIn1h = len(before(exp, notAfter, now.Add(time.Hour), false)) - c.Expired
 	c.Overdue = len(before(ix.curOverdue.s, overdueAt, now, false)) - c.Expired
-	for _, e := range before(ix.curRenew.s, renewAt, now.Add(time.Hour), false) {
-		if e.c.NotAfter.After(now) {
-			c.RenewIn1h++
-		}
-	}
+	// An expired certificate was due before now too (half its life).
+	c.RenewIn1h = len(before(ix.curRenew.s, renewAt, now.Add(time.Hour), false)) - c.Expired
 	return c
 }
 
@@ -119,22 +96,9 @@ func copyMap(m map[string]int) map[string]int {
 	return out
 }
 
-// Page is the answer of /api/inventory.
-type Page struct {
-	Now         time.Time           `json:"now"`
-	Total       int                 `json:"total"` // certificates matching the filter
-	Offset      int                 `json:"offset"`
-	Limit       int                 `json:"limit"`
-	Certs       []inventory.Cert    `json:"certificates"`
-	Counts      Counts              `json:"counts"`
-	BenchHidden int                 `json:"bench_hidden"`
-	Trust       *inventory.Trust    `json:"trust,omitempty"`
-	Skipped     []inventory.Skipped `json:"skipped,omitempty"`
-}
-
 // Page is one page of the index at now, with the whole inventory's counts.
-func (ix *Index) Page(q Query, now time.Time) Page {
-	p := Page{Now: now.UTC(), Offset: q.Offset, Limit: q.Limit, Trust: ix.trust, Skipped: ix.Skipped(), Counts: ix.Counts(now)}
+func (ix *Index) Page(q Query, now time.Time) inventory.Page {
+	p := inventory.Page{Now: now.UTC(), Offset: q.Offset, Limit: q.Limit, Trust: ix.trust, Skipped: ix.Skipped(), Counts: ix.Counts(now)}
 	if !q.Bench {
 		p.BenchHidden = p.Counts.Bench
 	}

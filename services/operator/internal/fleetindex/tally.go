@@ -10,12 +10,13 @@ type tally struct {
 	byRoot               map[string]int
 	upPods, downPods     map[string]int // certificates per pod
 	named                map[string]int // current certificates by named signer
+	meshRoots            map[string]int // current certificates of the mesh CA (no named signer) by root
 	retrying             int            // current certificates told to renew again with no new one (silent holders)
 }
 
 func newTally() tally {
 	return tally{byNamespace: map[string]int{}, byRoot: map[string]int{}, upPods: map[string]int{}, downPods: map[string]int{},
-		named: map[string]int{}}
+		named: map[string]int{}, meshRoots: map[string]int{}}
 }
 
 // add counts e in (d = 1) or out (d = -1).
@@ -42,6 +43,8 @@ func (t *tally) add(e *entry, d int) {
 		}
 		if e.c.CertSigner != "" {
 			bump(t.named, e.c.CertSigner)
+		} else {
+			bump(t.meshRoots, e.c.Root)
 		}
 		if e.retrying() {
 			t.retrying += d
