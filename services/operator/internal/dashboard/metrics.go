@@ -8,7 +8,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
-	"github.com/meshagent/meshagent/services/operator/internal/fleetindex"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -85,7 +86,7 @@ func getPage(t testing.TB, s *Server, query string) (int, pageJSON, string) {
 func TestInventoryPagesFiltersAndSorts(t *testing.T) {
 	s := fleet(t, 2000)
 	code, p, _ := getPage(t, s, "")
-	if code != 200 || p.Total != 2000 || len(p.Certs) != defaultLimit || p.Counts.Certificates != 1980 || p.Counts.Down != 20 ||
+	if code != 200 || p.Total != 2000 || len(p.Certs) != fleetindex.DefaultLimit || p.Counts.Certificates != 1980 || p.Counts.Down != 20 ||
 		p.Counts.ByNamespace["ns-3"] != 200 || p.Counts.ByNamespace["ns-9"] != 180 || p.Counts.ByRoot["aaaa"+strings.Repeat("0", 60)] != 1000 {
 		t.Fatalf("first page: %d total %d rows %d counts %+v", code, p.Total, len(p.Certs), p.Counts)
 	}
@@ -111,7 +112,7 @@ func TestInventoryPagesFiltersAndSorts(t *testing.T) {
 		{"expiry=9m30s&limit=1000", 20, func(c inventory.Cert) bool { return c.NotAfter.Before(time.Now().Add(10 * time.Minute)) }},
 	} {
 		code, p, body := getPage(t, s, tc.query)
-		if code != 200 || p.Total != tc.total || len(p.Certs) != min(tc.total, defaultLimit) {
+		if code != 200 || p.Total != tc.total || len(p.Certs) != min(tc.total, fleetindex.DefaultLimit) {
 			t.Errorf("%s: %d total %d rows %d %.200s", tc.query, code, p.Total, len(p.Certs), body)
 			continue
 		}

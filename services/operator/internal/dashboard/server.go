@@ -23,8 +23,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
-	"github.com/meshagent/meshagent/services/operator/internal/fleetindex"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -326,7 +326,7 @@ func (s *Server) Guard(next http.Handler) http.Handler {
 // certificates are left out (and counted) unless ?bench=1. While the replica
 // catches up with the bucket, the page says how far it is ("loading").
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
-	q, err := parseQuery(r.URL.Query())
+	q, err := fleetindex.ParseQuery(r.URL.Query())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

@@ -1,4 +1,4 @@
-package dashboard
+package fleetindex
 
 import (
 	"cmp"
@@ -12,20 +12,19 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/inventory"
-	"github.com/meshagent/meshagent/services/operator/internal/fleetindex"
 )
 
 // Paging bounds of /api/inventory: a page is what a person reads, never the fleet.
 const (
-	defaultLimit = 100
-	maxLimit     = 1000
+	DefaultLimit = 100
+	MaxLimit     = 1000
 )
 
-// parseQuery reads a request's parameters; bad input is an error naming the
+// ParseQuery reads an /api/inventory request's parameters; bad input is an error naming the
 // parameter, and nothing is served.
-func parseQuery(v url.Values) (fleetindex.Query, error) {
-	q := fleetindex.Query{Namespace: v.Get("ns"), Pod: v.Get("pod"), Root: strings.ToLower(v.Get("root")), State: v.Get("state"),
-		Sort: cmp.Or(v.Get("sort"), "expiry"), Desc: v.Get("order") == "desc", Bench: v.Get("bench") == "1", Limit: defaultLimit}
+func ParseQuery(v url.Values) (Query, error) {
+	q := Query{Namespace: v.Get("ns"), Pod: v.Get("pod"), Root: strings.ToLower(v.Get("root")), State: v.Get("state"),
+		Sort: cmp.Or(v.Get("sort"), "expiry"), Desc: v.Get("order") == "desc", Bench: v.Get("bench") == "1", Limit: DefaultLimit}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(v)) {
 		// Refused as a bad value is: a misspelt filter must not list the whole fleet.
@@ -33,11 +32,11 @@ func parseQuery(v url.Values) (fleetindex.Query, error) {
 			errs = append(errs, fmt.Errorf("%s: unknown parameter, want one of %s", name, strings.Join(inventory.APIParams, ", ")))
 		}
 	}
-	if !slices.Contains(fleetindex.Sorts, q.Sort) {
-		errs = append(errs, fmt.Errorf("sort: %q, want one of %s", q.Sort, strings.Join(fleetindex.Sorts, ", ")))
+	if !slices.Contains(Sorts, q.Sort) {
+		errs = append(errs, fmt.Errorf("sort: %q, want one of %s", q.Sort, strings.Join(Sorts, ", ")))
 	}
-	if !slices.Contains(fleetindex.States, q.State) {
-		errs = append(errs, fmt.Errorf("state: %q, want one of %s", q.State, strings.Join(fleetindex.States[1:], ", ")))
+	if !slices.Contains(States, q.State) {
+		errs = append(errs, fmt.Errorf("state: %q, want one of %s", q.State, strings.Join(States[1:], ", ")))
 	}
 	if o := v.Get("order"); o != "" && o != "asc" && o != "desc" {
 		errs = append(errs, fmt.Errorf("order: %q, want asc or desc", o))
@@ -55,7 +54,7 @@ func parseQuery(v url.Values) (fleetindex.Query, error) {
 		*dst = n
 	}
 	num("offset", &q.Offset, 0, 1<<30)
-	num("limit", &q.Limit, 1, maxLimit)
+	num("limit", &q.Limit, 1, MaxLimit)
 	switch e := v.Get("expiry"); e {
 	case "":
 	case "expired":
