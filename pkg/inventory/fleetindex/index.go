@@ -10,6 +10,7 @@
 package fleetindex
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"sort"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/nats-io/nats.go"
 )
 
 // entry is one certificate record as the index holds it: the record without its
@@ -71,7 +73,6 @@ type Index struct {
 	// Current certificates (not bench's, not down) by expiry and by the time their
 	// renewal is overdue: how many expired, expire soon, are overdue.
 	curExpiry, curOverdue, curRenew order
-	idOnly                          map[string]*entry // certificates without a pod (few)
 	silent                          map[string]*entry // current holders told to renew again with no new certificate
 	tally                           tally
 }
@@ -79,7 +80,7 @@ type Index struct {
 // New returns an empty index.
 func New() *Index {
 	ix := &Index{recs: map[string]*entry{}, windows: map[string]*inventory.Window{}, skipped: map[string]inventory.Skipped{},
-		idOnly: map[string]*entry{}, silent: map[string]*entry{}, tally: newTally()}
+		silent: map[string]*entry{}, tally: newTally()}
 	ix.fleet = newOrderSet(func(e *entry) bool { return !e.bench })
 	ix.all = newOrderSet(func(*entry) bool { return true })
 	ix.curExpiry = order{cmp: byExpiry, keep: (*entry).current}
@@ -118,9 +119,6 @@ func (ix *Index) Put(key string, value []byte) (skipped bool) {
 		ix.recs[key] = e
 		ix.pending = append(ix.pending, e)
 		ix.tally.add(e, 1)
-		if e.c.Pod == "" {
-			ix.idOnly[key] = e
-		}
 		if e.current() && e.retrying() {
 			ix.silent[key] = e
 		}
@@ -148,7 +146,6 @@ func (ix *Index) Delete(key string) {
 		}
 		ix.tally.add(e, -1)
 		delete(ix.recs, key)
-		delete(ix.idOnly, key)
 		delete(ix.silent, key)
 	}
 }
@@ -197,4 +194,19 @@ func (ix *Index) Skipped() []inventory.Skipped {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
+}
+
+// ReadBucket builds an index from the bucket read whole with read-only rights
+// (inventory.ReadValues): what a reader does without the operator's API.
+func ReadBucket(ctx context.Context, nc *nats.Conn) (*Index, error) {
+	values, err := inventory.ReadValues(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	ix := New()
+	for k, v := range values {
+		ix.Put(k, v)
+	}
+	ix.Flush()
+	return ix, nil
 }

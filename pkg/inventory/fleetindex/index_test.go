@@ -41,7 +41,7 @@ func TestPagesAgreeWithAScan(t *testing.T) {
 	ix := New()
 	held := map[string]inventory.Cert{}
 	queries := []Query{{}, {Namespace: "a"}, {Namespace: "a", Sort: "pod"}, {Namespace: "perf", Sort: "root", Desc: true},
-		{Pod: "web-1"}, {Pod: "a/web-1"}, {Pod: "a-b/"}, {Pod: "sa/s3"}, {Root: "aaaa"}, {Root: "aaaa02", Within: time.Hour},
+		{Pod: "web-1"}, {Pod: "a/web-1"}, {Pod: "a-b/"}, {Pod: "spiffe://td/ns/a/"}, {Pod: "web/"}, {Root: "aaaa"}, {Root: "aaaa02", Within: time.Hour},
 		{Root: "bbbb01", Sort: "pod"}, {Within: -1}, {Within: 30 * time.Minute, Sort: "namespace"}, {State: "overdue"},
 		{State: "silent", Sort: "pod"}, {State: "down", Namespace: "web"}, {State: "current", Bench: true, Sort: "root"},
 		{Bench: true, Namespace: events.BenchNamespace}, {Sort: "pod", Offset: 40}, {Namespace: "a", Within: time.Hour, Desc: true}}

@@ -12,7 +12,7 @@ import (
 type Query struct {
 	Namespace string // exact namespace of the holder
 	// Pod is the start of the pod's name, or of "<namespace>/<name>" when it holds
-	// a '/'; for a certificate without a pod, a substring of its SPIFFE ID.
+	// a '/'; for a certificate without a pod, the start of its SPIFFE ID.
 	Pod    string
 	Root   string        // prefix of the root's fingerprint (lower case)
 	Within time.Duration // expiring within this (0: any); negative: expired only
@@ -59,13 +59,10 @@ func (q Query) match(e *entry, now time.Time) bool {
 }
 
 func (q Query) podMatch(e *entry) bool {
-	if e.c.Pod == "" {
-		return strings.Contains(e.c.SPIFFEID, q.Pod)
-	}
 	if strings.Contains(q.Pod, "/") {
-		return strings.HasPrefix(e.c.Pod, q.Pod)
+		return strings.HasPrefix(e.holder, q.Pod)
 	}
-	return strings.HasPrefix(e.name, q.Pod)
+	return e.name != "" && strings.HasPrefix(e.name, q.Pod)
 }
 
 // Counts is the summary at now.
@@ -212,23 +209,11 @@ func cutWithin(run []*entry, d time.Duration, now time.Time) ([]*entry, bool) {
 	return run, false
 }
 
-// podCandidates is every entry that may match a pod filter: the run of pods whose
-// name (or "<namespace>/<name>") starts with it, and the certificates without a pod.
+// podCandidates is every entry that may match a pod filter: the run of holders
+// ("<namespace>/<name>", or the SPIFFE ID) or of pod names that start with it.
 func (ix *Index) podCandidates(set *orderSet, pod string) []*entry {
-	var out []*entry
-	if ns, _, ok := strings.Cut(pod, "/"); ok {
-		out = append(out, span(equal(set.pod.s, nsOf, ns), holderOf, pod)...)
-	} else {
-		out = append(out, span(set.name.s, nameOf, pod)...)
+	if strings.Contains(pod, "/") {
+		return span(set.holder.s, holderOf, pod)
 	}
-	for _, e := range ix.idOnly {
-		out = append(out, e)
-	}
-	return out
-}
-
-// ExpiringBy is how many current certificates expire at t or before.
-func (ix *Index) ExpiringBy(t time.Time) int {
-	ix.Flush()
-	return len(before(ix.curExpiry.s, notAfter, t, true))
+	return span(set.name.s, nameOf, pod)
 }
