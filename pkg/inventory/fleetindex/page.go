@@ -217,3 +217,9 @@ func (ix *Index) podCandidates(set *orderSet, pod string) []*entry {
 	}
 	return span(set.name.s, nameOf, pod)
 }
+
+// ExpiringBy is how many current certificates expire at t or before.
+func (ix *Index) ExpiringBy(t time.Time) int {
+	ix.Flush()
+	return len(before(ix.curExpiry.s, notAfter, t, true))
+}

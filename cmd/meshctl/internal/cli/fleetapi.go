@@ -107,7 +107,9 @@ type bucketSource struct {
 	ix *fleetindex.Index
 }
 
-func (b *bucketSource) String() string { return "the inventory bucket (read whole: -operator reads a page)" }
+func (b *bucketSource) String() string {
+	return "the inventory bucket (read whole: -operator reads a page)"
+}
 
 func (b *bucketSource) Page(ctx context.Context, v url.Values) (inventory.Page, error) {
 	q, err := fleetindex.ParseQuery(v)
