@@ -62,7 +62,10 @@ function render(before) {
   const soon = n.expire_within_1h || 0, expired = n.expired || 0;
   const roots = inv.trust?.roots || [];
   const chip = (v, label, cls = "") => `<span class="chip ${cls}"><b>${v}</b>${label}</span>`;
-  $("#summary").innerHTML = chip(n.certificates || 0, "certificates") + chip(n.pods || 0, "pods") +
+  // Every certificate the table lists, those of pods that said they stopped
+  // included (rows marked "down"), so that the count and the table agree.
+  $("#summary").innerHTML = chip((n.certificates || 0) + (n.down || 0), "certificates") +
+    (n.down ? chip(n.down, "of stopped pods", "muted") : "") + chip(n.pods || 0, "pods") +
     chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
     chip(roots.length, "roots") +
     chip(sum(n.last_hour?.issued), "issued in the last hour") + chip(sum(n.last_hour?.renewals), "renewals sent in the last hour") +
