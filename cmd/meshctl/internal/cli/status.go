@@ -144,7 +144,7 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, ff *fleetFlags,
 	if line := loadingLine(p); line != "" {
 		row("inventory", "%s", strings.TrimPrefix(line, "note: "))
 	}
-	row("", "inventory from %s in %s", src, time.Since(start).Round(time.Millisecond))
+	row("inventory", "from %s in %s", src, time.Since(start).Round(time.Millisecond))
 	hour := p.Counts.LastHour
 	row("", "issued in the last hour: %d%s", hour.IssuedTotal(), byKey(hour.Issued))
 	row("rotators", "renewals sent in the last hour: %d%s, by %s", hour.RenewalTotal(), byKey(hour.Renewals), orNone(keys(hour.Rotators)))
