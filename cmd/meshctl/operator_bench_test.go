@@ -81,7 +81,13 @@ func operatorFleet(b *testing.B, bin string, n int) {
 	}
 	defer func() { cancel(); _ = up.Wait() }()
 	base := "http://" + addr
-	testkit.EventuallyWithin(b, 3*time.Minute, "stack up", func() bool { code, _ := testkit.HTTPGet(base + "/readyz"); return code == 200 })
+	testkit.EventuallyWithin(b, 3*time.Minute, "stack up", func() bool {
+		if _, err := stackfile.Read(dir); err != nil {
+			return false // written once every process is ready
+		}
+		code, _ := testkit.HTTPGet(base + "/readyz")
+		return code == 200
+	})
 	cli := func(args ...string) (time.Duration, error) {
 		start := time.Now()
 		out, err := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), args...).CombinedOutput()
