@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
@@ -70,8 +71,8 @@ func (a *operatorAPI) String() string { return "operator " + a.base }
 func (a *operatorAPI) Page(ctx context.Context, v url.Values) (inventory.Page, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	connected := false
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected = true }})
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
 	start := time.Now()
 	took := func() string { return time.Since(start).Round(time.Millisecond).String() }
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+"/api/inventory?"+v.Encode(), nil)
@@ -81,7 +82,7 @@ func (a *operatorAPI) Page(ctx context.Context, v url.Values) (inventory.Page, e
 	resp, err := http.DefaultClient.Do(req)
 	var ne net.Error
 	switch {
-	case err != nil && connected && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()):
+	case err != nil && connected.Load() && (errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()):
 		return inventory.Page{}, fmt.Errorf("operator at %s is slow: connected, no answer after %s (-operator-timeout)", a.base, took())
 	case err != nil && errors.Is(err, context.DeadlineExceeded):
 		return inventory.Page{}, fmt.Errorf("operator at %s: no connection after %s", a.base, took())

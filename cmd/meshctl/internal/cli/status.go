@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -354,12 +355,12 @@ func readyz(ctx context.Context, c *http.Client, addr string) string {
 	if err != nil {
 		return err.Error()
 	}
-	connected := false
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected = true }}))
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}))
 	start := time.Now()
 	resp, err := c.Do(req)
 	switch {
-	case err != nil && connected:
+	case err != nil && connected.Load():
 		// Up, but slow (a loaded machine, a replica busy loading): not unreachable.
 		return fmt.Sprintf("slow: connected, no answer after %s", time.Since(start).Round(time.Millisecond))
 	case err != nil:
