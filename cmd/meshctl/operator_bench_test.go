@@ -73,7 +73,7 @@ func operatorFleet(b *testing.B, bin string, n int) {
 	_ = l.Close()
 	up := exec.CommandContext(ctx, filepath.Join(bin, "meshctl"), "up", "-dir", dir, "-pods", "1", "-nats-port", "-1",
 		"-dashboard-addr", addr, "-bin-dir", bin)
-	up.Env = append(os.Environ(), "GOGC=50", "MEMORY_LIMIT=268435456")
+	up.Env = append(os.Environ(), "MEMORY_LIMIT=268435456") // as the manifest: GOMEMLIMIT and GOGC follow
 	up.Cancel = func() error { return up.Process.Signal(os.Interrupt) }
 	up.WaitDelay = 30 * time.Second
 	if err := up.Start(); err != nil {
