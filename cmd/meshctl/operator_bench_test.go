@@ -28,7 +28,7 @@ var operatorShapes = []struct{ name, query string }{
 }
 
 // BenchmarkOperatorFleet starts `meshctl up -pods 1` from MESHAGENT_BIN with the
-// operator on the manifest's memory settings (GOGC=50, a 256 MiB limit), seeds
+// operator on the manifest's memory settings (a 256 MiB limit: GOMEMLIMIT and GOGC follow), seeds
 // OPERATOR_CERTS certificates (default 1000,100000) through the real signer
 // (`meshctl bench sign -ns perf`), and reports, for each size: the operator's CPU
 // per page of each shape (300 pages, /proc), its RSS, the seconds from a kill -9
