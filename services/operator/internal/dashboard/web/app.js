@@ -71,7 +71,9 @@ function render(before) {
     chip(sum(n.last_hour?.issued), "issued in the last hour") + chip(sum(n.last_hour?.renewals), "renewals sent in the last hour") +
     chip(failures(n.last_hour), "failures in the last hour", failures(n.last_hour) ? "bad" : "") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
     (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "") +
-    (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "");
+    (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "") +
+    // A replica that has just started serves while it reads the inventory.
+    (inv.loading ? chip(inv.loading.remaining, "records still loading: counts are partial", "warn") : "");
 
   const body = $("#certs tbody");
   body.innerHTML = certs.map((c) => {
