@@ -1,6 +1,8 @@
 // Package fleetindex is the operator's in-memory index of the certificate
 // inventory, fed one record at a time by a watch of the bucket (the bus stays the
-// source of truth; a restarted replica builds the index again from the watch). It
+// source of truth; a restarted replica builds the index again from the watch), and
+// the parsing of its API's queries; meshctl builds the same index from the bucket
+// read whole when it has no operator to ask (ReadBucket). It
 // keeps the records without their chains, sorted in the orders a page asks for
 // (expiry, namespace, pod, name, root) and the fleet's counts, so that a page, a
 // filter, a sort or one pod's records cost what the page holds, not what the fleet
