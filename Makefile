@@ -85,6 +85,9 @@ fuzz-smoke:
 # BenchmarkStorm (cmd/meshctl) storms a fresh `meshctl up -pods 0` with `meshctl bench
 # storm` at STORM_PODS (default 1000,5000,10000) pods of STORM_CONNS (default 1) connections,
 # then a root rotation of them (STORM_ROTATE: new-key, same-key or none).
+# BenchmarkOperatorFleet (cmd/meshctl) seeds OPERATOR_CERTS (default 1000,100000)
+# certificates through the real signer into a fresh `meshctl up` and times the operator's
+# pages, memory and restart and the readers (status, check, describe pod, certs).
 bench: build
 	set -o pipefail; MESHAGENT_BIN=$(BIN) $(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 60m $(PKGS) | tee bench.out
 

@@ -6,10 +6,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"image/png"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +21,13 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/devstack"
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/stackfile"
+	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 var screenshot = flag.String("screenshot", "", "write the dashboard test's screenshot (PNG) to this file")
@@ -174,6 +182,16 @@ func TestDashboardInChromium(t *testing.T) {
 	after = podCert(t, dir, "demo-2", before).Serial
 	testkit.Eventually(t, "after the load the page shows demo-2's new certificate", func() bool { return serialOnPage("demo-2") == after })
 
+	// A pod that said it stopped: its row stays in the table (marked down), and the
+	// summary counts every row the table lists (issue 36: "4 certificates" over 5 rows).
+	js(`(() => { const s = document.querySelector('#f-ns'); s.value = ""; s.dispatchEvent(new Event("change")); return ""; })()`)
+	putStoppedPod(t, dir, st)
+	testkit.EventuallyWithin(t, time.Minute, "the summary counts the stopped pod's row with the others", func() bool {
+		summary := js(`document.querySelector('#summary').textContent`)
+		return js(`document.querySelector('#range').textContent`) == "1–100 of 2004" &&
+			strings.Contains(summary, "2004certificates") && strings.Contains(summary, "1of stopped pods")
+	})
+
 	shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
@@ -197,5 +215,41 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	if len(requested) < 4 {
 		t.Errorf("only %d requests seen: %v", len(requested), requested)
+	}
+}
+
+// putStoppedPod writes the inventory record of a pod that said it stopped
+// (fleet/stopped-0), with the inventory's own credential, as its keeper would.
+func putStoppedPod(t *testing.T, dir string, st *stackfile.Stack) {
+	t.Helper()
+	kp, err := policy.ReadSeed(filepath.Join(dir, "secrets", "inventory.nk"), nkeys.PrefixByteUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(st.NATSURL, nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(policy.Inbox(policy.Inventory, events.PodRef{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	kv, err := js.KeyValue(ctx, policy.BucketInventory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	pod := events.PodRef{Namespace: "fleet", Name: "stopped-0"}
+	rec, _ := json.Marshal(inventory.Cert{Pod: pod.String(), Resource: "default", SPIFFEID: "spiffe://cluster.local/ns/fleet/sa/stopped",
+		Serial: "5700000000000000000000000000000a", NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+		Down: true, DownAt: now})
+	if _, err := kv.Put(ctx, inventory.CertKey(pod, "default", ""), rec); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -138,16 +138,25 @@ func (c *Cert) check() error {
 // stream read message by message, the last value of each key winning. No consumer is
 // created.
 func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
-	js, err := jetstream.New(nc)
+	values, err := ReadValues(ctx, nc)
 	if err != nil {
 		return Snapshot{}, err
 	}
+	return Decode(values), nil
+}
+
+// ReadValues is the bucket's current values by key, read as Read does.
+func ReadValues(ctx context.Context, nc *nats.Conn) (map[string][]byte, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
 	st, err := js.Stream(ctx, "KV_"+policy.BucketInventory)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return Snapshot{}, fmt.Errorf("no inventory on this bus yet (bucket %s): is the operator service running?", policy.BucketInventory)
+		return nil, fmt.Errorf("no inventory on this bus yet (bucket %s): is the operator service running?", policy.BucketInventory)
 	}
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("inventory bucket: %w", err)
+		return nil, fmt.Errorf("inventory bucket: %w", err)
 	}
 	prefix := "$KV." + policy.BucketInventory + "."
 	values := map[string][]byte{}
@@ -162,9 +171,9 @@ func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 		return nil
 	})
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("read inventory: %w", err)
+		return nil, fmt.Errorf("read inventory: %w", err)
 	}
-	return Decode(values), nil
+	return values, nil
 }
 
 // Keeper keeps the bucket current from the event stream through the durable

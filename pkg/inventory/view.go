@@ -96,3 +96,13 @@ func (v *View) Snapshot() Snapshot {
 	v.snap = &s
 	return s
 }
+
+// CheckCert reports what a certificate record lacks that every reader relies on
+// (another index than View: the operator's).
+func CheckCert(c Cert) error { return c.check() }
+
+// SkippedRecord is the Skipped entry of key, left out for err: both cut and made
+// printable (they are the writer's bytes).
+func SkippedRecord(key string, err error) Skipped {
+	return Skipped{Key: printable(key, maxReason), Reason: printable(err.Error(), maxReason)}
+}

@@ -52,26 +52,15 @@ func runBugReport(ctx context.Context, env Env, args []string) error {
 	}
 	b := &bundle{}
 	b.add("version.txt", []byte(buildinfo.String("meshctl")+"\n"))
-	for _, step := range []struct {
-		file string
-		run  func(context.Context, Env, []string) error
-		args []string
-	}{
-		{"status.txt", runStatus, nil},
-		{"check.txt", runCheck, nil},
-		{"proxy-status.txt", runProxyStatus, []string{"-all"}},
-		{"certs.txt", runCerts, []string{"-o", "wide", "-bench"}},
-		{"events.jsonl", runEvents, []string{"-since", since, "-o", "json"}},
-		{"trust.txt", runTrust, nil},
+	for _, step := range []reportStep{
+		{"status.txt", runStatus, nil, true},
+		{"check.txt", runCheck, nil, true},
+		{"proxy-status.txt", runProxyStatus, []string{"-all"}, false},
+		{"certs.txt", runCerts, []string{"-o", "wide", "-bench", "-limit", "1000"}, false},
+		{"events.jsonl", runEvents, []string{"-since", since, "-o", "json"}, false},
+		{"trust.txt", runTrust, nil, false},
 	} {
-		var o, e bytes.Buffer
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := step.run(sctx, Env{Stdout: &o, Stderr: &e, Getenv: env.Getenv}, append(append([]string{}, common...), step.args...))
-		cancel()
-		b.add(step.file, o.Bytes())
-		if e.Len() > 0 || err != nil {
-			b.errorf("%s: %v\n%s", step.file, err, e.String())
-		}
+		b.run(ctx, env, step, append(append([]string{}, common...), step.args...))
 	}
 	if st, err := bf.stackFor(dir); err == nil && st != nil {
 		if data, err := os.ReadFile(filepath.Join(st.Dir, stackfile.FileName)); err == nil {
@@ -97,6 +86,38 @@ func runBugReport(ctx context.Context, env Env, args []string) error {
 	}
 	fmt.Fprintf(env.Stdout, "wrote %s (%d file(s)%s)\n", out, len(b.files), b.note())
 	return nil
+}
+
+// reportStep is one command whose output goes into the bundle.
+type reportStep struct {
+	file string
+	run  func(context.Context, Env, []string) error
+	args []string
+	// findings: the command exits non-zero to report what it found (status's
+	// "needs attention", check's FAIL lines), which is its output, not a failure.
+	findings bool
+}
+
+// run runs one step into the bundle. A step failed when it returned an error
+// (and wrote nothing, for a command that reports findings so): what it says on
+// stderr — notes, warnings, what it left out — goes to notes.txt, and is no
+// failure.
+func (b *bundle) run(ctx context.Context, env Env, step reportStep, args []string) {
+	var o, e bytes.Buffer
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := step.run(sctx, Env{Stdout: &o, Stderr: &e, Getenv: env.Getenv}, args)
+	cancel()
+	b.add(step.file, o.Bytes())
+	switch {
+	case err != nil && step.findings && o.Len() > 0:
+		b.notef("%s: %v (its findings are in %s)", step.file, err, step.file)
+	case err != nil:
+		b.errorf("%s: %v\n%s", step.file, err, e.String())
+		return
+	}
+	if e.Len() > 0 {
+		b.notef("%s (stderr):\n%s", step.file, e.String())
+	}
 }
 
 // tail is the last n bytes of a file.
@@ -136,7 +157,8 @@ func redact(b []byte) []byte {
 type bundle struct {
 	files []string
 	data  map[string][]byte
-	errs  bytes.Buffer
+	errs  bytes.Buffer // the steps that failed (errors.txt)
+	notes bytes.Buffer // what the steps said besides their output (notes.txt)
 }
 
 func (b *bundle) add(name string, data []byte) {
@@ -151,6 +173,8 @@ func (b *bundle) add(name string, data []byte) {
 
 func (b *bundle) errorf(format string, a ...any) { fmt.Fprintf(&b.errs, format+"\n", a...) }
 
+func (b *bundle) notef(format string, a ...any) { fmt.Fprintf(&b.notes, format+"\n", a...) }
+
 func (b *bundle) note() string {
 	if b.errs.Len() == 0 {
 		return ""
@@ -162,6 +186,9 @@ func (b *bundle) note() string {
 func (b *bundle) write(path string) error {
 	if b.errs.Len() > 0 {
 		b.add("errors.txt", b.errs.Bytes())
+	}
+	if b.notes.Len() > 0 {
+		b.add("notes.txt", b.notes.Bytes())
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {

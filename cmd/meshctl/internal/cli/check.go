@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -38,7 +40,9 @@ const (
 func runCheck(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
+	var ff fleetFlags
 	fs := readerFlags("check", env, &dir, &bf)
+	ff.bind(fs)
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err
@@ -61,7 +65,7 @@ func runCheck(ctx context.Context, env Env, args []string) error {
 	results = append(results, checkPermissions(nc))
 	results = append(results, checkStreams(ctx, nc)...)
 	results = append(results, checkSigners(ctx, nc)...)
-	results = append(results, checkFleet(ctx, nc, time.Now())...)
+	results = append(results, checkFleet(ctx, ff.source(st, nc), time.Now())...)
 	return report(env.Stdout, results)
 }
 
@@ -214,39 +218,36 @@ func checkSigners(ctx context.Context, nc *nats.Conn) []checkResult {
 	return append(out, ca)
 }
 
-// checkFleet reads the inventory: no current certificate expired or overdue for
-// renewal (expiry horizons).
-func checkFleet(ctx context.Context, nc *nats.Conn, now time.Time) []checkResult {
-	snap, err := inventory.Read(ctx, nc)
+// checkFleet reads the fleet's counts (one page of the operator's index): no
+// current certificate expired or overdue for renewal, none of the mesh CA's
+// under a root the bundle does not hold.
+func checkFleet(ctx context.Context, src fleetSource, now time.Time) []checkResult {
+	start := time.Now()
+	p, err := src.Page(ctx, url.Values{"limit": {"1"}})
 	if err != nil {
-		return []checkResult{{Name: "certificates", Detail: err.Error(), Fix: "start the operator service (it keeps the inventory)"}}
+		return []checkResult{{Name: "certificates", Detail: err.Error(), Fix: "start the operator service (it keeps the inventory), or name it with -operator"}}
 	}
-	snap, _ = snap.WithoutBench()
-	r := checkResult{Name: "certificates", OK: true}
-	expired, overdue, notInBundle, current := 0, 0, 0, 0
-	var first string
-	for _, c := range snap.Certs {
-		if c.Down {
-			continue
-		}
-		current++
-		for _, w := range c.Warnings(now, snap.Trust) {
-			switch w {
-			case "expired":
-				expired++
-			case "renewal overdue":
-				overdue++
-			case "root not in bundle":
-				notInBundle++
-			}
-			if first == "" {
-				first = fmt.Sprintf("%s (%s): %s", orDash(c.Pod), c.SPIFFEID, w)
+	n := p.Counts
+	notInBundle := 0
+	if p.Trust != nil && len(p.Trust.Roots) > 0 {
+		for fp, k := range n.MeshRoots {
+			if !slices.ContainsFunc(p.Trust.Roots, func(r inventory.Root) bool { return r.Fingerprint == fp }) {
+				notInBundle += k
 			}
 		}
 	}
-	r.Detail = fmt.Sprintf("%d current, %d expired, %d renewal(s) overdue, %d under a root not in the bundle", current, expired, overdue, notInBundle)
-	if expired+overdue+notInBundle > 0 {
+	r := checkResult{Name: "certificates", OK: true, Detail: fmt.Sprintf("%d current, %d expired, %d renewal(s) overdue, %d under a root not in the bundle (%s, %s)",
+		n.Certificates, n.Expired, n.Overdue, notInBundle, src, time.Since(start).Round(time.Millisecond))}
+	if p.Loading != nil {
+		r.Detail += "; " + strings.TrimPrefix(loadingLine(p), "note: ")
+	}
+	if n.Expired+n.Overdue+notInBundle > 0 {
 		r.OK = false
+		first := fmt.Sprintf("%d under a root not in the bundle (meshctl status lists the roots)", notInBundle)
+		if late, err := src.Page(ctx, url.Values{"state": {"overdue"}, "limit": {"1"}}); err == nil && len(late.Certs) > 0 {
+			c := late.Certs[0]
+			first = fmt.Sprintf("%s (%s): %s", orDash(c.Pod), c.SPIFFEID, strings.Join(c.Warnings(now, nil), ", "))
+		}
 		r.Fix = "first: " + first + "; see meshctl status and the rotator's log (is a rotator running? can the pod reach the signer?)"
 	}
 	return []checkResult{r}

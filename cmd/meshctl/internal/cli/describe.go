@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runDescribe is one pod in one view (istioctl x describe): its identity and
@@ -20,7 +24,9 @@ func runDescribe(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var recent int
 	var bf busFlags
+	var ff fleetFlags
 	fs := readerFlags("describe", env, &dir, &bf)
+	ff.bind(fs)
 	fs.Int(&recent, "events", "", 10, "how many of the pod's recent events to show")
 	words, err := parseWords(fs, args)
 	if err != nil {
@@ -33,41 +39,98 @@ func runDescribe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("pod: %w", err)
 	}
-	nc, err := bf.dialReader(ctx, dir, "meshctl describe")
+	st, err := bf.stackFor(dir)
+	if err != nil {
+		return err
+	}
+	nc, err := bf.reader(ctx, st, "meshctl describe")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	snap, err := inventory.Read(ctx, nc)
+	// The pod's records: one page of the index, by holder (a prefix: the pods
+	// whose names extend this one's are left out here).
+	p, err := ff.source(st, nc).Page(ctx, url.Values{"pod": {pod.String()}, "limit": {"1000"}, "bench": {"1"}})
 	if err != nil {
 		return err
 	}
-	l, err := auditlog.Open(ctx, nc)
+	var certs []inventory.Cert
+	for _, c := range p.Certs {
+		if c.Pod == pod.String() {
+			certs = append(certs, c)
+		}
+	}
+	x, last, err := podHistory(ctx, nc, pod, recent)
 	if err != nil {
 		return err
 	}
-	// One read of the pod's history: its xDS state and its last events.
+	if len(certs) == 0 && len(x.streams) == 0 && len(last) == 0 {
+		return fmt.Errorf("pod %s: not in the inventory and no events", pod)
+	}
+	if line := loadingLine(p); line != "" {
+		fmt.Fprintln(env.Stderr, line)
+	}
+	describePod(env.Stdout, pod, certs, p.Trust, x.list(false, pod.String()), last, time.Now())
+	return nil
+}
+
+// caRecent bounds how much of the CA's history describe reads for the pod's
+// cert.issued and renewals (the newest events only: the inventory holds the rest).
+const caRecent = 2000
+
+// podHistory reads the events the pod published — on its own subjects, so that
+// the bus hands over that pod's and no other's, however large the fleet — for
+// its xDS state and its recent events, with its events among the newest caRecent
+// of the CA's history (cert.issued, renewals).
+func podHistory(ctx context.Context, nc *nats.Conn, pod events.PodRef, recent int) (*xdsTypes, []auditlog.Entry, error) {
 	x := newXDSTypes()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := js.Stream(ctx, events.StreamPodEvents)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return x, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("pod events: %w", err)
+	}
+	subject, err := events.PodEventsOf(pod)
+	if err != nil {
+		return nil, nil, err
+	}
 	var last []auditlog.Entry
-	err = l.Read(ctx, auditlog.Filter{Pod: pod.String()}, false, nil, func(e auditlog.Entry) error {
+	err = auditlog.Scan(ctx, nc, st, subject, 1, 0, func(m *jetstream.RawStreamMsg) error {
+		p, meta, err := events.DecodeAny(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+		e := auditlog.Entry{Seq: m.Sequence, Stream: events.StreamPodEvents, Subject: m.Subject, Meta: meta, Payload: p, Err: err}
 		if e.Err == nil {
 			x.add(e)
 		}
 		last = append(last, e)
-		if len(last) > max(recent, 0) {
-			last = last[1:]
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("pod events: %w", err)
+	}
+	l, err := auditlog.Open(ctx, nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := map[string]bool{}
+	for _, e := range last {
+		seen[e.Meta.ID] = true
+	}
+	err = l.Read(ctx, auditlog.Filter{Pod: pod.String(), Last: caRecent}, false, nil, func(e auditlog.Entry) error {
+		if e.Meta.ID == "" || !seen[e.Meta.ID] {
+			last = append(last, e)
 		}
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	certs := snap.Find(pod.String())
-	if len(certs) == 0 && len(x.streams) == 0 && len(last) == 0 {
-		return fmt.Errorf("pod %s: not in the inventory and no events", pod)
-	}
-	describePod(env.Stdout, pod, certs, snap.Trust, x.list(false, pod.String()), last, time.Now())
-	return nil
+	slices.SortStableFunc(last, func(a, b auditlog.Entry) int { return a.Meta.Time.Compare(b.Meta.Time) })
+	return x, last[max(len(last)-max(recent, 0), 0):], nil
 }
 
 func describePod(w io.Writer, pod events.PodRef, certs []inventory.Cert, trust *inventory.Trust, streams []*adsStream, last []auditlog.Entry, now time.Time) {

@@ -1,17 +1,21 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,7 +39,9 @@ import (
 func runStatus(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
+	var ff fleetFlags
 	fs := readerFlags("status", env, &dir, &bf)
+	ff.bind(fs)
 	if err := command.Parse(fs, args); err != nil {
 		return err
 	}
@@ -47,7 +53,7 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 	if st != nil {
 		attention = append(attention, stackStatus(ctx, env.Stdout, st)...)
 	}
-	attention = append(attention, fleetStatus(ctx, env.Stdout, &bf, st, time.Now())...)
+	attention = append(attention, fleetStatus(ctx, env.Stdout, &bf, &ff, st, time.Now())...)
 	if len(attention) == 0 {
 		fmt.Fprintln(env.Stdout, "\nall well")
 		return nil
@@ -62,7 +68,7 @@ func runStatus(ctx context.Context, env Env, args []string) error {
 // stackStatus prints each child process's readiness and each demo pod's files.
 func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string {
 	var attention []string
-	client := &http.Client{Timeout: 2 * time.Second}
+	client := &http.Client{Timeout: 10 * time.Second}
 	fmt.Fprintln(w, buildinfo.String("meshctl"))
 	fmt.Fprintf(w, "NATS %s\n", st.NATSURL)
 	if st.Dashboard != "" {
@@ -104,8 +110,9 @@ func stackStatus(ctx context.Context, w io.Writer, st *stackfile.Stack) []string
 	return attention
 }
 
-// fleetStatus prints the fleet's summary from the bus and returns what needs attention.
-func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.Stack, now time.Time) []string {
+// fleetStatus prints the fleet's summary from the bus and the operator's counts
+// and returns what needs attention.
+func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, ff *fleetFlags, st *stackfile.Stack, now time.Time) []string {
 	fmt.Fprintln(w, "\nFLEET")
 	nc, err := bf.reader(ctx, st, "meshctl status")
 	if err != nil {
@@ -126,92 +133,126 @@ func fleetStatus(ctx context.Context, w io.Writer, bf *busFlags, st *stackfile.S
 	}
 	attention = append(attention, replication(ctx, nc, row)...)
 
-	snap, err := inventory.Read(ctx, nc)
+	// The fleet's counts, one page of the operator's index: what the fleet holds
+	// costs what a page costs.
+	src := ff.source(st, nc)
+	start := time.Now()
+	p, err := src.Page(ctx, url.Values{"limit": {"1"}})
 	if err != nil {
 		row("inventory", "%v", err)
 		return append(attention, fmt.Sprintf("inventory: %v", err))
 	}
-	// The last hour's counts, kept in the inventory by the operator service: a few
-	// records read, not the hour's events.
-	hour := snap.Counted(now, time.Hour)
+	if line := loadingLine(p); line != "" {
+		row("inventory", "%s", strings.TrimPrefix(line, "note: "))
+	}
+	row("inventory", "from %s in %s", src, time.Since(start).Round(time.Millisecond))
+	hour := p.Counts.LastHour
 	row("", "issued in the last hour: %d%s", hour.IssuedTotal(), byKey(hour.Issued))
 	row("rotators", "renewals sent in the last hour: %d%s, by %s", hour.RenewalTotal(), byKey(hour.Renewals), orNone(keys(hour.Rotators)))
 	// meshctl bench's load is not the fleet.
-	snap, bench := snap.WithoutBench()
-	if bench > 0 {
-		row("bench", "%d certificate(s) of meshctl bench (namespace %s) not counted", bench, events.BenchNamespace)
+	if p.Counts.Bench > 0 {
+		row("bench", "%d certificate(s) of meshctl bench (namespace %s) not counted", p.Counts.Bench, events.BenchNamespace)
 	}
-	attention = append(attention, certStatus(snap, now, row)...)
-	if bundle == nil && snap.Trust != nil { // the signers' answer first, else the last trust.changed
-		bundle = snap.Trust.Roots
+	attention = append(attention, certStatus(ctx, src, p, now, row)...)
+	if bundle == nil && p.Trust != nil { // the signers' answer first, else the last trust.changed
+		bundle = p.Trust.Roots
 	}
 	attention = append(attention, rootStatus(bundle, now, row)...)
 	if plan, err := askRotation(ctx, nc); err == nil {
 		row("rotation", "%s", rotationPhase(plan, now))
 	}
-	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, hour.Retries())
-	if n := hour.Failures(); n > 0 {
-		attention = append(attention, fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", n))
-	}
+	attention = append(attention, meshRootStatus(p.Counts, bundle, row)...)
+	attention = append(attention, goneStatus(ctx, src, p.Counts, row)...)
 	return attention
 }
 
-// certStatus prints the pods and their certificates from the inventory and
-// returns what needs attention: each expired or overdue certificate, malformed
-// records.
-func certStatus(snap inventory.Snapshot, now time.Time, row func(k, f string, a ...any)) []string {
+// certStatus prints the pods and their certificates from the fleet's counts and
+// returns what needs attention: each expired or overdue certificate (the first
+// few, and how many), malformed records.
+func certStatus(ctx context.Context, src fleetSource, p inventory.Page, now time.Time, row func(k, f string, a ...any)) []string {
 	var attention []string
-	up, down := map[string]bool{}, map[string]bool{}
-	named := map[string]int{}
-	dueHour, expired, overdue := 0, 0, 0
-	for _, c := range snap.Certs {
-		if c.CertSigner != "" && !c.Down {
-			named[c.CertSigner]++
-		}
-		if c.Pod != "" {
-			if c.Down {
-				down[c.Pod] = true
-			} else {
-				up[c.Pod] = true
-			}
-		}
-		if c.Down {
-			continue
-		}
-		if c.RenewsBy().Before(now.Add(time.Hour)) && c.NotAfter.After(now) {
-			dueHour++
-		}
-		for _, warn := range c.Warnings(now, snap.Trust) {
-			switch {
-			case strings.HasPrefix(warn, "expired"): // the current certificate, or the one the pod still serves
-				expired++
-			case warn == "renewal overdue":
-				overdue++
-			}
-			attention = append(attention, fmt.Sprintf("certificate of %s (%s, serial %s): %s", orDash(c.Pod), c.SPIFFEID, short(c.Serial, 16), warn))
-		}
-	}
-	for p := range down {
-		if up[p] {
-			delete(down, p)
-		}
-	}
-	if n := len(snap.Skipped); n > 0 {
-		row("inventory", "%d malformed record(s) skipped", n)
+	n := p.Counts
+	if k := len(p.Skipped); k > 0 {
+		snap := inventory.Snapshot{Skipped: p.Skipped}
+		row("inventory", "%d malformed record(s) skipped", k)
 		attention = append(attention, strings.TrimPrefix(snap.SkippedLine(), "warning: ")+
 			" (written with the inventory credential: the operator service replaces a record with the next certificate of its holder)")
 	}
-	row("pods", "%d up, %d down", len(up), len(down))
-	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", len(snap.Certs)-countDown(snap), dueHour, expired, overdue)
-	if len(named) > 0 {
+	row("pods", "%d up, %d down", n.Pods, n.DownPods)
+	row("certificates", "%d current; %d due for renewal in the next hour; %d expired; %d renewal(s) overdue", n.Certificates, n.RenewIn1h, n.Expired, n.Overdue)
+	if len(n.Named) > 0 {
 		var parts []string
-		for _, k := range keys(named) {
-			parts = append(parts, fmt.Sprintf("%s %d", k, named[k]))
+		for _, k := range keys(n.Named) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, n.Named[k]))
 		}
 		// Not a broken chain: a named signer's chain ends at its own CA's root.
 		row("named signers", "%s certificate(s), under their own roots (CERT_SIGNERS), not the mesh's", strings.Join(parts, ", "))
 	}
+	if n.Expired+n.Overdue == 0 {
+		return attention
+	}
+	const shown = 20
+	late, err := src.Page(ctx, url.Values{"state": {"overdue"}, "limit": {fmt.Sprint(shown)}})
+	if err != nil {
+		return append(attention, fmt.Sprintf("%d certificate(s) expired or overdue (listing them: %v)", n.Expired+n.Overdue, err))
+	}
+	for _, c := range late.Certs {
+		for _, warn := range c.Warnings(now, nil) {
+			attention = append(attention, fmt.Sprintf("certificate of %s (%s, serial %s): %s", orDash(c.Pod), c.SPIFFEID, short(c.Serial, 16), warn))
+		}
+	}
+	if late.Total > len(late.Certs) {
+		attention = append(attention, fmt.Sprintf("... and %d more expired or overdue: meshctl certs -state overdue -offset %d", late.Total-len(late.Certs), len(late.Certs)))
+	}
 	return attention
+}
+
+// meshRootStatus returns the mesh certificates under a root the bundle does not
+// hold (named signers' are under their own roots by design).
+func meshRootStatus(n inventory.Counts, bundle []inventory.Root, row func(k, f string, a ...any)) []string {
+	if bundle == nil {
+		return nil
+	}
+	var attention []string
+	for _, fp := range keys(n.MeshRoots) {
+		if !slices.ContainsFunc(bundle, func(r inventory.Root) bool { return r.Fingerprint == fp }) {
+			attention = append(attention, fmt.Sprintf("%d certificate(s) under root %s: root not in bundle (meshctl certs -root %s)", n.MeshRoots[fp], short(fp, 16), short(fp, 16)))
+		}
+	}
+	return attention
+}
+
+// goneStatus tells holders that no longer answer — told to renew, then told again
+// with no new certificate: a pod or VM gone without a pod.down, or one failing to
+// renew — from failures that need attention. Their renewal retries are theirs: a
+// gone holder is named, not counted as a failure; NACKs, and retries with no such
+// holder, are failures.
+func goneStatus(ctx context.Context, src fleetSource, n inventory.Counts, row func(k, f string, a ...any)) []string {
+	hour := n.LastHour
+	if n.Silent > 0 {
+		names := ""
+		if g, err := src.Page(ctx, url.Values{"state": {"silent"}, "sort": {"pod"}, "limit": {"5"}}); err == nil {
+			var ps []string
+			for _, c := range g.Certs {
+				ps = append(ps, cmp.Or(c.Pod, c.SPIFFEID))
+			}
+			names = ": " + strings.Join(ps, ", ")
+			if g.Total > len(g.Certs) {
+				names += ", ..."
+			}
+		}
+		row("gone", "%d holder(s) told to renew again with no new certificate (gone, or failing: meshctl describe pod)%s", n.Silent, names)
+	}
+	retries := hour.Retries()
+	row("failures", "in the last hour: %d SDS NACK(s), %d xDS NACK(s), %d renewal retr(ies)", hour.SDSNacks, hour.XDSNacks, retries)
+	if n.Silent > 0 && retries > 0 {
+		row("", "renewal retries are to the %d holder(s) above, not counted as failures", n.Silent)
+		retries = 0
+	}
+	if f := hour.SDSNacks + hour.XDSNacks + retries; f > 0 {
+		return []string{fmt.Sprintf("%d failure(s) in the last hour: meshctl events --since 1h --type sds.nack,xds.nack,rotation.renew_due", f)}
+	}
+	return nil
 }
 
 // rootStatus prints the roots of the trust bundle and returns each that should
@@ -270,16 +311,6 @@ func replication(ctx context.Context, nc *nats.Conn, row func(k, f string, a ...
 	return attention
 }
 
-func countDown(s inventory.Snapshot) int {
-	n := 0
-	for _, c := range s.Certs {
-		if c.Down {
-			n++
-		}
-	}
-	return n
-}
-
 // byKey is " (k1 n1, k2 n2)", "" for none.
 func byKey(m map[string]int) string {
 	if len(m) == 0 {
@@ -327,9 +358,16 @@ func readyz(ctx context.Context, c *http.Client, addr string) string {
 	if err != nil {
 		return err.Error()
 	}
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}))
+	start := time.Now()
 	resp, err := c.Do(req)
-	if err != nil {
-		return "unreachable"
+	switch {
+	case err != nil && connected.Load():
+		// Up, but slow (a loaded machine, a replica busy loading): not unreachable.
+		return fmt.Sprintf("slow: connected, no answer after %s", time.Since(start).Round(time.Millisecond))
+	case err != nil:
+		return fmt.Sprintf("unreachable (%s after %s)", errors.Unwrap(err), time.Since(start).Round(time.Millisecond))
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))

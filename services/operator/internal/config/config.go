@@ -28,6 +28,14 @@ type Config struct {
 	}
 	// History is how far back the page's event feed starts (replayed from the stream).
 	History time.Duration
+	// Memory is the container's memory limit (bytes; 0: none known), from which
+	// the Go runtime's soft limit is set unless GOMEMLIMIT is (GoMemLimitSet), and
+	// its GC percent unless GOGC is (GoGCSet).
+	Memory struct {
+		Limit         int
+		GoMemLimitSet bool
+		GoGCSet       bool
+	}
 	// Audit is the optional JSON-lines copy of every event seen live.
 	Audit struct {
 		File  string
@@ -75,6 +83,9 @@ func (c *Config) bind(getenv func(string) string) *flagenv.Set {
 	fs.String(&c.Audit.File, "audit-file", "AUDIT_FILE", c.Audit.File, "also write every event seen to this JSON-lines file (rotated by size)")
 	fs.Int(&c.Audit.MaxMB, "audit-file-max-mb", "AUDIT_FILE_MAX_MB", c.Audit.MaxMB, "size in MiB at which -audit-file is rotated")
 	fs.Int(&c.Audit.Keep, "audit-file-keep", "AUDIT_FILE_KEEP", c.Audit.Keep, "rotated -audit-file files kept")
+	fs.Int(&c.Memory.Limit, "memory-limit", "MEMORY_LIMIT", 0, "the container's memory limit in bytes (Kubernetes: resourceFieldRef limits.memory): the Go runtime keeps the heap under 85% of it unless GOMEMLIMIT is set, and collects at 1.5x the live heap unless GOGC is")
+	c.Memory.GoMemLimitSet = getenv("GOMEMLIMIT") != ""
+	c.Memory.GoGCSet = getenv("GOGC") != ""
 	return fs
 }
 
@@ -90,6 +101,7 @@ func (c Config) Validate() error {
 	p.Check(c.History > 0, "-history: must be positive")
 	p.Check(c.Audit.MaxMB >= 1, "-audit-file-max-mb: must be at least 1")
 	p.Check(c.Audit.Keep >= 0, "-audit-file-keep: must not be negative")
+	p.Check(c.Memory.Limit >= 0, "-memory-limit: must not be negative")
 	return p.Err()
 }
 

@@ -36,3 +36,21 @@ func TestValidateNamesEveryBadFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryLimitFromTheContainer: the container's limit (the downward API's
+// limits.memory) is read from MEMORY_LIMIT; a GOMEMLIMIT of the operator's own is
+// noted, so that the runtime's is left alone.
+func TestMemoryLimitFromTheContainer(t *testing.T) {
+	env := map[string]string{"MEMORY_LIMIT": "268435456", "NATS_NKEY": "/x.nk"}
+	c, err := Load(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Memory.Limit != 256<<20 || c.Memory.GoMemLimitSet {
+		t.Fatalf("memory %+v", c.Memory)
+	}
+	env["GOMEMLIMIT"] = "100MiB"
+	if c, _ := Load(nil, func(k string) string { return env[k] }); !c.Memory.GoMemLimitSet {
+		t.Fatal("GOMEMLIMIT not noted")
+	}
+}

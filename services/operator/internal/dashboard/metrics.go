@@ -8,6 +8,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -42,7 +43,7 @@ type fleetMetrics struct {
 	events   *prometheus.CounterVec
 }
 
-func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot, bool), clk clock.Clock) (*fleetMetrics, error) {
+func newFleetMetrics(reg prometheus.Registerer, index func(func(*fleetindex.Index)) bool, clk clock.Clock) (*fleetMetrics, error) {
 	m := &fleetMetrics{
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_certs_issued_total",
 			Help: "Certificates issued in the fleet (cert.issued), by signer."}, []string{"signer"}),
@@ -57,7 +58,7 @@ func newFleetMetrics(reg prometheus.Registerer, snap func() (inventory.Snapshot,
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_fleet_events_total",
 			Help: "Events seen on the bus, by type."}, []string{"type"}),
 	}
-	for _, c := range []prometheus.Collector{m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{snap: snap, clk: clk}} {
+	for _, c := range []prometheus.Collector{m.issued, m.renewals, m.failures, m.nacks, m.pushes, m.events, &inventoryCollector{index: index, clk: clk}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("fleet metrics: %w", err)
 		}
@@ -94,8 +95,8 @@ func (m *fleetMetrics) observe(e auditlog.Entry) {
 
 // inventoryCollector reports the inventory's gauges at scrape time.
 type inventoryCollector struct {
-	snap func() (inventory.Snapshot, bool)
-	clk  clock.Clock
+	index func(func(*fleetindex.Index)) bool // runs its argument on the index, false before the watch
+	clk   clock.Clock
 }
 
 var (
@@ -119,39 +120,38 @@ func (c *inventoryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- skippedDesc
 }
 
+// Collect reads the index's counts: a scrape costs the number of buckets,
+// namespaces and roots, not of certificates.
 func (c *inventoryCollector) Collect(ch chan<- prometheus.Metric) {
-	snap, ok := c.snap()
+	now := c.clk.Now()
+	var counts inventory.Counts
+	var skipped int
+	var trust *inventory.Trust
+	byBucket := make([]int, len(ExpiryBuckets))
+	ok := c.index(func(ix *fleetindex.Index) {
+		counts, trust = ix.Counts(now), ix.Trust()
+		_, skipped = ix.Len()
+		below := 0
+		for i, b := range ExpiryBuckets {
+			n := counts.Certificates
+			if b.Upto < 1<<62 {
+				n = ix.ExpiringBy(now.Add(b.Upto))
+			}
+			byBucket[i], below = n-below, n
+		}
+	})
 	if !ok {
 		return
 	}
-	now := c.clk.Now()
-	counts := map[string]int{}
-	pods := map[string]map[string]bool{"up": {}, "down": {}}
-	bench := 0
-	for _, cert := range snap.Certs {
-		if cert.Bench() {
-			bench++
-			continue
-		}
-		if cert.Down {
-			pods["down"][cert.Pod] = true
-			continue
-		}
-		counts[ExpiryBucket(cert.NotAfter.Sub(now))]++
-		if cert.Pod != "" {
-			pods["up"][cert.Pod] = true
-		}
+	for i, b := range ExpiryBuckets {
+		ch <- prometheus.MustNewConstMetric(certsDesc, prometheus.GaugeValue, float64(byBucket[i]), b.Label)
 	}
-	for _, b := range ExpiryBuckets {
-		ch <- prometheus.MustNewConstMetric(certsDesc, prometheus.GaugeValue, float64(counts[b.Label]), b.Label)
-	}
-	ch <- prometheus.MustNewConstMetric(skippedDesc, prometheus.GaugeValue, float64(len(snap.Skipped)))
-	ch <- prometheus.MustNewConstMetric(benchDesc, prometheus.GaugeValue, float64(bench))
-	for state, set := range pods {
-		ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(len(set)), state)
-	}
-	if snap.Trust != nil {
-		for _, r := range snap.Trust.Roots {
+	ch <- prometheus.MustNewConstMetric(skippedDesc, prometheus.GaugeValue, float64(skipped))
+	ch <- prometheus.MustNewConstMetric(benchDesc, prometheus.GaugeValue, float64(counts.Bench))
+	ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(counts.Pods), "up")
+	ch <- prometheus.MustNewConstMetric(podsDesc, prometheus.GaugeValue, float64(counts.DownPods), "down")
+	if trust != nil {
+		for _, r := range trust.Roots {
 			ch <- prometheus.MustNewConstMetric(rootDesc, prometheus.GaugeValue, r.NotAfter.Sub(now).Seconds(), r.Fingerprint)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,9 +58,12 @@ type Server struct {
 	metrics *fleetMetrics
 
 	mu      sync.Mutex
-	view    *inventory.View // the bucket, as the watch last saw it
-	synced  bool
-	recent  []feedItem // the last events, oldest first
+	view    *fleetindex.Index // the bucket, as the watch last saw it
+	synced  bool              // the watch delivered every record the bucket held when it started
+	watched bool              // the watch started: pages are served, from what it delivered so far
+	loaded  int               // records the watch delivered before synced
+	behind  uint64            // records still to come at the last delivery before synced
+	recent  []feedItem        // the last events, oldest first
 	clients map[chan feedItem]struct{}
 }
 
@@ -83,8 +87,8 @@ func New(cfg Config, nc *nats.Conn, clk clock.Clock, log hclog.Logger) (*Server,
 	if cfg.History <= 0 {
 		cfg.History = 30 * time.Minute
 	}
-	s := &Server{cfg: cfg, nc: nc, clk: clk, log: log, view: inventory.NewView(), clients: map[chan feedItem]struct{}{}}
-	m, err := newFleetMetrics(cfg.Metrics, s.snapshot, clk)
+	s := &Server{cfg: cfg, nc: nc, clk: clk, log: log, view: fleetindex.New(), clients: map[chan feedItem]struct{}{}}
+	m, err := newFleetMetrics(cfg.Metrics, s.gauges, clk)
 	if err != nil {
 		return nil, err
 	}
@@ -92,10 +96,14 @@ func New(cfg Config, nc *nats.Conn, clk clock.Clock, log hclog.Logger) (*Server,
 	return s, nil
 }
 
-// Ready is nil once the inventory has been loaded (the process's /readyz).
+// Ready is nil once the watch of the inventory has started (the process's
+// /readyz): a replica serves while it catches up with the bucket, and its pages
+// say how far it is (loading) until it has.
 func (s *Server) Ready() error {
-	if _, ok := s.snapshot(); !ok {
-		return errors.New("inventory not loaded yet")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.watched {
+		return errors.New("inventory watch not started yet")
 	}
 	return nil
 }
@@ -220,14 +228,18 @@ func (s *Server) broadcast(it feedItem, keep bool) {
 // certificate.
 const inventoryTick = 250 * time.Millisecond
 
-// watch mirrors the bucket into memory, one record at a time, and tells the pages
-// when it changed.
+// watch mirrors the bucket into the index, one record at a time, and tells the
+// pages when it changed.
 func (s *Server) watch(ctx context.Context) error {
+	start := s.clk.Now()
 	w, err := s.keeper.Bucket().WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watch inventory: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	s.mu.Lock()
+	s.watched = true
+	s.mu.Unlock()
 	timer := s.clk.NewTimer(inventoryTick)
 	timer.Stop()
 	defer timer.Stop()
@@ -238,6 +250,9 @@ func (s *Server) watch(ctx context.Context) error {
 			return nil
 		case <-tick:
 			tick = nil
+			s.mu.Lock()
+			s.view.Flush() // merged here, so that a page rarely pays for it
+			s.mu.Unlock()
 			s.broadcast(feedItem{Kind: "inventory", Data: []byte("{}")}, false)
 		case e, ok := <-w.Updates():
 			if !ok {
@@ -246,21 +261,8 @@ func (s *Server) watch(ctx context.Context) error {
 				}
 				return errors.New("inventory watch closed")
 			}
-			s.mu.Lock()
-			switch {
-			case e == nil:
-				s.synced = true
-			case e.Operation() == jetstream.KeyValuePut:
-				if s.view.Put(e.Key(), e.Value()) && s.synced {
-					_, n := s.view.Len()
-					s.log.Warn("inventory record skipped", "count", n, "key", e.Key())
-				}
-			default:
-				s.view.Delete(e.Key())
-			}
-			synced := s.synced
-			s.mu.Unlock()
-			if synced && tick == nil {
+			s.apply(e, start)
+			if tick == nil {
 				timer.Reset(inventoryTick)
 				tick = timer.C()
 			}
@@ -268,13 +270,39 @@ func (s *Server) watch(ctx context.Context) error {
 	}
 }
 
-func (s *Server) snapshot() (inventory.Snapshot, bool) {
+// apply takes one update of the watch (nil: every record it started with is in).
+func (s *Server) apply(e jetstream.KeyValueEntry, start time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.synced {
-		return inventory.Snapshot{}, false
+	switch {
+	case e == nil:
+		s.synced, s.behind = true, 0
+		s.view.Flush()
+		n, skipped := s.view.Len()
+		s.log.Info("inventory loaded", "certificates", n, "skipped", skipped, "records", s.loaded, "took", s.clk.Now().Sub(start).Round(time.Millisecond))
+		return
+	case e.Operation() == jetstream.KeyValuePut:
+		if s.view.Put(e.Key(), e.Value()) && s.synced {
+			_, n := s.view.Len()
+			s.log.Warn("inventory record skipped", "count", n, "key", e.Key())
+		}
+	default:
+		s.view.Delete(e.Key())
 	}
-	return s.view.Snapshot(), true
+	if !s.synced {
+		s.loaded, s.behind = s.loaded+1, e.Delta()
+	}
+}
+
+// gauges is the index's figures for the fleet gauges (false before the watch).
+func (s *Server) gauges(f func(*fleetindex.Index)) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.watched && !s.synced {
+		return false
+	}
+	f(s.view)
+	return true
 }
 
 // Handler serves the page and its API (the process serves /metrics and health).
@@ -294,22 +322,30 @@ func (s *Server) Guard(next http.Handler) http.Handler {
 }
 
 // serveInventory is one page of the inventory as JSON: filtered, sorted and cut
-// on the server (query.go), with the whole inventory's counts. meshctl bench's
-// certificates are left out (and counted) unless ?bench=1.
+// by the index (query.go), with the whole inventory's counts. meshctl bench's
+// certificates are left out (and counted) unless ?bench=1. While the replica
+// catches up with the bucket, the page says how far it is ("loading").
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
-	q, err := parseQuery(r.URL.Query())
+	q, err := fleetindex.ParseQuery(r.URL.Query())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	snap, ok := s.snapshot()
-	if !ok {
+	now := s.clk.Now()
+	s.mu.Lock()
+	if !s.watched && !s.synced {
+		s.mu.Unlock()
 		http.Error(w, "inventory not loaded yet", http.StatusServiceUnavailable)
 		return
 	}
+	p := s.view.Page(q, now)
+	if !s.synced {
+		p.Loading = &inventory.Loading{Loaded: s.loaded, Remaining: s.behind}
+	}
+	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(answer(snap, q, s.clk.Now()))
+	_ = json.NewEncoder(w).Encode(p)
 }
 
 // pingEvery is how often an idle feed is pinged, so that proxies keep it open.

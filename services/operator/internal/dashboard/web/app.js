@@ -62,13 +62,18 @@ function render(before) {
   const soon = n.expire_within_1h || 0, expired = n.expired || 0;
   const roots = inv.trust?.roots || [];
   const chip = (v, label, cls = "") => `<span class="chip ${cls}"><b>${v}</b>${label}</span>`;
-  $("#summary").innerHTML = chip(n.certificates || 0, "certificates") + chip(n.pods || 0, "pods") +
+  // Every certificate the table lists, those of pods that said they stopped
+  // included (rows marked "down"), so that the count and the table agree.
+  $("#summary").innerHTML = chip((n.certificates || 0) + (n.down || 0), "certificates") +
+    (n.down ? chip(n.down, "of stopped pods", "muted") : "") + chip(n.pods || 0, "pods") +
     chip(soon, "expire within 1h", soon ? "warn" : "") + chip(expired, "expired", expired ? "bad" : "") +
     chip(roots.length, "roots") +
     chip(sum(n.last_hour?.issued), "issued in the last hour") + chip(sum(n.last_hour?.renewals), "renewals sent in the last hour") +
     chip(failures(n.last_hour), "failures in the last hour", failures(n.last_hour) ? "bad" : "") + (inv.trust ? chip(inv.trust.generation, "bundle generation") : "") +
     (inv.skipped?.length ? `<span class="chip bad" title="${esc(inv.skipped.map((k) => k.key + ": " + k.reason).join("\n"))}"><b>${inv.skipped.length}</b>malformed record(s) skipped</span>` : "") +
-    (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "");
+    (inv.bench_hidden ? chip(inv.bench_hidden, "meshctl bench certificates not shown", "muted") : "") +
+    // A replica that has just started serves while it reads the inventory.
+    (inv.loading ? chip(inv.loading.remaining, "records still loading: counts are partial", "warn") : "");
 
   const body = $("#certs tbody");
   body.innerHTML = certs.map((c) => {
