@@ -431,3 +431,20 @@ func sameKey(a, b crypto.PublicKey) bool {
 	e, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && e.Equal(b)
 }
+
+// CheckUnder is Check for a service whose trusted roots another part keeps (xds-relay
+// trusts what its sds-edge serves as ROOTCA): b must be of trustDomain ("" accepts
+// any) and carry an endorsement that verifies under trusted, or hold nothing but
+// trusted roots. There is no first use: with nothing trusted, nothing is accepted.
+// It returns b's roots.
+func CheckUnder(trustDomain string, trusted []*x509.Certificate, b Bundle) ([]*x509.Certificate, error) {
+	if len(trusted) == 0 {
+		return nil, fmt.Errorf("%w: no trusted roots to check it under", ErrRejected)
+	}
+	s := New(trustDomain, trusted, nil)
+	u, err := s.Check(b)
+	if err != nil {
+		return nil, err
+	}
+	return u.Roots, nil
+}
