@@ -448,3 +448,25 @@ func CheckUnder(trustDomain string, trusted []*x509.Certificate, b Bundle) ([]*x
 	}
 	return u.Roots, nil
 }
+
+// Restore trusts roots at generation gen as if a bundle had been applied, when none
+// has been yet: the bundle a service checked and kept before (its own store, written
+// only by it), so that a restart or a takeover is no first use again. A later bundle
+// is checked against these roots. It reports whether it restored them.
+func (s *Set) Restore(roots []*x509.Certificate, gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.boot || len(roots) == 0 {
+		return false
+	}
+	s.boot, s.gen = true, gen
+	for i := len(roots) - 1; i >= 0; i-- {
+		fp := pki.Fingerprint(roots[i])
+		if _, ok := s.roots[fp]; !ok {
+			s.roots[fp] = roots[i]
+			s.seq++
+			s.order[fp] = s.seq
+		}
+	}
+	return true
+}

@@ -53,6 +53,7 @@ func (r *Replica) term(ctx context.Context) error {
 	r.mu.Unlock()
 	// Records are checked against the bundle: learn it before reading them. A
 	// failure is no reason not to lead; the first record to need it asks again.
+	r.restoreBundle(ctx)
 	if err := r.refreshBundle(ctx, "leader term"); err != nil {
 		r.log.Warn("cannot fetch the trust bundle", "error", err)
 	}
