@@ -175,7 +175,7 @@ func (h *auditBreakin) floodPodEvents(t *testing.T) {
 	// 600 × 64 KiB (38 MiB) over eight kinds of its own, as a flood of every kind.
 	kinds := []string{events.PodEventUp, events.PodEventDown, events.PodEventSecretPushed, events.PodEventSDSNack,
 		events.PodEventXDSConnected, events.PodEventXDSNack, events.PodEventEnvoyReady, events.PodEventCertExpiring}
-	body := make([]byte, events.MaxEventSize)
+	body := make([]byte, events.MaxEventSize-1024) // the largest the stream stores, with its headers
 	for i := range 600 {
 		subj, _ := events.PodEventSubject(attackerRef, kinds[i%len(kinds)])
 		m := nats.NewMsg(subj)

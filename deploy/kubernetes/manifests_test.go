@@ -140,7 +140,9 @@ func TestNATSConfigIncludesBusAuthAndTLS(t *testing.T) {
 	}
 	conf := inv.configMaps["nats-config"].Data["nats.conf"]
 	for _, want := range []string{"include auth/nats-auth.conf", "jetstream", "cert_file: /etc/nats/tls/tls.crt", "verify: true",
-		"nats-0.nats.meshagent-system.svc:6222", "nats-2.nats.meshagent-system.svc:6222"} {
+		"nats-0.nats.meshagent-system.svc:6222", "nats-2.nats.meshagent-system.svc:6222",
+		// One client's flood stays out of the server's memory (docs/security.md).
+		"max_pending: 8MB", "max_buffered_size: 4MB", "max_buffered_msgs: 4096"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("nats.conf lacks %q", want)
 		}

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -233,8 +234,46 @@ func (l *Log) Replay(ctx context.Context, from, upto uint64, f Filter, fn func(E
 }
 
 func decode(m *nats.Msg, seq uint64) Entry {
+	return Decode(m, seq)
+}
+
+// ErrPodMismatch says that an event on a pod's subject names another pod.
+var ErrPodMismatch = errors.New("the payload names another pod than its subject")
+
+// Decode makes the entry of m (seq: its stream sequence, 0 live). A pod may
+// publish only on its own subjects, so the subject says which pod an event came
+// from: an event on a pod's subject whose payload names another pod (a pod.down
+// forged for a victim) is not that pod's event. Its entry keeps the subject and
+// carries ErrPodMismatch instead of the payload, as the rotator and the inventory
+// drop it: it is printed as the publisher's, never as the victim's.
+func Decode(m *nats.Msg, seq uint64) Entry {
 	p, meta, err := events.DecodeAny(m)
-	return Entry{Seq: seq, Subject: m.Subject, Meta: meta, Payload: p, Err: err}
+	e := Entry{Seq: seq, Subject: m.Subject, Meta: meta, Payload: p, Err: err}
+	if err != nil {
+		return e
+	}
+	from, ok := events.PodFromSubject(m.Subject)
+	if !ok {
+		return e
+	}
+	if named, has := payloadPod(p); has && named != from {
+		e.Payload, e.Err = nil, fmt.Errorf("%w: %s names %s", ErrPodMismatch, ShortType(meta.Type), named)
+	}
+	return e
+}
+
+// payloadPod is the pod a payload names in its Pod field, when it has one.
+func payloadPod(p events.Payload) (events.PodRef, bool) {
+	v := reflect.ValueOf(p)
+	if v.Kind() != reflect.Struct {
+		return events.PodRef{}, false
+	}
+	f := v.FieldByName("Pod")
+	if !f.IsValid() {
+		return events.PodRef{}, false
+	}
+	pod, ok := f.Interface().(events.PodRef)
+	return pod, ok
 }
 
 // Start says where a Read begins, for the reader to tell its user: in the CA's

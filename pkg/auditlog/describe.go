@@ -1,6 +1,7 @@
 package auditlog
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -15,6 +16,9 @@ func (e Entry) Line(now time.Time) string {
 	t := e.Meta.Time
 	if t.IsZero() {
 		t = now
+	}
+	if errors.Is(e.Err, ErrPodMismatch) {
+		return fmt.Sprintf("%s  %-22s dropped: published on %s, %v", t.Local().Format("15:04:05"), ShortType(e.Meta.Type), e.Subject, e.Err)
 	}
 	if e.Err != nil {
 		return fmt.Sprintf("%s  (undecodable event on %s: %v)", t.Local().Format("15:04:05"), e.Subject, e.Err)

@@ -12,8 +12,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ScanBatch is how many messages one batched direct get asks for.
-const ScanBatch = 256
+// ScanBatch is how many messages one batched direct get asks for, and
+// ScanBatchBytes how many bytes at most: the server sends a batch at once, and a
+// reader must not be sent more than nats-server lets wait for one client
+// (max_pending, pkg/bus/embedded.MaxPending), or it is cut off as a slow consumer
+// (256 pod events of 64 KiB are 16 MiB).
+const (
+	ScanBatch      = 256
+	ScanBatchBytes = 2 << 20
+)
 
 // Scan calls fn, in order, for every message of st on a subject matching filter
 // from sequence from up to sequence upto (0: to the end), with only read rights
@@ -57,10 +64,11 @@ func Scan(ctx context.Context, nc *nats.Conn, st jetstream.Stream, filter string
 // they come to one inbox, ended by a 204 (end of batch) or, with none, a 404.
 func directBatch(ctx context.Context, nc *nats.Conn, stream, filter string, seq uint64) ([]*jetstream.RawStreamMsg, error) {
 	req, err := json.Marshal(struct {
-		Seq     uint64 `json:"seq"`
-		Batch   int    `json:"batch"`
-		NextFor string `json:"next_by_subj"`
-	}{seq, ScanBatch, filter})
+		Seq      uint64 `json:"seq"`
+		Batch    int    `json:"batch"`
+		MaxBytes int    `json:"max_bytes"`
+		NextFor  string `json:"next_by_subj"`
+	}{seq, ScanBatch, ScanBatchBytes, filter})
 	if err != nil {
 		return nil, err
 	}

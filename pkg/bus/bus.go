@@ -4,7 +4,10 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -130,6 +133,11 @@ func (c Config) options(log hclog.Logger) ([]nats.Option, error) {
 			if s != nil {
 				subj = s.Subject
 			}
+			if LateReply(err) {
+				lateReplies.Add(1)
+				log.Info("late reply dropped by the server: its requester's response window had closed", "error", err)
+				return
+			}
 			log.Error("nats async error", "subject", subj, "error", err)
 		}),
 	}
@@ -148,6 +156,21 @@ func (c Config) options(log hclog.Logger) ([]nats.Option, error) {
 		opts = append(opts, presentCert(c.TLS.ClientCert, log))
 	}
 	return opts, nil
+}
+
+// lateReplies counts LateReply errors on every connection of the process.
+var lateReplies atomic.Uint64
+
+// LateReplies counts the replies the server refused because the requester's
+// response window (allow_responses) had closed: a responder that resumed from a
+// freeze answering requests their requesters gave up on. Expected, not an error.
+func LateReplies() uint64 { return lateReplies.Load() }
+
+// LateReply reports whether err is the server refusing a publish into an inbox
+// (_INBOX.): under allow_responses that is a reply sent after its window closed.
+// nats.go reports it only as ErrPermissionViolation with the server's text.
+func LateReply(err error) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `for Publish to "_INBOX.`)
 }
 
 // reconnectDelay is the wait before a connection's attempt-th reconnect pass

@@ -24,9 +24,10 @@ const (
 	DefaultPodEventsMaxAge            = 24 * time.Hour
 	DefaultPodEventsMaxBytes          = int64(256) << 20
 	DefaultPodEventsMaxMsgsPerSubject = 64
-	// DefaultPodEventsMaxMsgSize is the largest pod event the stream stores:
-	// the largest event (events.MaxEventSize) and its headers.
-	DefaultPodEventsMaxMsgSize = events.MaxEventSize + 4096
+	// DefaultPodEventsMaxMsgSize is the largest pod event the stream stores, its
+	// headers included: the readers' limit (events.MaxEventSize), so that nothing
+	// is stored that every reader refuses.
+	DefaultPodEventsMaxMsgSize = events.MaxEventSize
 )
 
 // Retention bounds the event history. Zero values take the defaults; MaxBytes < 0

@@ -35,9 +35,9 @@ func TestPodFloodKeepsCAHistoryAndOtherPods(t *testing.T) {
 	}
 	podEvent := func(pod string) {
 		subj, _ := events.PodEventSubject(ref(pod), events.PodEventUp)
-		// As large as a pod event may be.
+		// As large as a pod event may be, its headers included.
 		n++
-		if err := Publish(ctx, js, rawEvent(subj, fmt.Sprint(pod, n), events.MaxEventSize)); err != nil {
+		if err := Publish(ctx, js, rawEvent(subj, fmt.Sprint(pod, n), events.MaxEventSize-1024)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -78,6 +78,11 @@ func TestPodFloodKeepsCAHistoryAndOtherPods(t *testing.T) {
 	big := rawEvent(subj, "big", DefaultPodEventsMaxMsgSize+1)
 	if _, err := js.PublishMsg(ctx, big); err == nil {
 		t.Fatal("oversize pod event stored")
+	}
+	// Nor one the readers would refuse (a body over events.MaxEventSize, 65,536:
+	// the break-in's 68 KB bodies were stored, and every reader refused them).
+	if _, err := js.PublishMsg(ctx, rawEvent(subj, "over-the-readers", events.MaxEventSize+1)); err == nil {
+		t.Fatal("a pod event the readers refuse was stored")
 	}
 	if again, err := pods.Info(ctx, jetstream.WithSubjectFilter(events.PodEventsWildcard)); err != nil || again.State.LastSeq != info.State.LastSeq {
 		t.Fatalf("oversize pod event changed the stream: %v", err)

@@ -431,3 +431,42 @@ func sameKey(a, b crypto.PublicKey) bool {
 	e, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && e.Equal(b)
 }
+
+// CheckUnder is Check for a service whose trusted roots another part keeps (xds-relay
+// trusts what its sds-edge serves as ROOTCA): b must be of trustDomain ("" accepts
+// any) and carry an endorsement that verifies under trusted, or hold nothing but
+// trusted roots. There is no first use: with nothing trusted, nothing is accepted.
+// It returns b's roots.
+func CheckUnder(trustDomain string, trusted []*x509.Certificate, b Bundle) ([]*x509.Certificate, error) {
+	if len(trusted) == 0 {
+		return nil, fmt.Errorf("%w: no trusted roots to check it under", ErrRejected)
+	}
+	s := New(trustDomain, trusted, nil)
+	u, err := s.Check(b)
+	if err != nil {
+		return nil, err
+	}
+	return u.Roots, nil
+}
+
+// Restore trusts roots at generation gen as if a bundle had been applied, when none
+// has been yet: the bundle a service checked and kept before (its own store, written
+// only by it), so that a restart or a takeover is no first use again. A later bundle
+// is checked against these roots. It reports whether it restored them.
+func (s *Set) Restore(roots []*x509.Certificate, gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.boot || len(roots) == 0 {
+		return false
+	}
+	s.boot, s.gen = true, gen
+	for i := len(roots) - 1; i >= 0; i-- {
+		fp := pki.Fingerprint(roots[i])
+		if _, ok := s.roots[fp]; !ok {
+			s.roots[fp] = roots[i]
+			s.seq++
+			s.order[fp] = s.seq
+		}
+	}
+	return true
+}

@@ -70,6 +70,14 @@ type Leaf struct {
 	RemoteTLS *tls.Config
 }
 
+// nats-server limits on what waits in its memory (see Start); the same in the
+// fleet's configuration (deploy/).
+const (
+	StreamMaxBufferedSize = 4 << 20
+	StreamMaxBufferedMsgs = 4_096
+	MaxPending            = 8 << 20
+)
+
 // EmbeddedAuthTimeout is the embedded server's auth timeout: from the end of a
 // client's TLS handshake (its accept, in plaintext) to its CONNECT, and for the
 // auth callout's answer. Longer than a file-configured server's
@@ -150,6 +158,15 @@ func options(c Config) (*server.Options, error) {
 	// which nats-server v2.15 does not apply in server-configuration mode; the
 	// streams' MaxMsgSize bounds what is kept (docs/security.md).
 	opts.MaxPayload = 1 << 20
+	// One client's flood must not become the server's memory (issue 37: a pod's
+	// event flood took the process hosting the server from 43 to 778 MiB). Each
+	// stream queues what it has not stored yet up to StreamMaxBuffered* (128 MiB and
+	// 100,000 messages by default; beyond, the publish is refused), and a client's
+	// outbound data waits up to MaxPending (64 MiB by default; beyond, it is a slow
+	// consumer and is disconnected). deploy/ sets the same.
+	opts.StreamMaxBufferedSize = StreamMaxBufferedSize
+	opts.StreamMaxBufferedMsgs = StreamMaxBufferedMsgs
+	opts.MaxPending = MaxPending
 	// A new client's first PING comes only after the ping interval, not 2 s after
 	// its CONNECT: a client admitted by a slow auth callout (a storm) must get its
 	// PONG before any PING, or nats.go fails the connect the callout admitted

@@ -1,12 +1,15 @@
 package sdsedge_test
 
 import (
+	"crypto"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/config"
 	"github.com/meshagent/meshagent/tests/testkit"
@@ -144,5 +147,48 @@ func TestRestartedPodServesOutputCertsWhenNothingIsKept(t *testing.T) {
 	q := v.startPod(podOpt{root: root, args: args})
 	if got := leafOf(t, q.fetch(t, "default")["default"]); pki.SerialHex(got) != pki.SerialHex(first) {
 		t.Fatalf("after the restart the pod served %s, not %s from OUTPUT_CERTS", pki.SerialHex(got), pki.SerialHex(first))
+	}
+}
+
+// TestRestartedPodWritesOutputCertsWhole: after a restart sds-edge served its kept
+// certificate and wrote OUTPUT_CERTS with an empty root-cert.pem until its first
+// renewal (hours with Istio's 24 h certificates): the roots it trusted before the
+// restart are written with the key and chain, one set, whose key is the chain's.
+func TestRestartedPodWritesOutputCertsWhole(t *testing.T) {
+	v := newEnv(t)
+	args := []string{"-output-certs", "etc/certs"}
+	p := v.startPod(podOpt{args: args})
+	root := p.cfg.Pod.RootDir
+	testkit.Eventually(t, "ready", func() bool { return p.e.Ready() == nil })
+	first := leafOf(t, p.fetch(t, "default")["default"])
+	dir := filepath.Join(root, "etc/certs")
+	read := func(name string) []byte { b, _ := os.ReadFile(filepath.Join(dir, name)); return b }
+	testkit.Eventually(t, "OUTPUT_CERTS written", func() bool { return len(read(certdir.RootFile)) > 0 })
+	roots := read(certdir.RootFile)
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	q := v.startPod(podOpt{root: root, args: args})
+	if got := leafOf(t, q.fetch(t, "default")["default"]); pki.SerialHex(got) != pki.SerialHex(first) {
+		t.Fatalf("after the restart the pod served %s, not its kept %s", pki.SerialHex(got), pki.SerialHex(first))
+	}
+	// The restored certificate's files are written just after it is served: watch
+	// the directory for a while.
+	if testkit.Poll(time.Second, func() bool { return len(read(certdir.RootFile)) == 0 }) {
+		t.Fatal("root-cert.pem written empty after the restart")
+	}
+	if got := read(certdir.RootFile); !slices.Equal(fingerprints(t, got), fingerprints(t, roots)) {
+		t.Fatalf("root-cert.pem after the restart holds %q, want the roots trusted before", got)
+	}
+	key, err := pki.ParseKeyPEM(read(certdir.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := pki.ParseCertsPEM(read(certdir.ChainFile))
+	if err != nil || len(chain) == 0 {
+		t.Fatalf("cert-chain.pem: %v", err)
+	}
+	if !key.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(chain[0].PublicKey) {
+		t.Fatal("key.pem is not cert-chain.pem's key")
 	}
 }

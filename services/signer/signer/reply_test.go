@@ -2,6 +2,7 @@ package signer
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +11,10 @@ import (
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/nats-io/nats.go"
 )
 
 // TestRepliesGoOnlyToInboxes: a request's reply subject is the requester's choice,
@@ -83,5 +86,80 @@ func TestRepliesGoOnlyToInboxes(t *testing.T) {
 	}
 	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}); rep.Error != nil {
 		t.Fatalf("a request with an inbox: %v", rep.Error)
+	}
+}
+
+// TestRepliesGoOnlyToTheRequestersInbox: nats-server checks the subject a client
+// publishes on, not the reply subject it names, so a pod's request on its own sign
+// subject could name another pod's inbox, and the signer published its answer
+// there. A pod sign subject (pod, identity, to a replica by name) is answered only
+// in that pod's inbox, SubjectSignAny and SubjectRootRotate (the admin's) in no
+// pod's; the others are counted, logged below error, and nothing reaches the
+// victim. The attacker's own inbox still gets its answer (the positive control).
+func TestRepliesGoOnlyToTheRequestersInbox(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("signer-a")
+	logs := &testkit.Buffer{}
+	s := e.build(t, cfg, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}))
+	s.run(t)
+	testkit.Eventually(t, "signer ready", func() bool { return s.ready() == nil })
+	attacker, victim := shopPod("attacker"), shopPod("victim")
+	victimInbox := "_INBOX.pod.shop.victim.x"
+	seen, err := e.nc.SubscribeSync(victimInbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, csr := signertest.CSR(t, pki.ECP256, askedID)
+	req := events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}
+	podSubject, _ := events.PodSignSubject(attacker)
+	idSubject, _ := events.IdentitySignSubject(attacker, "web")
+	replicaSubject, _ := events.ReplicaSignSubject(natsapi.ReplicaName(cfg.Instance), podSubject)
+	attacks := []string{podSubject, idSubject, replicaSubject, events.SubjectSignAny}
+	for _, subject := range attacks {
+		m, err := events.NewSignRequestMsg(subject, events.EncodingCompact, "test", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Reply = victimInbox
+		if err := e.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rot, err := events.NewMsgOn(events.SubjectRootRotate, "test", events.RotateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot.Reply = victimInbox
+	if err := e.nc.PublishMsg(rot); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("meshagent_signer_nats_replies_refused_total %d", len(attacks)+1)
+	testkit.Eventually(t, "every misdirected request refused", func() bool {
+		return strings.Contains(s.metrics(t), want)
+	})
+	// The positive control: the attacker's own inbox is answered, on each form of
+	// its sign subject.
+	own, err := e.nc.SubscribeSync("_INBOX.pod.shop.attacker.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range attacks[:3] {
+		m, _ := events.NewSignRequestMsg(subject, events.EncodingCompact, "test", req)
+		m.Reply = "_INBOX.pod.shop.attacker." + nats.NewInbox()[len("_INBOX."):]
+		if err := e.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := own.NextMsg(10 * time.Second); err != nil {
+			t.Fatalf("no answer in the requester's own inbox on %s: %v", subject, err)
+		}
+	}
+	if _, err := seen.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("the signer answered into %s's inbox", victim)
+	}
+	if strings.Contains(logs.String(), "[ERROR]") {
+		t.Fatalf("a refused reply was logged as an error:\n%s", logs)
+	}
+	if n := count(t, e.js, events.SubjectTrustChanged); n != 0 {
+		t.Fatalf("a misdirected rotation request rotated the root: %d trust.changed", n)
 	}
 }

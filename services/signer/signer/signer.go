@@ -147,6 +147,10 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		fmt.Sprintf("NATS requests dropped unanswered because -workers x %d were already waiting (slow consumer); callers retry.", natsapi.PendingPerWorker), s.nats.Dropped)
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
+	counter("nats_late_replies_dropped_total",
+		"Replies nats-server refused because the requester's response window had closed (a replica resuming from a freeze); logged at info.", bus.LateReplies)
+	counter("nats_replies_refused_total",
+		"NATS requests left unanswered because their reply subject was no inbox, or another requester's inbox than the one the subject proves.", s.nats.RefusedReplies)
 	s.grpc = grpcapi.New(cfg.Listen.GRPC, s.iss, grpcapi.NewServingCerts(s.auth, cfg.Listen.DNSNames, cfg.Listen.IPs, d.Clock), d.Log.Named("grpc"))
 	if err := s.newFederation(d.Metrics, d.Clock); err != nil {
 		return nil, fmt.Errorf("federation: %w", err)

@@ -2,9 +2,12 @@ package signer
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"slices"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
@@ -21,6 +24,7 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 	if cfg.CA.Dir != "" {
 		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, s.announceTrust, s.log.Named("ca"), clk)
 		p.ForceRootChange = cfg.CA.ForceRootChange
+		p.Keeper = &keptRoots{js: s.js, bucket: cfg.CA.KVBucket, replicas: cfg.CA.KVReplicas, clk: clk, log: s.log.Named("ca")}
 		counter("ca_reload_rejected_total",
 			"Reloads of the cacerts directory refused because the new material was invalid, or would strand the fleet (a CA chaining to no root trusted now).", p.Rejected)
 		s.source = p
@@ -98,4 +102,57 @@ func (s *Signer) announcedAlready(ctx context.Context, tc events.TrustChanged) b
 		}
 	}
 	return false
+}
+
+// keptRoots keeps the roots of the plugged-in material installed last in the CA
+// bucket (key pluggedRootsKey), which only the signers read and write: a restart
+// checks the cacerts directory against them.
+type keptRoots struct {
+	js       jetstream.JetStream
+	bucket   string
+	replicas int
+	clk      clock.Clock
+	log      hclog.Logger
+}
+
+const pluggedRootsKey = "plugged-roots"
+
+var _ ca.Keeper = (*keptRoots)(nil)
+
+func (k *keptRoots) kv(ctx context.Context) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := bus.Retry(ctx, k.clk, k.log, "ca bucket "+k.bucket, func(ctx context.Context) error {
+		var err error
+		kv, err = k.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: k.bucket,
+			Description: "meshagent CA: the roots of the plugged-in material installed last",
+			History:     1, Replicas: max(1, k.replicas), Storage: jetstream.FileStorage})
+		return err
+	})
+	return kv, err
+}
+
+// Kept reads the kept roots; nil when none were kept.
+func (k *keptRoots) Kept(ctx context.Context) ([]*x509.Certificate, error) {
+	kv, err := k.kv(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, pluggedRootsKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pki.ParseCertsPEM(e.Value())
+}
+
+// Keep writes roots as the kept ones.
+func (k *keptRoots) Keep(ctx context.Context, roots []*x509.Certificate) error {
+	kv, err := k.kv(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = kv.Put(ctx, pluggedRootsKey, pki.EncodeCertsPEM(roots))
+	return err
 }

@@ -72,9 +72,14 @@ func (s *Signer) start(ctx context.Context, keysLoaded, caLoaded chan<- struct{}
 	if err := s.loadCA(ctx); err != nil {
 		return s.startupFailed(ctx, err)
 	}
-	mat := s.auth.Current()
-	s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
-		"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
+	if mat := s.auth.Current(); mat != nil {
+		s.log.Info("signer started", "instance", s.cfg.Instance, "trust_domain", s.cfg.TrustDomain,
+			"root", mat.RootFingerprint(), "generation", mat.Generation, "mode", s.mode())
+	} else {
+		// A plugged-in directory refused at start-up: the source installs it once
+		// it holds material the fleet trusts; until then requests are unavailable.
+		s.log.Warn("signer started without CA material", "instance", s.cfg.Instance, "mode", s.mode())
+	}
 	close(caLoaded)
 	return nil
 }

@@ -62,10 +62,11 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	var (
 		mat     upstream.Material
 		changes tlsrefresh.Changes
+		trusted tlsrefresh.Trusted
 	)
 	if cfg.NeedsSDS() {
 		x.sds = sdsclient.WatchUnix(cfg.SDSSocket, "xds-relay~"+cfg.Pod.ID, d.Log.Named("sds"))
-		mat, changes = x.sds, x.sds
+		mat, changes, trusted = x.sds, x.sds, x.sds
 	}
 	x.dialer, err = upstream.New(upstream.Config{Address: cfg.Upstream.Address, Mode: cfg.Upstream.Mode,
 		RootCAFile: cfg.Upstream.RootCA, ServerName: cfg.Upstream.ServerName, TokenFile: cfg.Upstream.TokenFile,
@@ -103,7 +104,7 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	x.tls = tlsrefresh.New(d.Bus, x.dialer, changes, d.Log.Named("trust"))
+	x.tls = tlsrefresh.New(d.Bus, x.dialer, changes, trusted, d.Log.Named("trust"))
 	d.Health.AddReadyCheck("xds-socket", x.relay.Ready)
 	d.Health.AddReadyCheck("upstream", x.reach.Ready)
 	if x.dns != nil {

@@ -166,9 +166,8 @@ func printSummary(w io.Writer, s *stackfile.Stack, took time.Duration, dns map[s
 func printer(out func(string)) nats.MsgHandler {
 	var benchSaid atomic.Bool
 	return func(m *nats.Msg) {
-		p, meta, err := events.DecodeAny(m)
-		e := auditlog.Entry{Subject: m.Subject, Meta: meta, Payload: p, Err: err}
-		if err == nil && e.Bench() {
+		e := auditlog.Decode(m, 0)
+		if e.Err == nil && e.Bench() {
 			if !benchSaid.Swap(true) {
 				out(fmt.Sprintf("meshctl: events of namespace %s (meshctl bench) are not printed here; meshctl events shows them", events.BenchNamespace))
 			}

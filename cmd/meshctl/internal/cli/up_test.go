@@ -34,3 +34,25 @@ func TestUpPrintLeavesBenchOut(t *testing.T) {
 		t.Fatalf("printed %q", lines)
 	}
 }
+
+// TestUpPrintForgedPodDownIsNotTheVictims: a pod.down a pod publishes on its own
+// subject naming another pod is not printed as the victim going down (the rotator
+// and the inventory drop it too); the publisher's own pod.down still is.
+func TestUpPrintForgedPodDownIsNotTheVictims(t *testing.T) {
+	var lines []string
+	h := printer(func(l string) { lines = append(lines, l) })
+	attacker := events.PodRef{Namespace: "attacker", Name: "demo-1"}
+	victim := events.PodRef{Namespace: "default", Name: "demo-1"}
+	subject, _ := events.PodEventSubject(attacker, events.PodEventDown)
+	for _, named := range []events.PodRef{victim, attacker} {
+		msg, err := events.NewMsg(subject, "sds-edge", events.PodDown{Pod: named, Reason: "stopping"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h(msg)
+	}
+	if len(lines) != 2 || strings.Contains(lines[0], "default/demo-1 down") || !strings.Contains(lines[0], subject) ||
+		!strings.Contains(lines[1], "attacker/demo-1 down") {
+		t.Fatalf("printed %q", lines)
+	}
+}

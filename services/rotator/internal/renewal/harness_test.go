@@ -34,7 +34,8 @@ type harness struct {
 
 	renewals *bustest.Recorder // renew-due as the rotator sent them
 
-	ca *testCA
+	ca         *testCA
+	realBundle *nats.Subscription // the real CA's bundle responder
 }
 
 func newHarness(t *testing.T) *harness {
@@ -48,7 +49,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	h.ca = newTestCA(t)
 	h.ca.root("root-a")
-	h.ca.serveBundle(t, h.nc)
+	h.realBundle = h.ca.serveBundle(t, h.nc)
 	h.renewals = bustest.Record(t, h.nc, events.PodRenewWildcard)
 	return h
 }

@@ -37,7 +37,7 @@ func newMetrics(r *Replica, reg prometheus.Registerer) (*metrics, error) {
 		certRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshagent_rotator_cert_rejected_total",
 			Help: "cert.issued records refused, by reason (no_chain, bad_chain, mismatch, untrusted)."}, []string{"reason"}),
 		trustBootstrap: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshagent_rotator_trust_bootstrap",
-			Help: "1 for how the first trust bundle was trusted: anchors or first-use."}, []string{"mode"}),
+			Help: "1 for how the first trust bundle was trusted: anchors, first-use, or kept (the bundle an earlier leader checked, from the schedule bucket)."}, []string{"mode"}),
 	}
 	for _, c := range []prometheus.Collector{m.events, m.sent, m.rateLimited, m.retries, m.expired,
 		m.sendErrors, m.conflicts, m.rebuildSeconds, m.rebuildChanges, m.certRejected, m.trustBootstrap, &scheduleCollector{r: r}} {

@@ -53,6 +53,7 @@ func (r *Replica) term(ctx context.Context) error {
 	r.mu.Unlock()
 	// Records are checked against the bundle: learn it before reading them. A
 	// failure is no reason not to lead; the first record to need it asks again.
+	r.restoreBundle(ctx)
 	if err := r.refreshBundle(ctx, "leader term"); err != nil {
 		r.log.Warn("cannot fetch the trust bundle", "error", err)
 	}
@@ -118,7 +119,10 @@ func (r *Replica) consumer(ctx context.Context, stream, what string, subjects ..
 // consume applies cons's messages until ctx ends; caughtUp is called whenever
 // nothing is left pending.
 func (r *Replica) consume(ctx context.Context, cons jetstream.Consumer, caughtUp func()) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	// At most 4 MiB buffered: the pods' stream holds events of up to 64 KiB, and the
+	// server cuts off a client it has to hold more than max_pending for (8 MiB,
+	// pkg/bus/embedded.MaxPending).
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(256, 4<<20))
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}

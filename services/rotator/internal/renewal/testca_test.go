@@ -96,7 +96,7 @@ func endorse(t testing.TB, gen uint64, roots []string, keys []crypto.Signer) []e
 }
 
 // serveBundle answers trust bundle requests on nc until the test ends.
-func (c *testCA) serveBundle(t *testing.T, nc *nats.Conn) {
+func (c *testCA) serveBundle(t *testing.T, nc *nats.Conn) *nats.Subscription {
 	sub, err := nc.Subscribe(events.SubjectTrustBundle, func(m *nats.Msg) {
 		roots, gen, ends := c.bundle(t)
 		out, _ := events.NewMsg(m.Reply, "test-ca", events.BundleReply{TrustDomain: testTD, Roots: roots, Generation: gen, Endorsements: ends})
@@ -106,6 +106,7 @@ func (c *testCA) serveBundle(t *testing.T, nc *nats.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return sub
 }
 
 // leafSpec is a leaf for spiffeID with serial (hex), valid from nb for life.

@@ -12,6 +12,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/trustbundle"
+	"github.com/meshagent/meshagent/services/rotator/internal/store"
 )
 
 // Reasons a cert.issued record is rejected (meshagent_rotator_cert_rejected_total).
@@ -107,8 +108,49 @@ func (r *Replica) refreshBundle(ctx context.Context, why string) error {
 		return nil
 	}
 	r.bootstrapped(u)
+	if changed {
+		r.keepBundle(ctx)
+	}
 	r.log.Debug("trust bundle refreshed", "why", why, "generation", reply.Generation, "changed", changed)
 	return nil
+}
+
+// restoreBundle trusts the bundle a leader kept in the schedule bucket (written
+// only by the rotator role, and only after it was checked), before asking for
+// one: a replica taking over checks the signers' bundle against it, rather than
+// trust the first bundle it hears. Without one (the fleet's first leader) the
+// first bundle is still taken from the anchors, or on first use.
+func (r *Replica) restoreBundle(ctx context.Context) {
+	if r.trust.Bootstrapped() {
+		return
+	}
+	b, ok, err := r.store.GetBundle(ctx)
+	if err != nil || !ok {
+		if err != nil {
+			r.log.Warn("cannot read the kept trust bundle", "error", err)
+		}
+		return
+	}
+	roots, err := pki.ParseCertPEMs(b.Roots)
+	if err != nil {
+		r.log.Warn("kept trust bundle unreadable", "error", err)
+		return
+	}
+	if r.trust.Restore(roots, b.Generation) {
+		r.bootOnce.Do(func() {
+			r.m.trustBootstrap.WithLabelValues("kept").Set(1)
+			r.log.Info("trusting the bundle kept by the previous leader", "generation", b.Generation, "roots", len(roots))
+		})
+	}
+}
+
+// keepBundle writes the trusted roots for the next leader; a failure is logged,
+// and the next change writes again.
+func (r *Replica) keepBundle(ctx context.Context) {
+	b := store.Bundle{Generation: r.trust.Generation(), Roots: pki.CertPEMs(r.trust.Roots())}
+	if err := r.store.PutBundle(ctx, b); err != nil {
+		r.log.Warn("cannot keep the trust bundle", "error", err)
+	}
 }
 
 // bootstrapped logs, once, how the first bundle came to be trusted.
@@ -147,6 +189,8 @@ func (r *Replica) checkTrustChanged(ctx context.Context, ev events.TrustChanged)
 	if err != nil {
 		return fmt.Errorf("%w: trust.changed: %w", errRejected, err)
 	}
-	r.trust.Apply(u)
+	if r.trust.Apply(u) {
+		r.keepBundle(ctx)
+	}
 	return nil
 }

@@ -34,6 +34,7 @@ const MaxKeyLen = 1024
 const (
 	entryPrefix = "e."
 	trustKey    = "trust"
+	bundleKey   = "trust-bundle" // not under entryPrefix: Follow skips it
 )
 
 // Store is the schedule's bucket.
@@ -170,6 +171,40 @@ func decodeRaw(key string, value []byte, rev uint64) (schedule.Record, error) {
 	}
 	r.Rev = rev
 	return r, nil
+}
+
+// Bundle is the trust bundle the rotator checked and trusts (roots as PEM), kept so
+// that the next leader trusts it, not the first bundle it hears.
+type Bundle struct {
+	Generation uint64   `json:"generation"`
+	Roots      []string `json:"roots"`
+}
+
+// PutBundle stores the trusted bundle.
+func (s *Store) PutBundle(ctx context.Context, b Bundle) error {
+	data, err := json.Marshal(b)
+	if err != nil {
+		return fmt.Errorf("encode trusted bundle: %w", err)
+	}
+	if _, err := s.kv.Put(ctx, bundleKey, data); err != nil {
+		return fmt.Errorf("write trusted bundle: %w", err)
+	}
+	return nil
+}
+
+// GetBundle reads the trusted bundle; ok is false when none was kept.
+func (s *Store) GetBundle(ctx context.Context) (b Bundle, ok bool, err error) {
+	e, err := s.kv.Get(ctx, bundleKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Bundle{}, false, nil
+	}
+	if err != nil {
+		return Bundle{}, false, fmt.Errorf("read trusted bundle: %w", err)
+	}
+	if err := json.Unmarshal(e.Value(), &b); err != nil {
+		return Bundle{}, false, fmt.Errorf("decode trusted bundle: %w", err)
+	}
+	return b, len(b.Roots) > 0, nil
 }
 
 // PutTrust stores the trust view.

@@ -110,15 +110,18 @@ type Manager struct {
 	// retryNow ends a retry wait early (RetryNow), with the reason.
 	retryNow chan string
 
-	mu       sync.Mutex
-	failures int   // signing attempts failed in a row
-	lastErr  error // the last failure's error
-	key      crypto.Signer
-	keyPEM   []byte
-	chain    []*x509.Certificate
-	chainPEM []string
-	trust    *trust
-	foreign  *trustbundle.Foreign // followed trust domains' roots (federated.go)
+	mu sync.Mutex
+	// publishing orders publish calls: the state each one takes and the files it
+	// writes go out in the same order (OUTPUT_CERTS never goes back to an older set).
+	publishing sync.Mutex
+	failures   int   // signing attempts failed in a row
+	lastErr    error // the last failure's error
+	key        crypto.Signer
+	keyPEM     []byte
+	chain      []*x509.Certificate
+	chainPEM   []string
+	trust      *trust
+	foreign    *trustbundle.Foreign // followed trust domains' roots (federated.go)
 
 	bootOnce sync.Once
 	woken    bool // the last wait was ended by RetryNow (only Run's goroutine uses it)

@@ -15,8 +15,13 @@ import (
 
 func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok }
 
-// publish stores `default` and/or `ROOTCA` and writes the files.
+// publish stores `default` and/or `ROOTCA` and writes the files (OUTPUT_CERTS) as
+// one set, one publish after the other. Before the first bundle the files' roots
+// are the ones the pod trusted before the restart (the anchors, which adopt serves
+// as ROOTCA too): root-cert.pem is never written empty.
 func (m *Manager) publish(cert, roots bool) {
+	m.publishing.Lock()
+	defer m.publishing.Unlock()
 	now := m.clock.Now()
 	m.mu.Lock()
 	rootsPEM := m.trust.pem(now)
@@ -33,8 +38,12 @@ func (m *Manager) publish(cert, roots bool) {
 		m.set(sdsclient.Secret{Name: secrets.Default, CertChain: chainPEM, PrivateKey: keyPEM})
 		m.keepCert(keyPEM, chainPEM)
 	}
-	if haveCert {
-		m.obs.Files(keyPEM, chainPEM, rootsPEM)
+	filesRoots := rootsPEM
+	if len(filesRoots) == 0 {
+		filesRoots = pki.EncodeCertsPEM(m.cfg.Anchors)
+	}
+	if haveCert && len(filesRoots) > 0 {
+		m.obs.Files(keyPEM, chainPEM, filesRoots)
 	}
 }
 

@@ -37,6 +37,7 @@ type Material struct {
 	phase        Phase               // of a rotation to a new key (self-signed only)
 	ownInter     []string            // intermediates under the signing key's own root (see withChain)
 	cross        *x509.Certificate   // the current key certified by the old root, while that root is in the bundle
+	servingCross *x509.Certificate   // the same after the old root left, until it expires: served only
 	given        []*x509.Certificate // the intermediates given (cert-chain.pem), whether in Chain or not
 }
 
@@ -44,11 +45,16 @@ type Material struct {
 // sends after it: the chain above a leaf without its root and, after phase 2 of a
 // rotation to a new key until the old root leaves the bundle, the cross-signed
 // certificate, so that a client still trusting only the old root (an Istio agent
-// restarted with the mounted root of before) verifies the CA's own endpoint.
+// restarted with the mounted root of before) verifies the CA's own endpoint — and
+// after the old root left the bundle, until the cross-signed certificate expires
+// (with the old root): a pod started then with a stale mounted root still reaches
+// the CA, and learns the new root from its reply.
 func (m *Material) ServingIntermediates() []*x509.Certificate {
 	out := append([]*x509.Certificate{}, m.Chain[:len(m.Chain)-1]...)
-	if m.cross != nil && !slices.ContainsFunc(out, m.cross.Equal) {
-		out = append(out, m.cross)
+	for _, c := range []*x509.Certificate{m.cross, m.servingCross} {
+		if c != nil && !slices.ContainsFunc(out, c.Equal) {
+			out = append(out, c)
+		}
 	}
 	return out
 }

@@ -101,6 +101,19 @@ type Plugged struct {
 	// ForceRootChange installs a reload whose CA does not chain to a root trusted
 	// now (see ErrFleetWouldRefuse); set before Run.
 	ForceRootChange bool
+	// Keeper keeps the roots of the material installed last across restarts, so that
+	// a start-up checks the directory against them as a reload does; nil: a
+	// start-up takes whatever the directory holds. Set before Start.
+	Keeper Keeper
+	// kept are the roots the fleet trusts as of the last installed material (from
+	// Keeper at Start), checked against while nothing is installed.
+	kept []*x509.Certificate
+}
+
+// Keeper keeps the roots of the plugged-in material installed last.
+type Keeper interface {
+	Kept(ctx context.Context) ([]*x509.Certificate, error) // nil: none kept
+	Keep(ctx context.Context, roots []*x509.Certificate) error
 }
 
 // ErrFleetWouldRefuse is a reload whose CA certificate does not chain to any root in
@@ -113,8 +126,13 @@ var ErrFleetWouldRefuse = errors.New("the new CA material would strand the fleet
 // cross certificate in cert-chain.pem), or the root stays and only the CA below it
 // changes. Then pods follow the change; otherwise they cannot.
 func continuous(cur, next *Material, now time.Time) error {
+	return continuousFrom(cur.Roots, next, now)
+}
+
+// continuousFrom is continuous from the roots trusted now.
+func continuousFrom(trusted []*x509.Certificate, next *Material, now time.Time) error {
 	roots, inter := x509.NewCertPool(), x509.NewCertPool()
-	for _, r := range cur.Roots {
+	for _, r := range trusted {
 		roots.AddCert(r)
 	}
 	for _, c := range append(next.Chain[1:], next.given...) {
@@ -124,7 +142,7 @@ func continuous(cur, next *Material, now time.Time) error {
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("%w: the CA certificate %q does not chain to any root trusted now (%d in the bundle): pods would refuse its bundle and its certificates; "+
 			"put the new root cross-signed by the current one in %s first (or keep the current root), or set -cacerts-force-root-change: %v",
-			ErrFleetWouldRefuse, next.Cert.Subject, len(cur.Roots), CertChainFile, err)
+			ErrFleetWouldRefuse, next.Cert.Subject, len(trusted), CertChainFile, err)
 	}
 	return nil
 }
@@ -139,19 +157,51 @@ func NewPlugged(dir string, delay time.Duration, trustDomain string, auth *Autho
 
 func (p *Plugged) now() time.Time { return p.clk.Now() }
 
-// Start loads the directory; invalid material is an error.
-func (p *Plugged) Start(context.Context) error {
+// Start loads the directory; invalid material is an error. Material that does not
+// chain to the roots kept from the last installed material (Keeper) is refused as
+// a reload would refuse it (unless ForceRootChange): nothing is installed, the
+// signer answers unavailable, and Run installs the directory once it holds
+// material the fleet trusts again (the files put back).
+func (p *Plugged) Start(ctx context.Context) error {
 	m, err := LoadDir(p.dir, p.now())
 	if err != nil {
 		return fmt.Errorf("load %s: %w", p.dir, err)
+	}
+	if p.Keeper != nil {
+		if p.kept, err = p.Keeper.Kept(ctx); err != nil {
+			return fmt.Errorf("load %s: kept roots: %w", p.dir, err)
+		}
+	}
+	if len(p.kept) > 0 {
+		if err := continuousFrom(p.kept, m, p.now()); err != nil {
+			if !p.ForceRootChange {
+				p.rejected.Add(1)
+				p.log.Error("cacerts refused at start-up: nothing installed until the directory holds material the fleet trusts", "dir", p.dir, "error", err)
+				return nil
+			}
+			p.log.Warn("cacerts installed at start-up although pods trusting the kept roots will refuse it (-cacerts-force-root-change)", "dir", p.dir, "error", err)
+		}
 	}
 	if err := m.endorse(p.trustDomain); err != nil {
 		return fmt.Errorf("load %s: endorse bundle: %w", p.dir, err)
 	}
 	p.auth.install(m, true)
+	p.keep(ctx, m)
 	p.ann.settle(m.Generation)
 	p.log.Info("ca material loaded", "dir", p.dir, "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "not_after", m.NotAfter())
 	return nil
+}
+
+// keep records m's roots as the ones the fleet trusts; a failure is logged (the
+// next install writes again).
+func (p *Plugged) keep(ctx context.Context, m *Material) {
+	if p.Keeper == nil {
+		return
+	}
+	p.kept = m.Roots
+	if err := p.Keeper.Keep(ctx, m.Roots); err != nil {
+		p.log.Warn("cannot keep the installed roots", "error", err)
+	}
 }
 
 // Rotate is not supported: the operator owns plugged-in material.
@@ -218,7 +268,7 @@ func (p *Plugged) Run(ctx context.Context) error {
 // Reload reads the directory again. Invalid material is logged and ignored; a change
 // is installed and queued for announcement with trust.changed (Run publishes it).
 // It reports whether it installed.
-func (p *Plugged) Reload(context.Context) bool {
+func (p *Plugged) Reload(ctx context.Context) bool {
 	m, err := LoadDir(p.dir, p.now())
 	if err != nil {
 		p.rejected.Add(1)
@@ -229,8 +279,12 @@ func (p *Plugged) Reload(context.Context) bool {
 	if old != nil && sameMaterial(old, m) {
 		return false
 	}
+	trusted := p.kept
 	if old != nil {
-		if err := continuous(old, m, p.now()); err != nil {
+		trusted = old.Roots
+	}
+	if len(trusted) > 0 {
+		if err := continuousFrom(trusted, m, p.now()); err != nil {
 			if !p.ForceRootChange {
 				p.rejected.Add(1)
 				p.log.Error("cacerts reload refused, keeping the current material", "dir", p.dir, "error", err)
@@ -248,6 +302,7 @@ func (p *Plugged) Reload(context.Context) bool {
 		return false
 	}
 	p.auth.install(m, true)
+	p.keep(ctx, m)
 	added, removed := diff(old, m)
 	p.log.Info("ca material reloaded", "ca", m.Cert.Subject.String(), "root", m.RootFingerprint(), "added", len(added), "removed", len(removed))
 	p.ann.observe(events.TrustChanged{TrustDomain: p.trustDomain, Roots: m.RootPEMs(), Added: added, Removed: removed,

@@ -35,6 +35,10 @@ type stored struct {
 	// Cross is Roots[0]'s key certified by Roots[1] (a rotation to a new key), while
 	// Roots[1] is in the bundle: the intermediate of phases 1 and 2 (see Phase).
 	Cross string `json:"cross,omitempty"`
+	// ServingCross is the cross-signed certificate of the last rotation after its
+	// parent root left the bundle: the CA's gRPC serving chain carries it until it
+	// expires, for clients whose mounted root is still the retired one.
+	ServingCross string `json:"serving_cross,omitempty"`
 	// Whether the lifetimes of the current key's leaves (and the previous key's) are
 	// counted from its first leaf (see Lives): a key made by this version.
 	KeyTracked bool `json:"key_tracked,omitempty"`
@@ -51,6 +55,7 @@ type record struct {
 	roots                  []*x509.Certificate // newest first
 	keys                   []crypto.Signer     // keys[0] is roots[0]'s
 	cross                  *x509.Certificate   // roots[0]'s key certified by the root before that key (see keyStart); nil when settled
+	servingCross           *x509.Certificate   // cross after its parent root left: served, never in a sign reply
 	keyTracked, oldTracked bool                // see stored
 	reason                 string
 	added                  []string
@@ -79,6 +84,12 @@ func (s *SelfSigned) open(data []byte) (record, error) {
 		}
 		rec.cross = cs[0]
 	}
+	if st.ServingCross != "" {
+		// Only while it certifies the current key: a later rotation supersedes it.
+		if cs, err := pki.ParseCertPEMs([]string{st.ServingCross}); err == nil && sameKey(cs[0], roots[0]) {
+			rec.servingCross = cs[0]
+		}
+	}
 	if len(st.Keys) == 0 {
 		return record{}, fmt.Errorf("%w: the stored root has no key", ErrInvalidMaterial)
 	}
@@ -99,6 +110,9 @@ func (s *SelfSigned) seal(rec record) ([]byte, error) {
 		KeyTracked: rec.keyTracked, OldTracked: rec.oldTracked}
 	if rec.cross != nil {
 		st.Cross = string(pki.EncodeCertPEM(rec.cross))
+	}
+	if rec.servingCross != nil {
+		st.ServingCross = string(pki.EncodeCertPEM(rec.servingCross))
 	}
 	for _, k := range rec.keys {
 		sk, err := s.cfg.KEK.seal(s.cfg.TrustDomain, k)
@@ -128,6 +142,9 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 		return nil, err
 	}
 	m.cross = rec.cross
+	if sc := rec.servingCross; sc != nil && s.now().Before(sc.NotAfter) {
+		m.servingCross = sc
+	}
 	if err := m.endorse(s.cfg.TrustDomain, rec.keys[1:]...); err != nil {
 		return nil, fmt.Errorf("endorse bundle: %w", err)
 	}
@@ -199,7 +216,11 @@ func (s *SelfSigned) pruned(rec record, now time.Time) (record, string) {
 	}
 	next.keys = keysOf(rec.keys, next.roots)
 	if next.cross != nil && crossParent(next.roots, next.cross) == nil {
-		next.cross = nil // it certifies the current key under a root that left
+		// It certifies the current key under a root that left: no sign reply carries
+		// it again, but the CA's serving chain does until it expires (with the old
+		// root), so that a client whose mounted root is still the old one reaches the
+		// CA and learns the new root from its reply (docs/rotation.md).
+		next.servingCross, next.cross = next.cross, nil
 	}
 	return next, reason
 }
@@ -290,6 +311,7 @@ func (s *SelfSigned) rotated(rec record, newKey, forced bool) (record, string, e
 		if next.cross, err = crossSign(root, rec.roots[0], rec.keys[0], now); err != nil {
 			return rec, "", err
 		}
+		next.servingCross = nil // it certifies the key this rotation replaces
 		// The new key's leaves are counted from its first; the old key's longest
 		// sets phase 1 (unknown, so -max-ttl, when it was not counted from its first).
 		next.keyTracked, next.oldTracked = true, rec.keyTracked

@@ -167,6 +167,7 @@ func TestPhaseChainsHandshakeInEveryTLSStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	rotAt := fake.Now()
+	var oldRoot *x509.Certificate // the root before the rotation, also once retired
 	checkpoints := []struct {
 		label string
 		at    time.Duration
@@ -196,8 +197,10 @@ func TestPhaseChainsHandshakeInEveryTLSStack(t *testing.T) {
 		}
 		renew(cp.label)
 		// The CA's own gRPC endpoint: a client trusting only the old root (an Istio
-		// agent restarted with the root mounted before the rotation) reaches it
-		// until the old root leaves the bundle.
+		// agent restarted with the root mounted before the rotation, or a pod started
+		// with a stale mounted root after the old root left the bundle) reaches it
+		// for as long as the old root is valid (issue 37: after retirement such a pod
+		// retried for ever on "certificate signed by unknown authority").
 		skey, err := pki.GenerateKey(pki.ECP256)
 		if err != nil {
 			t.Fatal(err)
@@ -209,7 +212,10 @@ func TestPhaseChainsHandshakeInEveryTLSStack(t *testing.T) {
 		serving := append([]*x509.Certificate{sleaf}, m.ServingIntermediates()...)
 		trusts := map[string][]*x509.Certificate{"new root": {m.Roots[0]}, "the bundle": m.Roots}
 		if len(m.Roots) > 1 {
-			trusts["old root"] = m.Roots[len(m.Roots)-1:]
+			oldRoot = m.Roots[len(m.Roots)-1]
+		}
+		if oldRoot != nil && !oldRoot.Equal(m.Roots[0]) {
+			trusts["old root"] = []*x509.Certificate{oldRoot}
 		}
 		for tname, trust := range trusts {
 			for _, stack := range stacks {

@@ -87,7 +87,14 @@ type API struct {
 	federation atomic.Pointer[FederationStatusFunc]
 	// slow counts slow-consumer errors on our subscriptions (one per episode).
 	slow atomic.Uint64
+	// refused counts requests left unanswered because their reply subject was not
+	// their requester's inbox.
+	refused atomic.Uint64
 }
+
+// RefusedReplies counts requests left unanswered because their reply subject was
+// no inbox, or the inbox of another requester than the one the subject proves.
+func (a *API) RefusedReplies() uint64 { return a.refused.Load() }
 
 // SlowConsumerEvents counts the slow-consumer errors NATS reported for the API's
 // subscriptions (one per episode of drops, however many it dropped).
@@ -170,7 +177,13 @@ func (a *API) Run(ctx context.Context) error {
 // is a requester's inbox.
 func (a *API) serve(base context.Context, h func(context.Context, *nats.Msg), m *nats.Msg) {
 	if !replyAllowed(m.Reply) {
+		a.refused.Add(1)
 		a.log.Warn("request dropped: its reply subject is no requester's inbox", "subject", m.Subject, "reply", m.Reply)
+		return
+	}
+	if !replyToRequester(m.Subject, m.Reply) {
+		a.refused.Add(1)
+		a.log.Warn("request dropped: its reply subject is another requester's inbox", "subject", m.Subject, "reply", m.Reply)
 		return
 	}
 	rctx, cancel := context.WithTimeout(base, requestTimeout)
@@ -262,8 +275,10 @@ func (a *API) subscribe(base context.Context, signs chan *nats.Msg) ([]string, e
 		return nil, err
 	}
 	if err := a.subscribed(a.nc.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
-		if replyAllowed(m.Reply) && m.Reply != "" {
+		if replyAllowed(m.Reply) && replyToRequester(m.Subject, m.Reply) && m.Reply != "" {
 			a.respond(m, events.SignerPong{Replica: replica})
+		} else if m.Reply != "" {
+			a.refused.Add(1)
 		}
 	})); err != nil {
 		return nil, err
@@ -311,6 +326,40 @@ var (
 func replyAllowed(reply string) bool {
 	return reply == "" || strings.HasPrefix(reply, inboxes) && !strings.HasPrefix(reply, ownInbox)
 }
+
+// replyToRequester reports whether reply, an inbox, is one the requester of a
+// request on subject may hold. A role's inbox (_INBOX.<role>., a pod's
+// _INBOX.pod.<ns>.<name>., pkg/bus/policy) is only its own role's: nats-server
+// checks what a client publishes, not the reply subject it names, so a pod could
+// otherwise have the signer publish into another pod's inbox. A pod sign subject
+// (any of its forms) proves the pod, and only that pod's inbox is answered; only
+// the admin asks on SubjectSignAny and SubjectRootRotate, never a pod. The bundle
+// and the ping are asked by every role on one subject that proves nobody: their
+// answer is public. An inbox under no role (_INBOX.<nuid>, an unsecured bus's
+// default) is no one's on a secured bus, where no role may subscribe to it.
+func replyToRequester(subject, reply string) bool {
+	if reply == "" || !strings.HasPrefix(reply, podInboxes) {
+		return true
+	}
+	if sign, _, ok := events.SignSubjectOfReplica(subject); ok {
+		subject = sign
+	}
+	pod, ok := events.PodFromSubject(subject)
+	if !ok {
+		pod, _, ok = events.IdentityFromSignSubject(subject)
+	}
+	switch {
+	case ok:
+		return strings.HasPrefix(reply, policy.Inbox(policy.Pod, pod)+".")
+	case subject == events.SubjectSignAny, subject == events.SubjectRootRotate:
+		return false
+	default:
+		return true
+	}
+}
+
+// podInboxes is the prefix of every pod's inbox.
+var podInboxes = "_INBOX." + string(policy.Pod) + "."
 
 func (a *API) respond(req *nats.Msg, p events.Payload) {
 	if req.Reply == "" {

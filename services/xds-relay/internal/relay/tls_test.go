@@ -22,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/meshagent/meshagent/tests/sdstest"
@@ -121,7 +122,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 
 	env := startRelay(t, upstream.Config{Address: up.addr, Mode: upstream.MTLS, ServerName: "xds.test"}, w)
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = tlsrefresh.New(env.nc, env.dialer, w, testLog(t)).Run(ctx) }()
+	go func() { defer wg.Done(); _ = tlsrefresh.New(env.nc, env.dialer, w, w, testLog(t)).Run(ctx) }()
 	client := ads(t, env.socket)
 	open := func() (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse, error) {
 		st, err := client.StreamAggregatedResources(ctx)
@@ -129,7 +130,7 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node("n1"), TypeUrl: resource.ClusterType}); err != nil {
-			t.Fatal(err)
+			return st, nil, err
 		}
 		r, err := st.Recv()
 		return st, r, err
@@ -149,13 +150,20 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 
 	// The upstream moves to a certificate from a new root. Streams share the
 	// connection, so only a rebuild makes the relay handshake again: a reload
-	// without the new root (generation 2) fails new streams, the rotation that
-	// brings it (generation 3) lets them through.
+	// without the new root (generation 2) fails new streams; a bundle bringing the
+	// new root that no trusted root endorsed (generation 3: unendorsed, or endorsed
+	// by the new root's own key) is refused and changes nothing; the rotation that
+	// brings it endorsed by the trusted root (generation 4) lets them through.
 	c2 := ca2.Issue(t, testkit.Spec{DNS: []string{"xds.test"}}).TLS()
 	serverCert.Store(&c2)
-	publishTrust := func(gen uint64, roots ...*x509.Certificate) {
-		msg, err := events.NewMsg(events.SubjectTrustChanged, "signer", events.TrustChanged{TrustDomain: "cluster.local",
-			Roots: pki.CertPEMs(roots), Reason: events.TrustReasonRotation, Generation: gen})
+	publishTrust := func(gen uint64, by []crypto.Signer, roots ...*x509.Certificate) {
+		ev := events.TrustChanged{TrustDomain: "cluster.local", Roots: pki.CertPEMs(roots),
+			Reason: events.TrustReasonRotation, Generation: gen}
+		var err error
+		if ev.Endorsements, err = trustbundle.Endorse(ev.TrustDomain, gen, ev.Roots, by...); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := events.NewMsg(events.SubjectTrustChanged, "signer", ev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,12 +171,17 @@ func TestMTLSUpstreamWithSDSCertAndTrustChange(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	publishTrust(2, ca1.Cert)
+	publishTrust(2, []crypto.Signer{ca1.Key}, ca1.Cert)
 	testkit.Eventually(t, "new stream rejects the untrusted upstream", func() bool {
 		_, _, err := open()
 		return status.Code(err) == codes.Unavailable
 	})
-	publishTrust(3, ca2.Cert)
+	publishTrust(3, nil, ca2.Cert, ca1.Cert)
+	publishTrust(3, []crypto.Signer{ca2.Key}, ca2.Cert, ca1.Cert)
+	if testkit.Poll(time.Second, func() bool { _, _, err := open(); return err == nil }) {
+		t.Fatal("the relay trusted a root from a trust.changed no trusted root endorsed")
+	}
+	publishTrust(4, []crypto.Signer{ca1.Key}, ca2.Cert, ca1.Cert)
 	testkit.Eventually(t, "new stream trusts the new root", func() bool {
 		_, r, err := open()
 		return err == nil && r.GetVersionInfo() == "v1"

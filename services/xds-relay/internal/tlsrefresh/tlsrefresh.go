@@ -1,6 +1,7 @@
 // Package tlsrefresh keeps the relay's upstream TLS configuration current: it has
-// the dialer rebuild it on trust.changed from the bus and whenever sds-edge pushes
-// a new ROOTCA or workload certificate.
+// the dialer rebuild it on trust.changed from the bus, when an endorsement of the
+// bundle verifies under a root the pod trusts (pkg/trustbundle's check, as sds-edge
+// makes it), and whenever sds-edge pushes a new ROOTCA or workload certificate.
 package tlsrefresh
 
 import (
@@ -11,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/nats-io/nats.go"
 )
 
@@ -25,17 +27,27 @@ type Changes interface {
 	Changed() <-chan struct{}
 }
 
-// Refresher has the dialer rebuild its TLS configuration on every change.
-type Refresher struct {
-	nc  *nats.Conn
-	r   Rebuilder
-	sds Changes // nil: no sds-edge material
-	log hclog.Logger
+// Trusted is what the pod trusts now: sds-edge's ROOTCA (sdsclient.Watcher
+// implements it).
+type Trusted interface {
+	RootsPEM() ([]byte, error)
 }
 
-// New returns a Refresher; it subscribes in Run.
-func New(nc *nats.Conn, r Rebuilder, sds Changes, log hclog.Logger) *Refresher {
-	return &Refresher{nc: nc, r: r, sds: sds, log: log}
+// Refresher has the dialer rebuild its TLS configuration on every change.
+type Refresher struct {
+	nc      *nats.Conn
+	r       Rebuilder
+	sds     Changes // nil: no sds-edge material
+	trusted Trusted // nil: a pinned root CA file, which trust.changed does not change
+	log     hclog.Logger
+
+	accepted []*x509.Certificate // the roots of the last trust.changed taken
+}
+
+// New returns a Refresher; it subscribes in Run. trusted is nil when the relay
+// trusts a root CA file of its own: trust.changed then only has it re-read.
+func New(nc *nats.Conn, r Rebuilder, sds Changes, trusted Trusted, log hclog.Logger) *Refresher {
+	return &Refresher{nc: nc, r: r, sds: sds, trusted: trusted, log: log}
 }
 
 // Run refreshes until ctx ends and returns nil then.
@@ -71,14 +83,34 @@ func (f *Refresher) onTrustChanged(msg *nats.Msg) {
 		f.log.Warn("ignoring bad trust.changed", "error", err)
 		return
 	}
-	roots, err := pki.ParseCertPEMs(ev.Roots)
+	roots, err := f.check(ev)
 	if err != nil {
-		f.log.Warn("ignoring trust.changed with bad roots", "generation", ev.Generation, "error", err)
+		f.log.Warn("ignoring trust.changed", "generation", ev.Generation, "error", err)
 		return
 	}
 	if err := f.r.TrustChanged(ev.Generation, roots); err != nil {
 		f.log.Warn("cannot rebuild upstream tls", "generation", ev.Generation, "error", err)
 		return
 	}
+	f.accepted = roots
 	f.log.Info("upstream tls rebuilt on trust change", "generation", ev.Generation, "roots", len(roots))
+}
+
+// check returns the roots of ev when one of its endorsements verifies under a root
+// the pod trusts now (sds-edge's ROOTCA, or the last bundle taken): a bus client
+// without a CA key cannot make the relay trust its root. Without sds-edge material
+// the relay's roots are a file of its own, and ev's roots are not used.
+func (f *Refresher) check(ev events.TrustChanged) ([]*x509.Certificate, error) {
+	if f.trusted == nil {
+		return pki.ParseCertPEMs(ev.Roots)
+	}
+	trusted := append([]*x509.Certificate(nil), f.accepted...)
+	if pemBytes, err := f.trusted.RootsPEM(); err == nil {
+		own, err := pki.ParseCertsPEM(pemBytes)
+		if err != nil {
+			return nil, fmt.Errorf("sds-edge roots: %w", err)
+		}
+		trusted = append(trusted, own...)
+	}
+	return trustbundle.CheckUnder("", trusted, trustbundle.FromTrustChanged(ev))
 }
