@@ -114,7 +114,8 @@ func TestRepliesGoOnlyToTheRequestersInbox(t *testing.T) {
 	podSubject, _ := events.PodSignSubject(attacker)
 	idSubject, _ := events.IdentitySignSubject(attacker, "web")
 	replicaSubject, _ := events.ReplicaSignSubject(natsapi.ReplicaName(cfg.Instance), podSubject)
-	attacks := []string{podSubject, idSubject, replicaSubject, events.SubjectSignAny}
+	nodeSubject, _ := events.NodeSignSubject("node-a", attacker)
+	attacks := []string{podSubject, idSubject, replicaSubject, nodeSubject, events.SubjectSignAny}
 	for _, subject := range attacks {
 		m, err := events.NewSignRequestMsg(subject, events.EncodingCompact, "test", req)
 		if err != nil {
@@ -143,7 +144,7 @@ func TestRepliesGoOnlyToTheRequestersInbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, subject := range attacks[:3] {
+	for _, subject := range attacks[:4] {
 		m, _ := events.NewSignRequestMsg(subject, events.EncodingCompact, "test", req)
 		m.Reply = "_INBOX.pod.shop.attacker." + nats.NewInbox()[len("_INBOX."):]
 		if err := e.nc.PublishMsg(m); err != nil {

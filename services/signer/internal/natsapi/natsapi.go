@@ -332,7 +332,7 @@ func replyAllowed(reply string) bool {
 // _INBOX.pod.<ns>.<name>., pkg/bus/policy) is only its own role's: nats-server
 // checks what a client publishes, not the reply subject it names, so a pod could
 // otherwise have the signer publish into another pod's inbox. A pod sign subject
-// (any of its forms) proves the pod, and only that pod's inbox is answered; only
+// (any of its forms, its node tier's included) proves the pod, and only that pod's inbox is answered; only
 // the admin asks on SubjectSignAny and SubjectRootRotate, never a pod. The bundle
 // and the ping are asked by every role on one subject that proves nobody: their
 // answer is public. An inbox under no role (_INBOX.<nuid>, an unsecured bus's
@@ -347,6 +347,9 @@ func replyToRequester(subject, reply string) bool {
 	pod, ok := events.PodFromSubject(subject)
 	if !ok {
 		pod, _, ok = events.IdentityFromSignSubject(subject)
+	}
+	if !ok {
+		_, pod, ok = events.NodeFromSignSubject(subject)
 	}
 	switch {
 	case ok:
