@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,8 +104,8 @@ func TestOnePodsFloodIsBoundedInServerMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	read := 0
-	if _, err := reader.Subscribe("meshagent.evt.>", func(*nats.Msg) { read++ }); err != nil {
+	var read atomic.Int64
+	if _, err := reader.Subscribe("meshagent.evt.>", func(*nats.Msg) { read.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	pod, err := nats.Connect(url, nats.ReconnectBufSize(-1))
@@ -148,7 +149,7 @@ func TestOnePodsFloodIsBoundedInServerMemory(t *testing.T) {
 	}
 	grew := (peak - base) * 1024
 	t.Logf("flood of %d events (%.0f MiB) in %d s: nats-server's process RSS %.0f -> peak %.0f MiB (+%.0f MiB, bound %d MiB); the live reader got %d",
-		sent, float64(sent)*float64(66_768)/(1<<20), secs, base/1024, peak/1024, grew/(1<<20), floodBound>>20, read)
+		sent, float64(sent)*float64(66_768)/(1<<20), secs, base/1024, peak/1024, grew/(1<<20), floodBound>>20, read.Load())
 	if grew > floodBound {
 		t.Fatalf("one pod's flood raised nats-server's RSS by %.0f MiB, bound %d MiB", grew/(1<<20), floodBound>>20)
 	}
