@@ -8,7 +8,6 @@ package nodeagent_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/node-agent/nodeagent"
 	"github.com/meshagent/meshagent/tests/devtokentest"
+	"github.com/meshagent/meshagent/tests/obstest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -268,7 +268,7 @@ func TestNodeTier(t *testing.T) {
 		before := tr.hub.NumLeafNodes()
 		tr.startAgent(t, "node-c", tr.podToken(t, web, "web", "node-c"))
 		testkit.Eventually(t, "the signer refused the leaf connection as no node agent's", func() bool {
-			return metric(t, tr.signer.HTTPAddr, `meshagent_signer_bus_callout_refused_total{reason="not_a_node_agent"}`) >= 1
+			return obstest.Scraped(t, tr.signer.HTTPAddr, `meshagent_signer_bus_callout_refused_total{reason="not_a_node_agent"}`) >= 1
 		})
 		if n := tr.hub.NumLeafNodes(); n != before {
 			t.Fatalf("the hub holds %d leaf connections, %d before: it admitted a pod's token as a node", n, before)
@@ -351,22 +351,4 @@ func (l *lyingLeaf) connAs(t *testing.T, pod events.PodRef, node, token string) 
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// metric reads one series' value from the /metrics page at addr (0 when absent).
-func metric(t *testing.T, addr, series string) float64 {
-	t.Helper()
-	code, body := testkit.HTTPGet("http://" + addr + "/metrics")
-	if code != 200 {
-		t.Fatalf("metrics of %s: %d", addr, code)
-	}
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			var f float64
-			if _, err := fmt.Sscan(v, &f); err == nil {
-				return f
-			}
-		}
-	}
-	return 0
 }

@@ -28,17 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Verifier checks a bearer token (authn.JWTVerifier, authn.TokenReviewer).
-type Verifier interface {
-	Verify(token string) (authn.Caller, error)
-	// Ready is nil once the verifier can check tokens (its keys are loaded).
-	Ready() error
-}
-
-var (
-	_ Verifier = (*authn.JWTVerifier)(nil)
-	_ Verifier = (*authn.TokenReviewer)(nil)
-)
+// Verifier checks a bearer token (authn.JWTVerifier, authn.TokenReviewer): the
+// interface authn.Config.Build returns, which the signer hands the callout.
+type Verifier = authn.TokenVerifier
 
 // Dial connects to the bus as the callout user.
 type Dial func(ctx context.Context) (*nats.Conn, error)
