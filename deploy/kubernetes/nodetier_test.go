@@ -13,6 +13,7 @@ import (
 	"github.com/meshagent/meshagent/deploy/kubernetes/inject"
 	"github.com/meshagent/meshagent/deploy/kubernetes/internal/strict"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nats-server/v2/server"
@@ -407,14 +408,5 @@ func TestNATSConfigLoadsInNATSServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nats-server refuses base's nats.conf: %v", err)
 	}
-	l := opts.LeafNode
-	if l.Port != 7422 || l.TLSConfig == nil || !l.NoAdvertise || len(l.Remotes) != 0 {
-		t.Errorf("leafnodes: port %d, TLS %v, no_advertise %v, %d remotes", l.Port, l.TLSConfig != nil, l.NoAdvertise, len(l.Remotes))
-	}
-	if l.Username != "" || l.Nkey != "" || len(l.Users) != 0 || l.Account != "" {
-		t.Errorf("leafnodes authenticate on their own (user %q, nkey %q, %d users, account %q): the callout never sees them", l.Username, l.Nkey, len(l.Users), l.Account)
-	}
-	if opts.AuthCallout == nil || opts.AuthCallout.Account == "" {
-		t.Errorf("no auth callout in the included role table: %+v", opts.AuthCallout)
-	}
+	bustest.RequireHubLeafListener(t, opts)
 }
