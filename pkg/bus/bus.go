@@ -20,6 +20,16 @@ import (
 // end it (and start reconnecting).
 const PingInterval = 5 * time.Second
 
+// NodeLocalPingInterval is PingInterval for a pod's connection to its own node's
+// agent (Config.NodeLocal), nats' default. The fast pings are there to find a
+// dead connection to a server across the network and reconnect to another; a pod
+// of the node tier has one server, on its own node, which it cannot fail over
+// from, and whose restart closes the socket. At 5 s, a node busy admitting its
+// pods (a node restart, a fleet storm) answered pings late, its pods took their
+// connections for dead and reconnected, and each reconnect was admitted again:
+// in a 100,000-pod storm 60,032 connections ended that way (docs/scale.md).
+const NodeLocalPingInterval = 2 * time.Minute
+
 // ConnectTimeout bounds one connection attempt (dial, TLS, and the server's answer
 // to the credential). It is above the server's auth timeout (policy.AuthTimeout),
 // so that a client waits as long as the server waits for the auth callout: never
@@ -102,6 +112,13 @@ func connectInBackground(c Config, opts []nats.Option, log hclog.Logger) (*nats.
 	return nc, nil
 }
 
+func (c Config) pingInterval() time.Duration {
+	if c.NodeLocal {
+		return NodeLocalPingInterval
+	}
+	return PingInterval
+}
+
 // options are the connect options of c: reconnecting forever on Reconnect's
 // schedule, pings, bounded drain, logged connection changes, the credential and TLS.
 func (c Config) options(log hclog.Logger) ([]nats.Option, error) {
@@ -115,7 +132,7 @@ func (c Config) options(log hclog.Logger) ([]nats.Option, error) {
 		// cut off for 90 s never notices, keeps sending requests into a dead
 		// socket, and does not reconnect (and retry at once) when the network is
 		// back. 5 s pings, 2 unanswered: a dead connection is found in 10-15 s.
-		nats.PingInterval(PingInterval),
+		nats.PingInterval(c.pingInterval()),
 		nats.MaxPingsOutstanding(2),
 		nats.RetryOnFailedConnect(false),
 		nats.DrainTimeout(5 * time.Second), // shutdown stays bounded

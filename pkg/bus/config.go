@@ -54,7 +54,14 @@ type Config struct {
 	// Clock, set in code (not a flag), times the waits between first-connection
 	// attempts and the reports of them; nil: the wall clock.
 	Clock clock.Clock
+	// NodeLocal, set in code, says URL is the pod's own node agent (the node
+	// tier, ViaNodeEnv set): pings every NodeLocalPingInterval, not PingInterval.
+	NodeLocal bool
 }
+
+// ViaNodeEnv names the node whose agent a pod's NATS_URL reaches (sds-edge's
+// -bus-via-node); every role of such a pod connects as NodeLocal.
+const ViaNodeEnv = "BUS_VIA_NODE"
 
 // TLSConfig enables TLS to the bus when CAFile or CertFile is set.
 type TLSConfig struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -50,14 +51,16 @@ type Config struct {
 	// which): what a storm reads the hub's connections from.
 	MonitorPort int
 	// Leaf, when set, makes this server a node tier's leaf node instead of a hub:
-	// no JetStream, its own auth callout admitting the node's pods, and one remote
-	// connection to the hub (docs/scale.md, "The node tier"). Auth is ignored.
+	// no JetStream, its clients (the node's pods) admitted by Leaf.Admit inside
+	// the server, and one remote connection to the hub (docs/scale.md, "The node
+	// tier"). Auth is ignored.
 	Leaf *Leaf
 }
 
 // Leaf is the node-tier side of a leaf node connection.
 type Leaf struct {
-	Keys policy.LeafKeys
+	// Admit admits each client, in the mesh account (leafAuth).
+	Admit LeafAdmit
 	// Remote is the hub's leaf URL.
 	Remote *url.URL
 	// Token gives the node's credential when the server starts or reloads
@@ -100,7 +103,7 @@ const EmbeddedTLSTimeout = 5 * time.Second
 
 // Start starts the server and waits until it accepts connections.
 func Start(c Config) (*server.Server, error) {
-	opts, err := options(c)
+	opts, err := options(c, clock.Real{})
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +116,7 @@ func Start(c Config) (*server.Server, error) {
 // admitted again on the node): a token rotation costs each pod of the node a
 // reconnect to its own node, never to the hub.
 func Reload(s *server.Server, c Config) error {
-	opts, err := options(c)
+	opts, err := options(c, clock.Real{})
 	if err != nil {
 		return err
 	}
@@ -124,13 +127,13 @@ func Reload(s *server.Server, c Config) error {
 }
 
 // options are the server options c asks for.
-func options(c Config) (*server.Options, error) {
+func options(c Config, clk clock.Clock) (*server.Options, error) {
 	if c.Host == "" {
 		c.Host = "127.0.0.1"
 	}
 	opts := &server.Options{}
 	if c.Leaf != nil {
-		if err := leafOptions(opts, c.Leaf); err != nil {
+		if err := leafOptions(opts, c.Leaf, clk); err != nil {
 			return nil, err
 		}
 		c.Auth, c.StoreDir = nil, ""
@@ -207,6 +210,9 @@ func start(c Config, opts *server.Options) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	if a, ok := opts.CustomClientAuthentication.(*leafAuth); ok {
+		a.srv.Store(s) // before the listener: no client is admitted without it
+	}
 	if c.Logger != nil {
 		s.SetLoggerV2(&logAdapter{l: c.Logger}, false, false, false)
 	}
@@ -218,15 +224,16 @@ func start(c Config, opts *server.Options) (*server.Server, error) {
 	return s, nil
 }
 
-// leafOptions makes opts a node tier's leaf server: the leaf's own accounts and
-// callout (policy.RenderLeaf), and the remote to the hub binding the local mesh
-// account to the account the hub admits the node into.
-func leafOptions(opts *server.Options, l *Leaf) error {
-	conf, err := policy.RenderLeaf(l.Keys)
-	if err != nil {
-		return fmt.Errorf("embedded nats: leaf: %w", err)
+// leafOptions makes opts a node tier's leaf server: the mesh account
+// (policy.RenderLeaf), its clients admitted by l.Admit (leafAuth), and the remote
+// to the hub binding the mesh account to the account the hub admits the node into.
+// On Reload nats-server keeps the authentication the server started with.
+func leafOptions(opts *server.Options, l *Leaf, clk clock.Clock) error {
+	if l.Admit == nil {
+		return errNoAdmit
 	}
-	if err := opts.ProcessConfigString(conf); err != nil {
+	opts.CustomClientAuthentication = &leafAuth{admit: l.Admit, clk: clk}
+	if err := opts.ProcessConfigString(policy.RenderLeaf()); err != nil {
 		return fmt.Errorf("embedded nats: leaf auth config: %w", err)
 	}
 	if l.Remote == nil || l.Remote.Host == "" || l.Remote.User != nil {

@@ -56,7 +56,6 @@ type leafTier struct {
 	leaves  map[string]*server.Server
 	tokens  map[string]*atomic.Value
 	configs []embedded.Config
-	issuers map[string]nkeys.KeyPair
 }
 
 // startTier starts a secured hub that admits leaf connections presenting
@@ -77,7 +76,7 @@ func startTier(t *testing.T, nodes ...string) *leafTier {
 	issuer, _ := policy.ReadSeed(creds.IssuerFile(), nkeys.PrefixByteAccount)
 	calloutKP, _ := policy.ReadSeed(creds.SeedFile(policy.Callout), nkeys.PrefixByteUser)
 	seen := make(chan string, 64)
-	tier := &leafTier{seen: seen, leaves: map[string]*server.Server{}, tokens: map[string]*atomic.Value{}, issuers: map[string]nkeys.KeyPair{}, creds: creds, hub: hub}
+	tier := &leafTier{seen: seen, leaves: map[string]*server.Server{}, tokens: map[string]*atomic.Value{}, creds: creds, hub: hub}
 	serveCallout(t, hub.ClientURL(), calloutKP, issuer, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
 		select {
 		case seen <- req.ConnectOptions.Token:
@@ -99,15 +98,30 @@ func startTier(t *testing.T, nodes ...string) *leafTier {
 	}
 	t.Cleanup(tier.signer.Close)
 	for _, node := range nodes {
-		liss, _ := nkeys.CreateAccount()
-		lcall, _ := nkeys.CreateUser()
-		ipub, _ := liss.PublicKey()
-		cpub, _ := lcall.PublicKey()
 		u, _ := url.Parse("nats://" + embedded.LeafAddr(hub))
 		tok := &atomic.Value{}
 		tok.Store("node:" + node)
 		tier.tokens[node] = tok
-		cfg := embedded.Config{Name: "node-" + node, Port: -1, Leaf: &embedded.Leaf{Keys: policy.LeafKeys{Issuer: ipub, Callout: cpub}, Remote: u,
+		// "rogue:<node>:<ns>/<name>" plays a node agent that lies: it gives a pod
+		// the permissions of another node's pod.
+		admit := func(c embedded.LeafClient) (embedded.LeafUser, error) {
+			asNode, tok := node, c.Token
+			if rest, ok := strings.CutPrefix(tok, "rogue:"); ok {
+				asNode, tok, _ = strings.Cut(rest, ":")
+				tok = "pod:" + tok
+			}
+			s, ok := strings.CutPrefix(tok, "pod:")
+			if !ok {
+				return embedded.LeafUser{}, errors.New("not a pod")
+			}
+			pod, err := events.ParsePodRef(s)
+			if err != nil {
+				return embedded.LeafUser{}, err
+			}
+			p, err := policy.ForNodePod(asNode, pod)
+			return embedded.LeafUser{Name: "pod/" + pod.String(), Permissions: p, Expires: time.Now().Add(time.Hour)}, err
+		}
+		cfg := embedded.Config{Name: "node-" + node, Port: -1, Leaf: &embedded.Leaf{Admit: admit, Remote: u,
 			Token: func() (string, error) { return tok.Load().(string), nil }}}
 		leaf, err := embedded.Start(cfg)
 		if err != nil {
@@ -116,26 +130,7 @@ func startTier(t *testing.T, nodes ...string) *leafTier {
 		cfg.Port = leaf.Addr().(*net.TCPAddr).Port
 		tier.configs = append(tier.configs, cfg)
 		t.Cleanup(leaf.Shutdown)
-		serveCallout(t, leaf.ClientURL(), lcall, liss, func(req *jwt.AuthorizationRequestClaims) ([]byte, error) {
-			// "rogue:<node>:<ns>/<name>" plays a node agent that lies: it gives a
-			// pod the permissions of another node's pod.
-			asNode, tok := node, req.ConnectOptions.Token
-			if rest, ok := strings.CutPrefix(tok, "rogue:"); ok {
-				asNode, tok, _ = strings.Cut(rest, ":")
-				tok = "pod:" + tok
-			}
-			s, ok := strings.CutPrefix(tok, "pod:")
-			if !ok {
-				return nil, errors.New("not a pod")
-			}
-			pod, err := events.ParsePodRef(s)
-			if err != nil {
-				return nil, err
-			}
-			return policy.AdmitNodePod(liss, req, asNode, pod, time.Now().Add(time.Hour), policy.DefaultPodLimits())
-		})
 		tier.leaves[node] = leaf
-		tier.issuers[node] = liss
 	}
 	testkit.Eventually(t, "every leaf connected to the hub", func() bool { return hub.NumLeafNodes() == len(nodes) })
 	return tier

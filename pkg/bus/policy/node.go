@@ -1,10 +1,7 @@
 package policy
 
 import (
-	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
@@ -80,43 +77,12 @@ func AdmitNode(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, node s
 	return admitUser(issuer, req, "node/"+node, p, expires, nil)
 }
 
-// AdmitNodePod answers a node agent's callout request for pod on node with a user
-// in AccountMesh holding ForNodePod's permissions until expires, its payload and
-// subscription limits from lim.
-func AdmitNodePod(issuer nkeys.KeyPair, req *jwt.AuthorizationRequestClaims, node string, pod events.PodRef, expires time.Time, lim PodLimits) ([]byte, error) {
-	p, err := ForNodePod(node, pod)
-	if err != nil {
-		return nil, err
-	}
-	return admitUser(issuer, req, "pod/"+pod.String(), p, expires, lim.apply)
-}
-
-// LeafKeys are the public keys of a node agent's own leaf server: the issuer its
-// callout signs pods' users with (an account key) and the callout's user.
-type LeafKeys struct {
-	Issuer  string
-	Callout string
-}
-
 // RenderLeaf writes the configuration of a node agent's leaf server: the mesh
-// account, in which the callout admits the node's pods, and the callout's own
-// account. The leaf remote (the hub's URL and the node's token) is set on the
-// server's options, not here: the token is a secret and changes.
-func RenderLeaf(k LeafKeys) (string, error) {
-	if !nkeys.IsValidPublicAccountKey(k.Issuer) {
-		return "", fmt.Errorf("leaf callout issuer: %q is not an account nkey", k.Issuer)
-	}
-	if !nkeys.IsValidPublicUserKey(k.Callout) {
-		return "", fmt.Errorf("leaf callout user: %q is not a user nkey", k.Callout)
-	}
-	var b strings.Builder
-	b.WriteString("# meshagent node tier: a leaf node admitting this node's pods (pkg/bus/policy, docs/security.md).\n")
-	fmt.Fprintf(&b, "accounts {\n  %s {}\n  %s {\n    users: [\n", AccountMesh, AccountAuth)
-	fmt.Fprintf(&b, "      { nkey: %s, permissions: {\n        publish: { deny: [\">\"] }\n", strconv.Quote(k.Callout))
-	fmt.Fprintf(&b, "        subscribe: { allow: %s }\n        allow_responses: true\n      } }\n", list([]string{AuthCalloutSubject}))
-	b.WriteString("    ]\n  }\n}\n")
-	fmt.Fprintf(&b, "authorization {\n  timeout: %g\n", AuthTimeout.Seconds())
-	fmt.Fprintf(&b, "  auth_callout {\n    issuer: %s\n    account: %s\n    auth_users: %s\n  }\n}\n",
-		strconv.Quote(k.Issuer), AccountAuth, list([]string{k.Callout}))
-	return b.String(), nil
+// account, which the leaf binds to the hub and its pods are admitted into (by the
+// node agent inside the server, embedded.Leaf.Admit, not by an auth callout). The
+// leaf remote (the hub's URL and the node's token) is set on the server's
+// options, not here: the token is a secret and changes.
+func RenderLeaf() string {
+	return "# meshagent node tier: a leaf node admitting this node's pods (pkg/bus/policy, docs/security.md).\n" +
+		"accounts {\n  " + AccountMesh + " {}\n}\n"
 }

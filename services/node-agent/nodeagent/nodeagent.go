@@ -1,6 +1,6 @@
 // Package nodeagent is the node agent, importable: a NATS leaf node for one
-// Kubernetes node (pkg/bus/embedded), its auth callout admitting the node's pods
-// (internal/admit), and the node's own admission to the hub by its token, read
+// Kubernetes node (pkg/bus/embedded), admitting the node's pods inside the
+// server (internal/admit), and the node's own admission to the hub by its token, read
 // again as the kubelet rotates it. Built and run the one way every meshagent
 // service is (pkg/lifecycle): Load → New(cfg, Deps) → Run.
 package nodeagent
@@ -21,13 +21,10 @@ import (
 	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus/embedded"
-	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
 	"github.com/meshagent/meshagent/services/node-agent/internal/admit"
 	"github.com/meshagent/meshagent/services/node-agent/internal/config"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 )
 
 // Config is the node agent's whole configuration.
@@ -43,12 +40,10 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 type Agent struct {
 	cfg     Config
 	d       lifecycle.Deps
-	callout *admit.Callout
-	keys    *authn.KeySet // the pods' token keys, nil with TokenReview
+	admit *admit.Admission
+	keys  *authn.KeySet // the pods' token keys, nil with TokenReview
 	// tokensReady is nil once pods' tokens can be verified (their keys loaded).
 	tokensReady func() error
-	issuer      nkeys.KeyPair // signs the node's pods' users; made at start, never written
-	user        nkeys.KeyPair // the callout's own user on the leaf server
 	hubTLS      *tls.Config
 
 	mu     sync.Mutex
@@ -75,21 +70,7 @@ func New(cfg Config, d lifecycle.Deps) (*Agent, error) {
 // the key set v reads, run with the agent).
 func NewWith(cfg Config, d lifecycle.Deps, v admit.Verifier, keys *authn.KeySet) (*Agent, error) {
 	d = d.WithDefaults()
-	made, err := nkeys.CreateAccount()
-	if err != nil {
-		return nil, fmt.Errorf("node agent: issuer key: %w", err)
-	}
-	// It signs two JWTs per admitted pod: derive its key once, not per signature.
-	issuer, err := policy.FastSigner(made)
-	if err != nil {
-		return nil, fmt.Errorf("node agent: issuer key: %w", err)
-	}
-	user, err := nkeys.CreateUser()
-	if err != nil {
-		return nil, fmt.Errorf("node agent: callout key: %w", err)
-	}
-	a := &Agent{cfg: cfg, d: d, issuer: issuer, user: user, keys: keys,
-		callout: admit.New(cfg.Node, issuer, v, cfg.Pods, embedded.EmbeddedAuthTimeout, d.Clock, d.Log.Named("callout"), d.Metrics)}
+	a := &Agent{cfg: cfg, d: d, keys: keys, admit: admit.New(cfg.Node, v, cfg.Pods, d.Clock, d.Log.Named("admit"), d.Metrics)}
 	if cfg.Hub.CAFile != "" {
 		pem, err := os.ReadFile(cfg.Hub.CAFile)
 		if err != nil {
@@ -144,7 +125,7 @@ func (a *Agent) connected() error {
 	return nil
 }
 
-// Run starts the leaf server and its callout, and follows the token file, until
+// Run starts the leaf server, which admits the node's pods, and follows the token file, until
 // ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.readToken(); err != nil {
@@ -161,13 +142,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer srv.Shutdown()
-	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.Nkey(mustPublic(a.user), a.user.Sign), nats.Name("node-agent/callout"))
-	if err != nil {
-		return fmt.Errorf("node agent: callout connection: %w", err)
-	}
-	defer nc.Close()
 	a.d.Log.Info("node tier up", "pods", srv.Addr().String(), "hub", a.cfg.Hub.URL)
-	tasks := []func(context.Context) error{func(ctx context.Context) error { return a.callout.Serve(ctx, nc) }, a.followToken}
+	tasks := []func(context.Context) error{a.followToken}
 	if a.keys != nil {
 		tasks = append(tasks, a.keys.Run)
 	}
@@ -203,7 +179,7 @@ func (a *Agent) leaf() *embedded.Leaf {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	tok := a.token
-	return &embedded.Leaf{Keys: policy.LeafKeys{Issuer: mustPublic(a.issuer), Callout: mustPublic(a.user)}, Remote: a.remote, RemoteTLS: a.hubTLS,
+	return &embedded.Leaf{Admit: a.admit.Admit, Remote: a.remote, RemoteTLS: a.hubTLS,
 		Token: func() (string, error) { return tok, nil }}
 }
 
@@ -255,10 +231,3 @@ func (a *Agent) followToken(ctx context.Context) error {
 	return nil
 }
 
-func mustPublic(kp nkeys.KeyPair) string {
-	pub, err := kp.PublicKey()
-	if err != nil {
-		panic(err) // a key nkeys just made always has one
-	}
-	return pub
-}

@@ -27,7 +27,6 @@ import (
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 )
 
 // The node agents' service account, as deploy/kubernetes names it.
@@ -277,63 +276,40 @@ func TestNodeTier(t *testing.T) {
 }
 
 // lyingLeaf is a node's leaf server admitted to the hub with that node's real
-// agent token, whose own callout admits whatever it is told: a node agent an
-// attacker controls.
+// agent token, which admits whatever it is told: a node agent an attacker
+// controls.
 type lyingLeaf struct {
-	srv    *server.Server
-	issuer nkeys.KeyPair
-	node   string
+	srv  *server.Server
+	node string
 }
 
 func startLyingLeaf(t *testing.T, tr *tier, node string) *lyingLeaf {
 	t.Helper()
-	issuer, _ := nkeys.CreateAccount()
-	user, _ := nkeys.CreateUser()
-	ipub, _ := issuer.PublicKey()
-	upub, _ := user.PublicKey()
 	hubURL, _ := url.Parse("nats://" + embedded.LeafAddr(tr.hub))
 	tok := tr.agentToken(t, "rogue", node)
-	srv, err := embedded.Start(embedded.Config{Name: "rogue-" + node, Port: -1, Leaf: &embedded.Leaf{Keys: policy.LeafKeys{Issuer: ipub, Callout: upub},
+	// It admits any connection as the pod its "pod:<ns>/<name>[@<node>]" user name
+	// says, on that node's subjects (its own by default), without checking the
+	// token at all.
+	lie := func(c embedded.LeafClient) (embedded.LeafUser, error) {
+		name, asNode, found := strings.Cut(strings.TrimPrefix(c.User, "pod:"), "@")
+		if !found {
+			asNode = node
+		}
+		pod, err := events.ParsePodRef(name)
+		if err != nil {
+			return embedded.LeafUser{}, err
+		}
+		p, err := policy.ForNodePod(asNode, pod)
+		return embedded.LeafUser{Name: "pod/" + pod.String(), Permissions: p, Expires: time.Now().Add(time.Hour)}, err
+	}
+	srv, err := embedded.Start(embedded.Config{Name: "rogue-" + node, Port: -1, Leaf: &embedded.Leaf{Admit: lie,
 		Remote: hubURL, Token: func() (string, error) { return tok, nil }}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	l := &lyingLeaf{srv: srv, issuer: issuer, node: node}
-	cnc, err := nats.Connect(srv.ClientURL(), nats.Nkey(upub, user.Sign))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cnc.Close)
-	// It admits any connection as the pod its "pod:<ns>/<name>[@<node>]" user name
-	// says, on that node's subjects (its own by default), without checking the
-	// token at all.
-	if _, err := cnc.Subscribe(policy.AuthCalloutSubject, func(m *nats.Msg) {
-		req, err := policy.DecodeAuthRequest(m.Data)
-		if err != nil {
-			return
-		}
-		name, asNode, found := strings.Cut(strings.TrimPrefix(req.ConnectOptions.Username, "pod:"), "@")
-		if !found {
-			asNode = node
-		}
-		pod, err := events.ParsePodRef(name)
-		var resp []byte
-		if err == nil {
-			resp, err = policy.AdmitNodePod(issuer, req, asNode, pod, time.Now().Add(time.Hour), policy.DefaultPodLimits())
-		}
-		if err != nil {
-			resp, _ = policy.Refuse(issuer, req, err.Error())
-		}
-		_ = m.Respond(resp)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := cnc.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	testkit.Eventually(t, "the lying leaf connected to the hub", func() bool { return srv.NumLeafNodes() == 1 })
-	return l
+	return &lyingLeaf{srv: srv, node: node}
 }
 
 // conn connects to the lying leaf as pod (it believes the user name).

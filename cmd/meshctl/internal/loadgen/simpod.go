@@ -47,6 +47,7 @@ func (p *simPod) connect(ctx context.Context, n int, log hclog.Logger) ([]*nats.
 		wg.Go(func() {
 			cfg := bus.Config{URL: p.url, TokenFile: p.file, Name: fmt.Sprintf("storm/%s/%d", p.pod, i), TLS: bus.TLSConfig{CAFile: p.tlsCA}}
 			cfg.AsPod(p.pod, p.file)
+			cfg.NodeLocal = p.node != ""
 			cfg.ConnectWait = time.Until(deadlineOf(ctx))
 			ncs[i], errs[i] = bus.Connect(ctx, cfg, log)
 		})

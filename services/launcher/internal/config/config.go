@@ -192,6 +192,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	c.Bus.Name = "launcher/" + c.PodRef().String()
 	c.Bus.AsPod(c.PodRef(), c.Pod.TokenFile)
+	c.Bus.NodeLocal = getenv(bus.ViaNodeEnv) != ""
 	// The bus only carries the launcher's events (held until it connects): the
 	// status port and Envoy must not wait for it (a pod the bus refuses still
 	// starts, and its status port answers unready, as Istio's agent's does).

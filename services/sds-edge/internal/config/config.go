@@ -160,6 +160,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Bus.Name = "sds-edge/" + c.PodRef().String()
 	c.CA.TokenFile = c.Pod.Path(c.CA.TokenFile)
 	c.Bus.AsPod(c.PodRef(), c.CA.TokenFile)
+	c.Bus.NodeLocal = c.CA.ViaNode != ""
 	errs = append(errs, c.underPodRoot(raw.keep)...)
 	// The pod presents its certificate to a bus that asks for one (a TLS bus whose
 	// callout admits a VM by it); a plaintext bus is still reached in plaintext.

@@ -157,6 +157,7 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 		busToken = c.Pod.Path(PodTokenFile)
 	}
 	c.Bus.AsPod(c.PodRef(), busToken)
+	c.Bus.NodeLocal = getenv(bus.ViaNodeEnv) != ""
 	if !c.Upstream.Auth {
 		if tokenGiven {
 			return c, errors.Join(c.Validate(), errors.New("-xds-auth=false (XDS_AUTH): not with -token-file, which sends a token"))
