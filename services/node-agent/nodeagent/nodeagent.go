@@ -38,8 +38,8 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 
 // Agent is one node's agent.
 type Agent struct {
-	cfg     Config
-	d       lifecycle.Deps
+	cfg   Config
+	d     lifecycle.Deps
 	admit *admit.Admission
 	keys  *authn.KeySet // the pods' token keys, nil with TokenReview
 	// tokensReady is nil once pods' tokens can be verified (their keys loaded).
@@ -230,4 +230,3 @@ func (a *Agent) followToken(ctx context.Context) error {
 	}
 	return nil
 }
-
