@@ -30,6 +30,15 @@ const PingInterval = 5 * time.Second
 // in a 100,000-pod storm 60,032 connections ended that way (docs/scale.md).
 const NodeLocalPingInterval = 2 * time.Minute
 
+// NodeLocalConnectTimeout is ConnectTimeout for a pod's connection to its own
+// node's agent (Config.NodeLocal): above the leaf server's auth timeout
+// (embedded.LeafAuthTimeout), so that a pod waits for a busy node as long as the
+// node waits for it. There is no other server to try, and a pod that gave up
+// only came back to the end of the same node's queue: in a 100,000-pod storm
+// on one machine, 97,000 connects were retried after a dial or handshake
+// timed out at 10 s (docs/scale.md, "Admission inside the leaf server").
+const NodeLocalConnectTimeout = time.Minute
+
 // ConnectTimeout bounds one connection attempt (dial, TLS, and the server's answer
 // to the credential). It is above the server's auth timeout (policy.AuthTimeout),
 // so that a client waits as long as the server waits for the auth callout: never
@@ -112,6 +121,13 @@ func connectInBackground(c Config, opts []nats.Option, log hclog.Logger) (*nats.
 	return nc, nil
 }
 
+func (c Config) connectTimeout() time.Duration {
+	if c.NodeLocal {
+		return NodeLocalConnectTimeout
+	}
+	return ConnectTimeout
+}
+
 func (c Config) pingInterval() time.Duration {
 	if c.NodeLocal {
 		return NodeLocalPingInterval
@@ -125,7 +141,7 @@ func (c Config) options(log hclog.Logger) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.MaxReconnects(-1),
-		nats.Timeout(ConnectTimeout),
+		nats.Timeout(c.connectTimeout()),
 		nats.CustomReconnectDelay(reconnectDelay),
 		// A connection cut without a FIN (a partition, a network detached) looks
 		// alive until pings go unanswered: with nats' default of 2 minutes a pod

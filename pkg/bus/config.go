@@ -55,7 +55,8 @@ type Config struct {
 	// attempts and the reports of them; nil: the wall clock.
 	Clock clock.Clock
 	// NodeLocal, set in code, says URL is the pod's own node agent (the node
-	// tier, ViaNodeEnv set): pings every NodeLocalPingInterval, not PingInterval.
+	// tier, ViaNodeEnv set): pings every NodeLocalPingInterval, not PingInterval,
+	// and waits NodeLocalConnectTimeout for a connection, not ConnectTimeout.
 	NodeLocal bool
 }
 

@@ -89,6 +89,13 @@ const (
 // 1,656 admissions and 5 s none (docs/scale.md).
 const EmbeddedAuthTimeout = 5 * time.Second
 
+// LeafAuthTimeout is a node's leaf server's auth timeout: from a pod's accept to
+// its CONNECT, admitted inside the server (Leaf.Admit). Below the pods' connect
+// timeout on the node (bus.NodeLocalConnectTimeout, a minute), above what a
+// node busy admitting all of its pods at once needs: a pod slowed by the same
+// busy cores is waited for, not cut off to come back and start again.
+const LeafAuthTimeout = 30 * time.Second
+
 // EmbeddedTLSTimeout is how long the embedded server gives a client's TLS
 // handshake (nats-server's default is 2 s). In a storm every accepted connection
 // handshakes at once on shared cores, each taking about N × its cost ÷ cores;
@@ -178,8 +185,11 @@ func options(c Config, clk clock.Clock) (*server.Options, error) {
 	// that race, the server can wait longer (EmbeddedAuthTimeout), for the TLS
 	// handshake and CONNECT of a client it accepted late as for the callout.
 	opts.DisableShortFirstPing = true
-	if c.Auth != nil || c.Leaf != nil {
+	if c.Auth != nil {
 		opts.AuthTimeout = EmbeddedAuthTimeout.Seconds()
+	}
+	if c.Leaf != nil {
+		opts.AuthTimeout = LeafAuthTimeout.Seconds()
 	}
 	if c.LeafPort != 0 {
 		opts.LeafNode.Host = c.Host
