@@ -122,4 +122,25 @@ func TestGRPCTrustHeaderChangesRootsOnlyWhenEndorsed(t *testing.T) {
 		t.Fatalf("the endorsed bundle: %v trust bundles rejected, want %v", got, rejected)
 	}
 
+	// Restarted with the same -ca-root-cert (both roots, as mounted), the pod serves
+	// the certificate it kept, without asking the CA, and beside it the roots it
+	// trusted last: not the retired root its mount still names (it served every
+	// anchor before its first bundle).
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	asked := ca.requests.Load()
+	p = v.startPod(podOpt{root: dir, noTok: true, args: []string{"-ca-addr", addr, "-ca-root-cert", file}})
+	var s served
+	testkit.Eventually(t, "the restarted pod serves its kept certificate", func() bool {
+		var err error
+		s, err = p.served(t)
+		return err == nil
+	})
+	if n := ca.requests.Load() - asked; n != 0 {
+		t.Fatalf("the restarted pod asked the CA %d times: its kept certificate was not served", n)
+	}
+	if len(s.roots) != 1 || !s.roots[0].Equal(newRoot.Cert) {
+		t.Fatalf("after a restart the pod serves %d roots (old %t), want the new root alone", len(s.roots), hasAll(s.roots, old))
+	}
 }
