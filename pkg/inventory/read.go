@@ -15,7 +15,7 @@ import (
 
 // Read loads the inventory with read-only rights (the audit role): the bucket's
 // stream read message by message, the last value of each key winning. No consumer is
-// created. It reads the whole fleet: a reader of one pod or one page uses ReadPod,
+// created. It reads the whole fleet: a reader of one pod or one page uses
 // ReadKeys or the operator's index (package fleetindex).
 func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
 	values, err := ReadValues(ctx, nc)
@@ -30,18 +30,9 @@ func ReadValues(ctx context.Context, nc *nats.Conn) (map[string][]byte, error) {
 	return readUnder(ctx, nc, ">")
 }
 
-// ReadPod is the records of pod (every resource) and the trust record, read by
-// key as Read reads the bucket: the server hands over those keys' messages and no
-// other, so it costs one pod's records whatever the fleet's size.
-func ReadPod(ctx context.Context, nc *nats.Conn, pod events.PodRef) (Snapshot, error) {
-	if err := pod.Validate(); err != nil { // its namespace is a token of the key
-		return Snapshot{}, err
-	}
-	return ReadKeys(ctx, nc, PodKeys(pod), TrustKey)
-}
-
 // ReadKeys is a snapshot of the records of keys (a key, or a key prefix ending
-// in ".>"), read by key as ReadPod does.
+// in ".>": PodKeys), read by key: the server hands over those keys' messages and
+// no other, so it costs those records whatever the fleet's size.
 func ReadKeys(ctx context.Context, nc *nats.Conn, keys ...string) (Snapshot, error) {
 	values := map[string][]byte{}
 	for _, k := range keys {
