@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/inventory"
 	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -40,7 +41,7 @@ type seededBus struct {
 	target inventory.Cert
 }
 
-func seedBus(t *testing.T) *seededBus {
+func seedBus(t testing.TB, n int) *seededBus {
 	t.Helper()
 	kp, _ := nkeys.CreateUser()
 	seed, _ := kp.Seed()
@@ -64,7 +65,7 @@ func seedBus(t *testing.T) *seededBus {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.nc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	js, _ := jetstream.New(b.nc)
 	kv, err := inventory.OpenBucket(ctx, js, 1)
@@ -74,18 +75,19 @@ func seedBus(t *testing.T) *seededBus {
 	now := time.Now()
 	b.root = testkit.NewCA(t, "meshagent root CA", nil, now.Add(-time.Hour), 24*time.Hour)
 	rootPEM := string(pki.EncodeCertPEM(b.root.Cert))
+	// What kv.Put publishes, without waiting for each ack: 100,000 records in seconds.
 	put := func(key string, v any) {
 		data, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := kv.Put(ctx, key, data); err != nil {
+		if _, err := js.PublishAsync("$KV."+policy.BucketInventory+"."+key, data); err != nil {
 			t.Fatal(err)
 		}
 	}
 	put(inventory.TrustKey, inventory.Trust{TrustDomain: "cluster.local", Generation: 1, Roots: []inventory.Root{{Fingerprint: pki.Fingerprint(b.root.Cert),
 		Subject: b.root.Cert.Subject.String(), NotBefore: b.root.Cert.NotBefore, NotAfter: b.root.Cert.NotAfter, PEM: rootPEM}}})
-	for i := range fleetSize {
+	for i := range n {
 		pod := fmt.Sprintf("default/demo-%d", i)
 		c := inventory.Cert{Pod: pod, Resource: "default", SPIFFEID: "spiffe://cluster.local/ns/default/sa/demo", Serial: fmt.Sprintf("%016x", 0x5e0000+i),
 			NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour), Signer: "signer-0", Root: pki.Fingerprint(b.root.Cert), Issued: now}
@@ -97,11 +99,19 @@ func seedBus(t *testing.T) *seededBus {
 		}
 		put(inventory.KeyOfCert(c), c)
 	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("seeding the bucket: no acks")
+	}
+	if st, err := kv.Status(ctx); err != nil || st.Values() != uint64(n+1) {
+		t.Fatalf("the bucket holds %v records, want %d: %v", st, n+1, err)
+	}
 	return b
 }
 
 // delivered is how many messages the server has handed to its clients so far.
-func (b *seededBus) delivered(t *testing.T) int64 {
+func (b *seededBus) delivered(t testing.TB) int64 {
 	t.Helper()
 	v, err := b.srv.Varz(nil)
 	if err != nil {
@@ -112,7 +122,7 @@ func (b *seededBus) delivered(t *testing.T) int64 {
 
 // operator serves the bucket's index as the operator's /api/inventory does
 // (fleetindex: its query parsing and pages), counting the pages.
-func (b *seededBus) operator(t *testing.T) (url string, pages *atomic.Int32) {
+func (b *seededBus) operator(t testing.TB) (url string, pages *atomic.Int32) {
 	t.Helper()
 	ix, err := fleetindex.ReadBucket(context.Background(), b.nc)
 	if err != nil {
@@ -137,7 +147,7 @@ func (b *seededBus) operator(t *testing.T) (url string, pages *atomic.Int32) {
 // few messages, not the fleetSize records of the bucket (it read the bucket whole
 // before). The positive control: a whole read, as before, is seen as one.
 func TestInspectReadsOnePodNotTheFleet(t *testing.T) {
-	b := seedBus(t)
+	b := seedBus(t, fleetSize)
 	whole := b.delivered(t)
 	if _, err := inventory.Read(context.Background(), b.nc); err != nil {
 		t.Fatal(err)
@@ -170,7 +180,7 @@ func TestInspectReadsOnePodNotTheFleet(t *testing.T) {
 // rotate root -wait follows the fleet from the operator's counts: two pages a
 // look, and no read of the bucket.
 func TestRotateWaitReadsCountsNotTheFleet(t *testing.T) {
-	b := seedBus(t)
+	b := seedBus(t, fleetSize)
 	api, pages := b.operator(t)
 	before := b.delivered(t)
 	var out bytes.Buffer
