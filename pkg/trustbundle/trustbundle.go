@@ -161,7 +161,8 @@ func (s *Set) Pool() *x509.CertPool {
 // generation than the last applied (or of the same one) is Stale, not an error:
 // generation 0 is taken only while no other has been applied. A newer one needs an
 // endorsement that verifies under a root trusted now; before the first bundle, under
-// an anchor (or it holds nothing but anchors), or nothing on first use.
+// an anchor (or it holds nothing but anchors and is not Whole), or nothing on first
+// use. A Whole bundle's update removes the trusted roots it leaves out.
 func (s *Set) Check(b Bundle) (Update, error) {
 	if s.td != "" && b.TrustDomain != s.td {
 		return Update{}, fmt.Errorf("%w: %q, not %q", ErrTrustDomain, b.TrustDomain, s.td)
@@ -197,7 +198,8 @@ func (s *Set) Check(b Bundle) (Update, error) {
 			u.FirstUse = true
 			return u, nil
 		}
-		if onlyAnchors(roots, s.anchors) {
+		if onlyAnchors(roots, s.anchors) && !b.Whole {
+			// A whole bundle leaves anchors out: only an endorsement says which.
 			return u, nil
 		}
 		trusted = s.anchors

@@ -305,3 +305,30 @@ func TestWholeBundleRemovesWhatItLeavesOut(t *testing.T) {
 	}
 	equalRoots(t, s, newRoot)
 }
+
+// Before the first bundle, a bundle of nothing but anchors is taken unendorsed
+// (they are trusted already), but a Whole one is not: it would drop the anchors it
+// leaves out, and only the CA's endorsement may say which.
+func TestWholeBundleOfAnchorsNeedsAnEndorsement(t *testing.T) {
+	oldRoot, newRoot := root(t, "old"), root(t, "new")
+	b := bundle(t, 2, certs(newRoot), nil)
+	b.Whole = true
+	s := New(td, certs(newRoot, oldRoot), nil)
+	if _, _, err := s.Accept(b); !errors.Is(err, ErrRejected) {
+		t.Fatalf("an unendorsed whole bundle of one anchor: %v", err)
+	}
+	if s.Bootstrapped() {
+		t.Fatal("the refused bundle bootstrapped the set")
+	}
+	b.Whole = false
+	if _, _, err := s.Accept(b); err != nil {
+		t.Fatalf("the same bundle, not whole: %v", err)
+	}
+	endorsed := bundle(t, 3, certs(newRoot), keys(newRoot))
+	endorsed.Whole = true
+	s = New(td, certs(newRoot, oldRoot), nil)
+	if _, _, err := s.Accept(endorsed); err != nil {
+		t.Fatalf("a whole bundle endorsed by an anchor: %v", err)
+	}
+	equalRoots(t, s, newRoot)
+}
