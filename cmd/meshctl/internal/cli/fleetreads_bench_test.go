@@ -19,13 +19,16 @@ import (
 //
 //   - inspect-pod, inspect-serial: the command as a user runs it (the serial through
 //     the operator's API, served from the index of the same bucket);
+//
 //   - wait-look: one look of rotate root -wait (two pages of the operator's API);
+//
 //   - whole-read: inventory.Read, what each of them did before (the old inspect and
 //     every look of the old -wait read the bucket whole, then filtered);
+//
 //   - old-binary-inspect-pod: when MESHCTL_OLD_BIN names a meshctl built before the
 //     change, that binary's inspect (process start included).
 //
-//	go test -run '^$' -bench BenchmarkFleetReads -benchtime 5x ./cmd/meshctl/internal/cli/
+//     go test -run '^$' -bench BenchmarkFleetReads -benchtime 5x ./cmd/meshctl/internal/cli/
 func BenchmarkFleetReads(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("MESHCTL_BENCH_FLEET")); err == nil && v > 0 {

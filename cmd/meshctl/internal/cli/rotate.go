@@ -202,7 +202,7 @@ func phaseOnly(line string) string {
 type progress struct {
 	held, total, named int
 	silent             []string // "ns/name (why)", the first few
-	more               int      // left out beyond those named
+	more               int      // holders left out beyond those named: an estimate (holders without a pod too, one both silent and expired twice)
 }
 
 // leftOutShown is how many of the pods left out a line names.
