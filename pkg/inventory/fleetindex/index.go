@@ -76,7 +76,7 @@ type Index struct {
 	// Current certificates (not bench's, not down) by expiry and by the time their
 	// renewal is overdue: how many expired, expire soon, are overdue.
 	curExpiry, curOverdue, curRenew order
-	serial                          order // every record, bench's too, by serial: inspect's lookup
+	serial                          order             // every record, bench's too, by serial: inspect's lookup
 	silent                          map[string]*entry // current holders told to renew again with no new certificate
 	tally                           tally
 }

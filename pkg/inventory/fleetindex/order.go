@@ -99,7 +99,9 @@ func byName(a, b *entry) int { return cmp.Or(strings.Compare(a.name, b.name), by
 // filter with a '/'.
 func byHolder(a, b *entry) int { return cmp.Or(strings.Compare(a.holder, b.holder), byExpiry(a, b)) }
 
-func bySerial(a, b *entry) int { return cmp.Or(strings.Compare(a.serial, b.serial), strings.Compare(a.key, b.key)) }
+func bySerial(a, b *entry) int {
+	return cmp.Or(strings.Compare(a.serial, b.serial), strings.Compare(a.key, b.key))
+}
 
 func byRoot(a, b *entry) int { return cmp.Or(strings.Compare(a.c.Root, b.c.Root), byExpiry(a, b)) }
 

@@ -15,20 +15,16 @@ import (
 
 // BenchmarkFleetReads times what meshctl inspect and one look of rotate root -wait
 // cost against an inventory of MESHCTL_BENCH_FLEET records (default 100,000), and
-// how many messages the bus hands over for each (msgs/op):
+// how many messages the bus hands over for each (msgs/op): inspect-pod and
+// inspect-serial run the command as a user does (the serial through the operator's
+// API, served from the index of the same bucket); wait-look is one look of rotate
+// root -wait (two pages of the operator's API); whole-read is inventory.Read, what
+// each of them did before (the old inspect and every look of the old -wait read the
+// bucket whole, then filtered); old-binary-inspect-pod, when MESHCTL_OLD_BIN names a
+// meshctl built before the change, is that binary's inspect, process start included
+// (new-binary-inspect-pod, MESHCTL_NEW_BIN, the same for the new one). Run:
 //
-//   - inspect-pod, inspect-serial: the command as a user runs it (the serial through
-//     the operator's API, served from the index of the same bucket);
-//
-//   - wait-look: one look of rotate root -wait (two pages of the operator's API);
-//
-//   - whole-read: inventory.Read, what each of them did before (the old inspect and
-//     every look of the old -wait read the bucket whole, then filtered);
-//
-//   - old-binary-inspect-pod: when MESHCTL_OLD_BIN names a meshctl built before the
-//     change, that binary's inspect (process start included).
-//
-//     go test -run '^$' -bench BenchmarkFleetReads -benchtime 5x ./cmd/meshctl/internal/cli/
+//	go test -run '^$' -bench BenchmarkFleetReads -benchtime 5x ./cmd/meshctl/internal/cli/
 func BenchmarkFleetReads(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("MESHCTL_BENCH_FLEET")); err == nil && v > 0 {
