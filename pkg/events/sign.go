@@ -181,6 +181,14 @@ func (s SignerRoots) check(f *fields) {
 // Istio's response has only the chain, and an Istio agent ignores the header.
 const SignerRootsHeader = "meshagent-signer-roots-bin"
 
+// TrustBundleHeader is the gRPC response header in which a signer answering
+// Istio's CreateCertificate sends its whole current trust bundle, endorsed as a
+// sign reply's on the bus is (a BundleReply as JSON: trust domain, roots,
+// generation, endorsements): Istio's response has only the chain, whose last PEM
+// vouches for nothing, so that a pod on the gRPC path follows a root's retirement
+// as a bus pod does. An Istio agent ignores the header.
+const TrustBundleHeader = "meshagent-trust-bundle-bin"
+
 // SignerEndorsedBytes is what a SignerRoots endorsement signs: the mesh's trust
 // domain, the signer's name and each root's SHA-256, so that it cannot be replayed
 // as another signer's, as a foreign domain's (FederatedEndorsedBytes) or as the

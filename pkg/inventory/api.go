@@ -17,8 +17,9 @@ import "time"
 //	state   current, down, overdue (renewal overdue or expired), silent (told to
 //	        renew again with no new certificate: gone, or failing)
 //	sort    expiry (default), pod, namespace, root; order asc (default) or desc
+//	serial  start of the serial (hex, at least 6 digits: meshctl inspect's)
 //	offset, limit (1 to 1000, default 100); bench=1 includes meshctl bench's load
-var APIParams = []string{"ns", "pod", "root", "expiry", "state", "sort", "order", "offset", "limit", "bench"}
+var APIParams = []string{"ns", "pod", "root", "serial", "expiry", "state", "sort", "order", "offset", "limit", "bench"}
 
 // Counts are the whole inventory's figures (not the page's), for the summary.
 type Counts struct {
@@ -38,6 +39,10 @@ type Counts struct {
 	// MeshRoots are the current certificates of the mesh CA (no named signer) by
 	// root: one under a root the bundle does not hold needs attention.
 	MeshRoots map[string]int `json:"mesh_roots,omitempty"`
+	// LivePodRoots are the pods' certificates of the mesh CA that are neither
+	// down, expired nor silent (Cert.Silent), by root: the pods a root rotation
+	// waits for (meshctl rotate root -wait).
+	LivePodRoots map[string]int `json:"live_pod_roots,omitempty"`
 	// LastHour is what the fleet did in the last hour, from the counters the
 	// keepers keep in the inventory (no history read).
 	LastHour Tally `json:"last_hour"`

@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/meshagent/meshagent/pkg/auditlog"
 	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/bus/policy"
@@ -132,48 +131,6 @@ func (c *Cert) check() error {
 		return fmt.Errorf("not a certificate record: no %s", strings.Join(missing, ", "))
 	}
 	return nil
-}
-
-// Read loads the inventory with read-only rights (the audit role): the bucket's
-// stream read message by message, the last value of each key winning. No consumer is
-// created.
-func Read(ctx context.Context, nc *nats.Conn) (Snapshot, error) {
-	values, err := ReadValues(ctx, nc)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	return Decode(values), nil
-}
-
-// ReadValues is the bucket's current values by key, read as Read does.
-func ReadValues(ctx context.Context, nc *nats.Conn) (map[string][]byte, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	st, err := js.Stream(ctx, "KV_"+policy.BucketInventory)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("no inventory on this bus yet (bucket %s): is the operator service running?", policy.BucketInventory)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("inventory bucket: %w", err)
-	}
-	prefix := "$KV." + policy.BucketInventory + "."
-	values := map[string][]byte{}
-	err = auditlog.Scan(ctx, nc, st, prefix+">", 1, 0, func(m *jetstream.RawStreamMsg) error {
-		key := strings.TrimPrefix(m.Subject, prefix)
-		switch m.Header.Get("KV-Operation") {
-		case "DEL", "PURGE":
-			delete(values, key)
-		default:
-			values[key] = m.Data
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read inventory: %w", err)
-	}
-	return values, nil
 }
 
 // Keeper keeps the bucket current from the event stream through the durable

@@ -40,6 +40,11 @@ type Bundle struct {
 	Roots        []string // PEM, newest first: what the endorsements sign
 	Removed      []string // fingerprints said to be gone (trust.changed)
 	Endorsements []events.Endorsement
+	// Whole: Roots are the CA's whole bundle at Generation (the signer's gRPC
+	// header, events.TrustBundleHeader), so a trusted root not among them is
+	// removed when the bundle is applied. The endorsement covers the roots and the
+	// generation, so only the CA's key can say what is left out.
+	Whole bool
 }
 
 // FromTrustChanged, FromBundleReply and FromSignReply take the bundle of an event.
@@ -156,7 +161,8 @@ func (s *Set) Pool() *x509.CertPool {
 // generation than the last applied (or of the same one) is Stale, not an error:
 // generation 0 is taken only while no other has been applied. A newer one needs an
 // endorsement that verifies under a root trusted now; before the first bundle, under
-// an anchor (or it holds nothing but anchors), or nothing on first use.
+// an anchor (or it holds nothing but anchors and is not Whole), or nothing on first
+// use. A Whole bundle's update removes the trusted roots it leaves out.
 func (s *Set) Check(b Bundle) (Update, error) {
 	if s.td != "" && b.TrustDomain != s.td {
 		return Update{}, fmt.Errorf("%w: %q, not %q", ErrTrustDomain, b.TrustDomain, s.td)
@@ -184,12 +190,16 @@ func (s *Set) Check(b Bundle) (Update, error) {
 		u.Stale = true
 		return u, nil
 	}
+	if b.Whole {
+		u.Removed = left(trusted, roots, u.Removed)
+	}
 	if !boot {
 		if len(s.anchors) == 0 {
 			u.FirstUse = true
 			return u, nil
 		}
-		if onlyAnchors(roots, s.anchors) {
+		if onlyAnchors(roots, s.anchors) && !b.Whole {
+			// A whole bundle leaves anchors out: only an endorsement says which.
 			return u, nil
 		}
 		trusted = s.anchors
@@ -254,6 +264,17 @@ func endorsed(trusted []*x509.Certificate, b Bundle) (string, error) {
 	return "", fmt.Errorf("%w: %w", ErrRejected, errors.Join(errs...))
 }
 
+// left appends to removed the fingerprint of each trusted root that is not in
+// roots and not in removed already.
+func left(trusted, roots []*x509.Certificate, removed []string) []string {
+	for _, c := range trusted {
+		if fp := pki.Fingerprint(c); !slices.ContainsFunc(roots, c.Equal) && !slices.Contains(removed, fp) {
+			removed = append(removed, fp)
+		}
+	}
+	return removed
+}
+
 func onlyAnchors(roots, anchors []*x509.Certificate) bool {
 	for _, r := range roots {
 		if !slices.ContainsFunc(anchors, r.Equal) {
@@ -264,7 +285,8 @@ func onlyAnchors(roots, anchors []*x509.Certificate) bool {
 }
 
 // Apply applies an update from Check: it merges the roots (an old root stays
-// trusted until it expires or a bundle says it is removed) and records the
+// trusted until it expires or a bundle says it is removed, or leaves it out of
+// a Whole bundle) and records the
 // generation. It reports whether the trusted roots changed. A stale update, or one
 // overtaken by a newer generation since Check, changes nothing.
 func (s *Set) Apply(u Update) bool {

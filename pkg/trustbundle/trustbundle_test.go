@@ -248,3 +248,87 @@ func TestCertifiedTakesOnlyACrossSignedRoot(t *testing.T) {
 		t.Fatalf("AddCertified: %d roots, generation %d", len(s.Roots()), s.Generation())
 	}
 }
+
+// A Whole bundle (the signer's gRPC header) removes what it leaves out, once its
+// endorsement verifies: a retired root leaves with the next generation. One
+// endorsed by a key nobody trusts, or not endorsed at all, changes nothing; the
+// same bundle not marked Whole only adds (the positive control of the removal).
+func TestWholeBundleRemovesWhatItLeavesOut(t *testing.T) {
+	oldRoot, newRoot, evil := root(t, "old"), root(t, "new"), root(t, "evil")
+	start := func() *Set {
+		s := New(td, certs(oldRoot), nil)
+		if _, _, err := s.Accept(bundle(t, 1, certs(newRoot, oldRoot), keys(newRoot, oldRoot))); err != nil {
+			t.Fatal(err)
+		}
+		equalRoots(t, s, newRoot, oldRoot)
+		return s
+	}
+	retired := bundle(t, 2, certs(newRoot), keys(newRoot))
+
+	merged := start()
+	if _, _, err := merged.Accept(retired); err != nil {
+		t.Fatal(err)
+	}
+	equalRoots(t, merged, newRoot, oldRoot)
+
+	s := start()
+	for _, bad := range []struct {
+		name string
+		b    Bundle
+	}{
+		{"endorsed by an untrusted key", bundle(t, 2, certs(newRoot), keys(evil))},
+		{"not endorsed", bundle(t, 2, certs(newRoot), nil)},
+		{"another domain's", func() Bundle { b := retired; b.TrustDomain = "other.local"; return b }()},
+	} {
+		b := bad.b
+		b.Whole = true
+		if _, _, err := s.Accept(b); !errors.Is(err, ErrRejected) {
+			t.Fatalf("%s: accepted (%v)", bad.name, err)
+		}
+		equalRoots(t, s, newRoot, oldRoot)
+	}
+	whole := retired
+	whole.Whole = true
+	u, changed, err := s.Accept(whole)
+	if err != nil || !changed {
+		t.Fatalf("whole bundle: changed %t, %v", changed, err)
+	}
+	if len(u.Removed) != 1 || u.Removed[0] != pki.Fingerprint(oldRoot.Cert) {
+		t.Fatalf("removed %v, want the old root", u.Removed)
+	}
+	equalRoots(t, s, newRoot)
+	// An older whole bundle (a replay holding the old root) is stale news.
+	replay := bundle(t, 1, certs(newRoot, oldRoot), keys(newRoot, oldRoot))
+	replay.Whole = true
+	if u, changed, err := s.Accept(replay); err != nil || changed || !u.Stale {
+		t.Fatalf("replay: stale %t, changed %t, %v", u.Stale, changed, err)
+	}
+	equalRoots(t, s, newRoot)
+}
+
+// Before the first bundle, a bundle of nothing but anchors is taken unendorsed
+// (they are trusted already), but a Whole one is not: it would drop the anchors it
+// leaves out, and only the CA's endorsement may say which.
+func TestWholeBundleOfAnchorsNeedsAnEndorsement(t *testing.T) {
+	oldRoot, newRoot := root(t, "old"), root(t, "new")
+	b := bundle(t, 2, certs(newRoot), nil)
+	b.Whole = true
+	s := New(td, certs(newRoot, oldRoot), nil)
+	if _, _, err := s.Accept(b); !errors.Is(err, ErrRejected) {
+		t.Fatalf("an unendorsed whole bundle of one anchor: %v", err)
+	}
+	if s.Bootstrapped() {
+		t.Fatal("the refused bundle bootstrapped the set")
+	}
+	b.Whole = false
+	if _, _, err := s.Accept(b); err != nil {
+		t.Fatalf("the same bundle, not whole: %v", err)
+	}
+	endorsed := bundle(t, 3, certs(newRoot), keys(newRoot))
+	endorsed.Whole = true
+	s = New(td, certs(newRoot, oldRoot), nil)
+	if _, _, err := s.Accept(endorsed); err != nil {
+		t.Fatalf("a whole bundle endorsed by an anchor: %v", err)
+	}
+	equalRoots(t, s, newRoot)
+}

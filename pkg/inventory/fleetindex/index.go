@@ -33,6 +33,7 @@ type entry struct {
 	ns      string
 	name    string    // the pod's name, "" without a pod
 	holder  string    // the pod ("<ns>/<name>"), else the SPIFFE ID
+	serial  string    // lower case
 	overdue time.Time // when its renewal is overdue (inventory.OverdueRatio of its life)
 	renew   time.Time // when it is due for renewal (inventory.Cert.RenewsBy)
 	bench   bool
@@ -46,7 +47,7 @@ func newEntry(key string, c inventory.Cert) *entry {
 	for _, s := range []*string{&c.Resource, &c.Signer, &c.Root, &c.CertSigner, &c.KeyAlgorithm, &c.LastRenewal} {
 		*s = unique.Make(*s).Value()
 	}
-	e := &entry{key: key, c: c, ns: unique.Make(c.Namespace()).Value(), holder: c.Pod}
+	e := &entry{key: key, c: c, ns: unique.Make(c.Namespace()).Value(), holder: c.Pod, serial: strings.ToLower(c.Serial)}
 	if _, name, ok := strings.Cut(c.Pod, "/"); ok {
 		e.name = name
 	} else {
@@ -75,6 +76,7 @@ type Index struct {
 	// Current certificates (not bench's, not down) by expiry and by the time their
 	// renewal is overdue: how many expired, expire soon, are overdue.
 	curExpiry, curOverdue, curRenew order
+	serial                          order             // every record, bench's too, by serial: inspect's lookup
 	silent                          map[string]*entry // current holders told to renew again with no new certificate
 	tally                           tally
 }
@@ -88,6 +90,7 @@ func New() *Index {
 	ix.curExpiry = order{cmp: byExpiry, keep: (*entry).current}
 	ix.curOverdue = order{cmp: byOverdue, keep: (*entry).current}
 	ix.curRenew = order{cmp: byRenew, keep: (*entry).current}
+	ix.serial = order{cmp: bySerial, keep: func(*entry) bool { return true }}
 	return ix
 }
 
@@ -173,7 +176,7 @@ func (ix *Index) Flush() {
 }
 
 func (ix *Index) orders() []*order {
-	return append(append(ix.fleet.list(), ix.all.list()...), &ix.curExpiry, &ix.curOverdue, &ix.curRenew)
+	return append(append(ix.fleet.list(), ix.all.list()...), &ix.curExpiry, &ix.curOverdue, &ix.curRenew, &ix.serial)
 }
 
 // Trust is the trust record (nil when none).

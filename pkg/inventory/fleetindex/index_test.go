@@ -3,6 +3,7 @@ package fleetindex
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -44,7 +45,8 @@ func TestPagesAgreeWithAScan(t *testing.T) {
 		{Pod: "web-1"}, {Pod: "a/web-1"}, {Pod: "a-b/"}, {Pod: "spiffe://td/ns/a/"}, {Pod: "web/"}, {Root: "aaaa"}, {Root: "aaaa02", Within: time.Hour},
 		{Root: "bbbb01", Sort: "pod"}, {Within: -1}, {Within: 30 * time.Minute, Sort: "namespace"}, {State: "overdue"},
 		{State: "silent", Sort: "pod"}, {State: "down", Namespace: "web"}, {State: "current", Bench: true, Sort: "root"},
-		{Bench: true, Namespace: events.BenchNamespace}, {Sort: "pod", Offset: 40}, {Namespace: "a", Within: time.Hour, Desc: true}}
+		{Bench: true, Namespace: events.BenchNamespace}, {Sort: "pod", Offset: 40}, {Namespace: "a", Within: time.Hour, Desc: true},
+		{Serial: "a1"}, {Serial: "f", Bench: true, Sort: "pod"}, {Serial: "3", State: "current", Namespace: "web"}}
 	for round := range 15 {
 		for range 50 + r.IntN(200) {
 			i := r.IntN(600)
@@ -72,7 +74,7 @@ func TestPagesAgreeWithAScan(t *testing.T) {
 		}
 		if got, want := ix.Counts(now), countAll(held, now); got.Certificates != want.Certificates || got.Down != want.Down ||
 			got.Expired != want.Expired || got.ExpireIn1h != want.ExpireIn1h || got.Overdue != want.Overdue || got.Silent != want.Silent || got.RenewIn1h != want.RenewIn1h ||
-			got.Bench != want.Bench || got.Pods != want.Pods {
+			got.Bench != want.Bench || got.Pods != want.Pods || !maps.Equal(got.LivePodRoots, want.LivePodRoots) {
 			t.Fatalf("round %d counts %+v, want %+v", round, got, want)
 		}
 	}
@@ -117,7 +119,7 @@ func scan(held map[string]inventory.Cert, q Query, now time.Time) (int, []invent
 }
 
 func countAll(held map[string]inventory.Cert, now time.Time) inventory.Counts {
-	var c inventory.Counts
+	c := inventory.Counts{LivePodRoots: map[string]int{}}
 	pods := map[string]bool{}
 	for k, cert := range held {
 		e := newEntry(k, cert)
@@ -130,6 +132,10 @@ func countAll(held map[string]inventory.Cert, now time.Time) inventory.Counts {
 			c.Certificates++
 			if cert.Pod != "" {
 				pods[cert.Pod] = true
+			}
+			// What rotate root -wait waits for (cli.rootProgress before it asked the operator).
+			if silent, _ := cert.Silent(now); cert.Pod != "" && cert.CertSigner == "" && !silent {
+				c.LivePodRoots[cert.Root]++
 			}
 			switch w := cert.Warnings(now, nil); {
 			case len(w) > 0 && w[0] == "expired":
@@ -151,4 +157,18 @@ func countAll(held map[string]inventory.Cert, now time.Time) inventory.Counts {
 	}
 	c.Pods = len(pods)
 	return c
+}
+
+// A serial filter is hex, at least 6 digits (as meshctl inspect takes one), any case;
+// anything else is refused, naming the parameter.
+func TestParseQuerySerial(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{{"A1B2C3", "a1b2c3", true}, {"0123456789abcdef0123", "0123456789abcdef0123", true}, {"a1b2c", "", false}, {"a1b2cg", "", false}, {"a1b2c3.", "", false}} {
+		q, err := ParseQuery(map[string][]string{"serial": {tc.in}})
+		if ok := err == nil; ok != tc.ok || ok && q.Serial != tc.want || !ok && !strings.Contains(err.Error(), "serial:") {
+			t.Errorf("serial %q: %+v, %v", tc.in, q.Serial, err)
+		}
+	}
 }

@@ -99,6 +99,10 @@ func byName(a, b *entry) int { return cmp.Or(strings.Compare(a.name, b.name), by
 // filter with a '/'.
 func byHolder(a, b *entry) int { return cmp.Or(strings.Compare(a.holder, b.holder), byExpiry(a, b)) }
 
+func bySerial(a, b *entry) int {
+	return cmp.Or(strings.Compare(a.serial, b.serial), strings.Compare(a.key, b.key))
+}
+
 func byRoot(a, b *entry) int { return cmp.Or(strings.Compare(a.c.Root, b.c.Root), byExpiry(a, b)) }
 
 // orderSet is the page orders of one population (the fleet, or the fleet with
@@ -165,3 +169,4 @@ func nsOf(e *entry) string         { return e.ns }
 func holderOf(e *entry) string     { return e.holder }
 func nameOf(e *entry) string       { return e.name }
 func rootOf(e *entry) string       { return e.c.Root }
+func serialOf(e *entry) string     { return e.serial }

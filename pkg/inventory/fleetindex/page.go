@@ -15,6 +15,7 @@ type Query struct {
 	// a '/'; for a certificate without a pod, the start of its SPIFFE ID.
 	Pod    string
 	Root   string        // prefix of the root's fingerprint (lower case)
+	Serial string        // prefix of the serial (lower-case hex, at least 6 digits)
 	Within time.Duration // expiring within this (0: any); negative: expired only
 	State  string        // "" any, "current", "down", "overdue" (current, renewal overdue or expired), "silent"
 	Sort   string        // expiry (default), pod, namespace, root
@@ -37,6 +38,8 @@ func (q Query) match(e *entry, now time.Time) bool {
 	case q.Namespace != "" && e.ns != q.Namespace:
 		return false
 	case q.Root != "" && !strings.HasPrefix(e.c.Root, q.Root):
+		return false
+	case q.Serial != "" && !strings.HasPrefix(e.serial, q.Serial):
 		return false
 	case q.Within < 0 && now.Before(e.c.NotAfter):
 		return false
@@ -77,7 +80,16 @@ func (ix *Index) Counts(now time.Time) inventory.Counts {
 		}
 	}
 	exp := ix.curExpiry.s
-	c.Expired = len(before(exp, notAfter, now, true))
+	expired := before(exp, notAfter, now, true)
+	c.Expired = len(expired)
+	c.LivePodRoots = copyMap(t.livePods)
+	for _, e := range expired { // few in a healthy fleet: the cost of the expired, not of the fleet
+		if e.livePod() {
+			if c.LivePodRoots[e.c.Root]--; c.LivePodRoots[e.c.Root] == 0 {
+				delete(c.LivePodRoots, e.c.Root)
+			}
+		}
+	}
 	c.ExpireIn1h = len(before(exp, notAfter, now.Add(time.Hour), false)) - c.Expired
 	c.Overdue = len(before(ix.curOverdue.s, overdueAt, now, false)) - c.Expired
 	// An expired certificate was due before now too (half its life).
@@ -148,13 +160,15 @@ type covered struct {
 
 // covers reports whether the run holds only matches of q.
 func (c *covered) covers(q Query) bool {
-	return q.Pod == "" && (q.Namespace == "" || c.ns) && (q.Root == "" || c.root) && (q.Within == 0 || c.within) && (q.State == "" || c.state)
+	return q.Pod == "" && q.Serial == "" && (q.Namespace == "" || c.ns) && (q.Root == "" || c.root) && (q.Within == 0 || c.within) && (q.State == "" || c.state)
 }
 
 // narrow picks the smallest run of an order that holds every match of q, and says
 // what it covers (nil: a set of candidates in no order, to be filtered and sorted).
 func (ix *Index) narrow(set *orderSet, q Query, now time.Time) ([]*entry, *covered) {
 	switch {
+	case q.Serial != "":
+		return span(ix.serial.s, serialOf, q.Serial), nil
 	case q.Pod != "":
 		return ix.podCandidates(set, q.Pod), nil
 	case q.State == "overdue":

@@ -23,7 +23,7 @@ const (
 // ParseQuery reads an /api/inventory request's parameters; bad input is an error naming the
 // parameter, and nothing is served.
 func ParseQuery(v url.Values) (Query, error) {
-	q := Query{Namespace: v.Get("ns"), Pod: v.Get("pod"), Root: strings.ToLower(v.Get("root")), State: v.Get("state"),
+	q := Query{Namespace: v.Get("ns"), Pod: v.Get("pod"), Root: strings.ToLower(v.Get("root")), Serial: strings.ToLower(v.Get("serial")), State: v.Get("state"),
 		Sort: cmp.Or(v.Get("sort"), "expiry"), Desc: v.Get("order") == "desc", Bench: v.Get("bench") == "1", Limit: DefaultLimit}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(v)) {
@@ -52,6 +52,9 @@ func ParseQuery(v url.Values) (Query, error) {
 			return
 		}
 		*dst = n
+	}
+	if s := q.Serial; s != "" && (len(s) < 6 || len(s) > 64 || strings.Trim(s, "0123456789abcdef") != "") {
+		errs = append(errs, fmt.Errorf("serial: %q, want 6 to 64 hex digits", v.Get("serial")))
 	}
 	num("offset", &q.Offset, 0, 1<<30)
 	num("limit", &q.Limit, 1, MaxLimit)

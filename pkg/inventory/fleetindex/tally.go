@@ -12,11 +12,12 @@ type tally struct {
 	named                map[string]int // current certificates by named signer
 	meshRoots            map[string]int // current certificates of the mesh CA (no named signer) by root
 	retrying             int            // current certificates told to renew again with no new one (silent holders)
+	livePods             map[string]int // current pod certificates of the mesh CA, not retrying, by root (expired ones too)
 }
 
 func newTally() tally {
 	return tally{byNamespace: map[string]int{}, byRoot: map[string]int{}, upPods: map[string]int{}, downPods: map[string]int{},
-		named: map[string]int{}, meshRoots: map[string]int{}}
+		named: map[string]int{}, meshRoots: map[string]int{}, livePods: map[string]int{}}
 }
 
 // add counts e in (d = 1) or out (d = -1).
@@ -49,7 +50,16 @@ func (t *tally) add(e *entry, d int) {
 		if e.retrying() {
 			t.retrying += d
 		}
+		if e.livePod() {
+			bump(t.livePods, e.c.Root)
+		}
 	}
+}
+
+// livePod reports a current pod certificate of the mesh CA whose holder is not
+// retrying: one a root rotation waits for while it has not expired.
+func (e *entry) livePod() bool {
+	return e.c.Pod != "" && e.c.CertSigner == "" && !e.retrying()
 }
 
 // retrying reports a holder told to renew again with no new certificate since

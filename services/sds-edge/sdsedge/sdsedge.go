@@ -246,7 +246,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	anchors, err := e.trustAnchors(seed)
+	anchors, kept, err := e.trustAnchors(seed)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -304,7 +304,7 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	}
 	mgr = identity.New(identity.Config{Pod: c.PodRef(), SPIFFEID: e.spiffeID, TrustDomain: c.Pod.TrustDomain, TrustDomainAliases: c.Pod.TrustDomainAliases, TokenFile: c.CA.TokenFile, TTL: c.Cert.TTL,
 		KeyAlg: c.Cert.KeyAlg, PKCS8: c.Cert.PKCS8, SafetyRatio: c.Cert.SafetyRatio, GraceRatio: c.Cert.GraceRatio, RetryMin: c.Cert.RetryMin,
-		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors,
+		RetryMax: c.Cert.RetryMax, RequestTimeout: c.Cert.RequestTimeout, Anchors: anchors, Kept: kept,
 		TrustState: c.CA.TrustState, CertState: c.Cert.State, OutputDir: c.Cert.OutputDir,
 		Provisioned: provisioned(c.CA.ProvCert, e.d.Clock), CertSigner: c.Cert.Signer}, signer, e.store, identityObserver{e}, e.d.Clock, e.log.Named("identity"))
 	return mgr, closeSigner, nil
@@ -312,11 +312,11 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 
 // trustAnchors are the roots the pod trusts before its first bundle: the
 // -trust-anchors-file, else all of seed (-ca-root-cert), and the unexpired roots
-// it trusted before a restart.
-func (e *Edge) trustAnchors(seed []*x509.Certificate) ([]*x509.Certificate, error) {
-	anchors, err := readRoots("-trust-anchors-file", e.cfg.CA.TrustAnchorsFile)
+// it trusted before a restart, which are also returned alone (kept).
+func (e *Edge) trustAnchors(seed []*x509.Certificate) (anchors, kept []*x509.Certificate, err error) {
+	anchors, err = readRoots("-trust-anchors-file", e.cfg.CA.TrustAnchorsFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(anchors) == 0 {
 		// -ca-root-cert is the roots the pod trusts the CA by: all of them are the
@@ -324,16 +324,20 @@ func (e *Edge) trustAnchors(seed []*x509.Certificate) ([]*x509.Certificate, erro
 		anchors = slices.Clone(seed)
 	}
 	// What the pod trusted before a restart stays trusted: no trust on first use again.
-	kept, err := readRoots("trust state", e.cfg.CA.TrustState)
+	stored, err := readRoots("trust state", e.cfg.CA.TrustState)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		e.log.Warn("ignoring the kept trusted roots", "path", e.cfg.CA.TrustState, "error", err)
 	}
-	for _, r := range kept {
-		if !slices.ContainsFunc(anchors, r.Equal) && e.d.Clock.Now().Before(r.NotAfter) {
+	for _, r := range stored {
+		if !e.d.Clock.Now().Before(r.NotAfter) {
+			continue
+		}
+		kept = append(kept, r)
+		if !slices.ContainsFunc(anchors, r.Equal) {
 			anchors = append(anchors, r)
 		}
 	}
-	return anchors, nil
+	return anchors, kept, nil
 }
 
 // readRoots reads the PEM certificates in path (none for ""); flag names the

@@ -71,6 +71,9 @@ type testCA struct {
 	named atomic.Pointer[namedSigner]
 	// lastSigner is the CertSigner of the last gRPC request's metadata.
 	lastSigner atomic.Pointer[string]
+	// bundleHeader, when set, is sent as the trust bundle header of gRPC replies
+	// (events.TrustBundleHeader), as the signer sends its bundle; unset: none, as istiod.
+	bundleHeader atomic.Pointer[string]
 }
 
 type phasedChain struct {
@@ -405,6 +408,9 @@ func (s istioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertifi
 	if signer != nil {
 		b, _ := json.Marshal(signer)
 		_ = grpc.SetHeader(ctx, metadata.Pairs(events.SignerRootsHeader, string(b)))
+	}
+	if h := s.c.bundleHeader.Load(); h != nil {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(events.TrustBundleHeader, *h))
 	}
 	return &pb.IstioCertificateResponse{CertChain: chain}, nil
 }

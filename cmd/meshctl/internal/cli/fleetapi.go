@@ -57,6 +57,16 @@ func (f *fleetFlags) source(st *stackfile.Stack, nc *nats.Conn) fleetSource {
 	return &operatorAPI{base: strings.TrimSuffix(addr, "/"), timeout: f.timeout}
 }
 
+// follower is source for a reader that looks again and again (rotate root
+// -wait): the operator's API, else the bucket read whole at every look.
+func (f *fleetFlags) follower(st *stackfile.Stack, nc *nats.Conn) fleetSource {
+	s := f.source(st, nc)
+	if b, ok := s.(*bucketSource); ok {
+		b.fresh = true
+	}
+	return s
+}
+
 // operatorAPI is the operator service's /api/inventory.
 type operatorAPI struct {
 	base    string
@@ -104,8 +114,9 @@ func (a *operatorAPI) Page(ctx context.Context, v url.Values) (inventory.Page, e
 // bucketSource reads the bucket whole from the bus, once, into an index: what a
 // reader without the operator's address does (a fleet's worth of reads).
 type bucketSource struct {
-	nc *nats.Conn
-	ix *fleetindex.Index
+	nc    *nats.Conn
+	ix    *fleetindex.Index
+	fresh bool // read the bucket again for every page
 }
 
 func (b *bucketSource) String() string {
@@ -117,7 +128,7 @@ func (b *bucketSource) Page(ctx context.Context, v url.Values) (inventory.Page, 
 	if err != nil {
 		return inventory.Page{}, err
 	}
-	if b.ix == nil {
+	if b.ix == nil || b.fresh {
 		ix, err := fleetindex.ReadBucket(ctx, b.nc)
 		if err != nil {
 			return inventory.Page{}, err

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshagent/meshagent/cmd/meshctl/internal/busrpc"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/inventory"
+	"github.com/meshagent/meshagent/pkg/inventory/fleetindex"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/nats-io/nats.go"
 )
@@ -19,7 +23,9 @@ import (
 func runInspect(ctx context.Context, env Env, args []string) error {
 	var dir string
 	var bf busFlags
+	var ff fleetFlags
 	fs := readerFlags("inspect", env, &dir, &bf)
+	ff.bind(fs)
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err
@@ -28,21 +34,18 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("%w: meshctl inspect <pod | serial | PEM file>", errUsage)
 	}
 	what := words[0]
-	nc, err := bf.dialReader(ctx, dir, "meshctl inspect")
+	st, err := bf.stackFor(dir)
+	if err != nil {
+		return err
+	}
+	nc, err := bf.reader(ctx, st, "meshctl inspect")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	snap, invErr := inventory.Read(ctx, nc)
-	if line := snap.SkippedLine(); invErr == nil && line != "" {
-		fmt.Fprintln(env.Stderr, line)
-	}
-	roots, gen, err := currentBundle(ctx, nc, snap)
-	if err != nil {
-		return err
-	}
 	var chains [][]*x509.Certificate
 	var records []inventory.Cert
+	var snap inventory.Snapshot
 	if data, ferr := os.ReadFile(what); ferr == nil {
 		cs, err := pki.ParseCertsPEM(data)
 		if err != nil {
@@ -51,10 +54,15 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 		chains = append(chains, cs)
 		records = append(records, inventory.Cert{})
 	} else {
+		var invErr error
+		snap, invErr = findRecords(ctx, nc, ff.source(st, nc), what)
 		if invErr != nil {
 			return fmt.Errorf("%s is no file, and the inventory cannot be read: %w", what, invErr)
 		}
-		for _, c := range snap.Find(what) {
+		if line := snap.SkippedLine(); line != "" {
+			fmt.Fprintln(env.Stderr, line)
+		}
+		for _, c := range snap.Certs {
 			cs, err := pki.ParseCertPEMs(c.Chain)
 			if err != nil || len(cs) == 0 {
 				return fmt.Errorf("inventory record of %s/%s has no readable chain: %v", c.Pod, c.Resource, err)
@@ -65,6 +73,10 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 		if len(chains) == 0 {
 			return fmt.Errorf("%q: no such file, and no pod or serial (at least 6 hex digits) of that name in the inventory", what)
 		}
+	}
+	roots, gen, err := currentBundle(ctx, nc, snap)
+	if err != nil {
+		return err
 	}
 	bad := 0
 	for i, cs := range chains {
@@ -81,11 +93,50 @@ func runInspect(ctx context.Context, env Env, args []string) error {
 	return nil
 }
 
-// currentBundle is the trust bundle: asked of the signers, else the inventory's.
+// findRecords is the inventory's records, chains included, of the pod named what
+// and of the certificates whose serial starts with what (at least 6 hex digits),
+// with the trust record: the pod's read by key, a serial looked up in one page
+// of the fleet's index (the operator's, else one built from the bucket read
+// whole: -operator), then its holder's records read by key. It never reads the
+// fleet when the operator answers.
+func findRecords(ctx context.Context, nc *nats.Conn, fleet fleetSource, what string) (inventory.Snapshot, error) {
+	keys := []string{inventory.TrustKey}
+	if pod, err := events.ParsePodRef(what); err == nil {
+		keys = append(keys, inventory.PodKeys(pod))
+	}
+	serial := strings.ToLower(what)
+	if isSerialPrefix(serial) {
+		p, err := fleet.Page(ctx, url.Values{"serial": {serial}, "bench": {"1"}, "limit": {strconv.Itoa(fleetindex.MaxLimit)}})
+		if err != nil {
+			return inventory.Snapshot{}, err
+		}
+		for _, c := range p.Certs {
+			keys = append(keys, inventory.KeyOfCert(c))
+		}
+	}
+	snap, err := inventory.ReadKeys(ctx, nc, keys...)
+	if err != nil {
+		return snap, err
+	}
+	snap.Certs = snap.Find(what)
+	return snap, nil
+}
+
+// isSerialPrefix reports whether s (lower case) may be the start of a serial as
+// inspect takes one: at least 6 hex digits.
+func isSerialPrefix(s string) bool {
+	return len(s) >= 6 && len(s) <= 64 && strings.Trim(s, "0123456789abcdef") == ""
+}
+
+// currentBundle is the trust bundle: asked of the signers, else the inventory's
+// trust record (snap's, else read by its key).
 func currentBundle(ctx context.Context, nc *nats.Conn, snap inventory.Snapshot) ([]*x509.Certificate, uint64, error) {
 	if reply, err := askBundle(ctx, nc); err == nil {
 		cs, err := pki.ParseCertPEMs(reply.Roots)
 		return cs, reply.Generation, err
+	}
+	if snap.Trust == nil {
+		snap, _ = inventory.ReadKeys(ctx, nc, inventory.TrustKey)
 	}
 	if snap.Trust == nil {
 		return nil, 0, errors.New("no trust bundle: the signers do not answer and the inventory has none")

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,12 +22,14 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	var newKey, dryRun bool
 	var wait time.Duration
 	var bf busFlags
+	var ff fleetFlags
 	fs := flagenv.New("rotate", env.Getenv)
 	dirFlag(fs, &dir)
 	bf.bind(fs)
+	ff.bind(fs)
 	fs.Bool(&newKey, "new-key", "", false, "rotate root: generate a new root key instead of re-signing the current one")
 	fs.Bool(&dryRun, "dry-run", "", false, "rotate root: show the plan of the rotation (its phases, when the old root leaves the bundle) without rotating")
-	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (from the inventory) until every pod holds the new root, at most this long")
+	fs.Duration(&wait, "wait", "", 0, "rotate root: follow the fleet (the operator's counts, -operator) until every pod holds the new root, at most this long")
 	words, err := parseWords(fs, args)
 	if err != nil {
 		return err
@@ -78,7 +82,7 @@ func runRotate(ctx context.Context, env Env, args []string) error {
 	if wait <= 0 {
 		return nil
 	}
-	return followRoot(parent, nc, env, reply.Fingerprint, wait)
+	return followRoot(parent, nc, ff.follower(st, nc), env, reply.Fingerprint, wait)
 }
 
 // printPlan shows a rotation's phases (docs/architecture.md, "Root rotation in phases").
@@ -130,12 +134,13 @@ func parseWords(fs *flagenv.Set, args []string) ([]string, error) {
 	}
 }
 
-// followRoot reports, from the inventory, how many live pods hold a certificate
-// under the new root, until all do or wait runs out. Pods that no longer answer
-// (inventory.Cert.Silent: stopped, expired, or deaf to the rotator's renewals) and
-// certificates of named signers (whose chains never end at the mesh's root) are
-// left out and named, not waited for.
-func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait time.Duration) error {
+// followRoot reports, from the fleet's counts, how many live pods hold a
+// certificate under the new root, until all do or wait runs out. Pods that no
+// longer answer (inventory.Cert.Silent: stopped, expired, or deaf to the rotator's
+// renewals) and certificates of named signers (whose chains never end at the
+// mesh's root) are left out and named, not waited for. Each look costs two pages
+// of the operator's index (fleetProgress), whatever the fleet's size.
+func followRoot(ctx context.Context, nc *nats.Conn, fleet fleetSource, env Env, fp string, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	tick := time.NewTicker(500 * time.Millisecond)
@@ -143,10 +148,9 @@ func followRoot(ctx context.Context, nc *nats.Conn, env Env, fp string, wait tim
 	last, lastOut, lastPhase := "", "", ""
 	var err error
 	for {
-		var snap inventory.Snapshot
-		snap, err = inventory.Read(ctx, nc)
+		var p progress
+		p, err = fleetProgress(ctx, fleet, fp, time.Now())
 		if err == nil {
-			p := rootProgress(snap, fp, time.Now())
 			if line := p.line(); line != last {
 				fmt.Fprintf(env.Stdout, "%s  %s\n", time.Now().Format("15:04:05"), line)
 				last = line
@@ -197,32 +201,48 @@ func phaseOnly(line string) string {
 // progress is how far a root rotation has reached the fleet.
 type progress struct {
 	held, total, named int
-	silent             []string // "ns/name (why)"
+	silent             []string // "ns/name (why)", the first few
+	more               int      // holders left out beyond those named: an estimate (holders without a pod too, one both silent and expired twice)
 }
 
-// rootProgress counts the live pods' certificates under the root fp.
-func rootProgress(snap inventory.Snapshot, fp string, now time.Time) progress {
+// leftOutShown is how many of the pods left out a line names.
+const leftOutShown = 5
+
+// fleetProgress counts the live pods' certificates under the root fp from the
+// fleet's counts (inventory.Counts.LivePodRoots), and names the first pods left
+// out: those told to renew again with no new certificate, and those whose
+// certificate expired. Two pages of leftOutShown, not the fleet.
+func fleetProgress(ctx context.Context, fleet fleetSource, fp string, now time.Time) (progress, error) {
 	var p progress
-	for _, c := range snap.Certs {
-		if c.Pod == "" {
-			continue
-		}
-		if c.CertSigner != "" {
-			p.named++ // its chain ends at its named signer's root, whatever the mesh's
-			continue
-		}
-		if gone, why := c.Silent(now); gone {
-			if !c.Down {
-				p.silent = append(p.silent, c.Pod+" ("+why+")")
-			}
-			continue
-		}
-		p.total++
-		if c.Root == fp {
-			p.held++
+	limit := strconv.Itoa(leftOutShown)
+	silent, err := fleet.Page(ctx, url.Values{"state": {"silent"}, "limit": {limit}})
+	if err != nil {
+		return p, err
+	}
+	expired, err := fleet.Page(ctx, url.Values{"state": {"current"}, "expiry": {"expired"}, "limit": {limit}})
+	if err != nil {
+		return p, err
+	}
+	for root, n := range expired.Counts.LivePodRoots {
+		p.total += n
+		if root == fp {
+			p.held = n
 		}
 	}
-	return p
+	for _, n := range expired.Counts.Named {
+		p.named += n
+	}
+	for _, pg := range []inventory.Page{silent, expired} {
+		left := pg.Total
+		for _, c := range pg.Certs {
+			if gone, why := c.Silent(now); gone && c.Pod != "" && c.CertSigner == "" && len(p.silent) < leftOutShown {
+				p.silent = append(p.silent, c.Pod+" ("+why+")")
+				left--
+			}
+		}
+		p.more += max(left, 0)
+	}
+	return p, nil
 }
 
 func (p progress) line() string {
@@ -234,8 +254,8 @@ func (p progress) line() string {
 }
 
 func (p progress) leftOut() string {
-	if len(p.silent) > 5 {
-		return fmt.Sprintf("%s and %d more", strings.Join(p.silent[:5], ", "), len(p.silent)-5)
+	if p.more > 0 {
+		return fmt.Sprintf("%s and %d more", strings.Join(p.silent, ", "), p.more)
 	}
 	return strings.Join(p.silent, ", ")
 }

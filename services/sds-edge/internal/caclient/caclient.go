@@ -30,6 +30,10 @@ type Response struct {
 	// certificate, which vouches for nothing.
 	Bundle   trustbundle.Bundle
 	Endorsed bool
+	// Vouched is, over Istio's gRPC API, the CA's whole trust bundle from the
+	// response header events.TrustBundleHeader (a meshagent signer sends it;
+	// Istio's CA does not: nil). Unchecked here; Whole is set.
+	Vouched *trustbundle.Bundle
 	// Signer is, for a named signer's chain, that signer's roots as the mesh CA
 	// endorsed them (events.SignerRoots): on the bus in the reply, over Istio's
 	// gRPC API in a response header (events.SignerRootsHeader). Unchecked here.

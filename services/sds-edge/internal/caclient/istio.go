@@ -117,7 +117,7 @@ func (c *Istio) Sign(ctx context.Context, req events.SignRequest) (Response, err
 	if len(pems) == 0 {
 		return Response{}, errors.New("create certificate: empty cert chain")
 	}
-	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}, Signer: resp.signer}, nil
+	return Response{ChainPEM: pems, Bundle: trustbundle.Bundle{Roots: pems[len(pems)-1:]}, Signer: resp.signer, Vouched: resp.bundle}, nil
 }
 
 // create sends one CreateCertificate on cc, or on the shared connection when cc is
@@ -151,7 +151,38 @@ func (c *Istio) create(ctx context.Context, req events.SignRequest, cc *grpc.Cli
 			return nil, fmt.Errorf("header %s: %w", events.SignerRootsHeader, err)
 		}
 	}
+	if resp.bundle, err = vouchedBundle(header); err != nil {
+		return nil, err
+	}
 	return resp, nil
+}
+
+// vouchedBundle reads the trust bundle header (events.TrustBundleHeader): nil
+// without one; an error when it is not one bundle of valid PEM roots within
+// events.MaxEventSize. Its endorsement is the caller's to check.
+func vouchedBundle(header metadata.MD) (*trustbundle.Bundle, error) {
+	v := header.Get(events.TrustBundleHeader)
+	if len(v) == 0 {
+		return nil, nil
+	}
+	var r events.BundleReply
+	var err error
+	switch {
+	case len(v) > 1:
+		err = fmt.Errorf("%d values", len(v))
+	case len(v[0]) > events.MaxEventSize:
+		err = fmt.Errorf("%d bytes, more than %d", len(v[0]), events.MaxEventSize)
+	default:
+		if err = json.Unmarshal([]byte(v[0]), &r); err == nil {
+			err = r.Validate()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("header %s: %w", events.TrustBundleHeader, err)
+	}
+	b := trustbundle.FromBundleReply(r)
+	b.Whole = true
+	return &b, nil
 }
 
 // byCert sends req without a token over a connection of its own that presents the

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 )
 
@@ -31,6 +32,7 @@ const certSignerKey = "CertSigner"
 type certificateResponse struct {
 	CertChain []string // PEM, leaf first, root last
 	signer    *events.SignerRoots
+	bundle    *trustbundle.Bundle // the trust bundle header's, Whole
 }
 
 var (

@@ -44,6 +44,11 @@ type Config struct {
 	// Anchors are the roots trusted before any bundle (-trust-anchors-file): the
 	// first bundle must be endorsed by one of them. None: trust on first use.
 	Anchors []*x509.Certificate
+	// Kept are the roots of TrustState read at start (Anchors holds them too):
+	// the roots the pod checked and trusted last, which it serves as ROOTCA until
+	// its first bundle, rather than every anchor (a -ca-root-cert mounted before a
+	// rotation still names a root the CA has since retired). None: Anchors.
+	Kept []*x509.Certificate
 	// Provisioned is the provisioned certificate (PROV_CERT) the manager proves
 	// itself with (CertChain + Proof; a gRPC CA is shown it over mTLS instead) when
 	// it has neither a token nor a still-valid certificate of its own; nil: none.

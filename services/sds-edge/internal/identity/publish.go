@@ -17,8 +17,8 @@ func (m *Manager) has(name string) bool { _, ok := m.store.Get(name); return ok 
 
 // publish stores `default` and/or `ROOTCA` and writes the files (OUTPUT_CERTS) as
 // one set, one publish after the other. Before the first bundle the files' roots
-// are the ones the pod trusted before the restart (the anchors, which adopt serves
-// as ROOTCA too): root-cert.pem is never written empty.
+// are the ones the pod trusted before the restart (rootsBeforeBundle, which adopt
+// serves as ROOTCA too): root-cert.pem is never written empty.
 func (m *Manager) publish(cert, roots bool) {
 	m.publishing.Lock()
 	defer m.publishing.Unlock()
@@ -40,7 +40,7 @@ func (m *Manager) publish(cert, roots bool) {
 	}
 	filesRoots := rootsPEM
 	if len(filesRoots) == 0 {
-		filesRoots = pki.EncodeCertsPEM(m.cfg.Anchors)
+		filesRoots = pki.EncodeCertsPEM(m.rootsBeforeBundle())
 	}
 	if haveCert && len(filesRoots) > 0 {
 		m.obs.Files(keyPEM, chainPEM, filesRoots)

@@ -28,20 +28,16 @@ type checked struct {
 // The chain must be leaf first, each certificate signed by the next (see
 // checkChain), and the leaf must carry key and exactly the pod's SPIFFE ID (so that
 // no responder can hand the pod another identity). An endorsed bundle in the reply
-// (or, before any, the first one, see trustbundle.Set.Check) may add roots; then the
-// leaf must verify to a root trusted now or just endorsed. An unendorsed reply
-// (Istio's) is trusted first only as far as the configured anchors go (all of them:
-// -ca-root-cert or -trust-anchors-file is a bundle), or on first use without any;
-// after that it adds only a root whose key a trusted root has certified in the
-// chain (the cross-signed certificate of a rotation), and its leaf must verify to
-// the roots trusted already.
+// (or, before any, the first one, see trustbundle.Set.Check) may add roots, and
+// remove the ones a whole bundle leaves out; then the leaf must verify to a root
+// trusted now or just endorsed. See replyBundle for the bundle of a reply over
+// gRPC, endorsed in a header or not at all.
 //
 // A named signer's chain (-cert-signer) ends at that signer's root, which the
 // pod's bundle does not hold: it is accepted when the reply carries the signer's
 // roots endorsed by a mesh root the pod trusts (or the bundle of the same reply
 // just endorsed), for the signer the pod asked for; see checkSigner.
 func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) (checked, error) {
-	u := trustbundle.Update{Stale: true}
 	chain, err := checkChain(resp.ChainPEM, m.cfg.SPIFFEID)
 	if err != nil {
 		return checked{}, err
@@ -49,24 +45,10 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) (checked
 	if !publicKeysEqual(chain[0].PublicKey, key.Public()) {
 		return checked{}, errors.New("signed certificate is not for our key")
 	}
-	if resp.Signer != nil && !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) == 0 {
-		// Istio's reply names no mesh root but the chain's last, the signer's own.
+	u, endorsed, err := m.replyBundle(resp)
+	if err != nil {
 		m.obs.TrustRejected(SourceSignReply)
-		return checked{}, fmt.Errorf("sign reply: signer %q's chain over the gRPC CA before any trust bundle: configure the mesh's roots (-ca-root-cert or -trust-anchors-file)", resp.Signer.Name)
-	}
-	b := resp.Bundle
-	if b.TrustDomain == "" {
-		b.TrustDomain = m.cfg.TrustDomain
-	}
-	if !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) > 0 {
-		// Istio's reply vouches for nothing: begin with every configured anchor.
-		b.Roots = pki.CertPEMs(m.cfg.Anchors)
-	}
-	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
-		if u, err = m.trust.ca.Check(b); err != nil {
-			m.obs.TrustRejected(SourceSignReply)
-			return checked{}, fmt.Errorf("sign reply: %w", err)
-		}
+		return checked{}, fmt.Errorf("sign reply: %w", err)
 	}
 	var extra []*x509.Certificate
 	if !u.Stale {
@@ -88,7 +70,7 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) (checked
 		return checked{}, fmt.Errorf("signed certificate: %w", err)
 	}
 	var certified []*x509.Certificate
-	if !resp.Endorsed {
+	if !endorsed {
 		var cerr error
 		if certified, cerr = m.trust.ca.Certified(chain, extra, at); cerr != nil {
 			// The leaf verifies to a trusted root: keep it, but not the stranger.
@@ -96,6 +78,54 @@ func (m *Manager) checkReply(resp caclient.Response, key crypto.Signer) (checked
 		}
 	}
 	return checked{chain: chain, update: u, certified: certified, signer: signer}, nil
+}
+
+// replyBundle checks the trust bundle of a signing reply and returns the update to
+// apply with it, and whether it was endorsed. On the bus the reply's bundle is
+// endorsed, and checked as trust.changed is (trustbundle.Set.Check).
+//
+// Over gRPC, a meshagent signer sends its whole bundle endorsed in a response
+// header (resp.Vouched): checked the same way, it replaces the pod's roots, so a
+// retired root leaves as it does on the bus. One that does not verify under what
+// the pod trusts is counted and ignored, and the reply is taken as Istio's: a
+// responder could as well have left the header out.
+//
+// Istio's reply vouches for nothing: it is trusted first only as far as the
+// configured anchors go (all of them: -ca-root-cert or -trust-anchors-file is a
+// bundle), or on first use without any; after that it adds only a root whose key
+// a trusted root has certified in the chain (the cross-signed certificate of a
+// rotation; see checkReply), and its leaf must verify to the roots trusted already.
+func (m *Manager) replyBundle(resp caclient.Response) (trustbundle.Update, bool, error) {
+	if resp.Vouched != nil {
+		b := *resp.Vouched
+		if b.TrustDomain == "" {
+			b.TrustDomain = m.cfg.TrustDomain
+		}
+		u, err := m.trust.ca.Check(b)
+		if err == nil {
+			return u, true, nil
+		}
+		m.obs.TrustRejected(SourceSignReply)
+		m.log.Warn("ignoring the trust bundle in the CA's reply header: it does not verify under the roots this pod trusts",
+			"generation", b.Generation, "error", err)
+	}
+	if resp.Signer != nil && !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) == 0 {
+		// Istio's reply names no mesh root but the chain's last, the signer's own.
+		return trustbundle.Update{}, false, fmt.Errorf("signer %q's chain over the gRPC CA before any trust bundle: configure the mesh's roots (-ca-root-cert or -trust-anchors-file)", resp.Signer.Name)
+	}
+	b := resp.Bundle
+	if b.TrustDomain == "" {
+		b.TrustDomain = m.cfg.TrustDomain
+	}
+	if !resp.Endorsed && !m.trust.ca.Bootstrapped() && len(m.cfg.Anchors) > 0 {
+		// Istio's reply vouches for nothing: begin with every configured anchor.
+		b.Roots = pki.CertPEMs(m.cfg.Anchors)
+	}
+	if resp.Endorsed || !m.trust.ca.Bootstrapped() {
+		u, err := m.trust.ca.Check(b)
+		return u, resp.Endorsed, err
+	}
+	return trustbundle.Update{Stale: true}, false, nil
 }
 
 // checkSigner returns the named signer's roots a reply carries when the mesh CA

@@ -6,6 +6,7 @@ package identity
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -129,9 +130,9 @@ func (m *Manager) adopt(keyPEM []byte, chainPEMs []string) error {
 	m.mu.Lock()
 	m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, chain, chainPEMs
 	m.mu.Unlock()
-	if !m.has(secrets.RootCA) && len(m.cfg.Anchors) > 0 {
+	if roots := m.rootsBeforeBundle(); !m.has(secrets.RootCA) && len(roots) > 0 {
 		// Before a bundle arrives, the roots the pod trusted before are its ROOTCA.
-		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: pki.EncodeCertsPEM(m.cfg.Anchors)})
+		m.set(sdsclient.Secret{Name: secrets.RootCA, TrustedCA: pki.EncodeCertsPEM(roots)})
 	}
 	m.publish(true, false)
 	return nil
@@ -151,4 +152,13 @@ func (m *Manager) keepCert(keyPEM, chainPEM []byte) {
 	if err := atomicfile.Write(m.cfg.CertState, append(b, '\n'), 0o600); err != nil {
 		m.log.Warn("cannot keep the certificate across restarts", "path", m.cfg.CertState, "error", err)
 	}
+}
+
+// rootsBeforeBundle is what the pod serves as its roots before its first bundle:
+// the roots it trusted before the restart (Kept), else its anchors.
+func (m *Manager) rootsBeforeBundle() []*x509.Certificate {
+	if len(m.cfg.Kept) > 0 {
+		return m.cfg.Kept
+	}
+	return m.cfg.Anchors
 }

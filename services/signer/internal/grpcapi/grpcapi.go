@@ -12,11 +12,13 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/grpcserve"
+	"github.com/meshagent/meshagent/services/signer/internal/ca"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -46,6 +48,8 @@ type Server struct {
 	mu    sync.Mutex
 	ln    net.Addr
 	bound chan struct{}
+
+	bundle atomic.Pointer[encodedBundle] // the last trust bundle header encoded
 }
 
 var _ pb.IstioCertificateServiceServer = (*Server)(nil)
@@ -134,20 +138,56 @@ func (s *Server) CreateCertificate(ctx context.Context, req *pb.IstioCertificate
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if res.Signer != nil {
-		// The named signer's roots, endorsed by the mesh CA, where sds-edge reads them.
-		b, err := json.Marshal(res.Signer)
-		if err == nil {
-			err = grpc.SetHeader(ctx, metadata.Pairs(events.SignerRootsHeader, string(b)))
-		}
-		if err != nil {
-			s.log.Warn("named signer's roots not sent", "signer", r.CertSigner, "error", err)
-		}
-	}
+	s.setHeader(ctx, res, r.CertSigner)
 	if cid := md.Get("ClusterID"); len(cid) > 0 {
 		s.log.Trace("certificate issued", "cluster_id", cid[0], "serial", res.Leaf.SerialNumber.Text(16))
 	}
 	return &pb.IstioCertificateResponse{CertChain: res.Chain}, nil
+}
+
+// setHeader sends, in the response header, the trust bundle res was signed with,
+// endorsed by the mesh CA (events.TrustBundleHeader: Istio's reply carries none,
+// and sds-edge follows it as a bus pod follows the bundle of its sign reply), and
+// for a named signer's leaf that signer's roots (events.SignerRootsHeader).
+func (s *Server) setHeader(ctx context.Context, res issuer.Result, signer string) {
+	md := metadata.MD{}
+	if b, err := s.bundleHeader(res); err != nil {
+		s.log.Warn("trust bundle not sent", "generation", res.Generation, "error", err)
+	} else {
+		md.Set(events.TrustBundleHeader, b)
+	}
+	if res.Signer != nil {
+		// The named signer's roots, endorsed by the mesh CA, where sds-edge reads them.
+		if b, err := json.Marshal(res.Signer); err != nil {
+			s.log.Warn("named signer's roots not sent", "signer", signer, "error", err)
+		} else {
+			md.Set(events.SignerRootsHeader, string(b))
+		}
+	}
+	if err := grpc.SetHeader(ctx, md); err != nil {
+		s.log.Warn("response header not sent", "error", err)
+	}
+}
+
+// bundleHeader is the JSON of res's trust bundle (events.BundleReply), encoded
+// once per CA material.
+func (s *Server) bundleHeader(res issuer.Result) (string, error) {
+	if h := s.bundle.Load(); h != nil && h.mat == res.Bundle && res.Bundle != nil {
+		return h.json, nil
+	}
+	b, err := json.Marshal(events.BundleReply{TrustDomain: s.iss.TrustDomain(), Roots: res.Roots,
+		Generation: res.Generation, Endorsements: res.Endorsements})
+	if err != nil {
+		return "", err
+	}
+	s.bundle.Store(&encodedBundle{mat: res.Bundle, json: string(b)})
+	return string(b), nil
+}
+
+// encodedBundle is a material's trust bundle as the header carries it.
+type encodedBundle struct {
+	mat  *ca.Material
+	json string
 }
 
 func toStatus(err error) error {

@@ -46,6 +46,9 @@ func (i *Issuer) Source() string { return "meshagent/signer/" + i.cfg.Instance }
 // Instance is this signer replica's instance id.
 func (i *Issuer) Instance() string { return i.cfg.Instance }
 
+// TrustDomain is the mesh's trust domain, which bundle endorsements name.
+func (i *Issuer) TrustDomain() string { return i.cfg.TrustDomain }
+
 // Issue checks, authenticates and signs req, which came via the transport named in
 // via. Exactly one credential is used: req.Token if set, else via.PeerChain, else
 // req.CertChain with req.Proof. req.Pod must be proved, by via.BusPod or by a
