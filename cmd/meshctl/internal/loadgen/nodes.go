@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -82,7 +83,7 @@ func startNodeTier(ctx context.Context, cfg StormConfig, iss *devtoken.Issuer, w
 		if err := os.WriteFile(tokFile, []byte(tok), 0o600); err != nil {
 			return t, err
 		}
-		p, err := startNodeAgent(bin, filepath.Join(dir, node.Name+".log"),
+		p, err := startNodeAgent(cfg.Nice, bin, filepath.Join(dir, node.Name+".log"),
 			"-node", node.Name, "-hub", st.LeafURL, "-token-file", tokFile, "-listen", node.Bus, "-http-addr", node.HTTP,
 			"-trust-domain", st.TrustDomain, "-jwks-file", st.TokenIssuer.JWKS, "-token-issuer", st.TokenIssuer.Issuer, "-token-audience", st.TokenIssuer.Audience)
 		if err != nil {
@@ -93,13 +94,17 @@ func startNodeTier(ctx context.Context, cfg StormConfig, iss *devtoken.Issuer, w
 	return t, t.waitReady(ctx)
 }
 
-func startNodeAgent(bin, logPath string, args ...string) (*nodeProc, error) {
+func startNodeAgent(nice int, bin, logPath string, args ...string) (*nodeProc, error) {
+	argv, err := niced(nice, append([]string{bin}, args...))
+	if err != nil {
+		return nil, err
+	}
 	log, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer log.Close()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
@@ -111,6 +116,20 @@ func startNodeAgent(bin, logPath string, args ...string) (*nodeProc, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// niced is argv run at niceness n by nice(1), which execs it in its own process
+// (the pid is argv's): every thread the child's runtime starts inherits the
+// niceness, which setpriority(2) on a started Go process would not give them.
+func niced(n int, argv []string) ([]string, error) {
+	if n == 0 {
+		return argv, nil
+	}
+	nice, err := exec.LookPath("nice")
+	if err != nil {
+		return nil, fmt.Errorf("-nice %d: %w (use -nice 0)", n, err)
+	}
+	return append([]string{nice, "-n", strconv.Itoa(n)}, argv...), nil
 }
 
 // childAttr keeps a storm's children (node agents, workers) out of the

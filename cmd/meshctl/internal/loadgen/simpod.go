@@ -128,10 +128,25 @@ func (t *errTally) Accept(_ string, _ hclog.Level, _ string, args ...any) {
 	for i := 0; i+1 < len(args); i += 2 {
 		if k, _ := args[i].(string); k == "error" {
 			t.mu.Lock()
-			t.counts[paths.ReplaceAllString(addrs.ReplaceAllString(fmt.Sprint(args[i+1]), "<addr>"), " <file>")]++
+			t.counts[errKind(fmt.Sprint(args[i+1]))]++
 			t.mu.Unlock()
 		}
 	}
+}
+
+// errKind is an error's text without its addresses and file names.
+func errKind(s string) string {
+	return paths.ReplaceAllString(addrs.ReplaceAllString(s, "<addr>"), " <file>")
+}
+
+// failedPrefix marks a tally's count of pods that failed (not of retried connects).
+const failedPrefix = "\x00failed: "
+
+// failed counts a pod that failed with err.
+func (t *errTally) failed(err error) {
+	t.mu.Lock()
+	t.counts[failedPrefix+errKind(err.Error())]++
+	t.mu.Unlock()
 }
 
 func (t *errTally) snapshot() map[string]int {

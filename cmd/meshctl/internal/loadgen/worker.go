@@ -164,6 +164,10 @@ func stormInWorkers(ctx context.Context, cfg StormConfig, j job, n int, tier *no
 		}
 		argv = []string{exe, "bench", "storm-worker"}
 	}
+	argv, err := niced(cfg.Nice, argv)
+	if err != nil {
+		return StormResult{}, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ws := make([]*worker, 0, n)
