@@ -28,11 +28,14 @@ import (
 
 // istiodPod is a pod's root laid out as a kubelet lays out an Istio sidecar's:
 // the projected istio-ca token and istiod's istio-ca-root-cert ConfigMap mounted
-// at ./var/run/secrets/istio/root-cert.pem.
+// at ./var/run/secrets/istio/root-cert.pem (rootPEM "": not mounted).
 func istiodPod(t *testing.T, token, rootPEM string) string {
 	t.Helper()
 	root := testkit.ShortDir(t)
 	for path, data := range map[string]string{"var/run/secrets/tokens/istio-token": token, "var/run/secrets/istio/root-cert.pem": rootPEM} {
+		if data == "" {
+			continue // nothing mounted there
+		}
 		p := filepath.Join(root, path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 			t.Fatal(err)
@@ -98,7 +101,8 @@ func sdsServed(t *testing.T, p edgeProc) (chain []*x509.Certificate, keyPEM []by
 // ROOTCA serves), accepted by OpenSSL and BoringSSL trusting that root and refused
 // by both trusting another. With a 30 s TTL (the request's, which istiod honours
 // below MAX_WORKLOAD_CERT_TTL) it renews by itself, and the new certificate is
-// accepted the same way. istiod's own counters record each issuance.
+// accepted the same way. istiod's own counters record each issuance. Then what
+// istiod refuses (refusals) and CA_ROOT_CA as Istio's agent reads it.
 func TestIstiodIssuesThePodsCertificate(t *testing.T) {
 	kube := kubetest.Start(t)
 	d := istiotest.Start(t, kube, istiotest.Config{Env: []string{"MAX_WORKLOAD_CERT_TTL=1h"}})
@@ -146,6 +150,42 @@ func TestIstiodIssuesThePodsCertificate(t *testing.T) {
 		t.Errorf("sds-edge renewed more often than the lifetime says:\n%s", p.logs.String())
 	}
 	t.Run("refusals", func(t *testing.T) { istiodRefuses(t, d, kube, rootPEM) })
+	t.Run("CA_ROOT_CA", func(t *testing.T) { caRootCA(t, d, kube, rootPEM, istioRoots) })
+}
+
+// caRootCA: Istio's CA_ROOT_CA against istiod. A file holding istiod's root,
+// with nothing mounted at ./var/run/secrets/istio/root-cert.pem, is what
+// verifies istiod's TLS: the pod gets its certificate. SYSTEM, the host's trust
+// store, does not hold istiod's self-signed root: the pod's TLS handshake with
+// istiod fails (though the mounted root is there) and it has no certificate.
+func caRootCA(t *testing.T, d *istiotest.Istiod, kube *kubetest.Server, rootPEM string, istioRoots []*x509.Certificate) {
+	file := filepath.Join(t.TempDir(), "istiod-root.pem")
+	if err := os.WriteFile(file, []byte(rootPEM), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := func(pod string) string {
+		uid := istiotest.Pod(t, kube, "shop", pod, "web", "10.244.1.21", map[string]string{"app": "web"})
+		return kube.Admin.RequestToken(t, "shop", "web", "istio-ca", pod, uid, 3600)
+	}
+	p := startIstiodEdge(t, d, istiodPod(t, token("web-file"), ""), "shop", "web-file", "web", "CA_ROOT_CA="+file, "SECRET_TTL=30m")
+	testkit.EventuallyWithin(t, 60*time.Second, "the pod ready with CA_ROOT_CA a file", func() bool {
+		code, _ := testkit.HTTPGet("http://" + p.http + "/readyz")
+		return code == http.StatusOK
+	})
+	chain, keyPEM, _ := sdsServed(t, p)
+	checkIstiodChain(t, chain, keyPEM, istioRoots)
+
+	p = startIstiodEdge(t, d, istiodPod(t, token("web-system"), rootPEM), "shop", "web-system", "web", "CA_ROOT_CA=SYSTEM", "SECRET_TTL=30m")
+	testkit.EventuallyWithin(t, 60*time.Second, "sds-edge refusing istiod's certificate under the host's roots", func() bool {
+		return strings.Contains(p.logs.String(), "x509: certificate signed by unknown authority")
+	})
+	t.Logf("sds-edge: %s", istiotest.LogLine(p.logs.String(), "x509: certificate signed by unknown authority"))
+	if code, _ := testkit.HTTPGet("http://" + p.http + "/readyz"); code == http.StatusOK {
+		t.Error("the pod is ready with CA_ROOT_CA=SYSTEM")
+	}
+	if _, err := os.Stat(filepath.Join(p.root, "certs", "cert-chain.pem")); err == nil {
+		t.Error("the pod wrote a certificate with CA_ROOT_CA=SYSTEM")
+	}
 }
 
 // istiodRefuses: what istiod must refuse, it refuses, and the pod then has no
@@ -177,7 +217,7 @@ func istiodRefuses(t *testing.T, d *istiotest.Istiod, kube *kubetest.Server, roo
 			testkit.EventuallyWithin(t, 60*time.Second, "istiod refusing the pod ("+tc.counter+")", func() bool {
 				return d.Counter(t, tc.counter) > before && strings.Contains(d.Logs.String(), tc.said)
 			})
-			t.Logf("istiod: %s", istiotest.LogLine(d.Logs.String(), tc.said))
+			t.Logf("%s", istiotest.LogLine(d.Logs.String(), tc.said))
 			if code, _ := testkit.HTTPGet("http://" + p.http + "/readyz"); code == http.StatusOK {
 				t.Errorf("the pod is ready after istiod refused it")
 			}
