@@ -25,6 +25,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -118,6 +119,7 @@ func Start(t testing.TB, kube *kubetest.Server, cfg Config) *Istiod {
 	}
 	cmd := exec.Command(filepath.Join(Dir(), "pilot-discovery"), "discovery",
 		"--kubeconfig", kubeconfig,
+		// No mesh config files: istiod then reads the ConfigMap istio, as in a cluster.
 		"--meshConfig", filepath.Join(work, "no-mesh-file"), "--networksConfig", filepath.Join(work, "no-networks-file"),
 		"--httpAddr", d.HTTPAddr, "--httpsAddr", testkit.FreeAddr(t), "--grpcAddr", d.GRPCAddr,
 		"--secureGRPCAddr", d.SecureAddr, "--monitoringAddr", d.MonitoringAddr,
@@ -203,7 +205,7 @@ func (d *Istiod) RootCert(t testing.TB, ns string) (string, []*x509.Certificate)
 			Data map[string]string `json:"data"`
 		}
 		code, raw, err := d.Kube.Admin.Do(context.Background(), http.MethodGet, "/api/v1/namespaces/"+ns+"/configmaps/istio-ca-root-cert", nil, "")
-		if err != nil || code != http.StatusOK || jsonUnmarshal(raw, &cm) != nil {
+		if err != nil || code != http.StatusOK || json.Unmarshal(raw, &cm) != nil {
 			return false
 		}
 		pemText = cm.Data["root-cert.pem"]
@@ -222,7 +224,7 @@ func (d *Istiod) Syncz(t testing.TB) []SyncStatus {
 		t.Fatalf("istiod /debug/syncz: %d %s", code, body)
 	}
 	var out []SyncStatus
-	if err := jsonUnmarshal([]byte(body), &out); err != nil {
+	if err := json.Unmarshal([]byte(body), &out); err != nil {
 		t.Fatalf("istiod /debug/syncz: %v\n%s", err, body)
 	}
 	return out

@@ -12,8 +12,6 @@ import (
 	"github.com/meshagent/meshagent/tests/kubetest"
 )
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
 // Pod creates pod ns/name of service account sa with labels, running and ready
 // at ip (status.podIP, written through the status subresource), and returns its uid.
 func Pod(t testing.TB, kube *kubetest.Server, ns, name, sa, ip string, labels map[string]string) string {
