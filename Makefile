@@ -34,7 +34,7 @@ IMAGES := signer rotator operator sds-edge xds-relay launcher node-agent meshctl
 COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_FILE := deploy/compose/compose.yaml
 
-.PHONY: build run test tidy-check test-short test-compose test-kube bench lint vet tidy clean images compose-up compose-down fuzz fuzz-smoke
+.PHONY: build run test tidy-check test-short test-compose test-kube test-istio bench lint vet tidy clean images compose-up compose-down fuzz fuzz-smoke
 
 # Says what it builds: the first build on a fresh machine downloads modules and
 # compiles for minutes, and silence then looks like a hang.
@@ -52,11 +52,11 @@ build:
 run: build
 	$(BIN)/meshctl up
 
-# One vet of every package, the kube-tagged tests included (-tags kube only adds
-# test files to three packages): make test-kube then has nothing left to vet
-# (VETTED=1, as .ci/run says). Each vet compiles the test dependencies, the
+# One vet of every package, the kube- and istio-tagged tests included (the tags only
+# add test files to a few packages): make test-kube and make test-istio then have
+# nothing left to vet (VETTED=1, as .ci/run says). Each vet compiles the test dependencies, the
 # Kubernetes API types among them; twice cost CI minutes on a loaded machine.
-VET_TAGS ?= kube
+VET_TAGS ?= kube,istio
 vet:
 	$(GO) vet -tags $(VET_TAGS) $(PKGS)
 
@@ -145,6 +145,19 @@ test-kube:
 	@hack/kube-apiserver.sh >/dev/null
 	@[ "$(VETTED)" = 1 ] || $(GO) vet -tags kube $(addprefix ./,$(KUBE_TEST_DIRS))
 	MESHAGENT_REQUIRE_KUBE=1 $(GO) test $(RACE) -tags kube -count=1 -timeout $(TEST_TIMEOUT) -run '^TestKube' $(addprefix ./,$(KUBE_TEST_DIRS))
+
+# Tests against Istio's own istiod (build tag istio; docs/istio.md, "Against Istio's
+# own istiod"): istiod runs against the test-kube API server with Istio's CRDs.
+# hack/istio.sh builds istiod and pilot-agent from the Go module proxy once into
+# ~/.cache (docs/istio.md states the cold time); the tests fail instead of skipping
+# if it, the API server or the TLS tools are missing.
+ISTIO_TEST_DIRS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build istio' cmd deploy pkg services tests)))
+test-istio:
+	@hack/kube-apiserver.sh >/dev/null
+	@hack/istio.sh >/dev/null
+	@hack/tls-tools.sh
+	@[ "$(VETTED)" = 1 ] || $(GO) vet -tags istio $(addprefix ./,$(ISTIO_TEST_DIRS))
+	MESHAGENT_REQUIRE_KUBE=1 MESHAGENT_REQUIRE_ISTIO=1 MESHAGENT_REQUIRE_BSSL=1 $(GO) test $(RACE) -tags istio -count=1 -timeout $(TEST_TIMEOUT) -run '^TestIstiod' $(addprefix ./,$(ISTIO_TEST_DIRS))
 
 clean:
 	rm -rf $(BIN) .meshagent bench.out

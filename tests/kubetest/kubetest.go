@@ -179,13 +179,19 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-// start runs a child process whose output goes to s.Logs and stops it (SIGTERM,
-// then SIGKILL) when the test ends; a process that exits by itself fails the test
-// at its end, with the logs.
+// start runs a child process whose output goes to s.Logs (see Run).
 func start(t testing.TB, s *Server, name, bin string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	w := prefixWriter{prefix: name + ": ", buf: s.Logs}
+	Run(t, s.Logs, name, exec.Command(bin, args...))
+}
+
+// Run starts cmd, its output into logs with each line prefixed by name, and stops
+// it (SIGTERM, then SIGKILL) when the test ends; a process that exits by itself
+// fails the test at its end, with the logs. Tests that run other servers beside
+// the API server (istiod: tests/istiotest) start them with it.
+func Run(t testing.TB, logs *testkit.Buffer, name string, cmd *exec.Cmd) {
+	t.Helper()
+	w := prefixWriter{prefix: name + ": ", buf: logs}
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive a killed test binary
 	if err := cmd.Start(); err != nil {
@@ -197,7 +203,7 @@ func start(t testing.TB, s *Server, name, bin string, args ...string) {
 		select {
 		case <-exited:
 			if !t.Failed() {
-				t.Errorf("%s exited during the test (%v):\n%s", name, cmd.ProcessState, s.Logs.String())
+				t.Errorf("%s exited during the test (%v):\n%s", name, cmd.ProcessState, logs.String())
 			}
 			return
 		default:

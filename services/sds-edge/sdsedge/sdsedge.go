@@ -255,6 +255,9 @@ func (e *Edge) manager() (mgr *identity.Manager, closeSigner func(), err error) 
 	// with -ca-root-cert and the roots the pod trusts (which follow a rotation).
 	grpcCA := func(addr string) *caclient.Istio {
 		istio := caclient.NewIstio(addr, c.CA.ClusterID, strings.HasSuffix(addr, ":15010"), func() *x509.CertPool {
+			if c.CA.SystemRoots {
+				return systemRoots()
+			}
 			if len(seed) == 0 {
 				return mgr.Roots()
 			}
@@ -477,4 +480,13 @@ func provisioned(dir string, clk clock.Clock) func() (*tls.Certificate, error) {
 		return nil
 	}
 	return func() (*tls.Certificate, error) { return clientcert.Load(dir, clk.Now()) }
+}
+
+// systemRoots is the host's trust store (nil, and the CA unreachable, without one).
+func systemRoots() *x509.CertPool {
+	p, err := x509.SystemCertPool()
+	if err != nil {
+		return nil
+	}
+	return p
 }

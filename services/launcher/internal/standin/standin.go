@@ -155,7 +155,7 @@ func (s *server) run(ctx context.Context, b *bootstrapv3.Bootstrap) error {
 		return errors.New("bootstrap: admin.address.socket_address is required")
 	}
 	adminAddr := net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
-	st := &streams{Clock: s.clk, Pod: s.pod, NodeID: s.node, Report: func(l string) { s.say("%s", l) },
+	st := &streams{Clock: s.clk, Pod: s.pod, NodeID: s.node, Node: b.GetNode(), Report: func(l string) { s.say("%s", l) },
 		GotSecrets: s.gotSecrets, GotConfig: s.gotConfig}
 	for _, c := range b.GetStaticResources().GetClusters() {
 		pipe := ""

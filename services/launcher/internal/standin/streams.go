@@ -32,9 +32,13 @@ const (
 // what it gets, and reports each update, so that a person running meshctl up sees
 // identity and configuration arrive the way Envoy would receive them.
 type streams struct {
-	Clock     clock.Clock
-	Pod       string
-	NodeID    string
+	Clock  clock.Clock
+	Pod    string
+	NodeID string
+	// Node is the bootstrap's node, sent whole on the first ADS request as Envoy
+	// sends it (metadata included: a real control plane such as istiod reads the
+	// proxy's namespace, cluster and version from it); nil: id and Pod as cluster.
+	Node      *corev3.Node
 	SDSSocket string
 	XDSSocket string
 	Report    func(line string)
@@ -131,6 +135,9 @@ func (e *streams) ads(ctx context.Context) error {
 		return err
 	}
 	node := &corev3.Node{Id: e.NodeID, Cluster: e.Pod}
+	if e.Node != nil {
+		node = e.Node
+	}
 	for _, t := range []string{ClusterType, ListenerType} {
 		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: t}); err != nil {
 			return err

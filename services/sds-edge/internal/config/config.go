@@ -44,8 +44,11 @@ type Config struct {
 		// otherwise.
 		FallbackAddrs []string
 		RootCert      string // PEM roots to verify Addr's TLS, with the pod's bundle; the trust anchors when TrustAnchorsFile is unset
-		ClusterID     string
-		TokenFile     string
+		// SystemRoots: the host's trust store verifies Addr's TLS, and nothing else
+		// does (Istio's CA_ROOT_CA=SYSTEM, for a CA with a publicly signed certificate).
+		SystemRoots bool
+		ClusterID   string
+		TokenFile   string
 		// Plaintext: no TLS to Addr, as Istio does for port 15010.
 		Plaintext bool
 		// ViaNode is the node whose tier (its node agent, a NATS leaf node) the pod
@@ -186,9 +189,19 @@ func (c *Config) resolve(raw rawFlags) []error {
 	} else {
 		c.Cert.KeyAlg = a
 	}
+	// Istio's agent takes CA_ROOT_CA first (SYSTEM or a file), then
+	// PILOT_CERT_PROVIDER's roots (pkg/istio-agent, FindRootCAForCA).
+	switch {
+	case raw.caRootCA != "" && c.CA.RootCert != "":
+		errs = append(errs, errors.New("-ca-root-ca and -ca-root-cert both given: set one"))
+	case raw.caRootCA == SystemRoots:
+		c.CA.SystemRoots = true
+	case raw.caRootCA != "":
+		c.CA.RootCert = raw.caRootCA
+	}
 	if p, ok := certProviderRoots[raw.certProvider]; !ok {
 		errs = append(errs, fmt.Errorf("-pilot-cert-provider: %q: want istiod, kubernetes or custom", raw.certProvider))
-	} else if c.CA.RootCert == "" && (c.CA.Addr != "" || len(c.CA.FallbackAddrs) > 0) {
+	} else if c.CA.RootCert == "" && !c.CA.SystemRoots && (c.CA.Addr != "" || len(c.CA.FallbackAddrs) > 0) {
 		c.CA.RootCert = p // only a gRPC CA is verified by these roots
 	}
 	if m, err := strconv.ParseUint(raw.socketMode, 8, 32); err != nil {
@@ -241,6 +254,9 @@ func (c *Config) underPodRoot(keep bool) []error {
 	}
 	return errs
 }
+
+// SystemRoots as -ca-root-ca is the host's trust store, as Istio's CA_ROOT_CA=SYSTEM.
+const SystemRoots = "SYSTEM"
 
 // certProviderRoots is the default -ca-root-cert of each PILOT_CERT_PROVIDER,
 // as Istio's agent picks the CA's roots (empty: the pod's trust bundle).

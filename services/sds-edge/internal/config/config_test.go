@@ -187,3 +187,37 @@ func TestIstioKeyEnv(t *testing.T) {
 		t.Fatalf("kubernetes provider: roots %q signer %q, %v", c.CA.RootCert, c.Cert.Signer, err)
 	}
 }
+
+// CA_ROOT_CA is read as Istio's agent reads it (pkg/istio-agent FindRootCAForCA):
+// SYSTEM is the host's trust store, a file is the CA's roots (under the pod root),
+// and either comes before PILOT_CERT_PROVIDER's default; meshagent's own
+// CA_ROOT_CERT is the same knob, so giving both is an error.
+func TestCARootCAAsIstiosAgentReadsIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		root   string
+		system bool
+		err    string
+	}{
+		{name: "SYSTEM", env: map[string]string{"CA_ROOT_CA": "SYSTEM"}, system: true},
+		{name: "a file, before the provider's", env: map[string]string{"CA_ROOT_CA": "etc/ca/root.pem", "PILOT_CERT_PROVIDER": "kubernetes"}, root: "/p/etc/ca/root.pem"},
+		{name: "an absolute file", env: map[string]string{"CA_ROOT_CA": "/etc/pki/ca.pem"}, root: "/etc/pki/ca.pem"},
+		{name: "unset: the provider's", env: map[string]string{"PILOT_CERT_PROVIDER": "custom"}, root: "/p/etc/certs/root-cert.pem"},
+		{name: "both names", env: map[string]string{"CA_ROOT_CA": "SYSTEM", "CA_ROOT_CERT": "/r.pem"}, err: "set one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.env["CA_ADDR"] = "istiod.istio-system.svc:15012"
+			c, err := Load([]string{"-pod", "web-0", "-pod-root", "/p"}, func(k string) string { return tc.env[k] })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Load: %v, want an error saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || c.CA.RootCert != tc.root || c.CA.SystemRoots != tc.system {
+				t.Fatalf("roots %q system %v, %v; want %q system %v", c.CA.RootCert, c.CA.SystemRoots, err, tc.root, tc.system)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 type rawFlags struct {
 	keyAlg, eccAlg, eccCurve string // -key-alg, or Istio's -ecc-signature-algorithm and -ecc-curve
 	certProvider             string // -pilot-cert-provider: whose roots verify a gRPC CA
+	caRootCA                 string // -ca-root-ca: Istio's CA_ROOT_CA, a file or SYSTEM
 	socketMode               string // -socket-mode, in octal
 	keep                     bool   // -keep-cert
 }
@@ -20,13 +21,13 @@ func (c *Config) bind(fs *flagenv.Set, raw *rawFlags) {
 	c.Log.Bind(fs)
 	c.Bus.Bind(fs)
 	fs.String(&c.Listen.HTTP, "http-addr", "HTTP_ADDR", c.Listen.HTTP, "health and metrics listen address")
-	c.bindPodCA(fs)
+	c.bindPodCA(fs, raw)
 	c.bindCert(fs, raw)
 	c.bindSDS(fs, raw)
 }
 
 // bindPodCA defines the flags of the pod's identity and of the CA it asks.
-func (c *Config) bindPodCA(fs *flagenv.Set) {
+func (c *Config) bindPodCA(fs *flagenv.Set, raw *rawFlags) {
 	c.Pod.Bind(fs)
 	fs.String(&c.Pod.TrustDomain, "trust-domain", "TRUST_DOMAIN", c.Pod.TrustDomain, "SPIFFE trust domain")
 	fs.List(&c.Pod.TrustDomainAliases, "trust-domain-aliases", "TRUST_DOMAIN_ALIASES", nil,
@@ -38,6 +39,7 @@ func (c *Config) bindPodCA(fs *flagenv.Set) {
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
 	fs.List(&c.CA.FallbackAddrs, "ca-fallback-addr", "CA_FALLBACK_ADDR", nil,
 		"the CAs' Istio gRPC APIs, comma-separated, tried in turn when the bus is unreachable or no signer answers on it in time (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
+	fs.String(&raw.caRootCA, "ca-root-ca", "CA_ROOT_CA", "", "the roots that verify the gRPC CA's TLS, as Istio's agent reads CA_ROOT_CA: a PEM file (under -pod-root if relative), or SYSTEM for the host's trust store; before -pilot-cert-provider's default; -ca-root-cert is the same without SYSTEM (set one)")
 	fs.String(&c.CA.RootCert, "ca-root-cert", "CA_ROOT_CERT", c.CA.RootCert, "PEM roots (a bundle, all trusted) for the CA's TLS, with the roots the pod trusts; also the pod's first trust when -trust-anchors-file is unset; empty: the trust anchors, then the pod's bundle (with neither, a TLS CA cannot be verified)")
 	fs.String(&c.CA.TrustAnchorsFile, "trust-anchors-file", "TRUST_ANCHORS_FILE", c.CA.TrustAnchorsFile,
 		"PEM roots trusted before the first trust bundle, which must be endorsed by one of them; default "+DefaultTrustAnchors+" if it exists, else trust on first use")

@@ -125,6 +125,7 @@ type Manager struct {
 	keyPEM     []byte
 	chain      []*x509.Certificate
 	chainPEM   []string
+	got        time.Time // when the current chain came in a sign reply (zero: restored)
 	trust      *trust
 	foreign    *trustbundle.Foreign // followed trust domains' roots (federated.go)
 
@@ -177,16 +178,30 @@ func (m *Manager) Reconnected() {
 
 // renewDue is when the rotator asks for the current certificate's renewal at the
 // earliest: GraceRatio of its life left (it counts from the issuance, a little
-// after NotBefore). ok is false before the first certificate or without a ratio.
+// after NotBefore; see life). ok is false before the first certificate or without a ratio.
 func (m *Manager) renewDue() (time.Time, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.chain) == 0 || m.cfg.GraceRatio <= 0 || m.cfg.GraceRatio >= 1 {
 		return time.Time{}, false
 	}
+	start, life := m.life()
+	return start.Add(time.Duration(float64(life) * (1 - m.cfg.GraceRatio))), true
+}
+
+// life is the current leaf's lifetime as renewals count it: from its NotBefore,
+// or from when the reply came if that is later, to its NotAfter. Istio's CA
+// backdates NotBefore by two minutes (ClockSkewGracePeriod) and its agent counts
+// from the time it got the certificate: counted from NotBefore, a certificate of a
+// few minutes would be due for renewal the moment it arrives, and again after
+// every renewal. Call with m.mu held.
+func (m *Manager) life() (start time.Time, life time.Duration) {
 	leaf := m.chain[0]
-	life := leaf.NotAfter.Sub(leaf.NotBefore)
-	return leaf.NotBefore.Add(time.Duration(float64(life) * (1 - m.cfg.GraceRatio))), true
+	start = leaf.NotBefore
+	if m.got.After(start) && m.got.Before(leaf.NotAfter) {
+		start = m.got
+	}
+	return start, leaf.NotAfter.Sub(start)
 }
 
 // Status is what the manager holds and how its last signing went.
@@ -253,13 +268,13 @@ func (m *Manager) Run(ctx context.Context) error {
 // minSelfRenew is the shortest time between two renewals at the safety deadline.
 const minSelfRenew = time.Second
 
-// deadline is when the manager renews by itself: SafetyRatio into the lifetime.
+// deadline is when the manager renews by itself: SafetyRatio into the lifetime
+// (see life).
 func (m *Manager) deadline() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	leaf := m.chain[0]
-	life := leaf.NotAfter.Sub(leaf.NotBefore)
-	return leaf.NotBefore.Add(time.Duration(float64(life) * m.cfg.SafetyRatio))
+	start, life := m.life()
+	return start.Add(time.Duration(float64(life) * m.cfg.SafetyRatio))
 }
 
 // stale reports whether r is about an older certificate than the current leaf

@@ -60,7 +60,7 @@ func (m *Manager) issueOnce(ctx context.Context, key crypto.Signer, csrPEM []byt
 	}
 	return func() {
 		m.mu.Lock()
-		m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, c.chain, resp.ChainPEM
+		m.key, m.keyPEM, m.chain, m.chainPEM, m.got = key, keyPEM, c.chain, resp.ChainPEM, m.clock.Now()
 		signerChanged := m.trust.setSigner(c.signer)
 		m.mu.Unlock()
 		if signerChanged && len(c.signer) > 0 {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -129,6 +130,7 @@ func (m *Manager) adopt(keyPEM []byte, chainPEMs []string) error {
 	}
 	m.mu.Lock()
 	m.key, m.keyPEM, m.chain, m.chainPEM = key, keyPEM, chain, chainPEMs
+	m.got = time.Time{} // restored: renewals count from its NotBefore
 	m.mu.Unlock()
 	if roots := m.rootsBeforeBundle(); !m.has(secrets.RootCA) && len(roots) > 0 {
 		// Before a bundle arrives, the roots the pod trusted before are its ROOTCA.

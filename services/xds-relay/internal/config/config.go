@@ -77,13 +77,18 @@ const (
 	CertProviderCustom     = "custom"
 )
 
+// MountedRootCert is Istio's DefaultRootCertFilePath: a root file mounted into
+// the pod, which Istio's agent prefers for the discovery server when XDS_ROOT_CA
+// is unset.
+const MountedRootCert = "etc/certs/root-cert.pem"
+
 // certProviderRoots is the default -xds-root-ca of each PILOT_CERT_PROVIDER, as
 // Istio's agent picks the discovery server's roots (empty: the mesh roots from
 // sds-edge, which is what istiod's /var/run/secrets/istio/root-cert.pem holds).
 var certProviderRoots = map[string]string{
 	CertProviderIstiod:     "",
 	CertProviderKubernetes: "var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-	CertProviderCustom:     "etc/certs/root-cert.pem",
+	CertProviderCustom:     MountedRootCert,
 }
 
 func fileExists(p string) bool {
@@ -208,6 +213,12 @@ func (c *Config) upstreamDefaults() {
 	plaintext := c.Upstream.Mode == ModePlaintext || (c.Upstream.Mode == ModeAuto && port == "15010")
 	if c.Upstream.RootCA == "" && !plaintext {
 		c.Upstream.RootCA = certProviderRoots[c.Upstream.CertProvider]
+		// Istio's agent, XDS_ROOT_CA unset, takes the mounted ./etc/certs/root-cert.pem
+		// whenever it exists, whatever PILOT_CERT_PROVIDER says (pkg/istio-agent,
+		// FindRootCAForXDS: the "old style mounted cert").
+		if fileExists(c.Pod.Path(MountedRootCert)) {
+			c.Upstream.RootCA = MountedRootCert
+		}
 	}
 	// The pod's token goes upstream by itself only over TLS: a bearer token in
 	// plaintext is for whoever is on the path (-token-file still sends it).

@@ -221,3 +221,42 @@ func TestIstioProxyEnv(t *testing.T) {
 		t.Fatalf("bad PROXY_CONFIG: %v", err)
 	}
 }
+
+// XDS_ROOT_CA is read as Istio's agent reads it (pkg/istio-agent,
+// FindRootCAForXDS): SYSTEM or a file first; unset, a mounted
+// ./etc/certs/root-cert.pem whenever it exists, whatever PILOT_CERT_PROVIDER
+// says; else the provider's roots (istiod: the mesh roots from sds-edge).
+func TestXDSRootCAAsIstiosAgentReadsIt(t *testing.T) {
+	root := t.TempDir()
+	mounted := filepath.Join(root, MountedRootCert)
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		mounted bool
+		want    string
+	}{
+		{name: "SYSTEM", env: map[string]string{"XDS_ROOT_CA": "SYSTEM"}, mounted: true, want: "SYSTEM"},
+		{name: "a file before the mounted root", env: map[string]string{"XDS_ROOT_CA": "etc/xds/ca.pem"}, mounted: true, want: filepath.Join(root, "etc/xds/ca.pem")},
+		{name: "the mounted root before the provider's", env: map[string]string{"PILOT_CERT_PROVIDER": "kubernetes"}, mounted: true, want: mounted},
+		{name: "istiod, nothing mounted: sds-edge's roots", env: map[string]string{}, want: ""},
+		{name: "kubernetes, nothing mounted", env: map[string]string{"PILOT_CERT_PROVIDER": "kubernetes"}, want: filepath.Join(root, "var/run/secrets/kubernetes.io/serviceaccount/ca.crt")},
+		{name: "plaintext: none", env: map[string]string{"DISCOVERY_ADDRESS": "istiod:15010"}, mounted: true, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_ = os.Remove(mounted)
+			if tc.mounted {
+				if err := os.MkdirAll(filepath.Dir(mounted), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(mounted, []byte("roots"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.env["POD_NAME"], tc.env["POD_ROOT"] = "web-0", root
+			c, err := Load(nil, func(k string) string { return tc.env[k] })
+			if err != nil || c.Upstream.RootCA != tc.want {
+				t.Fatalf("roots %q, %v; want %q", c.Upstream.RootCA, err, tc.want)
+			}
+		})
+	}
+}
