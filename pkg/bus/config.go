@@ -61,7 +61,8 @@ type Config struct {
 }
 
 // ViaNodeEnv names the node whose agent a pod's NATS_URL reaches (sds-edge's
-// -bus-via-node); every role of such a pod connects as NodeLocal.
+// -bus-via-node, whose flag names it literally: deploy/kubernetes's checks read
+// the flag tables); every role of such a pod connects as NodeLocal.
 const ViaNodeEnv = "BUS_VIA_NODE"
 
 // TLSConfig enables TLS to the bus when CAFile or CertFile is set.

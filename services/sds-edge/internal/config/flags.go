@@ -1,9 +1,6 @@
 package config
 
-import (
-	"github.com/meshagent/meshagent/pkg/bus"
-	"github.com/meshagent/meshagent/pkg/flagenv"
-)
+import "github.com/meshagent/meshagent/pkg/flagenv"
 
 // rawFlags are the flags read as text (or a choice) and turned into the config
 // after the flags (resolve), their errors reported together with the rest.
@@ -35,7 +32,7 @@ func (c *Config) bindPodCA(fs *flagenv.Set, raw *rawFlags) {
 	fs.String(&c.Pod.Namespace, "namespace", "POD_NAMESPACE", c.Pod.Namespace, "workload namespace")
 	fs.String(&c.Pod.ServiceAccount, "service-account", "SERVICE_ACCOUNT", c.Pod.ServiceAccount, "workload service account")
 	fs.String(&c.CA.TokenFile, "token-file", "TOKEN_FILE", c.CA.TokenFile, "JWT credential, re-read for every CSR")
-	fs.String(&c.CA.ViaNode, "bus-via-node", bus.ViaNodeEnv, "", "the node (spec.nodeName) whose node agent this pod's NATS_URL reaches: sign requests go on the node's sign subject with the pod's token (the node tier); empty: the pod connects to the hub itself")
+	fs.String(&c.CA.ViaNode, "bus-via-node", "BUS_VIA_NODE", "", "the node (spec.nodeName) whose node agent this pod's NATS_URL reaches: sign requests go on the node's sign subject with the pod's token (the node tier); empty: the pod connects to the hub itself")
 	fs.String(&c.CA.Addr, "ca-addr", "CA_ADDR", c.CA.Addr, "Istio gRPC CA address; empty: the signer over NATS")
 	fs.List(&c.CA.FallbackAddrs, "ca-fallback-addr", "CA_FALLBACK_ADDR", nil,
 		"the CAs' Istio gRPC APIs, comma-separated, tried in turn when the bus is unreachable or no signer answers on it in time (signing is on the bus otherwise); with it, or -ca-addr, start does not wait for the bus")
