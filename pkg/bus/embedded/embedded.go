@@ -119,9 +119,10 @@ func Start(c Config) (*server.Server, error) {
 
 // Reload applies c, as Start would have, to the running server s: a node agent
 // renews its hub connection with its new token this way. nats-server closes the
-// connections its callout admitted when it reloads (they reconnect and are
-// admitted again on the node): a token rotation costs each pod of the node a
-// reconnect to its own node, never to the hub.
+// connections Leaf.Admit admitted when it reloads (their users are not in its
+// configuration; they reconnect and are admitted again on the node): a token
+// rotation costs each pod of the node a reconnect to its own node, never to the
+// hub. The server keeps the Admit it started with.
 func Reload(s *server.Server, c Config) error {
 	opts, err := options(c, clock.Real{})
 	if err != nil {
