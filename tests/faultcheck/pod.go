@@ -2,6 +2,7 @@ package faultcheck
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"errors"
 	"slices"
@@ -17,6 +18,7 @@ import (
 type Served struct {
 	Leaf  *x509.Certificate // nil before the first `default`
 	Chain []*x509.Certificate
+	Key   crypto.Signer       // the leaf's key, as Envoy gets it (nil if it did not parse)
 	Roots []*x509.Certificate // ROOTCA
 }
 
@@ -133,6 +135,7 @@ func (w *PodWatch) stream(ctx context.Context) {
 			case s.IsCertificate():
 				if cs, err := pki.ParseCertsPEM(s.CertChain); err == nil && len(cs) > 0 {
 					w.cur.Leaf, w.cur.Chain = cs[0], cs
+					w.cur.Key, _ = pki.ParseKeyPEM(s.PrivateKey)
 					if _, ok := w.first[w.cur.Serial()]; !ok {
 						w.first[w.cur.Serial()] = time.Now()
 					}
