@@ -18,7 +18,10 @@ import (
 
 // Timeout is how long Eventually waits: long enough for a loaded CI machine, short
 // enough that a hung test fails with a message rather than the go test timeout.
-const Timeout = 15 * time.Second
+// A bound, not a wait: only a failing test takes it. 15 s was not enough for
+// `make test` beside two busy loops and a compose suite (2026-12-07:
+// TestSplitBrainSendsOnce's 200 schedules took longer).
+const Timeout = time.Minute
 
 // Eventually polls cond until it holds, and fails t after Timeout with a message
 // naming what it waited for.
