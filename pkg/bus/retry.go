@@ -63,6 +63,22 @@ func Retry(ctx context.Context, clk clock.Clock, log hclog.Logger, what string, 
 	}
 }
 
+// OpenWatch opens a KV watch with open, retried as Retry retries while JetStream is away
+// or slow. A watch is an ephemeral consumer made in one API request: on a loaded cluster
+// just after a node loss that request can outlast nats.go's timeout, and a service that
+// exited on it (the only signer of a CI run did) took its part of the fleet down with a
+// transient. nats.go ends a watch with the context it was opened with, so every attempt
+// gets ctx itself and is bounded by nats.go's request timeout, not by Retry's attempts.
+func OpenWatch(ctx context.Context, clk clock.Clock, log hclog.Logger, what string, open func(context.Context) (jetstream.KeyWatcher, error)) (jetstream.KeyWatcher, error) {
+	var w jetstream.KeyWatcher
+	err := Retry(ctx, clk, log, what, func(context.Context) error {
+		var err error
+		w, err = open(ctx)
+		return err
+	})
+	return w, err
+}
+
 // retrySchedule is the wait between attempts: 100 ms doubling to 1 s, jittered so
 // that the replicas a cold cluster start holds up do not ask again together.
 var retrySchedule = backoff.Policy{First: 100 * time.Millisecond, Max: time.Second, Jitter: 0.5}

@@ -67,6 +67,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			}
 			// The loss shows in the signer's metrics (polled every 15 s) while the node is down.
 			testkit.EventuallyWithin(t, time.Minute, "the signer reporting the event stream's lost replica", func() bool {
+				f.alive(t) // a dead signer reports nothing: say so, not "timed out"
 				_, body := testkit.HTTPGet("http://" + f.signerHTTP[0] + "/metrics")
 				return metricValue(body, `meshagent_signer_stream_replicas_unhealthy{stream="`+events.StreamEvents+`"}`) >= 1
 			})
@@ -74,6 +75,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			whole(t, nc)
 			f.alive(t)
 			testkit.EventuallyWithin(t, time.Minute, "the signer reporting the event stream whole again", func() bool {
+				f.alive(t)
 				_, body := testkit.HTTPGet("http://" + f.signerHTTP[0] + "/metrics")
 				return strings.Contains(body, `meshagent_signer_stream_replicas_unhealthy{stream="`+events.StreamEvents+`"} 0`)
 			})

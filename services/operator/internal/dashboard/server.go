@@ -232,8 +232,13 @@ const inventoryTick = 250 * time.Millisecond
 // pages when it changed.
 func (s *Server) watch(ctx context.Context) error {
 	start := s.clk.Now()
-	w, err := s.keeper.Bucket().WatchAll(ctx)
+	w, err := bus.OpenWatch(ctx, s.clk, s.log, "inventory watch", func(ctx context.Context) (jetstream.KeyWatcher, error) {
+		return s.keeper.Bucket().WatchAll(ctx)
+	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("watch inventory: %w", err)
 	}
 	defer func() { _ = w.Stop() }()

@@ -194,7 +194,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 	announced := make(chan struct{})
 	go func() { defer close(announced); s.ann.run(actx) }()
 	defer func() { stopAnnounce(); <-announced }()
-	w, err := s.kv.Watch(ctx, RootKey)
+	w, err := s.watch(ctx, RootKey)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -202,7 +202,7 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 		return fmt.Errorf("watch root: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	lw, err := s.kv.Watch(ctx, LivesKeyPrefix+"*")
+	lw, err := s.watch(ctx, LivesKeyPrefix+"*")
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -246,6 +246,13 @@ func (s *SelfSigned) Run(ctx context.Context) error {
 			t.Reset(s.nextCheck())
 		}
 	}
+}
+
+// watch opens a watch on key, retried while JetStream is away or slow (bus.OpenWatch).
+func (s *SelfSigned) watch(ctx context.Context, key string) (jetstream.KeyWatcher, error) {
+	return bus.OpenWatch(ctx, s.clk, s.log, "ca bucket watch "+key, func(ctx context.Context) (jetstream.KeyWatcher, error) {
+		return s.kv.Watch(ctx, key)
+	})
 }
 
 // boundarySlack is how long after a phase boundary its check runs, so that the

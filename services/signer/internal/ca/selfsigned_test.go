@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/bus/embedded"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
@@ -227,4 +230,80 @@ func TestSelfSignedRSARoot(t *testing.T) {
 	if err := leaf.CheckSignatureFrom(m.Cert); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRunKeepsTryingToWatchTheBucket: a replica whose CA bucket watch cannot be opened
+// at once (its bus away here; in a CI run, a loaded cluster just after a node loss,
+// slower than one API request) keeps trying instead of exiting — the fleet's only
+// signer once exited that way — and then follows the root another replica writes.
+func TestRunKeepsTryingToWatchTheBucket(t *testing.T) {
+	dir := t.TempDir()
+	s, err := embedded.Start(embedded.Config{Port: -1, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := s.Addr().(*net.TCPAddr).Port
+	fake := clock.NewFake(t0)
+	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	ctx := context.Background()
+	for _, r := range []*replica{a, b} {
+		if err := r.src.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	// The control: with the bus away a watch really fails, which is what Run meets.
+	if w, err := b.src.kv.Watch(ctx, RootKey); err == nil {
+		_ = w.Stop()
+		t.Fatal("a watch opened with the bus down: this test could not show the retry")
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.src.Run(bctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	running := func() {
+		select {
+		case err := <-done:
+			done <- err // for the cleanup
+			t.Fatalf("Run returned while the bus was away: %v", err)
+		default:
+		}
+	}
+	// b waits between attempts (its only timer until a watch is open): let a few pass.
+	for i := range 3 {
+		testkit.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("b waiting to try again (%d)", i), func() bool {
+			running()
+			return fake.Timers() > 0
+		})
+		fake.Add(2 * time.Second)
+	}
+	running()
+	// The bus comes back where it was, with its state; both connections reconnect.
+	s, err = embedded.Start(embedded.Config{Port: port, StoreDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	a.run(t)
+	// b opens its watches (its next attempts) and follows a's rotation through them.
+	old := b.auth.Current()
+	rotated := false
+	testkit.EventuallyWithin(t, 30*time.Second, "b on the root a rotated to", func() bool {
+		running()
+		if !rotated {
+			if _, err := a.src.Rotate(ctx, true); err == nil {
+				rotated = true
+			}
+		}
+		fake.Add(time.Second) // b's retry waits, and the delay before it announces a's write
+		cur := a.auth.Current()
+		return rotated && cur != old && b.auth.Current().RootFingerprint() == cur.RootFingerprint()
+	})
 }
