@@ -109,11 +109,18 @@ func (b *Outbox) Publish(subject string, payload events.Payload) {
 		b.o.Log.Error("invalid event not published", "subject", subject, "error", err)
 		return
 	}
+	b.PublishMsg(msg)
+}
+
+// PublishMsg queues an event already encoded (events.Encode), for a publisher that
+// sets its own Meta: an id shared by the replicas that may send the same event, so
+// the stream keeps one. It never blocks; the full queue drops and counts it.
+func (b *Outbox) PublishMsg(msg *nats.Msg) {
 	select {
 	case b.q <- msg:
 	default:
 		b.dropped.Inc()
-		b.o.Log.Warn("event queue full, event dropped", "subject", subject)
+		b.o.Log.Warn("event queue full, event dropped", "subject", msg.Subject)
 	}
 }
 

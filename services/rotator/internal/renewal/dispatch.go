@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/rotator/internal/schedule"
 	"github.com/meshagent/meshagent/services/rotator/internal/store"
@@ -103,15 +102,16 @@ func (r *Replica) renew(ctx context.Context, d schedule.Renewal, rec schedule.Re
 		return err
 	}
 	if ok { // else another replica sent it
-		r.send(wctx, d)
+		r.send(d)
 	}
 	return nil
 }
 
 func isConflict(err error) bool { return errors.Is(err, store.ErrConflict) }
 
-// send publishes renew-due to the pod (core NATS) and to the audit stream.
-func (r *Replica) send(ctx context.Context, d schedule.Renewal) {
+// send publishes renew-due to the pod (core NATS) and queues its audit record for the
+// stream.
+func (r *Replica) send(d schedule.Renewal) {
 	pod, err := events.PodRefFromString(d.Pod) // the schedule's key: "<namespace>/<name>"
 	if err != nil {
 		r.m.sendErrors.Inc()
@@ -138,16 +138,15 @@ func (r *Replica) send(ctx context.Context, d schedule.Renewal) {
 		r.log.Warn("certificate expired without renewal, entry retired", "pod", d.Pod, "resource", d.Resource, "serial", d.Serial)
 	}
 	r.log.Debug("renew-due sent", "pod", d.Pod, "resource", d.Resource, "reason", d.Reason, "attempt", d.Attempt)
+	// The audit record goes through the outbox: held while the stream has no leader
+	// (a paused node), sent when it is back, once (its id is the dedup id).
 	audit, err := events.Encode(events.SubjectRenewSent, meta, rd)
 	if err != nil {
+		r.m.sendErrors.Inc()
+		r.log.Warn("renew-sent audit not encoded", "pod", d.Pod, "error", err)
 		return
 	}
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := bus.Publish(actx, r.js, audit); err != nil {
-		r.m.sendErrors.Inc()
-		r.log.Warn("renew-sent audit not stored", "pod", d.Pod, "error", err)
-	}
+	r.audit.PublishMsg(audit)
 }
 
 func (r *Replica) publishPod(meta events.Meta, rd events.RenewDue) error {

@@ -30,7 +30,7 @@ func newMetrics(r *Replica, reg prometheus.Registerer) (*metrics, error) {
 		rateLimited:    newCounter("meshagent_rotator_renew_rate_limited_total", "renew-due that waited for the fleet-wide rate limit."),
 		retries:        newCounter("meshagent_rotator_renew_retries_total", "renew-due sent again because no new certificate came by the deadline."),
 		expired:        newCounter("meshagent_rotator_expired_total", "Entries retired because their certificate expired without a successor."),
-		sendErrors:     newCounter("meshagent_rotator_send_errors_total", "renew-due or audit events that could not be published."),
+		sendErrors:     newCounter("meshagent_rotator_send_errors_total", "renew-due events that could not be sent, or their audit records encoded (audit records the stream never took: meshagent_rotator_audit_dropped_total)."),
 		conflicts:      newCounter("meshagent_rotator_store_conflicts_total", "Entries adopted from the bucket after another writer changed them."),
 		rebuildSeconds: newGauge("meshagent_rotator_rebuild_seconds", "How long the last schedule rebuild from the bucket took."),
 		rebuildChanges: newGauge("meshagent_rotator_rebuild_changes", "Bucket changes read by the last rebuild (few when the standby schedule was warm)."),

@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/events"
+	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestSendsRenewDueWhenDueAndAudits(t *testing.T) {
@@ -365,4 +367,85 @@ func TestSameNameInAnotherNamespaceIsAnotherEntry(t *testing.T) {
 		t.Fatalf("pod.down rejected = %v, want the forged one", v)
 	}
 	victimKept("after attacker/web-0's pod.down")
+}
+
+// TestRenewSentHeldWhileTheStreamIsAway: a renew_sent the stream cannot take (here
+// the stream stops taking rotation subjects; in the compose suite, its leader's node
+// paused 40 s) is held and stored once the stream takes it again, not dropped after
+// one attempt, while the renew-due itself reaches the pod at once.
+func TestRenewSentHeldWhileTheStreamIsAway(t *testing.T) {
+	h, r := newLeader(t)
+	ctx := context.Background()
+	h.issue("web-0", "0a", h.clk.Now(), time.Hour, "root-a") // due at +30m
+	waitScheduled(t, r, 1)
+
+	st, err := h.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := st.CachedInfo().Config
+	cut := whole
+	cut.Subjects = nil
+	for _, s := range whole.Subjects {
+		if s != events.Prefix+".evt.rotation.>" {
+			cut.Subjects = append(cut.Subjects, s)
+		}
+	}
+	if len(cut.Subjects) == len(whole.Subjects) {
+		t.Fatalf("the stream's subjects %v have no rotation wildcard to take away", whole.Subjects)
+	}
+	if _, err := h.js.UpdateStream(ctx, cut); err != nil {
+		t.Fatal(err)
+	}
+	// The control: the stream really refuses a renew_sent now.
+	probe, err := events.Encode(events.SubjectRenewSent, events.Meta{Source: "test"},
+		events.RenewDue{Pod: dpod("probe"), Resource: "default", Serial: "ff", NotAfter: h.clk.Now().Add(time.Hour), Reason: events.RenewScheduled, Attempt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.PublishMsg(ctx, probe); err == nil {
+		t.Fatal("the stream took a renew_sent with its rotation subjects removed: this test could not show the hold")
+	}
+
+	h.clk.Add(31 * time.Minute)
+	if rd := h.waitSent(1)[0]; rd.Pod != dpod("web-0") {
+		t.Fatalf("renew-due %+v", rd)
+	}
+	// Every attempt is a request on the subject, seen by a plain subscriber: wait
+	// until the stream has refused several (the rotator used to try for 5 s, then drop it).
+	attempts := bustest.Record(t, h.nc, events.SubjectRenewSent)
+	testkit.Eventually(t, "three attempts at the renew_sent while the stream is away", func() bool {
+		h.clk.Add(time.Second) // the outbox's wait between attempts
+		n := 0
+		for _, m := range attempts.Msgs() {
+			if m.Header.Get(events.HeaderSubject) == "default/web-0" {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	if _, err := st.GetLastMsgForSubject(ctx, events.SubjectRenewSent); err == nil {
+		t.Fatal("a renew_sent was stored while the stream did not take the subject")
+	}
+	if _, err := h.js.UpdateStream(ctx, whole); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "renew_sent stored once the stream takes it", func() bool {
+		h.clk.Add(time.Second) // the outbox's wait before its next attempt
+		raw, err := st.GetLastMsgForSubject(ctx, events.SubjectRenewSent)
+		if err != nil {
+			return false
+		}
+		a, _, err := events.Decode[events.RenewDue](&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		return err == nil && a.Pod == dpod("web-0") && a.Serial == "0a"
+	})
+	if n, err := testutil.GatherAndCount(r.reg, "meshagent_rotator_audit_dropped_total"); err != nil || n != 1 {
+		t.Fatalf("audit drop counter: %d series, %v", n, err)
+	}
+	mfs, _ := r.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "meshagent_rotator_audit_dropped_total" && mf.GetMetric()[0].GetCounter().GetValue() != 0 {
+			t.Fatalf("%v audit records dropped", mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
 }
