@@ -50,6 +50,24 @@ const ConnectTimeout = 10 * time.Second
 // a callout shedding load) comes back spread over time instead of at once.
 var Reconnect = backoff.Policy{First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.75}
 
+// UrgentReconnect is Reconnect while the process says its need is urgent (SetUrgent):
+// a pod whose certificate is about to expire, or has, with the bus its only way to a
+// CA, must be back within a second of the network (issue 10: served again within 2 s
+// of the CA being back; pilot-agent 1.1 s), where Reconnect's waits add up to 4 s. A
+// cold start is never urgent (no certificate yet), so a storm keeps Reconnect's spread.
+var UrgentReconnect = backoff.Policy{First: 250 * time.Millisecond, Max: time.Second, Jitter: 0.75}
+
+// urgent is SetUrgent's flag: one per process, which is one pod (or one service).
+var urgent atomic.Bool
+
+// SetUrgent says whether this process needs the bus back urgently: while true, every
+// connection of the process waits on UrgentReconnect's schedule between reconnect
+// attempts instead of Reconnect's. A wait already begun is not cut short.
+func SetUrgent(on bool) { urgent.Store(on) }
+
+// Urgent reports SetUrgent's last word.
+func Urgent() bool { return urgent.Load() }
+
 // waitReport is how often Connect says at INFO that it is still waiting for the bus.
 const waitReport = 10 * time.Second
 
@@ -209,11 +227,15 @@ func LateReply(err error) bool {
 // reconnectDelay is the wait before a connection's attempt-th reconnect pass
 // (attempt 1 after the loss): Reconnect's schedule, jittered.
 func reconnectDelay(attempt int) time.Duration {
-	b := Reconnect.Start()
-	for i := 1; i < attempt && b.Current() < Reconnect.Max; i++ {
+	p := Reconnect
+	if urgent.Load() {
+		p = UrgentReconnect
+	}
+	b := p.Start()
+	for i := 1; i < attempt && b.Current() < p.Max; i++ {
 		b.Next()
 	}
-	return Reconnect.Apply(b.Current())
+	return p.Apply(b.Current())
 }
 
 // Drain drains nc (its subscriptions finish what they hold, its pending

@@ -29,3 +29,30 @@ func TestReconnectDelaySpreadsAndDoubles(t *testing.T) {
 		t.Fatalf("clients give up after %s, before the server's auth timeout of %s", ConnectTimeout, policy.AuthTimeout)
 	}
 }
+
+// While the process says its need is urgent, no reconnect wait passes
+// UrgentReconnect.Max (a second), where the same attempts otherwise wait up to 4 s;
+// the schedule is back to Reconnect's once it is not urgent.
+func TestUrgentReconnectWaitsAtMostASecond(t *testing.T) {
+	t.Cleanup(func() { SetUrgent(false) })
+	longest := func() time.Duration {
+		var m time.Duration
+		for attempt := 1; attempt <= 20; attempt++ {
+			for range 50 {
+				m = max(m, reconnectDelay(attempt))
+			}
+		}
+		return m
+	}
+	if m := longest(); m <= UrgentReconnect.Max { // the control: the usual schedule is longer
+		t.Fatalf("not urgent, the longest wait was %s: no longer than the urgent bound %s", m, UrgentReconnect.Max)
+	}
+	SetUrgent(true)
+	if m := longest(); m > UrgentReconnect.Max {
+		t.Fatalf("urgent, a wait of %s, over %s", m, UrgentReconnect.Max)
+	}
+	SetUrgent(false)
+	if m := longest(); m <= UrgentReconnect.Max {
+		t.Fatalf("no longer urgent, still at most %s", m)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/lifecycle"
@@ -103,6 +104,10 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 	if p.metric(t, "meshagent_sds_edge_serving_expired") != 0 {
 		t.Fatal("serving_expired before expiry")
 	}
+	// Failing with minutes left is not urgent: the bus reconnects on its usual schedule.
+	if bus.Urgent() {
+		t.Fatal("bus reconnects urgent with 5 of 60 minutes left")
+	}
 
 	clk.Set(first.NotAfter.Add(-time.Millisecond))
 	if err := p.e.Ready(); err == nil || strings.Contains(err.Error(), "expired") {
@@ -115,6 +120,11 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 	if p.metric(t, "meshagent_sds_edge_serving_expired") != 1 {
 		t.Fatal("serving_expired not 1 at expiry")
 	}
+	// Failing at expiry is: the pod's bus reconnects come within a second.
+	testkit.Eventually(t, "bus reconnects urgent once expired", func() bool {
+		clk.Add(100 * time.Millisecond) // the retry wait, for the next failed attempt
+		return bus.Urgent()
+	})
 	testkit.Eventually(t, "cert.expiring (expired) published", func() bool {
 		return len(bustest.Find(evs, func(e events.CertExpiring) bool {
 			return e.State == events.CertStateExpired && e.Serial == serial && e.Failures > 0 && e.LastError != ""
@@ -137,6 +147,9 @@ func TestExpiringAndExpiredCertificateIsNotReady(t *testing.T) {
 		t.Fatal("the expired certificate pushed again")
 	}
 	testkit.Eventually(t, "ready after renewal", func() bool { return p.e.Ready() == nil })
+	if bus.Urgent() {
+		t.Fatal("bus reconnects still urgent after the renewal")
+	}
 	if p.metric(t, "meshagent_sds_edge_serving_expired") != 0 {
 		t.Fatal("serving_expired after renewal")
 	}

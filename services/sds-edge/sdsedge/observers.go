@@ -2,8 +2,10 @@ package sdsedge
 
 import (
 	"slices"
+	"time"
 
 	"github.com/meshagent/meshagent/pkg/atomicfile/certdir"
+	"github.com/meshagent/meshagent/pkg/bus"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/secrets"
 )
@@ -83,5 +85,17 @@ func (s identityObserver) CSR(err error, retry bool) {
 	if err != nil {
 		m.CSRFailed.Inc()
 	}
+	if mgr := s.e.mgr.Load(); mgr != nil {
+		bus.SetUrgent(err != nil && nearExpiry(mgr.Status().NotAfter, s.e.d.Clock.Now()))
+	}
 	s.e.wakeCertWatch()
+}
+
+// urgentWithin is how close to its expiry a certificate that failed to renew makes
+// the pod's bus reconnects urgent (bus.SetUrgent): two of Reconnect's longest waits.
+var urgentWithin = 2 * bus.Reconnect.Max
+
+// nearExpiry: a certificate (notAfter not zero) that expires within urgentWithin of now, or has.
+func nearExpiry(notAfter, now time.Time) bool {
+	return !notAfter.IsZero() && !now.Before(notAfter.Add(-urgentWithin))
 }
