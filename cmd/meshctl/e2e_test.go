@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -479,4 +480,18 @@ func TestRotationsKeepMutualTLSWorking(t *testing.T) {
 		t.Errorf("%d of %d handshakes failed, first: %s", len(failures), handshakes.Load(), failures[0])
 	}
 	t.Logf("%d handshakes, leaves per pod %d/%d/%d, roots %d", handshakes.Load(), len(serials[0]), len(serials[1]), len(serials[2]), len(rootsSeen))
+}
+
+// freeze stops process pid (SIGSTOP: no exit, no closed socket, as a process the
+// scheduler starves or a node that hangs) and returns what resumes it (SIGCONT),
+// once however often it is called; the test's end resumes it too.
+func freeze(t *testing.T, pid int) (resume func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	return resume
 }

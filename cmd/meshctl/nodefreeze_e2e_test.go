@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"net/http"
-	"syscall"
 	"testing"
 	"time"
 
@@ -61,17 +60,7 @@ func TestFrozenNodeAgentCostsOnlyItsOwnNode(t *testing.T) {
 	}
 	frozenBefore, liveBefore := served(frozenPod), served(livePod)
 
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := freeze(t, pid)
 	// Positive control: the freeze took. The agent answers nothing.
 	client := &http.Client{Timeout: time.Second}
 	if resp, err := client.Get("http://" + st.Nodes[0].HTTP + "/readyz"); err == nil {

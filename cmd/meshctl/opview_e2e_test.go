@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -125,17 +124,7 @@ func checkFailsWithTheSignerFrozen(t *testing.T, dir string, st *stackfile.Stack
 	if pid == 0 {
 		t.Fatal("stack.json lists no signer")
 	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
+	resume := freeze(t, pid)
 	out, err := meshctl(t, "check", "-dir", dir)
 	resume()
 	if err == nil || !strings.Contains(err.Error(), "check(s) failed") {
