@@ -69,9 +69,9 @@ type Server struct {
 	handlers map[string]Handler
 	// rewriters are Config.Rewriters by type URL.
 	rewriters map[string]Rewriter
-	pub      Publisher
-	log      hclog.Logger
-	m        *metrics
+	pub       Publisher
+	log       hclog.Logger
+	m         *metrics
 
 	nextID atomic.Uint64
 	bound  chan struct{}
