@@ -226,7 +226,8 @@ func failOpen(pc *wasmv3.PluginConfig) bool {
 	if p := pc.GetFailurePolicy(); p != wasmv3.FailurePolicy_UNSPECIFIED {
 		return p == wasmv3.FailurePolicy_FAIL_OPEN
 	}
-	return pc.GetFailOpen() //nolint:staticcheck // deprecated, still read by Istio
+	//lint:ignore SA1019 deprecated, and still read by Istio's agent when failure_policy is unset
+	return pc.GetFailOpen()
 }
 
 // fallback is Istio's stand-in for a filter whose module could not be had: RBAC
