@@ -372,3 +372,39 @@ func TestECDSWasmUnreadableConfigNACKed(t *testing.T) {
 	}
 	localModule(t, got[name])
 }
+
+// On a delta stream the same rewrite applies: Envoy's resource loads the
+// cached file, its name and version kept.
+func TestECDSWasmRemoteLoadOnDeltaStream(t *testing.T) {
+	ms := startModuleServer(t, map[string][]byte{"/good.wasm": module})
+	up := startUpstream(t)
+	dir := t.TempDir()
+	up.setECDS(t, "n1", "v1", wasmPlugin(t, "plugin", ms.URL+"/good.wasm", sha(module), wasmv3.FailurePolicy_FAIL_CLOSED, "a"))
+	socket := startWasmRelay(t, up.addr, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := ads(t, socket).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("n1"), TypeUrl: resource.ExtensionConfigType,
+		ResourceNamesSubscribe: []string{"plugin"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil || len(r.GetResources()) != 1 {
+		t.Fatalf("delta response %v %v", r, err)
+	}
+	res := r.GetResources()[0]
+	ec := &corev3.TypedExtensionConfig{}
+	if err := res.GetResource().UnmarshalTo(ec); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := localModule(t, ec)
+	if b, err := os.ReadFile(p); err != nil || sha(b) != sha(module) || !strings.HasPrefix(p, dir+"/") {
+		t.Fatalf("module at %s: %x %v", p, b, err)
+	}
+	if res.GetName() != "plugin" || res.GetVersion() == "" {
+		t.Fatalf("resource name %q version %q: want plugin and the upstream's version", res.GetName(), res.GetVersion())
+	}
+}
