@@ -17,14 +17,12 @@ import (
 
 	udpa "github.com/cncf/xds/go/udpa/type/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
-	httprbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
-	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
 	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -230,23 +228,38 @@ func failOpen(pc *wasmv3.PluginConfig) bool {
 	return pc.GetFailOpen()
 }
 
+// Type URLs of the fallback filters.
+const (
+	httpRBACType    = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+	networkRBACType = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC"
+)
+
 // fallback is Istio's stand-in for a filter whose module could not be had: RBAC
 // with no rules (allow all) when it fails open, with empty rules (deny all) else.
+// The two RBAC messages are encoded here, field by field, rather than linked:
+// Envoy's generated RBAC types bring its route packages, 3.7 MB more binary
+// (docs/services.md);
+// TestFallbackMatchesEnvoysTypes checks the bytes against the generated types.
 func fallback(name string, network, allow bool) (*anypb.Any, error) {
-	var m proto.Message
-	switch {
-	case !network && allow:
-		m = &httprbac.RBAC{RulesStatPrefix: AllowStatPrefix}
-	case !network:
-		m = &httprbac.RBAC{Rules: &rbacv3.RBAC{}, RulesStatPrefix: DenyStatPrefix}
-	case allow:
-		m = &netrbac.RBAC{StatPrefix: AllowStatPrefix}
-	default:
-		m = &netrbac.RBAC{Rules: &rbacv3.RBAC{}, StatPrefix: DenyStatPrefix}
+	var b []byte
+	if !allow {
+		b = protowire.AppendTag(b, 1, protowire.BytesType) // rules: present and empty
+		b = protowire.AppendVarint(b, 0)
 	}
-	tc, err := anypb.New(m)
+	tc := &anypb.Any{TypeUrl: httpRBACType}
+	prefixField := protowire.Number(6) // rules_stat_prefix
+	if network {
+		tc.TypeUrl, prefixField = networkRBACType, 3 // stat_prefix
+	}
+	prefix := DenyStatPrefix
+	if allow {
+		prefix = AllowStatPrefix
+	}
+	b = protowire.AppendTag(b, prefixField, protowire.BytesType)
+	tc.Value = protowire.AppendString(b, prefix)
+	out, err := anypb.New(&corev3.TypedExtensionConfig{Name: name, TypedConfig: tc})
 	if err != nil {
 		return nil, fmt.Errorf("failed to create the fallback filter of Wasm module %s: %w", name, err)
 	}
-	return anypb.New(&corev3.TypedExtensionConfig{Name: name, TypedConfig: tc})
+	return out, nil
 }
