@@ -3,7 +3,9 @@
 // workload certificate from sds-edge, keeps the upstream TLS current as the mesh's
 // roots change, hands ProxyConfig's trust anchors to sds-edge, and reports what it
 // relays as events. With DNS capture (ISTIO_META_DNS_CAPTURE) it also takes the
-// control plane's name table and serves the pod's DNS proxy from it. It is built and run the one way every meshagent service is
+// control plane's name table and serves the pod's DNS proxy from it. ECDS Wasm
+// filters that load a remote module are rewritten to a local file it downloaded
+// and cached (internal/wasm, Istio's Wasm remote load). It is built and run the one way every meshagent service is
 // (pkg/lifecycle): Load → New(cfg, Deps) → Run.
 package xdsrelay
 
@@ -21,6 +23,7 @@ import (
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/wasm"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -43,6 +46,7 @@ type Relay struct {
 	tls    *tlsrefresh.Refresher
 	relay  *relay.Server
 	dns    *dnsproxy.Server // nil without DNS capture
+	wasm   *wasm.Cache      // nil without the Wasm remote load
 }
 
 // New builds the relay on d.Bus (required): it registers its metrics on
@@ -95,7 +99,18 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 		}
 		handlers = append(handlers, x.dns.Handler())
 	}
-	x.relay, err = relay.New(relay.Config{Pod: cfg.PodRef(), Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize},
+	rcfg := relay.Config{Pod: cfg.PodRef(), Socket: cfg.Socket, MaxMsgSize: cfg.MaxMsgSize}
+	if cfg.Wasm.RemoteLoad {
+		w := cfg.Wasm
+		x.wasm, err = wasm.NewCache(wasm.Options{Dir: w.Dir, ModuleExpiry: w.ModuleExpiry, PurgeInterval: w.PurgeInterval,
+			RequestTimeout: w.RequestTimeout, MaxAttempts: w.MaxAttempts, InsecureRegistries: w.InsecureRegistries,
+			MaxBytes: int64(w.MaxBytes)}, d.Clock, d.Metrics, d.Log.Named("wasm"))
+		if err != nil {
+			return nil, err
+		}
+		rcfg.Rewriters = append(rcfg.Rewriters, wasm.NewRewriter(x.wasm, d.Log.Named("wasm")))
+	}
+	x.relay, err = relay.New(rcfg,
 		x.dialer, handlers, x.events, d.Metrics, d.Log.Named("relay"))
 	if err != nil {
 		return nil, err
@@ -125,6 +140,9 @@ func (x *Relay) Run(ctx context.Context) error {
 	}
 	if x.dns != nil {
 		tasks = append(tasks, x.dns.Run)
+	}
+	if x.wasm != nil {
+		tasks = append(tasks, x.wasm.Run)
 	}
 	return lifecycle.Tasks(ctx, tasks...)
 }

@@ -64,6 +64,7 @@ type Config struct {
 		ResolvConf string
 		Namespace  string
 	}
+	Wasm Wasm // ECDS's Wasm remote load (wasm.go)
 }
 
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
@@ -113,6 +114,7 @@ func Default() Config {
 	c.DNS.Addr = "127.0.0.1:15053"
 	c.DNS.ResolvConf = "/etc/resolv.conf"
 	c.DNS.Namespace = "default"
+	c.Wasm = defaultWasm()
 	return c
 }
 
@@ -203,6 +205,7 @@ func (c *Config) bind(fs *flagenv.Set) {
 	fs.String(&c.DNS.Addr, "dns-addr", "DNS_PROXY_ADDR", c.DNS.Addr, "DNS proxy address, UDP and TCP")
 	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
 	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
+	c.Wasm.bind(fs)
 }
 
 // upstreamDefaults fills what the upstream's security implies when not given: the
@@ -234,6 +237,9 @@ func (c *Config) underPodRoot() {
 	c.Socket = c.Pod.Path(c.Socket)
 	c.SDSSocket = c.Pod.Path(c.SDSSocket)
 	c.DNS.ResolvConf = c.Pod.Path(c.DNS.ResolvConf)
+	if c.Wasm.Dir != "" {
+		c.Wasm.Dir = c.Pod.Path(c.Wasm.Dir)
+	}
 	if c.Upstream.TokenFile != "" {
 		c.Upstream.TokenFile = c.Pod.Path(c.Upstream.TokenFile)
 	}
@@ -314,6 +320,7 @@ func (c Config) Validate() error {
 			p.Addf("-pod-namespace: required with -dns-capture")
 		}
 	}
+	c.Wasm.validate(&p)
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {
 		keys = append(keys, k)

@@ -57,6 +57,9 @@ type Config struct {
 	Socket     string      // unix socket path Envoy connects to
 	SocketMode os.FileMode // the socket's permissions; zero means DefaultSocketMode
 	MaxMsgSize int         // bytes, both directions
+	// Rewriters change responses of their types before Envoy sees them (ECDS's
+	// Wasm remote load: internal/wasm).
+	Rewriters []Rewriter
 }
 
 // Server serves ADS on the socket and relays every stream upstream.
@@ -64,9 +67,11 @@ type Server struct {
 	cfg      Config
 	dial     Dialer
 	handlers map[string]Handler
-	pub      Publisher
-	log      hclog.Logger
-	m        *metrics
+	// rewriters are Config.Rewriters by type URL.
+	rewriters map[string]Rewriter
+	pub       Publisher
+	log       hclog.Logger
+	m         *metrics
 
 	nextID atomic.Uint64
 	bound  chan struct{}
@@ -93,7 +98,17 @@ func New(cfg Config, d Dialer, handlers []Handler, pub Publisher, reg prometheus
 		}
 		hs[h.TypeURL()] = h
 	}
-	return &Server{cfg: cfg, dial: d, handlers: hs, pub: pub, log: log, m: newMetrics(reg),
+	rws := map[string]Rewriter{}
+	for _, r := range cfg.Rewriters {
+		if _, dup := hs[r.TypeURL()]; dup {
+			return nil, fmt.Errorf("relay: %s both consumed and rewritten", r.TypeURL())
+		}
+		if _, dup := rws[r.TypeURL()]; dup {
+			return nil, fmt.Errorf("relay: two rewriters for %s", r.TypeURL())
+		}
+		rws[r.TypeURL()] = r
+	}
+	return &Server{cfg: cfg, dial: d, handlers: hs, rewriters: rws, pub: pub, log: log, m: newMetrics(reg),
 		bound: make(chan struct{}), stop: make(chan struct{})}, nil
 }
 

@@ -29,6 +29,8 @@ type stream struct {
 	q    *queue
 	// acked is the last version Envoy ACKed per type URL (fromEnvoy's alone).
 	acked map[string]string
+	// versions is Envoy's last version of each rewritten type (both loops').
+	versions versions
 	// Each loop counts with its own cache of series (they are not shared).
 	reqSeries, respSeries *streamSeries
 }
@@ -139,6 +141,7 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 			return fmt.Errorf("downstream request: %w", err)
 		}
 		countRequest(st.reqSeries, h.TypeURL, f.data.Len())
+		st.envoyVersion(h)
 		if h.ErrorDetail != nil {
 			st.nack(h)
 		} else if len(h.Nonce) > 0 {
@@ -208,8 +211,20 @@ func (st *stream) fromUpstream(ctx context.Context) error {
 			}
 			continue
 		}
-		err = st.ds.SendMsg(f)
-		f.free()
+		out := f
+		if rw, ok := st.s.rewriters[string(h.TypeURL)]; ok {
+			if out, err = st.rewrite(ctx, rw, h, f); out != f {
+				f.free()
+			}
+			if err != nil {
+				return err
+			}
+			if out == nil {
+				continue
+			}
+		}
+		err = st.ds.SendMsg(out)
+		out.free()
 		if err != nil {
 			if c := context.Cause(ctx); c != nil {
 				return c
