@@ -205,12 +205,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "debug tap: "+explain(err, typeURL), httpCode(err))
 		return
 	}
-	b, err := (protojson.MarshalOptions{Indent: "  "}).Marshal(toProto(resp))
-	if err != nil {
-		// A resource whose type this binary does not know: its value as bytes.
-		s.log.Debug("debug answer as plain json", "type", typeURL, "error", err)
-		b, err = json.MarshalIndent(plainJSON(resp), "", "  ")
-	}
+	b, err := renderJSON(resp)
 	if err != nil {
 		http.Error(w, "debug tap: "+err.Error(), http.StatusInternalServerError)
 		return
@@ -219,26 +214,35 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// plainResponse is a response in JSON when a resource's type is unknown here:
-// protojson's field names, each resource's value in base64.
-type plainResponse struct {
-	VersionInfo string          `json:"versionInfo,omitempty"`
-	Resources   []plainResource `json:"resources"`
-	TypeURL     string          `json:"typeUrl"`
-	Nonce       string          `json:"nonce,omitempty"`
+// jsonResponse is a response as the HTTP form returns it: protojson's field
+// names, each resource in protojson when this binary knows its type and every
+// type nested in it, else as plainResource.
+type jsonResponse struct {
+	VersionInfo string            `json:"versionInfo,omitempty"`
+	Resources   []json.RawMessage `json:"resources"`
+	TypeURL     string            `json:"typeUrl"`
+	Nonce       string            `json:"nonce,omitempty"`
 }
 
+// plainResource is a resource whose type (or a type inside it) the relay does
+// not link: its type URL and its bytes, in base64.
 type plainResource struct {
 	TypeURL string `json:"typeUrl"`
 	Value   []byte `json:"value"`
 }
 
-func plainJSON(r *xdswire.DiscoveryResponse) plainResponse {
-	out := plainResponse{VersionInfo: r.VersionInfo, TypeURL: r.TypeURL, Nonce: r.Nonce, Resources: []plainResource{}}
+func renderJSON(r *xdswire.DiscoveryResponse) ([]byte, error) {
+	out := jsonResponse{VersionInfo: r.VersionInfo, TypeURL: r.TypeURL, Nonce: r.Nonce, Resources: []json.RawMessage{}}
 	for _, a := range r.Resources {
-		out.Resources = append(out.Resources, plainResource{TypeURL: a.TypeURL, Value: a.Value})
+		b, err := protojson.Marshal(&anypb.Any{TypeUrl: a.TypeURL, Value: a.Value})
+		if err != nil {
+			if b, err = json.Marshal(plainResource{TypeURL: a.TypeURL, Value: a.Value}); err != nil {
+				return nil, err
+			}
+		}
+		out.Resources = append(out.Resources, b)
 	}
-	return out
+	return json.MarshalIndent(out, "", "  ")
 }
 
 func toProto(r *xdswire.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
