@@ -77,6 +77,8 @@ func pilotAgentMemory(b *testing.B, dir, bin, pa string, idle time.Duration) map
 		"POD_NAME="+pod.ID, "POD_NAMESPACE="+pod.Namespace, "SERVICE_ACCOUNT="+pod.ServiceAccount,
 		"INSTANCE_IP=127.0.0.1", "TRUST_DOMAIN=cluster.local",
 		"ISTIO_META_DNS_CAPTURE=true", "DNS_PROXY_ADDR=127.0.0.1:"+strconv.Itoa(dns),
+		// meshagent's debug tap off its fixed 15004: tests share the host's loopback.
+		"PROXY_XDS_DEBUG_VIA_AGENT_PORT="+strconv.Itoa(freePort(b)),
 		// The stand-in does not know this newer Envoy flag.
 		"ENVOY_SKIP_DEPRECATED_LOGS=false")
 	out, err := cmd.StdoutPipe()

@@ -382,6 +382,8 @@ func startPilotAgent(ctx context.Context, t *testing.T, work, pa, bin string, st
 		"INSTANCE_IP=127.0.0.1", "TRUST_DOMAIN=cluster.local",
 		"SECRET_TTL="+rotationTTL.String(),
 		"ISTIO_META_DNS_CAPTURE=true", "DNS_PROXY_ADDR=127.0.0.1:"+strconv.Itoa(dns),
+		// meshagent's debug tap off its fixed 15004: tests share the host's loopback.
+		"PROXY_XDS_DEBUG_VIA_AGENT_PORT="+strconv.Itoa(freePort(t)),
 		"ENVOY_SKIP_DEPRECATED_LOGS=false")
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -258,7 +258,7 @@ func TestIstioInjectedPodAgainstAFullStack(t *testing.T) {
 	sdsHTTP, relayHTTP, status := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
 	args := slices.Concat([]string{"pod",
 		"--sds-edge", "-http-addr", sdsHTTP,
-		"--xds-relay", "-http-addr", relayHTTP, "-dns-addr", testkit.FreeAddr(t),
+		"--xds-relay", "-http-addr", relayHTTP, "-dns-addr", testkit.FreeAddr(t), "-debug-tap=false",
 		"-discovery-address", st.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
 		"--launcher"}, in.Args, []string{"-status-addr", status, "-envoy-admin", testkit.FreeAddr(t),
 		"-envoy-stats-addr", testkit.FreeAddr(t), "-relay-ready-url", "http://" + relayHTTP + "/readyz",

@@ -164,7 +164,7 @@ func startIstiodMeshPod(t *testing.T, kube *kubetest.Server, d *istiotest.Istiod
 	sdsHTTP, relayHTTP := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cmd := exec.Command(filepath.Join(binDir, "meshagent"), slices.Concat([]string{"pod",
 		"--sds-edge", "-http-addr", sdsHTTP,
-		"--xds-relay", "-http-addr", relayHTTP, "-discovery-address", d.SecureAddr,
+		"--xds-relay", "-http-addr", relayHTTP, "-debug-tap=false", "-discovery-address", d.SecureAddr,
 		"--launcher"}, args, []string{"-status-addr", testkit.FreeAddr(t), "-envoy-admin", testkit.FreeAddr(t),
 		"-envoy-stats-addr", testkit.FreeAddr(t), "-relay-ready-url", "http://" + relayHTTP + "/readyz",
 		"-sds-ready-url", "http://" + sdsHTTP + "/readyz", "-envoy-binary", filepath.Join(binDir, "envoy-standin")})...)

@@ -62,6 +62,8 @@ func sidecarEnv(t *testing.T) (args []string, env map[string]string) {
 //   - the Envoy stand-in gets istiod's clusters and listeners (the Service the
 //     test created among them), and its status port turns ready;
 //   - istiod's /debug/syncz shows the pod connected, every push acknowledged;
+//   - the pod's debug tap (PROXY_XDS_DEBUG_VIA_AGENT) answers istio.io/debug/syncz
+//     and config_dump as istiod's own debug port does (checkDebugTap);
 //   - NDS fills the relay's DNS proxy: the Service's name resolves to its cluster
 //     IP, a Service created later resolves too, and a name no Service has does not;
 //   - istiod's ProxyConfig (PCDS, ISTIO_MULTIROOT_MESH) is applied: the extra root
@@ -91,11 +93,12 @@ func TestIstiodAsTheDiscoveryServer(t *testing.T) {
 	}
 	bus := bustest.Server(t)
 
-	sdsHTTP, relayHTTP, status, dnsAddr := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
+	sdsHTTP, relayHTTP, status, dnsAddr, tapAddr := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
+	_, tapPort, _ := net.SplitHostPort(tapAddr)
 	cmd := exec.Command(meshagent, slices.Concat([]string{"pod",
 		"--sds-edge", "-http-addr", sdsHTTP,
-		"--xds-relay", "-http-addr", relayHTTP, "-dns-addr", dnsAddr, "-discovery-address", d.SecureAddr,
-		"--launcher"}, args, []string{"-status-addr", status, "-envoy-admin", testkit.FreeAddr(t),
+		"--xds-relay", "-http-addr", relayHTTP, "-dns-addr", dnsAddr, "-debug-tap-port", tapPort, "-discovery-address", d.SecureAddr,
+		"--launcher"}, args, []string{"-http-addr", testkit.FreeAddr(t), "-status-addr", status, "-envoy-admin", testkit.FreeAddr(t),
 		"-envoy-stats-addr", testkit.FreeAddr(t), "-relay-ready-url", "http://" + relayHTTP + "/readyz",
 		"-sds-ready-url", "http://" + sdsHTTP + "/readyz", "-envoy-binary", filepath.Join(binDir, "envoy-standin")})...)
 	cmd.Env = os.Environ()
@@ -126,6 +129,7 @@ func TestIstiodAsTheDiscoveryServer(t *testing.T) {
 			strings.Contains(out, "ads Listener") && strings.Contains(out, "virtualOutbound")
 	})
 	checkSyncz(t, d, pod+"."+ns)
+	checkDebugTap(t, d, tapAddr, pod+"."+ns, ns, "outbound|80||web."+ns+".svc.cluster.local")
 	checkNDS(t, kube, ns, dnsAddr, webIP)
 
 	// PCDS: the mesh config's extra root reaches the pod's ROOTCA beside istiod's.

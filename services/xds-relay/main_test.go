@@ -23,11 +23,12 @@ import (
 func TestRunServesAndStops(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
-	httpAddr, xdsAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
+	httpAddr, xdsAddr, tapAddr := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
+	_, tapPort, _ := net.SplitHostPort(tapAddr)
 	stop := testkit.Background(t, func(ctx context.Context) error {
 		return run(ctx, []string{"-pod", "web-0", "-pod-root", root, "-discovery-address", xdsAddr,
 			"-xds-tls", "plaintext", "-nats-url", ns.ClientURL(), "-http-addr", httpAddr, "-log-level", "warn"},
-			testkit.Env(nil))
+			testkit.Env(map[string]string{"PROXY_XDS_DEBUG_VIA_AGENT_PORT": tapPort}))
 	})
 	testkit.Eventually(t, "/readyz 503 naming the upstream", func() bool {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
@@ -49,6 +50,11 @@ func TestRunServesAndStops(t *testing.T) {
 		code, body := testkit.HTTPGet("http://" + httpAddr + "/readyz")
 		return code == http.StatusOK && strings.Contains(body, "ready")
 	})
+	// The debug tap (PROXY_XDS_DEBUG_VIA_AGENT, on by default) listens on the
+	// port PROXY_XDS_DEBUG_VIA_AGENT_PORT names; with no Envoy connected it says so.
+	if code, body := testkit.HTTPGet("http://" + tapAddr + "/debug/syncz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "Envoy is not connected") {
+		t.Fatalf("debug tap: %d %q, want 503 saying Envoy is not connected", code, body)
+	}
 	fi, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS"))
 	if err != nil {
 		t.Fatal(err)

@@ -46,7 +46,11 @@ type ProxyConfig struct {
 	// xds-relay's default -xds-tls, plaintext or mtls, as Istio's agent dials.
 	ControlPlaneAuthPolicy string
 	ProxyMetadata          map[string]string // env vars, below the container's own
-	Set                    map[string]bool   // every field name given (JSON name)
+	// JSON is the whole ProxyConfig as a JSON object (a YAML one converted), nil
+	// when PROXY_CONFIG is unset: the launcher's PROXY_CONFIG node metadata, as
+	// Istio's agent puts its ProxyConfig there.
+	JSON json.RawMessage
+	Set  map[string]bool // every field name given (JSON name)
 }
 
 // Used are ProxyConfig's fields (JSON names) that some pod role acts on.
@@ -160,7 +164,8 @@ func Parse(s string) (ProxyConfig, error) {
 		sort.Strings(errs)
 		return ProxyConfig{}, errors.New(strings.Join(errs, "; "))
 	}
-	return pc, nil
+	pc.JSON, err = json.Marshal(fields)
+	return pc, err
 }
 
 // decodeObject reads s as one JSON object, or else as a YAML mapping.

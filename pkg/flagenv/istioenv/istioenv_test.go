@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -286,4 +287,30 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("metadata %v vs %v", got.ProxyMetadata, ref.GetProxyMetadata())
 		}
 	})
+}
+
+// JSON is the whole ProxyConfig as an object Istio's own type reads back to
+// the same config, from JSON or YAML; nil when PROXY_CONFIG is unset.
+func TestJSONIsTheWholeProxyConfig(t *testing.T) {
+	j, err := protojson.Marshal(sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, in := range map[string]string{"json": string(j), "yaml": string(y)} {
+		pc, err := Parse(in)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var back meshconfig.ProxyConfig
+		if err := protojson.Unmarshal(pc.JSON, &back); err != nil || !proto.Equal(&back, sample()) {
+			t.Fatalf("%s: JSON %s reads back as %v (%v), want %v", name, pc.JSON, &back, err, sample())
+		}
+	}
+	if pc, err := Parse(""); err != nil || pc.JSON != nil {
+		t.Fatalf("unset: %s (%v), want nil", pc.JSON, err)
+	}
 }

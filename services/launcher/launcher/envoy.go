@@ -15,7 +15,8 @@ func (l *Launcher) node() bootstrap.Node {
 	c := l.cfg
 	return bootstrap.Node{Type: c.Pod.Type, IPs: c.Pod.IPs, Pod: c.Pod.ID, Namespace: c.Pod.Namespace,
 		DNSDomain: c.Pod.DNSDomain, ServiceAccount: c.Pod.ServiceAccount, ClusterID: c.Pod.ClusterID,
-		MeshID: c.Pod.MeshID, Labels: c.Pod.Labels, RouterMode: c.Pod.RouterMode, Meta: c.Pod.Meta}
+		MeshID: c.Pod.MeshID, Labels: c.Pod.Labels, RouterMode: c.Pod.RouterMode, Meta: c.Pod.Meta,
+		ProxyConfig: c.Pod.ProxyConfig}
 }
 
 // NodeID is the Envoy node id the launcher gives this pod (Istio's

@@ -5,7 +5,9 @@
 // relays as events. With DNS capture (ISTIO_META_DNS_CAPTURE) it also takes the
 // control plane's name table and serves the pod's DNS proxy from it. ECDS Wasm
 // filters that load a remote module are rewritten to a local file it downloaded
-// and cached (internal/wasm, Istio's Wasm remote load). It is built and run the one way every meshagent service is
+// and cached (internal/wasm, Istio's Wasm remote load). Its debug tap (Istio's
+// PROXY_XDS_DEBUG_VIA_AGENT, localhost:15004) answers istio.io/debug questions by
+// asking the discovery server on Envoy's ADS stream. It is built and run the one way every meshagent service is
 // (pkg/lifecycle): Load → New(cfg, Deps) → Run.
 package xdsrelay
 
@@ -18,6 +20,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/outbox"
 	"github.com/meshagent/meshagent/pkg/sdsclient"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/config"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/debugtap"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/dnsproxy"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/proxyconfig"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
@@ -47,6 +50,7 @@ type Relay struct {
 	relay  *relay.Server
 	dns    *dnsproxy.Server // nil without DNS capture
 	wasm   *wasm.Cache      // nil without the Wasm remote load
+	tap    *debugtap.Server // nil with -debug-tap=false
 }
 
 // New builds the relay on d.Bus (required): it registers its metrics on
@@ -115,6 +119,12 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.DebugTap.Enabled {
+		x.tap, err = debugtap.New(debugtap.Config{Addr: cfg.DebugTapAddr()}, x.relay, d.Log.Named("debugtap"))
+		if err != nil {
+			return nil, err
+		}
+	}
 	x.reach, err = upstream.NewReachability(x.dialer, d.Metrics, d.Clock, d.Log.Named("upstream"))
 	if err != nil {
 		return nil, err
@@ -124,6 +134,9 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 	d.Health.AddReadyCheck("upstream", x.reach.Ready)
 	if x.dns != nil {
 		d.Health.AddReadyCheck("dns-proxy", x.dns.Ready)
+	}
+	if x.tap != nil {
+		d.Health.AddReadyCheck("debug-tap", x.tap.Ready)
 	}
 	return x, nil
 }
@@ -143,6 +156,9 @@ func (x *Relay) Run(ctx context.Context) error {
 	}
 	if x.wasm != nil {
 		tasks = append(tasks, x.wasm.Run)
+	}
+	if x.tap != nil {
+		tasks = append(tasks, x.tap.Run)
 	}
 	return lifecycle.Tasks(ctx, tasks...)
 }

@@ -1,6 +1,7 @@
 package xdsrelay_test
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,8 +26,9 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 	ns := bustest.Server(t)
 	root := testkit.ShortDir(t)
 	addr := testkit.FreeAddr(t)
+	_, tapPort, _ := net.SplitHostPort(testkit.FreeAddr(t))
 	cfg, err := xdsrelay.Load([]string{"-pod", "web-0", "-pod-root", root, "-discovery-address", addr,
-		"-xds-tls", "mtls"}, testkit.Env(nil))
+		"-xds-tls", "mtls", "-debug-tap-port", tapPort}, testkit.Env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func TestNewBuildsOnlyAndRunServesUntilCancelled(t *testing.T) {
 	stop := testkit.Background(t, x.Run)
 	testkit.Eventually(t, "the ADS socket bound, the upstream not reachable", func() bool {
 		err := health.Ready()
-		return err != nil && !strings.Contains(err.Error(), "xds-socket") && strings.Contains(err.Error(), "upstream: "+addr+" not reachable")
+		return err != nil && !strings.Contains(err.Error(), "xds-socket") && !strings.Contains(err.Error(), "debug-tap") && strings.Contains(err.Error(), "upstream: "+addr+" not reachable")
 	})
 	if _, err := os.Stat(filepath.Join(root, "etc/istio/proxy/XDS")); err != nil {
 		t.Fatalf("socket: %v", err)

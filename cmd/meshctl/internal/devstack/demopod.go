@@ -3,6 +3,7 @@ package devstack
 import (
 	"cmp"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -120,14 +121,19 @@ func (r *Runner) podRoleArgs(pod *stackfile.Pod) ([]roleArgs, error) {
 		"-trust-domain", r.cfg.TrustDomain, "-namespace", ns, "-service-account", sa,
 		"-token-file", pod.TokenFile, "-secret-ttl", r.cfg.LeafTTL.String(), "-output-certs", pod.OutputCerts)
 	// The relay serves the pod's DNS proxy from the control plane's name table
-	// (Istio's DNS capture), on a port of its own since the demo pods share loopback.
-	dnsAddr, err := r.freeAddrs(1)
+	// (Istio's DNS capture) and its debug tap, each on a port of its own since the
+	// demo pods share loopback.
+	relayAddrs, err := r.freeAddrs(2)
 	if err != nil {
 		return nil, err
 	}
-	pod.DNS = dnsAddr[0]
+	pod.DNS = relayAddrs[0]
+	_, tapPort, err := net.SplitHostPort(relayAddrs[1])
+	if err != nil {
+		return nil, err
+	}
 	relayArgs := onBus("-discovery-address", r.Stack.ControlPlane.XDSAddr, "-xds-tls", "plaintext",
-		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns)
+		"-dns-capture", "-dns-addr", pod.DNS, "-pod-namespace", ns, "-debug-tap-port", tapPort)
 	envoyBin, envoyKind, err := r.envoy()
 	if err != nil {
 		return nil, err

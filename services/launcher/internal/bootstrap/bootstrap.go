@@ -70,6 +70,10 @@ type Node struct {
 	// fields above (which come from flags and env alike), except WORKLOAD_NAME,
 	// which otherwise is only guessed from the app label.
 	Meta map[string]string
+	// ProxyConfig is Istio's PROXY_CONFIG as a JSON object, the PROXY_CONFIG
+	// node metadata (nil: none). istiod reads the proxy's ProxyConfig there, and
+	// its xDS debug answers (istio.io/debug/syncz) list only proxies that have one.
+	ProxyConfig json.RawMessage
 }
 
 // ID is Istio's node id: type~ip~pod.namespace~domain.
@@ -137,6 +141,10 @@ func (n Node) Metadata() map[string]any {
 			mode = "standard"
 		}
 		m["ROUTER_MODE"] = mode
+	}
+	var pc map[string]any
+	if json.Unmarshal(n.ProxyConfig, &pc) == nil && pc != nil {
+		m["PROXY_CONFIG"] = pc
 	}
 	for k, v := range n.Meta {
 		if _, set := m[k]; !set {

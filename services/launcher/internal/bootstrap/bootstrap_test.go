@@ -35,7 +35,8 @@ func envoy(t *testing.T, b Bootstrap) *bootstrapv3.Bootstrap {
 // What Build writes is, field for field, the bootstrap the generated types build.
 func TestBuildIsTheGeneratedBootstrap(t *testing.T) {
 	n := Node{Type: "sidecar", IPs: []string{"10.0.0.7"}, Pod: "web-0", Namespace: "shop", DNSDomain: "shop.svc.cluster.local",
-		ServiceAccount: "web", ClusterID: "Kubernetes", Labels: map[string]string{"app": "web"}}
+		ServiceAccount: "web", ClusterID: "Kubernetes", Labels: map[string]string{"app": "web"},
+		ProxyConfig: json.RawMessage(`{"discoveryAddress":"istiod.istio-system.svc:15012","proxyMetadata":{"A":"b"}}`)}
 	gw := Node{Type: "router", IPs: []string{"10.0.0.9"}, Pod: "gw-0", Namespace: "istio-system", DNSDomain: "istio-system.svc.cluster.local"}
 	for name, p := range map[string]Params{
 		"sidecar": {NodeID: n.ID(), Cluster: n.ServiceCluster(), Metadata: n.Metadata(), SDSSocket: "/p/sds", XDSSocket: "/p/XDS",
@@ -66,6 +67,11 @@ func TestBuildIsTheGeneratedBootstrap(t *testing.T) {
 			}
 			if back.NodeID() != p.NodeID {
 				t.Fatalf("node id %q", back.NodeID())
+			}
+			// PROXY_CONFIG is node metadata as pilot-agent puts it: an object.
+			md := envoy(t, back).GetNode().GetMetadata().GetFields()
+			if addr := md["PROXY_CONFIG"].GetStructValue().GetFields()["discoveryAddress"].GetStringValue(); (name == "sidecar") != (addr == "istiod.istio-system.svc:15012") {
+				t.Fatalf("PROXY_CONFIG metadata: %v", md["PROXY_CONFIG"])
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,7 +24,7 @@ import (
 // TestNodeAgreesWithPilotAgent runs Istio's real pilot-agent (PILOT_AGENT_BIN,
 // built as docs/benchmarks.md says) and the launcher's config and bootstrap on
 // the same pod (environment and pod root) and compares what Envoy gets: the
-// node's cluster, its LABELS, and --concurrency. pilot-agent's Envoy is a script
+// node's cluster, its LABELS, its PROXY_CONFIG, and --concurrency. pilot-agent's Envoy is a script
 // that keeps its arguments and bootstrap; its bootstrap template
 // (testdata/pilot-agent-node.tmpl.json, ISTIO_BOOTSTRAP) renders only the node.
 // Skipped without PILOT_AGENT_BIN.
@@ -62,7 +63,23 @@ func TestNodeAgreesWithPilotAgent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := bootstrap.Node{Type: c.Pod.Type, IPs: c.Pod.IPs, Pod: c.Pod.ID, Namespace: c.Pod.Namespace, Labels: c.Pod.Labels, Meta: c.Pod.Meta}
+			n := bootstrap.Node{Type: c.Pod.Type, IPs: c.Pod.IPs, Pod: c.Pod.ID, Namespace: c.Pod.Namespace, Labels: c.Pod.Labels, Meta: c.Pod.Meta,
+				ProxyConfig: c.Pod.ProxyConfig}
+			// PROXY_CONFIG metadata: every field the pod gave, as pilot-agent has it
+			// (pilot-agent's also holds the defaults of the rest).
+			ours, _ := n.Metadata()["PROXY_CONFIG"].(map[string]any)
+			if len(ours) == 0 || want.proxyConfig == nil {
+				t.Errorf("PROXY_CONFIG metadata %v, pilot-agent's %v", ours, want.proxyConfig)
+			}
+			for k, v := range ours {
+				theirs, given := want.proxyConfig[k]
+				if !given && v == protoDefaults[k] {
+					continue // pilot-agent's protojson leaves a proto3 default out
+				}
+				if !reflect.DeepEqual(v, theirs) {
+					t.Errorf("PROXY_CONFIG metadata %s: %v, pilot-agent's %v", k, v, want.proxyConfig[k])
+				}
+			}
 			if got := n.ServiceCluster(); got != want.cluster {
 				t.Errorf("cluster %q, pilot-agent's %q", got, want.cluster)
 			}
@@ -76,8 +93,14 @@ func TestNodeAgreesWithPilotAgent(t *testing.T) {
 	}
 }
 
+// protoDefaults are ProxyConfig values the tests give that are proto3 defaults,
+// which pilot-agent's metadata (protojson) leaves out: NONE is
+// AuthenticationPolicy's 0.
+var protoDefaults = map[string]any{"controlPlaneAuthPolicy": "NONE"}
+
 // agentSaw is what pilot-agent gave its Envoy.
 type agentSaw struct {
+	proxyConfig map[string]any
 	cluster     string
 	labels      map[string]string
 	concurrency int
@@ -129,14 +152,15 @@ func runPilotAgent(t *testing.T, pa, root, tmpl string, env map[string]string) a
 		Node struct {
 			Cluster  string `json:"cluster"`
 			Metadata struct {
-				Labels map[string]string `json:"LABELS"`
+				Labels      map[string]string `json:"LABELS"`
+				ProxyConfig map[string]any    `json:"PROXY_CONFIG"`
 			} `json:"metadata"`
 		} `json:"node"`
 	}
 	if err := json.Unmarshal(boot, &b); err != nil {
 		t.Fatalf("pilot-agent's bootstrap: %v\n%s", err, boot)
 	}
-	saw := agentSaw{cluster: b.Node.Cluster, labels: b.Node.Metadata.Labels}
+	saw := agentSaw{cluster: b.Node.Cluster, labels: b.Node.Metadata.Labels, proxyConfig: b.Node.Metadata.ProxyConfig}
 	if f := strings.Fields(string(args)); len(f) > 0 {
 		for i, a := range f[:len(f)-1] {
 			if a == "--concurrency" {

@@ -53,6 +53,9 @@ type Config struct {
 		// Meta is every ISTIO_META_<NAME> of the environment (and of PROXY_CONFIG's
 		// proxyMetadata), by NAME: node metadata as Istio's agent passes it on.
 		Meta map[string]string
+		// ProxyConfig is PROXY_CONFIG as a JSON object (nil when unset), the
+		// PROXY_CONFIG node metadata, as Istio's agent puts it there.
+		ProxyConfig json.RawMessage
 	}
 	Envoy struct {
 		Binary          string // path, or a name looked up on PATH; not found: proxyless

@@ -114,6 +114,7 @@ func (c *Config) bindParts(fs *flagenv.Set) {
 // ProxyConfig: statusPort, proxyAdminPort, drainDuration, terminationDrainDuration,
 // binaryPath, concurrency); the launcher's own env vars and flags override them.
 func applyProxyConfig(c *Config, pc istioenv.ProxyConfig) {
+	c.Pod.ProxyConfig = pc.JSON
 	if pc.StatusPort != nil {
 		c.Listen.Status = ""
 		if *pc.StatusPort != 0 { // Istio: statusPort 0 turns the status server off

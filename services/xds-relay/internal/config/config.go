@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,13 @@ type Config struct {
 		Namespace  string
 	}
 	Wasm Wasm // ECDS's Wasm remote load (wasm.go)
+	// DebugTap is Istio's PROXY_XDS_DEBUG_VIA_AGENT: the pod's debug tap, which
+	// answers istio.io/debug questions on localhost:Port by asking the discovery
+	// server on Envoy's ADS stream.
+	DebugTap struct {
+		Enabled bool
+		Port    int
+	}
 }
 
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
@@ -115,6 +123,8 @@ func Default() Config {
 	c.DNS.ResolvConf = "/etc/resolv.conf"
 	c.DNS.Namespace = "default"
 	c.Wasm = defaultWasm()
+	c.DebugTap.Enabled = true
+	c.DebugTap.Port = 15004
 	return c
 }
 
@@ -204,6 +214,9 @@ func (c *Config) bind(fs *flagenv.Set) {
 	fs.Bool(&c.DNS.Capture, "dns-capture", "ISTIO_META_DNS_CAPTURE", c.DNS.Capture, "serve the pod's DNS proxy from the control plane's name table (Istio's DNS capture)")
 	fs.String(&c.DNS.Addr, "dns-addr", "DNS_PROXY_ADDR", c.DNS.Addr, "DNS proxy address, UDP and TCP")
 	fs.String(&c.DNS.ResolvConf, "dns-resolv-conf", "DNS_RESOLV_CONF", c.DNS.ResolvConf, "resolv.conf naming the resolvers and search domains of queries the name table does not answer (under -pod-root if relative)")
+	fs.Bool(&c.DebugTap.Enabled, "debug-tap", "PROXY_XDS_DEBUG_VIA_AGENT", c.DebugTap.Enabled,
+		"serve the debug tap (Istio: PROXY_XDS_DEBUG_VIA_AGENT): istio.io/debug questions on localhost:-debug-tap-port, over gRPC ADS or HTTP GET /debug/<name>, asked of the discovery server on Envoy's ADS stream")
+	fs.Int(&c.DebugTap.Port, "debug-tap-port", "PROXY_XDS_DEBUG_VIA_AGENT_PORT", c.DebugTap.Port, "the debug tap's port on localhost (Istio: PROXY_XDS_DEBUG_VIA_AGENT_PORT)")
 	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
 	c.Wasm.bind(fs)
 }
@@ -321,6 +334,9 @@ func (c Config) Validate() error {
 		}
 	}
 	c.Wasm.validate(&p)
+	if c.DebugTap.Enabled && (c.DebugTap.Port < 1 || c.DebugTap.Port > 65535) {
+		p.Addf("-debug-tap-port: %d: want 1-65535 (or -debug-tap=false)", c.DebugTap.Port)
+	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {
 		keys = append(keys, k)
@@ -350,6 +366,11 @@ func validKey(k string) bool {
 // certificate for mtls, or the mesh roots when no root CA file is given.
 func (c Config) NeedsSDS() bool {
 	return c.Upstream.Mode == ModeMTLS || (c.Upstream.Mode == ModeTLS && c.Upstream.RootCA == "")
+}
+
+// DebugTapAddr is where the debug tap listens: localhost, as Istio's agent binds it.
+func (c Config) DebugTapAddr() string {
+	return net.JoinHostPort("localhost", strconv.Itoa(c.DebugTap.Port))
 }
 
 // Process is what the lifecycle reads: the logger (every line names the pod), the

@@ -152,6 +152,30 @@ func TestDNSCaptureKnobs(t *testing.T) {
 	}
 }
 
+// The debug tap is read as Istio's agent reads it: PROXY_XDS_DEBUG_VIA_AGENT
+// (default true) and PROXY_XDS_DEBUG_VIA_AGENT_PORT (default 15004), from the
+// container's env or PROXY_CONFIG's proxyMetadata, on localhost.
+func TestDebugTapKnobs(t *testing.T) {
+	c, err := Load([]string{"-pod", "p"}, testkit.Env(nil))
+	if err != nil || !c.DebugTap.Enabled || c.DebugTapAddr() != "localhost:15004" {
+		t.Fatalf("defaults %+v %s (%v)", c.DebugTap, c.DebugTapAddr(), err)
+	}
+	c, err = Load([]string{"-pod", "p"}, testkit.Env(map[string]string{"PROXY_XDS_DEBUG_VIA_AGENT_PORT": "25004"}))
+	if err != nil || !c.DebugTap.Enabled || c.DebugTapAddr() != "localhost:25004" {
+		t.Fatalf("port from the env: %+v (%v)", c.DebugTap, err)
+	}
+	c, err = Load([]string{"-pod", "p"}, testkit.Env(map[string]string{"PROXY_CONFIG": `{"proxyMetadata":{"PROXY_XDS_DEBUG_VIA_AGENT":"false"}}`}))
+	if err != nil || c.DebugTap.Enabled {
+		t.Fatalf("off through proxyMetadata: %+v (%v)", c.DebugTap, err)
+	}
+	if _, err := Load([]string{"-pod", "p", "-debug-tap-port", "0"}, testkit.Env(nil)); err == nil || !strings.Contains(err.Error(), "-debug-tap-port") {
+		t.Fatalf("port 0: %v, want an error naming -debug-tap-port", err)
+	}
+	if _, err := Load([]string{"-pod", "p", "-debug-tap=false", "-debug-tap-port", "0"}, testkit.Env(nil)); err != nil {
+		t.Fatalf("the port of a tap that is off: %v", err)
+	}
+}
+
 // The relay is its pod on the bus: namespace (POD_NAMESPACE) and name; a namespace
 // that is no DNS label is refused, naming the flags.
 func TestPodOnTheBusIsNamespaceAndName(t *testing.T) {

@@ -53,7 +53,9 @@ type upstreamServer struct {
 	pcs  *cache.LinearCache
 	nds  *cache.LinearCache // Istio's name table
 	misc *cache.LinearCache // a type nobody in the relay knows (unknownType)
-	opts []grpc.ServerOption
+	// syncz answers istio.io/debug/syncz as istiod does: one ClientConfig per proxy.
+	syncz *cache.LinearCache
+	opts  []grpc.ServerOption
 	// onOpen, if set, sees the context of every stream the upstream opens.
 	onOpen func(context.Context)
 	// plain serves the snapshot cache alone, with no ProxyConfig support.
@@ -80,7 +82,8 @@ func newUpstream(t testing.TB, addr string, opts ...grpc.ServerOption) *upstream
 	return &upstreamServer{t: t, addr: addr, opts: opts,
 		snap: cache.NewSnapshotCache(true, cache.IDHash{}, nil),
 		pcs:  cache.NewLinearCache(proxyconfig.TypeURL),
-		nds:  cache.NewLinearCache(nds.TypeURL), misc: cache.NewLinearCache(unknownType)}
+		nds:  cache.NewLinearCache(nds.TypeURL), misc: cache.NewLinearCache(unknownType),
+		syncz: cache.NewLinearCache(debugSyncz)}
 }
 
 func (u *upstreamServer) start() {
@@ -93,7 +96,7 @@ func (u *upstreamServer) start() {
 	mux := &cache.MuxCache{
 		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
-		Caches:        map[string]cache.Cache{"snap": u.snap, "pc": u.pcs, "nds": u.nds, "misc": u.misc},
+		Caches:        map[string]cache.Cache{"snap": u.snap, "pc": u.pcs, "nds": u.nds, "misc": u.misc, "syncz": u.syncz},
 	}
 	cb := xdsserver.CallbackFuncs{
 		StreamOpenFunc:      func(ctx context.Context, _ int64, _ string) error { u.recordMD(ctx); return nil },
@@ -130,6 +133,9 @@ func (u *upstreamServer) start() {
 	go func() { _ = gs.Serve(ln) }()
 }
 
+// debugSyncz is istiod's debug type for its proxies' sync status.
+const debugSyncz = "istio.io/debug/syncz"
+
 // unknownType is a type URL the relay has no handler for.
 const unknownType = "type.googleapis.com/example.v1.Unknown"
 
@@ -141,6 +147,8 @@ func classify(typeURL string) string {
 		return "nds"
 	case unknownType:
 		return "misc"
+	case debugSyncz:
+		return "syncz"
 	}
 	return "snap"
 }

@@ -19,6 +19,10 @@ type mode struct {
 	reply func(h header, detail *xdswire.Status) xdswire.Message
 	// resources decodes a consumed response's resources.
 	resources func(b []byte) ([]*anypb.Any, error)
+	// debugRequest asks for a debug type (debug.go); debugResponse reads the
+	// answer as a state-of-the-world response.
+	debugRequest  func(typeURL string, names []string) xdswire.Message
+	debugResponse func(b []byte) (*xdswire.DiscoveryResponse, error)
 }
 
 var sotw = mode{
@@ -43,6 +47,8 @@ var sotw = mode{
 		}
 		return out, nil
 	},
+	debugRequest:  sotwDebugRequest,
+	debugResponse: sotwDebugResponse,
 }
 
 var delta = mode{
@@ -69,6 +75,8 @@ var delta = mode{
 		}
 		return out, nil
 	},
+	debugRequest:  deltaDebugRequest,
+	debugResponse: deltaDebugResponse,
 }
 
 // protoAny is a as the protobuf Any the agent's consumers decode.

@@ -81,6 +81,12 @@ type Server struct {
 	// stop ends every live stream when Run's context is cancelled.
 	stop     chan struct{}
 	stopOnce sync.Once
+
+	// live are the streams Debug may ask on, oldest first; debugTurn lets one
+	// question at a time be in flight.
+	liveMu    sync.Mutex
+	live      []*stream
+	debugTurn chan struct{}
 }
 
 // New returns a relay; it does not listen until Run. Metrics go to reg (nil: none).
@@ -109,7 +115,7 @@ func New(cfg Config, d Dialer, handlers []Handler, pub Publisher, reg prometheus
 		rws[r.TypeURL()] = r
 	}
 	return &Server{cfg: cfg, dial: d, handlers: hs, rewriters: rws, pub: pub, log: log, m: newMetrics(reg),
-		bound: make(chan struct{}), stop: make(chan struct{})}, nil
+		bound: make(chan struct{}), stop: make(chan struct{}), debugTurn: make(chan struct{}, 1)}, nil
 }
 
 // Bound is closed once the socket is bound.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/xdswire"
@@ -22,6 +23,7 @@ var errDownstreamClosed = errors.New("downstream closed")
 // upstream stream.
 type stream struct {
 	s    *Server
+	ctx  context.Context // ends with the stream
 	mode mode
 	id   string
 	ds   grpc.ServerStream
@@ -33,6 +35,10 @@ type stream struct {
 	versions versions
 	// Each loop counts with its own cache of series (they are not shared).
 	reqSeries, respSeries *streamSeries
+	// debugAnswer takes the answer of debugType to the question Debug waits on.
+	debugMu     sync.Mutex
+	debugType   string
+	debugAnswer chan *xdswire.DiscoveryResponse
 }
 
 // relay runs one downstream stream to its end. An upstream failure ends the
@@ -65,9 +71,10 @@ func (s *Server) relay(m mode, ds grpc.ServerStream) error {
 		s.disconnected(id, "upstream stream: "+err.Error())
 		return status.Errorf(codes.Unavailable, "xds relay: upstream %s: %v", s.dial.Address(), err)
 	}
-	st := &stream{s: s, mode: m, id: id, ds: ds, us: us, q: newQueue(),
+	st := &stream{s: s, ctx: ctx, mode: m, id: id, ds: ds, us: us, q: newQueue(),
 		reqSeries: s.m.forStream(), respSeries: s.m.forStream()}
 	defer st.q.close()
+	defer s.unregister(st)
 	gauge := s.m.streams.WithLabelValues(m.name)
 	gauge.Inc()
 	defer gauge.Dec()
@@ -147,16 +154,19 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 		} else if len(h.Nonce) > 0 {
 			st.ack(h) // before the frame is queued: h aliases it
 		}
-		if first {
-			st.connected(h) // before the frame is queued: h aliases it
+		if !first {
+			st.q.push(f)
+			continue
 		}
-		st.q.push(f)
-		if first {
-			first = false
+		first = false
+		st.connected(h) // before the frame is queued: h aliases it
+		// The stream becomes one the debug tap may ask on (debug.go).
+		st.s.register(st, func() {
+			st.q.push(f)
 			for t := range st.s.handlers {
 				st.send(st.reqSeries, st.mode.subscribe(t))
 			}
-		}
+		})
 	}
 }
 
@@ -203,6 +213,12 @@ func (st *stream) fromUpstream(ctx context.Context) error {
 		ts := st.respSeries.of(h.TypeURL)
 		ts.responses.Inc()
 		ts.responseBytes.Add(float64(f.data.Len()))
+		if len(h.TypeURL) > len(DebugTypePrefix) && string(h.TypeURL[:len(DebugTypePrefix)]) == DebugTypePrefix {
+			// An answer to the debug tap (Debug), not for Envoy, and never ACKed.
+			st.deliverDebug(f)
+			f.free()
+			continue
+		}
 		if hd, ok := st.s.handlers[string(h.TypeURL)]; ok {
 			err := st.consume(ctx, hd, h, f)
 			f.free()
