@@ -220,7 +220,10 @@ function feed(e) {
   if (e.id && state.seen.has(e.id)) return; // the backlog again, after a reconnect
   if (e.id) state.seen.add(e.id);
   state.events.push(e);
-  if (state.events.length > 500) state.events.shift();
+  // The ids of the events kept, no more: a reconnect's backlog (the server's last
+  // 300) is among them, and a page left open through a fleet's worth of events
+  // does not keep an id for each.
+  if (state.events.length > 500) state.seen.delete(state.events.shift().id);
   const li = document.createElement("li");
   const fail = /nack|down|disconnected/.test(e.type) || e.error;
   if (fail) li.className = "fail";
