@@ -35,7 +35,7 @@ var screenshot = flag.String("screenshot", "", "write the dashboard test's scree
 // chromium finds the browser. Without one the test cannot run: it says so loudly,
 // and fails instead of skipping where MESHAGENT_REQUIRE_CHROMIUM is set (.ci/run
 // installs chromium and sets it).
-func chromium(t *testing.T) string {
+func chromium(t testing.TB) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
