@@ -139,7 +139,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	return lifecycle.Tasks(ctx, r.audit.Run, r.run)
 }
 
-// run is Run but for the audit outbox.
+// run is what Run does beside the audit outbox.
 func (r *Replica) run(ctx context.Context) error {
 	if err := r.setup(ctx); err != nil {
 		if ctx.Err() != nil {
