@@ -2,6 +2,7 @@ package wasm
 
 import (
 	"fmt"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -95,8 +96,9 @@ var schemaMessages = []struct {
 // failurePolicies is envoy.extensions.wasm.v3.FailurePolicy.
 var failurePolicies = []string{"UNSPECIFIED", "FAIL_RELOAD", "FAIL_CLOSED", "FAIL_OPEN"}
 
-// schema is the built descriptor of each message, by name.
-var schema = buildSchema()
+// schema is the built descriptor of each message, by name: built at the first
+// Wasm config, so that a relay that never sees one spends no heap on it.
+var schema = sync.OnceValue(buildSchema)
 
 func buildSchema() map[string]protoreflect.MessageDescriptor {
 	file := &descriptorpb.FileDescriptorProto{
@@ -200,5 +202,5 @@ func schemaRef(ref string) string {
 // check decodes b as the schema's message name, as Envoy's generated type would:
 // an error is what proto.Unmarshal into that type would fail with.
 func check(b []byte, name string) error {
-	return proto.Unmarshal(b, dynamicpb.NewMessage(schema[name]))
+	return proto.Unmarshal(b, dynamicpb.NewMessage(schema()[name]))
 }

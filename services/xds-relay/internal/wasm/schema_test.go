@@ -97,7 +97,7 @@ func TestSchemaMatchesEnvoysTypes(t *testing.T) {
 		{"Wasm", (&httpwasm.Wasm{}).ProtoReflect().Descriptor()},
 		{"Wasm", (&netwasm.Wasm{}).ProtoReflect().Descriptor()},
 	} {
-		for _, d := range schemaDiff(schema[c.mine], c.envoy, string(c.envoy.FullName()), map[string]bool{}) {
+		for _, d := range schemaDiff(schema()[c.mine], c.envoy, string(c.envoy.FullName()), map[string]bool{}) {
 			t.Error(d)
 		}
 	}
@@ -107,13 +107,13 @@ func TestSchemaMatchesEnvoysTypes(t *testing.T) {
 // another number, kind or name is told apart from Envoy's.
 func TestSchemaDiffCatchesADifference(t *testing.T) {
 	envoy := (&corev3.TypedExtensionConfig{}).ProtoReflect().Descriptor()
-	if d := schemaDiff(schema["HttpUri"], envoy, "x", map[string]bool{}); len(d) == 0 {
+	if d := schemaDiff(schema()["HttpUri"], envoy, "x", map[string]bool{}); len(d) == 0 {
 		t.Fatal("HttpUri compared the same as TypedExtensionConfig")
 	}
-	if d := schemaDiff(schema["RetryPriority"], (&corev3.RetryPolicy_RetryHostPredicate{}).ProtoReflect().Descriptor(), "x", map[string]bool{}); len(d) != 0 {
+	if d := schemaDiff(schema()["RetryPriority"], (&corev3.RetryPolicy_RetryHostPredicate{}).ProtoReflect().Descriptor(), "x", map[string]bool{}); len(d) != 0 {
 		t.Fatalf("two messages of the same fields differ: %v", d)
 	}
-	if d := schemaDiff(schema["DataSource"], (&corev3.AsyncDataSource{}).ProtoReflect().Descriptor(), "x", map[string]bool{}); len(d) == 0 {
+	if d := schemaDiff(schema()["DataSource"], (&corev3.AsyncDataSource{}).ProtoReflect().Descriptor(), "x", map[string]bool{}); len(d) == 0 {
 		t.Fatal("DataSource compared the same as AsyncDataSource")
 	}
 }

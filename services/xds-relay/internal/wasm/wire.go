@@ -145,7 +145,7 @@ func fromTypedStruct(name string, b []byte) ([]byte, bool, error) {
 	if url != httpWasmType && url != networkWasmType {
 		return nil, false, nil
 	}
-	m := dynamicpb.NewMessage(schema["Wasm"])
+	m := dynamicpb.NewMessage(schema()["Wasm"])
 	js, err := protojson.Marshal(st)
 	if err == nil {
 		err = protojson.Unmarshal(js, m)
