@@ -7,13 +7,10 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/xdswire"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // The rewrite on the wire. A config is first decoded whole with the schema
@@ -108,8 +105,9 @@ func wasmFilter(ec *extensionConfig) (*wasmConfig, error) {
 	case networkWasmType:
 		b, network = tc.Value, true
 	case typedStructType:
+		var wasm bool
 		var err error
-		if b, network, err = fromTypedStruct(ec.name, tc.Value); b == nil || err != nil {
+		if b, wasm, network, err = fromTypedStruct(ec.name, tc.Value); !wasm || err != nil {
 			return nil, err
 		}
 	default:
@@ -119,45 +117,6 @@ func wasmFilter(ec *extensionConfig) (*wasmConfig, error) {
 		return nil, fmt.Errorf("failed to unmarshal extension config resource into Wasm filter: %w", err)
 	}
 	return decodeWasm(b, network)
-}
-
-// fromTypedStruct converts the Wasm filter in the udpa.type.v1.TypedStruct b
-// from its JSON form, as Istio's agent does; nil when it holds something else.
-func fromTypedStruct(name string, b []byte) ([]byte, bool, error) {
-	var url string
-	var value []byte
-	err := xdswire.Fields(b, func(f xdswire.Field) (err error) {
-		switch {
-		case f.Is(1, protowire.BytesType):
-			url, err = f.String()
-		case f.Is(2, protowire.BytesType):
-			value = append(value, f.Bytes...)
-		}
-		return err
-	})
-	st := &structpb.Struct{}
-	if err == nil {
-		err = proto.Unmarshal(value, st)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("failed to unmarshal typed config for wasm filter: %w", err)
-	}
-	if url != httpWasmType && url != networkWasmType {
-		return nil, false, nil
-	}
-	m := dynamicpb.NewMessage(schema()["Wasm"])
-	js, err := protojson.Marshal(st)
-	if err == nil {
-		err = protojson.Unmarshal(js, m)
-	}
-	var out []byte
-	if err == nil {
-		out, err = proto.Marshal(m)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("failed to convert extension config struct %s to a Wasm filter: %w", name, err)
-	}
-	return out, url == networkWasmType, nil
 }
 
 // decodeWasm takes the checked Wasm filter b apart.

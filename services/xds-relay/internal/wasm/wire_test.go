@@ -324,6 +324,9 @@ func FuzzWasmRewrite(f *testing.F) {
 	for _, res := range differentialCases(f) {
 		f.Add(res.GetTypeUrl() == TypeURL, res.GetValue())
 	}
+	for _, c := range typedStructCases {
+		f.Add(true, typedStructResource(f, c.json).GetValue())
+	}
 	js, _ := protojson.Marshal(remoteWasm("https://example.com/p.wasm", map[string]string{"A": "b"}))
 	f.Add(true, js) // not protobuf at all
 	f.Fuzz(func(t *testing.T, canonical bool, b []byte) {
@@ -341,4 +344,90 @@ func FuzzWasmRewrite(f *testing.F) {
 			t.Fatal(d)
 		}
 	})
+}
+
+// typedStructCase is a TypedStruct Wasm filter given as JSON, and whether the
+// conversion accepts it.
+type typedStructCase struct {
+	name, json string
+	ok         bool
+}
+
+// typedStructCases go through protojson's rules one by one: names, nulls,
+// oneofs, scalar forms, well-known types, maps and lists.
+var typedStructCases = []typedStructCase{
+	{"every field", `{"config": {"name": "p", "root_id": "", "failurePolicy": "FAIL_OPEN", "fail_open": false,
+		"configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": "cfg"},
+		"capability_restriction_config": {"allowed_capabilities": {"proxy_log": {}}}, "reloadConfig": {"backoff": {}},
+		"allow_on_headers_stop_iteration": true,
+		"vmConfig": {"vmId": "v", "runtime": "envoy.wasm.runtime.v8", "allow_precompiled": true, "nackOnCodeCacheMiss": false,
+			"configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": "vm"},
+			"environmentVariables": {"host_env_keys": ["A", ""], "keyValues": {"ISTIO_META_X": "1", "K": ""}},
+			"capabilityRestrictionConfig": {"allowedCapabilities": {}},
+			"code": {"remote": {"sha256": "ab", "httpUri": {"uri": "https://example.com/x.wasm", "cluster": "", "timeout": "1.5s"},
+				"retryPolicy": {"retry_back_off": {"baseInterval": "1s", "max_interval": "2.000s"}, "numRetries": "4", "retry_on": "x",
+					"retryPriority": {"name": "rp", "typedConfig": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": "p"}},
+					"retry_host_predicate": [{"name": "a"}, {"name": "b"}], "hostSelectionRetryMaxAttempts": "5"}}}}}}`, true},
+	{"enum by number", `{"config": {"failure_policy": 2, "vm_config": {"code": {"remote": {"http_uri": {"uri": "https://e/x"}}}}}}`, true},
+	{"enum, unknown name", `{"config": {"failure_policy": "NOPE"}}`, false},
+	{"enum as a numeric string", `{"config": {"failure_policy": "2"}}`, false},
+	{"enum, fraction", `{"config": {"failure_policy": 2.5}}`, false},
+	{"enum, negative", `{"config": {"failure_policy": -3, "vm_config": {"code": {"local": {"filename": "/x"}}}}}`, true},
+	{"both names of a field", `{"config": {"vmConfig": {}, "vm_config": {}}}`, false},
+	{"two members of a oneof", `{"config": {"vm_config": {"code": {"local": {"filename": ""}, "remote": {}}}}}`, false},
+	{"a null member of a oneof", `{"config": {"vm_config": {"code": {"local": null, "remote": {"http_uri": {"uri": "https://e/x"}}}}}}`, true},
+	{"local, empty file name", `{"config": {"vm_config": {"code": {"local": {"filename": ""}}}}}`, true},
+	{"local, unpadded base64", `{"config": {"vm_config": {"code": {"local": {"inline_bytes": "aGVsbG8"}}}}}`, true},
+	{"local, url base64", `{"config": {"vm_config": {"code": {"local": {"inlineBytes": "-_-_"}}}}}`, true},
+	{"local, bad base64", `{"config": {"vm_config": {"code": {"local": {"inline_bytes": "!!!"}}}}}`, false},
+	{"int64, fraction", `{"config": {"vm_config": {"code": {"remote": {"retry_policy": {"host_selection_retry_max_attempts": 1.5}}}}}}`, false},
+	{"int64, exponent", `{"config": {"vm_config": {"code": {"remote": {"http_uri": {"uri": "u"}, "retry_policy": {"host_selection_retry_max_attempts": 1e3}}}}}}`, true},
+	{"int64, too big", `{"config": {"vm_config": {"code": {"remote": {"retry_policy": {"host_selection_retry_max_attempts": 1e30}}}}}}`, false},
+	{"null map value", `{"config": {"vm_config": {"environment_variables": {"key_values": {"A": null}}}}}`, false},
+	{"number map value", `{"config": {"vm_config": {"environment_variables": {"key_values": {"A": 1}}}}}`, false},
+	{"null list element", `{"config": {"vm_config": {"environment_variables": {"host_env_keys": [null]}}}}`, false},
+	{"string for a list", `{"config": {"vm_config": {"environment_variables": {"host_env_keys": "A"}}}}`, false},
+	{"null list", `{"config": {"vm_config": {"environment_variables": {"host_env_keys": null}, "code": {"local": {}}}}}`, true},
+	{"@type in a plain message", `{"config": {"@type": "x"}}`, false},
+	{"bad duration", `{"config": {"vm_config": {"code": {"remote": {"http_uri": {"timeout": "abc"}}}}}}`, false},
+	{"duration as a number", `{"config": {"vm_config": {"code": {"remote": {"http_uri": {"timeout": 5}}}}}}`, false},
+	{"null message map value", `{"config": {"capability_restriction_config": {"allowed_capabilities": {"x": null}}}}`, false},
+	{"unknown field in a map value", `{"config": {"capability_restriction_config": {"allowed_capabilities": {"x": {"y": 1}}}}}`, false},
+	{"uint32 wrapper, negative", `{"config": {"vm_config": {"code": {"remote": {"retry_policy": {"num_retries": -1}}}}}}`, false},
+	{"bool as a string", `{"config": {"vm_config": {"allow_precompiled": "true"}}}`, false},
+	{"bool wrapper as a string", `{"config": {"allow_on_headers_stop_iteration": "true"}}`, false},
+	{"null config", `{"config": null}`, false},
+	{"list for a message", `{"config": {"vm_config": []}}`, false},
+	{"number for a string", `{"config": {"vm_config": {"code": {"remote": {"http_uri": {"cluster": 5}}}}}}`, false},
+	{"unregistered Any type", `{"config": {"configuration": {"@type": "type.googleapis.com/no.such.Type"}}}`, false},
+	{"list of messages, bad element", `{"config": {"vm_config": {"code": {"remote": {"retry_policy": {"retry_host_predicate": [{"name": 1}]}}}}}}`, false},
+}
+
+// TestTypedStructMatchesProtojson: a Wasm filter in a TypedStruct converts as
+// protojson converts it into Envoy's generated type (the reference), rejected
+// or accepted alike and, when accepted, to the same filter.
+func TestTypedStructMatchesProtojson(t *testing.T) {
+	for _, c := range typedStructCases {
+		t.Run(c.name, func(t *testing.T) {
+			res := typedStructResource(t, c.json)
+			got, want := rewriteBoth(res)
+			if d := sameResult(got, want); d != "" {
+				t.Fatal(d)
+			}
+			if (got.err == nil) != c.ok {
+				t.Fatalf("error %v, want ok=%t: the case does not test what it says", got.err, c.ok)
+			}
+		})
+	}
+}
+
+// typedStructResource is the ECDS resource of a TypedStruct HTTP Wasm filter
+// whose JSON form is js.
+func typedStructResource(t testing.TB, js string) *anypb.Any {
+	t.Helper()
+	st := &structpb.Struct{}
+	if err := protojson.Unmarshal([]byte(js), st); err != nil {
+		t.Fatalf("%s: %v", js, err)
+	}
+	return resource(t, &udpa.TypedStruct{TypeUrl: httpWasmType, Value: st})
 }
