@@ -201,7 +201,9 @@ func differentialCases(t testing.TB) map[string]*anypb.Any {
 		"no http uri, open":   resource(t, &httpwasm.Wasm{Config: noURI}),
 		"unreachable, closed": resource(t, &httpwasm.Wasm{Config: remoteWasm("https://unreachable.example/p.wasm", istio)}),
 		"unreachable, deprecated fail_open": resource(t, &netwasm.Wasm{Config: pc(func(p *wasmv3.PluginConfig) {
-			p.FailurePolicy, p.FailOpen, remote(p).HttpUri.Uri = wasmv3.FailurePolicy_UNSPECIFIED, true, "https://unreachable.example/p.wasm"
+			p.FailurePolicy, remote(p).HttpUri.Uri = wasmv3.FailurePolicy_UNSPECIFIED, "https://unreachable.example/p.wasm"
+			//lint:ignore SA1019 deprecated, and still read when failure_policy is unset: the case tests that
+			p.FailOpen = true
 		})}),
 		"local module":    resource(t, &httpwasm.Wasm{Config: pc(func(p *wasmv3.PluginConfig) { vm(p).Code = local })}),
 		"no code":         resource(t, &httpwasm.Wasm{Config: pc(func(p *wasmv3.PluginConfig) { vm(p).Code = nil })}),
