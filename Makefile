@@ -25,6 +25,7 @@ FUZZ_TARGETS := \
 	github.com/meshagent/meshagent/pkg/events:FuzzDecodeCompact \
 	github.com/meshagent/meshagent/services/sds-edge/internal/sds:FuzzSDSRequest \
 	github.com/meshagent/meshagent/services/xds-relay/internal/relay:FuzzParseFrame \
+	github.com/meshagent/meshagent/services/xds-relay/internal/wasm:FuzzWasmRewrite \
 	github.com/meshagent/meshagent/pkg/xdswire:FuzzWireDecode \
 	github.com/meshagent/meshagent/services/launcher/internal/bootstrap:FuzzTemplateAsTextTemplate \
 	github.com/meshagent/meshagent/services/signer/internal/ca:FuzzLoadDir

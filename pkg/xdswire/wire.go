@@ -34,18 +34,21 @@ type Status struct {
 }
 
 // Field is one field of a message: a length-delimited field's payload (aliasing
-// the message) in Bytes, a varint's or fixed value's in Num.
+// the message) in Bytes, a varint's or fixed value's in Num, and the whole field,
+// tag included, in Raw (for copying it unchanged).
 type Field struct {
 	Num   protowire.Number
 	Type  protowire.Type
 	Bytes []byte
 	Uint  uint64
+	Raw   []byte
 }
 
 // Fields calls fn for every field of the message b. It stops at the first error,
 // fn's or a malformed field's.
 func Fields(b []byte, fn func(Field) error) error {
 	for len(b) > 0 {
+		start := b
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
@@ -64,6 +67,7 @@ func Fields(b []byte, fn func(Field) error) error {
 			return fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
 		}
 		b = b[n:]
+		f.Raw = start[:len(start)-len(b)]
 		if err := fn(f); err != nil {
 			return err
 		}
@@ -212,4 +216,21 @@ func decodeStatus(b []byte, s *Status) error {
 		}
 		return err
 	})
+}
+
+// Split separates the message b into its fields other than the length-delimited
+// field num, copied unchanged into rest, and that field's payloads concatenated
+// in merged: for a message field, what protobuf decodes as the merge of its
+// occurrences. present says whether the field occurs. A field num of another
+// wire type is no occurrence (protobuf keeps it as unknown) and stays in rest.
+func Split(b []byte, num protowire.Number) (rest, merged []byte, present bool, err error) {
+	err = Fields(b, func(f Field) error {
+		if f.Is(num, protowire.BytesType) {
+			merged, present = append(merged, f.Bytes...), true
+		} else {
+			rest = append(rest, f.Raw...)
+		}
+		return nil
+	})
+	return rest, merged, present, err
 }

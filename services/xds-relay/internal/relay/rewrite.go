@@ -5,18 +5,17 @@ import (
 	"fmt"
 	"sync"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // Rewriter changes the resources of one type URL before Envoy sees them (Istio's
 // agent does so for ECDS: pkg/wasm). Rewrite replaces entries of resources in
 // place; an error rejects the response, which the relay then NACKs upstream and
-// does not forward. Responses of a rewritten type are decoded whole, the rest
-// still pass as raw bytes.
+// does not forward. Responses of a rewritten type are read for their resources,
+// the rest still pass as raw bytes.
 type Rewriter interface {
 	TypeURL() string
 	Rewrite(ctx context.Context, resources []*anypb.Any) error
@@ -54,35 +53,13 @@ func (st *stream) envoyVersion(h header) {
 
 // rewrite returns the frame to forward for response f (f itself when nothing
 // changed, else a new encoding), or nil when rw rejected it: then it has queued
-// the NACK upstream. The caller frees f.
+// the NACK upstream. The caller frees f. The response is read with xdswire and
+// re-encoded field by field: only the resources rw replaced change, every other
+// field keeps its bytes.
 func (st *stream) rewrite(ctx context.Context, rw Rewriter, h header, f *frame) (*frame, error) {
-	var (
-		msg proto.Message
-		res []*anypb.Any
-		put func([]*anypb.Any)
-	)
-	switch st.mode.name {
-	case sotw.name:
-		r := &discoveryv3.DiscoveryResponse{}
-		msg, put = r, func(a []*anypb.Any) { r.Resources = a }
-		if err := proto.Unmarshal(f.bytes(), r); err != nil {
-			return nil, upstreamErr{fmt.Errorf("bad response: %w", err)}
-		}
-		res = r.GetResources()
-	default:
-		r := &discoveryv3.DeltaDiscoveryResponse{}
-		msg = r
-		if err := proto.Unmarshal(f.bytes(), r); err != nil {
-			return nil, upstreamErr{fmt.Errorf("bad response: %w", err)}
-		}
-		for _, x := range r.GetResources() {
-			res = append(res, x.GetResource())
-		}
-		put = func(a []*anypb.Any) {
-			for i, x := range r.GetResources() {
-				x.Resource = a[i]
-			}
-		}
+	res, err := responseResources(st.mode.name == sotw.name, f.bytes())
+	if err != nil {
+		return nil, upstreamErr{fmt.Errorf("bad response: %w", err)}
 	}
 	before := append([]*anypb.Any(nil), res...)
 	if err := rw.Rewrite(ctx, res); err != nil {
@@ -101,10 +78,68 @@ func (st *stream) rewrite(ctx context.Context, rw Rewriter, h header, f *frame) 
 	if !changed {
 		return f, nil
 	}
-	put(res)
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	b, err := replaceResources(st.mode.name == sotw.name, f.bytes(), res, before)
 	if err != nil {
 		return nil, fmt.Errorf("encode rewritten %s: %w", h.TypeURL, err)
 	}
 	return bytesFrame(b), nil
+}
+
+// responseResources are the resources of the DiscoveryResponse (sotw) or
+// DeltaDiscoveryResponse b, in order; a delta resource without a body is nil.
+// Their values are copies: b is a frame the caller frees.
+func responseResources(sotw bool, b []byte) ([]*anypb.Any, error) {
+	var res []*anypb.Any
+	pb := func(a *xdswire.Any) *anypb.Any {
+		if a == nil {
+			return nil
+		}
+		return &anypb.Any{TypeUrl: a.TypeURL, Value: append([]byte(nil), a.Value...)}
+	}
+	if sotw {
+		var r xdswire.DiscoveryResponse
+		if err := r.UnmarshalWire(b); err != nil {
+			return nil, err
+		}
+		for i := range r.Resources {
+			res = append(res, pb(&r.Resources[i]))
+		}
+		return res, nil
+	}
+	var r xdswire.DeltaDiscoveryResponse
+	if err := r.UnmarshalWire(b); err != nil {
+		return nil, err
+	}
+	for _, x := range r.Resources {
+		res = append(res, pb(x.Resource))
+	}
+	return res, nil
+}
+
+// replaceResources is the response b with its i-th resource res[i] wherever
+// that is not before[i]; every other field is copied as it came.
+func replaceResources(sotw bool, b []byte, res, before []*anypb.Any) ([]byte, error) {
+	var out []byte
+	i := 0
+	err := xdswire.Fields(b, func(f xdswire.Field) error {
+		if !f.Is(2, protowire.BytesType) { // resources, in both
+			out = append(out, f.Raw...)
+			return nil
+		}
+		n := i
+		i++
+		if res[n] == before[n] {
+			out = append(out, f.Raw...)
+			return nil
+		}
+		a := xdswire.Any{TypeURL: res[n].GetTypeUrl(), Value: res[n].GetValue()}
+		if sotw {
+			out = xdswire.AppendAny(out, 2, a)
+			return nil
+		}
+		rest, _, _, err := xdswire.Split(f.Bytes, 2) // the Resource but its body
+		out = xdswire.AppendBytes(out, 2, xdswire.AppendAny(rest, 2, a))
+		return err
+	})
+	return out, err
 }

@@ -12,18 +12,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	udpa "github.com/cncf/xds/go/udpa/type/v1"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	httpwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/wasm/v3"
-	netwasm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/wasm/v3"
-	wasmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/wasm/v3"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/meshagent/meshagent/pkg/xdswire"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -93,139 +86,67 @@ func (r *Rewriter) Rewrite(ctx context.Context, resources []*anypb.Any) error {
 	return nil
 }
 
-// filter is a Wasm filter's config, HTTP or network: the one field both hold.
-type filter interface {
-	proto.Message
-	GetConfig() *wasmv3.PluginConfig
-}
-
 // convert returns the rewritten resource, nil when res is not a remote Wasm load.
+// It reads the config on the wire (wire.go): the fields it changes are rebuilt,
+// every other field is copied byte for byte.
 func (r *Rewriter) convert(ctx context.Context, res *anypb.Any) (*anypb.Any, error) {
-	ec := &corev3.TypedExtensionConfig{}
-	if err := res.UnmarshalTo(ec); err != nil {
+	ec, err := decodeExtensionConfig(res)
+	if err != nil {
 		return nil, fmt.Errorf("failed to unmarshal extension config resource: %w", err)
 	}
-	f, network, err := wasmFilter(ec)
+	f, err := wasmFilter(ec)
 	if f == nil || err != nil {
 		return nil, err
 	}
-	code := f.GetConfig().GetVmConfig().GetCode()
-	if code.GetRemote() == nil {
-		if code.GetLocal() == nil {
-			return nil, fmt.Errorf("no remote and local load found in Wasm filter %s", ec.GetName())
+	code := f.vm.code
+	if !code.remote {
+		if !code.local {
+			return nil, fmt.Errorf("no remote and local load found in Wasm filter %s", ec.name)
 		}
 		return nil, nil // a local module: Envoy loads it itself
 	}
-	if err := r.localize(ctx, ec.GetName(), f.GetConfig()); err != nil {
-		allow := failOpen(f.GetConfig())
-		r.log.Error("wasm module not loaded; applying the plugin's failure policy", "resource", ec.GetName(), "error", err,
+	if err := r.localize(ctx, ec.name, f); err != nil {
+		allow := f.failOpen()
+		r.log.Error("wasm module not loaded; applying the plugin's failure policy", "resource", ec.name, "error", err,
 			"rbac", map[bool]string{true: "allow", false: "deny"}[allow])
-		return fallback(ec.GetName(), network, allow)
+		return fallback(ec.name, f.network, allow)
 	}
-	tc, err := anypb.New(f)
-	if err != nil {
-		return nil, fmt.Errorf("failed to marshal new wasm filter: %w", err)
-	}
-	ec.TypedConfig = tc
-	return anypb.New(ec)
+	return &anypb.Any{TypeUrl: TypeURL, Value: ec.encode(f.encode())}, nil
 }
 
-// wasmFilter decodes ec's Wasm filter, given directly or in a udpa TypedStruct;
-// nil when ec is not a Wasm filter.
-func wasmFilter(ec *corev3.TypedExtensionConfig) (filter, bool, error) {
-	tc := ec.GetTypedConfig()
-	if tc == nil {
-		return nil, false, fmt.Errorf("typed extension config %s does not contain any typed config", ec.GetName())
-	}
-	var f filter
-	var network bool
-	switch tc.GetTypeUrl() {
-	case httpWasmType:
-		f = &httpwasm.Wasm{}
-	case networkWasmType:
-		f, network = &netwasm.Wasm{}, true
-	case typedStructType:
-		ts := &udpa.TypedStruct{}
-		if err := tc.UnmarshalTo(ts); err != nil {
-			return nil, false, fmt.Errorf("failed to unmarshal typed config for wasm filter: %w", err)
-		}
-		switch ts.GetTypeUrl() {
-		case httpWasmType:
-			f = &httpwasm.Wasm{}
-		case networkWasmType:
-			f, network = &netwasm.Wasm{}, true
-		default:
-			return nil, false, nil
-		}
-		js, err := protojson.Marshal(ts.GetValue())
-		if err == nil {
-			err = protojson.Unmarshal(js, f)
-		}
-		if err != nil {
-			return nil, false, fmt.Errorf("failed to convert extension config struct %s to a Wasm filter: %w", ec.GetName(), err)
-		}
-		return f, network, nil
-	default:
-		return nil, false, nil
-	}
-	if err := tc.UnmarshalTo(f); err != nil {
-		return nil, false, fmt.Errorf("failed to unmarshal extension config resource into Wasm filter: %w", err)
-	}
-	return f, network, nil
-}
-
-// localize fetches the module of pc's VM and points the VM at the local file,
+// localize fetches the module of f's VM and points the VM at the local file,
 // stripping istiod's ISTIO_META_* variables meant for the agent alone.
-func (r *Rewriter) localize(ctx context.Context, resource string, pc *wasmv3.PluginConfig) error {
-	vm := pc.GetVmConfig()
+func (r *Rewriter) localize(ctx context.Context, resource string, f *wasmConfig) error {
+	vm := &f.vm
 	o := GetOptions{ResourceName: resource, Timeout: 5 * time.Second}
-	if envs := vm.GetEnvironmentVariables(); envs != nil {
-		if sec, ok := envs.KeyValues[envPullSecret]; ok && sec == "" {
-			return fmt.Errorf("cannot fetch Wasm module %v: missing image pulling secret", pc.GetName())
+	if envs := vm.env; envs != nil {
+		if sec, ok := envs.keyValues[envPullSecret]; ok && sec == "" {
+			return fmt.Errorf("cannot fetch Wasm module %v: missing image pulling secret", f.name)
 		}
-		o.PullPolicy = pullPolicy(envs.KeyValues[envPullPolicy])
-		o.ResourceVersion = envs.KeyValues[envResourceVersion]
-		for k := range envs.KeyValues {
-			if strings.HasPrefix(k, istioMetaPrefix) {
-				delete(envs.KeyValues, k)
-			}
-		}
-		if len(envs.KeyValues) == 0 {
-			if len(envs.HostEnvKeys) == 0 {
-				vm.EnvironmentVariables = nil
-			} else {
-				envs.KeyValues = nil
-			}
+		o.PullPolicy = pullPolicy(envs.keyValues[envPullPolicy])
+		o.ResourceVersion = envs.keyValues[envResourceVersion]
+		envs.dropPrefix(istioMetaPrefix)
+		if len(envs.keyValues) == 0 && !envs.hostEnvKeys {
+			vm.env = nil
 		}
 	}
-	remote := vm.GetCode().GetRemote()
-	uri := remote.GetHttpUri()
-	if uri == nil {
-		return fmt.Errorf("wasm remote fetch does not have httpUri specified for config %s", pc.GetName())
+	remote := vm.code
+	if !remote.hasURI {
+		return fmt.Errorf("wasm remote fetch does not have httpUri specified for config %s", f.name)
 	}
-	o.Checksum = remote.GetSha256()
+	o.Checksum = remote.sha256
 	if o.Checksum == "nil" { // istiod's "no checksum"
 		o.Checksum = ""
 	}
-	if uri.GetTimeout() != nil {
-		o.Timeout = uri.GetTimeout().AsDuration()
+	if remote.timeout != nil {
+		o.Timeout = *remote.timeout
 	}
-	p, err := r.modules.Get(ctx, uri.GetUri(), o)
+	p, err := r.modules.Get(ctx, remote.uri, o)
 	if err != nil {
-		return fmt.Errorf("cannot fetch Wasm module %v: %w", uri.GetUri(), err)
+		return fmt.Errorf("cannot fetch Wasm module %v: %w", remote.uri, err)
 	}
-	vm.Code = &corev3.AsyncDataSource{Specifier: &corev3.AsyncDataSource_Local{
-		Local: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: p}}}}
+	vm.localFile = p
 	return nil
-}
-
-// failOpen is the plugin's failure policy, or its deprecated fail_open when unset.
-func failOpen(pc *wasmv3.PluginConfig) bool {
-	if p := pc.GetFailurePolicy(); p != wasmv3.FailurePolicy_UNSPECIFIED {
-		return p == wasmv3.FailurePolicy_FAIL_OPEN
-	}
-	//lint:ignore SA1019 deprecated, and still read by Istio's agent when failure_policy is unset
-	return pc.GetFailOpen()
 }
 
 // Type URLs of the fallback filters.
@@ -246,10 +167,10 @@ func fallback(name string, network, allow bool) (*anypb.Any, error) {
 		b = protowire.AppendTag(b, 1, protowire.BytesType) // rules: present and empty
 		b = protowire.AppendVarint(b, 0)
 	}
-	tc := &anypb.Any{TypeUrl: httpRBACType}
+	tc := xdswire.Any{TypeURL: httpRBACType}
 	prefixField := protowire.Number(6) // rules_stat_prefix
 	if network {
-		tc.TypeUrl, prefixField = networkRBACType, 3 // stat_prefix
+		tc.TypeURL, prefixField = networkRBACType, 3 // stat_prefix
 	}
 	prefix := DenyStatPrefix
 	if allow {
@@ -257,9 +178,6 @@ func fallback(name string, network, allow bool) (*anypb.Any, error) {
 	}
 	b = protowire.AppendTag(b, prefixField, protowire.BytesType)
 	tc.Value = protowire.AppendString(b, prefix)
-	out, err := anypb.New(&corev3.TypedExtensionConfig{Name: name, TypedConfig: tc})
-	if err != nil {
-		return nil, fmt.Errorf("failed to create the fallback filter of Wasm module %s: %w", name, err)
-	}
-	return out, nil
+	ec := extensionConfig{rest: xdswire.AppendString(nil, 1, name)}
+	return &anypb.Any{TypeUrl: TypeURL, Value: ec.encode(tc)}, nil
 }
