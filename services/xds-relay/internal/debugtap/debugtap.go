@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/xdswire"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/relay"
@@ -73,8 +72,19 @@ func New(cfg Config, ask Asker, log hclog.Logger) (*Server, error) {
 		cfg.GRPCTimeout = DefaultGRPCTimeout
 	}
 	s := &Server{cfg: cfg, ask: ask, log: log, bound: make(chan struct{})}
-	s.grpc = grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, &ads{s: s})
+	// Envoy's ADS service on pkg/xdswire's codec, as the relay serves it: the pod
+	// binary links none of Envoy's generated types (tests/house TestPodLinksNoEnvoyTypes).
+	s.grpc = grpc.NewServer(grpc.ForceServerCodecV2(xdswire.Codec{}))
+	s.grpc.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "envoy.service.discovery.v3.AggregatedDiscoveryService",
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{
+			{StreamName: "StreamAggregatedResources", ServerStreams: true, ClientStreams: true,
+				Handler: func(_ any, ss grpc.ServerStream) error { return s.stream(ss) }},
+			{StreamName: "DeltaAggregatedResources", ServerStreams: true, ClientStreams: true,
+				Handler: func(any, grpc.ServerStream) error { return errNoDelta }},
+		},
+	}, struct{}{})
 	return s, nil
 }
 
@@ -143,36 +153,29 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// ads is the tap's gRPC form: Envoy's ADS service, state of the world only.
-type ads struct {
-	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
-	s *Server
-}
-
-// StreamAggregatedResources answers one request of an istio.io/debug/<name>
-// type with istiod's response, then ends the stream (as Istio's tap did).
-func (a *ads) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	req, err := stream.Recv()
-	if err != nil {
+// stream is the tap's gRPC form, Envoy's ADS state of the world: it answers one
+// request of an istio.io/debug/<name> type with istiod's response, then ends the
+// stream (as Istio's tap did).
+func (s *Server) stream(ss grpc.ServerStream) error {
+	var req xdswire.DiscoveryRequest
+	if err := ss.RecvMsg(&req); err != nil {
 		return err
 	}
-	if !relay.IsDebugType(req.GetTypeUrl()) {
+	if !relay.IsDebugType(req.TypeURL) {
 		return status.Errorf(codes.InvalidArgument, "debug tap: type %q is not one of istiod's debug types: want %s<name>, such as %ssyncz",
-			req.GetTypeUrl(), relay.DebugTypePrefix, relay.DebugTypePrefix)
+			req.TypeURL, relay.DebugTypePrefix, relay.DebugTypePrefix)
 	}
-	ctx, cancel := context.WithTimeout(stream.Context(), a.s.cfg.GRPCTimeout)
+	ctx, cancel := context.WithTimeout(ss.Context(), s.cfg.GRPCTimeout)
 	defer cancel()
-	resp, err := a.s.ask.Debug(ctx, req.GetTypeUrl(), req.GetResourceNames())
+	resp, err := s.ask.Debug(ctx, req.TypeURL, req.ResourceNames)
 	if err != nil {
-		return status.Error(grpcCode(err), "debug tap: "+explain(err, req.GetTypeUrl()))
+		return status.Error(grpcCode(err), "debug tap: "+explain(err, req.TypeURL))
 	}
-	return stream.Send(toProto(resp))
+	return ss.SendMsg(resp)
 }
 
-// DeltaAggregatedResources is refused: Istio's tap had no delta form either.
-func (a *ads) DeltaAggregatedResources(discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	return status.Error(codes.Unimplemented, "debug tap: ask with StreamAggregatedResources (state of the world); it has no delta form")
-}
+// errNoDelta refuses the delta form: Istio's tap had none either.
+var errNoDelta = status.Error(codes.Unimplemented, "debug tap: ask with StreamAggregatedResources (state of the world); it has no delta form")
 
 // serveHTTP answers GET /debug/<name>[?resourceName=<r>] with istiod's answer
 // to istio.io/debug/<name> as JSON.
@@ -240,14 +243,6 @@ func renderJSON(r *xdswire.DiscoveryResponse) ([]byte, error) {
 		out.Resources = append(out.Resources, b)
 	}
 	return json.MarshalIndent(out, "", "  ")
-}
-
-func toProto(r *xdswire.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
-	out := &discoveryv3.DiscoveryResponse{VersionInfo: r.VersionInfo, TypeUrl: r.TypeURL, Nonce: r.Nonce}
-	for _, a := range r.Resources {
-		out.Resources = append(out.Resources, &anypb.Any{TypeUrl: a.TypeURL, Value: a.Value})
-	}
-	return out
 }
 
 // explain words a Debug error for the client.
