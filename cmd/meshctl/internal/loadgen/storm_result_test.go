@@ -47,3 +47,20 @@ func TestConfigsNameEveryBadFlag(t *testing.T) {
 		t.Fatalf("a good storm config refused: %v", err)
 	}
 }
+
+// The tally counts an error once whatever pod, address, file or record key it names:
+// 486 records not stored in time were one kind, not 486 lines.
+func TestErrKindFoldsAddressesFilesAndIDs(t *testing.T) {
+	a := errKind("unavailable: could not record the certificate: publish $KV.meshagent-issued.2583a581222a12cfd49efa709067167c: not stored by its deadline: nats: timeout")
+	b := errKind("unavailable: could not record the certificate: publish $KV.meshagent-issued.e687223023a554b11095a8b34005cf5: not stored by its deadline: nats: timeout")
+	if a != b || !strings.Contains(a, "<id>") {
+		t.Fatalf("two records' errors are two kinds: %q, %q", a, b)
+	}
+	// The control: different errors stay different kinds.
+	if errKind("sign: context deadline exceeded") == errKind("sign: nats: no responders available for request") {
+		t.Fatal("different errors folded together")
+	}
+	if got := errKind("dial tcp 127.0.0.1:4222: i/o timeout"); got != "dial tcp <addr>: i/o timeout" {
+		t.Fatalf("address not folded: %q", got)
+	}
+}
