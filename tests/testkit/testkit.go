@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -78,13 +79,19 @@ func Idle(ctx context.Context, d time.Duration) bool {
 // kernel picked for bind(":0") would, once freed, be handed out again as the source
 // port of any outgoing connection — and a busy test run makes thousands — so the
 // server that comes to bind it later can find it taken. Below the range only
-// another test's choice can collide, and the choice is random.
+// another test's choice can collide, and the choice is random; within one test
+// process a port is handed out once (given), since a port handed out but not yet
+// bound looks free again — CI once gave the signer's gRPC and the rotator's HTTP
+// the same one.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	low, high := freePortRange()
 	var lastErr error
 	for range 50 {
 		port := low + rand.IntN(high-low)
+		if !given.take(port) {
+			continue
+		}
 		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err == nil {
 			addr := ln.Addr().String()
@@ -100,6 +107,25 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// given holds the ports FreeAddr has handed out in this process.
+var given = &portSet{m: map[int]bool{}}
+
+type portSet struct {
+	mu sync.Mutex
+	m  map[int]bool
+}
+
+// take reports whether port was not handed out before, and marks it handed out.
+func (s *portSet) take(port int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[port] {
+		return false
+	}
+	s.m[port] = true
+	return true
 }
 
 // freePortRange is where FreeAddr picks from: [10000, the ephemeral range's low

@@ -108,3 +108,20 @@ func TestStaleSocketRefusesConnections(t *testing.T) {
 		t.Fatal("a stale socket accepted a connection")
 	}
 }
+
+// A port handed out and not yet bound looks free again: FreeAddr never hands it
+// out twice in one process. The control: a port set refuses a port it holds.
+func TestFreeAddrHandsOutAPortOnce(t *testing.T) {
+	seen := map[string]bool{}
+	for range 2000 {
+		a := FreeAddr(t)
+		if seen[a] {
+			t.Fatalf("%s handed out twice", a)
+		}
+		seen[a] = true
+	}
+	s := &portSet{m: map[int]bool{}}
+	if !s.take(12345) || s.take(12345) {
+		t.Fatal("a port set took the same port twice, or refused a new one")
+	}
+}
