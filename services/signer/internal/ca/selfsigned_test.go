@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -111,17 +112,25 @@ func TestSelfSignedReplicasConvergeOnOneRoot(t *testing.T) {
 	}
 }
 
-func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
-	s := bustest.Server(t)
-	fake := clock.NewFake(t0)
-	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
-	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
-	ctx := context.Background()
+// startTwo starts two replicas on s, each on its own connection as two processes
+// would, sharing fake.
+func startTwo(t *testing.T, s *server.Server, fake *clock.Fake) (a, b *replica) {
+	t.Helper()
+	a = newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	b = newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
 	for _, r := range []*replica{a, b} {
-		if err := r.src.Start(ctx); err != nil {
+		if err := r.src.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return a, b
+}
+
+func TestSelfSignedRotationAcrossReplicas(t *testing.T) {
+	s := bustest.Server(t)
+	fake := clock.NewFake(t0)
+	a, b := startTwo(t, s, fake)
+	ctx := context.Background()
 	a.run(t)
 	b.run(t)
 	old := a.auth.Current()
@@ -244,14 +253,8 @@ func TestRunKeepsTryingToWatchTheBucket(t *testing.T) {
 	}
 	port := s.Addr().(*net.TCPAddr).Port
 	fake := clock.NewFake(t0)
-	a := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
-	b := newReplica(t, bustest.JetStream(t, bustest.Conn(t, s)), fake)
+	a, b := startTwo(t, s, fake)
 	ctx := context.Background()
-	for _, r := range []*replica{a, b} {
-		if err := r.src.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
 	s.Shutdown()
 	s.WaitForShutdown()
 	// The control: with the bus away a watch really fails, which is what Run meets.
