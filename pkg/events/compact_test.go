@@ -54,7 +54,8 @@ func TestCompactSignRoundTrip(t *testing.T) {
 			if err != nil || genc != enc || !reflect.DeepEqual(got, req) {
 				t.Fatalf("request: got %+v, %s, %v; want %+v, %s", got, genc, err, req, enc)
 			}
-			for _, rep := range []SignReply{fullSignReply(), {Error: &ReplyError{Code: CodePermissionDenied, Message: "no"}}} {
+			for _, rep := range []SignReply{fullSignReply(), {Error: &ReplyError{Code: CodePermissionDenied, Message: "no"}},
+				{Error: &ReplyError{Code: CodeUnavailable, Message: "busy", RetryAfterMillis: 2500}}} {
 				rm, err := NewSignReplyMsg("_INBOX.x", enc, "test", rep)
 				if err != nil {
 					t.Fatal(err)

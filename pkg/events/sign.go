@@ -118,9 +118,30 @@ const (
 type ReplyError struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterMillis, set on a refusal of a busy signer (CodeUnavailable), is when
+	// to ask again: the slot the signer's waiting room gave the requester, so that a
+	// crowd turned away together comes back spread at the pace the signer works.
+	RetryAfterMillis uint64 `json:"retry_after_ms,omitempty"`
 }
 
+// MaxRetryAfter bounds ReplyError's retry-after on the wire.
+const MaxRetryAfter = 10 * time.Minute
+
 func (e *ReplyError) Error() string { return e.Code + ": " + e.Message }
+
+// RetryAfter is when the signer asked its requester to come back (0: not said).
+func (e *ReplyError) RetryAfter() time.Duration {
+	return time.Duration(min(e.RetryAfterMillis, uint64(MaxRetryAfter/time.Millisecond))) * time.Millisecond
+}
+
+// RetryAfterOf is the retry-after of the ReplyError in err's chain (0: none).
+func RetryAfterOf(err error) time.Duration {
+	var re *ReplyError
+	if errors.As(err, &re) {
+		return re.RetryAfter()
+	}
+	return 0
+}
 
 // SignReply answers a SignRequest: the chain leaf first, root last (at least two
 // PEMs, as Istio returns it) and the whole trust bundle, endorsed as in TrustChanged
@@ -142,6 +163,7 @@ func (e SignReply) Validate() error {
 	var f fields
 	if e.Error != nil {
 		f.nonEmpty(e.Error.Code, "error.code")
+		f.need(e.Error.RetryAfterMillis <= uint64(MaxRetryAfter/time.Millisecond), "error.retry_after_ms", "more than "+MaxRetryAfter.String())
 		return f.err()
 	}
 	f.pems(e.CertChain, "cert_chain", 2)

@@ -135,6 +135,9 @@ func NewSignReplyMsg(subject string, enc Encoding, source string, rep SignReply)
 		var e []byte
 		e = appendString(e, 1, rep.Error.Code)
 		e = appendString(e, 2, rep.Error.Message)
+		if rep.Error.RetryAfterMillis > 0 {
+			e = appendVarint(e, 3, rep.Error.RetryAfterMillis)
+		}
 		return newCompactMsg(subject, appendBytes(b, 6, e))
 	}
 	b, err := appendPEMs(b, 1, rep.CertChain, "cert_chain")
@@ -286,6 +289,14 @@ func DecodeSignReply(msg *nats.Msg) (SignReply, Encoding, error) {
 						er.str(g, &e.Code)
 					case 2:
 						er.str(g, &e.Message)
+					case 3:
+						if er.once(g, wireVarint) {
+							if g.u > uint64(MaxRetryAfter/time.Millisecond) {
+								er.fail(g, "retry_after_ms: %d ms is more than %s", g.u, MaxRetryAfter)
+								return
+							}
+							e.RetryAfterMillis = g.u
+						}
 					}
 				}); err == nil {
 					rep.Error = e

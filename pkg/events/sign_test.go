@@ -134,6 +134,38 @@ func TestTheSubjectDecidesTheEncoding(t *testing.T) {
 	}
 }
 
+// TestRetryAfterTravelsAndIsBounded: a busy refusal's retry-after arrives in both
+// encodings, and a reply that asks for a wait beyond MaxRetryAfter is refused by
+// the sender and by the decoder (a garbled or hostile reply cannot park a pod).
+func TestRetryAfterTravelsAndIsBounded(t *testing.T) {
+	for _, enc := range []Encoding{EncodingCompact, EncodingJSON} {
+		m, err := NewSignReplyMsg("_INBOX.x", enc, "signer", SignReply{Error: &ReplyError{Code: CodeUnavailable, Message: "busy", RetryAfterMillis: 1500}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, _, err := DecodeSignReply(m)
+		if err != nil || RetryAfterOf(rep.Error) != 1500*time.Millisecond {
+			t.Fatalf("%s: %+v, %v: want a retry-after of 1.5s", enc, rep.Error, err)
+		}
+		over := uint64(MaxRetryAfter/time.Millisecond) + 1
+		if _, err := NewSignReplyMsg("_INBOX.x", enc, "signer", SignReply{Error: &ReplyError{Code: CodeUnavailable, Message: "busy", RetryAfterMillis: over}}); err == nil {
+			t.Fatalf("%s: a retry-after of %d ms was sent", enc, over)
+		}
+	}
+	// A compact reply carrying too long a wait, built by hand as a hostile signer would.
+	e := appendVarint(appendString(appendString(nil, 1, CodeUnavailable), 2, "busy"), 3, uint64(MaxRetryAfter/time.Millisecond)+1)
+	m, err := newCompactMsg("_INBOX.x", appendBytes([]byte(compactPrefix(TypeSignReply)), 6, e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, _, err := DecodeSignReply(m); err == nil {
+		t.Fatalf("decoded %+v: want the too-long retry-after refused", rep.Error)
+	}
+	if RetryAfterOf(errors.New("no reply error")) != 0 {
+		t.Fatal("retry-after of a plain error")
+	}
+}
+
 // TestSignRequestExpired: a request without a deadline never expires; one with a
 // deadline has expired from that instant on.
 func TestSignRequestExpired(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/bustest"
 	"github.com/meshagent/meshagent/tests/testkit"
@@ -481,36 +483,43 @@ func TestNATSBurstIsHeldNotDropped(t *testing.T) {
 	}
 }
 
-// Under a storm the signer keeps at most Workers*PendingPerWorker requests waiting
-// and drops the rest (their callers time out and retry) instead of queueing megabytes
-// of requests to sign minutes late; the drops are counted.
-func TestNATSStormIsShedNotQueued(t *testing.T) {
-	e, s, csr := oneWorkerSigner(t)
+// TestNATSStormIsTurnedAwayWithSlots: a storm larger than the workers' queue is
+// answered, not dropped: what the waiting room does not queue gets at once a busy
+// refusal with a retry-after, each request its own slot, so that the crowd comes
+// back spread; nothing waits in silence for its timeout, and the signer does not
+// queue minutes of work. A request whose reply subject is no requester's inbox
+// gets nothing, turned away or not. (Before the room, NATS dropped what did not fit
+// in the queue: those requests got no answer at all, which this test fails on.)
+func TestNATSStormIsTurnedAwayWithSlots(t *testing.T) {
+	e, s, _ := oneWorkerSigner(t)
 	token := e.token(t, "shop", "web")
 	storm := bustest.Conn(t, e.srv)
-	metric := func(name string) float64 {
-		body := s.metrics(t)
-		for _, line := range strings.Split(body, "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
-		}
-		t.Fatalf("no %s metric", name)
-		return 0
+	inbox := nats.NewInbox()
+	replies, err := storm.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
 	}
-	const dropped, slow = "meshagent_signer_nats_requests_dropped_total", "meshagent_signer_nats_slow_consumer_events_total"
-	if n, m := metric(dropped), metric(slow); n != 0 || m != 0 {
-		t.Fatalf("%v drops, %v slow-consumer events before the storm", n, m)
+	if err := replies.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
 	}
-	// Fire-and-forget requests, as many clients at once would send them, each with
-	// its own key (the same CSR again would be answered with the certificate
-	// already recorded for it).
-	for range 2000 {
+	// A subject a reflected answer would land on; the signer's own connection may
+	// publish there, a requester's reply subject must not send it anything.
+	const reflect = "meshagent.test.reflected"
+	reflected, err := e.nc.SubscribeSync(reflect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, hostile = 2000, 100
+	deadline := time.Now().Add(time.Minute)
+	for i := range n {
 		_, csr := signertest.CSR(t, pki.ECP256, askedID)
-		msg, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: token})
+		msg, err := events.NewSignRequestMsg(events.SubjectSignAny, events.EncodingCompact, "test", events.SignRequest{CSR: string(csr), Token: token, Deadline: deadline})
 		if err != nil {
 			t.Fatal(err)
+		}
+		msg.Reply = inbox
+		if i%(n/hostile) == n/hostile-1 {
+			msg.Reply = reflect
 		}
 		if err := storm.PublishMsg(msg); err != nil {
 			t.Fatal(err)
@@ -519,22 +528,59 @@ func TestNATSStormIsShedNotQueued(t *testing.T) {
 	if err := storm.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.EventuallyWithin(t, 20*time.Second, "drops counted", func() bool { return metric(dropped) > 0 && metric(slow) > 0 })
-	// Once the storm has passed, a request is answered again.
-	testkit.EventuallyWithin(t, 60*time.Second, "storm drained", func() bool {
-		m, err := events.NewMsgOn(events.SubjectSignAny, "test", events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")})
+	signed, turned := 0, 0
+	var firstRecv, lastRecv, firstDue, lastDue time.Time
+	for got := 0; got < n-hostile; got++ {
+		m, err := replies.NextMsg(60 * time.Second)
 		if err != nil {
+			t.Fatalf("%d of %d requests answered (%d signed, %d turned away): %v", got, n-hostile, signed, turned, err)
+		}
+		rep, _, err := events.DecodeSignReply(m)
+		switch {
+		case err != nil:
 			t.Fatal(err)
+		case rep.Error == nil:
+			signed++
+		case rep.Error.Code == events.CodeUnavailable && rep.Error.RetryAfter() > 0:
+			now := time.Now()
+			due := now.Add(rep.Error.RetryAfter())
+			if turned == 0 {
+				firstRecv, firstDue, lastDue = now, due, due
+			}
+			lastRecv = now
+			if due.Before(firstDue) {
+				firstDue = due
+			}
+			if due.After(lastDue) {
+				lastDue = due
+			}
+			turned++
+		default:
+			t.Fatalf("request refused: %v", rep.Error)
 		}
-		resp, err := e.nc.RequestMsg(m, 2*time.Second)
-		if err != nil {
-			return false
+	}
+	if turned == 0 || signed == 0 {
+		t.Fatalf("%d signed and %d turned away: want both (one worker, a queue of %d)", signed, turned, natsapi.PendingPerWorker)
+	}
+	// Slots are one request's time apart at the workers' pace (one worker: well
+	// under 4,000 a second), so the times the crowd is told to come back at spread
+	// further than the refusals' own arrival did by at least 250 µs a refusal. A
+	// control: one retry-after for all would spread them no more than they came.
+	if spread, came := lastDue.Sub(firstDue), lastRecv.Sub(firstRecv); spread-came < time.Duration(turned)*250*time.Microsecond {
+		t.Fatalf("%d refusals told to come back over %s, having come over %s: the crowd is not spread", turned, spread, came)
+	}
+	if m, err := reflected.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("an answer was sent to a reply subject that is no inbox: %q", m.Data)
+	}
+	body := s.metrics(t)
+	for _, want := range []string{"meshagent_signer_nats_requests_dropped_total 0", "meshagent_signer_nats_slow_consumer_events_total 0",
+		fmt.Sprintf("meshagent_signer_nats_requests_turned_away_total %d", turned)} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("metrics lack %q:\n%s", want, body)
 		}
-		rep, _, err := events.DecodeSignReply(resp)
-		return err == nil && rep.Error == nil && len(rep.CertChain) > 0
-	})
-	if n := count(t, e.js, events.SubjectCertIssued); n >= 2000 {
-		t.Fatalf("%d certificates issued: nothing was shed", n)
+	}
+	if !strings.Contains(body, "meshagent_signer_nats_replies_refused_total") || strings.Contains(body, "meshagent_signer_nats_replies_refused_total 0\n") {
+		t.Fatalf("the %d requests answering elsewhere were not refused:\n%s", hostile, body)
 	}
 }
 

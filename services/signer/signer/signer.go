@@ -144,7 +144,9 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
-		fmt.Sprintf("NATS requests dropped unanswered because -workers x %d were already waiting (slow consumer); callers retry.", natsapi.PendingPerWorker), s.nats.Dropped)
+		"NATS sign requests dropped unanswered because the subscription's pending bytes were full (slow consumer); callers retry.", s.nats.Dropped)
+	counter("nats_requests_turned_away_total",
+		fmt.Sprintf("NATS sign requests answered busy with a slot to ask again at (retry_after_ms), because the workers' queue (at most -workers x %d) would not reach them in time.", natsapi.PendingPerWorker), s.nats.TurnedAway)
 	counter("nats_slow_consumer_events_total",
 		"Slow-consumer errors on the signer's NATS subscriptions (each episode drops one or more requests).", s.nats.SlowConsumerEvents)
 	counter("nats_late_replies_dropped_total",

@@ -38,13 +38,12 @@ type Rotator interface {
 // requestTimeout bounds the work on one request, also during shutdown.
 const requestTimeout = 15 * time.Second
 
-// PendingPerWorker is how many received requests may wait per worker. Beyond
-// Workers*PendingPerWorker waiting messages NATS drops new ones (slow consumer): the
-// caller times out and retries, rather than the signer working through requests
-// their callers gave up on long ago. It holds a wave's burst: with 4 per worker
-// (256 at the default 64 workers) the pods that connected together in a storm sent
-// more at once, each dropped one waited out its whole timeout, and that wait was
-// most of a 5,000-pod storm (14.8–15.7 s against 8.2–8.5 s with 64 per worker,
+// PendingPerWorker is how many received requests may wait per worker, at most: the
+// waiting room (room.go) admits fewer while the workers' pace would not reach them
+// within roomWait, and answers the rest with a slot to come back at. It holds a
+// wave's burst: with 4 per worker (256 at the default 64 workers) the pods that
+// connected together in a storm sent more at once, and that wait was most of a
+// 5,000-pod storm (14.8–15.7 s against 8.2–8.5 s with 64 per worker,
 // docs/scale.md). A request that carries its requester's deadline (sds-edge's do)
 // is dropped unsigned when a worker reaches it too late, so holding more costs a
 // decode, not a signature; a full queue of 4,096 at the default is 6 MiB of
@@ -90,6 +89,26 @@ type API struct {
 	// refused counts requests left unanswered because their reply subject was not
 	// their requester's inbox.
 	refused atomic.Uint64
+	// room admits sign requests to the workers' queue or gives them a slot to come
+	// back at; turnedAway counts the latter. intakeMu guards intakeClosed, set once
+	// the queue is closed: an intake handler still running then answers nothing.
+	room         *waitingRoom
+	turnedAway   atomic.Uint64
+	intakeMu     sync.RWMutex
+	intakeClosed bool
+}
+
+// TurnedAway counts sign requests answered "busy, ask again at your slot" by the
+// waiting room instead of queued.
+func (a *API) TurnedAway() uint64 { return a.turnedAway.Load() }
+
+// Pace is the sign requests the workers finish per second, as the waiting room
+// last measured it with a queue to work from.
+func (a *API) Pace() float64 {
+	if a.room == nil {
+		return 0
+	}
+	return a.room.pace()
 }
 
 // RefusedReplies counts requests left unanswered because their reply subject was
@@ -122,8 +141,8 @@ func (a *API) Ready() error {
 	return nil
 }
 
-// Dropped counts requests NATS dropped because Workers*PendingPerWorker were
-// already waiting (the slow-consumer condition its async error handler reports).
+// Dropped counts requests NATS dropped because a subscription's pending bound was
+// full (the slow-consumer condition its async error handler reports).
 func (a *API) Dropped() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -148,13 +167,15 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	a.sem = make(chan struct{}, otherWorkers)
 	base := context.WithoutCancel(ctx)
-	// Every sign subject's requests wait here; NATS drops what does not fit.
+	// Every sign subject's requests wait here, as many as the waiting room admits.
 	signs := make(chan *nats.Msg, a.workers*PendingPerWorker)
+	a.room = newWaitingRoom(cap(signs), time.Now())
 	var workers sync.WaitGroup
 	for range a.workers {
 		workers.Go(func() {
 			for m := range signs {
 				a.serve(base, a.sign, m)
+				a.room.done(len(signs), time.Now())
 			}
 		})
 	}
@@ -171,6 +192,47 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("nats api subscribed", "subjects", subjects, "queue", events.SignerQueue, "workers", a.workers)
 	<-ctx.Done()
 	return nil
+}
+
+// intake is the sign subscriptions' handler: it queues a request the waiting room
+// admits, and answers any other at once with its slot to come back at. NATS runs
+// it on the subscription's own goroutine, which does nothing else, so the reading
+// of requests keeps up with a storm however far behind the workers are.
+func (a *API) intake(signs chan *nats.Msg) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		a.intakeMu.RLock()
+		defer a.intakeMu.RUnlock()
+		if a.intakeClosed {
+			return
+		}
+		now := time.Now()
+		if a.room.admit(len(signs), now) {
+			select {
+			case signs <- m:
+				return
+			default:
+			}
+		}
+		a.turnAway(m, a.room.slot(len(signs), now))
+	}
+}
+
+// busyMessage is a turned-away request's refusal.
+const busyMessage = "signer busy: its queue holds what it can answer in time; ask again after retry_after_ms, the slot given"
+
+// turnAway answers a sign request the queue has no room for: busy, ask again
+// after wait. Like every answer, only to the requester's own inbox.
+func (a *API) turnAway(m *nats.Msg, wait time.Duration) {
+	if !replyAllowed(m.Reply) || !replyToRequester(m.Subject, m.Reply) {
+		a.refused.Add(1)
+		return
+	}
+	a.turnedAway.Add(1)
+	wait = max(wait, time.Millisecond)
+	// One message for every refusal (the numbers are in retry_after_ms and the
+	// metrics): a crowd's refusals read as one kind of error.
+	a.respondSign(m, events.SignReply{Error: &events.ReplyError{Code: events.CodeUnavailable,
+		Message: busyMessage, RetryAfterMillis: uint64(wait / time.Millisecond)}})
 }
 
 // serve answers m with h, within requestTimeout from base, when its reply subject
@@ -240,12 +302,32 @@ func (a *API) stop(signs chan *nats.Msg, workers *sync.WaitGroup) {
 	a.closed = true
 	a.mu.Unlock()
 	a.ready.Store(false)
-	// Unsubscribed: NATS sends no more into signs.
+	// Unsubscribed: NATS calls intake no more, and one still running sends nothing.
+	a.intakeMu.Lock()
+	a.intakeClosed = true
+	a.intakeMu.Unlock()
 	close(signs)
 	workers.Wait()
 	a.wg.Wait()
 	a.recording.Wait() // each is done by its deadline
 	a.pub.Stop()
+}
+
+// signPending bounds what a sign subscription holds before intake has read it: a
+// storm's whole wave (100,000 requests of about a kilobyte), which intake reads
+// faster than NATS delivers it; beyond, NATS drops (slow consumer).
+const signPending = 256 << 20
+
+// subscribeSigns keeps a sign subscription, with signPending's bound.
+func (a *API) subscribeSigns(sub *nats.Subscription, err error) error {
+	if err != nil {
+		return err
+	}
+	if err := sub.SetPendingLimits(-1, signPending); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("pending limits %s: %w", sub.Subject, err)
+	}
+	return a.subscribed(sub, nil)
 }
 
 // subscribed keeps sub, to stop it with the API.
@@ -265,13 +347,13 @@ func (a *API) subscribe(base context.Context, signs chan *nats.Msg) ([]string, e
 	// Every sign subject: a request on one this signer does not serve gets a typed
 	// refusal, never silence that a client would have to guess about.
 	subjects := []string{events.SignWildcard}
-	if err := a.subscribed(a.nc.ChanQueueSubscribe(events.SignWildcard, events.SignerQueue, signs)); err != nil {
+	if err := a.subscribeSigns(a.nc.QueueSubscribe(events.SignWildcard, events.SignerQueue, a.intake(signs))); err != nil {
 		return nil, err
 	}
 	// This replica by name (events.SubjectSignerPing): a requester whose request
 	// waited out a frozen replica in the queue group asks one that answers.
 	replica := ReplicaName(a.iss.Instance())
-	if err := a.subscribed(a.nc.ChanSubscribe(events.ReplicaSignWildcard(replica), signs)); err != nil {
+	if err := a.subscribeSigns(a.nc.Subscribe(events.ReplicaSignWildcard(replica), a.intake(signs))); err != nil {
 		return nil, err
 	}
 	if err := a.subscribed(a.nc.Subscribe(events.SubjectSignerPing, func(m *nats.Msg) {
