@@ -9,6 +9,7 @@
 package loadgen
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -25,15 +26,26 @@ func closeAll(conns []*nats.Conn) {
 type latest struct {
 	mu sync.Mutex
 	t  time.Time
+	// all are the times marked, in Unix milliseconds (for the storm's quantiles).
+	all []int64
 }
 
 // mark records now.
 func (l *latest) mark() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now := time.Now(); now.After(l.t) {
+	now := time.Now()
+	if now.After(l.t) {
 		l.t = now
 	}
+	l.all = append(l.all, now.UnixMilli())
+}
+
+// times are the times marked, in Unix milliseconds.
+func (l *latest) times() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all)
 }
 
 // since is the time from start to the latest time marked (0: none).

@@ -124,6 +124,7 @@ func (m *stormMeter) finish(res *StormResult, held int64) {
 	res.Dropped = after.delta(m.before, "meshagent_signer_bus_callout_dropped_total")
 	res.CacheHits = after.delta(m.before, "meshagent_signer_bus_callout_token_cache_hits_total")
 	res.Repeats = after.delta(m.before, "meshagent_signer_requests_repeated_total")
+	res.TurnedAway = after.delta(m.before, "meshagent_signer_nats_requests_turned_away_total")
 	res.WastedAdmissions = max(0, int(res.Admitted)-int(direct))
 	if m.tier != nil {
 		node1, err := m.tier.admissions()

@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -89,10 +90,19 @@ func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 			p.generation.Store(rep.Generation)
 			return nil
 		}
+		wait := time.Duration(0)
 		if err == nil {
 			err = rep.Error
+			// A busy signer's refusal names the pod's slot: come back then, as
+			// sds-edge does, a little after rather than before.
+			if slot := events.RetryAfterOf(rep.Error); slot > 0 {
+				wait = slot + rand.N(slot/10+1)
+			}
 		}
-		if !backoff.Wait(ctx, clock.Real{}, retry.Next()) {
+		if wait == 0 {
+			wait = retry.Next()
+		}
+		if !backoff.Wait(ctx, clock.Real{}, wait) {
 			return err
 		}
 	}

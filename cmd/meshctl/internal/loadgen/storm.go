@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,16 @@ type StormResult struct {
 	// WastedAdmissions and WastedCerts are Wasted's two parts.
 	WastedAdmissions int `json:"wasted_admissions"`
 	WastedCerts      int `json:"wasted_certificates"`
+	// CertifiedBy are the seconds from the storm's start by which half, nine
+	// tenths and 99 in 100 of the pods were certified: how the wave went, beside
+	// Seconds (all of them).
+	CertifiedBy [3]float64 `json:"certified_by_p50_p90_p99"`
+	// ConnectedBy is the same for the pods' connections (admitted by the hub or
+	// their node): what part of the wave was the connecting.
+	ConnectedBy [3]float64 `json:"connected_by_p50_p90_p99"`
+	// TurnedAway are sign requests the signer answered busy, each with its slot to
+	// come back at (its waiting room), instead of queueing them.
+	TurnedAway float64 `json:"sign_turned_away"`
 	// Repeats are sign requests asked again after their answer was lost, answered
 	// with the certificate already recorded for them (no certificate wasted).
 	Repeats float64 `json:"repeated_requests"`
@@ -226,6 +237,11 @@ func (r StormResult) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "wasted      unknown\n")
 	} else {
 		fmt.Fprintf(w, "wasted      %d admissions no client holds, %d certificates no pod received (%.0f requests repeated after a lost answer, given the certificate recorded for them)\n", r.WastedAdmissions, r.WastedCerts, r.Repeats)
+	}
+	if r.Certified > 0 {
+		fmt.Fprintf(w, "connected   half by %.2f s, 90%% by %.2f s, 99%% by %.2f s\n", r.ConnectedBy[0], r.ConnectedBy[1], r.ConnectedBy[2])
+		fmt.Fprintf(w, "certified   half by %.2f s, 90%% by %.2f s, 99%% by %.2f s; %.0f sign requests turned away busy with a slot to come back at\n",
+			r.CertifiedBy[0], r.CertifiedBy[1], r.CertifiedBy[2], r.TurnedAway)
 	}
 	for e, n := range r.ConnectErrors {
 		if why, ok := strings.CutPrefix(e, failedPrefix); ok {
@@ -303,7 +319,23 @@ func Storm(ctx context.Context, cfg StormConfig) (StormResult, error) {
 // result is the storm's result before the meter's figures.
 func (c StormConfig) result(run stormRun, workers int) StormResult {
 	return StormResult{Pods: c.Layout.Pods, ConnsPerPod: c.Layout.ConnsPerPod, Nodes: c.Layout.Nodes, Workers: workers,
-		Certified: run.certified, Failed: run.failed, Seconds: run.seconds, ConnectErrors: run.tally.snapshot()}
+		Certified: run.certified, Failed: run.failed, Seconds: run.seconds, ConnectErrors: run.tally.snapshot(),
+		CertifiedBy: quantiles(run.start, run.times), ConnectedBy: quantiles(run.start, run.connTimes)}
+}
+
+// quantiles are the seconds from start to the 50th, 90th and 99th of times
+// (Unix milliseconds).
+func quantiles(start time.Time, times []int64) [3]float64 {
+	var q [3]float64
+	if len(times) == 0 {
+		return q
+	}
+	slices.Sort(times)
+	for i, f := range []float64{0.5, 0.9, 0.99} {
+		at := times[min(len(times)-1, int(f*float64(len(times))))]
+		q[i] = float64(at-start.UnixMilli()) / 1000
+	}
+	return q
 }
 
 // stormRun is how a storm went: the pods certified and failed, the connections
@@ -313,6 +345,9 @@ type stormRun struct {
 	held              int64
 	seconds           float64
 	last              time.Time // the last certificate's (zero: none)
+	start             time.Time
+	times             []int64 // each certificate's, Unix milliseconds
+	connTimes         []int64 // each pod's connection's
 	open              []*nats.Conn
 	tally             *errTally
 }
@@ -324,7 +359,7 @@ func runStorm(ctx context.Context, j job, sim []*simPod) stormRun {
 	defer cancel()
 	var certified, failed, held atomic.Int64
 	var mu sync.Mutex
-	var last latest
+	var last, connected latest
 	run := stormRun{tally: &errTally{counts: map[string]int{}}}
 	log := hclog.NewInterceptLogger(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Debug})
 	log.RegisterSink(run.tally)
@@ -338,6 +373,7 @@ func runStorm(ctx context.Context, j job, sim []*simPod) stormRun {
 			mu.Unlock()
 			held.Add(int64(len(ncs)))
 			if err == nil {
+				connected.mark()
 				p.conn = ncs[0]
 				err = p.certify(ctx, ncs[0])
 			}
@@ -353,5 +389,6 @@ func runStorm(ctx context.Context, j job, sim []*simPod) stormRun {
 	wg.Wait()
 	run.certified, run.failed, run.held = int(certified.Load()), int(failed.Load()), held.Load()
 	run.seconds, run.last = last.since(start), last.at()
+	run.start, run.times, run.connTimes = start, last.times(), connected.times()
 	return run
 }

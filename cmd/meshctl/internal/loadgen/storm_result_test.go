@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A storm's text starts with the line its runs are compared by.
@@ -21,6 +22,22 @@ func TestStormResultFirstLine(t *testing.T) {
 	}
 	if !errors.Is(r.Err(), ErrUnread) || !strings.Contains(r.Err().Error(), "signer metrics") {
 		t.Fatalf("a storm with a metric unread: error %v", r.Err())
+	}
+}
+
+// The quantiles are the seconds from the start by which half, 90% and 99% of the
+// pods were certified.
+func TestQuantilesOfCertifiedTimes(t *testing.T) {
+	start := time.UnixMilli(1_000_000)
+	var times []int64
+	for i := 100; i >= 1; i-- { // out of order, as workers report them
+		times = append(times, start.UnixMilli()+int64(i)*100)
+	}
+	if got, want := quantiles(start, times), [3]float64{5.1, 9.1, 10}; got != want {
+		t.Fatalf("quantiles %v, want %v", got, want)
+	}
+	if got := quantiles(start, nil); got != [3]float64{} {
+		t.Fatalf("quantiles of none %v", got)
 	}
 }
 

@@ -34,6 +34,8 @@ type workerMsg struct {
 	Failed        int            `json:"failed,omitempty"`
 	Held          int64          `json:"held,omitempty"`
 	Last          time.Time      `json:"last,omitzero"`
+	Times         []int64        `json:"times,omitempty"`
+	ConnTimes     []int64        `json:"conn_times,omitempty"`
 	ConnectErrors map[string]int `json:"connect_errors,omitempty"`
 }
 
@@ -75,7 +77,7 @@ func RunWorker(ctx context.Context, in io.Reader, out io.Writer) error {
 	}
 	run := runStorm(ctx, j, sim)
 	defer closeAll(run.open)
-	if err := enc.Encode(workerMsg{Done: true, Certified: run.certified, Failed: run.failed, Held: run.held, Last: run.last,
+	if err := enc.Encode(workerMsg{Done: true, Certified: run.certified, Failed: run.failed, Held: run.held, Last: run.last, Times: run.times, ConnTimes: run.connTimes,
 		ConnectErrors: run.tally.snapshot()}); err != nil {
 		return err
 	}
@@ -214,6 +216,8 @@ func stormInWorkers(ctx context.Context, cfg StormConfig, j job, n int, tier *no
 		if r.Last.After(last) {
 			last = r.Last
 		}
+		run.times = append(run.times, r.Times...)
+		run.connTimes = append(run.connTimes, r.ConnTimes...)
 		for e, k := range r.ConnectErrors {
 			run.tally.counts[e] += k
 		}
@@ -221,6 +225,7 @@ func stormInWorkers(ctx context.Context, cfg StormConfig, j job, n int, tier *no
 	if !last.IsZero() {
 		run.seconds = last.Sub(start).Seconds()
 	}
+	run.start = start
 	res := cfg.result(run, n)
 	m.finish(&res, run.held)
 	return res, nil

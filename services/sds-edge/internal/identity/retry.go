@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/backoff"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 )
 
@@ -76,8 +77,18 @@ const (
 
 // retryWait is the wait before the next attempt: the scheduled one, shortened for an
 // attempt nobody answered (probeWait) and to a quarter of the time left before the
-// current certificate expires (capFloor at least), with half of it jittered.
+// current certificate expires (capFloor at least), with half of it jittered. A busy
+// signer's refusal names the pod's slot in its waiting room (retry-after): the pod
+// comes back then, a little after rather than before (asking early is turned away
+// again), whatever the schedule says, unless its certificate's time left is shorter.
 func (m *Manager) retryWait(scheduled time.Duration, err error) time.Duration {
+	if slot := events.RetryAfterOf(err); slot > 0 {
+		d := slot + slotJitter.Apply(slot/10)
+		if st := m.Status(); !st.NotAfter.IsZero() {
+			d = min(d, max(st.NotAfter.Sub(m.clock.Now())/4, capFloor))
+		}
+		return d
+	}
 	ceil := scheduled
 	if errors.Is(err, caclient.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) {
 		ceil = min(ceil, probeWait)
@@ -87,6 +98,9 @@ func (m *Manager) retryWait(scheduled time.Duration, err error) time.Duration {
 	}
 	return retryJitter.Apply(ceil)
 }
+
+// slotJitter spreads the pods given neighbouring slots over a tenth of their wait.
+var slotJitter = backoff.Policy{Jitter: 1}
 
 // retryJitter spreads pods that failed together (a signer outage) over half of
 // each wait.

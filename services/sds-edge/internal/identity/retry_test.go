@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/sds-edge/internal/caclient"
 	"github.com/meshagent/meshagent/tests/testkit"
 )
@@ -23,6 +24,8 @@ func TestRetryWaitKnowsTheClock(t *testing.T) {
 	now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
 	refused := errors.New("signer: unavailable")
 	unreachable := fmt.Errorf("sign request: %w: no responders", caclient.ErrUnreachable)
+	// A busy signer's refusal, as caclient wraps it: its slot is 20 s away.
+	busy := fmt.Errorf("signer: %w", &events.ReplyError{Code: events.CodeUnavailable, Message: "signer busy", RetryAfterMillis: 20000})
 	tests := []struct {
 		name     string
 		left     time.Duration // the leaf's NotAfter - now; 0: no leaf yet
@@ -36,6 +39,9 @@ func TestRetryWaitKnowsTheClock(t *testing.T) {
 		{"2s left: the floor", 2 * time.Second, 16 * time.Second, refused, 500 * time.Millisecond, time.Second},
 		{"expired: the floor", -time.Minute, 30 * time.Second, refused, 500 * time.Millisecond, time.Second},
 		{"nobody answered: probe every second", time.Hour, 30 * time.Second, unreachable, 500 * time.Millisecond, time.Second},
+		{"busy signer: its slot, however short the backoff", 0, 250 * time.Millisecond, busy, 20 * time.Second, 22 * time.Second},
+		{"busy signer, plenty of time left: its slot", time.Hour, time.Minute, busy, 20 * time.Second, 22 * time.Second},
+		{"busy signer, 8s left: a quarter of it", 8 * time.Second, 250 * time.Millisecond, busy, 2 * time.Second, 2 * time.Second},
 		{"short backoff stays short", time.Hour, 100 * time.Millisecond, unreachable, 50 * time.Millisecond, 100 * time.Millisecond},
 	}
 	for _, tc := range tests {
