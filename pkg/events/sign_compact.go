@@ -338,3 +338,27 @@ func DecodeReply[T Payload](msg *nats.Msg) (T, error) {
 	v, _, err := Decode[T](msg)
 	return v, err
 }
+
+// SignRequestDeadline reads only the deadline of a compact sign request (field
+// 10), for a signer's intake deciding whether the request can wait in its queue:
+// no CSR is copied, nothing validated. ok is false for anything else — no
+// deadline, not compact, malformed — which the full decode then judges.
+func SignRequestDeadline(msg *nats.Msg) (deadline time.Time, ok bool) {
+	if !IsCompact(msg) {
+		return time.Time{}, false
+	}
+	b, err := compactBody(msg.Data, TypeSignRequest)
+	if err != nil {
+		return time.Time{}, false
+	}
+	for len(b) > 0 {
+		var f field
+		if f, b, err = nextField(b); err != nil {
+			return time.Time{}, false
+		}
+		if f.num == 10 && f.wire == wireVarint && f.u > 0 && f.u <= maxDeadlineMilli {
+			return time.UnixMilli(int64(f.u)).UTC(), true
+		}
+	}
+	return time.Time{}, false
+}

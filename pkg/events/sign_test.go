@@ -166,6 +166,39 @@ func TestRetryAfterTravelsAndIsBounded(t *testing.T) {
 	}
 }
 
+// TestSignRequestDeadlinePeek: the intake's peek reads the deadline a full decode
+// reads, and nothing from a request without one or from a JSON one.
+func TestSignRequestDeadlinePeek(t *testing.T) {
+	at := time.UnixMilli(1_796_700_000_123).UTC()
+	for _, tc := range []struct {
+		name string
+		enc  Encoding
+		req  SignRequest
+		ok   bool
+	}{
+		{"compact with a deadline", EncodingCompact, SignRequest{CSR: pemOf("CERTIFICATE REQUEST", 0x30, 1, 2, 3), Token: "t", Deadline: at}, true},
+		{"compact without", EncodingCompact, SignRequest{CSR: pemOf("CERTIFICATE REQUEST", 0x30, 1, 2, 3), Token: "t"}, false},
+		{"json with a deadline", EncodingJSON, SignRequest{CSR: pemOf("CERTIFICATE REQUEST", 0x30, 1, 2, 3), Token: "t", Deadline: at}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewSignRequestMsg(SubjectSignAny, tc.enc, "test", tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := SignRequestDeadline(m)
+			if ok != tc.ok || ok && !got.Equal(at) {
+				t.Fatalf("peek %s, %t; want %s, %t", got, ok, at, tc.ok)
+			}
+			if full, _, err := DecodeSignRequest(m); err != nil || ok && !full.Deadline.Equal(got) {
+				t.Fatalf("full decode %s, %v; the peek said %s", full.Deadline, err, got)
+			}
+		})
+	}
+	if _, ok := SignRequestDeadline(&nats.Msg{Data: []byte("\x00io.meshagent.sign.request.v1\x00\x50")}); ok {
+		t.Fatal("a truncated request peeked")
+	}
+}
+
 // TestSignRequestExpired: a request without a deadline never expires; one with a
 // deadline has expired from that instant on.
 func TestSignRequestExpired(t *testing.T) {

@@ -206,7 +206,8 @@ func (a *API) intake(signs chan *nats.Msg) nats.MsgHandler {
 			return
 		}
 		now := time.Now()
-		if a.room.admit(len(signs), now) {
+		deadline, _ := events.SignRequestDeadline(m)
+		if a.room.admit(len(signs), deadline, now) {
 			select {
 			case signs <- m:
 				return

@@ -14,6 +14,9 @@ import (
 // what the workers will reach within Wait at the pace they are working, and hands
 // each request it turns away a slot of its own after everything ahead of it: the
 // crowd comes back spread at that pace, told so in one reply each (retry-after).
+// A request that carries its requester's deadline may wait up to half of the time
+// it has left (the other half for a pace that falls, and for the answer's way
+// back); one without, wait.
 //
 // The pace is measured: requests finished per second, while there was a queue to
 // work from (an idle signer's pace says nothing about what it can do).
@@ -49,24 +52,30 @@ const (
 	roomSample    = 250 * time.Millisecond
 	roomFirstRate = 500.0
 	roomMinRate   = 20.0
+	slotHaste     = 1.25
 )
 
 func newWaitingRoom(max int, now time.Time) *waitingRoom {
 	return &waitingRoom{wait: roomWait, max: max, floor: min(roomFloor, max), longest: roomLongest, rate: roomFirstRate, sampleAt: now}
 }
 
-// admit reports whether a request may join a queue of queued: true while the
-// workers reach it within wait at the measured pace.
-func (w *waitingRoom) admit(queued int, now time.Time) bool {
+// admit reports whether a request whose requester waits until deadline (zero:
+// not said) may join a queue of queued: true while the workers reach it, at the
+// measured pace, within wait or half of the time it has left.
+func (w *waitingRoom) admit(queued int, deadline, now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sample(queued, now)
-	return queued < w.capacity()
+	within := w.wait
+	if !deadline.IsZero() {
+		within = deadline.Sub(now) / 2
+	}
+	return queued < w.capacity(within)
 }
 
-// capacity is the longest queue admitted.
-func (w *waitingRoom) capacity() int {
-	return min(w.max, max(w.floor, int(w.rate*w.wait.Seconds())))
+// capacity is the longest queue admitted for a request that may wait within.
+func (w *waitingRoom) capacity(within time.Duration) int {
+	return min(w.max, max(w.floor, int(w.rate*within.Seconds())))
 }
 
 // slot hands a request turned away from a queue of queued its time to come back:
@@ -75,7 +84,9 @@ func (w *waitingRoom) slot(queued int, now time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sample(queued, now)
-	per := time.Duration(float64(time.Second) / w.rate)
+	// A little faster than measured: a pace that rises (the machine's other work
+	// done) finds the crowd back already; one that holds turns a few away again.
+	per := time.Duration(float64(time.Second) / (w.rate * slotHaste))
 	// The queue ahead, then every earlier slot not yet come.
 	start := now.Add(time.Duration(queued) * per)
 	if w.next.Before(start) {

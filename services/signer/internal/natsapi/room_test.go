@@ -11,7 +11,7 @@ import (
 func TestRoomAdmitsWhatThePaceReachesInTime(t *testing.T) {
 	at := time.Date(2026, 12, 7, 23, 0, 0, 0, time.UTC)
 	w := newWaitingRoom(4096, at)
-	if got, want := w.capacity(), int(roomFirstRate*roomWait.Seconds()); got != want {
+	if got, want := w.capacity(roomWait), int(roomFirstRate*roomWait.Seconds()); got != want {
 		t.Fatalf("capacity before any sample %d, want %d (the assumed pace)", got, want)
 	}
 	// Four samples of 100 requests in a quarter second, the queue never dry:
@@ -25,8 +25,16 @@ func TestRoomAdmitsWhatThePaceReachesInTime(t *testing.T) {
 	if p := w.pace(); p < 395 || p > 420 {
 		t.Fatalf("pace %.0f/s after 400/s with a queue, want about 400", p)
 	}
-	if !w.admit(w.capacity()-1, at) || w.admit(w.capacity(), at) {
-		t.Fatalf("capacity %d not the admission bound", w.capacity())
+	if c := w.capacity(roomWait); !w.admit(c-1, time.Time{}, at) || w.admit(c, time.Time{}, at) {
+		t.Fatalf("capacity %d not the admission bound without a deadline", c)
+	}
+	// A requester that waits 10 s more may wait 5 s in the queue: about 2,000 at 400/s.
+	if d, c := at.Add(10*time.Second), int(w.pace()*5); !w.admit(c-1, d, at) || w.admit(c, d, at) {
+		t.Fatalf("a 10 s deadline's queue is not half of it at the pace %.0f/s", w.pace())
+	}
+	// One whose deadline has passed, or is about to, gets the floor.
+	if !w.admit(roomFloor-1, at.Add(-time.Second), at) || w.admit(roomFloor, at.Add(-time.Second), at) {
+		t.Fatal("an expired requester's queue is not the floor")
 	}
 	// A dry sample (the queue empty: demand, not pace) leaves the pace alone.
 	before := w.pace()
@@ -39,13 +47,13 @@ func TestRoomAdmitsWhatThePaceReachesInTime(t *testing.T) {
 	}
 	// The bounds: a channel smaller than the pace's queue, and a crawl.
 	small := newWaitingRoom(100, at)
-	if small.capacity() != 100 {
-		t.Fatalf("capacity %d above the channel's 100", small.capacity())
+	if small.capacity(roomWait) != 100 {
+		t.Fatalf("capacity %d above the channel's 100", small.capacity(roomWait))
 	}
 	slow := newWaitingRoom(4096, at)
 	slow.rate = roomMinRate
-	if slow.capacity() != roomFloor {
-		t.Fatalf("capacity %d at a crawl, want the floor %d", slow.capacity(), roomFloor)
+	if slow.capacity(roomWait) != roomFloor {
+		t.Fatalf("capacity %d at a crawl, want the floor %d", slow.capacity(roomWait), roomFloor)
 	}
 }
 
@@ -55,7 +63,7 @@ func TestRoomAdmitsWhatThePaceReachesInTime(t *testing.T) {
 func TestRoomSlotsFollowTheQueue(t *testing.T) {
 	at := time.Date(2026, 12, 7, 23, 0, 0, 0, time.UTC)
 	w := newWaitingRoom(4096, at)
-	w.rate = 1000 // a millisecond a request
+	w.rate = 1000 / slotHaste // slots a millisecond a request apart
 	if d := w.slot(1000, at); d != 1001*time.Millisecond {
 		t.Fatalf("first slot behind a queue of 1000 in %s, want 1.001s", d)
 	}
