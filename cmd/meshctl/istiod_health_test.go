@@ -94,8 +94,8 @@ type vmPod struct {
 func startVMPod(t *testing.T, d *istiotest.Istiod, bus, ns, sa, group, name, ip, rootPEM string, pc map[string]any, env ...string) *vmPod {
 	t.Helper()
 	root := istiodPod(t, d.Kube.Admin.RequestToken(t, ns, sa, "istio-ca", "", "", 3600), rootPEM)
-	admin := testkit.FreeAddr(t)
-	_, adminPort, _ := net.SplitHostPort(admin)
+	_, adminPortS, _ := net.SplitHostPort(testkit.FreeAddr(t))
+	adminPort, _ := strconv.Atoi(adminPortS) // Envoy's admin, which the relay probes first
 	proxyConfig := map[string]any{"discoveryAddress": d.SecureAddr, "proxyAdminPort": adminPort, "meshId": "cluster.local"}
 	for k, v := range pc {
 		proxyConfig[k] = v
