@@ -49,7 +49,7 @@ func TestNodeAgreesWithPilotAgent(t *testing.T) {
 		{"concurrency in PROXY_CONFIG wins over the cpu limit", map[string]string{"ISTIO_CPU_LIMIT": "4"}, labels, `,"concurrency":3`},
 		{"no labels: the workload name", map[string]string{"ISTIO_META_WORKLOAD_NAME": "wl", "ISTIO_CPU_LIMIT": "2"}, "", ""},
 		{"nothing: istio-proxy", map[string]string{"ISTIO_CPU_LIMIT": "1"}, "", ""},
-		{"a readinessProbe and ISTIO_META_ISTIO_VERSION", map[string]string{"ISTIO_META_ISTIO_VERSION": "1.30.2"}, "",
+		{"a readinessProbe and ISTIO_META_ISTIO_VERSION", map[string]string{"ISTIO_META_ISTIO_VERSION": "1.30.2", "ISTIO_CPU_LIMIT": "2"}, "",
 			`,"readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":1,"failureThreshold":2}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
