@@ -46,6 +46,9 @@ type ProxyConfig struct {
 	// xds-relay's default -xds-tls, plaintext or mtls, as Istio's agent dials.
 	ControlPlaneAuthPolicy string
 	ProxyMetadata          map[string]string // env vars, below the container's own
+	// ReadinessProbe is how xds-relay probes the app to report its health to the
+	// control plane (Istio's workload health checks); nil: no health reports.
+	ReadinessProbe *ReadinessProbe
 	// JSON is the whole ProxyConfig as a JSON object (a YAML one converted), nil
 	// when PROXY_CONFIG is unset: the launcher's PROXY_CONFIG node metadata, as
 	// Istio's agent puts its ProxyConfig there.
@@ -56,7 +59,7 @@ type ProxyConfig struct {
 // Used are ProxyConfig's fields (JSON names) that some pod role acts on.
 var Used = []string{
 	"discoveryAddress", "statusPort", "proxyAdminPort", "drainDuration", "terminationDrainDuration",
-	"binaryPath", "concurrency", "proxyMetadata", "controlPlaneAuthPolicy",
+	"binaryPath", "concurrency", "proxyMetadata", "controlPlaneAuthPolicy", "readinessProbe",
 }
 
 // Ignored are ProxyConfig's other fields (JSON names), with why meshagent ignores
@@ -88,7 +91,6 @@ var Ignored = map[string]string{
 	"privateKeyProvider":              "the key is sds-edge's, in its memory; no CryptoMB/QAT provider",
 	"proxyHeaders":                    "a listener setting the control plane applies",
 	"proxyStatsMatcher":               "Envoy's stats inclusion is its default",
-	"readinessProbe":                  "readiness is the launcher's /healthz/ready",
 	"runtimeValues":                   "Envoy runtime layers are not generated; use a custom bootstrap",
 	"fileFlushInterval":               "Envoy's access log flush is its default",
 	"fileFlushMinSizeKb":              "Envoy's access log flush is its default",
@@ -147,6 +149,8 @@ func Parse(s string) (ProxyConfig, error) {
 			err = json.Unmarshal(v, &pc.ProxyMetadata)
 		case "controlPlaneAuthPolicy":
 			pc.ControlPlaneAuthPolicy, err = authPolicy(v)
+		case "readinessProbe":
+			pc.ReadinessProbe, err = readinessProbe(v)
 		default:
 			if _, ok := Ignored[name]; !ok {
 				unknown = append(unknown, k)

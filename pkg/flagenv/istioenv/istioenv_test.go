@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/meshagent/meshagent/pkg/flagenv"
@@ -32,6 +33,9 @@ func sample() *meshconfig.ProxyConfig {
 		InterceptionMode:                meshconfig.ProxyConfig_REDIRECT,
 		Tracing:                         &meshconfig.Tracing{Tracer: &meshconfig.Tracing_Zipkin_{Zipkin: &meshconfig.Tracing_Zipkin{Address: "zipkin:9411"}}},
 		ClusterName:                     &meshconfig.ProxyConfig_ServiceCluster{ServiceCluster: "istio-proxy"},
+		ReadinessProbe: &networking.ReadinessProbe{InitialDelaySeconds: 1, PeriodSeconds: 2, SuccessThreshold: 1, FailureThreshold: 3,
+			HealthCheckMethod: &networking.ReadinessProbe_HttpGet{HttpGet: &networking.HTTPHealthCheckConfig{Path: "/ready", Port: 8080,
+				HttpHeaders: []*networking.HTTPHeader{{Name: "X-Probe", Value: "yes"}}}}},
 	}
 }
 
@@ -71,6 +75,9 @@ func check(t *testing.T, want *meshconfig.ProxyConfig, got ProxyConfig) {
 	}
 	if !maps.Equal(got.ProxyMetadata, want.GetProxyMetadata()) {
 		t.Errorf("proxyMetadata %v, want %v", got.ProxyMetadata, want.GetProxyMetadata())
+	}
+	if p := asIstio(got.ReadinessProbe); !proto.Equal(p, want.GetReadinessProbe()) {
+		t.Errorf("readinessProbe %v, want %v", p, want.GetReadinessProbe())
 	}
 }
 
@@ -152,6 +159,12 @@ func TestParseReadsYAMLAsIstioDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	handWritten := `discoveryAddress: istiod.istio-system.svc:15012
+readinessProbe:
+  initialDelaySeconds: 1
+  periodSeconds: 2
+  successThreshold: 1
+  failureThreshold: 3
+  httpGet: {path: /ready, port: 8080, httpHeaders: [{name: X-Probe, value: "yes"}]}
 statusPort: 15020
 proxyAdminPort: 15000
 drainDuration: 45s
@@ -163,7 +176,8 @@ proxyMetadata:
   ISTIO_META_DNS_CAPTURE: "true"
   ECC_SIGNATURE_ALGORITHM: ECDSA
 `
-	flow := `{discoveryAddress: "istiod.istio-system.svc:15012", statusPort: 15020, proxyAdminPort: 15000, drainDuration: 45s,
+	flow := `{discoveryAddress: "istiod.istio-system.svc:15012", readinessProbe: {initialDelaySeconds: 1, periodSeconds: 2,
+ successThreshold: 1, failureThreshold: 3, httpGet: {path: /ready, port: 8080, httpHeaders: [{name: X-Probe, value: "yes"}]}}, statusPort: 15020, proxyAdminPort: 15000, drainDuration: 45s,
  terminationDrainDuration: 1.5s, binaryPath: /usr/local/bin/envoy, concurrency: 2,
  proxyMetadata: {ISTIO_META_DNS_CAPTURE: "true", ECC_SIGNATURE_ALGORITHM: ECDSA}}`
 	for name, in := range map[string]string{"from protojson": string(y), "hand-written": handWritten, "flow": flow} {
@@ -312,5 +326,80 @@ func TestJSONIsTheWholeProxyConfig(t *testing.T) {
 	}
 	if pc, err := Parse(""); err != nil || pc.JSON != nil {
 		t.Fatalf("unset: %s (%v), want nil", pc.JSON, err)
+	}
+}
+
+// asIstio is p as istio.io/api's type, to compare with what protojson reads.
+func asIstio(p *ReadinessProbe) *networking.ReadinessProbe {
+	if p == nil {
+		return nil
+	}
+	out := &networking.ReadinessProbe{InitialDelaySeconds: p.InitialDelaySeconds, TimeoutSeconds: p.TimeoutSeconds,
+		PeriodSeconds: p.PeriodSeconds, SuccessThreshold: p.SuccessThreshold, FailureThreshold: p.FailureThreshold}
+	switch {
+	case p.HTTPGet != nil:
+		g := &networking.HTTPHealthCheckConfig{Path: p.HTTPGet.Path, Port: p.HTTPGet.Port, Host: p.HTTPGet.Host, Scheme: p.HTTPGet.Scheme}
+		for _, h := range p.HTTPGet.Headers {
+			g.HttpHeaders = append(g.HttpHeaders, &networking.HTTPHeader{Name: h.Name, Value: h.Value})
+		}
+		out.HealthCheckMethod = &networking.ReadinessProbe_HttpGet{HttpGet: g}
+	case p.TCPSocket != nil:
+		out.HealthCheckMethod = &networking.ReadinessProbe_TcpSocket{TcpSocket: &networking.TCPHealthCheckConfig{Host: p.TCPSocket.Host, Port: p.TCPSocket.Port}}
+	case p.Exec != nil:
+		out.HealthCheckMethod = &networking.ReadinessProbe_Exec{Exec: &networking.ExecHealthCheckConfig{Command: p.Exec.Command}}
+	case p.GRPC != nil:
+		out.HealthCheckMethod = &networking.ReadinessProbe_Grpc{Grpc: &networking.GrpcHealthCheckConfig{Port: p.GRPC.Port, Service: p.GRPC.Service}}
+	}
+	return out
+}
+
+// TestReadinessProbeAsIstioReadsIt: each of the four methods, by lowerCamel or
+// proto names, reads to what istio.io/api's protojson reads; what Istio refuses
+// (two methods, a field the message lacks) is refused, and so are probes Istio's
+// agent cannot run (no method, no port, no command).
+func TestReadinessProbeAsIstioReadsIt(t *testing.T) {
+	for _, in := range []string{
+		`{"httpGet":{"path":"/ready","port":8080,"host":"127.0.0.1","scheme":"HTTPS","httpHeaders":[{"name":"Host","value":"web"}]},"timeoutSeconds":2}`,
+		`{"http_get":{"port":"8080"},"initial_delay_seconds":"5","period_seconds":1,"success_threshold":2,"failure_threshold":4}`,
+		`{"tcpSocket":{"port":9000}}`,
+		`{"tcp_socket":{"host":"localhost","port":9000},"timeoutSeconds":null}`,
+		`{"exec":{"command":["/bin/true","-x"]}}`,
+		`{"grpc":{"port":9090,"service":"web"}}`,
+	} {
+		var ref networking.ReadinessProbe
+		if err := protojson.Unmarshal([]byte(in), &ref); err != nil {
+			t.Fatalf("Istio refuses %s: %v", in, err)
+		}
+		pc, err := Parse(`{"readinessProbe":` + in + `}`)
+		if err != nil {
+			t.Fatalf("Parse(%s): %v", in, err)
+		}
+		if got := asIstio(pc.ReadinessProbe); !proto.Equal(got, &ref) {
+			t.Errorf("%s: read %v, Istio %v", in, got, &ref)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`{"httpGet":{"port":1},"tcpSocket":{"port":2}}`, "more than one of httpGet, tcpSocket"},
+		{`{"httpGet":{"port":1,"paht":"/"}}`, "paht: not a field"},
+		{`{"periodSeconds":1,"perodSeconds":2,"tcpSocket":{"port":2}}`, "perodSeconds: not a field"},
+	} {
+		if err := protojson.Unmarshal([]byte(tc.in), &networking.ReadinessProbe{}); err == nil {
+			t.Errorf("Istio takes %s", tc.in)
+		}
+		if _, err := Parse(`{"readinessProbe":` + tc.in + `}`); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%s): %v, want %q", tc.in, err, tc.want)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`{"periodSeconds":1}`, "want one of httpGet, tcpSocket, exec, grpc"},
+		{`{"httpGet":{"path":"/"}}`, "httpGet: port: required"},
+		{`{"exec":{"command":[]}}`, "exec: command: required"},
+		{`{"tcpSocket":{"port":70000}}`, "out of range"},
+		{`{"failureThreshold":-1,"tcpSocket":{"port":1}}`, "failureThreshold: -1 is negative"},
+		{`{"httpGet":{"port":1,"scheme":"ftp"}}`, "want HTTP or HTTPS"},
+	} {
+		if _, err := Parse(`{"readinessProbe":` + tc.in + `}`); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%s): %v, want %q", tc.in, err, tc.want)
+		}
 	}
 }

@@ -7,7 +7,9 @@
 // filters that load a remote module are rewritten to a local file it downloaded
 // and cached (internal/wasm, Istio's Wasm remote load). Its debug tap (Istio's
 // PROXY_XDS_DEBUG_VIA_AGENT, localhost:15004) answers istio.io/debug questions by
-// asking the discovery server on Envoy's ADS stream. It is built and run the one way every meshagent service is
+// asking the discovery server on Envoy's ADS stream. With ProxyConfig's
+// readinessProbe it probes the app and reports its health to the discovery server
+// (internal/workloadhealth, Istio's workload health checks). It is built and run the one way every meshagent service is
 // (pkg/lifecycle): Load → New(cfg, Deps) → Run.
 package xdsrelay
 
@@ -27,6 +29,7 @@ import (
 	"github.com/meshagent/meshagent/services/xds-relay/internal/tlsrefresh"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/upstream"
 	"github.com/meshagent/meshagent/services/xds-relay/internal/wasm"
+	"github.com/meshagent/meshagent/services/xds-relay/internal/workloadhealth"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -48,9 +51,10 @@ type Relay struct {
 	events *outbox.Outbox
 	tls    *tlsrefresh.Refresher
 	relay  *relay.Server
-	dns    *dnsproxy.Server // nil without DNS capture
-	wasm   *wasm.Cache      // nil without the Wasm remote load
-	tap    *debugtap.Server // nil with -debug-tap=false
+	dns    *dnsproxy.Server        // nil without DNS capture
+	wasm   *wasm.Cache             // nil without the Wasm remote load
+	tap    *debugtap.Server        // nil with -debug-tap=false
+	health *workloadhealth.Checker // nil without a readinessProbe
 }
 
 // New builds the relay on d.Bus (required): it registers its metrics on
@@ -125,6 +129,18 @@ func New(cfg Config, d lifecycle.Deps) (*Relay, error) {
 			return nil, err
 		}
 	}
+	if cfg.Health.Probe != nil {
+		host := ""
+		if len(cfg.Health.IPs) > 0 {
+			host = cfg.Health.IPs[0]
+		}
+		x.health, err = workloadhealth.New(workloadhealth.Config{Probe: *cfg.Health.Probe, Host: host, EnvoyAdmin: cfg.Health.EnvoyAdmin},
+			d.Clock, func(healthy bool, msg string) { x.relay.ReportHealth(relay.Health{Healthy: healthy, Message: msg}) },
+			d.Log.Named("health"))
+		if err != nil {
+			return nil, err
+		}
+	}
 	x.reach, err = upstream.NewReachability(x.dialer, d.Metrics, d.Clock, d.Log.Named("upstream"))
 	if err != nil {
 		return nil, err
@@ -159,6 +175,9 @@ func (x *Relay) Run(ctx context.Context) error {
 	}
 	if x.tap != nil {
 		tasks = append(tasks, x.tap.Run)
+	}
+	if x.health != nil {
+		tasks = append(tasks, x.health.Run)
 	}
 	return lifecycle.Tasks(ctx, tasks...)
 }

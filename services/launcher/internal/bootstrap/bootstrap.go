@@ -151,8 +151,21 @@ func (n Node) Metadata() map[string]any {
 			m[k] = v
 		}
 	}
+	if v, _ := m["ISTIO_VERSION"].(string); v == "" {
+		m["ISTIO_VERSION"] = IstioVersion
+	}
 	return m
 }
+
+// IstioVersion is the node metadata ISTIO_VERSION when ISTIO_META_ISTIO_VERSION
+// does not set one: the Istio release whose agent the pod roles follow, the
+// istio.io/api version meshagent builds against (a test keeps them in step).
+// pilot-agent sends its own Istio version there, and istiod shapes the
+// configuration it generates by it (features gated on a proxy's version) and
+// shows it (/debug/syncz, istioctl proxy-status); with none, istiod logs that
+// the version is missing and takes the proxy for the newest release. meshagent's
+// own version is not an Istio version and would be read as one.
+const IstioVersion = "1.31.1"
 
 // Bootstrap is an Envoy v3 bootstrap as JSON values.
 type Bootstrap map[string]any

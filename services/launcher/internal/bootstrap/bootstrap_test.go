@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -308,5 +309,30 @@ func TestRouterBootstrap(t *testing.T) {
 		if c.GetName() == CredentialCluster {
 			t.Fatal("a sidecar has the gateway credential cluster")
 		}
+	}
+}
+
+// TestIstioVersionInTheNodeMetadata: without ISTIO_META_ISTIO_VERSION the node
+// says IstioVersion, the istio.io/api release meshagent builds against (pkg's
+// go.mod), in the form istiod parses (model.ParseIstioVersion: major.minor.patch);
+// ISTIO_META_ISTIO_VERSION overrides it, as it does pilot-agent's own version.
+func TestIstioVersionInTheNodeMetadata(t *testing.T) {
+	n := Node{Type: "sidecar", IPs: []string{"10.0.0.7"}, Pod: "web-0", Namespace: "shop"}
+	if got := n.Metadata()["ISTIO_VERSION"]; got != IstioVersion {
+		t.Fatalf("ISTIO_VERSION %v, want %s", got, IstioVersion)
+	}
+	n.Meta = map[string]string{"ISTIO_VERSION": "1.30.2"}
+	if got := n.Metadata()["ISTIO_VERSION"]; got != "1.30.2" {
+		t.Fatalf("ISTIO_META_ISTIO_VERSION=1.30.2 gave %v", got)
+	}
+	if !regexp.MustCompile(`^[1-9]+\.[0-9]+\.[0-9]+$`).MatchString(IstioVersion) {
+		t.Fatalf("%q is not an Istio release istiod parses", IstioVersion)
+	}
+	mod, err := os.ReadFile("../../../../pkg/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(mod), "\tistio.io/api v"+IstioVersion+"\n") {
+		t.Fatalf("pkg/go.mod does not require istio.io/api v%s: bump IstioVersion with it", IstioVersion)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,6 +49,8 @@ func TestNodeAgreesWithPilotAgent(t *testing.T) {
 		{"concurrency in PROXY_CONFIG wins over the cpu limit", map[string]string{"ISTIO_CPU_LIMIT": "4"}, labels, `,"concurrency":3`},
 		{"no labels: the workload name", map[string]string{"ISTIO_META_WORKLOAD_NAME": "wl", "ISTIO_CPU_LIMIT": "2"}, "", ""},
 		{"nothing: istio-proxy", map[string]string{"ISTIO_CPU_LIMIT": "1"}, "", ""},
+		{"a readinessProbe and ISTIO_META_ISTIO_VERSION", map[string]string{"ISTIO_META_ISTIO_VERSION": "1.30.2", "ISTIO_CPU_LIMIT": "2"}, "",
+			`,"readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":1,"failureThreshold":2}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testkit.ShortDir(t)
@@ -89,6 +92,17 @@ func TestNodeAgreesWithPilotAgent(t *testing.T) {
 			if c.Envoy.Concurrency != want.concurrency {
 				t.Errorf("--concurrency %d, pilot-agent's %d", c.Envoy.Concurrency, want.concurrency)
 			}
+			// ISTIO_VERSION: the override as given; else pilot-agent's own version
+			// and the launcher's default name the same Istio minor release (the one
+			// istiod's version gates compare first), as istiod parses them.
+			version, _ := n.Metadata()["ISTIO_VERSION"].(string)
+			if v := env["ISTIO_META_ISTIO_VERSION"]; v != "" {
+				if version != v || want.istioVersion != v {
+					t.Errorf("ISTIO_VERSION %q, pilot-agent's %q, want %q", version, want.istioVersion, v)
+				}
+			} else if minor(version) == "" || minor(version) != minor(want.istioVersion) {
+				t.Errorf("ISTIO_VERSION %q, pilot-agent's %q: not the same Istio release", version, want.istioVersion)
+			}
 		})
 	}
 }
@@ -104,6 +118,8 @@ type agentSaw struct {
 	cluster     string
 	labels      map[string]string
 	concurrency int
+	// istioVersion is its node metadata ISTIO_VERSION.
+	istioVersion string
 }
 
 // runPilotAgent runs pilot-agent proxy sidecar in root with env until its Envoy
@@ -152,15 +168,17 @@ func runPilotAgent(t *testing.T, pa, root, tmpl string, env map[string]string) a
 		Node struct {
 			Cluster  string `json:"cluster"`
 			Metadata struct {
-				Labels      map[string]string `json:"LABELS"`
-				ProxyConfig map[string]any    `json:"PROXY_CONFIG"`
+				Labels       map[string]string `json:"LABELS"`
+				ProxyConfig  map[string]any    `json:"PROXY_CONFIG"`
+				IstioVersion string            `json:"ISTIO_VERSION"`
 			} `json:"metadata"`
 		} `json:"node"`
 	}
 	if err := json.Unmarshal(boot, &b); err != nil {
 		t.Fatalf("pilot-agent's bootstrap: %v\n%s", err, boot)
 	}
-	saw := agentSaw{cluster: b.Node.Cluster, labels: b.Node.Metadata.Labels, proxyConfig: b.Node.Metadata.ProxyConfig}
+	saw := agentSaw{cluster: b.Node.Cluster, labels: b.Node.Metadata.Labels, proxyConfig: b.Node.Metadata.ProxyConfig,
+		istioVersion: b.Node.Metadata.IstioVersion}
 	if f := strings.Fields(string(args)); len(f) > 0 {
 		for i, a := range f[:len(f)-1] {
 			if a == "--concurrency" {
@@ -186,4 +204,10 @@ func freePort(t *testing.T) int {
 	_, p, _ := net.SplitHostPort(testkit.FreeAddr(t))
 	n, _ := strconv.Atoi(p)
 	return n
+}
+
+// minor is "major.minor" of an Istio version as istiod reads one
+// (model.ParseIstioVersion), "" when it reads none.
+func minor(v string) string {
+	return regexp.MustCompile(`^[1-9][0-9]*\.[0-9]+`).FindString(strings.TrimPrefix(v, "release-"))
 }

@@ -1,21 +1,17 @@
 package status
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/meshagent/meshagent/pkg/appprobe"
 )
 
 // Probers are the app's probes by status-port path, as ISTIO_KUBE_APP_PROBERS
@@ -122,160 +118,38 @@ func (p *Prober) handler(log hclog.Logger) http.Handler {
 func (p *Prober) probe(ctx context.Context) (int, error) {
 	switch {
 	case p.HTTPGet != nil:
-		return p.httpProbe(ctx)
+		g := p.HTTPGet
+		host := g.Host
+		if host == "" {
+			host = p.host
+		}
+		hs := make([]appprobe.Header, len(g.HTTPHeaders))
+		for i, h := range g.HTTPHeaders {
+			hs[i] = appprobe.Header{Name: h.Name, Value: h.Value}
+		}
+		code, err := appprobe.HTTP(ctx, appprobe.HTTPGet{Scheme: g.Scheme, Host: host, Port: int(g.Port), Path: g.Path,
+			Headers: hs, UserAgent: "kube-probe/1.0 (meshagent launcher)"})
+		if code == 0 {
+			code = http.StatusInternalServerError
+		}
+		return code, err
 	case p.TCPSocket != nil:
 		host := p.TCPSocket.Host
 		if host == "" {
 			host = p.host
 		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(int(p.TCPSocket.Port))))
-		if err != nil {
+		if err := appprobe.TCP(ctx, host, int(p.TCPSocket.Port)); err != nil {
 			return http.StatusInternalServerError, err
 		}
-		_ = c.Close()
 		return http.StatusOK, nil
 	default:
-		return p.grpcProbe(ctx)
-	}
-}
-
-func (p *Prober) httpProbe(ctx context.Context) (int, error) {
-	g := p.HTTPGet
-	host := g.Host
-	if host == "" {
-		host = p.host
-	}
-	scheme := "http"
-	tr := &http.Transport{DisableKeepAlives: true}
-	if strings.EqualFold(g.Scheme, "HTTPS") {
-		scheme = "https"
-		// As the kubelet does: an HTTPS probe does not verify the app's certificate.
-		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec
-	}
-	path := g.Path
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(int(g.Port)))+path, nil)
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	req.Header.Set("User-Agent", "kube-probe/1.0 (meshagent launcher)")
-	for _, h := range g.HTTPHeaders {
-		if strings.EqualFold(h.Name, "Host") {
-			req.Host = h.Value
-			continue
+		svc := ""
+		if p.GRPC.Service != nil {
+			svc = *p.GRPC.Service
 		}
-		req.Header.Add(h.Name, h.Value)
-	}
-	resp, err := (&http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 10<<10))
-	if resp.StatusCode < 200 || resp.StatusCode >= 400 {
-		return resp.StatusCode, fmt.Errorf("app answered %d", resp.StatusCode)
-	}
-	return resp.StatusCode, nil
-}
-
-// grpcProbe is the standard gRPC health check (grpc.health.v1.Health/Check), made
-// as one HTTP/2 cleartext request with the message encoded by hand: the launcher
-// does not link grpc-go for one unary call (see docs/architecture.md, one
-// executable per pod).
-func (p *Prober) grpcProbe(ctx context.Context) (int, error) {
-	svc := ""
-	if p.GRPC.Service != nil {
-		svc = *p.GRPC.Service
-	}
-	// HealthCheckRequest{service = 1}, behind gRPC's 5-byte frame header
-	// (uncompressed flag, big-endian length).
-	msg := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), svc)
-	frame := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
-	url := "http://" + net.JoinHostPort(p.host, strconv.Itoa(p.GRPC.Port)) + "/grpc.health.v1.Health/Check"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(append(frame, msg...)))
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("TE", "trailers")
-	resp, err := h2c.Do(req)
-	if err != nil {
-		return http.StatusInternalServerError, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if err != nil {
-		return http.StatusInternalServerError, fmt.Errorf("app grpc health: %w", err)
-	}
-	// A trailers-only answer (an error) carries grpc-status in the headers.
-	code, text := resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message")
-	if code == "" {
-		code, text = resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message")
-	}
-	if resp.StatusCode != http.StatusOK || code != "0" {
-		return http.StatusInternalServerError, fmt.Errorf("app grpc health: http %d, grpc-status %q %s", resp.StatusCode, code, text)
-	}
-	status, err := healthStatus(body)
-	if err != nil {
-		return http.StatusInternalServerError, fmt.Errorf("app grpc health: %w", err)
-	}
-	if status != servingStatus {
-		return http.StatusInternalServerError, fmt.Errorf("app grpc health: %s", healthStatusName(status))
-	}
-	return http.StatusOK, nil
-}
-
-// h2c speaks HTTP/2 without TLS, as gRPC does on a plaintext port.
-var h2c = func() *http.Client {
-	var pr http.Protocols
-	pr.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &pr, DisableKeepAlives: true}}
-}()
-
-// servingStatus is grpc.health.v1.HealthCheckResponse.SERVING.
-const servingStatus = 1
-
-// healthStatus reads HealthCheckResponse{status = 1} out of one gRPC frame.
-func healthStatus(body []byte) (uint64, error) {
-	if len(body) < 5 || body[0] != 0 || int(binary.BigEndian.Uint32(body[1:5])) != len(body)-5 {
-		return 0, fmt.Errorf("not one uncompressed gRPC message (%d bytes)", len(body))
-	}
-	b := body[5:]
-	var status uint64 // absent: UNKNOWN (0)
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, protowire.ParseError(n)
+		if err := appprobe.GRPC(ctx, p.host, p.GRPC.Port, svc); err != nil {
+			return http.StatusInternalServerError, err
 		}
-		b = b[n:]
-		if num == 1 && typ == protowire.VarintType {
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return 0, protowire.ParseError(m)
-			}
-			status, b = v, b[m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return 0, protowire.ParseError(m)
-		}
-		b = b[m:]
+		return http.StatusOK, nil
 	}
-	return status, nil
-}
-
-func healthStatusName(s uint64) string {
-	switch s {
-	case 0:
-		return "UNKNOWN"
-	case 2:
-		return "NOT_SERVING"
-	case 3:
-		return "SERVICE_UNKNOWN"
-	}
-	return fmt.Sprintf("status %d", s)
 }

@@ -3,6 +3,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,6 +74,17 @@ type Config struct {
 		Enabled bool
 		Port    int
 	}
+	// Health is Istio's workload health checking: with ProxyConfig's
+	// readinessProbe (PROXY_CONFIG) the relay probes the app and reports its
+	// health to the discovery server on Envoy's ADS stream.
+	Health struct {
+		Probe *istioenv.ReadinessProbe // nil: no health checks
+		// IPs are the workload's (INSTANCE_IP); a probe naming no host goes to the first.
+		IPs []string
+		// EnvoyAdmin is Envoy's admin address, whose /ready gates health as Istio's
+		// agent probes Envoy first; empty: not probed (no Envoy, proxyless gRPC).
+		EnvoyAdmin string
+	}
 }
 
 // PodTokenFile is where a pod's service-account token is, under the pod root (Istio's
@@ -125,6 +137,7 @@ func Default() Config {
 	c.Wasm = defaultWasm()
 	c.DebugTap.Enabled = true
 	c.DebugTap.Port = 15004
+	c.Health.EnvoyAdmin = "127.0.0.1:15000"
 	return c
 }
 
@@ -146,6 +159,10 @@ func load(args []string, getenv func(string) string, environ []string) (Config, 
 	pc, getenv, pcErr := istioenv.Load(getenv)
 	if pc.DiscoveryAddress != "" {
 		c.Upstream.Address = pc.DiscoveryAddress
+	}
+	c.Health.Probe = pc.ReadinessProbe
+	if pc.ProxyAdminPort != nil && *pc.ProxyAdminPort != 0 {
+		c.Health.EnvoyAdmin = fmt.Sprintf("127.0.0.1:%d", *pc.ProxyAdminPort)
 	}
 	// Its controlPlaneAuthPolicy is the default security, as Istio's agent dials:
 	// NONE plaintext, MUTUAL_TLS mutual TLS; XDS_TLS or the flag overrides it.
@@ -218,6 +235,9 @@ func (c *Config) bind(fs *flagenv.Set) {
 		"serve the debug tap (Istio: PROXY_XDS_DEBUG_VIA_AGENT): istio.io/debug questions on localhost:-debug-tap-port, over gRPC ADS or HTTP GET /debug/<name>, asked of the discovery server on Envoy's ADS stream")
 	fs.Int(&c.DebugTap.Port, "debug-tap-port", "PROXY_XDS_DEBUG_VIA_AGENT_PORT", c.DebugTap.Port, "the debug tap's port on localhost (Istio: PROXY_XDS_DEBUG_VIA_AGENT_PORT)")
 	fs.String(&c.DNS.Namespace, "pod-namespace", "POD_NAMESPACE", c.DNS.Namespace, "the pod's namespace: with -pod, the pod the relay is on the bus; its services answer to their short names")
+	fs.List(&c.Health.IPs, "instance-ip", "INSTANCE_IP", nil, "the workload's IP(s), comma-separated (Istio: INSTANCE_IP): a readinessProbe naming no host probes the first, else localhost")
+	fs.String(&c.Health.EnvoyAdmin, "envoy-admin", "ENVOY_ADMIN_ADDR", c.Health.EnvoyAdmin,
+		"Envoy's admin address (Istio: ProxyConfig proxyAdminPort, loopback), whose /ready must answer 200 for the workload to be reported healthy; empty: Envoy is not probed")
 	c.Wasm.bind(fs)
 }
 
@@ -336,6 +356,16 @@ func (c Config) Validate() error {
 	c.Wasm.validate(&p)
 	if c.DebugTap.Enabled && (c.DebugTap.Port < 1 || c.DebugTap.Port > 65535) {
 		p.Addf("-debug-tap-port: %d: want 1-65535 (or -debug-tap=false)", c.DebugTap.Port)
+	}
+	if c.Health.Probe != nil && c.Health.EnvoyAdmin != "" {
+		if _, _, err := net.SplitHostPort(c.Health.EnvoyAdmin); err != nil {
+			p.Addf("-envoy-admin: %q: want host:port (or empty: Envoy not probed)", c.Health.EnvoyAdmin)
+		}
+	}
+	for _, ip := range c.Health.IPs {
+		if net.ParseIP(ip) == nil {
+			p.Addf("-instance-ip: %q is not an IP address", ip)
+		}
 	}
 	keys := make([]string, 0, len(c.Upstream.Headers))
 	for k := range c.Upstream.Headers {

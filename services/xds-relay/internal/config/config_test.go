@@ -176,6 +176,35 @@ func TestDebugTapKnobs(t *testing.T) {
 	}
 }
 
+// The workload health checks are read as Istio's agent reads them: ProxyConfig's
+// readinessProbe (none: no checks), the workload's INSTANCE_IP, and Envoy's admin
+// from proxyAdminPort (127.0.0.1:15000 by default), which -envoy-admin or
+// ENVOY_ADMIN_ADDR overrides and an empty value leaves unprobed.
+func TestHealthCheckKnobs(t *testing.T) {
+	c, err := Load([]string{"-pod", "p"}, testkit.Env(nil))
+	if err != nil || c.Health.Probe != nil || c.Health.EnvoyAdmin != "127.0.0.1:15000" {
+		t.Fatalf("defaults %+v (%v)", c.Health, err)
+	}
+	pc := `{"proxyAdminPort":25000,"readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":2}}`
+	c, err = Load([]string{"-pod", "p"}, testkit.Env(map[string]string{"PROXY_CONFIG": pc, "INSTANCE_IP": "10.0.0.7,fd00::7"}))
+	if err != nil || c.Health.Probe == nil || c.Health.Probe.HTTPGet.Port != 8080 || c.Health.Probe.PeriodSeconds != 2 ||
+		c.Health.EnvoyAdmin != "127.0.0.1:25000" || strings.Join(c.Health.IPs, ",") != "10.0.0.7,fd00::7" {
+		t.Fatalf("from PROXY_CONFIG: %+v (%v)", c.Health, err)
+	}
+	c, err = Load([]string{"-pod", "p", "-envoy-admin", ""}, testkit.Env(map[string]string{"PROXY_CONFIG": pc, "ENVOY_ADMIN_ADDR": "127.0.0.1:1"}))
+	if err != nil || c.Health.EnvoyAdmin != "" {
+		t.Fatalf("-envoy-admin empty: %+v (%v)", c.Health, err)
+	}
+	_, err = Load([]string{"-pod", "p", "-envoy-admin", "15000", "-instance-ip", "ten"}, testkit.Env(map[string]string{"PROXY_CONFIG": pc}))
+	if err == nil || !strings.Contains(err.Error(), "-envoy-admin") || !strings.Contains(err.Error(), "-instance-ip") {
+		t.Fatalf("bad knobs: %v, want errors naming -envoy-admin and -instance-ip", err)
+	}
+	_, err = Load([]string{"-pod", "p"}, testkit.Env(map[string]string{"PROXY_CONFIG": `{"readinessProbe":{"periodSeconds":2}}`}))
+	if err == nil || !strings.Contains(err.Error(), "readinessProbe") {
+		t.Fatalf("a probe with no method: %v", err)
+	}
+}
+
 // The relay is its pod on the bus: namespace (POD_NAMESPACE) and name; a namespace
 // that is no DNS label is refused, naming the flags.
 func TestPodOnTheBusIsNamespaceAndName(t *testing.T) {

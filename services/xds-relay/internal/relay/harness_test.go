@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -114,8 +115,11 @@ func (u *upstreamServer) start() {
 			if u.noRecord.Load() {
 				return nil
 			}
+			// A copy: go-control-plane's delta server sets the stream's node on the
+			// request after this callback.
+			c := proto.Clone(r).(*discoveryv3.DeltaDiscoveryRequest)
 			u.mu.Lock()
-			u.deltas = append(u.deltas, r)
+			u.deltas = append(u.deltas, c)
 			u.mu.Unlock()
 			return nil
 		},

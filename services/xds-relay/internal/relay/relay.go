@@ -87,6 +87,8 @@ type Server struct {
 	liveMu    sync.Mutex
 	live      []*stream
 	debugTurn chan struct{}
+	// health is the last report of ReportHealth (nil: none yet), guarded by liveMu.
+	health *Health
 }
 
 // New returns a relay; it does not listen until Run. Metrics go to reg (nil: none).

@@ -39,6 +39,9 @@ type stream struct {
 	debugMu     sync.Mutex
 	debugType   string
 	debugAnswer chan *xdswire.DiscoveryResponse
+	// ldsAsked: Envoy has sent its first LDS request, so health reports go on
+	// this stream (health.go; guarded by s.liveMu).
+	ldsAsked bool
 }
 
 // relay runs one downstream stream to its end. An upstream failure ends the
@@ -154,19 +157,23 @@ func (st *stream) fromEnvoy(ctx context.Context) error {
 		} else if len(h.Nonce) > 0 {
 			st.ack(h) // before the frame is queued: h aliases it
 		}
+		lds := string(h.TypeURL) == listenerType // before the frame is queued: h aliases it
 		if !first {
 			st.q.push(f)
-			continue
+		} else {
+			first = false
+			st.connected(h) // before the frame is queued: h aliases it
+			// The stream becomes one the debug tap may ask on (debug.go).
+			st.s.register(st, func() {
+				st.q.push(f)
+				for t := range st.s.handlers {
+					st.send(st.reqSeries, st.mode.subscribe(t))
+				}
+			})
 		}
-		first = false
-		st.connected(h) // before the frame is queued: h aliases it
-		// The stream becomes one the debug tap may ask on (debug.go).
-		st.s.register(st, func() {
-			st.q.push(f)
-			for t := range st.s.handlers {
-				st.send(st.reqSeries, st.mode.subscribe(t))
-			}
-		})
+		if lds {
+			st.askedLDS() // the workload's health follows Envoy's LDS request (health.go)
+		}
 	}
 }
 
