@@ -102,6 +102,7 @@ func runBenchStorm(ctx context.Context, env Env, args []string) error {
 	fs.String(&cfg.BinDir, "bin-dir", "MESHAGENT_BIN", "", "directory of the node-agent binary (default: beside meshctl, then bin/, then PATH)")
 	fs.Int(&cfg.PodsPerWorker, "pods-per-worker", "", 0, fmt.Sprintf("most connections one load process holds (the open-files limit); a larger storm runs in worker processes (meshctl itself), each taking whole nodes. 0: up to %d in meshctl's own process, else %d per worker", loadgen.MaxInProcess, loadgen.DefaultPodsPerWorker))
 	fs.Int(&cfg.Nice, "nice", "", 10, "niceness of the storm's node agents and worker processes (0: meshctl's own): they stand for other machines, and must not starve the hub and the signer of this one's cores")
+	fs.Int(&cfg.Procs, "sim-procs", "", 1, "GOMAXPROCS of the simulated machines: the node agents, the worker processes and meshctl's own pods (0: every core); each stands for a machine of its own, and runtimes that each think they own every core here spin for work on cores the others need")
 	fs.String(&cfg.Namespace, "ns", "", "storm", "namespace of the pods")
 	fs.String(&cfg.ServiceAccount, "sa", "", "load", "service account of the pods")
 	fs.Duration(&cfg.Timeout, "timeout", "", 5*time.Minute, "give up on pods not certified by then")

@@ -83,7 +83,7 @@ func startNodeTier(ctx context.Context, cfg StormConfig, iss *devtoken.Issuer, w
 		if err := os.WriteFile(tokFile, []byte(tok), 0o600); err != nil {
 			return t, err
 		}
-		p, err := startNodeAgent(cfg.Nice, bin, filepath.Join(dir, node.Name+".log"),
+		p, err := startNodeAgent(cfg.Nice, cfg.Procs, bin, filepath.Join(dir, node.Name+".log"),
 			"-node", node.Name, "-hub", st.LeafURL, "-token-file", tokFile, "-listen", node.Bus, "-http-addr", node.HTTP,
 			"-trust-domain", st.TrustDomain, "-jwks-file", st.TokenIssuer.JWKS, "-token-issuer", st.TokenIssuer.Issuer, "-token-audience", st.TokenIssuer.Audience)
 		if err != nil {
@@ -94,7 +94,7 @@ func startNodeTier(ctx context.Context, cfg StormConfig, iss *devtoken.Issuer, w
 	return t, t.waitReady(ctx)
 }
 
-func startNodeAgent(nice int, bin, logPath string, args ...string) (*nodeProc, error) {
+func startNodeAgent(nice, procs int, bin, logPath string, args ...string) (*nodeProc, error) {
 	argv, err := niced(nice, append([]string{bin}, args...))
 	if err != nil {
 		return nil, err
@@ -107,6 +107,7 @@ func startNodeAgent(nice int, bin, logPath string, args ...string) (*nodeProc, e
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = childAttr()
+	cmd.Env = procsEnv(procs)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -116,6 +117,15 @@ func startNodeAgent(nice int, bin, logPath string, args ...string) (*nodeProc, e
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// procsEnv is a simulated machine's environment: this one's, with GOMAXPROCS
+// set to procs (nil, inherited as it is, for 0).
+func procsEnv(procs int) []string {
+	if procs == 0 {
+		return nil
+	}
+	return append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(procs))
 }
 
 // niced is argv run at niceness n by nice(1), which execs it in its own process

@@ -48,7 +48,7 @@ func TestConfigsNameEveryBadFlag(t *testing.T) {
 		err  error
 		want []string
 	}{
-		{"storm", StormConfig{Layout: Layout{Pods: 0, ConnsPerPod: 4, Nodes: -1}, Rotate: "sideways", PodsPerWorker: -1}.Validate(), []string{"-pods:", "-conns:", "-nodes:", "-timeout:", "-rotate:", "-pods-per-worker:"}},
+		{"storm", StormConfig{Layout: Layout{Pods: 0, ConnsPerPod: 4, Nodes: -1}, Rotate: "sideways", PodsPerWorker: -1, Procs: -1}.Validate(), []string{"-pods:", "-conns:", "-nodes:", "-timeout:", "-rotate:", "-pods-per-worker:", "-sim-procs:"}},
 		{"storm in workers", StormConfig{Layout: Layout{Pods: 100, ConnsPerPod: 1, Nodes: 3}, Timeout: 1, Rotate: RotateNewKey, PodsPerWorker: 10}.Validate(), []string{"-rotate:", "-nodes:"}},
 		{"sign", SignConfig{Warmup: -1, Duration: -1, Subject: "all"}.Validate(), []string{"-n:", "-in-flight:", "-warmup:", "-duration:", "-subject:"}},
 	} {

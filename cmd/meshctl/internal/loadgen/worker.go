@@ -94,7 +94,7 @@ type worker struct {
 }
 
 // startWorker starts argv with job j and waits for it to have prepared its pods.
-func startWorker(ctx context.Context, argv []string, j job, log string) (*worker, error) {
+func startWorker(ctx context.Context, argv []string, procs int, j job, log string) (*worker, error) {
 	line, err := json.Marshal(j)
 	if err != nil {
 		return nil, err
@@ -107,6 +107,7 @@ func startWorker(ctx context.Context, argv []string, j job, log string) (*worker
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stderr = logf
 	cmd.SysProcAttr = childAttr()
+	cmd.Env = procsEnv(procs)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -181,7 +182,7 @@ func stormInWorkers(ctx context.Context, cfg StormConfig, j job, n int, tier *no
 	for i := range n {
 		jw := j
 		jw.Worker, jw.Workers = i, n
-		w, err := startWorker(ctx, argv, jw, filepath.Join(work, fmt.Sprintf("worker-%d.log", i)))
+		w, err := startWorker(ctx, argv, cfg.Procs, jw, filepath.Join(work, fmt.Sprintf("worker-%d.log", i)))
 		if w != nil {
 			ws = append(ws, w)
 		}
