@@ -70,19 +70,30 @@ func deadlineOf(ctx context.Context) time.Time {
 	return time.Now().Add(time.Minute)
 }
 
+// signAttempt is a simulated pod's first wait for its answer.
+const signAttempt = 10 * time.Second
+
 // certify asks for the pod's certificate on its sign subject until answered,
 // with its token in the request (as sds-edge sends it), checks that the
 // certificate is for the pod's own key, and keeps the root generation it was
 // signed under.
 func (p *simPod) certify(ctx context.Context, nc *nats.Conn) error {
 	retry := bus.Reconnect.Start()
+	timedOut := 0
 	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		// As sds-edge: each attempt in a row left unanswered gives the next twice
+		// the time, up to a minute; a repeat is answered from the signer's record.
+		rctx, cancel := context.WithTimeout(ctx, min(signAttempt<<min(timedOut, 6), time.Minute))
 		// The deadline travels with the request, as sds-edge sends it: the signer
 		// signs nothing for a request whose pod has stopped waiting.
 		deadline, _ := rctx.Deadline()
 		rep, err := busrpc.Sign(rctx, nc, p.subject, events.SignRequest{CSR: p.csr, Token: p.token, KeyAlgorithm: string(pki.ECP256), Deadline: deadline}, "sign")
 		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			timedOut++
+		} else {
+			timedOut = 0
+		}
 		if err == nil && rep.Error == nil {
 			if err := p.check(rep); err != nil {
 				return err

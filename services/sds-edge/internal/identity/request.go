@@ -39,12 +39,12 @@ func (m *Manager) newKey() (crypto.Signer, []byte, error) {
 // issueOnce makes one signing attempt for key's CSR; on success commit installs the
 // result. The request it sends (events.SignRequest) is the one the signer's issuer
 // reads.
-func (m *Manager) issueOnce(ctx context.Context, key crypto.Signer, csrPEM []byte) (commit func(), err error) {
+func (m *Manager) issueOnce(ctx context.Context, key crypto.Signer, csrPEM []byte, timeout time.Duration) (commit func(), err error) {
 	req := events.SignRequest{CSR: string(csrPEM), TTL: m.cfg.TTL, Pod: m.cfg.Pod, Resource: secrets.Default, KeyAlgorithm: string(m.cfg.KeyAlg), CertSigner: m.cfg.CertSigner}
 	if err := m.credential(&req, csrPEM); err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	resp, err := m.signer.Sign(rctx, req)
 	cancel()
 	if err != nil {

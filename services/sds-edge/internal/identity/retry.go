@@ -26,6 +26,7 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 	bo := backoff.Policy{First: m.cfg.RetryMin, Max: m.cfg.RetryMax}.Start()
 	var key crypto.Signer // the renewal's, made by its first attempt that can
 	var csrPEM []byte
+	timedOut := 0 // attempts in a row that the signer did not answer in time
 	for attempt := 0; ; attempt++ {
 		var commit func()
 		var err error
@@ -33,7 +34,12 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 			key, csrPEM, err = m.newKey()
 		}
 		if err == nil {
-			commit, err = m.issueOnce(ctx, key, csrPEM)
+			commit, err = m.issueOnce(ctx, key, csrPEM, attemptTimeout(m.cfg.RequestTimeout, timedOut))
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			timedOut++
+		} else {
+			timedOut = 0
 		}
 		m.record(err)
 		m.obs.CSR(err, attempt > 0)
@@ -62,6 +68,21 @@ func (m *Manager) issue(ctx context.Context, reason string) error {
 		}
 	}
 }
+
+// attemptTimeout is the wait for an answer after timedOut attempts in a row went
+// unanswered: RequestTimeout, doubling with each (at most maxAttemptTimeout). A
+// signer that takes longer than a pod's timeout to answer — a storm's queue on a
+// loaded bus — had each pod ask again and again, every repeat crossing the bus and
+// the signer once more, each answer arriving after its asker had stopped waiting:
+// the repeats were the overload. The same CSR asked again is answered with the
+// certificate recorded for it, so waiting longer loses nothing; a frozen replica
+// is still left after half of the first attempt (caclient).
+func attemptTimeout(base time.Duration, timedOut int) time.Duration {
+	return min(base<<min(timedOut, 6), max(base, maxAttemptTimeout))
+}
+
+// maxAttemptTimeout caps attemptTimeout.
+const maxAttemptTimeout = time.Minute
 
 // Retry-wait bounds besides RetryMin and RetryMax.
 const (

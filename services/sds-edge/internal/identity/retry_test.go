@@ -98,3 +98,25 @@ func TestRetryNowEndsTheWait(t *testing.T) {
 		t.Fatal("woken without RetryNow")
 	}
 }
+
+// TestAttemptTimeoutFollowsASlowSigner: each attempt in a row that went unanswered
+// doubles the next one's wait, up to a minute (or CA_TIMEOUT if longer); an
+// answered attempt starts over (issue resets the count).
+func TestAttemptTimeoutFollowsASlowSigner(t *testing.T) {
+	for _, tc := range []struct {
+		base     time.Duration
+		timedOut int
+		want     time.Duration
+	}{
+		{4 * time.Second, 0, 4 * time.Second},
+		{4 * time.Second, 1, 8 * time.Second},
+		{4 * time.Second, 3, 32 * time.Second},
+		{4 * time.Second, 4, time.Minute},
+		{4 * time.Second, 1000, time.Minute},
+		{90 * time.Second, 2, 90 * time.Second},
+	} {
+		if got := attemptTimeout(tc.base, tc.timedOut); got != tc.want {
+			t.Errorf("attemptTimeout(%s, %d) = %s, want %s", tc.base, tc.timedOut, got, tc.want)
+		}
+	}
+}

@@ -21,13 +21,60 @@ import (
 type timingOut struct {
 	mu   sync.Mutex
 	csrs []string
+	// waits are how long each request was given; refuse answers with a refusal
+	// instead of timing out.
+	waits  []time.Duration
+	refuse bool
 }
 
 func (s *timingOut) Sign(ctx context.Context, req events.SignRequest) (caclient.Response, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.csrs = append(s.csrs, req.CSR)
+	d, _ := ctx.Deadline()
+	s.waits = append(s.waits, time.Until(d).Round(100*time.Millisecond))
+	if s.refuse {
+		return caclient.Response{}, &events.ReplyError{Code: events.CodeInternal, Message: "refused"}
+	}
 	return caclient.Response{}, context.DeadlineExceeded
+}
+
+// TestUnansweredAttemptsWaitLonger: attempts the signer left unanswered in a row
+// are each given twice the last one's time (CA_TIMEOUT, then 2x, 4x), so that a
+// signer slower than CA_TIMEOUT is waited for instead of asked again and again;
+// attempts refused are each given CA_TIMEOUT (the control).
+func TestUnansweredAttemptsWaitLonger(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("a-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, refuse := range []bool{false, true} {
+		signer := &timingOut{refuse: refuse}
+		m := New(Config{SPIFFEID: "spiffe://cluster.local/ns/shop/sa/web", TokenFile: tokenFile, KeyAlg: pki.ECP256,
+			RequestTimeout: time.Second, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond},
+			signer, nil, &nopObserver{}, clock.Real{}, hclog.NewNullLogger())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- m.issue(ctx, "test") }()
+		deadline := time.Now().Add(30 * time.Second)
+		for len(signer.sent()) < 3 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		<-done
+		signer.mu.Lock()
+		waits := signer.waits[:3]
+		signer.mu.Unlock()
+		want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
+		if refuse {
+			want = []time.Duration{time.Second, time.Second, time.Second}
+		}
+		for i := range want {
+			if waits[i] != want[i] {
+				t.Fatalf("refused=%t: attempts given %v, want %v", refuse, waits, want)
+			}
+		}
+	}
 }
 
 func (s *timingOut) sent() []string {
