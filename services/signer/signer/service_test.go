@@ -541,6 +541,10 @@ func TestNATSStormIsTurnedAwayWithSlots(t *testing.T) {
 			t.Fatal(err)
 		case rep.Error == nil:
 			signed++
+		case rep.Error.Code == events.CodeUnavailable && rep.Error.RetryAfter() == 0:
+			// Signed, but its record not stored in time (a loaded machine's
+			// JetStream): answered all the same, and not a slot.
+			signed++
 		case rep.Error.Code == events.CodeUnavailable && rep.Error.RetryAfter() > 0:
 			now := time.Now()
 			due := now.Add(rep.Error.RetryAfter())

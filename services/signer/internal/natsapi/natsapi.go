@@ -94,6 +94,7 @@ type API struct {
 	// the queue is closed: an intake handler still running then answers nothing.
 	room         *waitingRoom
 	turnedAway   atomic.Uint64
+	inflight     atomic.Int64 // admitted sign requests not yet answered
 	intakeMu     sync.RWMutex
 	intakeClosed bool
 }
@@ -174,8 +175,7 @@ func (a *API) Run(ctx context.Context) error {
 	for range a.workers {
 		workers.Go(func() {
 			for m := range signs {
-				a.serve(base, a.sign, m)
-				a.room.done(len(signs), time.Now())
+				a.serveSign(base, m)
 			}
 		})
 	}
@@ -207,19 +207,46 @@ func (a *API) intake(signs chan *nats.Msg) nats.MsgHandler {
 		}
 		now := time.Now()
 		deadline, _ := events.SignRequestDeadline(m)
-		if a.room.admit(len(signs), deadline, now) {
+		if a.room.admit(a.ahead(), deadline, now) {
+			a.inflight.Add(1)
 			select {
 			case signs <- m:
 				return
 			default:
+				a.inflight.Add(-1)
 			}
 		}
-		a.turnAway(m, a.room.slot(len(signs), now))
+		a.turnAway(m, a.room.slot(a.ahead(), now))
 	}
 }
 
 // busyMessage is a turned-away request's refusal.
 const busyMessage = "signer busy: its queue holds what it can answer in time; ask again after retry_after_ms, the slot given"
+
+// ahead is what a sign request arriving now would wait behind: the requests
+// admitted and not yet answered, queued for a worker or signed and waiting for
+// their cert.issued to be stored (an answer leaves only then).
+func (a *API) ahead() int { return int(a.inflight.Load()) }
+
+// serveSign answers one admitted sign request and, once it is answered (or left
+// unanswered), counts it done for the waiting room's pace — from admission to
+// answer, the store of its record included.
+func (a *API) serveSign(base context.Context, m *nats.Msg) {
+	var once sync.Once
+	settle := func() {
+		once.Do(func() {
+			a.room.done(int(a.inflight.Add(-1)), time.Now())
+		})
+	}
+	served := false
+	a.serve(base, func(ctx context.Context, m *nats.Msg) {
+		served = true
+		a.sign(ctx, m, settle)
+	}, m)
+	if !served {
+		settle()
+	}
+}
 
 // turnAway answers a sign request the queue has no room for: busy, ask again
 // after wait. Like every answer, only to the requester's own inbox.

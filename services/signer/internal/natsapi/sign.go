@@ -13,8 +13,14 @@ import (
 
 // sign answers one sign request, in the compact encoding the sign subjects carry
 // (pkg/events/sign_compact.go): refusals at once, a certificate once its
-// cert.issued is stored.
-func (a *API) sign(ctx context.Context, m *nats.Msg) {
+// cert.issued is stored; settle runs once it is answered or given up.
+func (a *API) sign(ctx context.Context, m *nats.Msg, settle func()) {
+	async := false
+	defer func() {
+		if !async {
+			settle()
+		}
+	}()
 	req, enc, err := events.DecodeSignRequest(m)
 	if err == nil && enc != events.EncodingCompact {
 		// One encoding per subject: the sign subjects carry the compact form.
@@ -42,8 +48,10 @@ func (a *API) sign(ctx context.Context, m *nats.Msg) {
 		defer cancel()
 	}
 	a.recording.Add(1)
+	async = true
 	a.iss.IssueThen(ctx, req, via, a.pub, func(res issuer.Result, err error) {
 		defer a.recording.Done()
+		defer settle()
 		var ie *issuer.Error
 		switch {
 		case errors.As(err, &ie) && ie.Code == events.CodeDeadlineExceeded:
