@@ -160,7 +160,7 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != webID || !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) {
 		t.Fatalf("leaf names %v with extended key usages %v; want %s, client auth only (kcm's kube-apiserver-client signer)", leaf.URIs, leaf.ExtKeyUsage, webID)
 	}
-	t.Logf("kcm's leaf: %s, valid %s to %s, key usage %#x, extended %v", leaf.URIs[0], leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339), leaf.KeyUsage, leaf.ExtKeyUsage)
+	t.Logf("kcm's leaf: %s, valid %s to %s, key usage %d (digital signature 1 | key encipherment 4), extended %v", leaf.URIs[0], leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339), int(leaf.KeyUsage), leaf.ExtKeyUsage)
 
 	// Outside Go: OpenSSL verifies it for a TLS client; as a TLS server's, OpenSSL
 	// and BoringSSL refuse it for its extended key usage (the difference from
@@ -180,7 +180,7 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 			t.Fatalf("%s accepted a client-auth-only leaf from a TLS server", stack)
 		}
 		t.Logf("%s, the leaf served (expected to refuse): %v", stack, err)
-		control := ext.CA().Issue(t, testkit.Spec{ID: webID, Key: key, Life: time.Hour})
+		control := ext.CA().Issue(t, testkit.Spec{ID: webID, Key: key, Life: 3 * time.Hour})
 		if err := testkit.ToolAccepts(t, stack, []*x509.Certificate{control.Cert, ext.Cert}, key, []*x509.Certificate{ext.Cert}); err != nil {
 			t.Fatalf("control: %s refused a server-and-client leaf of the same CA and key: %v", stack, err)
 		}
