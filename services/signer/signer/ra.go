@@ -4,12 +4,13 @@ import (
 	"crypto/x509"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/services/signer/internal/kubecsr"
 )
 
 // newRA builds the registration authority (-external-ca): nil when the signer
 // signs itself. The external signer's roots are read once, here.
-func newRA(cfg Config, log hclog.Logger) (*kubecsr.RA, error) {
+func newRA(cfg Config, log hclog.Logger, clk clock.Clock) (*kubecsr.RA, error) {
 	ra := cfg.RA
 	if ra.ExternalCA == "" {
 		return nil, nil
@@ -19,7 +20,7 @@ func newRA(cfg Config, log hclog.Logger) (*kubecsr.RA, error) {
 		return nil, err
 	}
 	c, err := kubecsr.New(kubecsr.Config{URL: ra.APIURL, CAFile: ra.CAFile, BearerFile: ra.BearerFile,
-		SignerName: ra.Signer, Usages: ra.Usages, Timeout: ra.Timeout}, log)
+		SignerName: ra.Signer, Usages: ra.Usages, Timeout: ra.Timeout}, log, clk)
 	if err != nil {
 		return nil, err
 	}

@@ -166,6 +166,13 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	// and BoringSSL refuse it for its extended key usage (the difference from
 	// Istio's own leaves, docs/istio.md). The control, a leaf of the same CA for the
 	// same ID with server auth too, both take: the chain is sound, only the usage differs.
+	extPool := x509.NewCertPool()
+	extPool.AddCert(ext.Cert)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: extPool}); err == nil { // Go's TLS client asks server auth
+		t.Fatal("Go verified a client-auth-only leaf for server auth")
+	} else {
+		t.Logf("Go, for server auth (expected to refuse): %v", err)
+	}
 	if err := testkit.OpenSSLVerifiesFor(t, "sslclient", chain, []*x509.Certificate{ext.Cert}); err != nil {
 		t.Fatalf("OpenSSL, for a TLS client: %v", err)
 	}

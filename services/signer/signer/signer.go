@@ -110,7 +110,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
 		}, func() float64 { return float64(value()) }))
 	}
-	if s.ra, err = newRA(cfg, d.Log.Named("ra")); err != nil {
+	if s.ra, err = newRA(cfg, d.Log.Named("ra"), d.Clock); err != nil {
 		return nil, err
 	}
 	if err := s.newSource(counter, d.Clock); err != nil {

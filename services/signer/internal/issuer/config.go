@@ -51,7 +51,7 @@ type Config struct {
 // ExternalSigner has an external signer certify csr's key for id, for ttl, and
 // returns the leaf and the material of the chain above it.
 type ExternalSigner interface {
-	Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL, ttl time.Duration, now func() time.Time) (*x509.Certificate, *ca.Material, error)
+	Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL, ttl time.Duration) (*x509.Certificate, *ca.Material, error)
 }
 
 var _ ExternalSigner = (*kubecsr.RA)(nil)

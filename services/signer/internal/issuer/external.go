@@ -24,7 +24,7 @@ func (i *Issuer) signExternal(ctx context.Context, r *request) (*x509.Certificat
 	if r.ttl < MinExternalTTL {
 		return nil, i.reject(r, "ttl", errf(events.CodeInvalidArgument, "requested TTL %s is shorter than the external signer's shortest, %s (the Kubernetes CSR API's spec.expirationSeconds)", r.ttl, MinExternalTTL))
 	}
-	leaf, above, err := i.cfg.External.Sign(ctx, r.csr, id, r.ttl, i.now)
+	leaf, above, err := i.cfg.External.Sign(ctx, r.csr, id, r.ttl)
 	if err != nil {
 		i.metrics.SignFail.WithLabelValues(t).Inc()
 		i.log.Warn("external signer gave no certificate", "spiffe_id", id.String(), "transport", t, "error", err)

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 )
 
 // DefaultUsages are the key usages istiod's RA asks for.
@@ -48,6 +49,7 @@ type Client struct {
 	http  *http.Client // requests with a timeout
 	watch *http.Client // the watch: bounded by its context and the server's timeout
 	log   hclog.Logger
+	clk   clock.Clock
 }
 
 const (
@@ -59,7 +61,7 @@ const (
 )
 
 // New builds a client; it talks to nothing until Sign.
-func New(cfg Config, log hclog.Logger) (*Client, error) {
+func New(cfg Config, log hclog.Logger, clk clock.Clock) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	if cfg.CAFile != "" {
@@ -76,7 +78,7 @@ func New(cfg Config, log hclog.Logger) (*Client, error) {
 	if len(cfg.Usages) == 0 {
 		cfg.Usages = DefaultUsages
 	}
-	return &Client{cfg: cfg, log: log, http: &http.Client{Transport: tr, Timeout: requestTimeout}, watch: &http.Client{Transport: tr}}, nil
+	return &Client{cfg: cfg, log: log, clk: clk, http: &http.Client{Transport: tr, Timeout: requestTimeout}, watch: &http.Client{Transport: tr}}, nil
 }
 
 // Errors of Sign. ErrRefused wraps a CSR the external signer or an approver
@@ -191,7 +193,7 @@ func (c *Client) wait(ctx context.Context, name, rv string) ([]byte, error) {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		began := time.Now()
+		began := c.clk.Now()
 		cert, next, err := c.watchOnce(wctx, name, rv)
 		if cert != nil || (err != nil && !errors.Is(err, errWatchEnded)) {
 			return cert, err
@@ -200,11 +202,11 @@ func (c *Client) wait(ctx context.Context, name, rv string) ([]byte, error) {
 			rv = next
 		}
 		// A watch the server ended at once is not opened again at once.
-		if d := rewatchPause - time.Since(began); d > 0 {
-			t := time.NewTimer(d)
+		if d := rewatchPause - c.clk.Now().Sub(began); d > 0 {
+			t := c.clk.NewTimer(d)
 			select {
 			case <-wctx.Done():
-			case <-t.C:
+			case <-t.C():
 			}
 			t.Stop()
 		}

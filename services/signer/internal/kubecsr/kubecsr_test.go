@@ -2,6 +2,7 @@ package kubecsr
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -19,9 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"crypto/rand"
-
 	"github.com/hashicorp/go-hclog"
+	"github.com/meshagent/meshagent/pkg/clock"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/tests/testkit"
 	"go.uber.org/goleak"
@@ -226,7 +226,7 @@ func newFake(t *testing.T, f *fakeAPI, timeout time.Duration) *Client {
 	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Config{URL: srv.URL, CAFile: caFile, SignerName: "example.com/s", Timeout: timeout}, hclog.NewNullLogger())
+	c, err := New(Config{URL: srv.URL, CAFile: caFile, SignerName: "example.com/s", Timeout: timeout}, hclog.NewNullLogger(), clock.Real{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func (r *RA) SignerName() string { return r.client.cfg.SignerName }
 // CSR that names anything but id before asking (CheckCSR), and a certificate
 // that is not exactly what was asked (CheckLeaf). It returns the leaf and the
 // material of the chain above it.
-func (r *RA) Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL, ttl time.Duration, now func() time.Time) (*x509.Certificate, *ca.Material, error) {
+func (r *RA) Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL, ttl time.Duration) (*x509.Certificate, *ca.Material, error) {
 	if err := CheckCSR(csr, id); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
 	}
@@ -71,7 +71,7 @@ func (r *RA) Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL
 	if err != nil {
 		return nil, nil, err
 	}
-	leaf, above, err := CheckLeaf(chain, csr, id, r.roots, now())
+	leaf, above, err := CheckLeaf(chain, csr, id, r.roots, r.client.clk.Now())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrBadCertificate, err)
 	}
