@@ -29,6 +29,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/bus/policy"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/pkg/pki"
+	"github.com/meshagent/meshagent/pkg/trustbundle"
 	"github.com/meshagent/meshagent/services/signer/internal/signertest"
 	"github.com/meshagent/meshagent/tests/kubetest"
 	"github.com/meshagent/meshagent/tests/testkit"
@@ -111,8 +112,8 @@ func records(t *testing.T, s *kubeSigner) (issuedEvents uint64, podRecords int) 
 // A pod with a real TokenRequest token gets a certificate kube-controller-manager
 // signed: the chain ends at the external signer's root, which the trust bundle
 // carries endorsed by the mesh CA; Go and OpenSSL verify it as a client
-// certificate; the certificate is recorded (cert.issued, the pod's record) and
-// the CSR object deleted. A CSR naming another identity is refused before any
+// certificate, and a pod trusting the mesh root takes it over the bus; each
+// certificate is recorded (cert.issued, the pod's record) and its CSR object deleted. A CSR naming another identity is refused before any
 // CSR object is made, and the control shows why: kcm signs whatever a CSR names.
 func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	k := kubetest.Start(t)
@@ -193,13 +194,37 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 		}
 	}
 
-	ev, recs := records(t, s)
-	if ev != 1 || recs != 1 {
-		t.Fatalf("recorded %d cert.issued and %d pod records, want 1 and 1", ev, recs)
-	}
 	js, _ := jetstream.New(s.nc)
 	if got := last[events.CertIssued](t, js, events.SubjectCertIssued); got.Serial != pki.SerialHex(leaf) || got.RootFingerprint != pki.Fingerprint(ext.Cert) || got.SPIFFEID != webID {
 		t.Fatalf("cert.issued: serial %s root %s id %s; want the kcm leaf's %s under the external root", got.Serial, got.RootFingerprint, got.SPIFFEID, pki.SerialHex(leaf))
+	}
+
+	// Over the bus, as meshagent's own pods sign, twice (the second reply reuses the
+	// external chain's encoding): a pod trusting only the mesh root takes the reply's
+	// bundle, endorsed, and then the chain ending at the external root.
+	for i := range 2 {
+		_, csr := signertest.CSR(t, pki.ECP256, webID)
+		rep := natsSign(t, s.nc, events.SignRequest{CSR: string(csr), Token: pod, TTL: time.Hour})
+		if rep.Error != nil {
+			t.Fatalf("over the bus (%d): %+v", i, rep.Error)
+		}
+		trust := trustbundle.New("cluster.local", mesh, nil)
+		u, err := trust.Check(trustbundle.FromSignReply(rep))
+		if err != nil {
+			t.Fatalf("over the bus (%d): a pod trusting the mesh root refuses the reply's bundle: %v", i, err)
+		}
+		trust.Apply(u)
+		got, err := pki.ParseCertPEMs(rep.CertChain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := trust.VerifyChain(got, nil, time.Now()); err != nil || !got[len(got)-1].Equal(ext.Cert) || got[0].URIs[0].String() != webID {
+			t.Fatalf("over the bus (%d): chain of %d to the external root %v, for %s: %v", i, len(got), got[len(got)-1].Equal(ext.Cert), got[0].URIs, err)
+		}
+	}
+	ev, recs := records(t, s)
+	if ev != 3 || recs != 3 {
+		t.Fatalf("recorded %d cert.issued and %d pod records, want 3 and 3", ev, recs)
 	}
 	testkit.Eventually(t, "the CSR object deleted", func() bool { return len(csrObjects(t, k)) == 0 })
 
@@ -208,8 +233,8 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	if _, err := istioCreate(c, pod, "", greedy, 3600); status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "must name exactly the caller's identity") {
 		t.Fatalf("a CSR naming %s: %v; want InvalidArgument", askedID, err)
 	}
-	if ev, recs := records(t, s); ev != 1 || recs != 1 {
-		t.Fatalf("after the refusal: %d cert.issued, %d pod records; want still 1 and 1", ev, recs)
+	if ev, recs := records(t, s); ev != 3 || recs != 3 {
+		t.Fatalf("after the refusal: %d cert.issued, %d pod records; want still 3 and 3", ev, recs)
 	}
 	if names := csrObjects(t, k); len(names) != 0 {
 		t.Fatalf("CSR objects after the refusal: %v", names)
