@@ -39,6 +39,10 @@ func (i *Issuer) signExternal(ctx context.Context, r *request) (*x509.Certificat
 			return nil, errf(events.CodeInternal, "external signer: %v", err)
 		}
 	}
+	if r.req.Expired(i.now()) {
+		// Signed out there after its requester stopped waiting: not recorded, not sent.
+		return nil, i.expired(r)
+	}
 	r.signing = above
 	return leaf, nil
 }
