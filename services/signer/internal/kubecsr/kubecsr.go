@@ -83,7 +83,7 @@ func New(cfg Config, log hclog.Logger, clk clock.Clock) (*Client, error) {
 
 // Errors of Sign. ErrRefused wraps a CSR the external signer or an approver
 // refused (Denied, Failed); ErrTimeout one nobody signed in time; ErrAPI an
-// answer of the API server other than success (RBAC, validation).
+// answer of the API server other than success (RBAC, validation), or none.
 var (
 	ErrRefused = errors.New("certificate signing request refused")
 	ErrTimeout = errors.New("certificate signing request not signed in time")
@@ -126,7 +126,7 @@ func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]
 	}
 	code, raw, err := c.do(ctx, http.MethodPost, basePath, body)
 	if err != nil {
-		return nil, fmt.Errorf("create csr: %w", err)
+		return nil, fmt.Errorf("%w: create csr: %w", ErrAPI, err)
 	}
 	if code != http.StatusCreated && code != http.StatusOK {
 		return nil, fmt.Errorf("%w: create csr for signer %s: %d %s", ErrAPI, c.cfg.SignerName, code, brief(raw))
@@ -172,7 +172,7 @@ func (c *Client) approve(ctx context.Context, name string, obj map[string]any) (
 	}
 	code, raw, err := c.do(ctx, http.MethodPut, basePath+"/"+url.PathEscape(name)+"/approval", body)
 	if err != nil {
-		return after, fmt.Errorf("approve csr %s: %w", name, err)
+		return after, fmt.Errorf("%w: approve csr %s: %w", ErrAPI, name, err)
 	}
 	if code != http.StatusOK {
 		return after, fmt.Errorf("%w: approve csr %s: %d %s", ErrAPI, name, code, brief(raw))
@@ -235,7 +235,7 @@ func (c *Client) watchOnce(ctx context.Context, name, rv string) ([]byte, string
 		if ctx.Err() != nil {
 			return nil, rv, errWatchEnded
 		}
-		return nil, rv, fmt.Errorf("watch csr %s: %w", name, err)
+		return nil, rv, fmt.Errorf("%w: watch csr %s: %w", ErrAPI, name, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -274,3 +274,18 @@ func TestSignWatchesUntilAVerdict(t *testing.T) {
 		})
 	}
 }
+
+// An API server that does not answer is ErrAPI (the issuer's Unavailable: the
+// caller retries), and nothing was created to delete.
+func TestSignWithoutAnAPIServer(t *testing.T) {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	addr := srv.URL
+	srv.Close()
+	c, err := New(Config{URL: addr, SignerName: "example.com/s", Timeout: time.Second}, hclog.NewNullLogger(), clock.Real{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Sign(context.Background(), []byte("csr"), time.Hour); !errors.Is(err, ErrAPI) || !strings.Contains(err.Error(), "create csr") {
+		t.Fatalf("Sign: %v; want ErrAPI creating the CSR", err)
+	}
+}
