@@ -63,12 +63,12 @@ func raAccount(t *testing.T, k *kubetest.Server, signers ...string) string {
 
 // startRA runs the signer as a registration authority for signerName, with the
 // external signer's root in extRoot, Istio's env names for the mode.
-func startRA(t *testing.T, k *kubetest.Server, token, signerName, extRoot, timeout string) *kubeSigner {
+func startRA(t *testing.T, k *kubetest.Server, token, signerName, extRoot, timeout string, more ...string) *kubeSigner {
 	t.Helper()
 	return startKubeSignerEnv(t, k, token, []string{"EXTERNAL_CA=ISTIOD_RA_KUBERNETES_API", "K8S_SIGNER=" + signerName},
-		"-token-review", "-token-review-url", k.URL, "-token-issuer-ca-file", k.CAFile, "-token-issuer-bearer-file", token,
-		"-external-ca-cert-file", extRoot, "-k8s-signer-usages", raClientUsages, "-k8s-csr-timeout", timeout,
-		"-k8s-csr-api-url", k.URL, "-k8s-csr-api-ca-file", k.CAFile, "-k8s-csr-api-bearer-file", token)
+		append([]string{"-token-review", "-token-review-url", k.URL, "-token-issuer-ca-file", k.CAFile, "-token-issuer-bearer-file", token,
+			"-external-ca-cert-file", extRoot, "-k8s-signer-usages", raClientUsages, "-k8s-csr-timeout", timeout,
+			"-k8s-csr-api-url", k.URL, "-k8s-csr-api-ca-file", k.CAFile, "-k8s-csr-api-bearer-file", token}, more...)...)
 }
 
 // csrObjects lists the CSR objects in the API server, by name.
@@ -111,7 +111,7 @@ func records(t *testing.T, s *kubeSigner) (issuedEvents uint64, podRecords int) 
 
 // A pod with a real TokenRequest token gets a certificate kube-controller-manager
 // signed: the chain ends at the external signer's root, which the trust bundle
-// carries endorsed by the mesh CA; Go and OpenSSL verify it as a client
+// (and istio-ca-root-cert) carries endorsed by the mesh CA; Go and OpenSSL verify it as a client
 // certificate, and a pod trusting the mesh root takes it over the bus; each
 // certificate is recorded (cert.issued, the pod's record) and its CSR object deleted. A CSR naming another identity is refused before any
 // CSR object is made, and the control shows why: kcm signs whatever a CSR names.
@@ -119,9 +119,11 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	k := kubetest.Start(t)
 	ext := testkit.SelfSigned(t, testkit.Spec{Name: "external signer (kube-controller-manager)", IsCA: true, Life: 24 * time.Hour})
 	kcm := k.StartControllerManager(t, ext)
+	applyManifest(t, k, "../../../deploy/kubernetes/base/signer-rbac.yaml") // the root ConfigMap's
 	token := raAccount(t, k, kubetest.KubeAPIServerClientSigner)
 	uid := shop(t, k)
-	s := startRA(t, k, token, kubetest.KubeAPIServerClientSigner, kcm.CAFile, "60s")
+	s := startRA(t, k, token, kubetest.KubeAPIServerClientSigner, kcm.CAFile, "60s",
+		"-root-configmap", "istio-ca-root-cert", "-root-configmap-api-url", k.URL, "-root-configmap-api-ca-file", k.CAFile, "-root-configmap-api-bearer-file", token)
 
 	// The bundle holds the mesh root and the external signer's, endorsed by the
 	// mesh CA: a pod that trusts the mesh root takes it.
@@ -140,6 +142,14 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 	if err := signertest.VerifyEndorsed([]*x509.Certificate{ext.Cert}, "cluster.local", b.Generation, b.Roots, b.Endorsements); err == nil {
 		t.Fatal("control: the bundle verified under the external root alone, which endorses nothing")
 	}
+	// And istio-ca-root-cert, what a sidecar mounts before its first certificate, holds both.
+	testkit.Eventually(t, "both roots in shop's istio-ca-root-cert", func() bool {
+		var cm struct {
+			Data map[string]string `json:"data"`
+		}
+		code, raw, err := k.Admin.Do(context.Background(), http.MethodGet, "/api/v1/namespaces/shop/configmaps/istio-ca-root-cert", nil, "")
+		return err == nil && code == http.StatusOK && json.Unmarshal(raw, &cm) == nil && cm.Data["root-cert.pem"] == strings.Join(b.Roots, "")
+	})
 
 	c, _ := s.client(t)
 	pod := k.Admin.RequestToken(t, "shop", "web", "istio-ca", "web-1", uid, 600)
