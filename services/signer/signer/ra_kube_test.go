@@ -250,33 +250,54 @@ func TestKubeRegistrationAuthorityThroughKubeControllerManager(t *testing.T) {
 		t.Fatalf("CSR objects after the refusal: %v", names)
 	}
 	// The control: the same CSR approved straight into the API server gets what it names.
-	signed := adminCSR(t, k, kubetest.KubeAPIServerClientSigner, greedy)
-	if len(signed.URIs) != 1 || signed.URIs[0].String() != askedID {
-		t.Fatalf("control: kcm signed %v for the greedy CSR", signed.URIs)
+	signed, failed := adminCSR(t, k, "admin-greedy", kubetest.KubeAPIServerClientSigner, strings.Split(raClientUsages, ","), greedy)
+	if signed == nil || len(signed.URIs) != 1 || signed.URIs[0].String() != askedID {
+		t.Fatalf("control: kcm gave the greedy CSR %v (failed: %q)", signed, failed)
 	}
 	t.Logf("control: kcm signs what a CSR names: %s", signed.URIs[0])
+
+	// Why K8S_SIGNER_USAGES must drop server auth for this signer: istiod's usages fail.
+	_, webCSR := signertest.CSR(t, pki.ECP256, webID)
+	if signed, failed := adminCSR(t, k, "admin-istiod-usages", kubetest.KubeAPIServerClientSigner,
+		[]string{"digital signature", "key encipherment", "server auth", "client auth"}, webCSR); signed != nil || !strings.Contains(failed, "server auth") {
+		t.Fatalf("istiod's usages at kcm's kube-apiserver-client signer: signed %v, failed %q", signed != nil, failed)
+	} else {
+		t.Logf("istiod's usages at kcm's kubernetes.io/kube-apiserver-client: Failed %s", failed)
+	}
 }
 
-// adminCSR creates, approves (as admin) and waits on a CSR for signerName, and
-// returns the certificate the signer wrote.
-func adminCSR(t *testing.T, k *kubetest.Server, signerName string, csrPEM []byte) *x509.Certificate {
+// adminCSR creates, approves (as admin) and waits on a CSR named name for
+// signerName with usages, and returns the certificate the signer wrote, or the
+// message of the Failed condition it set.
+func adminCSR(t *testing.T, k *kubetest.Server, name, signerName string, usages []string, csrPEM []byte) (*x509.Certificate, string) {
 	t.Helper()
+	path := "/apis/certificates.k8s.io/v1/certificatesigningrequests/" + name
 	var obj map[string]any
 	k.Admin.Call(t, http.MethodPost, "/apis/certificates.k8s.io/v1/certificatesigningrequests", map[string]any{
 		"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-		"metadata": map[string]any{"name": "admin-control"},
-		"spec":     map[string]any{"request": csrPEM, "signerName": signerName, "usages": strings.Split(raClientUsages, ",")},
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"request": csrPEM, "signerName": signerName, "usages": usages},
 	}, &obj)
 	obj["status"] = map[string]any{"conditions": []any{map[string]any{"type": "Approved", "status": "True", "reason": "Test", "message": "control"}}}
-	k.Admin.Call(t, http.MethodPut, "/apis/certificates.k8s.io/v1/certificatesigningrequests/admin-control/approval", obj, nil)
+	k.Admin.Call(t, http.MethodPut, path+"/approval", obj, nil)
 	var cert *x509.Certificate
-	testkit.Eventually(t, "kcm to sign the control CSR", func() bool {
+	var failed string
+	testkit.Eventually(t, "kcm to sign or fail "+name, func() bool {
 		var got struct {
 			Status struct {
 				Certificate []byte `json:"certificate"`
+				Conditions  []struct {
+					Type, Reason, Message string
+				} `json:"conditions"`
 			} `json:"status"`
 		}
-		k.Admin.Call(t, http.MethodGet, "/apis/certificates.k8s.io/v1/certificatesigningrequests/admin-control", nil, &got)
+		k.Admin.Call(t, http.MethodGet, path, nil, &got)
+		for _, c := range got.Status.Conditions {
+			if c.Type == "Failed" {
+				failed = c.Reason + ": " + c.Message
+				return true
+			}
+		}
 		if len(got.Status.Certificate) == 0 {
 			return false
 		}
@@ -287,8 +308,8 @@ func adminCSR(t *testing.T, k *kubetest.Server, signerName string, csrPEM []byte
 		cert = certs[0]
 		return true
 	})
-	k.Admin.Call(t, http.MethodDelete, "/apis/certificates.k8s.io/v1/certificatesigningrequests/admin-control", nil, nil)
-	return cert
+	k.Admin.Call(t, http.MethodDelete, path, nil, nil)
+	return cert, failed
 }
 
 // testExternalSigner plays an external signer over the API server, as admin:
