@@ -98,6 +98,7 @@ current-context: kcm
 	// Its serving certificate is self-signed (in --cert-dir): this probe trusts
 	// it blindly, and only asks whether it is up.
 	probe := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a local readiness probe
+	defer probe.CloseIdleConnections()
 	if !testkit.Poll(StartTimeout, func() bool {
 		resp, err := probe.Get("https://" + addr + "/healthz")
 		if err != nil {
