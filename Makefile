@@ -138,9 +138,10 @@ test-compose: images
 	MESHAGENT_REQUIRE_BSSL=1 COMPOSE="$(COMPOSE)" $(GO) test -tags compose -count=1 -timeout 35m -v ./deploy/compose/...
 
 # Tests against a real Kubernetes API server (build tag kube; docs/kubernetes.md):
-# hack/kube-apiserver.sh builds a pinned kube-apiserver once into ~/.cache (about
-# 8 minutes cold here) and installs Debian's etcd-server when missing; the tests then
-# fail instead of skipping if either is missing.
+# hack/kube-apiserver.sh builds a pinned kube-apiserver and kube-controller-manager (the
+# registration-authority tests' external signer) once into ~/.cache (docs/kubernetes.md
+# states the cold time) and installs Debian's etcd-server when missing; the tests then
+# fail instead of skipping if any is missing.
 KUBE_TEST_DIRS = $(sort $(dir $(shell grep -rl --include='*_test.go' '^//go:build kube' cmd deploy pkg services tests)))
 test-kube:
 	@hack/kube-apiserver.sh >/dev/null

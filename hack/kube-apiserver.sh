@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Build a pinned kube-apiserver from the Go module proxy into a cache outside the
-# repository, once per version: a warm run finds the stamp and returns at once.
+# Build a pinned kube-apiserver and kube-controller-manager from the Go module proxy
+# into a cache outside the repository, once per version: a warm run finds the stamp
+# and returns at once. Both come from one `go build -o dir/`, so the packages they
+# share (most of client-go, apiserver and the API types) compile once. The
+# controller manager's csrsigning controller is the external signer the signer's
+# registration-authority tests use (docs/kubernetes.md).
 # Also makes sure etcd is installed (Debian's etcd-server), as .ci/run does for chromium.
 #
-#   hack/kube-apiserver.sh          # prints the binary's path on its last line
+#   hack/kube-apiserver.sh          # prints kube-apiserver's path on its last line;
+#                                   # kube-controller-manager is beside it
 #
 # Kubernetes is released as a Go module whose go.mod replaces every k8s.io/* staging
 # module with ./staging/src/...; those directories are not in the module zip, so the
@@ -15,8 +20,9 @@ STAGING_VERSION="v0${KUBE_VERSION#v1}"   # v1.34.2 -> v0.34.2
 GO="${GO:-go}"
 CACHE="${MESHAGENT_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshagent/kube-apiserver-$KUBE_VERSION}"
 BIN="$CACHE/kube-apiserver"
+KCM="$CACHE/kube-controller-manager"
 STAMP="$CACHE/stamp"
-WANT_STAMP="kubernetes $KUBE_VERSION staging $STAGING_VERSION $($GO env GOVERSION) $($GO env GOOS)/$($GO env GOARCH)"
+WANT_STAMP="kubernetes $KUBE_VERSION staging $STAGING_VERSION kube-apiserver kube-controller-manager $($GO env GOVERSION) $($GO env GOOS)/$($GO env GOARCH)"
 
 log() { echo "kube-apiserver.sh: $*" >&2; }
 
@@ -27,12 +33,12 @@ if ! command -v etcd >/dev/null 2>&1; then
 	$SUDO apt-get update -qq && $SUDO apt-get install -y -qq etcd-server >/dev/null
 fi
 
-if [ -x "$BIN" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT_STAMP" ]; then
+if [ -x "$BIN" ] && [ -x "$KCM" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT_STAMP" ]; then
 	echo "$BIN"
 	exit 0
 fi
 
-log "building kube-apiserver $KUBE_VERSION into $CACHE (about 13 minutes on two cores)"
+log "building kube-apiserver and kube-controller-manager $KUBE_VERSION into $CACHE (about 15 minutes on two cores, much longer on a busy machine)"
 start=$(date +%s)
 mkdir -p "$CACHE"
 work="$(mktemp -d "$CACHE/build.XXXXXX")"
@@ -54,8 +60,10 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=$(echo "$KUBE_VERSION" | cut -d. -f1 | tr -d v)"
 ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-(cd "$work" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 $GO build -trimpath -ldflags "$ldflags" -o "$work/kube-apiserver.out" ./cmd/kube-apiserver)
-mv -f "$work/kube-apiserver.out" "$BIN"
+mkdir -p "$work/out"
+(cd "$work" && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 $GO build -trimpath -ldflags "$ldflags" -o "$work/out/" ./cmd/kube-apiserver ./cmd/kube-controller-manager)
+mv -f "$work/out/kube-apiserver" "$BIN"
+mv -f "$work/out/kube-controller-manager" "$KCM"
 echo "$WANT_STAMP" >"$STAMP"
 log "built in $(( $(date +%s) - start )) s"
 echo "$BIN"

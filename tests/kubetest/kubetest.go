@@ -2,7 +2,8 @@
 // a pinned kube-apiserver built from the Go module proxy by hack/kube-apiserver.sh,
 // on loopback, with a service-account issuer and signing key (TokenRequest,
 // TokenReview, OIDC discovery), a static admin token, RBAC and Pod Security
-// admission. There is no kubelet and no controller manager: pods are never
+// admission. There is no kubelet, and no controller manager unless a test starts
+// one (StartControllerManager: only its CSR signing controller): pods are never
 // scheduled or run, namespaces are never emptied, and service accounts exist only
 // when a test creates them.
 //
@@ -138,7 +139,7 @@ func Start(t testing.TB) *Server {
 		"serving.key": serving.KeyPEM(t),
 		"sa.key":      string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: saDER})),
 		"sa.pub":      string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub})),
-		"tokens.csv":  AdminToken + ",admin,admin-uid,system:masters\n",
+		"tokens.csv":  AdminToken + ",admin,admin-uid,system:masters\n" + kcmToken + "," + KCMUser + ",kcm-uid\n",
 		"admin.token": AdminToken + "\n",
 	}
 	for name, data := range files {

@@ -19,6 +19,15 @@ import (
 // stronger check; this one needs no key, so it can check what a pod serves.
 func OpenSSLVerifies(t testing.TB, chain, roots []*x509.Certificate) error {
 	t.Helper()
+	return OpenSSLVerifiesFor(t, "", chain, roots)
+}
+
+// OpenSSLVerifiesFor is OpenSSLVerifies for a purpose (`openssl verify -purpose`:
+// sslclient, sslserver, ...; "": any), which OpenSSL checks against the leaf's
+// key usages: what a TLS server checks of a client's chain (sslclient) or a
+// client of a server's (sslserver).
+func OpenSSLVerifiesFor(t testing.TB, purpose string, chain, roots []*x509.Certificate) error {
+	t.Helper()
 	tool := TLSTool(t, StackOpenSSL)
 	if len(chain) == 0 || len(roots) == 0 {
 		return fmt.Errorf("openssl verify: nothing to verify (%d certificates, %d roots)", len(chain), len(roots))
@@ -32,6 +41,9 @@ func OpenSSLVerifies(t testing.TB, chain, roots []*x509.Certificate) error {
 		return p
 	}
 	args := []string{"verify", "-no-CApath", "-no-CAstore", "-CAfile", write("roots.pem", roots)}
+	if purpose != "" {
+		args = append(args, "-purpose", purpose)
+	}
 	if len(chain) > 1 {
 		args = append(args, "-untrusted", write("untrusted.pem", chain[1:]))
 	}

@@ -69,10 +69,16 @@ func signerAccount(t *testing.T, k *kubetest.Server, clusterRoles ...string) str
 // startKubeSigner runs the signer binary with args on a fresh bus.
 func startKubeSigner(t *testing.T, k *kubetest.Server, token string, args ...string) *kubeSigner {
 	t.Helper()
+	return startKubeSignerEnv(t, k, token, nil, args...)
+}
+
+// startKubeSignerEnv is startKubeSigner with env vars besides the bus and the KEK.
+func startKubeSignerEnv(t *testing.T, k *kubetest.Server, token string, env []string, args ...string) *kubeSigner {
+	t.Helper()
 	srv := bustest.Server(t)
 	s := &kubeSigner{kube: k, nc: bustest.Conn(t, srv), grpc: testkit.FreeAddr(t), token: token}
 	s.svc = testkit.StartService(t, "signer", append([]string{"-instance", "kube-test", "-grpc-addr", s.grpc, "-log-level", "debug", "-root-rotate-min-interval", "0"}, args...),
-		"NATS_URL="+srv.ClientURL(), "CA_KEK_FILE="+signertest.KEKFile(t))
+		append([]string{"NATS_URL=" + srv.ClientURL(), "CA_KEK_FILE=" + signertest.KEKFile(t)}, env...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("signer's log:\n%s", s.svc.Logs.String())

@@ -29,6 +29,7 @@ import (
 	"github.com/meshagent/meshagent/services/signer/internal/grpcapi"
 	"github.com/meshagent/meshagent/services/signer/internal/issued"
 	"github.com/meshagent/meshagent/services/signer/internal/issuer"
+	"github.com/meshagent/meshagent/services/signer/internal/kubecsr"
 	"github.com/meshagent/meshagent/services/signer/internal/natsapi"
 	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 	"github.com/nats-io/nats.go"
@@ -85,6 +86,8 @@ type Signer struct {
 	fed     *federation.Service // the SPIFFE bundle endpoint and the follower of foreign bundles
 	// rootCM publishes the trust bundle into every namespace (nil unless -root-configmap).
 	rootCM *rootcm.Publisher
+	// ra has an external signer sign every leaf (nil unless -external-ca).
+	ra *kubecsr.RA
 }
 
 var _ lifecycle.Service = (*Signer)(nil)
@@ -106,6 +109,9 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		d.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "meshagent", Subsystem: "signer", Name: name, Help: help,
 		}, func() float64 { return float64(value()) }))
+	}
+	if s.ra, err = newRA(cfg, d.Log.Named("ra"), d.Clock); err != nil {
+		return nil, err
 	}
 	if err := s.newSource(counter, d.Clock); err != nil {
 		return nil, err
@@ -136,12 +142,16 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 	if ss, ok := s.source.(*ca.SelfSigned); ok {
 		lives = ss // the phases of a rotation follow the leaves actually issued
 	}
-	s.iss = issuer.New(issuer.Config{
+	icfg := issuer.Config{
 		TrustDomain: cfg.TrustDomain, Instance: cfg.Instance, DefaultTTL: cfg.Certs.DefaultTTL,
 		MaxTTL: cfg.Certs.MaxTTL, PodMaxTTL: cmp.Or(cfg.Certs.PodMaxTTL, cfg.Certs.DefaultTTL), Signers: cfg.Certs.Signers, Nodes: nodes,
 		Named:   ca.NewNamedSigners(cfg.Certs.SignersDir, cfg.Certs.Signers),
 		Records: s.issued, Lives: lives, MaxEarlyPerMinute: cfg.Certs.MaxEarlyPerMinute,
-	}, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
+	}
+	if s.ra != nil {
+		icfg.External = s.ra
+	}
+	s.iss = issuer.New(icfg, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
 	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
 	counter("nats_requests_dropped_total",
 		"NATS sign requests dropped unanswered because the subscription's pending bytes were full (slow consumer); callers retry.", s.nats.Dropped)
@@ -223,8 +233,12 @@ func (s *Signer) GRPCAddr() net.Addr { return s.grpc.Addr() }
 func (s *Signer) BundleEndpointAddr() net.Addr { return s.fed.Addr() }
 
 func (s *Signer) mode() string {
+	m := "self-signed"
 	if s.cfg.CA.Dir != "" {
-		return "plugged-in"
+		m = "plugged-in"
 	}
-	return "self-signed"
+	if s.ra != nil {
+		m += ", registration authority for " + s.ra.SignerName()
+	}
+	return m
 }

@@ -24,6 +24,7 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 	if cfg.CA.Dir != "" {
 		p := ca.NewPlugged(cfg.CA.Dir, cfg.CA.ReloadDelay, cfg.TrustDomain, s.auth, s.announceTrust, s.log.Named("ca"), clk)
 		p.ForceRootChange = cfg.CA.ForceRootChange
+		p.ExtraRoots = s.externalRoots()
 		p.Keeper = &keptRoots{js: s.js, bucket: cfg.CA.KVBucket, replicas: cfg.CA.KVReplicas, clk: clk, log: s.log.Named("ca")}
 		counter("ca_reload_rejected_total",
 			"Reloads of the cacerts directory refused because the new material was invalid, or would strand the fleet (a CA chaining to no root trusted now).", p.Rejected)
@@ -38,6 +39,7 @@ func (s *Signer) newSource(counter func(name, help string, value func() uint64),
 		TrustDomain: cfg.TrustDomain, KeyAlg: cfg.CA.KeyAlg, Bucket: cfg.CA.KVBucket, Replicas: cfg.CA.KVReplicas,
 		RootTTL: cfg.CA.RootTTL, CheckInterval: cfg.CA.CheckInterval, GracePercent: cfg.CA.GracePercent,
 		NewKeyOnRotate: cfg.CA.NewKeyOnRotate, KEK: kek, MaxLeafTTL: cfg.Certs.MaxTTL, RotateMinInterval: cfg.CA.RotateMinInterval,
+		ExtraRoots: s.externalRoots(),
 	}, s.js, s.auth, s.announceTrust, s.log.Named("ca"), clk)
 	return nil
 }

@@ -366,3 +366,47 @@ func diff(old, cur *Material) (added, removed []string) {
 	}
 	return added, removed
 }
+
+// NewExternal is the material of an external signer (a registration authority's,
+// kubecsr): above is what follows its leaves, intermediates then the root, as
+// the leaf's verification built it. It holds no key: it signs nothing and
+// endorses nothing; it is the Signing material of a reply, whose chain and root
+// follow the leaf, while the mesh CA's material carries the trust bundle.
+func NewExternal(above []*x509.Certificate) (*Material, error) {
+	if len(above) == 0 {
+		return nil, fmt.Errorf("%w: an external chain needs at least its root", ErrInvalidMaterial)
+	}
+	m := &Material{Cert: above[0], Chain: above, Roots: above[len(above)-1:]}
+	m.chainPEMs = pki.CertPEMs(m.Chain)
+	m.rootPEMs = pki.CertPEMs(m.Roots)
+	m.rootFP = pki.Fingerprint(m.Roots[0])
+	m.notAfter = above[0].NotAfter
+	for _, c := range above {
+		if c.NotAfter.Before(m.notAfter) {
+			m.notAfter = c.NotAfter
+		}
+	}
+	return m, nil
+}
+
+// AddRoots puts extra into the trust bundle after the material's own roots
+// (those not in it already), before it is endorsed and installed: the roots of an
+// external signer (-external-ca-cert-file) that the pods must trust, vouched for by
+// the mesh CA's endorsement of the bundle. The bundle's bounds still hold.
+func (m *Material) AddRoots(extra []*x509.Certificate) error {
+	roots := slices.Clip(m.Roots)
+	for _, r := range extra {
+		if !slices.ContainsFunc(roots, r.Equal) {
+			roots = append(roots, r)
+		}
+	}
+	if len(roots) > MaxRoots {
+		return fmt.Errorf("%w: the trust bundle holds %d roots with the external signer's, at most %d", ErrInvalidMaterial, len(roots), MaxRoots)
+	}
+	pems := pki.CertPEMs(roots)
+	if n := 2*pemBytes(m.chainPEMs) + pemBytes(pems); n > MaxMaterialBytes {
+		return fmt.Errorf("%w: the trust bundle and chain take %d bytes with the external signer's roots, at most %d", ErrInvalidMaterial, n, MaxMaterialBytes)
+	}
+	m.Roots, m.rootPEMs = roots, pems
+	return nil
+}

@@ -108,6 +108,22 @@ type Plugged struct {
 	// kept are the roots the fleet trusts as of the last installed material (from
 	// Keeper at Start), checked against while nothing is installed.
 	kept []*x509.Certificate
+	// ExtraRoots join the trust bundle after root-cert.pem's (Material.AddRoots):
+	// an external signer's, when the signer is a registration authority. Set
+	// before Start.
+	ExtraRoots []*x509.Certificate
+}
+
+// load reads the directory and adds ExtraRoots to its bundle.
+func (p *Plugged) load() (*Material, error) {
+	m, err := LoadDir(p.dir, p.now())
+	if err != nil {
+		return nil, err
+	}
+	if err := m.AddRoots(p.ExtraRoots); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Keeper keeps the roots of the plugged-in material installed last.
@@ -163,7 +179,7 @@ func (p *Plugged) now() time.Time { return p.clk.Now() }
 // signer answers unavailable, and Run installs the directory once it holds
 // material the fleet trusts again (the files put back).
 func (p *Plugged) Start(ctx context.Context) error {
-	m, err := LoadDir(p.dir, p.now())
+	m, err := p.load()
 	if err != nil {
 		return fmt.Errorf("load %s: %w", p.dir, err)
 	}
@@ -269,7 +285,7 @@ func (p *Plugged) Run(ctx context.Context) error {
 // is installed and queued for announcement with trust.changed (Run publishes it).
 // It reports whether it installed.
 func (p *Plugged) Reload(ctx context.Context) bool {
-	m, err := LoadDir(p.dir, p.now())
+	m, err := p.load()
 	if err != nil {
 		p.rejected.Add(1)
 		p.log.Error("cacerts reload rejected, keeping the current material", "dir", p.dir, "error", err)

@@ -145,6 +145,9 @@ func (s *SelfSigned) materialOf(rec record) (*Material, error) {
 	if sc := rec.servingCross; sc != nil && s.now().Before(sc.NotAfter) {
 		m.servingCross = sc
 	}
+	if err := m.AddRoots(s.cfg.ExtraRoots); err != nil {
+		return nil, err
+	}
 	if err := m.endorse(s.cfg.TrustDomain, rec.keys[1:]...); err != nil {
 		return nil, fmt.Errorf("endorse bundle: %w", err)
 	}

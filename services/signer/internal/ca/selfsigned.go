@@ -44,6 +44,9 @@ type SelfSignedConfig struct {
 	MaxLeafTTL time.Duration
 	// RotateMinInterval is the shortest time between a rotation and a forced one; 0: no limit.
 	RotateMinInterval time.Duration
+	// ExtraRoots join the trust bundle after the root's own (Material.AddRoots):
+	// an external signer's, when the signer is a registration authority.
+	ExtraRoots []*x509.Certificate
 }
 
 // SelfSigned keeps a self-signed root in JetStream KV. Replicas starting together

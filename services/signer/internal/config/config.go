@@ -18,6 +18,7 @@ import (
 	"github.com/meshagent/meshagent/pkg/obs"
 	"github.com/meshagent/meshagent/pkg/pki"
 	"github.com/meshagent/meshagent/services/signer/internal/federation"
+	"github.com/meshagent/meshagent/services/signer/internal/kubecsr"
 	"github.com/meshagent/meshagent/services/signer/internal/rootcm"
 )
 
@@ -102,6 +103,22 @@ type Config struct {
 		BearerFile string // the signer's token; default likewise
 		Resync     time.Duration
 	}
+	// RA: the signer as a registration authority (istiod's
+	// EXTERNAL_CA=ISTIOD_RA_KUBERNETES_API): it authenticates the caller as
+	// always, then has an external signer certify the CSR through the Kubernetes
+	// CertificateSigningRequest API (internal/kubecsr). The mesh CA's material
+	// still serves the signer's own TLS and endorses the trust bundle, which
+	// holds the external signer's roots.
+	RA struct {
+		ExternalCA string   // "" or ExternalCAKubernetes
+		Signer     string   // spec.signerName (K8S_SIGNER)
+		RootsFile  string   // the external signer's roots (PEM)
+		Usages     []string // spec.usages
+		Timeout    time.Duration
+		APIURL     string // API server; default: in-cluster
+		CAFile     string // its roots; default in a pod: the in-cluster CA
+		BearerFile string // the signer's token; default likewise
+	}
 	Stream struct {
 		Replicas int
 		MaxAge   time.Duration
@@ -164,6 +181,9 @@ func Default() Config {
 	c.Auth = authn.DefaultConfig()
 	c.RootConfigMap.Key = rootcm.DefaultKey
 	c.RootConfigMap.Resync = 5 * time.Minute
+	c.RA.RootsFile = DefaultExternalCACertFile
+	c.RA.Usages = kubecsr.DefaultUsages
+	c.RA.Timeout = time.Minute
 	c.Stream.Replicas = 1
 	c.Stream.MaxAge = 7 * 24 * time.Hour
 	c.Workers = 64
@@ -189,6 +209,13 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	return c, errors.Join(errs...)
 }
+
+// ExternalCAKubernetes is EXTERNAL_CA's one value, as istiod's.
+const ExternalCAKubernetes = "ISTIOD_RA_KUBERNETES_API"
+
+// DefaultExternalCACertFile is where istiod's RA reads the external signer's
+// root (the external-ca-cert volume, key root-cert.pem).
+const DefaultExternalCACertFile = "./etc/external-ca-cert/root-cert.pem"
 
 // DefaultGCPercent is the signer's GC target unless -gogc or GOGC says otherwise:
 // four times Go's default, which on make bench's load cut the signer's CPU per CSR

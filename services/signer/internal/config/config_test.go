@@ -348,6 +348,57 @@ func TestRootConfigMap(t *testing.T) {
 	}
 }
 
+// The registration-authority mode reads istiod's EXTERNAL_CA and K8S_SIGNER,
+// defaults to istiod's external-ca-cert path and the in-cluster API server, and
+// refuses, naming the flag, what kube-controller-manager's signers would refuse.
+func TestRegistrationAuthority(t *testing.T) {
+	base := []string{"-instance", "s1", "-ca-kek-file", "/run/secrets/ca-kek"}
+	c, err := Load(base, testkit.Env(nil))
+	if err != nil || c.RA.ExternalCA != "" {
+		t.Fatalf("default: %q, %v", c.RA.ExternalCA, err)
+	}
+	inPod := map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+		"EXTERNAL_CA": "ISTIOD_RA_KUBERNETES_API", "K8S_SIGNER": "kubernetes.io/kube-apiserver-client",
+		"K8S_SIGNER_USAGES": "digital signature, client auth"}
+	c, err = Load(base, testkit.Env(inPod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra := c.RA
+	if ra.Signer != "kubernetes.io/kube-apiserver-client" || ra.RootsFile != "./etc/external-ca-cert/root-cert.pem" ||
+		ra.APIURL != "https://10.96.0.1:443" || ra.CAFile != "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt" ||
+		ra.BearerFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" || ra.Timeout != time.Minute ||
+		strings.Join(ra.Usages, "|") != "digital signature|client auth" {
+		t.Fatalf("in a pod: %+v", ra)
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		says []string
+	}{
+		{"no signer name", map[string]string{"EXTERNAL_CA": "ISTIOD_RA_KUBERNETES_API"}, nil, []string{"-k8s-signer (K8S_SIGNER): required", "-k8s-csr-api-url"}},
+		{"another integration", map[string]string{"EXTERNAL_CA": "VAULT", "K8S_SIGNER": "example.com/s"}, []string{"-k8s-csr-api-url", "https://k"}, []string{"-external-ca (EXTERNAL_CA)"}},
+		{"a signer without URI SANs", map[string]string{"EXTERNAL_CA": "ISTIOD_RA_KUBERNETES_API", "K8S_SIGNER": "kubernetes.io/kubelet-serving"}, []string{"-k8s-csr-api-url", "https://k"}, []string{"cannot certify a SPIFFE ID"}},
+		{"istiod's usages at kcm's client signer", map[string]string{"EXTERNAL_CA": "ISTIOD_RA_KUBERNETES_API", "K8S_SIGNER": "kubernetes.io/kube-apiserver-client"}, []string{"-k8s-csr-api-url", "https://k"}, []string{`not "server auth"`}},
+		{"an unknown usage, a short TTL, named signers", map[string]string{"EXTERNAL_CA": "ISTIOD_RA_KUBERNETES_API", "K8S_SIGNER": "example.com/s", "K8S_SIGNER_USAGES": "client auth,flying"},
+			[]string{"-k8s-csr-api-url", "https://k", "-default-ttl", "5m", "-cert-signers", "a", "-k8s-csr-timeout", "0s"}, []string{`"flying" is not a key usage`, "-default-ttl: at least 10m", "-cert-signers (CERT_SIGNERS): not with -external-ca", "-k8s-csr-timeout"}},
+		{"a signer name without the mode", map[string]string{"K8S_SIGNER": "example.com/s"}, nil, []string{"-k8s-signer (K8S_SIGNER): only with -external-ca"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(append(append([]string{}, base...), tc.args...), testkit.Env(tc.env))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error does not say %q: %v", s, err)
+				}
+			}
+		})
+	}
+}
+
 // TestOperatorDocsStateThePerPodBound: the per-pod bound on early certificates
 // refuses a pod's requests, so the page an operator reads (docs/kubernetes.md)
 // states it: the flag, its env var and the default this config really has.

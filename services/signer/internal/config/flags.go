@@ -16,7 +16,7 @@ import (
 
 // raw holds the flags read as text, made into Config fields once parsed
 // (complete).
-type raw struct{ keyAlg, dnsNames, ips, signers, gogc, trusted string }
+type raw struct{ keyAlg, dnsNames, ips, signers, gogc, trusted, usages string }
 
 // bind declares every flag of the signer on fs, over c's defaults.
 func bind(fs *flagenv.Set, c *Config, r *raw, getenv func(string) string) {
@@ -31,6 +31,21 @@ func bind(fs *flagenv.Set, c *Config, r *raw, getenv func(string) string) {
 	bindFederation(fs, c)
 	bindNodes(fs, c, r, getenv)
 	bindRootConfigMap(fs, c, getenv)
+	bindRA(fs, c, r, getenv)
+}
+
+// bindRA declares the registration-authority mode: an external signer through
+// the Kubernetes CertificateSigningRequest API, with istiod's env names.
+func bindRA(fs *flagenv.Set, c *Config, r *raw, getenv func(string) string) {
+	fs.String(&c.RA.ExternalCA, "external-ca", "EXTERNAL_CA", "", "set to "+ExternalCAKubernetes+" to be a registration authority, as istiod: authenticate the caller, then have the -k8s-signer certify its CSR through the Kubernetes CertificateSigningRequest API (create, approve, wait, delete); empty: this CA signs")
+	fs.String(&c.RA.Signer, "k8s-signer", "K8S_SIGNER", "", "spec.signerName of the CSRs (with -external-ca), such as kubernetes.io/kube-apiserver-client for kube-controller-manager's signer")
+	fs.String(&c.RA.RootsFile, "external-ca-cert-file", "EXTERNAL_CA_CERT_FILE", c.RA.RootsFile, "PEM roots of the -k8s-signer (with -external-ca): its certificates must verify to them, and they join the trust bundle the pods get, endorsed by this CA (istiod's external-ca-cert volume)")
+	r.usages = strings.Join(c.RA.Usages, ",")
+	fs.String(&r.usages, "k8s-signer-usages", "K8S_SIGNER_USAGES", r.usages, "spec.usages of the CSRs, comma-separated (istiod's; kube-controller-manager's kubernetes.io/kube-apiserver-client signs only with 'digital signature,key encipherment,client auth')")
+	fs.Duration(&c.RA.Timeout, "k8s-csr-timeout", "K8S_CSR_TIMEOUT", c.RA.Timeout, "longest wait for the -k8s-signer to sign an approved CSR (istiod: 60s); the request's own deadline may end it sooner")
+	fs.String(&c.RA.APIURL, "k8s-csr-api-url", "K8S_CSR_API_URL", authn.InClusterURL(getenv), "API server of the CSRs (default in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	fs.String(&c.RA.CAFile, "k8s-csr-api-ca-file", "K8S_CSR_API_CA_FILE", "", "PEM roots of -k8s-csr-api-url (default with -external-ca: "+authn.InClusterCAFile+")")
+	fs.String(&c.RA.BearerFile, "k8s-csr-api-bearer-file", "K8S_CSR_API_BEARER_FILE", "", "the signer's token for -k8s-csr-api-url, which must allow create, get, watch and delete certificatesigningrequests, update certificatesigningrequests/approval and approve signers/<-k8s-signer> (default with -external-ca: "+authn.InClusterTokenFile+")")
 }
 
 // bindBusCallout declares the bus auth callout's flags.
@@ -149,6 +164,15 @@ func (r raw) complete(c *Config, perr error) []error {
 			c.Nodes.BearerFile = authn.InClusterTokenFile
 		}
 	}
+	if c.RA.ExternalCA != "" {
+		if c.RA.CAFile == "" {
+			c.RA.CAFile = authn.InClusterCAFile
+		}
+		if c.RA.BearerFile == "" {
+			c.RA.BearerFile = authn.InClusterTokenFile
+		}
+	}
+	c.RA.Usages = flagenv.SplitList(r.usages)
 	if c.RootConfigMap.Name != "" {
 		if c.RootConfigMap.CAFile == "" {
 			c.RootConfigMap.CAFile = authn.InClusterCAFile

@@ -23,6 +23,7 @@ func (c Config) Validate() error {
 	c.validateRootConfigMap(&p)
 	c.validateRuntime(&p)
 	c.validateFederation(&p)
+	c.validateRA(&p)
 	return p.Err()
 }
 
@@ -188,3 +189,44 @@ var (
 	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 	configMapKey = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
 )
+
+// Signer names of kube-controller-manager's signers that cannot certify a
+// SPIFFE ID: the API server refuses legacy-unknown in certificates.k8s.io/v1,
+// and both kubelet signers refuse a URI SAN.
+var noSPIFFESigners = []string{"kubernetes.io/legacy-unknown", "kubernetes.io/kubelet-serving", "kubernetes.io/kube-apiserver-client-kubelet"}
+
+// kubeUsages are the key usages the CSR API accepts (certificates.k8s.io/v1).
+var kubeUsages = []string{"signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+	"data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any", "server auth",
+	"client auth", "code signing", "email protection", "s/mime", "ipsec end system", "ipsec tunnel",
+	"ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"}
+
+// validateRA checks the registration-authority mode.
+func (c Config) validateRA(p *flagenv.Problems) {
+	ra := c.RA
+	if ra.ExternalCA == "" {
+		p.Check(ra.Signer == "", "-k8s-signer (K8S_SIGNER): only with -external-ca=%s", ExternalCAKubernetes)
+		return
+	}
+	if ra.ExternalCA != ExternalCAKubernetes {
+		p.Addf("-external-ca (EXTERNAL_CA): %q is not %s, the one integration there is", ra.ExternalCA, ExternalCAKubernetes)
+	}
+	p.Check(ra.Signer != "", "-k8s-signer (K8S_SIGNER): required with -external-ca (the signerName of the CSRs)")
+	p.Check(!slices.Contains(noSPIFFESigners, ra.Signer), "-k8s-signer (K8S_SIGNER): %s cannot certify a SPIFFE ID (the API server or the signer refuses a URI SAN); kube-controller-manager's kubernetes.io/kube-apiserver-client can", ra.Signer)
+	for _, u := range ra.Usages {
+		p.Check(slices.Contains(kubeUsages, u), "-k8s-signer-usages (K8S_SIGNER_USAGES): %q is not a key usage of the CSR API", u)
+	}
+	p.Check(len(ra.Usages) > 0, "-k8s-signer-usages (K8S_SIGNER_USAGES): required")
+	if ra.Signer == "kubernetes.io/kube-apiserver-client" {
+		for _, u := range ra.Usages {
+			p.Check(u == "digital signature" || u == "key encipherment" || u == "client auth",
+				"-k8s-signer-usages (K8S_SIGNER_USAGES): kubernetes.io/kube-apiserver-client signs only digital signature, key encipherment and client auth, not %q (it fails the CSR)", u)
+		}
+		p.Check(slices.Contains(ra.Usages, "client auth"), "-k8s-signer-usages (K8S_SIGNER_USAGES): kubernetes.io/kube-apiserver-client needs client auth")
+	}
+	p.Check(ra.RootsFile != "", "-external-ca-cert-file (EXTERNAL_CA_CERT_FILE): required with -external-ca")
+	p.Check(ra.Timeout >= time.Second, "-k8s-csr-timeout (K8S_CSR_TIMEOUT): must be at least 1s")
+	p.Check(strings.HasPrefix(ra.APIURL, "https://"), "-k8s-csr-api-url (K8S_CSR_API_URL): must be an https URL with -external-ca, got %q (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)", ra.APIURL)
+	p.Check(len(c.Certs.Signers) == 0, "-cert-signers (CERT_SIGNERS): not with -external-ca (every certificate comes from the -k8s-signer)")
+	p.Check(c.Certs.DefaultTTL >= 10*time.Minute, "-default-ttl: at least 10m with -external-ca (the CSR API's shortest certificate)")
+}

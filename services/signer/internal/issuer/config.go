@@ -3,11 +3,13 @@ package issuer
 import (
 	"context"
 	"crypto/x509"
+	"net/url"
 	"time"
 
 	"github.com/meshagent/meshagent/pkg/authn"
 	"github.com/meshagent/meshagent/pkg/events"
 	"github.com/meshagent/meshagent/services/signer/internal/ca"
+	"github.com/meshagent/meshagent/services/signer/internal/kubecsr"
 	"github.com/nats-io/nats.go"
 )
 
@@ -39,7 +41,20 @@ type Config struct {
 	// (ca.SelfSigned: a rotation's phases last as long as the longest leaf issued);
 	// nil: nobody.
 	Lives LifeRecorder
+	// External, when set, signs every leaf instead of the mesh CA: the signer is a
+	// registration authority (kubecsr.RA, EXTERNAL_CA=ISTIOD_RA_KUBERNETES_API). The
+	// mesh CA's material still carries the trust bundle, which holds the external
+	// signer's roots.
+	External ExternalSigner
 }
+
+// ExternalSigner has an external signer certify csr's key for id, for ttl, and
+// returns the leaf and the material of the chain above it.
+type ExternalSigner interface {
+	Sign(ctx context.Context, csr *x509.CertificateRequest, id *url.URL, ttl time.Duration) (*x509.Certificate, *ca.Material, error)
+}
+
+var _ ExternalSigner = (*kubecsr.RA)(nil)
 
 // LifeRecorder records the lifetime of a leaf about to be signed; an error refuses it.
 type LifeRecorder interface {

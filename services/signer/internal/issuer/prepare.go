@@ -241,7 +241,7 @@ func (i *Issuer) policy(ctx context.Context, r *request) (*issued, error) {
 // counted again. Only the mesh CA's certificates are kept (a named signer's
 // material is chosen after).
 func (i *Issuer) repeated(r *request) *issued {
-	if r.req.CertSigner != "" {
+	if r.req.CertSigner != "" || i.cfg.External != nil {
 		return nil
 	}
 	k := newAnswerKey(r.holder, r.caller.ID.String(), r.req.Resource, r.ttl, r.csr.Raw)
@@ -259,6 +259,9 @@ func (i *Issuer) repeated(r *request) *issued {
 // live (its rotation's phases follow it), then the signing material signs it.
 func (i *Issuer) sign(ctx context.Context, r *request) (*x509.Certificate, error) {
 	t, id := r.via.Transport, r.caller.ID
+	if i.cfg.External != nil {
+		return i.signExternal(ctx, r)
+	}
 	if r.signing == r.mat && i.cfg.Lives != nil {
 		if err := i.cfg.Lives.NoteLife(ctx, r.ttl+ca.Backdate); err != nil {
 			i.metrics.SignFail.WithLabelValues(t).Inc()
@@ -289,7 +292,7 @@ func (i *Issuer) record(r *request, leaf *x509.Certificate) (*issued, error) {
 		Signer: i.cfg.Instance, Transport: t, RootFingerprint: r.signing.RootFingerprint(),
 		CertChain: append([]string{leafPEM}, r.signing.IntermediatePEMs()...),
 	}
-	if r.signing != r.mat {
+	if req.CertSigner != "" && r.signing != r.mat {
 		ev.CertSigner = req.CertSigner // its chain ends at the named signer's root
 	}
 	msg, err := events.Encode(events.SubjectCertIssued, events.Meta{Source: i.Source(), Subject: ev.Serial, Time: now}, ev)
@@ -307,7 +310,7 @@ func (i *Issuer) record(r *request, leaf *x509.Certificate) (*issued, error) {
 	}
 	i.again.issued(r.holder, now, leaf.NotAfter.Sub(now)) // its life from now: NotBefore is backdated
 	res := leafResult(leaf, leafPEM, r.signing, r.mat)
-	if r.signing != r.mat {
+	if req.CertSigner != "" && r.signing != r.mat {
 		if res.Signer, err = i.vouched.get(i.cfg.TrustDomain, req.CertSigner, r.mat, r.signing); err != nil {
 			i.metrics.SignFail.WithLabelValues(t).Inc()
 			i.log.Error("named signer's roots not endorsed", "signer", req.CertSigner, "error", err)
