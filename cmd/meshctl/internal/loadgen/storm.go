@@ -88,7 +88,7 @@ type StormConfig struct {
 	// think they own both cores of this one keep their schedulers spinning for work
 	// on cores the others need. Measured side by side at 10,000 pods over 50 nodes
 	// (docs/scale.md): with 1, the node agents spent 26 % and the load client 30 %
-	// less CPU per pod.
+	// less CPU per pod in alternating pairs; a later single run did not show it.
 	Procs int
 	// Rotate is RotateNone, or the root rotation after the storm, asked for on
 	// the connection Admin makes.

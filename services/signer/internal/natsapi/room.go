@@ -18,8 +18,9 @@ import (
 // it has left (the other half for a pace that falls, and for the answer's way
 // back); one without, wait.
 //
-// The pace is measured: requests finished per second, while there was a queue to
-// work from (an idle signer's pace says nothing about what it can do).
+// The pace is measured: requests answered per second (from admission to answer,
+// the store of their record included), while there was a queue to work from (an
+// idle signer's pace says nothing about what it can do).
 type waitingRoom struct {
 	// Wait is how long the queue may take to reach a request at the pace measured;
 	// Max caps the queue whatever the pace; Floor is the smallest queue admitted
