@@ -10,22 +10,19 @@
 package kubecsr
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/services/signer/internal/kubeapi"
 )
 
 // DefaultUsages are the key usages istiod's RA asks for.
@@ -45,16 +42,16 @@ type Config struct {
 
 // Client signs through the CSR API.
 type Client struct {
-	cfg   Config
-	http  *http.Client // requests with a timeout
-	watch *http.Client // the watch: bounded by its context and the server's timeout
-	log   hclog.Logger
-	clk   clock.Clock
+	cfg Config
+	api *kubeapi.Client
+	log hclog.Logger
+	clk clock.Clock
 }
 
 const (
 	requestTimeout = 10 * time.Second
 	maxBody        = 1 << 20
+	briefLen       = 400
 	basePath       = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 	// GenerateName prefixes the CSR objects' names, as istiod's.
 	GenerateName = "csr-workload-"
@@ -62,23 +59,14 @@ const (
 
 // New builds a client; it talks to nothing until Sign.
 func New(cfg Config, log hclog.Logger, clk clock.Clock) (*Client, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("csr api: api server ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("csr api: no PEM certificate in %s", cfg.CAFile)
-		}
-		tr.TLSClientConfig.RootCAs = pool
+	api, err := kubeapi.New(kubeapi.Config{URL: cfg.URL, CAFile: cfg.CAFile, BearerFile: cfg.BearerFile}, requestTimeout, maxBody, "csr api")
+	if err != nil {
+		return nil, err
 	}
 	if len(cfg.Usages) == 0 {
 		cfg.Usages = DefaultUsages
 	}
-	return &Client{cfg: cfg, log: log, clk: clk, http: &http.Client{Transport: tr, Timeout: requestTimeout}, watch: &http.Client{Transport: tr}}, nil
+	return &Client{cfg: cfg, api: api, log: log, clk: clk}, nil
 }
 
 // Errors of Sign. ErrRefused wraps a CSR the external signer or an approver
@@ -124,12 +112,12 @@ func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]
 	if err != nil {
 		return nil, err
 	}
-	code, raw, err := c.do(ctx, http.MethodPost, basePath, body)
+	code, raw, err := c.api.Do(ctx, http.MethodPost, basePath, body, "application/json")
 	if err != nil {
 		return nil, fmt.Errorf("%w: create csr: %w", ErrAPI, err)
 	}
 	if code != http.StatusCreated && code != http.StatusOK {
-		return nil, fmt.Errorf("%w: create csr for signer %s: %d %s", ErrAPI, c.cfg.SignerName, code, brief(raw))
+		return nil, fmt.Errorf("%w: create csr for signer %s: %d %s", ErrAPI, c.cfg.SignerName, code, kubeapi.Brief(raw, briefLen))
 	}
 	var obj map[string]any
 	var created csrObject
@@ -137,7 +125,7 @@ func (c *Client) Sign(ctx context.Context, csrPEM []byte, ttl time.Duration) ([]
 		return nil, fmt.Errorf("create csr: %w", err)
 	}
 	if err := json.Unmarshal(raw, &created); err != nil || created.Metadata.Name == "" {
-		return nil, fmt.Errorf("create csr: the answer names no object: %s", brief(raw))
+		return nil, fmt.Errorf("create csr: the answer names no object: %s", kubeapi.Brief(raw, briefLen))
 	}
 	name := created.Metadata.Name
 	defer c.delete(name)
@@ -170,12 +158,12 @@ func (c *Client) approve(ctx context.Context, name string, obj map[string]any) (
 	if err != nil {
 		return after, err
 	}
-	code, raw, err := c.do(ctx, http.MethodPut, basePath+"/"+url.PathEscape(name)+"/approval", body)
+	code, raw, err := c.api.Do(ctx, http.MethodPut, basePath+"/"+url.PathEscape(name)+"/approval", body, "application/json")
 	if err != nil {
 		return after, fmt.Errorf("%w: approve csr %s: %w", ErrAPI, name, err)
 	}
 	if code != http.StatusOK {
-		return after, fmt.Errorf("%w: approve csr %s: %d %s", ErrAPI, name, code, brief(raw))
+		return after, fmt.Errorf("%w: approve csr %s: %d %s", ErrAPI, name, code, kubeapi.Brief(raw, briefLen))
 	}
 	if err := json.Unmarshal(raw, &after); err != nil {
 		return after, fmt.Errorf("approve csr %s: %w", name, err)
@@ -226,11 +214,7 @@ var errWatchEnded = errors.New("watch ended")
 // errWatchEnded with the last version seen when the watch ends without either.
 func (c *Client) watchOnce(ctx context.Context, name, rv string) ([]byte, string, error) {
 	q := url.Values{"fieldSelector": {"metadata.name=" + name}, "watch": {"1"}, "resourceVersion": {rv}, "timeoutSeconds": {"30"}}
-	req, err := c.request(ctx, http.MethodGet, basePath+"?"+q.Encode(), nil)
-	if err != nil {
-		return nil, "", err
-	}
-	resp, err := c.watch.Do(req)
+	resp, err := c.api.Watch(ctx, basePath+"?"+q.Encode())
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, rv, errWatchEnded
@@ -240,7 +224,7 @@ func (c *Client) watchOnce(ctx context.Context, name, rv string) ([]byte, string
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, rv, fmt.Errorf("%w: watch csr %s: %d %s", ErrAPI, name, resp.StatusCode, brief(raw))
+		return nil, rv, fmt.Errorf("%w: watch csr %s: %d %s", ErrAPI, name, resp.StatusCode, kubeapi.Brief(raw, briefLen))
 	}
 	dec := json.NewDecoder(io.LimitReader(resp.Body, 64<<20))
 	for {
@@ -267,7 +251,7 @@ func (c *Client) watchOnce(ctx context.Context, name, rv string) ([]byte, string
 		case "DELETED":
 			return nil, rv, fmt.Errorf("%w: csr %s was deleted before it was signed", ErrRefused, name)
 		case "ERROR": // 410 Gone: the version is too old; istiod's watch would hang, this one says so
-			return nil, rv, fmt.Errorf("%w: watch csr %s: %s", ErrAPI, name, brief(ev.Object))
+			return nil, rv, fmt.Errorf("%w: watch csr %s: %s", ErrAPI, name, kubeapi.Brief(ev.Object, briefLen))
 		}
 	}
 }
@@ -289,58 +273,8 @@ func verdict(name string, o csrObject) error {
 func (c *Client) delete(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	code, raw, err := c.do(ctx, http.MethodDelete, basePath+"/"+url.PathEscape(name), nil)
+	code, raw, err := c.api.Do(ctx, http.MethodDelete, basePath+"/"+url.PathEscape(name), nil, "")
 	if err != nil || (code != http.StatusOK && code != http.StatusAccepted && code != http.StatusNotFound) {
-		c.log.Warn("csr not deleted", "csr", name, "status", code, "answer", brief(raw), "error", err)
+		c.log.Warn("csr not deleted", "csr", name, "status", code, "answer", kubeapi.Brief(raw, briefLen), "error", err)
 	}
-}
-
-func (c *Client) do(ctx context.Context, method, path string, body []byte) (int, []byte, error) {
-	req, err := c.request(ctx, method, path, body)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err == nil && len(raw) > maxBody {
-		err = fmt.Errorf("answer larger than %d bytes", maxBody)
-	}
-	return resp.StatusCode, raw, err
-}
-
-func (c *Client) request(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
-	var r io.Reader
-	if body != nil {
-		r = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.cfg.URL, "/")+path, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.cfg.BearerFile != "" {
-		tok, err := os.ReadFile(c.cfg.BearerFile)
-		if err != nil {
-			return nil, fmt.Errorf("the signer's own token: %w", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	return req, nil
-}
-
-// brief is an API server's answer, cut for an error or a log line.
-func brief(raw []byte) string {
-	const n = 400
-	s := strings.TrimSpace(string(raw))
-	if len(s) > n {
-		s = s[:n] + "..."
-	}
-	return s
 }

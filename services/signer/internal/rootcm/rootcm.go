@@ -11,15 +11,12 @@ package rootcm
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +25,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/meshagent/meshagent/pkg/backoff"
 	"github.com/meshagent/meshagent/pkg/clock"
+	"github.com/meshagent/meshagent/services/signer/internal/kubeapi"
 )
 
 // Defaults, as Istio names them.
@@ -50,11 +48,10 @@ type Config struct {
 
 // Publisher keeps the ConfigMaps. Build with New, feed with SetBundle, run with Run.
 type Publisher struct {
-	cfg    Config
-	client *http.Client // requests with a timeout
-	watch  *http.Client // watches: no timeout but the server's
-	log    hclog.Logger
-	clk    clock.Clock
+	cfg Config
+	api *kubeapi.Client
+	log hclog.Logger
+	clk clock.Clock
 
 	bundle atomic.Pointer[string]
 	kick   chan struct{}
@@ -71,34 +68,25 @@ type Publisher struct {
 
 // New builds a publisher; it talks to nothing until Run.
 func New(cfg Config, log hclog.Logger, clk clock.Clock) (*Publisher, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("root configmap: api server ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("root configmap: no PEM certificate in %s", cfg.CAFile)
-		}
-		tr.TLSClientConfig.RootCAs = pool
+	api, err := kubeapi.New(kubeapi.Config{URL: cfg.URL, CAFile: cfg.CAFile, BearerFile: cfg.BearerFile}, requestTimeout, maxBody, "root configmap")
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Key == "" {
 		cfg.Key = DefaultKey
 	}
 	return &Publisher{
 		cfg: cfg, log: log, clk: clk,
-		client: &http.Client{Transport: tr, Timeout: requestTimeout},
-		watch:  &http.Client{Transport: tr},
-		kick:   make(chan struct{}, 1),
-		nss:    map[string]bool{}, have: map[string]string{}, pending: map[string]bool{},
+		api:  api,
+		kick: make(chan struct{}, 1),
+		nss:  map[string]bool{}, have: map[string]string{}, pending: map[string]bool{},
 	}, nil
 }
 
 const (
 	requestTimeout = 10 * time.Second
 	maxBody        = 64 << 20 // a list of every namespace or ConfigMap of the name
+	briefLen       = 300
 	listPage       = 500
 )
 
@@ -301,18 +289,18 @@ func (p *Publisher) apply(ctx context.Context, ns, bundle string) error {
 	}
 	q := url.Values{"fieldManager": {FieldManager}, "force": {"true"}}.Encode()
 	path := "/api/v1/namespaces/" + url.PathEscape(ns) + "/configmaps/" + url.PathEscape(p.cfg.Name) + "?" + q
-	code, raw, err := p.do(ctx, p.client, http.MethodPatch, path, body, "application/apply-patch+yaml")
+	code, raw, err := p.api.Do(ctx, http.MethodPatch, path, body, "application/apply-patch+yaml")
 	switch {
 	case err != nil:
 		return err
 	case code == http.StatusOK || code == http.StatusCreated:
 		return nil
 	case code == http.StatusNotFound, code == http.StatusForbidden && strings.Contains(string(raw), "is being terminated"):
-		return fmt.Errorf("%w: %d %s", errGone, code, brief(raw))
+		return fmt.Errorf("%w: %d %s", errGone, code, kubeapi.Brief(raw, briefLen))
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return fmt.Errorf("%d %s (the signer's service account needs create on configmaps; get, list, watch and patch on this one; list and watch on namespaces)", code, brief(raw))
+		return fmt.Errorf("%d %s (the signer's service account needs create on configmaps; get, list, watch and patch on this one; list and watch on namespaces)", code, kubeapi.Brief(raw, briefLen))
 	}
-	return fmt.Errorf("%d %s", code, brief(raw))
+	return fmt.Errorf("%d %s", code, kubeapi.Brief(raw, briefLen))
 }
 
 // follow lists path and then watches it from the list's version, again and again:
@@ -348,12 +336,12 @@ func (p *Publisher) list(ctx context.Context, path, sel string, handle func(bool
 		if cont != "" {
 			q.Set("continue", cont)
 		}
-		code, raw, err := p.do(ctx, p.client, http.MethodGet, path+"?"+q.Encode(), nil, "")
+		code, raw, err := p.api.Do(ctx, http.MethodGet, path+"?"+q.Encode(), nil, "")
 		if err != nil {
 			return "", fmt.Errorf("list %s: %w", path, err)
 		}
 		if code != http.StatusOK {
-			return "", fmt.Errorf("list %s: %d %s", path, code, brief(raw))
+			return "", fmt.Errorf("list %s: %d %s", path, code, kubeapi.Brief(raw, briefLen))
 		}
 		var page struct {
 			Metadata struct {
@@ -381,14 +369,14 @@ func (p *Publisher) watchFrom(ctx context.Context, path, sel, rv string, handle 
 	q.Set("resourceVersion", rv)
 	q.Set("allowWatchBookmarks", "true")
 	q.Set("timeoutSeconds", fmt.Sprint(int(max(p.cfg.Resync, time.Second)/time.Second)))
-	resp, err := p.open(ctx, path+"?"+q.Encode())
+	resp, err := p.api.Watch(ctx, path+"?"+q.Encode())
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("watch %s: %d %s", path, resp.StatusCode, brief(raw))
+		return fmt.Errorf("watch %s: %d %s", path, resp.StatusCode, kubeapi.Brief(raw, briefLen))
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
@@ -411,66 +399,7 @@ func (p *Publisher) watchFrom(ctx context.Context, path, sel, rv string, handle 
 			handle(false, ev.Type, []object{o})
 		case "BOOKMARK":
 		case "ERROR": // most often 410 Gone: the version is too old; list again (after a short wait)
-			return fmt.Errorf("watch %s: %s", path, brief(ev.Object))
+			return fmt.Errorf("watch %s: %s", path, kubeapi.Brief(ev.Object, briefLen))
 		}
 	}
-}
-
-// do sends one request as the signer and returns the status and body.
-func (p *Publisher) do(ctx context.Context, c *http.Client, method, path string, body []byte, contentType string) (int, []byte, error) {
-	req, err := p.request(ctx, method, path, body, contentType)
-	if err != nil {
-		return 0, nil, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err == nil && len(raw) > maxBody {
-		err = fmt.Errorf("answer larger than %d bytes", maxBody)
-	}
-	return resp.StatusCode, raw, err
-}
-
-func (p *Publisher) open(ctx context.Context, path string) (*http.Response, error) {
-	req, err := p.request(ctx, http.MethodGet, path, nil, "")
-	if err != nil {
-		return nil, err
-	}
-	return p.watch.Do(req)
-}
-
-func (p *Publisher) request(ctx context.Context, method, path string, body []byte, contentType string) (*http.Request, error) {
-	var r io.Reader
-	if body != nil {
-		r = strings.NewReader(string(body))
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(p.cfg.URL, "/")+path, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if p.cfg.BearerFile != "" {
-		tok, err := os.ReadFile(p.cfg.BearerFile)
-		if err != nil {
-			return nil, fmt.Errorf("the signer's own token: %w", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	return req, nil
-}
-
-// brief is an API server's answer, cut for a log line.
-func brief(raw []byte) string {
-	const n = 300
-	s := strings.TrimSpace(string(raw))
-	if len(s) > n {
-		s = s[:n] + "..."
-	}
-	return s
 }
