@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -91,17 +90,7 @@ func startPodEdge(t *testing.T, dir string, st *devstack.Runner, pod, sa, td str
 		"-namespace", "default", "-service-account", sa, "-trust-domain", td, "-socket", p.socket,
 		"-http-addr", p.http, "-log-level", "info", "-output-certs", "certs")
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("sds-edge of %s:\n%s", pod, p.logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, p.logs, "sds-edge of "+pod)
 	return p
 }
 
@@ -271,17 +260,7 @@ func TestIstioInjectedPodAgainstAFullStack(t *testing.T) {
 	cmd.Env = append(cmd.Env, "POD_ROOT="+root, "NATS_URL="+st.Stack.NATSURL,
 		"CA_ADDR="+st.Stack.Signer.GRPCAddr, "CA_ROOT_CERT="+st.Stack.TrustBundle)
 	logs := &testkit.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("meshagent pod:\n%s", logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, logs, "meshagent pod")
 
 	testkit.EventuallyWithin(t, 30*time.Second, "the pod's status port ready (Envoy started on its certificate)", func() bool {
 		code, _ := testkit.HTTPGet("http://" + status + "/healthz/ready")

@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -57,17 +56,7 @@ func startIstiodEdge(t *testing.T, d *istiotest.Istiod, root, ns, pod, sa string
 		"-namespace", ns, "-service-account", sa, "-trust-domain", "cluster.local", "-socket", p.socket,
 		"-http-addr", p.http, "-log-level", "debug", "-output-certs", "certs")
 	cmd.Env = append(os.Environ(), append([]string{"CA_ADDR=" + d.SecureAddr}, env...)...)
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("sds-edge of %s/%s:\n%s", ns, pod, p.logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, p.logs, "sds-edge of "+ns+"/"+pod)
 	return p
 }
 

@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,17 +173,7 @@ func startIstiodMeshPod(t *testing.T, kube *kubetest.Server, d *istiotest.Istiod
 	}
 	cmd.Env = append(cmd.Env, "POD_ROOT="+root, "NATS_URL="+bus.ClientURL(), "CA_ADDR="+d.SecureAddr)
 	logs := &testkit.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("meshagent pod:\n%s", logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, logs, "meshagent pod")
 	return root, logs
 }
 

@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -120,17 +119,7 @@ func startVMPod(t *testing.T, d *istiotest.Istiod, bus, ns, sa, group, name, ip,
 		`ISTIO_METAJSON_LABELS={"app":"`+group+`"}`, "ISTIO_META_MESH_ID=cluster.local",
 		"PROXY_CONFIG="+string(pcJSON), "PROXY_XDS_DEBUG_VIA_AGENT=false")
 	cmd.Env = append(cmd.Env, env...)
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("meshagent pod %s:\n%s", name, p.logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, p.logs, "meshagent pod "+name)
 	testkit.EventuallyWithin(t, 90*time.Second, name+"'s status port ready (Envoy started with istiod's config)", func() bool {
 		code, _ := testkit.HTTPGet("http://" + p.status + "/healthz/ready")
 		return code == http.StatusOK

@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -107,17 +106,7 @@ func TestIstiodAsTheDiscoveryServer(t *testing.T) {
 	}
 	cmd.Env = append(cmd.Env, "POD_ROOT="+root, "NATS_URL="+bus.ClientURL(), "CA_ADDR="+d.SecureAddr, "DNS_RESOLV_CONF="+resolvConf)
 	logs := &testkit.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("meshagent pod:\n%s", logs.String())
-		}
-	})
+	testkit.Launch(t, cmd, logs, "meshagent pod")
 
 	testkit.EventuallyWithin(t, 90*time.Second, "the pod's status port ready (Envoy started with istiod's config)", func() bool {
 		code, _ := testkit.HTTPGet("http://" + status + "/healthz/ready")

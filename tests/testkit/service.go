@@ -153,3 +153,22 @@ func ProcStatusKB(pid int, field string) (float64, error) {
 	}
 	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
+
+// Launch starts cmd with its output (stdout and stderr) into logs, and stops it
+// when t ends — SIGTERM, then waits for it — logging that output under what if t
+// failed. For a process a test drives itself (a pod's agent with its own
+// environment), where StartService's readiness wait does not fit.
+func Launch(t testing.TB, cmd *exec.Cmd, logs *Buffer, what string) {
+	t.Helper()
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s:\n%s", what, logs.String())
+		}
+	})
+}
