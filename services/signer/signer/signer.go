@@ -152,7 +152,7 @@ func New(cfg Config, d lifecycle.Deps) (*Signer, error) {
 		icfg.External = s.ra
 	}
 	s.iss = issuer.New(icfg, s.auth, tokens, publish, metrics, d.Log.Named("issuer"), d.Clock)
-	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"))
+	s.nats = natsapi.New(d.Bus, s.iss, s.auth, s.source, cfg.TrustDomain, cfg.Workers, cfg.BusCallout.SignByIdentity, d.Log.Named("nats"), d.Clock)
 	counter("nats_requests_dropped_total",
 		"NATS sign requests dropped unanswered because the subscription's pending bytes were full (slow consumer); callers retry.", s.nats.Dropped)
 	counter("nats_requests_turned_away_total",
