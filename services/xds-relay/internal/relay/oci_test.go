@@ -105,7 +105,12 @@ func artifactImage(t *testing.T, mod []byte) v1.Image {
 }
 
 // dockerImage is the Docker image form: one tar.gz layer holding plugin.wasm.
-func dockerImage(t *testing.T, mod []byte) v1.Image {
+func dockerImage(t *testing.T, mod []byte) v1.Image { return tarGzImage(t, mod, false) }
+
+// tarGzImage is the image of one tar.gz layer holding plugin.wasm after another
+// file: Docker's media types, or with oci the OCI manifest and
+// application/vnd.oci.image.layer.v1.tar+gzip layer.
+func tarGzImage(t *testing.T, mod []byte, oci bool) v1.Image {
 	t.Helper()
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
@@ -127,6 +132,13 @@ func dockerImage(t *testing.T, mod []byte) v1.Image {
 	if err := zw.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if oci {
+		img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(buf.Bytes(), types.OCILayer)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mutate.MediaType(img, types.OCIManifestSchema1)
+	}
 	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: static.NewLayer(buf.Bytes(), types.DockerLayer)})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +156,7 @@ func cachedAt(dir, host, repo, digest string) string {
 	return filepath.Join(dir, hex.EncodeToString(s[:]), digest+".wasm")
 }
 
-// Both image forms are pulled from a real registry: the file Envoy is pointed
+// The three image forms are pulled from a real registry: the file Envoy is pointed
 // at holds exactly the module, named by the manifest digest the WasmPlugin's
 // sha256 gave (or, without one, the digest the registry served); a second push
 // of the plugins is served from the cache (no new manifest request: the tags
@@ -154,26 +166,29 @@ func TestECDSWasmOCIImagesRewrittenToCachedFile(t *testing.T) {
 	reg := startRegistry(t)
 	artDigest := reg.push(t, "shop/stats:v1", artifactImage(t, module))
 	dockDigest := reg.push(t, "shop/docker:v1", dockerImage(t, module2))
+	module3 := append(append([]byte(nil), module...), 0x03)
+	compatDigest := reg.push(t, "shop/compat:v1", tarGzImage(t, module3, true))
 	up := startUpstream(t)
 	dir := t.TempDir()
-	art, dock := "oci://"+reg.host()+"/shop/stats:v1", "oci://"+reg.host()+"/shop/docker:v1"
+	art, dock, compat := "oci://"+reg.host()+"/shop/stats:v1", "oci://"+reg.host()+"/shop/docker:v1", "oci://"+reg.host()+"/shop/compat:v1"
 	plugins := func(root string) []*corev3.TypedExtensionConfig {
 		return []*corev3.TypedExtensionConfig{
 			wasmPlugin(t, "art", art, artDigest, wasmv3.FailurePolicy_FAIL_CLOSED, root),
-			wasmPlugin(t, "dock", dock, "", wasmv3.FailurePolicy_FAIL_CLOSED, root)}
+			wasmPlugin(t, "dock", dock, "", wasmv3.FailurePolicy_FAIL_CLOSED, root),
+			wasmPlugin(t, "compat", compat, compatDigest, wasmv3.FailurePolicy_FAIL_CLOSED, root)}
 	}
 	up.setECDS(t, "n1", "v1", plugins("a")...)
 	socket := startWasmRelay(t, up.addr, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	names := []string{"art", "dock"}
+	names := []string{"art", "dock", "compat"}
 	st := openECDS(t, ctx, socket, "n1", names...)
 	_, got := recvECDS(t, st, names)
 
 	for _, c := range []struct {
 		plugin, repo, digest string
 		want                 []byte
-	}{{"art", "shop/stats", artDigest, module}, {"dock", "shop/docker", dockDigest, module2}} {
+	}{{"art", "shop/stats", artDigest, module}, {"dock", "shop/docker", dockDigest, module2}, {"compat", "shop/compat", compatDigest, module3}} {
 		p, _ := localModule(t, got[c.plugin])
 		if want := cachedAt(dir, reg.host(), c.repo, c.digest); p != want {
 			t.Errorf("%s: module at %s, want %s", c.plugin, p, want)
@@ -185,13 +200,13 @@ func TestECDSWasmOCIImagesRewrittenToCachedFile(t *testing.T) {
 			t.Fatalf("%s: %d manifest requests, want 1", c.plugin, reg.hitsOf(c.repo, "manifests"))
 		}
 	}
-	if fs := files(t, dir); len(fs) != 2 {
-		t.Fatalf("cache holds %v, want the two modules alone", fs)
+	if fs := files(t, dir); len(fs) != 3 {
+		t.Fatalf("cache holds %v, want the three modules alone", fs)
 	}
 
 	up.setECDS(t, "n1", "v2", plugins("b")...)
 	_, got = recvECDS(t, st, names)
-	for _, c := range []struct{ plugin, repo string }{{"art", "shop/stats"}, {"dock", "shop/docker"}} {
+	for _, c := range []struct{ plugin, repo string }{{"art", "shop/stats"}, {"dock", "shop/docker"}, {"compat", "shop/compat"}} {
 		localModule(t, got[c.plugin])
 		if n := reg.hitsOf(c.repo, "manifests"); n != 1 {
 			t.Errorf("%s: %d manifest requests after a second push, want 1 (cached)", c.plugin, n)
