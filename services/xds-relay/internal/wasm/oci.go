@@ -21,12 +21,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// Media types of the Wasm image forms Istio's agent reads (pkg/wasm/imagefetcher.go,
-// after solo-io's Wasm image spec).
+// wasmLayerType is the raw module's layer in the Wasm artifact form, and
+// wasmPluginFile the module's name in a tar.gz layer: the image forms Istio's
+// agent reads (pkg/wasm/imagefetcher.go, after solo-io's Wasm image spec).
+const wasmLayerType types.MediaType = "application/vnd.module.wasm.content.layer.v1+wasm"
+
 const (
-	wasmLayerType  types.MediaType = "application/vnd.module.wasm.content.layer.v1+wasm"
-	wasmPluginFile                 = "plugin.wasm"
-	ociPrefix                      = "oci://"
+	wasmPluginFile = "plugin.wasm"
+	ociPrefix      = "oci://"
 )
 
 // image is a Wasm image whose manifest has been read: digest is the hex
