@@ -32,7 +32,7 @@ func (w *Wasm) bind(fs *flagenv.Set) {
 	fs.Duration(&w.PurgeInterval, "wasm-purge-interval", "WASM_PURGE_INTERVAL", w.PurgeInterval, "how often expired Wasm modules are looked for")
 	fs.Duration(&w.RequestTimeout, "wasm-http-request-timeout", "WASM_HTTP_REQUEST_TIMEOUT", w.RequestTimeout, "bound on one Wasm module download attempt")
 	fs.Int(&w.MaxAttempts, "wasm-http-request-max-retries", "WASM_HTTP_REQUEST_MAX_RETRIES", w.MaxAttempts, "download attempts per Wasm module (Istio counts them this way too)")
-	fs.List(&w.InsecureRegistries, "wasm-insecure-registries", "WASM_INSECURE_REGISTRIES", w.InsecureRegistries, "hosts whose https Wasm modules are fetched without verifying their certificate; * for all")
+	fs.List(&w.InsecureRegistries, "wasm-insecure-registries", "WASM_INSECURE_REGISTRIES", w.InsecureRegistries, "Wasm module hosts and OCI registries reached over https without verifying their certificate; * for all")
 	fs.Int(&w.MaxBytes, "wasm-max-binary-size", "ISTIO_WASM_MAX_BINARY_SIZE_BYTES", w.MaxBytes, "largest Wasm module downloaded, in bytes")
 }
 

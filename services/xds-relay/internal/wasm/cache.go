@@ -57,7 +57,8 @@ type GetOptions struct {
 	Timeout         time.Duration // the whole fetch, retries included
 }
 
-type moduleKey struct{ url, checksum string }
+// moduleKey names a cached module: moduleName of its URL and its checksum.
+type moduleKey struct{ name, checksum string }
 
 type module struct {
 	path string
@@ -109,22 +110,25 @@ func NewCache(opts Options, clk clock.Clock, reg prometheus.Registerer, log hclo
 }
 
 // Get returns the path of the module at rawURL: from the cache when it holds
-// it, else downloaded, its sha256 checked against o.Checksum (when given), and
-// written to disk. On error nothing is written.
+// it, else downloaded, checked against o.Checksum (when given), and written to
+// disk. On error nothing is written. For an http(s) URL the checksum is the
+// download's sha256; for an oci:// image it is the manifest's digest, as in
+// Istio's agent, and the module's layer is pulled only when it matches.
 func (c *Cache) Get(ctx context.Context, rawURL string, o GetOptions) (string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return "", fmt.Errorf("fail to parse Wasm module fetch url: %s, error: %w", rawURL, err)
 	}
 	switch u.Scheme {
-	case "http", "https":
-	case "oci":
-		return "", fmt.Errorf("wasm module %s: OCI images are not fetched by meshagent's relay (only http and https)", rawURL)
+	case "http", "https", "oci":
 	default:
 		return "", fmt.Errorf("unsupported Wasm module downloading URL scheme: %v", u.Scheme)
 	}
-	key := moduleKey{url: rawURL, checksum: strings.ToLower(o.Checksum)}
-	if p, ok := c.lookup(&key, o); ok {
+	key := moduleKey{name: moduleName(rawURL), checksum: strings.ToLower(o.Checksum)}
+	if key.checksum == "" {
+		key.checksum = urlDigest(rawURL)
+	}
+	if p, ok := c.lookup(&key, rawURL, o, ignoresVersion(o.PullPolicy, u)); ok {
 		c.m.lookups.WithLabelValues("true").Inc()
 		return p, nil
 	}
@@ -132,24 +136,46 @@ func (c *Cache) Get(ctx context.Context, rawURL string, o GetOptions) (string, e
 
 	fctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	body, err := c.fetch.fetch(fctx, rawURL, c.insecure(u.Host))
-	if err != nil {
-		c.m.fetches.WithLabelValues("download_failure").Inc()
-		return "", err
+	var got string
+	var mod []byte
+	var pull func() ([]byte, error)
+	if u.Scheme == "oci" {
+		img, err := pullManifest(fctx, u.Host+u.Path, c.insecure(u.Host), c.opts.MaxBytes)
+		if err != nil {
+			c.m.fetches.WithLabelValues("manifest_failure").Inc()
+			return "", fmt.Errorf("could not fetch Wasm OCI image: %w", err)
+		}
+		got, pull = img.digest, img.module
+	} else {
+		body, err := c.fetch.fetch(fctx, rawURL, c.insecure(u.Host))
+		if err != nil {
+			c.m.fetches.WithLabelValues("download_failure").Inc()
+			return "", err
+		}
+		sum := sha256.Sum256(body)
+		got, mod = hex.EncodeToString(sum[:]), unbox(body, c.opts.MaxBytes)
 	}
-	sum := sha256.Sum256(body)
-	got := hex.EncodeToString(sum[:])
-	if key.checksum != "" && got != key.checksum {
+	if key.checksum == "" {
+		// an image seen before under another tag or version: no pull
+		key.checksum = got
+		if p, ok := c.lookup(&key, rawURL, o, true); ok {
+			return p, nil
+		}
+	} else if got != key.checksum {
 		c.m.fetches.WithLabelValues("checksum_mismatch").Inc()
 		return "", fmt.Errorf("module downloaded from %v has checksum %v, which does not match: %v", rawURL, got, key.checksum)
 	}
-	mod := unbox(body, c.opts.MaxBytes)
+	if pull != nil {
+		if mod, err = pull(); err != nil {
+			c.m.fetches.WithLabelValues("download_failure").Inc()
+			return "", fmt.Errorf("could not fetch Wasm binary: %w", err)
+		}
+	}
 	if !isWasm(mod) {
 		c.m.fetches.WithLabelValues("invalid").Inc()
 		return "", fmt.Errorf("fetched Wasm binary from %s is invalid", rawURL)
 	}
-	key.checksum = got
-	p, err := c.add(key, o, mod)
+	p, err := c.add(key, rawURL, o, mod)
 	if err != nil {
 		c.m.fetches.WithLabelValues("write_failure").Inc()
 		return "", err
@@ -158,15 +184,29 @@ func (c *Cache) Get(ctx context.Context, rawURL string, o GetOptions) (string, e
 	return p, nil
 }
 
+// ignoresVersion is Istio's shouldIgnoreResourceVersion: whether a URL
+// without a checksum reuses what it served last even when the plugin's version
+// changed: not with Always; with no policy, not for an oci:// image tagged
+// :latest.
+func ignoresVersion(p PullPolicy, u *url.URL) bool {
+	switch p {
+	case PullAlways:
+		return false
+	case PullIfNotPresent:
+		return true
+	}
+	return u.Scheme != "oci" || !strings.HasSuffix(u.Path, ":latest")
+}
+
 // lookup finds a cached module, filling key.checksum from an earlier download of
-// the URL when o gives none (as Istio: unless the pull policy is Always and the
-// plugin's version changed).
-func (c *Cache) lookup(key *moduleKey, o GetOptions) (string, bool) {
+// rawURL when none is given (unless the plugin's version changed and the
+// version counts).
+func (c *Cache) lookup(key *moduleKey, rawURL string, o GetOptions, ignoreVersion bool) (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if key.checksum == "" {
-		if cs, ok := c.checksums[key.url]; ok {
-			if o.PullPolicy != PullAlways || cs.versions[o.ResourceName] == o.ResourceVersion {
+		if cs, ok := c.checksums[rawURL]; ok {
+			if ignoreVersion || cs.versions[o.ResourceName] == o.ResourceVersion {
 				key.checksum = cs.checksum
 			}
 			cs.versions[o.ResourceName] = o.ResourceVersion
@@ -177,20 +217,20 @@ func (c *Cache) lookup(key *moduleKey, o GetOptions) (string, bool) {
 		return "", false
 	}
 	m.last = c.clk.Now()
-	c.remember(*key, o)
+	c.remember(*key, rawURL, o)
 	return m.path, true
 }
 
 // add writes a checked module and indexes it.
-func (c *Cache) add(key moduleKey, o GetOptions, mod []byte) (string, error) {
+func (c *Cache) add(key moduleKey, rawURL string, o GetOptions, mod []byte) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.remember(key, o)
+	c.remember(key, rawURL, o)
 	if m, ok := c.modules[key]; ok { // another stream fetched it meanwhile
 		m.last = c.clk.Now()
 		return m.path, nil
 	}
-	urlSum := sha256.Sum256([]byte(key.url))
+	urlSum := sha256.Sum256([]byte(key.name))
 	dir := filepath.Join(c.opts.Dir, hex.EncodeToString(urlSum[:]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("wasm cache: %w", err)
@@ -201,15 +241,19 @@ func (c *Cache) add(key moduleKey, o GetOptions, mod []byte) (string, error) {
 	}
 	c.modules[key] = &module{path: p, last: c.clk.Now()}
 	c.m.entries.Set(float64(len(c.modules)))
-	c.log.Info("wasm module cached", "url", key.url, "sha256", key.checksum, "path", p, "bytes", len(mod))
+	c.log.Info("wasm module cached", "url", rawURL, "sha256", key.checksum, "path", p, "bytes", len(mod))
 	return p, nil
 }
 
-func (c *Cache) remember(key moduleKey, o GetOptions) {
-	cs, ok := c.checksums[key.url]
+// remember notes what rawURL served, unless the URL pins an image digest.
+func (c *Cache) remember(key moduleKey, rawURL string, o GetOptions) {
+	if urlDigest(rawURL) != "" {
+		return
+	}
+	cs, ok := c.checksums[rawURL]
 	if !ok {
 		cs = &checksumOf{versions: map[string]string{}}
-		c.checksums[key.url] = cs
+		c.checksums[rawURL] = cs
 	}
 	cs.checksum = key.checksum
 	cs.versions[o.ResourceName] = o.ResourceVersion
@@ -256,10 +300,12 @@ func (c *Cache) Purge() {
 			continue
 		}
 		delete(c.modules, k)
-		if cs, ok := c.checksums[k.url]; ok && cs.checksum == k.checksum {
-			delete(c.checksums, k.url)
+		for u, cs := range c.checksums {
+			if cs.checksum == k.checksum && moduleName(u) == k.name {
+				delete(c.checksums, u)
+			}
 		}
-		c.log.Info("wasm module purged", "url", k.url, "sha256", k.checksum)
+		c.log.Info("wasm module purged", "module", k.name, "sha256", k.checksum)
 	}
 	c.m.entries.Set(float64(len(c.modules)))
 }
