@@ -54,6 +54,9 @@ func TestPluggedRootSwapStaysRefusedAfterRestart(t *testing.T) {
 	if cur := s.auth.Current(); cur != nil {
 		t.Fatalf("the restart installed %s", cur.RootFingerprint())
 	}
+	// The signer is not ready (no CA), but its NATS API subscribes all the same:
+	// asked before, a request finds no responder, which proves nothing.
+	testkit.EventuallyWithin(t, 20*time.Second, "the restarted signer's NATS API subscribed", func() bool { return s.nats.Ready() == nil })
 	_, csr := signertest.CSR(t, pki.ECP256, askedID)
 	if rep := natsSign(t, e.nc, events.SignRequest{CSR: string(csr), Token: e.token(t, "shop", "web")}); rep.Error == nil {
 		t.Fatal("signed under the refused root")
